@@ -1,0 +1,284 @@
+"""Per-core programs: the instruction set the simulator executes.
+
+In the spirit of Cyclotron's per-PE programs (seed 004 §6, §9): every core runs its own list of
+instructions — loads from / stores to HBM, sends / receives on named channels, compute kernels,
+loops and branches on *control values received at run time* (counts, selectors, stop tokens), so
+one program serves every expert routing and every KV length.
+
+Data lives in named SRAM buffers declared with :class:`Alloc` (shape = capacity; the shape a
+buffer actually holds is set by whatever was loaded/received/computed into it, so a buffer can
+hold a smaller, data-dependent tile).  Control values live in integer registers (plain names).
+Channels are declared once per :class:`ProgramSet`; a channel has one sending core and one or
+more receiving cores (multicast) and a FIFO depth in messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Affine",
+    "Index",
+    "Operand",
+    "Region",
+    "Alloc",
+    "Free",
+    "Load",
+    "Store",
+    "Send",
+    "Recv",
+    "SendValue",
+    "RecvValue",
+    "LoadValue",
+    "Compute",
+    "Set",
+    "Loop",
+    "Cond",
+    "If",
+    "Barrier",
+    "Instr",
+    "Channel",
+    "TensorDecl",
+    "Program",
+    "ProgramSet",
+    "DTYPE_BYTES",
+]
+
+#: Bytes per element of each dtype name used in programs.
+DTYPE_BYTES: Mapping[str, int] = {
+    "bf16": 2,
+    "fp16": 2,
+    "fp32": 4,
+    "int32": 4,
+    "int64": 8,
+    "int8": 1,
+    "bool": 1,
+}
+
+#: An integer literal or the name of a register.
+Operand = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class Affine:
+    """``const + sum(coef * reg)``: an address or count computed from registers at run time."""
+
+    const: int = 0
+    terms: tuple[tuple[str, int], ...] = ()
+
+    def eval(self, regs: Mapping[str, int]) -> int:
+        """Value under the register file ``regs``."""
+        return self.const + sum(coef * regs[name] for name, coef in self.terms)
+
+
+#: A start index: a literal, a register, or an affine expression of registers.
+Index = int | str | Affine
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """An n-d box of a tensor: per dimension a start (possibly run-time) and an extent.
+
+    An extent may be an :data:`Index` too, so a load of a data-dependent number of rows (a KV
+    cache of run-time length, the tokens routed to an expert) is one instruction."""
+
+    starts: tuple[Index, ...]
+    extents: tuple[Index, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """Reserve an SRAM buffer of capacity ``shape`` x ``dtype`` (counted against ``sram_bytes``)."""
+
+    buf: str
+    shape: tuple[int, ...]
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Release an SRAM buffer."""
+
+    buf: str
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """HBM -> SRAM: read ``region`` of ``tensor`` (whole tensor when ``None``) into ``dst``."""
+
+    dst: str
+    tensor: str
+    region: Region | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """SRAM -> HBM: write ``src`` into ``region`` of ``tensor`` (whole tensor when ``None``).
+    ``accumulate`` adds into the destination instead of overwriting (a scatter-add)."""
+
+    src: str
+    tensor: str
+    region: Region | None = None
+    accumulate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send the contents of buffer ``src`` on ``channel`` (blocks while the FIFO is full)."""
+
+    channel: str
+    src: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    """Receive one message from ``channel`` into buffer ``dst`` (blocks while empty)."""
+
+    channel: str
+    dst: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendValue:
+    """Send a control value (count, selector bitmask, stop-token level) on ``channel``."""
+
+    channel: str
+    value: Operand | Affine
+
+
+@dataclass(frozen=True, slots=True)
+class RecvValue:
+    """Receive a control value from ``channel`` into register ``reg``."""
+
+    channel: str
+    reg: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadValue:
+    """Read one integer element of an HBM tensor into register ``reg`` (a routing table entry, a
+    request's KV length).  Integer tensors carry real values in timing mode too, so control flow
+    is the same in both modes."""
+
+    reg: str
+    tensor: str
+    index: tuple[Index, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Run kernel ``kernel`` (see :mod:`lowering.kernels`) reading ``ins`` and writing ``outs``.
+
+    ``params`` are the kernel's static parameters as sorted ``(name, value)`` pairs; ``dtype``
+    selects the core's FLOPs/cycle.  A buffer may appear in both ``ins`` and ``outs``
+    (accumulation)."""
+
+    kernel: str
+    outs: tuple[str, ...]
+    ins: tuple[str, ...]
+    params: tuple[tuple[str, int | float | str], ...] = ()
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    """``reg = value`` (a literal, a register or an affine expression of registers)."""
+
+    reg: str
+    value: Operand | Affine
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """Run ``body`` ``count`` times; ``var`` (if given) holds the iteration index 0..count-1."""
+
+    count: Operand | Affine
+    body: tuple[Instr, ...]
+    var: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cond:
+    """``lhs op rhs`` on run-time integer values."""
+
+    lhs: Operand | Affine
+    op: Literal["==", "!=", "<", "<=", ">", ">=", "&"]
+    rhs: Operand | Affine
+
+
+@dataclass(frozen=True, slots=True)
+class If:
+    """Branch on a run-time condition (``"&"`` tests a selector bit: ``(lhs & rhs) != 0``)."""
+
+    cond: Cond
+    then: tuple[Instr, ...]
+    orelse: tuple[Instr, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Wait until every core of barrier group ``group`` has arrived."""
+
+    group: str
+
+
+Instr = (
+    Alloc
+    | Free
+    | Load
+    | Store
+    | Send
+    | Recv
+    | SendValue
+    | RecvValue
+    | LoadValue
+    | Compute
+    | Set
+    | Loop
+    | If
+    | Barrier
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """A named stream from core ``src`` to cores ``dsts`` (multicast when several); ``depth`` is
+    the FIFO capacity in messages (``None``: the chip's ``core.fifo_depth``)."""
+
+    name: str
+    src: int
+    dsts: tuple[int, ...]
+    depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDecl:
+    """A tensor resident in HBM at the start (inputs, weights) or produced by stores (outputs)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """The instruction list of one core."""
+
+    core: int
+    body: tuple[Instr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramSet:
+    """Programs for (some of) a chip's cores plus the channels, HBM tensors and barrier groups
+    they share.  Run-time data (weights, activations, routing tables, KV lengths) is bound to
+    the declared tensors when the simulator runs; integer tensors always carry values."""
+
+    programs: tuple[Program, ...]
+    channels: tuple[Channel, ...] = ()
+    tensors: tuple[TensorDecl, ...] = ()
+    barriers: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    name: str = "program"
+    meta: tuple[tuple[str, str], ...] = field(default=())

@@ -1,0 +1,191 @@
+"""What each layer operation computes: a table from op class to a torch function.
+
+``evaluate(graph, *inputs)`` runs a :class:`~torch2step.layers.graph.LayerGraph` eagerly; tests
+use it to show that raising kept the model's meaning before anything is lowered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from torch2step.errors import FrontendError
+from torch2step.layers import ops as L
+from torch2step.layers.graph import LayerGraph, torch_dtype
+
+__all__ = ["evaluate", "EVALUATORS", "rotary_cos_sin", "attention_mask"]
+
+Fn = Callable[[object, Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
+
+_ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "where": torch.where,
+    "neg": torch.neg,
+    "exp": torch.exp,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "sigmoid": torch.sigmoid,
+    "relu": torch.relu,
+    "rsqrt": torch.rsqrt,
+    "sqrt": torch.sqrt,
+    "square": torch.square,
+}
+
+
+def _elementwise(op: L.Elementwise, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    if op.fn == "add_scalar":
+        return (x[0] + op.scalar,)
+    if op.fn == "mul_scalar":
+        return (x[0] * op.scalar,)
+    if op.fn == "pow_scalar":
+        return (x[0] ** op.scalar,)
+    return (_ELEMENTWISE[op.fn](*x),)
+
+
+def _rmsnorm(op: L.RMSNorm, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    h, w = x
+    h32 = h.float()
+    y = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + op.eps)
+    return (w * y.to(h.dtype),)
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, theta: float, rotary_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[B, S, rotary_dim]`` for integer ``positions[B, S]`` (HF's
+    default RoPE: ``inv_freq = theta ** -(arange(0, d, 2) / d)``, halves concatenated)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
+    )
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotary(op: L.Rotary, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    h, pos = x
+    cos, sin = rotary_cos_sin(pos, op.theta, op.rotary_dim)
+    cos, sin = cos[:, None].to(h.dtype), sin[:, None].to(h.dtype)
+    rot, rest = h[..., : op.rotary_dim], h[..., op.rotary_dim :]
+    half = op.rotary_dim // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    return (torch.cat((rot * cos + rotated * sin, rest), dim=-1),)
+
+
+def _topk(op: L.TopKRouting, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    (logits,) = x
+    if op.softmax_first:
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        w, e = torch.topk(probs, op.k, dim=-1)
+    else:
+        top, e = torch.topk(logits, op.k, dim=-1)
+        w = torch.softmax(top, dim=-1, dtype=torch.float32)
+    if op.normalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return (w.to(logits.dtype), e)
+
+
+_ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+def _moe(op: L.MoEExperts, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    h, w, e, gate, up, down = x
+    out = torch.zeros_like(h)
+    act = _ACT[op.activation]
+    for ex in range(op.num_experts):
+        tok, slot = torch.where(e == ex)
+        if tok.numel() == 0:
+            continue
+        xs = h[tok]
+        y = (act(xs @ gate[ex].T) * (xs @ up[ex].T)) @ down[ex].T
+        out.index_add_(0, tok, y * w[tok, slot, None].to(y.dtype))
+    return (out,)
+
+
+def attention_mask(
+    b: int, s: int, length: int, causal: bool, kv_lengths: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Boolean visibility ``[B, 1, S, L]`` per :class:`~torch2step.layers.ops.Attention`."""
+    if not causal and kv_lengths is None:
+        return None
+    j = torch.arange(length)
+    mask = torch.ones(b, 1, s, length, dtype=torch.bool)
+    if causal:
+        i = torch.arange(s)[:, None]
+        mask &= (j[None, :] <= length - s + i)[None, None]
+    if kv_lengths is not None:
+        cached = j[None, :] < kv_lengths.reshape(b, 1)
+        new = (j >= length - s)[None, :]
+        mask &= (cached | new)[:, None, None, :]
+    return mask
+
+
+def _attention(op: L.Attention, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    q, k, v = x[:3]
+    kv_lengths = x[3] if len(x) > 3 else None
+    mask = attention_mask(q.shape[0], q.shape[2], k.shape[2], op.causal, kv_lengths)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=op.scale, enable_gqa=op.num_q_heads != op.num_kv_heads
+    )
+    return (out,)
+
+
+def _reduce(op: L.Reduce, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    t = x[0]
+    if op.fn == "sum":
+        return (t.sum(dim=op.dims, keepdim=op.keepdim),)
+    if op.fn == "mean":
+        return (t.mean(dim=op.dims, keepdim=op.keepdim),)
+    if op.fn == "max":
+        return (t.amax(dim=op.dims, keepdim=op.keepdim),)
+    raise FrontendError(f"Reduce: unknown function {op.fn!r}")
+
+
+def _concrete(shape: Sequence[object], env: dict[object, int]) -> list[int]:
+    return [int(d.subs(env)) if hasattr(d, "subs") else int(d) for d in shape]  # type: ignore[attr-defined]
+
+
+EVALUATORS: dict[type, Callable[..., tuple[torch.Tensor, ...]]] = {
+    L.Linear: lambda op, x: (F.linear(*x),),
+    L.MatMul: lambda op, x: (x[0] @ x[1],),
+    L.Elementwise: _elementwise,
+    L.RMSNorm: _rmsnorm,
+    L.Softmax: lambda op, x: (torch.softmax(x[0].float(), dim=op.dim).to(x[0].dtype),),
+    L.Rotary: _rotary,
+    L.TopKRouting: _topk,
+    L.MoEExperts: _moe,
+    L.Attention: _attention,
+    L.Concat: lambda op, x: (torch.cat(list(x), dim=op.dim),),
+    L.Gather: lambda op, x: (x[0].index_select(op.dim, x[1]),),
+    L.Permute: lambda op, x: (x[0].permute(op.dims),),
+    L.Reduce: _reduce,
+    L.Cast: lambda op, x: (x[0].to(torch_dtype(op.dtype)),),
+}
+
+
+def evaluate(graph: LayerGraph, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Run ``graph`` eagerly on ``inputs`` (in ``graph.inputs`` order)."""
+    if len(inputs) != len(graph.inputs):
+        raise FrontendError(f"{graph.name}: expected {len(graph.inputs)} inputs, got {len(inputs)}")
+    env: dict[str, torch.Tensor] = dict(graph.params)
+    env.update(zip(graph.inputs, inputs))
+    dims = {sym: int(env[name].shape[axis]) for sym, (name, axis) in graph.dims.items()}
+    for node in graph.nodes:
+        args = [env[i] for i in node.inputs]
+        op = node.op
+        if isinstance(op, L.Reshape):
+            outs: tuple[torch.Tensor, ...] = (args[0].reshape(_concrete(op.shape, dims)),)
+        elif isinstance(op, L.Slice):
+            start, end = _concrete([op.start, op.end], dims)
+            outs = (args[0].narrow(op.dim, start, end - start),)
+        else:
+            outs = EVALUATORS[type(op)](op, args)
+        env.update(zip(node.outputs, outs))
+    result = tuple(env[o] for o in graph.outputs)
+    return result[0] if graph.single_output else result
