@@ -1,14 +1,16 @@
 """Frozen chip descriptions: cores, HBM, network-on-chip (mesh or all-to-all), the chip.
 
 Units are in the field names (bytes, cycles, GHz).  Cores are numbered ``0 .. num_cores-1``; on a
-mesh, core ``i`` sits at ``(row, col) = divmod(i, cols)``.  This module imports nothing else of
-the project (STYLE.md: ``hwmodel`` is the bottom of the import graph).
+mesh, core ``i`` sits at ``(row, col) = divmod(i, cols)``.  This module imports nothing outside
+``hwmodel`` (STYLE.md: ``hwmodel`` is the bottom of the import graph).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from hwmodel.errors import ChipConfigError
 
 __all__ = ["CoreSpec", "HbmSpec", "MeshNoC", "AllToAllNoC", "NoC", "Chip"]
 
@@ -101,3 +103,25 @@ class Chip:
     def cycles_to_seconds(self, cycles: float) -> float:
         """Wall-clock time of ``cycles`` at this chip's clock."""
         return cycles / (self.clock_ghz * 1e9)
+
+    def mesh_coords(self, core: int) -> tuple[int, int]:
+        """``(row, col)`` of ``core`` on a mesh NoC (``divmod(core, cols)``)."""
+        if not isinstance(self.noc, MeshNoC):
+            raise ChipConfigError(
+                f"chip {self.name!r} has an all-to-all NoC: cores have no mesh coordinates"
+            )
+        if not 0 <= core < self.num_cores:
+            raise ChipConfigError(f"core {core} is out of range 0..{self.num_cores - 1}")
+        return divmod(core, self.noc.cols)
+
+    def core_at(self, row: int, col: int) -> int:
+        """The core id at mesh position ``(row, col)`` (inverse of :meth:`mesh_coords`)."""
+        if not isinstance(self.noc, MeshNoC):
+            raise ChipConfigError(
+                f"chip {self.name!r} has an all-to-all NoC: cores have no mesh coordinates"
+            )
+        if not (0 <= row < self.noc.rows and 0 <= col < self.noc.cols):
+            raise ChipConfigError(
+                f"mesh position ({row}, {col}) is outside the {self.noc.rows}x{self.noc.cols} mesh"
+            )
+        return row * self.noc.cols + col

@@ -126,7 +126,12 @@ class Store:
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send the contents of buffer ``src`` on ``channel`` (blocks while the FIFO is full)."""
+    """Send the contents of buffer ``src`` on ``channel`` (blocks while the FIFO is full).
+
+    The message is a copy of the buffer as it is when the send completes: the program may
+    overwrite or receive into ``src`` right after (Cannon's shifts send a block, compute with it,
+    then receive the next block into the same buffer).  On a multicast channel every
+    destination gets the message."""
 
     channel: str
     src: str
@@ -134,7 +139,8 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Recv:
-    """Receive one message from ``channel`` into buffer ``dst`` (blocks while empty)."""
+    """Receive one message from ``channel`` into buffer ``dst`` (blocks while empty); ``dst``
+    then holds the message's data and shape (at most its allocated capacity)."""
 
     channel: str
     dst: str

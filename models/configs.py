@@ -59,7 +59,9 @@ class MoEConfig:
     def __post_init__(self) -> None:
         for field in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
             if getattr(self, field) < 1:
-                raise ValueError(f"MoEConfig {self.name!r}: {field} must be >= 1, got {getattr(self, field)}")
+                raise ValueError(
+                    f"MoEConfig {self.name!r}: {field} must be >= 1, got {getattr(self, field)}"
+                )
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"MoEConfig {self.name!r}: top_k={self.top_k} exceeds num_experts={self.num_experts}; "
@@ -135,7 +137,9 @@ class AttentionConfig:
                 f"num_kv_heads={self.num_kv_heads}"
             )
         if self.head_dim % 2:
-            raise ValueError(f"AttentionConfig {self.name!r}: RoPE needs an even head_dim, got {self.head_dim}")
+            raise ValueError(
+                f"AttentionConfig {self.name!r}: RoPE needs an even head_dim, got {self.head_dim}"
+            )
 
     @property
     def variant(self) -> AttentionVariant:

@@ -25,7 +25,9 @@ def _normal(gen: torch.Generator, shape: tuple[int, ...], std: float) -> torch.T
     return torch.randn(shape, generator=gen, dtype=torch.float32) * std
 
 
-def moe_weights(config: MoEConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def moe_weights(
+    config: MoEConfig, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The MoE block's weights for ``seed``, on CPU.
 
     Returns ``{"router": (E, H), "gate": (E, I, H), "up": (E, I, H), "down": (E, H, I)}`` in

@@ -56,12 +56,16 @@ class MoEBlock(nn.Module):
     ) -> None:
         super().__init__()
         if impl not in MOE_IMPLS:
-            raise ValueError(f"MoEBlock: unknown impl {impl!r}; choose one of {', '.join(MOE_IMPLS)}")
+            raise ValueError(
+                f"MoEBlock: unknown impl {impl!r}; choose one of {', '.join(MOE_IMPLS)}"
+            )
         self.config = config
         self.impl = impl
         e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
+        device = torch.device("cpu" if device is None else device)
         kw = {"device": device, "dtype": dtype}
-        self.router = nn.Linear(h, e, bias=False, **kw)
+        # skip_init: no draw from the global RNG; the seeded values are written below.
+        self.router = nn.utils.skip_init(nn.Linear, h, e, bias=False, **kw)
         self.w_gate = nn.Parameter(torch.empty(e, i, h, **kw))
         self.w_up = nn.Parameter(torch.empty(e, i, h, **kw))
         self.w_down = nn.Parameter(torch.empty(e, h, i, **kw))
@@ -116,9 +120,13 @@ class MoEBlock(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU expert ``e`` on ``x (n, H)`` -> ``(n, H)``."""
-        return F.linear(F.silu(F.linear(x, self.w_gate[e])) * F.linear(x, self.w_up[e]), self.w_down[e])
+        return F.linear(
+            F.silu(F.linear(x, self.w_gate[e])) * F.linear(x, self.w_up[e]), self.w_down[e]
+        )
 
-    def _loop(self, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    def _loop(
+        self, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
         out = torch.zeros_like(flat)
         for e in range(self.config.num_experts):
             token_idx, slot = torch.where(indices == e)
@@ -126,7 +134,9 @@ class MoEBlock(nn.Module):
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
 
-    def _dense(self, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    def _dense(
+        self, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
         gate = torch.einsum("th,eih->eti", flat, self.w_gate)
         up = torch.einsum("th,eih->eti", flat, self.w_up)
         y = torch.einsum("eti,ehi->eth", F.silu(gate) * up, self.w_down)  # (E, T, H)
@@ -135,7 +145,9 @@ class MoEBlock(nn.Module):
         ).scatter(1, indices, weights)  # (T, E), zero where not routed
         return torch.einsum("te,eth->th", combine, y.to(combine.dtype)).to(flat.dtype)
 
-    def _gather(self, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    def _gather(
+        self, flat: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
         g = torch.einsum("th,tkih->tki", flat, self.w_gate[indices])
         u = torch.einsum("th,tkih->tki", flat, self.w_up[indices])
         y = torch.einsum("tki,tkhi->tkh", F.silu(g) * u, self.w_down[indices])  # (T, k, H)

@@ -5,6 +5,7 @@ torch.export and ONNX frontends raise models into, and that lowering turns into 
 from torch2step.layers.evaluate import evaluate
 from torch2step.layers.graph import LayerGraph, Node, format_layer_graph
 from torch2step.layers.ops import (
+    Arange,
     Attention,
     Cast,
     Concat,
@@ -26,6 +27,7 @@ from torch2step.layers.ops import (
 )
 
 __all__ = [
+    "Arange",
     "Attention",
     "Cast",
     "Concat",

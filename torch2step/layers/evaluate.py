@@ -34,6 +34,7 @@ _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "relu": torch.relu,
     "rsqrt": torch.rsqrt,
     "sqrt": torch.sqrt,
+    "reciprocal": torch.reciprocal,
     "square": torch.square,
 }
 
@@ -181,6 +182,9 @@ def evaluate(graph: LayerGraph, *inputs: torch.Tensor) -> torch.Tensor | tuple[t
         op = node.op
         if isinstance(op, L.Reshape):
             outs: tuple[torch.Tensor, ...] = (args[0].reshape(_concrete(op.shape, dims)),)
+        elif isinstance(op, L.Arange):
+            start, end = _concrete([op.start, op.end], dims)
+            outs = (torch.arange(start, end, dtype=torch.int64),)
         elif isinstance(op, L.Slice):
             start, end = _concrete([op.start, op.end], dims)
             outs = (args[0].narrow(op.dim, start, end - start),)

@@ -36,6 +36,7 @@ __all__ = [
     "Slice",
     "Reduce",
     "Cast",
+    "Arange",
     "ELEMENTWISE_ARITY",
 ]
 
@@ -129,6 +130,7 @@ ELEMENTWISE_ARITY: dict[str, int] = {
     "relu": 1,
     "rsqrt": 1,
     "sqrt": 1,
+    "reciprocal": 1,
     "square": 1,
     "add_scalar": 1,
     "mul_scalar": 1,
@@ -350,3 +352,19 @@ class Cast(LayerOp):
 
     def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
         return (TensorType(ins[0].shape, self.dtype),)
+
+
+@dataclass(frozen=True, slots=True)
+class Arange(LayerOp):
+    """``arange(start, end)`` as int64 ``[end - start]``; no inputs.  ``start``/``end`` may be
+    sympy expressions of the graph's dynamic dims, e.g. the decode positions ``P .. P + S`` of
+    new tokens after a KV cache of length ``P`` (the integer positions :class:`Rotary` reads)."""
+
+    start: Dim
+    end: Dim
+
+    def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
+        if ins:
+            raise FrontendError(f"Arange: takes no inputs, got {len(ins)}")
+        size = sympy.sympify(self.end) - sympy.sympify(self.start)
+        return (TensorType((int(size) if size.is_Integer else size,), "int64"),)

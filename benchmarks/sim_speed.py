@@ -1,0 +1,170 @@
+"""Simulator speed: simulated events per second of wall time, on one CPU core.
+
+    python benchmarks/sim_speed.py                  # all three measurements
+    python benchmarks/sim_speed.py --cores 368      # a smaller exchange (quick check)
+    python benchmarks/sim_speed.py --profile exchange
+
+(i)   an all-to-all personalised exchange on the 1472-core ``ipu-hbm`` preset: in step s every
+      core sends one message to core i+s and receives one from core i-s (1472 x 1471 messages);
+(ii)  Cannon's matmul (``lowering.cannon_matmul``) on a 16 x 16 mesh of ``mesh`` preset cores;
+(iii) a bandwidth-bound HBM stream (every ipu-hbm core streams its share of a tensor) against
+      its closed-form roofline ``hbm latency + exchange latency + bytes / HBM bandwidth``.
+
+An event is what :mod:`runtime.engine` says: an operation a core's sequencer executes, a transfer
+granted by one resource, or a message delivered.  The set-up (building programs, validating and
+compiling them) is timed separately from the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hwmodel.chip import AllToAllNoC, Chip, CoreSpec, HbmSpec  # noqa: E402
+from lowering import cannon_matmul  # noqa: E402
+from lowering.isa import (  # noqa: E402
+    Affine,
+    Alloc,
+    Channel,
+    Load,
+    Loop,
+    Program,
+    ProgramSet,
+    Recv,
+    Region,
+    Send,
+    TensorDecl,
+)
+from runtime import SimResult, Simulator  # noqa: E402
+
+
+def ipu_chip() -> tuple[Chip, str]:
+    """The ``ipu-hbm`` preset, or an equivalent chip when the preset is not available."""
+    try:
+        from hwmodel import load_chip
+
+        return load_chip("ipu-hbm"), "preset ipu-hbm"
+    except (ImportError, AttributeError):
+        core = CoreSpec((("bf16", 128), ("fp16", 128), ("fp32", 32)), 638976, 16)
+        chip = Chip(
+            "ipu-hbm-equivalent",
+            1.33,
+            1472,
+            core,
+            HbmSpec(64, 47.0, 133, 96 << 30, 256),
+            AllToAllNoC(4.135, 4.135, 20),
+        )
+        return chip, "constructed 1472-core all-to-all chip (no ipu-hbm preset found)"
+
+
+def mesh16() -> Chip:
+    """A 16 x 16 mesh of ``mesh`` preset cores (links, HBM ports on the west/east edges)."""
+    from hwmodel import load_chip, with_mesh_shape
+
+    return with_mesh_shape(load_chip("mesh"), 16, 16)
+
+
+def exchange_programs(n: int, nbytes: int = 64, rx: int = 4) -> ProgramSet:
+    """All-to-all personalised exchange among cores 0..n-1 (receives rotate over ``rx``
+    buffers, so a receive waits only for the one ``rx`` steps earlier)."""
+    elems = nbytes // 2
+    chans = tuple(Channel(f"x{i}_{d}", i, (d,)) for i in range(n) for d in range(n) if d != i)
+    allocs = (Alloc("m", (elems,)),) + tuple(Alloc(f"r{j}", (elems,)) for j in range(rx))
+    progs = []
+    for i in range(n):
+        sends = tuple(Send(f"x{i}_{(i + s) % n}", "m") for s in range(1, n))
+        recvs = tuple(Recv(f"x{(i - s) % n}_{i}", f"r{s % rx}") for s in range(1, n))
+        progs.append(Program(i, allocs + sends + recvs))
+    return ProgramSet(tuple(progs), chans, name=f"exchange{n}")
+
+
+def stream_programs(chip: Chip, per_core: int, tile: int) -> ProgramSet:
+    """Every core streams ``per_core`` bytes of one tensor in ``tile``-byte loads."""
+    n = chip.num_cores
+    te = tile // 2
+    tiles = per_core // tile
+    progs = tuple(
+        Program(
+            c,
+            (
+                Alloc("t", (te,)),
+                Loop(tiles, (Load("t", "w", Region((Affine(c * tiles * te, (("i", te),)),), (te,))),), var="i"),
+            ),
+        )
+        for c in range(n)
+    )
+    return ProgramSet(progs, tensors=(TensorDecl("w", (n * tiles * te,)),), name="stream")
+
+
+def measure(label: str, build, chip: Chip, repeat: int = 1) -> SimResult:
+    t0 = time.perf_counter()
+    ps = build()
+    t1 = time.perf_counter()
+    sim = Simulator(ps, chip)
+    t2 = time.perf_counter()
+    run_s = 0.0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        res = sim.run()
+        run_s += time.perf_counter() - t
+    e = res.stats.events
+    print(f"{label}")
+    print(f"  simulated {res.cycles} cycles; build {t1 - t0:.2f} s, validate+compile {t2 - t1:.2f} s, run {run_s / repeat:.3f} s")
+    print(
+        f"  events {e.events} ({e.stepped} sequencer operations, {e.reservations} reservations, "
+        f"{e.deliveries} deliveries; {e.queue_pops} queue pops)"
+    )
+    print(
+        f"  => {e.events * repeat / run_s:,.0f} events/s, {e.instructions * repeat / run_s:,.0f} "
+        f"instructions/s, {e.queue_pops * repeat / run_s:,.0f} queue pops/s"
+    )
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cores", type=int, default=None, help="exchange among this many cores")
+    ap.add_argument("--profile", choices=["exchange", "cannon", "stream"], default=None)
+    args = ap.parse_args()
+
+    chip, origin = ipu_chip()
+    n = args.cores or chip.num_cores
+    print(f"chip for (i) and (iii): {origin}")
+    cases = {
+        "exchange": lambda: measure(
+            f"(i) all-to-all exchange, {n} cores x {n - 1} messages of 64 B", lambda: exchange_programs(n), chip
+        ),
+        "cannon": lambda: measure(
+            "(ii) Cannon 1024x1024x1024 fp32 on a 16x16 mesh (mesh preset cores), 5 runs",
+            lambda: cannon_matmul(mesh16(), 1024, 1024, 1024, grid=(16, 16)),
+            mesh16(),
+            repeat=5,
+        ),
+    }
+    if args.profile in cases:
+        cProfile.runctx("cases[args.profile]()", globals(), locals(), "/tmp/sim_speed.prof")
+        pstats.Stats("/tmp/sim_speed.prof").sort_stats("tottime").print_stats(25)
+        return
+    for run in cases.values():
+        run()
+    # (iii) roofline
+    per_core, tile = 1 << 19, 4096
+    res = measure(f"(iii) HBM stream, {chip.num_cores} cores x {per_core >> 10} KiB", lambda: stream_programs(chip, per_core, tile), chip)
+    hbm = chip.hbm
+    lat = hbm.latency_cycles + (chip.noc.latency_cycles if isinstance(chip.noc, AllToAllNoC) else 0)
+    roofline = lat + chip.num_cores * per_core / hbm.bytes_per_cycle
+    print(
+        f"  HBM stream: {res.cycles} cycles, roofline {roofline:.0f} cycles "
+        f"(latency {lat} + {chip.num_cores * per_core} B / {hbm.bytes_per_cycle:g} B/cycle): "
+        f"ratio {res.cycles / roofline:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""A builder for per-core programs: one instruction list per core, loops and branches as
+context managers, channel / tensor / barrier declarations, a frozen :class:`ProgramSet` at the end.
+
+    b = ProgramBuilder("copy")
+    b.tensor("X", (4, 4), "fp32")
+    b.channel("x", src=0, dsts=1)
+    with b.core(0) as p:
+        p.alloc("t", (4, 4), "fp32")
+        p.load("t", "X")
+        with p.loop(3, var="i"):
+            p.send("x", "t")
+    ps = b.build()
+
+The builder only assembles; :func:`lowering.validate_programs` checks a program set against a chip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+
+from lowering.errors import ProgramError
+from lowering.isa import (
+    Affine,
+    Alloc,
+    Barrier,
+    Channel,
+    Compute,
+    Cond,
+    Free,
+    If,
+    Index,
+    Instr,
+    Load,
+    LoadValue,
+    Loop,
+    Operand,
+    Program,
+    ProgramSet,
+    Recv,
+    RecvValue,
+    Region,
+    Send,
+    SendValue,
+    Set,
+    Store,
+    TensorDecl,
+)
+
+__all__ = ["ProgramBuilder", "CoreBuilder", "region", "affine"]
+
+
+def region(starts: Sequence[Index], extents: Sequence[Index]) -> Region:
+    """A :class:`Region` from per-dimension starts and extents."""
+    if len(starts) != len(extents):
+        raise ProgramError(
+            f"region: {len(starts)} starts but {len(extents)} extents; give one of each per "
+            "dimension"
+        )
+    return Region(tuple(starts), tuple(extents))
+
+
+def affine(const: int = 0, **coefs: int) -> Affine:
+    """``const + sum(coef * reg)``: ``affine(2, t=4)`` is ``4*t + 2``."""
+    return Affine(const, tuple((name, coef) for name, coef in coefs.items() if coef != 0))
+
+
+def _names(value: str | Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+class CoreBuilder:
+    """Instructions of one core.  Methods append one instruction and return the builder;
+    :meth:`loop`, :meth:`if_` and :meth:`else_` are context managers that collect a body."""
+
+    def __init__(self, core: int) -> None:
+        self.core = core
+        self._stack: list[list[Instr]] = [[]]
+        self._labels: list[str] = []
+
+    # -- context-manager use: ``with builder.core(3) as p: ...`` ------------------------------
+    def __enter__(self) -> CoreBuilder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self._check_closed()
+
+    def _check_closed(self) -> None:
+        if len(self._stack) != 1:
+            raise ProgramError(
+                f"core {self.core}: {self._labels[-1]} block is still open; close it "
+                "(leave its `with` block) before finishing the program"
+            )
+
+    def emit(self, instr: Instr) -> CoreBuilder:
+        """Append any instruction (the typed helpers below call this)."""
+        self._stack[-1].append(instr)
+        return self
+
+    def body(self) -> tuple[Instr, ...]:
+        """The finished instruction list."""
+        self._check_closed()
+        return tuple(self._stack[0])
+
+    # -- memory --------------------------------------------------------------------------------
+    def alloc(self, buf: str, shape: Sequence[int], dtype: str = "bf16") -> CoreBuilder:
+        """Reserve SRAM buffer ``buf`` of capacity ``shape`` x ``dtype``."""
+        return self.emit(Alloc(buf, tuple(shape), dtype))
+
+    def free(self, buf: str) -> CoreBuilder:
+        """Release SRAM buffer ``buf``."""
+        return self.emit(Free(buf))
+
+    def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
+        """HBM ``tensor`` (or its ``region``) -> buffer ``dst``."""
+        return self.emit(Load(dst, tensor, region))
+
+    def store(
+        self, src: str, tensor: str, region: Region | None = None, accumulate: bool = False
+    ) -> CoreBuilder:
+        """Buffer ``src`` -> HBM ``tensor`` (or its ``region``); ``accumulate`` adds."""
+        return self.emit(Store(src, tensor, region, accumulate))
+
+    # -- communication -------------------------------------------------------------------------
+    def send(self, channel: str, src: str) -> CoreBuilder:
+        """Send buffer ``src`` on ``channel``."""
+        return self.emit(Send(channel, src))
+
+    def recv(self, channel: str, dst: str) -> CoreBuilder:
+        """Receive one message of ``channel`` into buffer ``dst``."""
+        return self.emit(Recv(channel, dst))
+
+    def send_value(self, channel: str, value: Operand | Affine) -> CoreBuilder:
+        """Send a control value on ``channel``."""
+        return self.emit(SendValue(channel, value))
+
+    def recv_value(self, channel: str, reg: str) -> CoreBuilder:
+        """Receive a control value of ``channel`` into register ``reg``."""
+        return self.emit(RecvValue(channel, reg))
+
+    def load_value(self, reg: str, tensor: str, index: Sequence[Index]) -> CoreBuilder:
+        """Register ``reg`` = integer element ``tensor[index]``."""
+        return self.emit(LoadValue(reg, tensor, tuple(index)))
+
+    # -- compute and control -------------------------------------------------------------------
+    def compute(
+        self,
+        kernel: str,
+        outs: str | Sequence[str],
+        ins: str | Sequence[str] = (),
+        params: dict[str, int | float | str] | None = None,
+        dtype: str = "bf16",
+    ) -> CoreBuilder:
+        """Run ``kernel`` on buffers ``ins`` into ``outs``; ``params`` are stored sorted."""
+        items = tuple(sorted((params or {}).items()))
+        return self.emit(Compute(kernel, _names(outs), _names(ins), items, dtype))
+
+    def set(self, reg: str, value: Operand | Affine) -> CoreBuilder:
+        """Register ``reg`` = ``value``."""
+        return self.emit(Set(reg, value))
+
+    def barrier(self, group: str) -> CoreBuilder:
+        """Wait for every core of barrier group ``group``."""
+        return self.emit(Barrier(group))
+
+    @contextmanager
+    def loop(self, count: Operand | Affine, var: str | None = None) -> Iterator[CoreBuilder]:
+        """``with p.loop(n, var="i"):`` — the body is what is emitted inside the block."""
+        self._stack.append([])
+        self._labels.append(f"loop {count!r}")
+        try:
+            yield self
+        except BaseException:
+            self._stack.pop()
+            self._labels.pop()
+            raise
+        body = self._stack.pop()
+        self._labels.pop()
+        self.emit(Loop(count, tuple(body), var))
+
+    @contextmanager
+    def if_(self, lhs: Operand | Affine, op: str, rhs: Operand | Affine) -> Iterator[CoreBuilder]:
+        """``with p.if_("n", ">", 0):`` — then-branch; an :meth:`else_` block may follow."""
+        cond = Cond(lhs, op, rhs)  # type: ignore[arg-type]
+        self._stack.append([])
+        self._labels.append("if")
+        try:
+            yield self
+        except BaseException:
+            self._stack.pop()
+            self._labels.pop()
+            raise
+        body = self._stack.pop()
+        self._labels.pop()
+        self.emit(If(cond, tuple(body)))
+
+    @contextmanager
+    def else_(self) -> Iterator[CoreBuilder]:
+        """The else-branch of the :class:`If` emitted just before."""
+        current = self._stack[-1]
+        if not current or not isinstance(current[-1], If) or current[-1].orelse:
+            raise ProgramError(
+                f"core {self.core}: else_() must directly follow an if_() block without an else"
+            )
+        self._stack.append([])
+        self._labels.append("else")
+        try:
+            yield self
+        except BaseException:
+            self._stack.pop()
+            self._labels.pop()
+            raise
+        body = self._stack.pop()
+        self._labels.pop()
+        last = current.pop()
+        assert isinstance(last, If)
+        current.append(If(last.cond, last.then, tuple(body)))
+
+
+class ProgramBuilder:
+    """Collects per-core programs and the channels, tensors and barrier groups they share."""
+
+    def __init__(self, name: str = "program") -> None:
+        self.name = name
+        self._cores: dict[int, CoreBuilder] = {}
+        self._channels: dict[str, Channel] = {}
+        self._tensors: dict[str, TensorDecl] = {}
+        self._barriers: dict[str, tuple[int, ...]] = {}
+        self._meta: dict[str, str] = {}
+
+    def tensor(self, name: str, shape: Sequence[int], dtype: str = "bf16") -> str:
+        """Declare HBM tensor ``name``; returns the name."""
+        if name in self._tensors:
+            raise ProgramError(f"tensor {name!r} is declared twice; declare each tensor once")
+        self._tensors[name] = TensorDecl(name, tuple(shape), dtype)
+        return name
+
+    def channel(
+        self, name: str, src: int, dsts: int | Sequence[int], depth: int | None = None
+    ) -> str:
+        """Declare channel ``name`` from core ``src`` to ``dsts`` (several: multicast)."""
+        if name in self._channels:
+            raise ProgramError(f"channel {name!r} is declared twice; declare each channel once")
+        targets = (dsts,) if isinstance(dsts, int) else tuple(dsts)
+        self._channels[name] = Channel(name, src, targets, depth)
+        return name
+
+    def has_channel(self, name: str) -> bool:
+        """Whether channel ``name`` is declared."""
+        return name in self._channels
+
+    def barrier_group(self, name: str, cores: Sequence[int]) -> str:
+        """Declare barrier group ``name`` of ``cores``."""
+        if name in self._barriers:
+            raise ProgramError(f"barrier group {name!r} is declared twice")
+        self._barriers[name] = tuple(cores)
+        return name
+
+    def meta(self, key: str, value: object) -> None:
+        """Attach a ``key = value`` note (kept as text) to the program set."""
+        self._meta[key] = str(value)
+
+    def core(self, core: int) -> CoreBuilder:
+        """The builder of ``core``'s program (created on first use)."""
+        if core not in self._cores:
+            self._cores[core] = CoreBuilder(core)
+        return self._cores[core]
+
+    def build(self) -> ProgramSet:
+        """The frozen program set: programs sorted by core, declarations in order."""
+        programs = tuple(Program(c, self._cores[c].body()) for c in sorted(self._cores))
+        return ProgramSet(
+            programs=programs,
+            channels=tuple(self._channels.values()),
+            tensors=tuple(self._tensors.values()),
+            barriers=tuple(self._barriers.items()),
+            name=self.name,
+            meta=tuple(self._meta.items()),
+        )

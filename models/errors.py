@@ -1,0 +1,23 @@
+"""Lookup errors of the ``models`` package (kept free of other project imports)."""
+
+from __future__ import annotations
+
+__all__ = ["UnknownNameError", "UnknownLayerError", "UnknownTraceError"]
+
+
+class UnknownNameError(KeyError):
+    """A name that is not registered; the message lists the valid names.
+
+    A ``KeyError`` subclass whose ``str()`` is the plain message (``KeyError`` would quote it).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownLayerError(UnknownNameError):
+    """``models.get_layer`` was given a layer name that is not in ``models.LAYERS``."""
+
+
+class UnknownTraceError(UnknownNameError):
+    """A routing or KV-length trace name (or path) that does not exist."""

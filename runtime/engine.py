@@ -1,0 +1,327 @@
+"""The discrete-event simulator: per-core sequencers, transfers through shared resources, FIFOs.
+
+Model (seed 002 §5: cores with SRAM, a compute pipeline and a network agent; links with latency
+and bandwidth, served sequentially; HBM accessed through the interconnect.  Seed 000 §4.2 and
+seed 004 §9.1: per-PE interpreters talking over bounded FIFOs, roofline cycles per kernel):
+
+* Event queue ordered by ``(cycle, priority, sequence number)`` (SimPy's ordering): resource
+  events (priority 0) before core wake-ups (priority 1) in the same cycle, then first scheduled
+  first; nothing depends on hashing or dict order, so runs are deterministic.  It is a calendar
+  queue: a heap of distinct cycles and, per cycle, one FIFO list per priority — the same order as
+  a heap of ``(cycle, priority, seq)`` tuples at O(1) per event for the many events that share a
+  cycle.
+* Cores run their compiled programs (:mod:`runtime.ops`); a core that reaches an instruction
+  touching shared state at a cycle later than the queue's clock re-queues itself for that cycle.
+* Transfers are resource reservations, not per-byte events (:mod:`runtime.transfer`,
+  :mod:`runtime.network`).  An HBM request splits over channels by address
+  (:mod:`runtime.layout`); each channel serves its part FIFO at ``bytes_per_cycle_per_channel``
+  and the data is there ``latency_cycles`` after the last part.
+* FIFOs: credit-based flow control (:mod:`runtime.state`); a message's slot frees when the
+  receiver consumes it, at ``max(arrival, cycle the Recv was issued)``.
+* Deadlock: when the queue is empty and some program is unfinished, every unfinished core is
+  blocked on something only another blocked core could provide; :class:`DeadlockError` lists each
+  with its instruction and the channel / barrier / buffer it waits on.
+
+What an *event* is (for the events/s figure): one operation a sequencer executes (an instruction,
+or a loop's back-edge), one transfer granted by one resource (a link, a port or an HBM channel),
+or one message delivered into a destination FIFO.  Instructions fast-forwarded in closed form are
+counted separately, never as events.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Mapping
+from heapq import heappop, heappush
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwmodel.chip import Chip
+from lowering.isa import If, Instr, Load, LoadValue, Loop, ProgramSet, Store
+from runtime.errors import DeadlockError, SimulationError
+from runtime.layout import HbmLayout, numpy_dtype
+from runtime.network import Fabric
+from runtime.program import Compiled, compile_programs, describe
+from runtime.report import build_result, deadlock_message
+from runtime.state import Core, Pending
+from runtime.stats import SimResult
+from runtime.transfer import Transfers
+
+__all__ = ["Simulator", "simulate", "DEFAULT_DMA_QUEUE_DEPTH"]
+
+#: Outstanding HBM requests per core when the chip does not say (``CoreSpec.dma_queue_depth``).
+DEFAULT_DMA_QUEUE_DEPTH = 16
+
+_PRIO_CORE = 1
+
+
+class Simulator(Transfers):
+    """Runs a :class:`ProgramSet` on a :class:`Chip` (``mode``: ``"timing"`` — tiles carry shapes,
+    control values are real — or ``"functional"`` — tiles carry numpy data).  Construction
+    validates programs and inputs; :meth:`run` may be called any number of times."""
+
+    def __init__(
+        self,
+        programs: ProgramSet,
+        chip: Chip,
+        *,
+        mode: str = "timing",
+        inputs: Mapping[str, np.ndarray] | None = None,
+        dma_queue_depth: int | None = None,
+    ) -> None:
+        if dma_queue_depth is None:
+            dma_queue_depth = getattr(chip.core, "dma_queue_depth", DEFAULT_DMA_QUEUE_DEPTH)
+        if dma_queue_depth < 1:
+            raise SimulationError(f"dma_queue_depth must be at least 1, got {dma_queue_depth}")
+        self.dma_depth = dma_queue_depth
+        if mode not in ("timing", "functional"):
+            raise SimulationError(f"mode must be 'timing' or 'functional', got {mode!r}")
+        self.programs = programs
+        self.chip = chip
+        self.mode = mode
+        self.functional = mode == "functional"
+        self.core_spec = chip.core
+        self.fabric = Fabric(chip)
+        self.layout = HbmLayout(chip.hbm, programs.tensors)
+        self._compiled: Compiled | None = self._compile()
+        self._inputs = self._bind(dict(inputs or {}))
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _compile(self) -> Compiled:
+        return compile_programs(
+            self.programs, self.chip, self.fabric, self.layout, fast=not self.functional
+        )
+
+    def _bind(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        decls = self.layout.tensors
+        unknown = sorted(set(inputs) - set(decls))
+        if unknown:
+            raise SimulationError(
+                f"inputs {unknown} are not declared tensors; declared: {sorted(decls)}"
+            )
+        loaded: set[str] = set()
+        stored: set[str] = set()
+        values: set[str] = set()
+
+        def walk(body: tuple[Instr, ...]) -> None:
+            for ins in body:
+                if isinstance(ins, Load):
+                    loaded.add(ins.tensor)
+                elif isinstance(ins, LoadValue):
+                    values.add(ins.tensor)
+                elif isinstance(ins, Store):
+                    stored.add(ins.tensor)
+                elif isinstance(ins, Loop):
+                    walk(ins.body)
+                elif isinstance(ins, If):
+                    walk(ins.then)
+                    walk(ins.orelse)
+
+        for prog in self.programs.programs:
+            walk(prog.body)
+        need = values if not self.functional else (loaded | values) - stored
+        missing = sorted(need - set(inputs))
+        if missing:
+            what = (
+                "integer tensors read by LoadValue"
+                if not self.functional
+                else "tensors the programs read"
+            )
+            raise SimulationError(
+                f"{self.mode} mode: missing inputs for {what}: {missing}; pass them in `inputs`"
+            )
+        bound: dict[str, np.ndarray] = {}
+        for name, arr in inputs.items():
+            info = decls[name]
+            a = np.asarray(arr)
+            if tuple(a.shape) != info.shape:
+                raise SimulationError(f"input {name!r} has shape {a.shape}, declared {info.shape}")
+            if self.functional or info.is_int:
+                bound[name] = np.array(a, dtype=numpy_dtype(info.dtype))
+        if self.functional:
+            for name, info in decls.items():
+                if name not in bound:
+                    bound[name] = np.zeros(info.shape, dtype=numpy_dtype(info.dtype))
+        return bound
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, *, trace: bool | str | Path = False, max_cycles: int | None = None) -> SimResult:
+        """Simulate to completion; ``trace`` records a Chrome trace (a path also writes it)."""
+        wall = time.perf_counter()
+        comp = self._compiled or self._compile()
+        self._compiled = None
+        self.comp = comp
+        nres = len(self.fabric.res)
+        self.rate = [r.rate for r in self.fabric.res]
+        self.free = [0.0] * nres
+        self.busy = [0.0] * nres
+        self.rbytes = [0] * nres
+        self.rcount = [0] * nres
+        self.chan_res = self.fabric.chan_res
+        self.attached = self.fabric.attached
+        self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
+        self.dirty: set[str] = set()
+        self.tracing = bool(trace)
+        self.ctrace: list[tuple] = []
+        self.rtrace: list[tuple] | None = [] if self.tracing else None
+        self.times: list[int] = []
+        self.buckets: dict[int, tuple[list, list]] = {}
+        self.now = 0
+        self.cat = 0
+        self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
+        self.hbm_rd = self.hbm_wr = 0
+        self.ndone = 0
+        self.cur_core: Core | None = None
+        self.run_fn = self.run_core  # bound once: queue entries reuse it
+        self.hop_fn = self._hop
+        for core in comp.active:
+            self.push(0, _PRIO_CORE, (self.run_fn, core))
+        # The run allocates many short-lived acyclic objects; the cyclic collector would rescan
+        # the (large, long-lived) compiled programs again and again, so it pauses meanwhile.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._loop(max_cycles)
+            result = build_result(self, time.perf_counter() - wall)
+        finally:
+            if enabled:
+                gc.enable()
+        if isinstance(trace, (str, Path)):
+            result.write_trace(trace)
+        return result
+
+    def push(self, t: int, prio: int, item: tuple) -> None:
+        """Queue ``item[0](item)`` at cycle ``t`` (priority 0 before 1; then first come first)."""
+        b = self.buckets.get(t)
+        if b is None:
+            b = self.buckets[t] = ([], [])
+            heappush(self.times, t)
+        b[prio].append(item)
+
+    def _loop(self, max_cycles: int | None) -> None:
+        times, buckets = self.times, self.buckets
+        limit = math.inf if max_cycles is None else max_cycles
+        pops = 0
+        try:
+            while times:
+                t = heappop(times)
+                if t > limit:
+                    raise SimulationError(
+                        f"simulation passed max_cycles={max_cycles} with "
+                        f"{len(self.comp.active) - self.ndone} programs unfinished; raise the limit"
+                    )
+                self.now = t
+                first, second = buckets[t]
+                i = j = 0
+                while True:
+                    if i < len(first):
+                        item = first[i]
+                        i += 1
+                    elif j < len(second):
+                        item = second[j]
+                        j += 1
+                    else:
+                        break
+                    item[0](item)
+                pops += i + j
+                del buckets[t]
+        except KeyError as exc:
+            core = self.cur_core
+            if core is None or not exc.args or not isinstance(exc.args[0], str):
+                raise
+            raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
+        finally:
+            self.n_pops = pops
+        if self.ndone < len(self.comp.active):
+            raise DeadlockError(deadlock_message(self))
+        for ch in self.comp.chans.values() if self.unreceived else ():
+            for end in ch.ends:
+                if end.unmatched:
+                    raise SimulationError(
+                        f"channel {ch.name!r}: {len(end.unmatched)} message(s) from core {ch.src} "
+                        f"were never received by core {end.dst}; add the matching Recv or drop the Send"
+                    )
+        if max_cycles is not None:
+            late = [c.id for c in self.comp.active if c.finish > max_cycles]
+            if late:
+                raise SimulationError(
+                    f"cores {late} finish after max_cycles={max_cycles}; raise the limit"
+                )
+
+    def run_core(self, item: tuple) -> None:
+        """Execute core ``item[1]`` until it yields, blocks or finishes."""
+        core = item[1]
+        self.cur_core = core
+        code = core.code
+        n = 0
+        while True:
+            op = code[core.pc]
+            if not op.fn(self, core, op):
+                break
+            n += 1
+        core.stepped += n
+
+    def schedule(self, core: Core, t: int) -> None:
+        """Resume ``core`` at cycle ``t``."""
+        self.push(t, _PRIO_CORE, (self.run_fn, core))
+
+    def block(self, core: Core, why: tuple, pending: Pending | None) -> None:
+        """``core`` waits for ``pending`` (or for a barrier / FIFO credit: ``why``)."""
+        core.blocked = why
+        if pending is not None:
+            if pending.waiters is None:
+                pending.waiters = [core]
+            else:
+                pending.waiters.append(core)
+
+    def wake(self, core: Core, t: int) -> None:
+        """Re-run a blocked core's instruction at cycle ``t`` (or its own clock, if later)."""
+        if core.blocked is None:
+            return
+        core.blocked = None
+        if core.t > t:
+            t = core.t
+        if self.now > t:
+            t = self.now
+        self.push(t, _PRIO_CORE, (self.run_fn, core))
+
+    def resolve(self, p: Pending, t: int) -> None:
+        """``p`` completes at cycle ``t``: wake its waiters."""
+        p.time = t
+        ws = p.waiters
+        if ws:
+            p.waiters = None
+            for c in ws:
+                self.wake(c, t)
+
+    def finished(self, core: Core) -> None:
+        """``core`` ran its program to the end."""
+        core.done = True
+        core.finish = core.t
+        self.ndone += 1
+
+    def error(self, core: Core, msg: str) -> SimulationError:
+        """A :class:`SimulationError` naming the core and its current instruction."""
+        ins = core.code[core.pc].src if core.pc < len(core.code) else None
+        return SimulationError(f"core {core.id} at cycle {core.t}, `{describe(ins)}`: {msg}")
+
+
+def simulate(
+    programs: ProgramSet,
+    chip: Chip,
+    *,
+    mode: str = "timing",
+    inputs: Mapping[str, np.ndarray] | None = None,
+    trace: bool | str | Path = False,
+    max_cycles: int | None = None,
+    dma_queue_depth: int | None = None,
+) -> SimResult:
+    """Run ``programs`` on ``chip`` and return cycles, statistics, HBM contents and trace."""
+    sim = Simulator(programs, chip, mode=mode, inputs=inputs, dma_queue_depth=dma_queue_depth)
+    return sim.run(trace=trace, max_cycles=max_cycles)

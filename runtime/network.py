@@ -1,0 +1,252 @@
+"""The chip's shared resources and the routes transfers take through them.
+
+Resources (one integer id each, state kept in flat lists for speed): every directed mesh link,
+every all-to-all injection and ejection port, every HBM channel.  A resource serves transfers one
+at a time, first come first served by the cycle the transfer's head reaches it, for
+``ceil(bytes / bytes_per_cycle)`` cycles (seed 002 §5: "packets that share one NoC link are
+scheduled sequentially"; each link models "its latency and bandwidth").
+
+A route is a tree of *stages*, plain tuples ``(res, lat, children, delivers)``:
+
+* ``res >= 0`` a resource; ``-1`` a pure delay (no contention); ``-2`` the HBM channels a request
+  is split over (served in parallel, each FIFO; :mod:`runtime.layout`).
+* ``lat``: cycles from the parent's start (the head) to this stage; the tail additionally
+  constrains the end: ``end >= parent_end + lat`` (cut-through / wormhole switching: a stage
+  starts as soon as the head arrives and the resource is free).
+* ``delivers``: destination indices that have the whole payload when the stage ends.
+
+Mesh routes are dimension-ordered (``xy``: along the row to the destination column, then along
+the column; ``yx`` the other way).  A multicast follows the union of the unicast routes, so a link
+shared by several destinations carries the payload once.  Uncontended, a message of ``B`` bytes
+over ``h`` hops arrives after ``h * hop_latency + ceil(B / link_bytes_per_cycle)`` cycles.
+
+All-to-all (seed 002 §2.1, the IPU exchange): a message occupies the sender's injection port, then
+after ``latency_cycles`` each receiver's ejection port.  HBM controllers sit on the exchange
+("cores communicate with HBM controllers via the interconnect", seed 002 §2.1), so HBM reads pass
+the reader's ejection port and writes the writer's injection port.  A read first takes its slot
+on the reader's ejection port (the port is private to the core, so slots are granted in issue
+order), and only then is released to the HBM channels: the port paces each core's reads, so a
+core with a slow port cannot fill the controllers' queues ahead of the others.  The read completes
+at ``max(port slot end, last channel end) + hbm latency + exchange latency``.  On a mesh with
+``hbm.attach_cores`` every channel's data travels the mesh between the channel's router and the
+core; with no attach points the HBM is uniform and has no NoC hop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
+from runtime.errors import SimulationError
+
+__all__ = ["Fabric", "Stage", "RES_DELAY", "RES_HBM"]
+
+#: A stage: ``(res, lat, children, delivers)``; see the module docstring.
+Stage = tuple
+
+RES_DELAY = -1
+RES_HBM = -2
+
+_DIRS = {(0, 1): "E", (0, -1): "W", (1, 0): "S", (-1, 0): "N"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Res:
+    name: str
+    kind: str  # "link", "inject", "eject", "hbm"
+    rate: float
+
+
+class Fabric:
+    """Resources of one chip plus route construction (cached per endpoint set)."""
+
+    def __init__(self, chip: Chip) -> None:
+        self.chip = chip
+        self.noc = chip.noc
+        self.res: list[_Res] = []
+        self.links: dict[tuple[int, int], int] = {}
+        self.inject: list[int] = []
+        self.eject: list[int] = []
+        hbm = chip.hbm
+        if hbm.bytes_per_cycle_per_channel <= 0:
+            raise SimulationError("hbm.bytes_per_cycle_per_channel must be positive")
+        if isinstance(self.noc, MeshNoC):
+            if self.noc.rows * self.noc.cols != chip.num_cores:
+                raise SimulationError(
+                    f"chip {chip.name!r}: mesh {self.noc.rows}x{self.noc.cols} does not hold "
+                    f"num_cores={chip.num_cores}; make rows*cols equal the core count"
+                )
+            if self.noc.link_bytes_per_cycle <= 0:
+                raise SimulationError("noc.link_bytes_per_cycle must be positive")
+            rows, cols = self.noc.rows, self.noc.cols
+            for n in range(chip.num_cores):
+                r, c = divmod(n, cols)
+                for (dr, dc), name in _DIRS.items():
+                    rr, cc = r + dr, c + dc
+                    if 0 <= rr < rows and 0 <= cc < cols:
+                        m = rr * cols + cc
+                        self.links[(n, m)] = self._add(
+                            f"link r{r}c{c}->r{rr}c{cc} ({name})",
+                            "link",
+                            self.noc.link_bytes_per_cycle,
+                        )
+            if hbm.attach_cores and len(hbm.attach_cores) != hbm.channels:
+                raise SimulationError(
+                    f"hbm.attach_cores lists {len(hbm.attach_cores)} cores for {hbm.channels} "
+                    f"channels; give one core per channel or leave it empty"
+                )
+            if any(not 0 <= a < chip.num_cores for a in hbm.attach_cores):
+                raise SimulationError(f"hbm.attach_cores {hbm.attach_cores} names a missing core")
+        elif isinstance(self.noc, AllToAllNoC):
+            if self.noc.injection_bytes_per_cycle <= 0 or self.noc.ejection_bytes_per_cycle <= 0:
+                raise SimulationError("all-to-all port bandwidths must be positive")
+            for n in range(chip.num_cores):
+                self.inject.append(
+                    self._add(f"inject core {n}", "inject", self.noc.injection_bytes_per_cycle)
+                )
+            for n in range(chip.num_cores):
+                self.eject.append(
+                    self._add(f"eject core {n}", "eject", self.noc.ejection_bytes_per_cycle)
+                )
+        else:  # pragma: no cover - NoC is a closed union
+            raise SimulationError(f"unknown NoC {self.noc!r}")
+        self.chan_res = [
+            self._add(f"hbm channel {c}", "hbm", hbm.bytes_per_cycle_per_channel)
+            for c in range(hbm.channels)
+        ]
+        self.attached = isinstance(self.noc, MeshNoC) and bool(hbm.attach_cores)
+        self._load_cache: dict[int, object] = {}
+        self._store_cache: dict[int, object] = {}
+
+    def _add(self, name: str, kind: str, rate: float) -> int:
+        self.res.append(_Res(name, kind, float(rate)))
+        return len(self.res) - 1
+
+    # -- mesh geometry ------------------------------------------------------------------------
+
+    def path(self, src: int, dst: int) -> list[int]:
+        """Link ids from ``src``'s router to ``dst``'s router (dimension-order routing)."""
+        noc = self.noc
+        assert isinstance(noc, MeshNoC)
+        r, c = divmod(src, noc.cols)
+        r2, c2 = divmod(dst, noc.cols)
+        nodes = [src]
+        order = ("col", "row") if noc.routing == "xy" else ("row", "col")
+        for axis in order:
+            if axis == "col":
+                while c != c2:
+                    c += 1 if c2 > c else -1
+                    nodes.append(r * noc.cols + c)
+            else:
+                while r != r2:
+                    r += 1 if r2 > r else -1
+                    nodes.append(r * noc.cols + c)
+        return [self.links[(a, b)] for a, b in zip(nodes, nodes[1:])]
+
+    def hops(self, src: int, dst: int) -> int:
+        """Mesh hop count (0 on all-to-all)."""
+        return len(self.path(src, dst)) if isinstance(self.noc, MeshNoC) else 0
+
+    # -- routes -------------------------------------------------------------------------------
+
+    def message_roots(self, src: int, dsts: tuple[int, ...]) -> tuple[Stage, ...]:
+        """Root stages of a message from ``src`` to ``dsts`` (delivery index = position)."""
+        roots: list[Stage] = []
+        noc = self.noc
+        if isinstance(noc, AllToAllNoC):
+            children = tuple(
+                (self.eject[d], noc.latency_cycles, (), (i,))
+                for i, d in enumerate(dsts)
+                if d != src
+            )
+            if children:
+                roots.append((self.inject[src], 0, children, ()))
+        else:
+            paths = [(self.path(src, d), i) for i, d in enumerate(dsts) if d != src]
+            roots.extend(_trie(paths, 0, noc.hop_latency_cycles))
+        roots.extend((RES_DELAY, 0, (), (i,)) for i, d in enumerate(dsts) if d == src)
+        return tuple(roots)
+
+    def load_roots(self, core: int) -> object:
+        """HBM -> core route: a root stage of kind ``RES_HBM`` (joined channels) or, on a mesh
+        with attach points, a per-channel tuple of root stages."""
+        hit = self._load_cache.get(core)
+        if hit is None:
+            hbm = self.chip.hbm
+            noc = self.noc
+            if isinstance(noc, AllToAllNoC):
+                # The ejection port paces the core's reads: a read is released to the HBM
+                # controllers when the port is free to take its data (see module docstring).
+                done = (RES_DELAY, hbm.latency_cycles + noc.latency_cycles, (), (0,))
+                hit = (self.eject[core], 0, ((RES_HBM, 0, (done,), ()),), ())
+            elif not self.attached:
+                hit = (RES_HBM, 0, ((RES_DELAY, hbm.latency_cycles, (), (0,)),), ())
+            else:
+                per: list[Stage] = []
+                for c, a in enumerate(hbm.attach_cores):
+                    links = self.path(a, core)
+                    if not links:
+                        child: Stage = (RES_DELAY, hbm.latency_cycles, (), (0,))
+                    else:
+                        child = _chain(
+                            links,
+                            hbm.latency_cycles,
+                            noc.hop_latency_cycles,
+                            (RES_DELAY, noc.hop_latency_cycles, (), (0,)),
+                        )
+                    per.append((self.chan_res[c], 0, (child,), ()))
+                hit = tuple(per)
+            self._load_cache[core] = hit
+        return hit
+
+    def store_roots(self, core: int) -> object:
+        """Core -> HBM route, shaped like :meth:`load_roots`."""
+        hit = self._store_cache.get(core)
+        if hit is None:
+            hbm = self.chip.hbm
+            noc = self.noc
+            done = (RES_DELAY, hbm.latency_cycles, (), (0,))
+            if isinstance(noc, AllToAllNoC):
+                hit = (self.inject[core], 0, ((RES_HBM, noc.latency_cycles, (done,), ()),), ())
+            elif not self.attached:
+                hit = (RES_HBM, 0, (done,), ())
+            else:
+                per: list[Stage] = []
+                for c, a in enumerate(hbm.attach_cores):
+                    links = self.path(core, a)
+                    chan = (self.chan_res[c], noc.hop_latency_cycles if links else 0, (done,), ())
+                    per.append(_chain(links, 0, noc.hop_latency_cycles, chan) if links else chan)
+                hit = tuple(per)
+            self._store_cache[core] = hit
+        return hit
+
+
+def _chain(links: list[int], first_lat: int, hop_lat: int, tail: Stage) -> Stage:
+    """Stages ``links[0] -> links[1] -> ... -> tail`` (``tail`` carries its own latency)."""
+    stage = tail
+    for i in range(len(links) - 1, -1, -1):
+        stage = (links[i], first_lat if i == 0 else hop_lat, (stage,), ())
+    return stage
+
+
+def _trie(paths: list[tuple[list[int], int]], first_lat: int, hop_lat: int) -> list[Stage]:
+    """Merge link paths sharing a prefix into a tree (multicast); each path ends in a delay
+    stage of ``hop_lat`` that delivers its destination index."""
+    node: dict = {}
+    for links, idx in paths:
+        cur = node
+        for lid in links:
+            cur = cur.setdefault(lid, {})
+        cur.setdefault(None, []).append(idx)
+
+    def build(tree: dict, lat: int) -> list[Stage]:
+        out: list[Stage] = []
+        for lid, sub in tree.items():
+            if lid is None:
+                continue
+            kids = build(sub, hop_lat)
+            kids.extend((RES_DELAY, hop_lat, (), (i,)) for i in sub.get(None, ()))
+            out.append((lid, lat, tuple(kids), ()))
+        return out
+
+    return build(node, first_lat)

@@ -1,0 +1,403 @@
+"""Validate a :class:`~lowering.isa.ProgramSet` against a chip and compile every core's program to
+a flat list of operations (:mod:`runtime.ops`).
+
+Compilation resolves every name once (buffers to :class:`~runtime.state.Buf` objects, channels to
+their FIFO state and precomputed route, tensors to their HBM placement, kernels to the registry
+entry) and turns loops and branches into jumps, so the sequencer's hot loop does no lookups.
+Checking happens here, before anything runs (DAM's ``InitializationError`` idea: every channel
+used has both ends; STYLE.md), and every message names the core, the instruction and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hwmodel.chip import Chip
+from lowering.errors import ProgramError
+from lowering.isa import (
+    DTYPE_BYTES,
+    Affine,
+    Alloc,
+    Barrier,
+    Compute,
+    Free,
+    If,
+    Instr,
+    Load,
+    LoadValue,
+    Loop,
+    ProgramSet,
+    Recv,
+    RecvValue,
+    Send,
+    SendValue,
+    Set,
+    Store,
+)
+from lowering.kernels import get_kernel
+from lowering.printer import format_instr
+from runtime import ops
+from runtime.errors import SimulationError
+from runtime.layout import HbmLayout
+from runtime.network import Fabric
+from runtime.state import Buf, ChanState, Core, Group
+
+__all__ = ["compile_programs", "Compiled", "describe"]
+
+
+def describe(ins: Instr | None) -> str:
+    """One line for an instruction in a message (``None``: the end of a program)."""
+    return "end of program" if ins is None else format_instr(ins)
+
+
+class Compiled:
+    """Cores (one per chip core), channel states by name, barrier groups by name."""
+
+    __slots__ = ("cores", "chans", "groups", "active")
+
+    def __init__(self, cores: list[Core], chans: dict[str, ChanState], groups: dict[str, Group]):
+        self.cores = cores
+        self.chans = chans
+        self.groups = groups
+        self.active = [c for c in cores if c.code]
+
+
+def _expr(v: int | str | Affine) -> ops.Expr:
+    if isinstance(v, bool):
+        return (int(v), ())
+    if isinstance(v, int):
+        return (v, ())
+    if isinstance(v, str):
+        return (0, ((v, 1),))
+    if isinstance(v, Affine):
+        return (v.const, tuple(v.terms))
+    raise SimulationError(f"{v!r} is not an integer, register name or Affine expression")
+
+
+def compile_programs(
+    ps: ProgramSet, chip: Chip, fabric: Fabric, layout: HbmLayout, *, fast: bool
+) -> Compiled:
+    """Check ``ps`` against ``chip`` and compile it (``fast``: fast-forward compute-only loops)."""
+    n = chip.num_cores
+    where = f"program set {ps.name!r}"
+    chans: dict[str, ChanState] = {}
+    for ch in ps.channels:
+        if ch.name in chans:
+            raise SimulationError(f"{where}: channel {ch.name!r} is declared twice; rename one")
+        cores = (ch.src, *ch.dsts)
+        if any(not 0 <= c < n for c in cores):
+            raise SimulationError(
+                f"{where}: channel {ch.name!r} connects cores {cores} but chip {chip.name!r} has cores 0..{n - 1}"
+            )
+        if not ch.dsts or len(set(ch.dsts)) != len(ch.dsts):
+            raise SimulationError(
+                f"{where}: channel {ch.name!r} needs distinct destination cores, got {ch.dsts}"
+            )
+        depth = chip.core.fifo_depth if ch.depth is None else ch.depth
+        if depth < 1:
+            raise SimulationError(
+                f"{where}: channel {ch.name!r} has FIFO depth {depth}; use at least 1"
+            )
+        chans[ch.name] = ChanState(
+            ch.name, ch.src, tuple(ch.dsts), depth, fabric.message_roots(ch.src, tuple(ch.dsts))
+        )
+    groups: dict[str, Group] = {}
+    for name, members in ps.barriers:
+        if name in groups:
+            raise SimulationError(f"{where}: barrier group {name!r} is declared twice")
+        if not members or any(not 0 <= c < n for c in members) or len(set(members)) != len(members):
+            raise SimulationError(
+                f"{where}: barrier group {name!r} has members {members}; use distinct cores 0..{n - 1}"
+            )
+        groups[name] = Group(name, tuple(members))
+    cores = [Core(i) for i in range(n)]
+    seen: set[int] = set()
+    for prog in ps.programs:
+        if not 0 <= prog.core < n:
+            raise SimulationError(
+                f"{where}: a program is for core {prog.core} but chip {chip.name!r} has cores 0..{n - 1}"
+            )
+        if prog.core in seen:
+            raise SimulationError(f"{where}: core {prog.core} has two programs; merge them")
+        seen.add(prog.core)
+        _Compiler(cores[prog.core], chans, groups, layout, fast, where).run(prog.body)
+    for g in groups.values():
+        missing = [c for c in g.members if c not in seen]
+        if missing:
+            raise SimulationError(
+                f"{where}: barrier group {g.name!r} includes cores {missing} that have no program; drop them from the group"
+            )
+    return Compiled(cores, chans, groups)
+
+
+class _Compiler:
+    def __init__(
+        self,
+        core: Core,
+        chans: dict[str, ChanState],
+        groups: dict[str, Group],
+        layout: HbmLayout,
+        fast: bool,
+        where: str,
+    ):
+        self.core = core
+        self.chans = chans
+        self.groups = groups
+        self.layout = layout
+        self.fast = fast
+        self.where = where
+        self.code: list[ops.Op] = []
+        self.slots = 0
+
+    def fail(self, ins: Instr, msg: str) -> SimulationError:
+        return SimulationError(f"{self.where}, core {self.core.id}, `{describe(ins)}`: {msg}")
+
+    def run(self, body: Sequence[Instr]) -> None:
+        self.block(body)
+        self.code.append(ops.make(ops.Op, ops.h_end, None))
+        self.core.code = self.code
+        self.core.lc = [0] * self.slots
+        self.core.li = [0] * self.slots
+
+    def buf(self, name: str) -> Buf:
+        b = self.core.bufs.get(name)
+        if b is None:
+            b = self.core.bufs[name] = Buf(name)
+        return b
+
+    def chan(self, ins: Instr, name: str, send: bool) -> ChanState:
+        ch = self.chans.get(name)
+        if ch is None:
+            raise self.fail(
+                ins,
+                f"channel {name!r} is not declared in the program set; declare a Channel for it",
+            )
+        if send and ch.src != self.core.id:
+            raise self.fail(
+                ins, f"channel {name!r} is sent by core {ch.src}, not core {self.core.id}"
+            )
+        if not send and self.core.id not in ch.dsts:
+            raise self.fail(
+                ins, f"channel {name!r} delivers to cores {ch.dsts}, not core {self.core.id}"
+            )
+        return ch
+
+    def tensor(self, ins: Instr, name: str):
+        info = self.layout.tensors.get(name)
+        if info is None:
+            raise self.fail(ins, f"tensor {name!r} is not declared; add a TensorDecl")
+        return info
+
+    def block(self, body: Sequence[Instr]) -> None:
+        for ins in body:
+            self.one(ins)
+
+    def one(self, ins: Instr) -> None:
+        code, make = self.code, ops.make
+        if isinstance(ins, Compute):
+            code.append(self.compute(ins))
+        elif isinstance(ins, (Load, Store)):
+            info = self.tensor(ins, ins.tensor)
+            buf = self.buf(ins.dst if isinstance(ins, Load) else ins.src)
+            if ins.region is None:
+                starts, extents, fixed = None, None, ((0,) * len(info.shape), info.shape)
+            else:
+                r = ins.region
+                if len(r.starts) != len(info.shape) or len(r.extents) != len(info.shape):
+                    raise self.fail(
+                        ins,
+                        f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
+                    )
+                starts = tuple(_expr(s) for s in r.starts)
+                extents = tuple(_expr(e) for e in r.extents)
+                fixed = None
+                if all(not e[1] for e in starts + extents):
+                    s = tuple(e[0] for e in starts)
+                    x = tuple(e[0] for e in extents)
+                    if any(a < 0 or b < 0 or a + b > d for a, b, d in zip(s, x, info.shape)):
+                        raise self.fail(
+                            ins,
+                            f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
+                        )
+                    fixed = (s, x)
+            fn = ops.h_load if isinstance(ins, Load) else ops.h_store
+            acc = isinstance(ins, Store) and ins.accumulate
+            code.append(
+                make(
+                    ops.OpMem,
+                    fn,
+                    ins,
+                    buf=buf,
+                    info=info,
+                    starts=starts,
+                    extents=extents,
+                    fixed=fixed,
+                    accumulate=acc,
+                )
+            )
+        elif isinstance(ins, Send):
+            code.append(
+                make(
+                    ops.OpSend,
+                    ops.h_send,
+                    ins,
+                    chan=self.chan(ins, ins.channel, True),
+                    buf=self.buf(ins.src),
+                    value=None,
+                )
+            )
+        elif isinstance(ins, SendValue):
+            code.append(
+                make(
+                    ops.OpSend,
+                    ops.h_send,
+                    ins,
+                    chan=self.chan(ins, ins.channel, True),
+                    buf=None,
+                    value=_expr(ins.value),
+                )
+            )
+        elif isinstance(ins, (Recv, RecvValue)):
+            ch = self.chan(ins, ins.channel, False)
+            end = ch.ends[ch.dsts.index(self.core.id)]
+            if isinstance(ins, Recv):
+                code.append(
+                    make(ops.OpRecv, ops.h_recv, ins, end=end, buf=self.buf(ins.dst), reg=None)
+                )
+            else:
+                code.append(make(ops.OpRecv, ops.h_recvvalue, ins, end=end, buf=None, reg=ins.reg))
+        elif isinstance(ins, LoadValue):
+            info = self.tensor(ins, ins.tensor)
+            if not info.is_int:
+                raise self.fail(
+                    ins,
+                    f"tensor {info.name!r} is {info.dtype}; LoadValue reads integer tensors only",
+                )
+            if len(ins.index) != len(info.shape):
+                raise self.fail(
+                    ins, f"index has {len(ins.index)} entries for a {len(info.shape)}-d tensor"
+                )
+            code.append(
+                make(
+                    ops.OpLoadValue,
+                    ops.h_loadvalue,
+                    ins,
+                    reg=ins.reg,
+                    info=info,
+                    index=tuple(_expr(i) for i in ins.index),
+                )
+            )
+        elif isinstance(ins, Set):
+            code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=_expr(ins.value)))
+        elif isinstance(ins, Alloc):
+            if ins.dtype not in DTYPE_BYTES:
+                raise self.fail(
+                    ins, f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}"
+                )
+            if any(d < 0 for d in ins.shape):
+                raise self.fail(ins, "negative buffer extent")
+            eb = DTYPE_BYTES[ins.dtype]
+            nbytes = eb
+            for d in ins.shape:
+                nbytes *= d
+            code.append(
+                make(
+                    ops.OpAlloc,
+                    ops.h_alloc,
+                    ins,
+                    buf=self.buf(ins.buf),
+                    shape=tuple(ins.shape),
+                    dtype=ins.dtype,
+                    eb=eb,
+                    nbytes=nbytes,
+                )
+            )
+        elif isinstance(ins, Free):
+            code.append(make(ops.OpFree, ops.h_free, ins, buf=self.buf(ins.buf)))
+        elif isinstance(ins, Barrier):
+            g = self.groups.get(ins.group)
+            if g is None:
+                raise self.fail(
+                    ins, f"barrier group {ins.group!r} is not declared in ProgramSet.barriers"
+                )
+            if self.core.id not in g.members:
+                raise self.fail(
+                    ins,
+                    f"core {self.core.id} is not a member of barrier group {ins.group!r} {g.members}",
+                )
+            code.append(make(ops.OpBarrier, ops.h_barrier, ins, group=g))
+        elif isinstance(ins, Loop):
+            self.loop(ins)
+        elif isinstance(ins, If):
+            c = ins.cond
+            if c.op not in ops.CMP:
+                raise self.fail(ins, f"unknown comparison {c.op!r}; use one of {' '.join(ops.CMP)}")
+            br = make(
+                ops.OpIf,
+                ops.h_if,
+                ins,
+                lhs=_expr(c.lhs),
+                cmp=ops.CMP[c.op],
+                rhs=_expr(c.rhs),
+                else_pc=0,
+            )
+            code.append(br)
+            self.block(ins.then)
+            if ins.orelse:
+                jump = make(ops.OpJump, ops.h_jump, ins, target=0)
+                code.append(jump)
+                br.else_pc = len(code)
+                self.block(ins.orelse)
+                jump.target = len(code)
+            else:
+                br.else_pc = len(code)
+        else:
+            raise self.fail(ins, f"{type(ins).__name__} is not an instruction of lowering.isa")
+
+    def compute(self, ins: Compute) -> ops.Op:
+        try:
+            kernel = get_kernel(ins.kernel)
+        except ProgramError as exc:
+            raise self.fail(ins, str(exc)) from None
+        if ins.dtype not in DTYPE_BYTES:
+            raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
+        return ops.make(
+            ops.OpCompute,
+            ops.h_compute,
+            ins,
+            kernel=kernel,
+            outs=tuple(self.buf(b) for b in ins.outs),
+            ins=tuple(self.buf(b) for b in ins.ins),
+            params=dict(ins.params),
+            dtype=ins.dtype,
+            cache={},
+        )
+
+    def loop(self, ins: Loop) -> None:
+        code, make = self.code, ops.make
+        count = _expr(ins.count)
+        fastop = None
+        if self.fast and ins.body and all(isinstance(i, Compute) for i in ins.body):
+            body = [self.compute(i) for i in ins.body]
+            touched = tuple(dict.fromkeys(b for c in body for b in c.ins + c.outs))
+            fastop = make(
+                ops.OpFastLoop,
+                ops.h_fastloop,
+                ins,
+                count=count,
+                var=ins.var,
+                body=body,
+                touched=touched,
+                exit_pc=0,
+            )
+            code.append(fastop)
+        slot = self.slots
+        self.slots += 1
+        head = make(ops.OpLoop, ops.h_loop, ins, count=count, var=ins.var, slot=slot, exit_pc=0)
+        code.append(head)
+        body_pc = len(code)
+        self.block(ins.body)
+        code.append(make(ops.OpNext, ops.h_next, ins, slot=slot, var=ins.var, body_pc=body_pc))
+        head.exit_pc = len(code)
+        if fastop is not None:
+            fastop.exit_pc = len(code)

@@ -1,0 +1,239 @@
+"""Mutable run-time state of the simulator: cores, SRAM buffers, channel FIFOs, pending operations.
+
+Plain ``__slots__`` classes (not frozen dataclasses): they are the simulator's working memory and
+are mutated on every event.  The frozen, user-facing results live in :mod:`runtime.stats`.
+
+Stream FIFOs follow DAM's bounded channels (seed 004 §9.1, seed 000 §4.2): a channel of depth
+``d`` holds at most ``d`` messages per destination that were sent but not yet consumed; a send
+blocks while any destination's FIFO is full (back-pressure) and the slot frees when the receiver
+consumes the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BUSY",
+    "RECV",
+    "SEND",
+    "MEM",
+    "BAR",
+    "CATEGORIES",
+    "Pending",
+    "Post",
+    "ValueRead",
+    "Slot",
+    "ChanEnd",
+    "ChanState",
+    "Buf",
+    "Core",
+    "Group",
+]
+
+#: Cycle categories of a core (indices into ``Core.st``); idle is whatever is left over.
+BUSY, RECV, SEND, MEM, BAR = range(5)
+CATEGORIES = ("busy", "stall_recv", "stall_send", "stall_mem", "stall_barrier")
+
+
+class Pending:
+    """An operation whose completion cycle is not known yet (``time is None``); cores that need
+    it wait in ``waiters``.  ``kind`` (per class) is the cycle category a wait on it is charged
+    to; ``what`` names the HBM tensor for messages."""
+
+    __slots__ = ("time", "waiters", "what")
+    kind = MEM
+
+    def __init__(self, what: str) -> None:
+        self.time: int | None = None
+        self.waiters: list[Core] | None = None
+        self.what = what
+
+
+class Post(Pending):
+    """A receive posted by ``core`` at cycle ``post_t`` into ``buf`` (a tensor message) or for a
+    control value (``buf is None``), matched in order with the messages of channel end ``end``."""
+
+    __slots__ = ("core", "buf", "end", "post_t", "value")
+    kind = RECV
+
+    def __init__(self, core: Core, buf: Buf | None, end: ChanEnd | None, post_t: int):
+        self.time: int | None = None
+        self.waiters: list[Core] | None = None
+        self.core = core
+        self.buf = buf
+        self.end = end
+        self.post_t = post_t
+        self.value: int | None = None
+
+
+class ValueRead(Post):
+    """A ``LoadValue``: an HBM read whose completion also carries the value read."""
+
+    __slots__ = ()
+    kind = MEM
+
+
+class Slot:
+    """One message on its way to one destination: ``arrival`` when its tail reaches the
+    destination, ``consumed`` when a receive took it (the FIFO slot frees then); ``payload`` is
+    ``(data, shape, dtype, value)``."""
+
+    __slots__ = ("arrival", "consumed", "post", "payload", "end")
+
+    def __init__(self, end: ChanEnd, payload: tuple) -> None:
+        self.arrival: int | None = None
+        self.consumed: int | None = None
+        self.post: Post | None = None
+        self.payload = payload
+        self.end = end
+
+    @property
+    def label(self) -> str:
+        """Trace label of a unicast message (its channel)."""
+        return self.end.chan.name
+
+    def deliver(self, sim: Any, idx: int, end: int) -> None:
+        """A unicast message's tail reached its destination at cycle ``end``."""
+        self.arrival = end
+        if self.post is not None:
+            sim.consume(self)
+
+
+class ChanEnd:
+    """The FIFO of one channel at one destination core."""
+
+    __slots__ = ("chan", "dst", "unmatched", "posts", "inflight", "waiter", "received")
+
+    def __init__(self, chan: ChanState, dst: int) -> None:
+        self.chan = chan
+        self.dst = dst
+        self.unmatched: list[Slot] = []  # messages no receive has taken yet
+        self.posts: list[Post] = []  # receives no message has matched yet
+        self.inflight: list[Slot] = []  # messages holding a FIFO slot (not consumed by `now`)
+        self.waiter: Core | None = None  # the sender, blocked on a full FIFO
+        self.received = 0
+
+
+class ChanState:
+    """A channel's static route plus its per-destination FIFOs."""
+
+    __slots__ = ("name", "src", "dsts", "depth", "roots", "ends", "sent", "nbytes")
+
+    def __init__(self, name: str, src: int, dsts: tuple[int, ...], depth: int, roots: tuple):
+        self.name = name
+        self.src = src
+        self.dsts = dsts
+        self.depth = depth
+        self.roots = roots
+        self.ends = tuple(ChanEnd(self, d) for d in dsts)
+        self.sent = 0
+        self.nbytes = 0
+
+
+class Buf:
+    """An SRAM buffer of one core.  ``w``: cycle its last write completes (``wp``: a write whose
+    cycle is unknown yet); ``r``: cycle the last pending read of it (a Send or Store) completes
+    (``rp``: unknown ones).  ``wk``/``rk``: the category a wait on them is charged to."""
+
+    __slots__ = (
+        "name",
+        "dtype",
+        "eb",
+        "cap",
+        "alloc_shape",
+        "allocated",
+        "shape",
+        "data",
+        "w",
+        "wk",
+        "wp",
+        "r",
+        "rk",
+        "rp",
+        "nbytes",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.dtype = "bf16"
+        self.eb = 2
+        self.cap = 0
+        self.alloc_shape: tuple[int, ...] = ()
+        self.allocated = False
+        self.shape: tuple[int, ...] = ()
+        self.data: Any = None
+        self.w = 0
+        self.wk = BUSY
+        self.wp: Pending | None = None
+        self.r = 0
+        self.rk = BUSY
+        self.rp: list[Pending] | None = None
+        self.nbytes = 0
+
+
+class Group:
+    """A barrier group: members, arrivals of the current generation."""
+
+    __slots__ = ("name", "members", "arrived", "gen", "release_t")
+
+    def __init__(self, name: str, members: tuple[int, ...]) -> None:
+        self.name = name
+        self.members = members
+        self.arrived: list[Core] = []
+        self.gen = 0
+        self.release_t = 0
+
+
+class Core:
+    """A core's sequencer: program counter, local clock ``t`` (never behind the instructions it
+    has issued), registers, buffers, outstanding DMA, per-category cycle counters."""
+
+    __slots__ = (
+        "id",
+        "code",
+        "pc",
+        "t",
+        "regs",
+        "bufs",
+        "lc",
+        "li",
+        "done",
+        "finish",
+        "blocked",
+        "cur",
+        "bar",
+        "st",
+        "stepped",
+        "ff",
+        "sram",
+        "sram_peak",
+        "dma",
+        "dma_k",
+        "dma_p",
+        "dmaq",
+    )
+
+    def __init__(self, cid: int) -> None:
+        self.id = cid
+        self.code: list = []
+        self.pc = 0
+        self.t = 0
+        self.regs: dict[str, int] = {}
+        self.bufs: dict[str, Buf] = {}
+        self.lc: list[int] = []
+        self.li: list[int] = []
+        self.done = False
+        self.finish = 0
+        self.blocked: tuple | None = None
+        self.cur: Post | None = None
+        self.bar: tuple[Group, int] | None = None
+        self.st = [0, 0, 0, 0, 0]
+        self.stepped = 0
+        self.ff = 0
+        self.sram = 0
+        self.sram_peak = 0
+        self.dma = 0
+        self.dma_k = BUSY
+        self.dma_p: list[Pending] = []
+        self.dmaq: list = []  # outstanding HBM requests: completion cycle or Pending

@@ -1,0 +1,387 @@
+"""Transfers through the chip's resources, and the FIFO protocol of channels.
+
+A transfer walks its route (a tree of stages, :mod:`runtime.network`).  The first stage is
+reserved when the transfer starts; every later stage by an event at the cycle the transfer's head
+reaches it, so each resource grants requests first come first served by arrival cycle (seed 002
+§5: "packets that share one NoC link are scheduled sequentially").  A resource serving ``B`` bytes
+at ``r`` bytes/cycle is occupied ``B / r`` cycles, kept exactly (fractional cycles, no rounding per
+transfer, so a stream of small requests reaches the resource's full bandwidth); every cycle a core
+or the event queue sees — an arrival, a completion — is rounded up to a whole cycle.
+
+Channels (credit-based flow control, seed 004 §9.1): a send takes one slot in every destination
+FIFO; the slot frees when the receiver consumes the message, at ``max(arrival, cycle the receive
+was issued)``; receives match messages in order.
+"""
+
+from __future__ import annotations
+
+import math
+from heapq import heappush
+from typing import Any
+
+from runtime.network import RES_DELAY
+from runtime.state import Core, Pending, Post, Slot
+
+__all__ = ["Transfers", "up"]
+
+
+_EPS = 1e-6
+
+
+def up(x: float) -> int:
+    """Round a (fractional) cycle up to a whole cycle, ignoring float noise."""
+    if x.__class__ is int:
+        return x
+    return math.ceil(x - _EPS)
+
+
+class _Msg:
+    """A multicast message in flight: one slot per destination (a unicast message travels as
+    its only :class:`~runtime.state.Slot`)."""
+
+    __slots__ = ("slots", "label")
+
+    def deliver(self, sim: Any, idx: int, end: int) -> None:
+        s = self.slots[idx]
+        s.arrival = end
+        if s.post is not None:
+            sim.consume(s)
+
+
+class _Hbm:
+    """An HBM access in flight: resolves ``pending`` when all its parts have arrived."""
+
+    __slots__ = ("split", "label", "left", "end", "pending")
+
+    def deliver(self, sim: Any, idx: int, end: int) -> None:
+        if end > self.end:
+            self.end = end
+        self.left -= 1
+        if self.left == 0 and self.pending is not None:
+            sim.resolve(self.pending, self.end)
+
+
+class Transfers:
+    """Mixed into :class:`runtime.engine.Simulator`: resource reservation, messages, HBM access.
+
+    Uses the simulator's clock ``now``, its calendar ``buckets``/``times`` and the resource
+    tables ``rate``/``free``/``busy``/``rbytes``/``rcount``.  Queue entries are tuples whose
+    first element is called with the entry itself."""
+
+    now: int
+    rate: list[float]
+    free: list[float]
+    busy: list[float]
+    rbytes: list[int]
+    rcount: list[int]
+    rtrace: list[tuple] | None
+    hbm_rd: int
+    hbm_wr: int
+    n_deliv: int
+    msg_bytes: int
+    unreceived: int
+    buckets: dict[int, tuple[list, list]]
+    times: list[int]
+    chan_res: list[int]
+    attached: bool
+    fabric: Any
+    hop_fn: Any
+
+    def resolve(self, p: Pending, t: int) -> None:  # pragma: no cover - engine
+        raise NotImplementedError
+
+    def wake(self, core: Core, t: int) -> None:  # pragma: no cover - engine
+        raise NotImplementedError
+
+    def error(self, core: Core, msg: str) -> Exception:  # pragma: no cover - engine
+        raise NotImplementedError
+
+    def _hop(self, item: tuple) -> None:
+        """Queue entry ``(_hop, x, stage, nbytes, prev_end)``: the head reaches ``stage`` now."""
+        _, x, stage, nbytes, prev_end = item
+        res, lat, children, delivers = stage
+        if res < 0 or children:
+            self._stage(x, stage, nbytes, self.now, prev_end)
+            return
+        # a last resource stage (the common case): reserve it and deliver, inline
+        free = self.free
+        f = free[res]
+        now = self.now
+        start = now if now > f else f
+        end = start + nbytes / self.rate[res]
+        tail = prev_end + lat
+        if tail > end:
+            end = tail
+        free[res] = end
+        self.busy[res] += end - start
+        self.rbytes[res] += nbytes
+        self.rcount[res] += 1
+        if self.rtrace is not None:
+            self.rtrace.append((res, start, end, x.label))
+        if end.__class__ is not int:
+            end = math.ceil(end - _EPS)
+        if x.__class__ is Slot:  # unicast message: deliver inline
+            x.arrival = end
+            if x.post is not None:
+                self.consume(x)
+        else:
+            for d in delivers:
+                x.deliver(self, d, end)
+
+    def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
+        """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left
+        the previous stage at ``prev_end``; queue the children; returns the end cycle."""
+        res, lat, children, delivers = stage
+        if res >= 0:
+            free = self.free
+            f = free[res]
+            start = arrive if arrive > f else f
+            end = start + nbytes / self.rate[res]
+            tail = prev_end + lat
+            if tail > end:
+                end = tail
+            free[res] = end
+            self.busy[res] += end - start
+            self.rbytes[res] += nbytes
+            self.rcount[res] += 1
+            if self.rtrace is not None:
+                self.rtrace.append((res, start, end, x.label))
+        elif res == RES_DELAY:
+            start = arrive
+            end = prev_end + lat
+            if end < start:
+                end = start
+        else:
+            start, end = self._channels(x, arrive, prev_end + lat)
+        if children:
+            head = start if start.__class__ is int else math.ceil(start - _EPS)
+            for ch in children:
+                if ch[0] == RES_DELAY:
+                    self._stage(x, ch, nbytes, head + ch[1], end)
+                else:
+                    t = head + ch[1]
+                    b = self.buckets.get(t)
+                    if b is None:
+                        b = self.buckets[t] = ([], [])
+                        heappush(self.times, t)
+                    b[0].append((self.hop_fn, x, ch, nbytes, end))
+        if end.__class__ is not int:
+            end = math.ceil(end - _EPS)
+        for d in delivers:
+            x.deliver(self, d, end)
+        return end
+
+    def _channels(self, x: _Hbm, arrive: int, tail: float) -> tuple[float, float]:
+        """Serve an HBM request's per-channel parts, each channel first come first served."""
+        first = None
+        last = arrive if arrive > tail else tail
+        rate, free, busy, rb, rc, rt = (
+            self.rate,
+            self.free,
+            self.busy,
+            self.rbytes,
+            self.rcount,
+            self.rtrace,
+        )
+        chan_res = self.chan_res
+        for c, b in x.split:
+            res = chan_res[c]
+            f = free[res]
+            start = arrive if arrive > f else f
+            end = start + b / rate[res]
+            if tail > end:
+                end = tail
+            free[res] = end
+            busy[res] += end - start
+            rb[res] += b
+            rc[res] += 1
+            if rt is not None:
+                rt.append((res, start, end, x.label))
+            if first is None or start < first:
+                first = start
+            if end > last:
+                last = end
+        return (arrive if first is None else first), last
+
+    # -- channels -----------------------------------------------------------------------------
+
+    def send(self, chan: Any, nbytes: int, data: Any, shape: Any, dtype: str, value: Any) -> int:
+        """Start a message on ``chan`` now; returns the cycle its tail has left the sender."""
+        now = self.now
+        ends = chan.ends
+        k = len(ends)
+        payload = (data, shape, dtype, value)
+        if k == 1:
+            end = ends[0]
+            x = Slot(end, payload)
+            end.inflight.append(x)
+            if end.posts:
+                x.post = end.posts.pop(0)
+            else:
+                end.unmatched.append(x)
+        else:
+            x = _Msg()
+            x.label = chan.name
+            slots = []
+            for end in ends:
+                s = Slot(end, payload)
+                end.inflight.append(s)
+                if end.posts:
+                    s.post = end.posts.pop(0)
+                else:
+                    end.unmatched.append(s)
+                slots.append(s)
+            x.slots = slots
+        self.n_deliv += k
+        self.msg_bytes += nbytes * k
+        self.unreceived += k
+        roots = chan.roots
+        if len(roots) == 1 and roots[0][0] >= 0 and not roots[0][3]:
+            # the usual case: one first link / injection port, reserved inline
+            res, _, children, _ = roots[0]
+            free = self.free
+            f = free[res]
+            start = now if now > f else f
+            end = start + nbytes / self.rate[res]
+            free[res] = end
+            self.busy[res] += end - start
+            self.rbytes[res] += nbytes
+            self.rcount[res] += 1
+            if self.rtrace is not None:
+                self.rtrace.append((res, start, end, x.label))
+            head = start if start.__class__ is int else math.ceil(start - _EPS)
+            for ch in children:
+                if ch[0] < 0:
+                    self._stage(x, ch, nbytes, head + ch[1], end)
+                else:
+                    t = head + ch[1]
+                    b = self.buckets.get(t)
+                    if b is None:
+                        b = self.buckets[t] = ([], [])
+                        heappush(self.times, t)
+                    b[0].append((self.hop_fn, x, ch, nbytes, end))
+            return end if end.__class__ is int else math.ceil(end - _EPS)
+        inj = now
+        for root in roots:
+            e = self._stage(x, root, nbytes, now, now)
+            if e > inj:
+                inj = e
+        return inj
+
+    def credit(self, core: Core, chan: Any) -> int:
+        """Cycle >= now at which every destination FIFO of ``chan`` has a free slot; -1 when a
+        full FIFO's oldest message has no known consumption yet (the core then waits)."""
+        now = self.now
+        wait = now
+        for end in chan.ends:
+            inf = end.inflight
+            while inf:
+                c = inf[0].consumed
+                if c is None or c > now:
+                    break
+                inf.pop(0)
+            if len(inf) >= chan.depth:
+                c = inf[0].consumed
+                if c is None:
+                    end.waiter = core
+                    core.blocked = ("credit", end)
+                    return -1
+                if c > wait:
+                    wait = c
+        return wait
+
+    def post(self, end: Any, post: Post) -> None:
+        """A receive on ``end``: match the oldest unreceived message or wait for one."""
+        if end.unmatched:
+            s = end.unmatched.pop(0)
+            s.post = post
+            if s.arrival is not None:
+                self.consume(s)
+        else:
+            end.posts.append(post)
+
+    def consume(self, s: Slot) -> None:
+        """Message ``s`` arrived and a receive took it: complete the receive, free the slot."""
+        p = s.post
+        c = s.arrival if s.arrival > p.post_t else p.post_t
+        s.consumed = c
+        end = s.end
+        end.received += 1
+        self.unreceived -= 1
+        b = p.buf
+        data, shape, dtype, value = s.payload
+        if b is not None:
+            if shape is None:
+                raise self.error(
+                    p.core,
+                    f"channel {end.chan.name!r} carried a control value, not a tensor; use RecvValue",
+                )
+            if dtype != b.dtype:
+                raise self.error(
+                    p.core,
+                    f"channel {end.chan.name!r} carried {dtype} data into {b.dtype} buffer {b.name!r}",
+                )
+            if math.prod(shape) > b.cap:
+                raise self.error(
+                    p.core,
+                    f"a {list(shape)} message on {end.chan.name!r} does not fit buffer {b.name!r} (capacity {list(b.alloc_shape)})",
+                )
+            b.shape = shape
+            b.data = data
+        else:
+            if value is None:
+                raise self.error(
+                    p.core,
+                    f"channel {end.chan.name!r} carried a tensor, not a control value; use Recv",
+                )
+            p.value = value
+        p.time = c
+        ws = p.waiters
+        if ws:
+            p.waiters = None
+            for core in ws:
+                self.wake(core, c)
+        w = end.waiter
+        if w is not None:
+            end.waiter = None
+            self.wake(w, c)
+
+    # -- HBM ------------------------------------------------------------------------------------
+
+    def _hbm(
+        self, roots: Any, split: tuple, nbytes: int, label: str, pending: Pending | None
+    ) -> int | Pending:
+        now = self.now
+        x = _Hbm()
+        x.split = split
+        x.label = label
+        x.end = now
+        x.pending = None
+        if self.attached:
+            x.left = len(split)
+            for c, b in split:
+                self._stage(x, roots[c], b, now, now)
+        else:
+            x.left = 1
+            self._stage(x, roots, nbytes, now, now)
+        if x.left == 0:
+            return x.end
+        p = pending if pending is not None else Pending(label)
+        x.pending = p
+        return p
+
+    def hbm_read(
+        self, core: Core, split: tuple, nbytes: int, label: str, pending: Pending | None
+    ) -> int | Pending:
+        """Start an HBM -> ``core`` transfer now; its completion cycle or a :class:`Pending`."""
+        self.hbm_rd += nbytes
+        if not nbytes:
+            return self.now
+        return self._hbm(self.fabric.load_roots(core.id), split, nbytes, label, pending)
+
+    def hbm_write(self, core: Core, split: tuple, nbytes: int, label: str) -> int | Pending:
+        """Start a ``core`` -> HBM transfer now."""
+        self.hbm_wr += nbytes
+        if not nbytes:
+            return self.now
+        return self._hbm(self.fabric.store_roots(core.id), split, nbytes, label, None)

@@ -1,0 +1,415 @@
+"""One-to-one translation of ONNX operators into layer ops: a table from op type to a small
+function (as TVM Relax's ``create_convert_map``).
+
+These cover what is left after the raising patterns (:mod:`torch2step.frontend.onnx_patterns`)
+claimed MoE blocks, attention, rotary embeddings and norms: elementwise arithmetic, matmuls,
+softmax, reductions, casts and view operations.  A translator raises
+:class:`~torch2step.frontend.onnx_emit.Unsupported` with a reason when the node cannot be
+expressed; the importer collects every such node into one error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import sympy
+
+from torch2step.frontend.onnx_emit import Emitter, Unsupported
+from torch2step.frontend.onnx_graph import ONNX_DTYPES, Dim, OnnxNode, same_dim
+from torch2step.layers import ops as L
+
+__all__ = ["TRANSLATORS", "Translator", "onnx_reshape_target", "normalize_axis"]
+
+Translator = Callable[[Emitter, OnnxNode], None]
+
+_BIG = np.iinfo(np.int64).max // 2
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise Unsupported(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _ints(em: Emitter, node: OnnxNode, pos: int, attr: str | None = None) -> list[Dim] | None:
+    if len(node.inputs) > pos and node.inputs[pos]:
+        vals = em.view.ints(node.inputs[pos])
+        if vals is None:
+            raise Unsupported(
+                f"input {pos} ({node.inputs[pos]!r}) must be known before run time "
+                "(a constant or computed from input shapes)"
+            )
+        return vals
+    if attr is not None and node.attr(attr) is not None:
+        return [int(a) for a in node.attr(attr)]
+    return None
+
+
+def onnx_reshape_target(shape: tuple[Dim, ...], target: list[Dim], allowzero: bool) -> list[Dim]:
+    """ONNX ``Reshape`` semantics (``0`` copies, ``-1`` infers) on symbolic shapes."""
+    out: list[Dim] = []
+    for i, t in enumerate(target):
+        out.append(shape[i] if t == 0 and not allowzero else t)
+    if sum(1 for t in out if t == -1) > 1:
+        raise Unsupported(f"Reshape target {target} has more than one -1")
+    if -1 in out:
+        total = sympy.Mul(*[sympy.sympify(d) for d in shape])
+        known = sympy.Mul(*[sympy.sympify(d) for d in out if d != -1])
+        inferred = sympy.cancel(total / known)
+        out[out.index(-1)] = int(inferred) if inferred.is_Integer else inferred
+    return out
+
+
+# -- elementwise --------------------------------------------------------------------------------
+def _scalar_operand(em: Emitter, node: OnnxNode) -> tuple[int, float] | None:
+    """``(index, value)`` of a known single-element operand whose rank does not widen the
+    result, if any."""
+    for i in (1, 0):
+        c = em.view.const(node.inputs[i])
+        other = node.inputs[1 - i]
+        if c is not None and c.size == 1 and em.has(other) and other not in em.view.known:
+            if c.ndim <= em.type(em.get(other)).rank:
+                return i, float(c.reshape(()))
+    return None
+
+
+def _binary(fn: str) -> Translator:
+    def translate(em: Emitter, node: OnnxNode) -> None:
+        sc = _scalar_operand(em, node)
+        src = node.source
+        out = node.outputs[0]
+        if sc is not None:
+            i, c = sc
+            x = em.get(node.inputs[1 - i])
+            if fn == "add":
+                em.emit1(L.Elementwise("add_scalar", c), [x], out, source=src)
+                return
+            if fn == "mul":
+                em.emit1(L.Elementwise("mul_scalar", c), [x], out, source=src)
+                return
+            if fn == "sub" and i == 1:
+                em.emit1(L.Elementwise("add_scalar", -c), [x], out, source=src)
+                return
+            if fn == "sub":
+                neg = em.emit1(L.Elementwise("neg"), [x], source=src)
+                em.emit1(L.Elementwise("add_scalar", c), [neg], out, source=src)
+                return
+            if fn == "div" and i == 1 and c != 0:
+                em.emit1(L.Elementwise("mul_scalar", 1.0 / c), [x], out, source=src)
+                return
+            if fn == "div" and i == 0:
+                rec = em.emit1(
+                    L.Elementwise("reciprocal"), [x], None if c != 1 else out, source=src
+                )
+                if c != 1:
+                    em.emit1(L.Elementwise("mul_scalar", c), [rec], out, source=src)
+                return
+        a, b = em.get(node.inputs[0]), em.get(node.inputs[1])
+        em.emit1(L.Elementwise(fn), [a, b], out, source=src)
+
+    return translate
+
+
+def _unary(fn: str) -> Translator:
+    def translate(em: Emitter, node: OnnxNode) -> None:
+        em.emit1(L.Elementwise(fn), [em.get(node.inputs[0])], node.outputs[0], source=node.source)
+
+    return translate
+
+
+def _pow(em: Emitter, node: OnnxNode) -> None:
+    e = em.view.scalar(node.inputs[1])
+    if e is None:
+        raise Unsupported("Pow with a run-time exponent; only constant exponents are supported")
+    x = em.get(node.inputs[0])
+    op = (
+        L.Elementwise("square")
+        if e == 2
+        else L.Elementwise("sqrt")
+        if e == 0.5
+        else L.Elementwise("pow_scalar", e)
+    )
+    em.emit1(op, [x], node.outputs[0], source=node.source)
+
+
+def _where(em: Emitter, node: OnnxNode) -> None:
+    c, a, b = (em.get(x) for x in node.inputs)
+    em.emit1(L.Elementwise("where"), [c, a, b], node.outputs[0], source=node.source)
+
+
+def _gelu(em: Emitter, node: OnnxNode) -> None:
+    if node.attr("approximate", "none") != "none":
+        raise Unsupported("Gelu(approximate='tanh') has no layer op; use exact gelu")
+    _unary("gelu")(em, node)
+
+
+# -- matmul -------------------------------------------------------------------------------------
+def _matmul(em: Emitter, node: OnnxNode) -> None:
+    a_name, b_name = node.inputs
+    w = em.view.const(b_name)
+    a = em.get(a_name)
+    if w is not None and w.ndim == 2 and a_name not in em.view.known:
+        wt = em.param(
+            np.ascontiguousarray(w.T), f"{node.module or b_name}.weight", key=("T", b_name)
+        )
+        em.emit1(L.Linear(), [a, wt], node.outputs[0], source=node.source)
+        return
+    em.emit1(L.MatMul(), [a, em.get(b_name)], node.outputs[0], source=node.source)
+
+
+def _gemm(em: Emitter, node: OnnxNode) -> None:
+    a_name, b_name = node.inputs[:2]
+    c_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    w = em.view.const(b_name)
+    if node.attr("transA", 0) or w is None or w.ndim != 2:
+        raise Unsupported("Gemm is supported as a linear layer: transA=0 and a constant B")
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    w = w if node.attr("transB", 0) else w.T
+    key = ("gemm", b_name, node.attr("transB", 0), alpha)
+    hint = f"{node.module}.weight" if node.module else b_name
+    wp = em.param(np.ascontiguousarray(w * alpha if alpha != 1 else w), hint, key=key)
+    ins = [em.get(a_name), wp]
+    if c_name:
+        bias = em.view.const(c_name)
+        if bias is None or bias.size != w.shape[0] or bias.ndim > 1 and bias.shape[0] != 1:
+            raise Unsupported("Gemm bias C must be a constant vector of the output size")
+        hint = f"{node.module}.bias" if node.module else c_name
+        ins.append(em.param(bias.reshape(-1) * beta, hint, key=("bias", c_name, beta)))
+    em.emit1(L.Linear(), ins, node.outputs[0], source=node.source)
+
+
+# -- normalisation and reductions ---------------------------------------------------------------
+def _softmax(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    rank = em.type(x).rank
+    axis = int(node.attr("axis", -1 if em.view.opset >= 13 else 1))
+    if em.view.opset < 13 and normalize_axis(axis, rank) != rank - 1:
+        raise Unsupported("Softmax before opset 13 flattens axes; re-export with opset >= 13")
+    em.emit1(L.Softmax(normalize_axis(axis, rank)), [x], node.outputs[0], source=node.source)
+
+
+def _reduce(fn: str) -> Translator:
+    def translate(em: Emitter, node: OnnxNode) -> None:
+        x = em.get(node.inputs[0])
+        rank = em.type(x).rank
+        axes = _ints(em, node, 1, "axes")
+        if axes is None:
+            if node.attr("noop_with_empty_axes", 0):
+                em.bind(node.outputs[0], x)
+                return
+            axes = list(range(rank))
+        dims = tuple(sorted(normalize_axis(int(a), rank) for a in axes))
+        keep = bool(node.attr("keepdims", 1))
+        em.emit1(L.Reduce(fn, dims, keep), [x], node.outputs[0], source=node.source)
+
+    return translate
+
+
+def _cast(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    to = int(node.attr("to"))
+    dtype = ONNX_DTYPES.get(to)
+    if dtype is None or dtype == "fp64":
+        raise Unsupported(f"Cast to ONNX type {to} has no layer dtype")
+    if em.type(x).dtype == dtype:
+        em.bind(node.outputs[0], x)
+        return
+    em.emit1(L.Cast(dtype), [x], node.outputs[0], source=node.source)
+
+
+def _alias(em: Emitter, node: OnnxNode) -> None:
+    em.bind(node.outputs[0], em.get(node.inputs[0]))
+
+
+# -- views --------------------------------------------------------------------------------------
+def _reshape(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    target = _ints(em, node, 1)
+    assert target is not None
+    shape = onnx_reshape_target(em.type(x).shape, target, bool(node.attr("allowzero", 0)))
+    em.reshape(x, shape, node.outputs[0])
+
+
+def _unsqueeze(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    shape = list(em.type(x).shape)
+    axes = _ints(em, node, 1, "axes") or []
+    rank = len(shape) + len(axes)
+    for a in sorted(normalize_axis(int(a), rank) for a in axes):
+        shape.insert(a, 1)
+    em.reshape(x, shape, node.outputs[0])
+
+
+def _squeeze(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    shape = list(em.type(x).shape)
+    axes = _ints(em, node, 1, "axes")
+    drop = (
+        {i for i, d in enumerate(shape) if d == 1}
+        if axes is None
+        else {normalize_axis(int(a), len(shape)) for a in axes}
+    )
+    em.reshape(x, [d for i, d in enumerate(shape) if i not in drop], node.outputs[0])
+
+
+def _flatten(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    shape = em.type(x).shape
+    axis = normalize_axis(int(node.attr("axis", 1)), len(shape) + 1)
+    lead = sympy.Mul(*[sympy.sympify(d) for d in shape[:axis]])
+    rest = sympy.Mul(*[sympy.sympify(d) for d in shape[axis:]])
+    em.reshape(x, [lead, rest], node.outputs[0])
+
+
+def _transpose(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    rank = em.type(x).rank
+    perm = tuple(int(p) for p in node.attr("perm", list(range(rank))[::-1]))
+    if perm == tuple(range(rank)):
+        em.bind(node.outputs[0], x)
+        return
+    em.emit1(L.Permute(perm), [x], node.outputs[0], source=node.source)
+
+
+def _slice_bound(v: Dim, size: Dim) -> Dim:
+    if isinstance(v, int):
+        if v >= _BIG:
+            return size
+        if v <= -_BIG:
+            return 0
+        if v < 0:
+            return sympy.sympify(size) + v
+        if isinstance(size, int):
+            return min(v, size)
+    return v
+
+
+def _slice(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    starts, ends = _ints(em, node, 1), _ints(em, node, 2)
+    assert starts is not None and ends is not None
+    rank = em.type(x).rank
+    axes = _ints(em, node, 3) or list(range(len(starts)))
+    steps = _ints(em, node, 4) or [1] * len(starts)
+    if any(s != 1 for s in steps):
+        raise Unsupported(f"Slice with steps {steps}; only step 1 is supported")
+    out = x
+    for s, e, a in zip(starts, ends, axes):
+        d = normalize_axis(int(a), rank)
+        size = em.type(out).shape[d]
+        lo, hi = _slice_bound(s, size), _slice_bound(e, size)
+        if same_dim(lo, 0) and same_dim(hi, size):
+            continue
+        out = em.emit1(L.Slice(d, _dim(lo), _dim(hi)), [out], source=node.source)
+    em.bind(node.outputs[0], out)
+
+
+def _dim(d: Dim) -> Dim:
+    e = sympy.expand(sympy.sympify(d))
+    return int(e) if e.is_Integer else e
+
+
+def _split(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    shape = em.type(x).shape
+    axis = normalize_axis(int(node.attr("axis", 0)), len(shape))
+    sizes = _ints(em, node, 1, "split")
+    n = len(node.outputs)
+    if sizes is None:
+        total = shape[axis]
+        if not isinstance(total, int) or total % n:
+            raise Unsupported(f"Split of size {total} into {n} equal parts")
+        sizes = [total // n] * n
+    start: Dim = 0
+    for out, size in zip(node.outputs, sizes):
+        end = _dim(sympy.sympify(start) + size)
+        em.emit1(L.Slice(axis, start, end), [x], out, source=node.source)
+        start = end
+
+
+def _concat(em: Emitter, node: OnnxNode) -> None:
+    ins = [em.get(x) for x in node.inputs if x]
+    rank = em.type(ins[0]).rank
+    if len(ins) == 1:
+        em.bind(node.outputs[0], ins[0])
+        return
+    axis = normalize_axis(int(node.attr("axis")), rank)
+    em.emit1(L.Concat(axis), ins, node.outputs[0], source=node.source)
+
+
+def _gather(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    shape = em.type(x).shape
+    axis = normalize_axis(int(node.attr("axis", 0)), len(shape))
+    idx_const = em.view.const(node.inputs[1])
+    if idx_const is not None and idx_const.ndim == 0:
+        i = int(idx_const)
+        i = i + shape[axis] if i < 0 else i
+        sl = em.emit1(L.Slice(axis, _dim(i), _dim(sympy.sympify(i) + 1)), [x], source=node.source)
+        em.reshape(sl, [d for k, d in enumerate(shape) if k != axis], node.outputs[0])
+        return
+    idx = em.get(node.inputs[1])
+    ishape = em.type(idx).shape
+    flat = (
+        em.reshape(idx, [sympy.Mul(*[sympy.sympify(d) for d in ishape])])
+        if len(ishape) != 1
+        else idx
+    )
+    g = em.emit1(
+        L.Gather(axis), [x, flat], None if len(ishape) != 1 else node.outputs[0], source=node.source
+    )
+    if len(ishape) != 1:
+        em.reshape(g, [*shape[:axis], *ishape, *shape[axis + 1 :]], node.outputs[0])
+
+
+def _expand(em: Emitter, node: OnnxNode) -> None:
+    x = em.get(node.inputs[0])
+    target = _ints(em, node, 1)
+    shape = em.type(x).shape
+    assert target is not None
+    full = [1] * (len(target) - len(shape)) + list(shape)
+    if len(target) >= len(shape) and all(t == 1 or same_dim(t, f) for t, f in zip(target, full)):
+        em.reshape(x, full, node.outputs[0])
+        return
+    raise Unsupported(
+        "Expand (a broadcast copy) has no layer op; it is supported inside repeat_kv of "
+        "grouped-query attention, which is raised to Attention"
+    )
+
+
+TRANSLATORS: dict[str, Translator] = {
+    "Add": _binary("add"),
+    "Sub": _binary("sub"),
+    "Mul": _binary("mul"),
+    "Div": _binary("div"),
+    "Max": _binary("maximum"),
+    "Where": _where,
+    "Pow": _pow,
+    "Neg": _unary("neg"),
+    "Exp": _unary("exp"),
+    "Sqrt": _unary("sqrt"),
+    "Reciprocal": _unary("reciprocal"),
+    "Sigmoid": _unary("sigmoid"),
+    "Relu": _unary("relu"),
+    "Gelu": _gelu,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Softmax": _softmax,
+    "ReduceSum": _reduce("sum"),
+    "ReduceMean": _reduce("mean"),
+    "ReduceMax": _reduce("max"),
+    "Cast": _cast,
+    "Identity": _alias,
+    "Dropout": _alias,
+    "Reshape": _reshape,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Flatten": _flatten,
+    "Transpose": _transpose,
+    "Slice": _slice,
+    "Split": _split,
+    "Concat": _concat,
+    "Gather": _gather,
+    "Expand": _expand,
+}

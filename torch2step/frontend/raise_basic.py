@@ -1,0 +1,201 @@
+"""Raising patterns for the small layers: ``linear`` (``permute + mm`` / ``addmm``, with the
+views that flatten and restore leading dims), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
+Qwen3's per-head q/k norm) and ``topk_routing`` (router softmax + topk (+ renormalise))."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import sympy
+from torch import fx
+
+from torch2step.frontend.fx_emit import FxEmitter
+from torch2step.frontend.fx_pattern import Cap, Match, NoMatch, P, Pattern, match
+from torch2step.frontend.fx_view import ProgramView, op_name, strip, strip_casts
+from torch2step.layers import ops as L
+from torch2step.layers.graph import dtype_name
+
+__all__ = ["LINEAR", "RMSNORM", "TOPK_ROUTING", "linear_parts"]
+
+_VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
+
+
+def _same(a: object, b: object) -> bool:
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _transposed_weight(node: fx.Node) -> fx.Node | None:
+    """``w`` when ``node`` is ``w.T`` of a 2-D ``w`` (``permute [1, 0]``, ``t``, ``transpose``)."""
+    n = strip(node)
+    if not isinstance(n, fx.Node):
+        return None
+    name = op_name(n)
+    if name == "permute" and list(n.args[1]) == [1, 0]:
+        return n.args[0]
+    if name == "t" or (name == "transpose" and sorted(d % 2 for d in n.args[1:3]) == [0, 1]):
+        return n.args[0]
+    return None
+
+
+def linear_parts(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
+    """``(x, w, bias)`` when ``node`` computes ``x @ w.T (+ bias)`` with one ``mm``/``addmm``."""
+    name = op_name(node)
+    if name == "mm":
+        x, wt = node.args[:2]
+        bias = None
+    elif name == "addmm":
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, wt = node.args[:3]
+    else:
+        return None
+    w = _transposed_weight(wt)
+    if w is None:
+        return None
+    return x, w, bias
+
+
+def _match_linear(view: ProgramView, node: fx.Node) -> Match | None:
+    root = node
+    if op_name(node) in _VIEWS:
+        inner = strip(node.args[0])
+        parts = linear_parts(inner) if isinstance(inner, fx.Node) else None
+        if parts is None:
+            return None
+        flat = strip(parts[0])
+        if not isinstance(flat, fx.Node) or op_name(flat) not in _VIEWS:
+            return None
+        x = flat.args[0]
+        xs, out, w_out = view.shape(x), view.shape(node), view.shape(parts[1])[0]
+        if len(out) != len(xs) or not all(_same(a, b) for a, b in zip(out[:-1], xs[:-1])):
+            return None
+        if not _same(out[-1], w_out):
+            return None
+        _, w, bias = parts
+    else:
+        parts = linear_parts(node)
+        if parts is None:
+            return None
+        x, w, bias = parts
+    if bias is not None and view.rank(bias) != 1:
+        return None
+    inputs = (x, w) if bias is None else (x, w, bias)
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        em.at(root)
+        return [em.emit1(L.Linear(), [em.get(i) for i in inputs])]
+
+    return Match("linear", (root,), inputs, emit)
+
+
+LINEAR = Pattern(
+    "linear",
+    frozenset({"mm", "addmm", *_VIEWS}),
+    _match_linear,
+    "x @ w.T (+ b) as permute+mm / addmm, with the views flattening leading dims -> Linear",
+)
+
+
+def _last_dim(view: ProgramView, x: fx.Node) -> bool:
+    return True
+
+
+_RMS_CORES = [
+    P("rsqrt", P("add", P("mean", P(op, *src), Cap("dims"), True, casts=True), Cap("eps")))
+    for op, src in (("pow", (Cap("x"), 2)), ("mul", (Cap("x"), Cap("x"))), ("square", (Cap("x"),)))
+]
+_RMS = [P("mul", Cap("w"), P("mul", Cap("x"), core, casts=True)) for core in _RMS_CORES]
+
+
+def _match_rmsnorm(view: ProgramView, node: fx.Node) -> Match | None:
+    caps = next((c for c in (match(p, node) for p in _RMS) if c is not None), None)
+    if caps is None:
+        return None
+    x, w, eps, dims = caps["x"], caps["w"], caps["eps"], caps["dims"]
+    if not isinstance(x, fx.Node) or not isinstance(w, fx.Node) or isinstance(eps, fx.Node):
+        return None
+    rank = view.rank(x)
+    if list(dims) not in ([-1], [rank - 1]) or view.rank(w) != 1:
+        return None
+    if not _same(view.shape(w)[0], view.shape(x)[-1]):
+        return None
+    src = strip_casts(x)
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        em.at(node)
+        out = em.emit1(L.RMSNorm(float(eps)), [em.get(src), em.get(w)])
+        return [em.cast(out, dtype_name(view.dtype(node)))]
+
+    return Match("rmsnorm", (node,), (src, w), emit, {"eps": float(eps)})
+
+
+RMSNORM = Pattern(
+    "rmsnorm",
+    frozenset({"mul"}),
+    _match_rmsnorm,
+    "w * (x * rsqrt(mean(x^2, -1) + eps)) (fp32 inside) -> RMSNorm",
+)
+
+
+def _getitems(node: fx.Node) -> dict[int, fx.Node]:
+    return {u.args[1]: u for u in node.users if op_name(u) == "getitem"}
+
+
+def _renormalised(values: fx.Node) -> fx.Node | None:
+    """The ``div(v, sum(v, -1, keepdim))`` consuming ``values``, if that is all it feeds."""
+    users = list(values.users)
+    sums = [u for u in users if op_name(u) == "sum" and list(u.args[1]) in ([-1], [1])]
+    for s in sums:
+        divs = [d for d in s.users if op_name(d) == "div" and strip(d.args[0]) is values]
+        if divs and set(users) <= {s, *divs}:
+            return divs[0]
+    return None
+
+
+def _match_topk(view: ProgramView, node: fx.Node) -> Match | None:
+    args = list(node.args) + [None] * 4
+    scores, k, dim, largest = args[0], args[1], args[2], args[3]
+    if largest is False or dim not in (None, -1, view.rank(scores) - 1):
+        return None
+    items = _getitems(node)
+    if 0 not in items:
+        return None
+    s = strip_casts(scores)
+    weights: fx.Node = items[0]
+    if op_name(s) in ("_softmax", "softmax") and s.args[1] in (-1, view.rank(s) - 1):
+        logits, softmax_first = s.args[0], True
+    else:
+        sm = [u for u in weights.users if op_name(strip_casts(u)) in ("_softmax", "softmax")]
+        if len(sm) != 1 or len(weights.users) != 1 or sm[0].args[1] not in (-1, 1):
+            return None
+        logits, softmax_first, weights = scores, False, sm[0]
+    div = _renormalised(weights)
+    normalize = div is not None
+    if div is not None:
+        weights = div
+    logits = strip_casts(logits)
+    if view.rank(logits) != 2:
+        raise NoMatch(f"router logits must be [tokens, experts], got rank {view.rank(logits)}")
+    roots = (weights, items[1]) if 1 in items else (weights,)
+    op = L.TopKRouting(int(k), softmax_first, normalize)
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        em.at(node)
+        w, e = em.emit(op, [em.get(logits)])
+        w = em.cast(w, dtype_name(view.dtype(roots[0])))
+        return [w, e][: len(roots)]
+
+    return Match("topk_routing", roots, (logits,), emit, {"k": int(k)})
+
+
+TOPK_ROUTING = Pattern(
+    "topk_routing",
+    frozenset({"topk"}),
+    _match_topk,
+    "router softmax -> topk (-> w / w.sum(-1)) or topk -> softmax -> TopKRouting",
+)
+
+
+def _prod(xs: Sequence[object]) -> object:
+    return math.prod(xs)  # type: ignore[arg-type]

@@ -1,0 +1,396 @@
+"""One-to-one translation of core-ATen operators into layer ops (TVM Relax's
+``create_convert_map``): :data:`RULES` maps an ATen overload name to a function appending the
+layer ops of one FX node; :data:`CHECKS` says why a node whose operator has a rule still cannot be
+translated (e.g. ``index.Tensor`` with two index tensors).  Nodes covered by a raising pattern
+(:mod:`torch2step.frontend.raise_patterns`) never reach these rules."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from torch2step.frontend.fx_emit import FxEmitter, Value
+from torch2step.frontend.fx_view import (
+    ProgramView,
+    is_tensor_node,
+    op_name,
+    raw_shape,
+    strip,
+    tensor_args,
+)
+from torch2step.layers import ops as L
+from torch2step.layers.graph import dtype_name
+
+__all__ = ["RULES", "CHECKS", "IGNORED", "rule_for", "check_node"]
+
+Rule = Callable[[FxEmitter, fx.Node], Value]
+Check = Callable[[ProgramView, fx.Node], "str | None"]
+
+RULES: dict[str, Rule] = {}
+CHECKS: dict[str, Check] = {}
+
+#: Operators that compute no tensor data (shape arithmetic, assertions): never translated.
+IGNORED = frozenset(
+    {"sym_size", "sym_numel", "sym_stride", "_assert_scalar", "_assert_tensor_metadata",
+     "sym_constrain_range_for_size", "sym_constrain_range", "_assert_async"}
+)  # fmt: skip
+
+
+def _rule(*names: str, check: Check | None = None) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+            if check is not None:
+                CHECKS[n] = check
+        return fn
+
+    return deco
+
+
+def rule_for(node: fx.Node) -> Rule | None:
+    key = str(node.target) if node.op == "call_function" else node.op
+    if node.target is operator.getitem:
+        key = "getitem"
+    return RULES.get(key)
+
+
+def check_node(view: ProgramView, node: fx.Node) -> str | None:
+    """None when ``node`` can be translated by its rule, else the reason."""
+    if rule_for(node) is None:
+        return "no rule"
+    key = "getitem" if node.target is operator.getitem else str(node.target)
+    chk = CHECKS.get(key)
+    return chk(view, node) if chk is not None else None
+
+
+def _dim(node: fx.Node, d: int, view: ProgramView) -> int:
+    return d % max(view.rank(node), 1)
+
+
+# -- data movement ------------------------------------------------------------------------------
+@_rule("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+       "aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default", "aten.unsqueeze.default",
+       "aten.flatten.using_ints")  # fmt: skip
+def _reshape(em: FxEmitter, node: fx.Node) -> Value:
+    return em.reshape(em.get(node.args[0]), em.view.shape(node))
+
+
+@_rule("aten.permute.default", "aten.transpose.int", "aten.t.default")
+def _permute(em: FxEmitter, node: fx.Node) -> Value:
+    x = node.args[0]
+    rank = em.view.rank(x)
+    if op_name(node) == "permute":
+        dims = tuple(d % rank for d in node.args[1])
+    else:
+        a, b = (node.args[1], node.args[2]) if op_name(node) == "transpose" else (0, 1)
+        perm = list(range(rank))
+        perm[a % rank], perm[b % rank] = perm[b % rank], perm[a % rank]
+        dims = tuple(perm)
+    if dims == tuple(range(rank)):
+        return em.get(x)
+    return em.emit1(L.Permute(dims), [em.get(x)])
+
+
+def _slice_check(view: ProgramView, node: fx.Node) -> str | None:
+    step = node.args[4] if len(node.args) > 4 else 1
+    return None if step in (None, 1) else f"slice with step {step}"
+
+
+@_rule("aten.slice.Tensor", check=_slice_check)
+def _slice(em: FxEmitter, node: fx.Node) -> Value:
+    x = node.args[0]
+    args = list(node.args) + [None] * 4
+    dim = _dim(x, args[1] or 0, em.view)
+    size = em.view.shape(x)[dim]
+    start = 0 if args[2] is None else em.view.expr(args[2])
+    end = size if args[3] is None else em.view.expr(args[3])
+    if isinstance(end, int) and end >= 2**62:
+        end = size
+    if isinstance(start, int) and start < 0:
+        start = size + start
+    if isinstance(end, int) and end < 0:
+        end = size + end
+    out_len = em.view.shape(node)[dim]
+    if out_len == size and start == 0:
+        return em.get(x)
+    return em.emit1(L.Slice(dim, start, start + out_len), [em.get(x)])
+
+
+@_rule("aten.select.int")
+def _select(em: FxEmitter, node: fx.Node) -> Value:
+    x, d, i = node.args
+    dim = _dim(x, d, em.view)
+    idx = em.view.expr(i)
+    if isinstance(idx, int) and idx < 0:
+        idx = em.view.shape(x)[dim] + idx
+    s = em.emit1(L.Slice(dim, idx, idx + 1), [em.get(x)])
+    return em.reshape(s, em.view.shape(node))
+
+
+@_rule("aten.cat.default")
+def _cat(em: FxEmitter, node: fx.Node) -> Value:
+    parts = [p for p in node.args[0] if 0 not in raw_shape(p)]
+    dim = node.args[1] if len(node.args) > 1 else 0
+    if len(parts) == 1:
+        return em.get(parts[0])
+    return em.emit1(L.Concat(_dim(parts[0], dim, em.view)), [em.get(p) for p in parts])
+
+
+@_rule("aten.split_with_sizes.default", "aten.split.Tensor")
+def _split(em: FxEmitter, node: fx.Node) -> Value:
+    x = node.args[0]
+    dim = _dim(x, node.args[2] if len(node.args) > 2 else 0, em.view)
+    outs, start = [], 0
+    for piece in node.meta["val"]:
+        n = em.view.expr(piece.shape[dim])
+        outs.append(em.emit1(L.Slice(dim, start, start + n), [em.get(x)]))
+        start = start + n
+    return tuple(outs)
+
+
+@_rule("getitem")
+def _getitem(em: FxEmitter, node: fx.Node) -> Value:
+    return em.get_multi(node.args[0])[node.args[1]]
+
+
+def _expand_check(view: ProgramView, node: fx.Node) -> str | None:
+    if strip(node) is not node:
+        return None
+    elementwise = set(_BINARY) | {"where"}
+    full = raw_shape(node)
+    for u in node.users:
+        others = [a for a in tensor_args(u) if a is not node]
+        if op_name(u) not in elementwise or not any(raw_shape(a) == full for a in others):
+            return "expand feeding a non-elementwise op (no broadcast op in the layer graph)"
+    return None
+
+
+@_rule("aten.expand.default", check=_expand_check)
+def _expand(em: FxEmitter, node: fx.Node) -> Value:
+    # Every user broadcasts: the unexpanded value computes the same result.
+    return em.get(node.args[0])
+
+
+@_rule("aten.clone.default", "aten.alias.default", "aten.contiguous.default",
+       "aten.lift_fresh_copy.default", "aten.detach.default")  # fmt: skip
+def _identity(em: FxEmitter, node: fx.Node) -> Value:
+    return em.get(node.args[0])
+
+
+@_rule("aten._to_copy.default")
+def _to_copy(em: FxEmitter, node: fx.Node) -> Value:
+    return em.cast(em.get(node.args[0]), dtype_name(em.view.dtype(node)))
+
+
+def _index_check(view: ProgramView, node: fx.Node) -> str | None:
+    idx = [i for i in node.args[1] if i is not None]
+    if len(idx) != 1 or view.rank(idx[0]) != 1:
+        return "advanced indexing with several (or multi-dimensional) index tensors"
+    return None
+
+
+@_rule("aten.index.Tensor", check=_index_check)
+def _index(em: FxEmitter, node: fx.Node) -> Value:
+    x, indices = node.args[0], node.args[1]
+    dim = next(i for i, t in enumerate(indices) if t is not None)
+    return em.emit1(L.Gather(dim), [em.get(x), em.get(indices[dim])])
+
+
+@_rule("aten.index_select.default")
+def _index_select(em: FxEmitter, node: fx.Node) -> Value:
+    x, d, idx = node.args
+    return em.emit1(L.Gather(_dim(x, d, em.view)), [em.get(x), em.get(idx)])
+
+
+@_rule("aten.embedding.default")
+def _embedding(em: FxEmitter, node: fx.Node) -> Value:
+    w, ids = node.args[0], node.args[1]
+    n = math.prod(em.view.shape(ids)) if em.view.rank(ids) else 1
+    flat = em.reshape(em.get(ids), (n,))
+    rows = em.emit1(L.Gather(0), [em.get(w), flat])
+    return em.reshape(rows, em.view.shape(node))
+
+
+def _arange_check(view: ProgramView, node: fx.Node) -> str | None:
+    args = list(node.args)
+    if op_name(node) == "arange" and len(args) >= 3 and args[2] != 1:
+        return "arange with a step other than 1"
+    return None
+
+
+@_rule("aten.arange.start_step", "aten.arange.start", "aten.arange.default", check=_arange_check)
+def _arange(em: FxEmitter, node: fx.Node) -> Value:
+    args = list(node.args)
+    start, end = (0, args[0]) if len(args) == 1 else (args[0], args[1])
+    out = em.emit1(L.Arange(em.view.expr(start), em.view.expr(end)), [])
+    return em.cast(out, dtype_name(em.view.dtype(node)))
+
+
+def _static_check(view: ProgramView, node: fx.Node) -> str | None:
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape):
+        return None
+    return "a constant tensor of dynamic size"
+
+
+@_rule("aten.scalar_tensor.default", "aten.full.default", "aten.zeros.default",
+       "aten.ones.default", check=_static_check)  # fmt: skip
+def _constant(em: FxEmitter, node: fx.Node) -> Value:
+    value = node.target(*node.args, **node.kwargs)  # type: ignore[operator]
+    return em.const(node.name, value)
+
+
+# -- arithmetic ---------------------------------------------------------------------------------
+_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
+           "rsub": "rsub"}  # fmt: skip
+_UNARY = {"neg": "neg", "exp": "exp", "sigmoid": "sigmoid", "relu": "relu", "rsqrt": "rsqrt",
+          "sqrt": "sqrt", "silu": "silu", "reciprocal": "reciprocal"}  # fmt: skip
+
+
+def _binary_check(view: ProgramView, node: fx.Node) -> str | None:
+    if node.kwargs.get("rounding_mode") is not None:
+        return f"division with rounding_mode={node.kwargs['rounding_mode']!r}"
+    alpha = node.kwargs.get("alpha", 1)
+    if not isinstance(alpha, (int, float)):
+        return "symbolic alpha"
+    for a in node.args[:2]:
+        if isinstance(a, fx.Node) and not is_tensor_node(a):
+            return "arithmetic with a symbolic scalar"
+    return None
+
+
+def _scalar_op(em: FxEmitter, fn: str, x: str, s: float, reverse: bool) -> str:
+    if fn == "add":
+        return em.emit1(L.Elementwise("add_scalar", s), [x])
+    if fn == "mul":
+        return em.emit1(L.Elementwise("mul_scalar", s), [x])
+    if fn == "sub" and not reverse:
+        return em.emit1(L.Elementwise("add_scalar", -s), [x])
+    if fn == "sub":  # s - x
+        return em.emit1(L.Elementwise("add_scalar", s), [em.emit1(L.Elementwise("neg"), [x])])
+    if fn == "div" and not reverse:
+        return em.emit1(L.Elementwise("mul_scalar", 1.0 / s), [x])
+    if fn == "div":  # s / x
+        return em.emit1(L.Elementwise("mul_scalar", s), [em.emit1(L.Elementwise("reciprocal"), [x])])
+    raise AssertionError(fn)
+
+
+@_rule(*[f"aten.{o}.{v}" for o in ("add", "sub", "mul", "div") for v in ("Tensor", "Scalar")],
+       "aten.rsub.Scalar", "aten.rsub.Tensor", "aten.maximum.default", check=_binary_check)  # fmt: skip
+def _binary(em: FxEmitter, node: fx.Node) -> Value:
+    fn = op_name(node)
+    a, b = node.args[0], node.args[1]
+    if fn == "rsub":
+        fn, a, b = "sub", b, a
+    alpha = node.kwargs.get("alpha", 1)
+    if alpha != 1:
+        if isinstance(b, fx.Node):
+            b_val = em.emit1(L.Elementwise("mul_scalar", float(alpha)), [em.get(b)])
+            b = _Named(b_val)
+        else:
+            b = b * alpha
+    ta, tb = isinstance(a, (fx.Node, _Named)), isinstance(b, (fx.Node, _Named))
+    if ta and tb:
+        return em.emit1(L.Elementwise(fn), [_get(em, a), _get(em, b)])
+    if ta:
+        return _scalar_op(em, fn, _get(em, a), float(b), reverse=False)
+    return _scalar_op(em, fn, _get(em, b), float(a), reverse=True)
+
+
+class _Named:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _get(em: FxEmitter, x: Any) -> str:
+    return x.name if isinstance(x, _Named) else em.get(x)
+
+
+def _unary_check(view: ProgramView, node: fx.Node) -> str | None:
+    if op_name(node) == "gelu" and node.kwargs.get("approximate", "none") != "none":
+        return "tanh-approximate gelu"
+    return None
+
+
+@_rule(*[f"aten.{o}.default" for o in (*_UNARY, "gelu")], check=_unary_check)
+def _unary(em: FxEmitter, node: fx.Node) -> Value:
+    return em.emit1(L.Elementwise(op_name(node)), [em.get(node.args[0])])
+
+
+@_rule("aten.pow.Tensor_Scalar")
+def _pow(em: FxEmitter, node: fx.Node) -> Value:
+    e = float(node.args[1])
+    x = em.get(node.args[0])
+    if e == 2.0:
+        return em.emit1(L.Elementwise("square"), [x])
+    if e == 0.5:
+        return em.emit1(L.Elementwise("sqrt"), [x])
+    return em.emit1(L.Elementwise("pow_scalar", e), [x])
+
+
+def _where_check(view: ProgramView, node: fx.Node) -> str | None:
+    if not all(isinstance(a, fx.Node) for a in node.args[:3]):
+        return "where with a Python scalar branch"
+    return None
+
+
+@_rule("aten.where.self", check=_where_check)
+def _where(em: FxEmitter, node: fx.Node) -> Value:
+    return em.emit1(L.Elementwise("where"), [em.get(a) for a in node.args[:3]])
+
+
+@_rule("aten._softmax.default", "aten.softmax.int")
+def _softmax(em: FxEmitter, node: fx.Node) -> Value:
+    x = node.args[0]
+    out = em.emit1(L.Softmax(_dim(x, node.args[1], em.view)), [em.get(x)])
+    return em.cast(out, dtype_name(em.view.dtype(node)))
+
+
+def _reduce(fn: str) -> Rule:
+    def rule(em: FxEmitter, node: fx.Node) -> Value:
+        x = node.args[0]
+        dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else None
+        rank = em.view.rank(x)
+        axes = tuple(range(rank)) if not dims else tuple(d % rank for d in dims)
+        keep = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+        out = em.emit1(L.Reduce(fn, axes, keep), [em.get(x)])
+        return em.cast(out, dtype_name(em.view.dtype(node)))
+
+    return rule
+
+
+_rule("aten.sum.dim_IntList")(_reduce("sum"))
+_rule("aten.mean.dim")(_reduce("mean"))
+_rule("aten.amax.default")(_reduce("max"))
+
+
+# -- matrix products ----------------------------------------------------------------------------
+@_rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
+def _matmul(em: FxEmitter, node: fx.Node) -> Value:
+    return em.emit1(L.MatMul(), [em.get(node.args[0]), em.get(node.args[1])])
+
+
+def _addmm_check(view: ProgramView, node: fx.Node) -> str | None:
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return "addmm with beta/alpha other than 1"
+    return None
+
+
+@_rule("aten.addmm.default", check=_addmm_check)
+def _addmm(em: FxEmitter, node: fx.Node) -> Value:
+    b, x, w = node.args[:3]
+    mm = em.emit1(L.MatMul(), [em.get(x), em.get(w)])
+    return em.emit1(L.Elementwise("add"), [mm, em.get(b)])
+
+
+# -- graph inputs -------------------------------------------------------------------------------
+@_rule("placeholder")
+def _placeholder(em: FxEmitter, node: fx.Node) -> Value:
+    return em.get(node)
