@@ -33,7 +33,8 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from heapq import heappop, heappush
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,19 @@ __all__ = ["Simulator", "simulate", "DEFAULT_DMA_QUEUE_DEPTH"]
 DEFAULT_DMA_QUEUE_DEPTH = 16
 
 _PRIO_CORE = 1
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: compiling and running allocate many acyclic objects,
+    and each collection would rescan the large, long-lived compiled programs."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Simulator(Transfers):
@@ -93,9 +107,10 @@ class Simulator(Transfers):
     # -- set-up -------------------------------------------------------------------------------
 
     def _compile(self) -> Compiled:
-        return compile_programs(
-            self.programs, self.chip, self.fabric, self.layout, fast=not self.functional
-        )
+        with _gc_paused():
+            return compile_programs(
+                self.programs, self.chip, self.fabric, self.layout, fast=not self.functional
+            )
 
     def _bind(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         decls = self.layout.tensors
@@ -182,16 +197,9 @@ class Simulator(Transfers):
         self.hop_fn = self._hop
         for core in comp.active:
             self.push(0, _PRIO_CORE, (self.run_fn, core))
-        # The run allocates many short-lived acyclic objects; the cyclic collector would rescan
-        # the (large, long-lived) compiled programs again and again, so it pauses meanwhile.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with _gc_paused():
             self._loop(max_cycles)
             result = build_result(self, time.perf_counter() - wall)
-        finally:
-            if enabled:
-                gc.enable()
         if isinstance(trace, (str, Path)):
             result.write_trace(trace)
         return result

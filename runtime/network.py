@@ -128,20 +128,24 @@ class Fabric:
         """Link ids from ``src``'s router to ``dst``'s router (dimension-order routing)."""
         noc = self.noc
         assert isinstance(noc, MeshNoC)
-        r, c = divmod(src, noc.cols)
-        r2, c2 = divmod(dst, noc.cols)
-        nodes = [src]
-        order = ("col", "row") if noc.routing == "xy" else ("row", "col")
-        for axis in order:
+        cols = noc.cols
+        r, c = divmod(src, cols)
+        r2, c2 = divmod(dst, cols)
+        links = self.links
+        out: list[int] = []
+        node = src
+        for axis in ("col", "row") if noc.routing == "xy" else ("row", "col"):
             if axis == "col":
-                while c != c2:
-                    c += 1 if c2 > c else -1
-                    nodes.append(r * noc.cols + c)
+                step = 1 if c2 > c else -1
+                for _ in range(abs(c2 - c)):
+                    out.append(links[(node, node + step)])
+                    node += step
             else:
-                while r != r2:
-                    r += 1 if r2 > r else -1
-                    nodes.append(r * noc.cols + c)
-        return [self.links[(a, b)] for a, b in zip(nodes, nodes[1:])]
+                step = cols if r2 > r else -cols
+                for _ in range(abs(r2 - r)):
+                    out.append(links[(node, node + step)])
+                    node += step
+        return out
 
     def hops(self, src: int, dst: int) -> int:
         """Mesh hop count (0 on all-to-all)."""

@@ -36,7 +36,7 @@ from lowering.isa import (
 )
 from lowering.kernels import get_kernel
 from lowering.printer import format_instr
-from runtime import ops
+from runtime import ops, ops_comm
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout
 from runtime.network import Fabric
@@ -120,7 +120,7 @@ def compile_programs(
         if prog.core in seen:
             raise SimulationError(f"{where}: core {prog.core} has two programs; merge them")
         seen.add(prog.core)
-        _Compiler(cores[prog.core], chans, groups, layout, fast, where).run(prog.body)
+        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where).run(prog.body)
     for g in groups.values():
         missing = [c for c in g.members if c not in seen]
         if missing:
@@ -137,9 +137,11 @@ class _Compiler:
         chans: dict[str, ChanState],
         groups: dict[str, Group],
         layout: HbmLayout,
+        fabric: Fabric,
         fast: bool,
         where: str,
     ):
+        self.fabric = fabric
         self.core = core
         self.chans = chans
         self.groups = groups
@@ -158,6 +160,13 @@ class _Compiler:
         self.core.code = self.code
         self.core.lc = [0] * self.slots
         self.core.li = [0] * self.slots
+
+    def routes(self, load: bool) -> None:
+        """Build (and cache) this core's HBM routes now rather than during the run."""
+        if load:
+            self.fabric.load_roots(self.core.id)
+        else:
+            self.fabric.store_roots(self.core.id)
 
     def buf(self, name: str) -> Buf:
         b = self.core.bufs.get(name)
@@ -220,11 +229,12 @@ class _Compiler:
                             f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
                         )
                     fixed = (s, x)
-            fn = ops.h_load if isinstance(ins, Load) else ops.h_store
+            fn = ops_comm.h_load if isinstance(ins, Load) else ops_comm.h_store
+            self.routes(isinstance(ins, Load))
             acc = isinstance(ins, Store) and ins.accumulate
             code.append(
                 make(
-                    ops.OpMem,
+                    ops_comm.OpMem,
                     fn,
                     ins,
                     buf=buf,
@@ -238,8 +248,8 @@ class _Compiler:
         elif isinstance(ins, Send):
             code.append(
                 make(
-                    ops.OpSend,
-                    ops.h_send,
+                    ops_comm.OpSend,
+                    ops_comm.h_send,
                     ins,
                     chan=self.chan(ins, ins.channel, True),
                     buf=self.buf(ins.src),
@@ -249,8 +259,8 @@ class _Compiler:
         elif isinstance(ins, SendValue):
             code.append(
                 make(
-                    ops.OpSend,
-                    ops.h_send,
+                    ops_comm.OpSend,
+                    ops_comm.h_send,
                     ins,
                     chan=self.chan(ins, ins.channel, True),
                     buf=None,
@@ -262,10 +272,19 @@ class _Compiler:
             end = ch.ends[ch.dsts.index(self.core.id)]
             if isinstance(ins, Recv):
                 code.append(
-                    make(ops.OpRecv, ops.h_recv, ins, end=end, buf=self.buf(ins.dst), reg=None)
+                    make(
+                        ops_comm.OpRecv,
+                        ops_comm.h_recv,
+                        ins,
+                        end=end,
+                        buf=self.buf(ins.dst),
+                        reg=None,
+                    )
                 )
             else:
-                code.append(make(ops.OpRecv, ops.h_recvvalue, ins, end=end, buf=None, reg=ins.reg))
+                code.append(
+                    make(ops_comm.OpRecv, ops_comm.h_recvvalue, ins, end=end, buf=None, reg=ins.reg)
+                )
         elif isinstance(ins, LoadValue):
             info = self.tensor(ins, ins.tensor)
             if not info.is_int:
@@ -277,10 +296,11 @@ class _Compiler:
                 raise self.fail(
                     ins, f"index has {len(ins.index)} entries for a {len(info.shape)}-d tensor"
                 )
+            self.routes(True)
             code.append(
                 make(
-                    ops.OpLoadValue,
-                    ops.h_loadvalue,
+                    ops_comm.OpLoadValue,
+                    ops_comm.h_loadvalue,
                     ins,
                     reg=ins.reg,
                     info=info,
@@ -325,7 +345,7 @@ class _Compiler:
                     ins,
                     f"core {self.core.id} is not a member of barrier group {ins.group!r} {g.members}",
                 )
-            code.append(make(ops.OpBarrier, ops.h_barrier, ins, group=g))
+            code.append(make(ops_comm.OpBarrier, ops_comm.h_barrier, ins, group=g))
         elif isinstance(ins, Loop):
             self.loop(ins)
         elif isinstance(ins, If):

@@ -22,7 +22,7 @@ def core_name(chip: Chip, cid: int) -> str:
     return f"core {cid}"
 
 
-def _why(core: Core) -> str:
+def _why(core: Core, finished: set[int]) -> str:
     why = core.blocked
     if why is None:
         return "is runnable but was never resumed (internal error)"
@@ -32,17 +32,23 @@ def _why(core: Core) -> str:
         target = f"buffer {why[1].name!r}" if kind == "buf" else "a control value"
         if isinstance(p, Post) and p.end is not None:
             ch = p.end.chan
+            state = (
+                f"core {ch.src} finished without sending it"
+                if ch.src in finished
+                else "no message has been sent on it yet"
+            )
             return (
                 f"waits for {target} from a receive on channel {ch.name!r} (sent by core "
-                f"{ch.src}); no message has been sent on it yet"
+                f"{ch.src}); {state}"
             )
         return f"waits for {target}: HBM access to {getattr(p, 'what', '?')!r}"
     if kind == "credit":
         end = why[1]
         ch = end.chan
+        done = f" (core {end.dst} has finished)" if end.dst in finished else ""
         return (
             f"waits for space in the FIFO of channel {ch.name!r} to core {end.dst}: all "
-            f"{ch.depth} slots hold messages core {end.dst} has not received"
+            f"{ch.depth} slots hold messages core {end.dst} has not received{done}"
         )
     if kind == "barrier":
         g = why[1]
@@ -55,13 +61,14 @@ def _why(core: Core) -> str:
 def deadlock_message(sim: Any) -> str:
     """Every unfinished core with its instruction and what it waits on."""
     stuck = [c for c in sim.comp.active if not c.done]
+    finished = {c.id for c in sim.comp.active if c.done}
     lines = [
         f"deadlock at cycle {sim.now}: {len(stuck)} core(s) are blocked and nothing is in "
         f"flight (program set {sim.programs.name!r})"
     ]
     for c in stuck:
         ins = c.code[c.pc].src
-        lines.append(f"  {core_name(sim.chip, c.id)} at `{describe(ins)}` {_why(c)}")
+        lines.append(f"  {core_name(sim.chip, c.id)} at `{describe(ins)}` {_why(c, finished)}")
     lines.append(
         "Each core waits on another: reorder Sends before the Recvs they feed, make FIFOs "
         "deeper, or make every barrier member reach the barrier."

@@ -148,6 +148,7 @@ class Buf:
         "w",
         "wk",
         "wp",
+        "wq",
         "r",
         "rk",
         "rp",
@@ -166,6 +167,7 @@ class Buf:
         self.w = 0
         self.wk = BUSY
         self.wp: Pending | None = None
+        self.wq: list[Pending] | None = None  # earlier Loads still in flight behind ``wp``
         self.r = 0
         self.rk = BUSY
         self.rp: list[Pending] | None = None

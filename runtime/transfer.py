@@ -97,13 +97,13 @@ class Transfers:
         raise NotImplementedError
 
     def _hop(self, item: tuple) -> None:
-        """Queue entry ``(_hop, x, stage, nbytes, prev_end)``: the head reaches ``stage`` now."""
+        """Queue entry ``(_hop, x, stage, nbytes, prev_end)``: the head reaches resource
+        ``stage`` now.  The body repeats :meth:`_stage` inline for resources (the hot path)."""
         _, x, stage, nbytes, prev_end = item
         res, lat, children, delivers = stage
-        if res < 0 or children:
+        if res < 0:
             self._stage(x, stage, nbytes, self.now, prev_end)
             return
-        # a last resource stage (the common case): reserve it and deliver, inline
         free = self.free
         f = free[res]
         now = self.now
@@ -118,15 +118,41 @@ class Transfers:
         self.rcount[res] += 1
         if self.rtrace is not None:
             self.rtrace.append((res, start, end, x.label))
-        if end.__class__ is not int:
-            end = math.ceil(end - _EPS)
-        if x.__class__ is Slot:  # unicast message: deliver inline
-            x.arrival = end
-            if x.post is not None:
-                self.consume(x)
-        else:
-            for d in delivers:
-                x.deliver(self, d, end)
+        for ch in children:
+            head = start if start.__class__ is int else math.ceil(start - _EPS)
+            clat = ch[1]
+            if ch[0] >= 0:  # next link: an event when the head gets there
+                t = head + clat
+                b = self.buckets.get(t)
+                if b is None:
+                    b = self.buckets[t] = ([], [])
+                    heappush(self.times, t)
+                b[0].append((self.hop_fn, x, ch, nbytes, end))
+            elif ch[0] == RES_DELAY and not ch[2]:  # last hop's delay: deliver inline
+                e2 = end + clat
+                if head + clat > e2:
+                    e2 = head + clat
+                if e2.__class__ is not int:
+                    e2 = math.ceil(e2 - _EPS)
+                if x.__class__ is Slot:
+                    x.arrival = e2
+                    if x.post is not None:
+                        self.consume(x)
+                else:
+                    for d in ch[3]:
+                        x.deliver(self, d, e2)
+            else:
+                self._stage(x, ch, nbytes, head + clat, end)
+        if delivers:
+            if end.__class__ is not int:
+                end = math.ceil(end - _EPS)
+            if x.__class__ is Slot:
+                x.arrival = end
+                if x.post is not None:
+                    self.consume(x)
+            else:
+                for d in delivers:
+                    x.deliver(self, d, end)
 
     def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
         """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left

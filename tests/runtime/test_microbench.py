@@ -12,6 +12,7 @@ from runtime_testkit import a2a_chip, cannon_chip, cannon_cycles, cannon_program
 from lowering.isa import (
     Affine,
     Alloc,
+    Barrier,
     Channel,
     Compute,
     Load,
@@ -21,6 +22,7 @@ from lowering.isa import (
     Recv,
     Region,
     Send,
+    Store,
     TensorDecl,
 )
 from runtime import simulate
@@ -84,13 +86,59 @@ def test_unaligned_load_splits_by_address_interleaving():
     assert r.cycles == 102
 
 
-def test_hbm_reads_pass_the_ejection_port_on_all_to_all():
-    # One 4 KiB load: channels finish at 32, the 8 B/cycle ejection port needs 512 cycles after
-    # hbm latency + exchange latency (seed 002 §2.1: HBM controllers sit on the interconnect).
-    ps = ProgramSet((_stream(0, "x", 2048, 1),), tensors=(TensorDecl("x", (2048,)),))
+@pytest.mark.parametrize("tiles", [1, 8])
+def test_hbm_reads_pass_the_ejection_port_on_all_to_all(tiles):
+    # 4 KiB in `tiles` loads: the channels could deliver it in 32 cycles, the 8 B/cycle ejection
+    # port needs 512, then hbm latency + exchange latency (seed 002 §2.1: HBM controllers sit on
+    # the interconnect).  Loads into one buffer chain without waiting, so the port never idles.
+    ps = ProgramSet((_stream(0, "x", 2048 // tiles, tiles),), tensors=(TensorDecl("x", (2048,)),))
     r = simulate(ps, a2a_chip(2))
     assert r.cycles == 100 + 10 + 4096 // 8
     assert r.stats.resource("eject core 0").busy == 512
+
+
+def test_hbm_writes_pass_the_injection_port_on_all_to_all():
+    ps = ProgramSet(
+        (Program(0, (Alloc("t", (2048,)), Store("t", "y"))),), tensors=(TensorDecl("y", (2048,)),)
+    )
+    r = simulate(ps, a2a_chip(2))
+    assert r.cycles == 512 + 10 + 100  # port, exchange latency, then the write's latency
+    assert r.stats.resource("inject core 0").busy == 512
+    assert dict(r.stats.bytes_moved)["hbm_write"] == 4096
+    assert r.stats.core(0).stall_mem == r.cycles
+
+
+def test_hbm_write_behind_mesh_attach_point():
+    # core 3 -> channel at core 0: 3 westward links (cut-through), the channel, the latency.
+    chip = mesh_chip(1, 4, mem=hbm(channels=1, attach=(0,)))
+    ps = ProgramSet(
+        (Program(3, (Alloc("t", (256,)), Store("t", "y"))),), tensors=(TensorDecl("y", (256,)),)
+    )
+    r = simulate(ps, chip)
+    assert r.cycles == 3 * 2 + 512 // 16 + 100
+    assert [r.stats.resource(f"link r0c{i + 1}->r0c{i} (W)").busy for i in range(3)] == [32] * 3
+
+
+def test_barrier_releases_everyone_when_the_last_arrives():
+    def prog(core: int, k: int) -> Program:
+        # matmul (16 x k) @ (k x 16): 2k cycles on 256 bf16 FLOPs/cycle
+        return Program(
+            core,
+            (
+                Alloc("a", (16, k)),
+                Alloc("b", (k, 16)),
+                Alloc("c", (16, 16)),
+                Compute("matmul", ("c",), ("a", "b")),
+                Barrier("g"),
+                Compute("matmul", ("c",), ("a", "b")),
+            ),
+        )
+
+    ps = ProgramSet((prog(0, 50), prog(1, 5)), barriers=(("g", (0, 1)),))
+    r = simulate(ps, mesh_chip(1, 2))
+    assert r.cycles == 100 + 100
+    assert r.stats.core(1).stall_barrier == 90 and r.stats.core(1).idle == 90
+    assert r.stats.core(0).stall_barrier == 0
 
 
 def test_hbm_behind_mesh_attach_point():

@@ -11,7 +11,7 @@
 from torch2step.frontend.capture import capture, default_dynamic_axes, default_dynamic_shapes
 from torch2step.frontend.raise_graph import PATTERNS, raise_program
 from torch2step.frontend.raise_rules import RULES
-from torch2step.frontend.torch_import import from_torch
+from torch2step.frontend.torch_import import from_exported, from_torch
 
 __all__ = [
     "PATTERNS",
@@ -19,6 +19,7 @@ __all__ = [
     "capture",
     "default_dynamic_axes",
     "default_dynamic_shapes",
+    "from_exported",
     "from_torch",
     "raise_program",
     "import_onnx",

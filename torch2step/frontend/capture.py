@@ -1,4 +1,5 @@
-"""Capturing a PyTorch module as a core-ATen graph with symbolic shapes (``torch.export``).
+"""Capturing a PyTorch module as a core-ATen graph with symbolic shapes (``torch.export``), the
+first stage of the pipeline (DESIGN.md "The pipeline", step 1).
 
 ``capture`` runs ``torch.export.export(..., strict=False,
 prefer_deferred_runtime_asserts_over_guards=True)`` (non-strict tracing works on HuggingFace
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import os
 import traceback
@@ -37,17 +39,32 @@ from torch.export import Dim
 
 from torch2step.errors import FrontendError
 
-__all__ = ["capture", "default_dynamic_axes", "default_dynamic_shapes", "dim_names", "eager_experts"]
+__all__ = [
+    "capture",
+    "default_dynamic_axes",
+    "default_dynamic_shapes",
+    "dim_names",
+    "eager_experts",
+]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_QUIET = ("torch._subclasses.fake_tensor", "torch._export.non_strict_utils", "torch.export")
+_QUIET = (
+    "torch",
+    "torch._subclasses.fake_tensor",
+    "torch._export.non_strict_utils",
+    "torch.export",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch._dynamo",
+)
 
 
 def default_dynamic_axes(t: torch.Tensor) -> dict[int, str]:
     """The axes of an example tensor treated as dynamic by default, with their dim names."""
     r = t.dim()
     if t.dtype.is_floating_point:
-        axes = {2: {0: "T"}, 3: {0: "B", 1: "S"}, 4: {0: "B", 2: "L"}}.get(r, {0: "B"} if r else {})
+        axes = {2: {0: "T"}, 3: {0: "B", 1: "S"}, 4: {0: "B", 2: "L"}}.get(
+            r, {0: "B"} if r > 4 else {}
+        )
     else:
         axes = {1: {0: "B"}, 2: {0: "B", 1: "S"}}.get(r, {0: "B"} if r >= 3 else {})
     return {a: n for a, n in axes.items() if t.shape[a] >= 2}
@@ -116,7 +133,10 @@ def eager_experts(module: nn.Module) -> list[str]:
         cfg = getattr(sub, "config", None)
         if cfg is None or not hasattr(cfg, "_experts_implementation"):
             continue
-        if type(sub).__name__.endswith("Experts") and cfg._experts_implementation in (None, "eager"):
+        if type(sub).__name__.endswith("Experts") and cfg._experts_implementation in (
+            None,
+            "eager",
+        ):
             found.append(name or type(sub).__name__)
     return found
 
@@ -128,13 +148,30 @@ def _quiet() -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        # torch.export prints the partial graph to stderr on data-dependent errors; the
+        # FrontendError raised instead names the user line
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", UserWarning)
             yield
     finally:
         for lg, lvl in zip(loggers, levels):
             lg.setLevel(lvl)
+
+
+def _unaliased(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Copies of example inputs sharing memory with an earlier one: torch.export merges aliased
+    inputs, and the graph would then read one input for both (e.g. ``k`` for ``v``)."""
+    seen: set[int] = set()
+    out = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.numel():
+            ptr = x.untyped_storage().data_ptr()
+            if ptr in seen:
+                x = x.clone()
+            seen.add(x.untyped_storage().data_ptr())
+        out.append(x)
+    return tuple(out)
 
 
 def _check_inputs(module: nn.Module, example_inputs: Sequence[Any]) -> None:
@@ -147,6 +184,7 @@ def _check_inputs(module: nn.Module, example_inputs: Sequence[Any]) -> None:
                 "past and new K/V yourself"
             )
     _check_hidden(module, example_inputs)
+    _check_dtypes(module, example_inputs)
     try:
         inspect.signature(module.forward).bind(*example_inputs)
     except TypeError as exc:
@@ -157,6 +195,23 @@ def _check_inputs(module: nn.Module, example_inputs: Sequence[Any]) -> None:
         ) from None
     except ValueError:
         pass
+
+
+def _check_dtypes(module: nn.Module, example_inputs: Sequence[Any]) -> None:
+    """Floating inputs in the dtype of the module's (floating) parameters."""
+    dtypes = {p.dtype for p in module.parameters() if p.dtype.is_floating_point}
+    if len(dtypes) != 1:
+        return
+    (want,) = dtypes
+    names = _arg_names(module, len(example_inputs))
+    for name, x in zip(names, example_inputs):
+        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype != want:
+            raise FrontendError(
+                f"example input {name!r} is {str(x.dtype).removeprefix('torch.')} but the "
+                f"parameters of {type(module).__name__} are "
+                f"{str(want).removeprefix('torch.')}; pass inputs of the parameters' dtype "
+                f"(x.to({want}))"
+            )
 
 
 def _check_hidden(module: nn.Module, example_inputs: Sequence[Any]) -> None:
@@ -269,7 +324,7 @@ def capture(
     None uses :func:`default_dynamic_shapes`.  Raises :class:`FrontendError` on failure."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    example_inputs = _unaliased(tuple(example_inputs))
     _check_inputs(module, example_inputs)
     was_training = module.training
     module.eval()

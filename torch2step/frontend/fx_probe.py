@@ -83,6 +83,8 @@ def run_slice(
         if op_name(n) in _SKIP:
             continue
         args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+        if "device" in kwargs:  # probes run on CPU, also for shape-only (meta) modules
+            kwargs = {**kwargs, "device": torch.device("cpu")}
         try:
             env[n] = n.target(*args, **kwargs)  # type: ignore[operator]
         except Exception as exc:  # noqa: BLE001 - a failing probe means "not this meaning"
@@ -129,15 +131,11 @@ def classify_mask(
     ``(causal, kv_lengths input or None)``, found by running the mask's ops at several sizes
     and KV lengths; raises NoMatch when it is neither causal nor a KV-length mask."""
     if mask.op == "placeholder":
-        raise NoMatch(
-            "the attention mask is a graph input; pass per-request kv_lengths[B] instead"
-        )
+        raise NoMatch("the attention mask is a graph input; pass per-request kv_lengths[B] instead")
     base = dict(view.hints)
     nodes = upstream(view, [mask], [], base)
     inputs = [n for n in nodes if n.op == "placeholder" and view.weight_name(n) is None]
-    if len(inputs) > 1 or any(
-        view.dtype(n).is_floating_point or view.rank(n) != 1 for n in inputs
-    ):
+    if len(inputs) > 1 or any(view.dtype(n).is_floating_point or view.rank(n) != 1 for n in inputs):
         names = ", ".join(n.name for n in inputs)
         raise NoMatch(
             f"the attention mask is computed from the inputs {names}; only causal masks and "
@@ -145,10 +143,11 @@ def classify_mask(
         )
     kvl = inputs[0] if inputs else None
     gen = torch.Generator().manual_seed(0)
-    syms = sorted(base, key=str)
+    # vary every free size (not those the module pins to one value)
+    syms = sorted((s for s in base if not view.pinned(s)), key=str)
     kinds = {(c, kvl) for c in (False, True)}
     for trial in range(3):
-        binding = {s: base[s] + trial * (i + 1) for i, s in enumerate(syms)}
+        binding = {**base, **{s: base[s] + trial * (i + 1) for i, s in enumerate(syms)}}
         b = view.concrete(raw_shape(q)[0], binding)
         s = view.concrete(raw_shape(q)[2], binding)
         length = view.concrete(raw_shape(k)[2], binding)
@@ -164,7 +163,9 @@ def classify_mask(
         try:
             vis = torch.broadcast_to(vis, (b, vis.shape[1], s, length))
         except RuntimeError as exc:
-            raise NoMatch(f"the attention mask of shape {tuple(vis.shape)} is not [B, 1, S, L]") from exc
+            raise NoMatch(
+                f"the attention mask of shape {tuple(vis.shape)} is not [B, 1, S, L]"
+            ) from exc
         for causal, kv in list(kinds):
             want = attention_mask(b, s, length, causal, lens)
             want = torch.ones(b, 1, s, length, dtype=torch.bool) if want is None else want

@@ -81,7 +81,9 @@ def is_tensor_node(node: Any) -> bool:
 def tensor_args(node: fx.Node) -> list[fx.Node]:
     """The tensor-valued FX nodes ``node`` reads (SymInt nodes are shapes, not data)."""
     out: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) if is_tensor_node(n) else None)
+    fx.node.map_arg(
+        (node.args, node.kwargs), lambda n: out.append(n) if is_tensor_node(n) else None
+    )
     return list(dict.fromkeys(out))
 
 
@@ -179,8 +181,11 @@ class ProgramView:
         self,
         ep: torch.export.ExportedProgram,
         dim_names: Mapping[tuple[int, int], str] | None = None,
+        rope_theta: float | None = None,
     ) -> None:
         self.ep = ep
+        #: RoPE base read from the module's config, for frequency tables without values (meta)
+        self.rope_theta = rope_theta
         self.graph: fx.Graph = ep.graph
         self.nodes: list[fx.Node] = list(ep.graph.nodes)
         self.index = {n: i for i, n in enumerate(self.nodes)}
@@ -206,8 +211,18 @@ class ProgramView:
             if isinstance(v, torch.Tensor):
                 env = getattr(getattr(v, "fake_mode", None), "shape_env", None)
                 if env is not None:
-                    self.hints = {k: int(x) for k, x in (getattr(env, "backed_var_to_val", None) or env.var_to_val).items()}
+                    self.hints = {
+                        k: int(x)
+                        for k, x in (
+                            getattr(env, "backed_var_to_val", None) or env.var_to_val
+                        ).items()
+                    }
                     break
+        # a dim the module pins to one value (a deferred runtime assert) is static
+        for sym, vr in self.ep.range_constraints.items():
+            lo, hi = vr.lower, vr.upper
+            if isinstance(sym, sympy.Symbol) and lo == hi and getattr(lo, "is_Integer", False):
+                self.symbols[sym] = sympy.Integer(int(lo))
         taken: set[str] = set()
         for i, ph in enumerate(self.user_inputs):
             v = _val(ph)
@@ -222,6 +237,10 @@ class ProgramView:
                     name, k = f"{base}{k}", k + 1
                 taken.add(name)
                 self.symbols[d] = sympy.Symbol(name, integer=True, positive=True)
+
+    def pinned(self, sym: sympy.Symbol) -> bool:
+        """Whether the exporter's symbol ``sym`` is fixed to one value by the module."""
+        return isinstance(self.symbols.get(sym), sympy.Integer)
 
     def expr(self, x: Any) -> Dim:
         """A size (int, SymInt, SymInt-valued node or exporter expression) in readable dims."""
@@ -280,6 +299,14 @@ class ProgramView:
         if target in self.ep.state_dict:
             return self.ep.state_dict[target].detach()
         return self.ep.constants[target].detach()
+
+    @property
+    def meta(self) -> bool:
+        """Whether the weights are shapes only (``meta`` device): nothing can be run."""
+        return any(
+            isinstance(t, torch.Tensor) and t.is_meta
+            for t in (*self.ep.state_dict.values(), *self.ep.constants.values())
+        )
 
     def const(self, node: Any) -> torch.Tensor | None:
         """The value of ``node`` when it depends only on weights (evaluated once), else None."""

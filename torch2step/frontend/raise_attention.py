@@ -10,7 +10,9 @@ Two spellings (FRONTEND_NOTES "Attention and the KV cache"):
 
 ``repeat_kv`` is undone (the op keeps ``Hkv`` KV heads: query head ``h`` reads KV head
 ``h // (Hq // Hkv)``), and the mask is recognised by running it (:func:`classify_mask`): a causal
-mask, a KV-length mask from an integer ``kv_lengths[B]`` input, both, or none.
+mask, a KV-length mask from an integer ``kv_lengths[B]`` input, both, or none.  The per-request
+KV lengths stay run-time data of the op: STeP's dynamic parallelization of GQA decode over ragged
+caches (seed 000 §5.4) needs them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ Qwen3's per-head q/k norm) and ``topk_routing`` (router softmax + topk (+ renorm
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import sympy
@@ -95,10 +94,6 @@ LINEAR = Pattern(
     _match_linear,
     "x @ w.T (+ b) as permute+mm / addmm, with the views flattening leading dims -> Linear",
 )
-
-
-def _last_dim(view: ProgramView, x: fx.Node) -> bool:
-    return True
 
 
 _RMS_CORES = [
@@ -195,7 +190,3 @@ TOPK_ROUTING = Pattern(
     _match_topk,
     "router softmax -> topk (-> w / w.sum(-1)) or topk -> softmax -> TopKRouting",
 )
-
-
-def _prod(xs: Sequence[object]) -> object:
-    return math.prod(xs)  # type: ignore[arg-type]

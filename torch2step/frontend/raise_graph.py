@@ -40,7 +40,7 @@ from torch2step.frontend.raise_rotary import ROTARY
 from torch2step.frontend.raise_rules import IGNORED, check_node, rule_for
 from torch2step.layers.graph import LayerGraph
 
-__all__ = ["PATTERNS", "raise_program", "find_matches", "Plan", "plan"]
+__all__ = ["PATTERNS", "raise_program", "find_matches", "Plan", "plan", "format_matches"]
 
 #: The raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
@@ -89,12 +89,35 @@ def find_matches(
     return matches, notes
 
 
+def format_matches(
+    view: ProgramView, matches: Mapping[fx.Node, Match], notes: Mapping[fx.Node, str]
+) -> str:
+    """A readable listing of the pattern instances (root, pattern, source line, what was read)
+    and of the patterns that were tried but did not apply."""
+    lines = []
+    seen: set[int] = set()
+    for root in sorted(matches, key=view.index.__getitem__):
+        m = matches[root]
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        roots = ", ".join(r.name for r in m.roots)
+        reads = ", ".join(i.name for i in m.inputs)
+        info = ", ".join(f"{k}={v}" for k, v in m.info.items() if not isinstance(v, fx.Node))
+        lines.append(f"{m.pattern:15} {roots} <- ({reads})  {info}".rstrip())
+        lines.append(f"{'':15} at {source_line(root) or '(no source line)'}")
+    for node in sorted(notes, key=view.index.__getitem__):
+        lines.append(f"{'not applied':15} {node.name}: {notes[node]}")
+    return "\n".join(lines)
+
+
 @dataclass
 class Plan:
     """The needed nodes, each translated by a match or a rule, in dependency order."""
 
     units: list[Match | fx.Node] = field(default_factory=list)
     problems: list[tuple[fx.Node, str]] = field(default_factory=list)
+    needed: set[fx.Node] = field(default_factory=set)
 
 
 def _deps(unit: Match | fx.Node) -> list[fx.Node]:
@@ -127,9 +150,13 @@ def plan(view: ProgramView, matches: Mapping[fx.Node, Match]) -> Plan:
             if why is not None:
                 out.problems.append((n, why))
         stack.extend(_deps(unit))
+    out.needed = set(unit_of)
     # order units: Kahn's algorithm, ties broken by graph position
     units = list({id(u): u for u in unit_of.values()}.values())
-    pos = {id(u): min(view.index[r] for r in (u.roots if isinstance(u, Match) else (u,))) for u in units}
+    pos = {
+        id(u): min(view.index[r] for r in (u.roots if isinstance(u, Match) else (u,)))
+        for u in units
+    }
     deps = {id(u): {id(unit_of[d]) for d in _deps(u) if d in unit_of} - {id(u)} for u in units}
     users: dict[int, list[int]] = {}
     for u, ds in deps.items():
@@ -161,6 +188,7 @@ def unsupported_message(
     name: str,
     problems: Sequence[tuple[fx.Node, str]],
     notes: Mapping[fx.Node, str],
+    needed: set[fx.Node] | frozenset[fx.Node] = frozenset(),
 ) -> str:
     """One message listing every operation without a translation, in graph order."""
     lines = [
@@ -173,6 +201,13 @@ def unsupported_message(
         lines.append(f"      why: {detail}")
         if node in notes:
             lines.append(f"      pattern tried: {notes[node]}")
+    listed = {n for n, _ in problems}
+    near = sorted((n for n in notes if n in needed and n not in listed), key=view.index.__getitem__)
+    if near:
+        lines.append("  Patterns that nearly applied (their nodes are translated one by one):")
+        for node in near:
+            src = source_line(node) or "(no source line)"
+            lines.append(f"  - {node.name} at {src}: {notes[node]}")
     lines.append(
         "What to do: express these with supported operations (linear/matmul, elementwise, "
         "RMSNorm, softmax, RoPE, top-k routing, MoE experts, attention, cat/gather/views), or "
@@ -188,14 +223,18 @@ def raise_program(
     name: str = "layer",
     dim_names: Mapping[tuple[int, int], str] | None = None,
     single_output: bool | None = None,
+    rope_theta: float | None = None,
 ) -> LayerGraph:
     """Raise a decomposed ``ExportedProgram`` (see :func:`~torch2step.frontend.capture.capture`)
-    to a layer graph whose inputs are the module's tensor arguments in order."""
-    view = ProgramView(ep, dim_names)
+    to a layer graph whose inputs are the module's tensor arguments in order.
+
+    ``dim_names``: ``(tensor input index, axis) -> name`` of the dynamic dims; ``rope_theta``:
+    the RoPE base when the frequency table has no values (a ``meta``-device module)."""
+    view = ProgramView(ep, dim_names, rope_theta)
     matches, notes = find_matches(view)
     p = plan(view, matches)
     if p.problems:
-        raise UnsupportedOperatorError(unsupported_message(view, name, p.problems, notes))
+        raise UnsupportedOperatorError(unsupported_message(view, name, p.problems, notes, p.needed))
     graph = LayerGraph(name=name)
     em = FxEmitter(view, graph)
     for ph in view.user_inputs:

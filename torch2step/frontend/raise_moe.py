@@ -16,6 +16,8 @@ spelling (FRONTEND_NOTES "HuggingFace MoE blocks have three spellings of the sam
 Each matcher finds the anchors (tokens, routing weights, expert ids, weights); the region is then
 run and compared with MoEExperts (:func:`~torch2step.frontend.raise_moe_body.moe_match`).
 Data-dependent parts stay dynamic: the expert choice is an input of the op, never the example's.
+Per-expert routing is what the STeP MoE schedules work on (seed 000 §5.2 dynamic tiling of each
+expert's token batch, §5.3 configuration time-multiplexing of experts).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = ["MOE_LOOP", "MOE_BATCHED_MM", "MOE_GROUPED_MM"]
 
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
 _ZEROS = frozenset({"full_like", "full", "zeros_like", "zeros", "new_zeros"})
+MOE_LOOP_ANCHORS = frozenset({"index_put", "index_put_", "index_add", "index_add_"})
 _GROUPED = frozenset({"transformers.grouped_mm_fallback", "_grouped_mm", "grouped_mm"})
 
 
@@ -127,6 +130,8 @@ def _num_experts(view: ProgramView, ids: fx.Node) -> int | None:
 
 
 def _match_loop(view: ProgramView, node: fx.Node) -> Match | None:
+    if any(op_name(u) in MOE_LOOP_ANCHORS and u.args[0] is node for u in node.users):
+        return None  # not the last accumulation of the loop
     steps, base = _steps(node)
     if len(steps) < 2 or op_name(base) not in _ZEROS:
         return None
@@ -188,7 +193,7 @@ def _match_loop(view: ProgramView, node: fx.Node) -> Match | None:
 
 MOE_LOOP = Pattern(
     "moe_loop",
-    frozenset({"index_put", "index_put_", "index_add", "index_add_"}),
+    MOE_LOOP_ANCHORS,
     _match_loop,
     "for e in range(E): where(ids == e) -> expert on the tokens -> index_add_ -> MoEExperts",
 )
@@ -310,7 +315,7 @@ def _match_grouped(view: ProgramView, node: fx.Node) -> Match | None:
     ss = _slot_sum(node)
     if ss is None:
         return None
-    g, k = strip(ss[0]), ss[1]
+    g = strip(ss[0])
     if op_name(g) != "index" or len(g.args[1]) != 1:
         return None
     m = strip_casts(g.args[0])

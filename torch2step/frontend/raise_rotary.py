@@ -98,7 +98,9 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
     if emb_c is not emb_s or axis_c != axis_s or axis_c not in (1, 2):
         raise NoMatch("RoPE cos and sin are not of the same angles")
     pos, inv = _positions(view, emb_c)
-    theta = rope_theta(inv, d)
+    theta = view.rope_theta if inv.is_meta else rope_theta(inv, d)
+    if theta is None and inv.is_meta:
+        raise NoMatch("RoPE frequencies are on the meta device and the module has no rope_theta")
     if theta is None:
         raise NoMatch("RoPE inv_freq is not theta ** (-2i / D) (scaled RoPE variant)")
     if view.dtype(pos).is_floating_point:

@@ -276,7 +276,9 @@ def _scalar_op(em: FxEmitter, fn: str, x: str, s: float, reverse: bool) -> str:
     if fn == "div" and not reverse:
         return em.emit1(L.Elementwise("mul_scalar", 1.0 / s), [x])
     if fn == "div":  # s / x
-        return em.emit1(L.Elementwise("mul_scalar", s), [em.emit1(L.Elementwise("reciprocal"), [x])])
+        return em.emit1(
+            L.Elementwise("mul_scalar", s), [em.emit1(L.Elementwise("reciprocal"), [x])]
+        )
     raise AssertionError(fn)
 
 

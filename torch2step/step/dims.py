@@ -22,7 +22,7 @@ empty range).  :mod:`torch2step.step.evaluate` turns any of these expressions in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy as sp
@@ -36,7 +36,6 @@ __all__ = [
     "dims_equal",
     "dyn",
     "free_indices",
-    "is_static",
     "max_over",
     "sum_over",
 ]
@@ -106,11 +105,6 @@ def as_dim(value: object) -> sp.Expr:
     return expr
 
 
-def is_static(expr: sp.Expr) -> bool:
-    """True if ``expr`` is an integer constant."""
-    return bool(expr.is_Integer)
-
-
 def free_indices(expr: sp.Basic) -> set[Index]:
     """The :class:`Index` symbols ``expr`` depends on (indices bound by ``Sum`` excluded)."""
     return {s for s in expr.free_symbols if isinstance(s, Index)}
@@ -177,25 +171,6 @@ def max_over(expr: sp.Expr, var: Index, extent: sp.Expr) -> sp.Expr:
         return MaxOver(expr, var, extent)
     bound = sp.Symbol(var.name, integer=True, nonnegative=True)
     return MaxOver(expr.xreplace({var: bound}), bound, extent)
-
-
-def fresh_index(name: str) -> Index:
-    """An :class:`Index` with the given (graph-unique) name."""
-    return Index(name)
-
-
-def rename_indices(expr: sp.Expr, mapping: dict[Index, sp.Expr]) -> sp.Expr:
-    """Substitute indices (exact, structural replacement)."""
-    if not mapping:
-        return expr
-    return expr.xreplace(mapping)
-
-
-def all_free_indices(exprs: Iterable[sp.Expr]) -> set[Index]:
-    out: set[Index] = set()
-    for e in exprs:
-        out |= free_indices(e)
-    return out
 
 
 def fmt_dims(dims: Sequence[sp.Expr]) -> str:

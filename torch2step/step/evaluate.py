@@ -161,12 +161,15 @@ def _floor(x: Any) -> int:
 
 
 def _ev_sum(body: sp.Expr, limits: list[tuple], env: Bindings, local: dict) -> Any:
-    var, lo, hi = limits[0]
+    # sympy lists limits innermost first: Sum(f, (j, 0, L[i] - 1), (i, 0, B - 1))
+    var, lo, hi = limits[-1]
     lo_v, hi_v = int(_ev(lo, env, local)), int(_ev(hi, env, local))
     total: Any = 0
     for k in range(lo_v, hi_v + 1):
         inner = {**local, var: k}
-        total += _ev_sum(body, limits[1:], env, inner) if len(limits) > 1 else _ev(body, env, inner)
+        total += (
+            _ev_sum(body, limits[:-1], env, inner) if len(limits) > 1 else _ev(body, env, inner)
+        )
     return total
 
 

@@ -7,7 +7,8 @@ seed 000 §4.1: ``(16 x in_tile_col + |weight tile|)`` elements.
 
 Map:    matmul, matmul_t (A x B^T), add, sub, mul, div, maximum (broadcasting [m,1]/[1,n]),
         scale(alpha), exp, relu, silu, silu_mul, row_max, row_sum, transpose,
-        affine(scale, offset) (integer address arithmetic), softmax_finalize.
+        affine(scale, offset) (integer address arithmetic), softmax_finalize,
+        get(index) (one member of a Zip tuple).
 Update: matmul_acc, matmul_t_acc, online_softmax(scale) (FlashAttention-style running max /
         sum / output, seed 000 §5.1), retile_row (pack rows into a dynamically sized tile,
         seed 000 Fig. 2 "RetileRow").
@@ -28,7 +29,7 @@ from torch2step.errors import StepTypeError
 
 from .dims import as_dim, dims_equal
 from .functions import Fn, FnSpec, register_fn
-from .types import ADDR, BOOL, DTYPE_BYTES, DataType, TileType, TupleType
+from .types import DataType, TileType, TupleType
 
 __all__ = ["NP_DTYPES", "np_dtype"]
 
@@ -58,11 +59,20 @@ def _eq(f: Fn, a: sp.Expr, b: sp.Expr, what: str) -> None:
         raise StepTypeError(f"function {f}: {what} differ: {sp.sstr(a)} != {sp.sstr(b)}")
 
 
-def _static_shape(f: Fn) -> tuple[int, int]:
+def _init_shape(f: Fn) -> tuple[sp.Expr, sp.Expr]:
+    """The ``shape`` parameter of an init function: two sizes, static or symbolic (a dynamic
+    accumulator such as ``[N, 64]``; the interpreter substitutes the run's values)."""
     shape = tuple(as_dim(d) for d in f.get("shape", ()))
-    if len(shape) != 2 or not all(d.is_Integer and d >= 0 for d in shape):
-        raise StepTypeError(f"function {f}: shape must be two static non-negative ints")
-    return int(shape[0]), int(shape[1])
+    if len(shape) != 2 or any(d.is_Integer and d < 0 for d in shape):
+        raise StepTypeError(f"function {f}: shape must be two non-negative sizes")
+    return shape[0], shape[1]
+
+
+def _int_shape(f: Fn) -> tuple[int, int]:
+    r, c = _init_shape(f)
+    if not (r.is_Integer and c.is_Integer):
+        raise StepTypeError(f"function {f}: shape {r, c} must be concrete to run")
+    return int(r), int(c)
 
 
 # ---------------------------------------------------------------- matrix products
@@ -287,6 +297,25 @@ register_fn(
     )
 )
 
+
+def _get_rule(f: Fn, args: tuple[DataType, ...]) -> DataType:
+    t, k = args[0], int(f.get("index", 0))
+    if not isinstance(t, TupleType) or not 0 <= k < len(t.elems):
+        raise StepTypeError(f"function {f}: needs a tuple with an element {k}, got {t}")
+    return t.elems[k]
+
+
+register_fn(
+    FnSpec(
+        "get",
+        "map",
+        1,
+        _get_rule,
+        lambda f, x: x[int(f.get("index", 0))],
+        doc="element `index` of a Zip tuple (unzip)",
+    )
+)
+
 # ---------------------------------------------------------------- online softmax (GQA)
 
 
@@ -335,12 +364,14 @@ register_fn(
         _osm_rule,
         _osm_impl,
         flops=_osm_flops,
-        scratch=lambda f, args: 16 * args[0].shape[1] * args[0].itemsize  # type: ignore[attr-defined]
-        + args[1].nbytes()
-        + args[2].nbytes(),
-        scratch_value=lambda f, isz, q, k, v: 16 * q.shape[1] * isz[0]
-        + k.size * isz[1]
-        + v.size * isz[2],
+        scratch=lambda f, args: (
+            16 * args[0].shape[1] * args[0].itemsize  # type: ignore[attr-defined]
+            + args[1].nbytes()
+            + args[2].nbytes()
+        ),
+        scratch_value=lambda f, isz, q, k, v: (
+            16 * q.shape[1] * isz[0] + k.size * isz[1] + v.size * isz[2]
+        ),
         doc="(q, k, v) x (max, sum, out) -> (max, sum, out): one FlashAttention step",
     )
 )
@@ -358,162 +389,10 @@ register_fn(
         "map",
         3,
         _finalize_rule,
-        lambda f, m, s, o: (o / s).astype(o.dtype),
+        lambda f, m, s, o: np.divide(o, s, out=np.zeros_like(o), where=s != 0),
         flops=lambda f, args: _elems(_tile(f, args[2])),
-        doc="(max, sum, out) -> out / sum",
+        doc="(max, sum, out) -> out / sum (0 for rows that saw no key)",
     )
 )
 
-# ---------------------------------------------------------------- packing rows
-
-
-def _retile_row_rule(f: Fn, args: tuple[DataType, ...], acc: DataType) -> DataType:
-    row, a = _tile(f, args[0], "row"), _tile(f, acc, "accumulator")
-    _eq(f, row.shape[1], a.shape[1], "row and accumulator cols")
-    return TileType((a.shape[0] + row.shape[0], a.shape[1]), a.dtype)
-
-
-def _retile_row_accum(f: Fn, args: tuple[DataType, ...], init: DataType, count: sp.Expr) -> DataType:
-    row, a = _tile(f, args[0], "row"), _tile(f, init, "accumulator")
-    _eq(f, row.shape[1], a.shape[1], "row and accumulator cols")
-    return TileType((a.shape[0] + count * row.shape[0], a.shape[1]), a.dtype)
-
-
-register_fn(
-    FnSpec(
-        "retile_row",
-        "update",
-        1,
-        _retile_row_rule,
-        lambda f, row, acc: np.concatenate([acc, row], axis=0),
-        accum_rule=_retile_row_accum,
-        doc="append a row tile to the accumulator tile (dynamic tile of all rows)",
-    )
-)
-
-# ---------------------------------------------------------------- init functions
-
-
-def _zeros_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
-    return TileType(_static_shape(f), str(f.get("dtype", "fp32")))
-
-
-register_fn(
-    FnSpec(
-        "zeros",
-        "init",
-        0,
-        _zeros_rule,
-        lambda f: np.zeros(_static_shape(f), np_dtype(str(f.get("dtype", "fp32")))),
-        doc="tile of zeros, zeros(shape=(r, c), dtype='fp32')",
-    )
-)
-register_fn(
-    FnSpec(
-        "full",
-        "init",
-        0,
-        _zeros_rule,
-        lambda f: np.full(
-            _static_shape(f), float(f.get("value", 0.0)), np_dtype(str(f.get("dtype", "fp32")))
-        ),
-        doc="tile filled with value, full(shape=(r, c), value=v, dtype='fp32')",
-    )
-)
-
-
-def _osm_init_rule(f: Fn, args: tuple[DataType, ...]) -> DataType:
-    rows, cols = int(f.get("rows", 0)), int(f.get("cols", 0))
-    dt = str(f.get("dtype", "fp32"))
-    return TupleType((TileType((rows, 1), dt), TileType((rows, 1), dt), TileType((rows, cols), dt)))
-
-
-def _osm_init(f: Fn) -> tuple:
-    rows, cols = int(f.get("rows", 0)), int(f.get("cols", 0))
-    dt = np_dtype(str(f.get("dtype", "fp32")))
-    return (np.full((rows, 1), -np.inf, dt), np.zeros((rows, 1), dt), np.zeros((rows, cols), dt))
-
-
-register_fn(
-    FnSpec(
-        "online_softmax_init",
-        "init",
-        0,
-        _osm_init_rule,
-        _osm_init,
-        doc="(max=-inf [rows,1], sum=0 [rows,1], out=0 [rows,cols])",
-    )
-)
-
-# ---------------------------------------------------------------- flat functions
-
-
-def _split_rule(f: Fn, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
-    a = _tile(f, args[0])
-    by_rows = f.name == "retile_streamify"
-    part = as_dim(f.get("rows" if by_rows else "cols", 1))
-    whole = a.shape[0] if by_rows else a.shape[1]
-    if not (part.is_Integer and part >= 1) or sp.Mod(whole, part) != 0:
-        raise StepTypeError(f"function {f}: {sp.sstr(whole)} is not a multiple of {part}")
-    piece = (part, a.shape[1]) if by_rows else (a.shape[0], part)
-    return TileType(piece, a.dtype), (whole / part,)
-
-
-def _split_impl(f: Fn, x: np.ndarray) -> list:
-    if f.name == "retile_streamify":
-        r = int(f.get("rows", 1))
-        return [x[j : j + r] for j in range(0, x.shape[0], r)]
-    c = int(f.get("cols", 1))
-    return [x[:, j : j + c] for j in range(0, x.shape[1], c)]
-
-
-for _name in ("retile_streamify", "split_cols"):
-    register_fn(
-        FnSpec(_name, "flat", 1, _split_rule, _split_impl, doc=f"{_name}: split a tile")
-    )
-
-
-def _iota_rule(f: Fn, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
-    a = _tile(f, args[0])
-    if a.dtype not in ("int32", "int64") or not (a.shape[0] == 1 and a.shape[1] in (1, 2)):
-        raise StepTypeError(f"function {f}: needs an integer [1,1] or [1,2] tile, got {a}")
-    count = f.get("count")
-    return ADDR, ((as_dim(count) if count is not None else None),)
-
-
-def _iota_impl(f: Fn, x: np.ndarray) -> list:
-    start, n = (0, int(x[0, 0])) if x.shape[1] == 1 else (int(x[0, 0]), int(x[0, 1]))
-    return [np.array([[start + j]], dtype=np.int64) for j in range(n)]
-
-
-register_fn(
-    FnSpec(
-        "iota",
-        "flat",
-        1,
-        _iota_rule,
-        _iota_impl,
-        doc="[count] or [start, count] -> addresses start .. start+count-1; "
-        "iota(count=expr) states the count symbolically",
-    )
-)
-
-
-def _filter_rule(f: Fn, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
-    if args[1] != BOOL:
-        raise StepTypeError(f"function {f}: second argument must be a {BOOL} flag")
-    return args[0], (None,)
-
-
-register_fn(
-    FnSpec(
-        "filter_padding",
-        "flat",
-        2,
-        _filter_rule,
-        lambda f, x, pad: [] if bool(pad[0, 0]) else [x],
-        doc="(x, is_pad) -> [] if is_pad else [x]",
-    )
-)
-
-ITEMSIZE = DTYPE_BYTES
+from . import fn_library_pack as _pack  # noqa: E402,F401  (packing, init and flat functions)

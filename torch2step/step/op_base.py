@@ -21,7 +21,7 @@ import sympy as sp
 
 from torch2step.errors import StepTypeError
 
-from .dims import as_dim, fmt_dims
+from .dims import Index, as_dim, dims_equal, fmt_dims
 from .types import DTYPE_BYTES, StreamType, TileType
 
 __all__ = ["OffChipTensor", "Op", "Value", "require", "rule_error"]
@@ -163,16 +163,8 @@ def wrap_fn_error(op: Op, err: StepTypeError) -> StepTypeError:
     return StepTypeError(f"{op.op_name} %{op.name}: {err}")
 
 
-def same_dims(a: Sequence[sp.Expr], b: Sequence[sp.Expr]) -> bool:
-    from .dims import dims_equal
-
-    return len(a) == len(b) and all(dims_equal(x, y) for x, y in zip(a, b))
-
-
 def prefix_equal(a: StreamType, b: StreamType, n: int) -> bool:
     """True if the outer ``n`` sizes of ``a`` and ``b`` agree (indices matched by position)."""
-    from .dims import Index, dims_equal
-
     if len(a.shape) < n or len(b.shape) < n:
         return False
     ma = {ix: Index(f"_a{p}") for p, ix in enumerate(a.index) if ix is not None}
@@ -185,8 +177,6 @@ def adopt_indices(target: list, src: Sequence, n: int, prefix: str) -> dict:
 
     Returns the renaming to apply to expressions of the source stream.
     """
-    from .dims import Index
-
     mapping = {}
     for p in range(n):
         s = src[p]

@@ -123,8 +123,13 @@ class Accum(Op):
 
     def out_types(self) -> tuple[StreamType, ...]:
         t = self.input.type
-        require(1 <= self.rank <= t.rank, self, "1 <= rank <= input rank", rank=self.rank,
-                input_rank=t.rank)
+        require(
+            1 <= self.rank <= t.rank,
+            self,
+            "1 <= rank <= input rank",
+            rank=self.rank,
+            input_rank=t.rank,
+        )
         cut = t.rank + 1 - self.rank
         try:
             init = _init_type(self, self.init)
@@ -165,8 +170,13 @@ class Scan(Op):
 
     def out_types(self) -> tuple[StreamType, ...]:
         t = self.input.type
-        require(1 <= self.rank <= t.rank, self, "1 <= rank <= input rank", rank=self.rank,
-                input_rank=t.rank)
+        require(
+            1 <= self.rank <= t.rank,
+            self,
+            "1 <= rank <= input rank",
+            rank=self.rank,
+            input_rank=t.rank,
+        )
         try:
             state = _state_type(self, self.fn, t.dtype, _init_type(self, self.init), None)
         except StepTypeError as e:

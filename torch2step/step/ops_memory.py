@@ -288,8 +288,13 @@ class Bufferize(Op):
 
     def out_types(self) -> tuple[StreamType, ...]:
         t = self.input.type
-        require(1 <= self.rank <= t.rank, self, "1 <= rank <= input rank", rank=self.rank,
-                input_rank=t.rank)
+        require(
+            1 <= self.rank <= t.rank,
+            self,
+            "1 <= rank <= input rank",
+            rank=self.rank,
+            input_rank=t.rank,
+        )
         require(
             isinstance(t.dtype, TileType) and t.dtype.is_static,
             self,

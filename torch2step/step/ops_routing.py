@@ -1,7 +1,8 @@
 """Dynamic routing and merging operators (seed 000 §3.2.3, Appendix A table 5; seed 001 §3.2.3).
 
 A *chunk* is one top-level tensor of a stream: for ``Strm<R,a> [D_a, D_{a-1}..D_0]`` each of
-the ``D_a`` rank-``a`` tensors ``[D_{a-1}..D_0]``.  Partition routes chunks of its input to the
+the ``D_a`` rank-``a`` tensors ``[D_{a-1}..D_0]``.  Chunk sizes may vary from chunk to chunk
+(ragged, e.g. ``[N, L[i]]``); merged outputs then get fresh ragged sizes.  Partition routes chunks of its input to the
 outputs chosen by each selector (a chunk may go to several outputs: multi-hot); Reassemble
 gathers, for every selector, one chunk from each selected input and adds a dimension;
 EagerMerge interleaves whole chunks in arrival order and reports where each came from.
@@ -16,36 +17,42 @@ from typing import Any
 import sympy as sp
 
 from .dims import Index, dyn, free_indices
-from .op_base import Op, Value, prefix_equal, require, rule_error
+from .op_base import Op, Value, prefix_equal, require
 from .types import SelectorType, StreamType, absorb_ragged, types_equal
 
 __all__ = ["EagerMerge", "Partition", "Reassemble"]
 
 
+_RAGGED = sp.Symbol("ragged_chunk_size")
+
+
 def _chunk_type(t: StreamType) -> StreamType:
-    """The type of one chunk (the stream without its outermost dim), as a 1-tensor stream."""
-    return StreamType(t.dtype, (1, *t.shape[1:]), (None, *t.index[1:]))
+    """One chunk's type (the stream without its outermost dim, as a 1-tensor stream); sizes
+    that vary from chunk to chunk (use the outer index) become one marker symbol."""
+    top = t.index[0]
+
+    def mark(e: sp.Expr) -> sp.Expr:
+        return _RAGGED if top is not None and top in free_indices(e) else e
+
+    return StreamType(
+        t.dtype.map_exprs(mark), (1, *(mark(d) for d in t.shape[1:])), (None, *t.index[1:])
+    )
 
 
 def _check_chunks(op: Op, ins: Sequence[Value]) -> StreamType:
+    """All inputs have the same rank and chunk type (ragged chunk sizes match ragged ones)."""
     require(len(ins) >= 1, op, "at least one input stream")
     first = ins[0].type
     for k, v in enumerate(ins):
         t = v.type
-        require(t.rank == first.rank, op, "all inputs have the same rank", input=k, rank=t.rank,
-                expected=first.rank)
-        top = t.index[0]
-        if top is not None and (
-            any(top in free_indices(d) for d in t.shape[1:])
-            or any(top in free_indices(e) for e in t.dtype.exprs())
-        ):
-            raise rule_error(
-                op,
-                "chunk shapes may not depend on the chunk's position in its input "
-                "(Flatten or Bufferize the ragged chunk first)",
-                input=k,
-                type=t,
-            )
+        require(
+            t.rank == first.rank,
+            op,
+            "all inputs have the same rank",
+            input=k,
+            rank=t.rank,
+            expected=first.rank,
+        )
         require(
             types_equal(_chunk_type(t), _chunk_type(first)),
             op,
@@ -181,7 +188,9 @@ class EagerMerge(Op):
     def out_types(self) -> tuple[StreamType, ...]:
         first = _check_chunks(self, self.ins)
         total = sp.Add(*(v.type.shape[0] for v in self.ins))
-        data = StreamType(first.dtype, (total, *first.shape[1:]), (None, *first.index[1:]))
+        shape, index, dtype = absorb_ragged(
+            (total, *first.shape[1:]), (None, *first.index[1:]), first.dtype, f"{self.name}_r"
+        )
+        data = StreamType(dtype, shape, index)
         sel = StreamType(SelectorType(len(self.ins), 1), (total,))
         return (data, sel)
-

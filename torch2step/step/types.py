@@ -13,7 +13,7 @@ size refers to (see :mod:`torch2step.step.dims`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -255,7 +255,7 @@ class StreamType:
                 "that no axis defines"
             )
 
-    def card(self, inner: sp.Expr = sp.Integer(1), start: int = 0) -> sp.Expr:
+    def card(self, inner: sp.Expr | int = 1, start: int = 0) -> sp.Expr:
         """Sum of ``inner`` over every position of axes ``start..`` (cardinality if 1)."""
         acc = sp.sympify(inner)
         for p in range(len(self.shape) - 1, start - 1, -1):
@@ -300,24 +300,32 @@ class StreamType:
         return f"Strm<{self.dtype}, {self.rank}>[{', '.join(dims)}]"
 
 
-def stream_type(dtype: DataType, shape: Sequence[object]) -> StreamType:
-    """Build a :class:`StreamType`; a :class:`RaggedDim` binds its index to the nearest outer
-    axis whose extent equals ``RaggedDim.outer``."""
+def stream_type(
+    dtype: DataType, shape: Sequence[object], ragged: Sequence[RaggedDim] = ()
+) -> StreamType:
+    """Build a :class:`StreamType`; a :class:`RaggedDim` in ``shape`` binds its index to the
+    nearest outer axis whose extent equals ``RaggedDim.outer``.  ``ragged`` lists ragged
+    sizes used only inside ``dtype`` (e.g. a tile ``[L[i], 64]``); each binds to the innermost
+    axis of extent ``outer``."""
     dims = [as_dim(d) for d in shape]
     index: list[Index | None] = [None] * len(dims)
+
+    def bind(r: RaggedDim, start: int, where: str) -> None:
+        outer = as_dim(r.outer)
+        for q in range(start, -1, -1):
+            if dims_equal(dims[q], outer) and index[q] in (None, r.idx):
+                index[q] = r.idx
+                return
+        raise StepTypeError(
+            f"ragged dimension {r.expr} {where} of shape {fmt_dims(dims)}: no outer axis has "
+            f"extent {sp.sstr(outer)}; put the axis it is indexed by outside it"
+        )
+
     for p, d in enumerate(shape):
-        if not isinstance(d, RaggedDim):
-            continue
-        outer = as_dim(d.outer)
-        for q in range(p - 1, -1, -1):
-            if dims_equal(dims[q], outer) and index[q] in (None, d.idx):
-                index[q] = d.idx
-                break
-        else:
-            raise StepTypeError(
-                f"ragged dimension {d.expr} at axis {p} of shape {fmt_dims(dims)}: no outer "
-                f"axis has extent {sp.sstr(outer)}; put the axis it is indexed by outside it"
-            )
+        if isinstance(d, RaggedDim):
+            bind(d, p - 1, f"at axis {p}")
+    for r in ragged:
+        bind(r, len(dims) - 1, "in the element type")
     st = StreamType(dtype, tuple(dims), tuple(index))
     st.check()
     return st
@@ -372,19 +380,20 @@ def absorb_ragged(
 
     Seed 001 §3.1: a size derived from a ragged dimension whose defining axis is gone is a
     new ragged dimension.  A size at axis ``p`` becomes ``{prefix}{k}[i_0, .., i_{p-1}]``
-    (indexed by every outer axis; a plain dynamic symbol at axis 0); an element-type size
-    becomes ``{prefix}{k}[i_0, .., i_last]``.  Outer axes without an index get
-    ``{prefix}_i{p}``.  The interpreter infers the fresh symbols' values from the data.
+    (indexed by every outer axis except those of extent 1; a plain dynamic symbol if there
+    is none); an element-type size becomes ``{prefix}{k}[i_0, .., i_last]``.  Outer axes
+    without an index get ``{prefix}_i{p}``.  The interpreter infers the fresh symbols' values from the data.
     """
     dims = list(shape)
     idx = list(index)
     counter = [0]
 
     def axis_indices(upto: int) -> list[Index]:
+        # a size cannot vary along an axis of extent 1: such axes need no index
         for q in range(upto):
-            if idx[q] is None:
+            if idx[q] is None and dims[q] != 1:
                 idx[q] = Index(f"{prefix}_i{q}")
-        return [i for i in idx[:upto] if i is not None]
+        return [i for q, i in enumerate(idx[:upto]) if i is not None and dims[q] != 1]
 
     def fresh(upto: int) -> sp.Expr:
         name = f"{prefix}{counter[0]}"
@@ -408,15 +417,7 @@ def absorb_ragged(
             return memo[key]
         return e
 
-    new_dtype = dtype.map_exprs(fix) if any(free_indices(e) - live for e in dtype.exprs()) else dtype
+    new_dtype = (
+        dtype.map_exprs(fix) if any(free_indices(e) - live for e in dtype.exprs()) else dtype
+    )
     return tuple(dims), tuple(idx), new_dtype
-
-
-def iter_types(t: DataType) -> Iterator[DataType]:
-    """``t`` and, for tuples/buffers, the types inside it."""
-    yield t
-    if isinstance(t, TupleType):
-        for e in t.elems:
-            yield from iter_types(e)
-    elif isinstance(t, BufferType):
-        yield from iter_types(t.elem)

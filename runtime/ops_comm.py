@@ -1,0 +1,390 @@
+"""Instructions that touch shared state: HBM (Load, Store, LoadValue), channels (Send, Recv,
+SendValue, RecvValue) and barriers.  The timing rules are listed in :mod:`runtime.ops`; these
+handlers run only when the core's clock equals the simulator's (shared resources see requests in
+cycle order), except Recv posting, which is local.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from runtime.layout import TensorInfo, numpy_dtype
+from runtime.ops import Op, advance, ev, fence, fold_w, need_alloc, ready
+from runtime.state import (
+    BAR,
+    MEM,
+    RECV,
+    SEND,
+    ChanEnd,
+    ChanState,
+    Core,
+    Group,
+    Pending,
+    Post,
+    ValueRead,
+)
+
+__all__ = [
+    "OpMem",
+    "OpLoadValue",
+    "OpSend",
+    "OpRecv",
+    "OpBarrier",
+    "h_load",
+    "h_store",
+    "h_loadvalue",
+    "h_send",
+    "h_recv",
+    "h_recvvalue",
+    "h_barrier",
+]
+
+
+# -- HBM -------------------------------------------------------------------------------------
+
+
+class OpMem(Op):
+    """Load / Store: ``buf``, tensor ``info``, region as compiled expressions (``fixed``:
+    precomputed ``(starts, extents)`` when constant)."""
+
+    __slots__ = ("buf", "info", "starts", "extents", "fixed", "accumulate")
+
+    info: TensorInfo
+
+
+def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if op.fixed is not None:
+        return op.fixed
+    regs = core.regs
+    starts = tuple([ev(regs, e) for e in op.starts])
+    extents = tuple([ev(regs, e) for e in op.extents])
+    shape = op.info.shape
+    for s, e, d in zip(starts, extents, shape):
+        if s < 0 or e < 0 or s + e > d:
+            raise sim.error(
+                core,
+                f"region starts={starts} extents={extents} is outside tensor {op.info.name!r} "
+                f"of shape {shape} (registers {dict(sorted(regs.items()))})",
+            )
+    return starts, extents
+
+
+def _slices(starts: tuple, extents: tuple) -> tuple:
+    return tuple(slice(s, s + e) for s, e in zip(starts, extents))
+
+
+def _dma_slot(sim: Any, core: Core) -> bool:
+    """True when the core's DMA queue has room for one more HBM request; otherwise the core
+    waits (stall_mem) for the earliest outstanding request to complete."""
+    q = core.dmaq
+    if len(q) < sim.dma_depth:
+        return True
+    now = sim.now
+    keep = []
+    first = None
+    unknown = None
+    for d in q:
+        t = d if d.__class__ is int else d.time
+        if t is None:
+            keep.append(d)
+            if unknown is None:
+                unknown = d
+        elif t > now:
+            keep.append(d)
+            if first is None or t < first:
+                first = t
+    core.dmaq = keep
+    if len(keep) < sim.dma_depth:
+        return True
+    if first is not None:
+        advance(sim, core, first, MEM)
+        sim.schedule(core, first)
+    else:
+        sim.block(core, ("hbm", unknown), unknown)
+    return False
+
+
+def h_load(sim: Any, core: Core, op: OpMem) -> bool:
+    b = op.buf
+    if not b.allocated:
+        need_alloc(sim, core, b)
+    chain = False
+    if b.wp is not None:
+        # Loads complete in order behind earlier Loads still in flight (no wait); any other
+        # pending write (a Recv) must land first, so program order decides the contents.
+        pend = [p for p in (b.wq or []) + [b.wp] if p.time is None]
+        if pend and all(p.__class__ is Pending for p in pend):
+            chain = True
+        elif not fold_w(sim, core, b):
+            return False
+    rp = b.rp
+    if rp:  # write-after-read: wait for Stores / Sends still reading the buffer
+        for p in rp:
+            if p.time is None:
+                sim.block(core, ("buf", b, p), p)
+                return False
+        for p in rp:
+            if p.time >= b.r:
+                b.r, b.rk = p.time, p.kind
+        b.rp = None
+    if b.r > core.t:
+        advance(sim, core, b.r, b.rk)
+    if core.t > sim.now:
+        sim.schedule(core, core.t)
+        return False
+    if not _dma_slot(sim, core):
+        return False
+    starts, extents = _region(sim, core, op)
+    info = op.info
+    n = math.prod(extents)
+    if n > b.cap:
+        raise sim.error(
+            core,
+            f"{list(extents)} elements of {info.name!r} do not fit buffer {b.name!r} (capacity {list(b.alloc_shape)})",
+        )
+    if info.dtype != b.dtype:
+        raise sim.error(
+            core,
+            f"tensor {info.name!r} is {info.dtype} but buffer {b.name!r} is {b.dtype}; allocate the buffer as {info.dtype}",
+        )
+    nbytes = n * info.elem_bytes
+    done = sim.hbm_read(core, sim.layout.split(info, starts, extents), nbytes, info.name, None)
+    core.dmaq.append(done)
+    if done.__class__ is int:
+        if done >= b.w:
+            b.w, b.wk = done, MEM
+        if done > core.dma:
+            core.dma, core.dma_k = done, MEM
+    else:
+        if chain:
+            b.wq = (b.wq or []) + [b.wp]
+        b.wp = done
+        core.dma_p.append(done)
+    b.shape = extents
+    if sim.functional:
+        b.data = np.array(
+            sim.hbm_data[info.name][_slices(starts, extents)], dtype=numpy_dtype(b.dtype)
+        )
+    core.pc += 1
+    return True
+
+
+def h_store(sim: Any, core: Core, op: OpMem) -> bool:
+    b = op.buf
+    t = ready(sim, core, core.t, (b,), ())
+    if t < 0:
+        return False
+    advance(sim, core, t, sim.cat)
+    if t > sim.now:
+        sim.schedule(core, t)
+        return False
+    if not _dma_slot(sim, core):
+        return False
+    starts, extents = _region(sim, core, op)
+    info = op.info
+    if tuple(b.shape) != tuple(extents):
+        raise sim.error(
+            core,
+            f"buffer {b.name!r} holds shape {list(b.shape)} but the region of {info.name!r} is {list(extents)}; store a matching region",
+        )
+    if info.dtype != b.dtype:
+        raise sim.error(
+            core, f"buffer {b.name!r} is {b.dtype} but tensor {info.name!r} is {info.dtype}"
+        )
+    nbytes = math.prod(extents) * info.elem_bytes
+    done = sim.hbm_write(core, sim.layout.split(info, starts, extents), nbytes, info.name)
+    core.dmaq.append(done)
+    if done.__class__ is int:
+        if done > b.r:
+            b.r, b.rk = done, MEM
+        if done > core.dma:
+            core.dma, core.dma_k = done, MEM
+    else:
+        if b.rp is None:
+            b.rp = [done]
+        else:
+            b.rp.append(done)
+        core.dma_p.append(done)
+    if sim.functional:
+        sl = _slices(starts, extents)
+        arr = sim.hbm_data[info.name]
+        if op.accumulate:
+            arr[sl] += b.data.astype(arr.dtype)
+        else:
+            arr[sl] = b.data
+    elif info.is_int:
+        sim.dirty.add(info.name)
+    core.pc += 1
+    return True
+
+
+class OpLoadValue(Op):
+    __slots__ = ("reg", "info", "index")
+
+
+def h_loadvalue(sim: Any, core: Core, op: OpLoadValue) -> bool:
+    p = core.cur
+    if p is None:
+        if core.t > sim.now:
+            sim.schedule(core, core.t)
+            return False
+        if not _dma_slot(sim, core):
+            return False
+        info = op.info
+        idx = tuple([ev(core.regs, e) for e in op.index])
+        if any(not 0 <= i < d for i, d in zip(idx, info.shape)):
+            raise sim.error(
+                core, f"index {idx} is outside tensor {info.name!r} of shape {info.shape}"
+            )
+        if info.name in sim.dirty:
+            raise sim.error(
+                core,
+                f"{info.name!r} was overwritten by a Store; its values are unknown in timing mode (run in functional mode)",
+            )
+        p = ValueRead(core, None, None, core.t)
+        p.what = info.name
+        p.value = int(sim.hbm_data[info.name][idx])
+        chan = sim.layout.element_channel(info, idx)
+        done = sim.hbm_read(core, ((chan, info.elem_bytes),), info.elem_bytes, info.name, p)
+        if done.__class__ is int:
+            p.time = done
+        core.dmaq.append(done)
+        core.cur = p
+    if p.time is None:
+        sim.block(core, ("hbm", p), p)
+        return False
+    core.cur = None
+    advance(sim, core, p.time, MEM)
+    core.regs[op.reg] = p.value
+    core.pc += 1
+    return True
+
+
+# -- channels --------------------------------------------------------------------------------
+
+
+class OpSend(Op):
+    __slots__ = ("chan", "buf", "value")
+
+    chan: ChanState
+
+
+def h_send(sim: Any, core: Core, op: OpSend) -> bool:
+    b = op.buf
+    if b is not None and (b.wp is not None or b.w > core.t or not b.allocated):
+        t = ready(sim, core, core.t, (b,), ())
+        if t < 0:
+            return False
+        advance(sim, core, t, sim.cat)
+    if core.t > sim.now:
+        sim.schedule(core, core.t)
+        return False
+    chan = op.chan
+    ends = chan.ends
+    if len(ends) != 1 or len(ends[0].inflight) >= chan.depth:
+        c = sim.credit(core, chan)
+        if c < 0:
+            return False
+        if c > sim.now:
+            advance(sim, core, c, SEND)
+            sim.schedule(core, c)
+            return False
+    if b is None:
+        inj = sim.send(chan, 4, None, None, "int32", ev(core.regs, op.value))
+    else:
+        inj = sim.send(chan, math.prod(b.shape) * b.eb, b.data, b.shape, b.dtype, None)
+        if inj > b.r:
+            b.r, b.rk = inj, SEND
+    if inj > core.dma:
+        core.dma, core.dma_k = inj, SEND
+    core.pc += 1
+    return True
+
+
+class OpRecv(Op):
+    __slots__ = ("end", "buf", "reg")
+
+    end: ChanEnd
+
+
+def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
+    b = op.buf
+    t = core.t
+    if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
+        t = ready(sim, core, t, (), (b,))
+        if t < 0:
+            return False
+        advance(sim, core, t, sim.cat)
+    end = op.end
+    post = Post(core, b, end, t)
+    b.wp = post
+    if end.unmatched:
+        s = end.unmatched.pop(0)
+        s.post = post
+        if s.arrival is not None:
+            sim.consume(s)
+    else:
+        end.posts.append(post)
+    core.pc += 1
+    return True
+
+
+def h_recvvalue(sim: Any, core: Core, op: OpRecv) -> bool:
+    p = core.cur
+    if p is None:
+        p = Post(core, None, op.end, core.t)
+        core.cur = p
+        sim.post(op.end, p)
+    if p.time is None:
+        sim.block(core, ("value", p), p)
+        return False
+    core.cur = None
+    advance(sim, core, p.time, RECV)
+    core.regs[op.reg] = p.value
+    core.pc += 1
+    return True
+
+
+# -- synchronisation -------------------------------------------------------------------------
+
+
+class OpBarrier(Op):
+    __slots__ = ("group",)
+
+    group: Group
+
+
+def h_barrier(sim: Any, core: Core, op: OpBarrier) -> bool:
+    g = op.group
+    if core.bar is not None:
+        grp, gen = core.bar
+        if grp.gen == gen:
+            sim.block(core, ("barrier", grp), None)
+            return False
+        core.bar = None
+        advance(sim, core, grp.release_t, BAR)
+        core.pc += 1
+        return True
+    if not fence(sim, core):
+        return False
+    if core.dma > core.t:
+        advance(sim, core, core.dma, core.dma_k)
+    if core.t > sim.now:
+        sim.schedule(core, core.t)
+        return False
+    g.arrived.append(core)
+    if len(g.arrived) < len(g.members):
+        core.bar = (g, g.gen)
+        sim.block(core, ("barrier", g), None)
+        return False
+    g.gen += 1
+    g.release_t = sim.now
+    for other in g.arrived:
+        if other is not core:
+            sim.wake(other, sim.now)
+    g.arrived = []
+    core.pc += 1
+    return True

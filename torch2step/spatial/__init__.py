@@ -1,0 +1,51 @@
+"""Spatial execution of STeP graphs on a chip (seed 000 §4.2, §5.1; DESIGN.md "spatial (SDA)").
+
+Every STeP operator becomes a *unit* on its own core (:func:`place`); every stream a unit
+produces becomes a channel — a bounded FIFO — to the units that read it.  From the graph and
+one run of the reference interpreter (the run's stream contents: which expert each token went
+to, each request's KV length, where stop tokens fall), each unit gets a per-core program
+(:func:`build_plan`) whose steps follow the STeP simulator's timing model (:mod:`.timing`),
+and the programs run on the event simulator (:func:`simulate_graph`)::
+
+    from torch2step import step
+    from torch2step.spatial import simulate_graph, format_placement
+
+    res = step.run(prog, tensors={...}, streams={...})        # the functional run
+    out = simulate_graph(prog, "step-sda", res, trace="moe.json")
+    out.cycles, out.seconds, out.hbm_bytes, out.flops        # latency, traffic, work
+    print(out.summary()); print(format_placement(out.placement))
+
+Per-unit behaviour is one emitter per operator class (:data:`EMITTERS`); the per-element timing
+rules are in the docstrings of :mod:`.emit_memory`, :mod:`.emit_compute` and
+:mod:`.emit_routing`.  Flatten, Promote, Zip and Reshape are wires by default (no unit,
+:mod:`.structure`).  :func:`roofline_cycles` is the chip-level lower bound.
+"""
+
+from .placement import WALKS, Placement, Unit, format_placement, place, walk_cores
+from .plan import EMITTERS, SpatialPlan, UnitInfo, build_plan
+from .simulate import SpatialResult, UnitRecord, roofline_cycles, simulate_graph, simulate_plan
+from .structure import DEFAULT_WIRES, WIREABLE
+from .timing import STEP_KERNEL, UnitConfig, simulation_chip
+
+__all__ = [
+    "DEFAULT_WIRES",
+    "EMITTERS",
+    "STEP_KERNEL",
+    "WALKS",
+    "WIREABLE",
+    "Placement",
+    "SpatialPlan",
+    "SpatialResult",
+    "Unit",
+    "UnitConfig",
+    "UnitInfo",
+    "UnitRecord",
+    "build_plan",
+    "format_placement",
+    "place",
+    "roofline_cycles",
+    "simulate_graph",
+    "simulate_plan",
+    "simulation_chip",
+    "walk_cores",
+]

@@ -1,0 +1,168 @@
+"""Unit programs of the higher-order operators (seed 000 §3.2.4, timed by §4.2).
+
+Per input element a unit receives the element, spends the roofline cycles of
+:meth:`TimingModel.roofline` (FLOPs of the tile function on the element's actual shapes over the
+unit's compute bandwidth, memory terms when configured) and:
+
+* **Map** — sends the mapped element;
+* **Accum** — updates its accumulator (one buffer per reduction, two rotating so the previous
+  result can still be leaving), and sends it when the reduction ends; an empty reduction emits
+  the initial value after one cycle (seed 003 §III-A);
+* **Scan** — sends the new state after every update;
+* **FlatMap** — then emits the element's expansion, one cycle per produced element (an element
+  that expands to nothing still takes its cycle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch2step.step.op_base import Op
+from torch2step.step.ops_compute import Accum, FlatMap, Map, Scan
+from torch2step.step.types import DataType, TileType, TupleType
+
+from .context import EmitCtx
+from .streams import Part, StreamInfo, iter_nodes, leaves
+from .timing import TimingModel, UnitConfig, concrete_type
+from .unit import UnitBuilder
+
+__all__ = ["EMITTERS"]
+
+
+def _dtype(t: DataType) -> str:
+    if isinstance(t, TileType):
+        return t.dtype
+    if isinstance(t, TupleType):
+        for e in t.elems:
+            d = _dtype(e)
+            if d:
+                return d
+    return ""
+
+
+def _data_bytes(parts: tuple[Part, ...]) -> int:
+    return sum(p.nbytes for p in parts if p.kind == "data")
+
+
+class _Cost:
+    """Roofline cycles of a unit's elements, cached by element shapes."""
+
+    def __init__(self, ctx: EmitCtx, op: Op, src: StreamInfo) -> None:
+        self.t: TimingModel = ctx.timing
+        self.cfg: UnitConfig = ctx.config(op)
+        self.src = src
+        self._types: dict[Any, DataType] = {}
+
+    def type_of(self, x: Any, t: DataType) -> DataType:
+        key = (_shape_key(x), id(t))
+        hit = self._types.get(key)
+        if hit is None:
+            hit = self._types[key] = concrete_type(x, t)
+        return hit
+
+    def cycles(self, flops: int, elem_type: DataType, in_parts: tuple, out_parts: tuple) -> int:
+        rate = self.t.rate(_dtype(elem_type), self.cfg)
+        return self.t.roofline(flops, _data_bytes(in_parts), _data_bytes(out_parts), rate, self.cfg)
+
+
+def _shape_key(x: Any) -> Any:
+    if hasattr(x, "shape"):
+        return tuple(x.shape)
+    if isinstance(x, tuple):
+        return tuple(_shape_key(v) for v in x)
+    return None
+
+
+def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Map)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    cost = _Cost(ctx, op, x)
+    for k, val in enumerate(x.flat):
+        e = b.recv(x, k)
+        et = cost.type_of(val, x.dtype)
+        fl = ctx.timing.map_flops(op.fn, et)
+        parts = out.parts(k)
+        y = b.compute(cost.cycles(fl, et, x.parts(k), parts), (e,), parts, flops=fl)
+        b.send(out, k, y)
+        b.step()
+
+
+def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    cost = _Cost(ctx, op, x)
+    cut = x.value.rank + 1 - op.rank
+    scan = isinstance(op, Scan)
+    k = 0
+    for r, sub in enumerate(iter_nodes(x.value.data, cut)):
+        elems = leaves(sub, op.rank)
+        state = None
+        if not elems and not scan:
+            state = b.compute(1, (), out.parts(r), role="acc")
+        for n, val in enumerate(elems):
+            e = b.recv(x, k)
+            o = k if scan else r
+            parts = out.parts(o)
+            et = cost.type_of(val, x.dtype)
+            st = cost.type_of(out.flat[o], out.dtype)
+            fl = ctx.timing.update_flops(op.fn, et, st)
+            last = scan or n == len(elems) - 1
+            c = cost.cycles(fl, et, x.parts(k), parts if last else ())
+            ins = (e,) if state is None else (e, state)
+            into = None if scan or state is None else state
+            state = b.compute(c, ins, parts, role="acc", flops=fl, into=into)
+            if scan:
+                b.send(out, k, state)
+            k += 1
+            b.step()
+        if not scan:
+            assert state is not None
+            b.send(out, r, state)
+            b.step()
+
+
+def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Accum)
+    _reduce(ctx, b, op)
+
+
+def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Scan)
+    _reduce(ctx, b, op)
+
+
+def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, FlatMap)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    cost = _Cost(ctx, op, x)
+    spec = op.fn.spec
+    j = 0
+    for k, val in enumerate(x.flat):
+        e = b.recv(x, k)
+        produced = len(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))))
+        et = cost.type_of(val, x.dtype)
+        fl = ctx.timing.map_flops(op.fn, et)
+        cfg = cost.cfg
+        if fl or cfg.reads_memory or cfg.writes_memory:
+            out_parts = tuple(p for i in range(j, j + produced) for p in out.parts(i))
+            b.compute(cost.cycles(fl, et, x.parts(k), out_parts), (e,), flops=fl)
+        elif not produced:
+            b.consume(e)
+        for _ in range(produced):
+            y = b.compute(1, (e,), out.parts(j))
+            b.send(out, j, y)
+            j += 1
+        b.step()
+
+
+#: Operator class -> emitter of its unit's program.
+EMITTERS: dict[type, Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]] = {
+    Map: _map,
+    Accum: _accum,
+    Scan: _scan,
+    FlatMap: _flat_map,
+}

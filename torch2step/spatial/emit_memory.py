@@ -1,0 +1,212 @@
+"""Unit programs of the memory operators (seed 000 §3.2.1–3.2.2).
+
+* **LinearOffChipLoad** — per ``ref`` element (or once), the tiles of its affine read: ``Load``
+  from HBM, then ``Send``.  Loads run ahead of sends by ``d - 1`` tiles over ``d`` rotating
+  buffers (:meth:`TimingModel.dma_depth`, at least the §4.1 double buffering), so HBM latency
+  overlaps the stream.  A ``ref`` element is dequeued in one cycle before its tiles.
+* **RandomOffChipLoad** — per address: ``RecvValue`` the address, ``Load`` the tile at
+  ``base + address`` (an expression of the received register), ``Send``; pipelined likewise.
+* **LinearOffChipStore** / **RandomOffChipStore** — per tile: ``Recv``, ``Store`` at
+  ``base + k`` (or the received address); ``d`` rotating buffers keep ``d`` writes in flight.
+  RandomOffChipStore answers each write with an acknowledgement when one is read.
+* **Bufferize** (+ the Streamify nodes reading its buffers) — a memory unit: the tiles of each
+  buffer are received into the unit's memory (two buffer sets: double buffering, seed 000 §4.1),
+  the next buffer is received while the current one is streamed; once a buffer is complete its
+  reference is emitted (one cycle); each Streamify then reads it once per element of its
+  ``ref``, each tile costing ``bytes / on-chip memory BW`` cycles (seed 000 §4.2, §5.1).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from lowering.isa import Affine
+from torch2step.errors import LoweringError
+from torch2step.step.op_base import Op
+from torch2step.step.ops_memory import (
+    Bufferize,
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    RandomOffChipLoad,
+    RandomOffChipStore,
+    Streamify,
+)
+
+from .context import EmitCtx
+from .streams import Part, iter_nodes, leaves
+from .unit import Elem, UnitBuilder
+
+__all__ = ["EMITTERS"]
+
+
+def _affine_offsets(ctx: EmitCtx, op: Op, out_shape: tuple, stride: tuple, base: int) -> list[int]:
+    dims = [ctx.ev(d, f"{op.op_name} %{op.name} out_shape") for d in out_shape]
+    steps = [ctx.ev(s, f"{op.op_name} %{op.name} stride") for s in stride]
+    return [
+        base + sum(j * s for j, s in zip(idx, steps))
+        for idx in itertools.product(*(range(d) for d in dims))
+    ]
+
+
+def _pipelined(
+    b: UnitBuilder, n: int, depth: int, front: Callable[[int], None], back: Callable[[int], None]
+) -> None:
+    """``front(t)`` runs ``depth - 1`` steps ahead of ``back(t)``."""
+    for t in range(n + depth - 1):
+        if t < n:
+            front(t)
+        if t >= depth - 1:
+            back(t - depth + 1)
+        b.step()
+
+
+def _linear_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, LinearOffChipLoad)
+    out = ctx.stream(op.name)
+    lay = ctx.layouts[op.tensor.name]
+    lins = _affine_offsets(ctx, op, op.out_shape, op.stride, op.base)
+    refs = ctx.stream(op.ref) if op.ref is not None else None
+    groups = len(refs.flat) if refs is not None else 1
+    if groups * len(lins) != len(out.flat):  # pragma: no cover - the interpreter agrees
+        raise LoweringError(f"LinearOffChipLoad %{op.name}: run and parameters disagree")
+    part = Part("data", lay.dtype, lay.tile_elems)
+    depth = ctx.timing.dma_depth(part.nbytes)
+    loaded: dict[int, Elem] = {}
+    if refs is not None and not lins:
+        for g in range(groups):
+            b.consume(b.recv(refs, g))
+            b.step()
+        return
+
+    def front(t: int) -> None:
+        g, j = divmod(t, len(lins))
+        if refs is not None and j == 0:
+            b.consume(b.recv(refs, g))
+        loaded[t] = b.load(lay.name, lins[j] * lay.tile_elems, part, depth)
+
+    _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
+
+
+def _random_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, RandomOffChipLoad)
+    out, addrs = ctx.stream(op.name), ctx.stream(op.raddr)
+    lay = ctx.layouts[op.tensor.name]
+    part = Part("data", lay.dtype, lay.tile_elems)
+    depth = ctx.timing.dma_depth(part.nbytes)
+    loaded: dict[int, Elem] = {}
+    rc = lay.tile_elems
+
+    def front(t: int) -> None:
+        ((p, reg),) = b.recv(addrs, t)
+        start: int | Affine = (
+            (op.base + p.value) * rc if reg is None else Affine(op.base * rc, ((reg, rc),))
+        )
+        loaded[t] = b.load(lay.name, start, part, depth)
+
+    _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
+
+
+def _linear_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, LinearOffChipStore)
+    inp = ctx.stream(op.input)
+    lay = ctx.layouts[op.tensor.name]
+    depth = ctx.timing.dma_depth(lay.tile_elems * Part("data", lay.dtype).nbytes)
+    for k in range(len(inp.flat)):
+        b.store(lay.name, (op.base + k) * lay.tile_elems, b.recv(inp, k, rotation=depth))
+        b.step()
+
+
+def _random_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, RandomOffChipStore)
+    addrs, data, ack = ctx.stream(op.waddr), ctx.stream(op.wdata), ctx.stream(op.name)
+    lay = ctx.layouts[op.tensor.name]
+    rc = lay.tile_elems
+    depth = ctx.timing.dma_depth(rc * Part("data", lay.dtype).nbytes)
+    for k in range(len(addrs.flat)):
+        ((p, reg),) = b.recv(addrs, k)
+        d = b.recv(data, k, rotation=depth)
+        start: int | Affine = (
+            (op.base + p.value) * rc if reg is None else Affine(op.base * rc, ((reg, rc),))
+        )
+        b.store(lay.name, start, d)
+        if ack.channel is not None and b.has_dsts(ack.channel):
+            b.consume(d)
+            b.send(ack, k, tuple((q, None) for q in ack.parts(k)))
+        b.step()
+
+
+def _streamify_plan(
+    ctx: EmitCtx, s: Streamify, nbuf: int, buf_rank: int, counts: list[int]
+) -> list[list[list[int]]]:
+    """Per buffer, per ``ref`` element, the buffer's tile indices in read order."""
+    ref = ctx.stream(s.ref)
+    c = ref.value.rank - buf_rank
+    nodes = iter_nodes(ref.value.data, buf_rank + 1)
+    if len(nodes) != nbuf:  # pragma: no cover - the interpreter agrees
+        raise LoweringError(f"Streamify %{s.name}: ref and buffers disagree")
+    plan = []
+    for i, node in enumerate(nodes):
+        if s.out_shape is not None:
+            order = _affine_offsets(ctx, s, s.out_shape, s.stride or (), 0)
+        else:
+            order = list(range(counts[i]))
+        plan.append([order] * len(leaves(node, c)))
+    return plan
+
+
+def _bufferize(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Bufferize)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    cut = x.value.rank + 1 - op.rank
+    counts = [len(leaves(n, op.rank)) for n in iter_nodes(x.value.data, cut)]
+    starts = list(itertools.accumulate([0, *counts]))
+    nbuf = len(counts)
+    fused = [s for s in ops[1:] if isinstance(s, Streamify)]
+    plans = [_streamify_plan(ctx, s, nbuf, out.value.rank, counts) for s in fused]
+    ref_k = [0] * len(fused)
+    out_k = [0] * len(fused)
+    held: dict[int, list[Elem]] = {}
+
+    def fill(i: int) -> None:
+        held[i] = [b.recv(x, starts[i] + j, role=("mem", i % 2, j)) for j in range(counts[i])]
+
+    if nbuf:
+        fill(0)
+    for i in range(nbuf):
+        if i + 1 < nbuf:
+            fill(i + 1)
+        tiles = held.pop(i)
+        b.compute(1, tiles)
+        b.send(out, i, tuple((q, None) for q in out.parts(i)))
+        b.step()
+        for f, (s, plan) in enumerate(zip(fused, plans)):
+            so, ref = ctx.stream(s.name), ctx.stream(s.ref)
+            for order in plan[i]:
+                b.consume(b.recv(ref, ref_k[f]))
+                ref_k[f] += 1
+                for j in order:
+                    tile = tiles[j]
+                    nbytes = sum(p.nbytes for p, _ in tile if p.kind == "data")
+                    b.compute(ctx.timing.memory_cycles(nbytes), (tile,))
+                    b.send(so, out_k[f], tile)
+                    out_k[f] += 1
+                    b.step()
+    for f, s in enumerate(fused):
+        if out_k[f] != len(ctx.stream(s.name).flat):  # pragma: no cover
+            raise LoweringError(f"Streamify %{s.name}: emitted {out_k[f]} tiles, the run has more")
+
+
+#: Operator class -> emitter of its unit's program.
+EMITTERS: dict[type, Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]] = {
+    LinearOffChipLoad: _linear_load,
+    RandomOffChipLoad: _random_load,
+    LinearOffChipStore: _linear_store,
+    RandomOffChipStore: _random_store,
+    Bufferize: _bufferize,
+}

@@ -1,0 +1,159 @@
+"""Unit programs of the routing, merging and repeating operators (seed 000 §3.2.3, §3.2.5; timed
+by §4.2: "data in the selector stream is first dequeued.  In the next cycle, data in the chosen
+input stream is dequeued and enqueued to the output stream with a single cycle latency.  The
+selection stream is blocked until the routing for the current selection is finished").
+
+* **Partition** — per selector: dequeue it (one cycle), then every element of its chunk: one
+  cycle, sent to each output the selector picks (a multi-hot selector copies the chunk).
+* **Reassemble** — per selector: dequeue it, then for each selected input, in the order the run's
+  chunks arrived (seed 001 §3.2.3), every element of that input's next chunk: one cycle each.
+* **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
+  sent with the chunk, then its elements, one cycle each.
+* **Expand** / **Repeat** — each input element is received once and re-sent for every element
+  of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
+
+Arrival order is the run's: the reference interpreter's (equal-rate producers unless
+``run(..., arrival=...)`` said otherwise); the programs follow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch2step.errors import LoweringError
+from torch2step.step.op_base import Op
+from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
+from torch2step.step.ops_shape import Expand, Repeat
+
+from .context import EmitCtx
+from .streams import StreamInfo, iter_nodes, leaves
+from .unit import UnitBuilder
+
+__all__ = ["EMITTERS"]
+
+
+def _forward(b: UnitBuilder, src: StreamInfo, k: int, outs: list[tuple[StreamInfo, int]]) -> None:
+    """One element: receive, one cycle, send to each ``(stream, index)``."""
+    e = b.recv(src, k, rotation=2)
+    b.compute(1, (e,))
+    for out, j in outs:
+        b.send(out, j, e)
+    b.step()
+
+
+def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Partition)
+    x, s = ctx.stream(op.input), ctx.stream(op.sel)
+    outs = [ctx.stream(n) for n in op.out_names()]
+    chunks = iter_nodes(x.value.data, s.value.rank + 1)
+    depth = x.value.rank - s.value.rank
+    cursor = [0] * len(outs)
+    k = 0
+    for si, (selv, chunk) in enumerate(zip(s.flat, chunks)):
+        b.consume(b.recv(s, si))
+        for _ in leaves(chunk, depth):
+            targets = []
+            for i in selv.indices:
+                targets.append((outs[i], cursor[i]))
+                cursor[i] += 1
+            _forward(b, x, k, targets)
+            k += 1
+
+
+def _match(op: Op, chunk: Any, cands: list[int], chunks: list[list[Any]], nxt: list[int]) -> int:
+    for i in cands:
+        if nxt[i] < len(chunks[i]) and chunks[i][nxt[i]] is chunk:
+            return i
+    raise LoweringError(  # pragma: no cover - the interpreter moves chunks, never copies them
+        f"{op.op_name} %{op.name}: cannot tell which input a chunk of the run came from"
+    )
+
+
+def _reassemble(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Reassemble)
+    ins = [ctx.stream(v) for v in op.ins]
+    s, out = ctx.stream(op.sel), ctx.stream(op.name)
+    rank = ins[0].value.rank
+    chunks = [iter_nodes(i.value.data, 1) for i in ins]
+    nxt = [0] * len(ins)
+    flat = [0] * len(ins)
+    o = 0
+    gathered = iter_nodes(out.value.data, s.value.rank + 1)
+    for si, (selv, got) in enumerate(zip(s.flat, gathered)):
+        b.consume(b.recv(s, si))
+        for chunk in got:
+            i = _match(op, chunk, list(selv.indices), chunks, nxt)
+            nxt[i] += 1
+            for _ in leaves(chunk, rank):
+                _forward(b, ins[i], flat[i], [(out, o)])
+                flat[i] += 1
+                o += 1
+
+
+def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, EagerMerge)
+    ins = [ctx.stream(v) for v in op.ins]
+    data, sel = (ctx.stream(n) for n in op.out_names())
+    rank = ins[0].value.rank
+    chunks = [iter_nodes(i.value.data, 1) for i in ins]
+    nxt = [0] * len(ins)
+    flat = [0] * len(ins)
+    o = 0
+    for ci, (chunk, selv) in enumerate(zip(iter_nodes(data.value.data, 1), sel.flat)):
+        i = _match(op, chunk, list(selv.indices), chunks, nxt)
+        nxt[i] += 1
+        b.send(sel, ci, tuple((p, None) for p in sel.parts(ci)))
+        for _ in leaves(chunk, rank):
+            _forward(b, ins[i], flat[i], [(data, o)])
+            flat[i] += 1
+            o += 1
+        b.step()
+
+
+def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Expand)
+    x, r, out = ctx.stream(op.input), ctx.stream(op.ref), ctx.stream(op.name)
+    cut = x.value.rank - op.rank
+    kx = kr = o = 0
+    for xs, rs in zip(iter_nodes(x.value.data, cut), iter_nodes(r.value.data, cut)):
+        e = b.recv(x, kx, rotation=2)
+        kx += len(leaves(xs, op.rank + 1))
+        for _ in leaves(rs, op.rank + 1):
+            b.compute(1, (e, b.recv(r, kr)))
+            b.send(out, o, e)
+            kr += 1
+            o += 1
+            b.step()
+        b.step()
+
+
+def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, Repeat)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    o = 0
+    for k, copies in enumerate(iter_nodes(out.value.data, x.value.rank + 1)):
+        e = b.recv(x, k, rotation=2)
+        if not copies:
+            b.consume(e)
+        for _ in copies:
+            b.compute(1, (e,))
+            b.send(out, o, e)
+            o += 1
+            b.step()
+        b.step()
+
+
+#: Operator class -> emitter of its unit's program.
+EMITTERS: dict[type, Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]] = {
+    Partition: _partition,
+    Reassemble: _reassemble,
+    EagerMerge: _eager_merge,
+    Expand: _expand,
+    Repeat: _repeat,
+}

@@ -1,0 +1,168 @@
+"""From a STeP graph and one run of it to placed per-core programs (the spatial plan).
+
+``build_plan(graph, chip, run)``:
+
+1. classify nodes into units and wires (:mod:`.structure`);
+2. turn the run's stream contents into messages (:mod:`.streams`);
+3. emit every unit's program with the emitter of its operator class (``EMITTERS``: one table
+   from operator class to emitter, STYLE.md) — programs name channels and HBM tensors, not
+   cores;
+4. place the units, each on cores enough for its buffers (:mod:`.placement`);
+5. bind channels (one per unit-produced stream that another unit reads, multicast to all of
+   them, FIFO depth ``fifo_depth`` or the core's) and HBM tensors (:mod:`.context`).
+
+The programs are the graph's operators specialised to this run's control values (how many
+tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
+different routing give different programs — and latencies — from the same graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hwmodel.chip import Chip
+from hwmodel.presets import load_chip
+from lowering.isa import Channel, Program, ProgramSet, TensorDecl
+from torch2step.errors import LoweringError
+from torch2step.step.graph import Program as StepProgram
+from torch2step.step.interpreter import RunResult
+
+from .context import EmitCtx, tensor_layouts
+from .emit_compute import EMITTERS as _COMPUTE
+from .emit_memory import EMITTERS as _MEMORY
+from .emit_routing import EMITTERS as _ROUTING
+from .placement import Placement, place_structure
+from .streams import build_streams
+from .structure import DEFAULT_WIRES, analyse
+from .timing import TimingModel, UnitConfig, simulation_chip
+from .unit import UnitBuilder
+
+__all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan"]
+
+#: Operator class -> emitter of the program of a unit whose primary node has that class.
+EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING}
+
+
+@dataclass(frozen=True, slots=True)
+class UnitInfo:
+    """What program generation knows of a unit: its FLOPs in this run, the cycles its unit
+    steps take (without waiting), its buffers' bytes and the elements it received and sent."""
+
+    name: str
+    kinds: tuple[str, ...]
+    flops: int
+    step_cycles: int
+    sram_bytes: int
+    received: int
+    sent: int
+
+
+@dataclass(frozen=True)
+class SpatialPlan:
+    """Placed programs of one graph and run: ``programs`` run on ``sim_chip`` (``chip`` as
+    :func:`~.timing.simulation_chip` adapts it)."""
+
+    graph: StepProgram
+    chip: Chip
+    sim_chip: Chip
+    placement: Placement
+    programs: ProgramSet
+    units: tuple[UnitInfo, ...]
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of all tile functions in this run."""
+        return sum(u.flops for u in self.units)
+
+
+def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> None:
+    for ch in reads:
+        want = ctx.streams[ch].messages
+        if b.next_seq.get(ch, 0) != want:  # pragma: no cover - emitters read whole streams
+            raise LoweringError(
+                f"unit %{b.name} received {b.next_seq.get(ch, 0)} of the {want} messages of "
+                f"stream %{ch}"
+            )
+
+
+def build_plan(
+    graph: StepProgram,
+    chip: Chip | str,
+    run: RunResult,
+    *,
+    configs: Mapping[str, UnitConfig] | None = None,
+    walk: str = "hilbert",
+    wires: Iterable[str] = DEFAULT_WIRES,
+    fifo_depth: int | None = None,
+) -> SpatialPlan:
+    """Placed per-core programs for ``graph`` on ``chip`` driven by ``run`` (see the module
+    docstring).  ``configs`` maps node names to :class:`UnitConfig`."""
+    c = load_chip(chip)
+    st = analyse(graph, wires)
+    streams = build_streams(st, run)
+    timing = TimingModel(c)
+    ctx = EmitCtx(st, streams, timing, run.bindings, tensor_layouts(graph, run), configs or {})
+    unit_of_chan = {
+        name: st.unit_index(op.name) for name, op in st.producer.items() if op.name in st.owner
+    }
+    dsts: dict[str, set[int]] = {}
+    reads: list[set[str]] = []
+    for k, ops in enumerate(st.units):
+        mine: set[str] = set()
+        for op in ops:
+            for v in op.inputs():
+                for ch in st.sources(v.name):
+                    if unit_of_chan[ch] != k and streams[ch].messages:
+                        dsts.setdefault(ch, set()).add(k)
+                        mine.add(ch)
+        reads.append(mine)
+    bodies = []
+    infos = []
+    for k, ops in enumerate(st.units):
+        emit = EMITTERS.get(type(ops[0]))
+        if emit is None:
+            raise LoweringError(
+                f"no spatial unit program for {ops[0].op_name} %{ops[0].name}; emitters exist for "
+                f"{', '.join(sorted(t.__name__ for t in EMITTERS))}"
+            )
+        b = UnitBuilder(
+            ops[0].name,
+            timing,
+            lambda ch: ch in dsts,
+            lambda ch, k=k: unit_of_chan.get(ch) == k,
+        )
+        emit(ctx, b, ops)
+        _check_unit_inputs(b, ctx, reads[k])
+        bodies.append(b.body())
+        infos.append(
+            UnitInfo(
+                ops[0].name,
+                tuple(o.op_name for o in ops),
+                b.flops,
+                b.busy_cycles,
+                b.sram_bytes,
+                b.received,
+                b.sent,
+            )
+        )
+    placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
+    core = [u.core for u in placement.units]
+    channels = tuple(
+        Channel(ch, core[unit_of_chan[ch]], tuple(sorted(core[d] for d in dsts[ch])), fifo_depth)
+        for ch in streams
+        if ch in dsts
+    )
+    tensors = tuple(TensorDecl(lay.name, (lay.elems,), lay.dtype) for lay in ctx.layouts.values())
+    programs = ProgramSet(
+        tuple(
+            sorted((Program(core[k], body) for k, body in enumerate(bodies)), key=lambda p: p.core)
+        ),
+        channels,
+        tensors,
+        (),
+        graph.name,
+        (("graph", graph.name), ("chip", c.name), ("placement", placement.walk)),
+    )
+    pool = max((len(u.cores) for u in placement.units), default=1)
+    return SpatialPlan(graph, c, simulation_chip(c, pool), placement, programs, tuple(infos))

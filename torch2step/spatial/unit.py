@@ -1,0 +1,289 @@
+"""Building one unit's program: receives, unit steps, sends, HBM accesses, buffers, loops.
+
+Emitters (:mod:`.emit_memory`, :mod:`.emit_compute`, :mod:`.emit_routing`) describe what a unit
+does element by element with the methods of :class:`UnitBuilder`; the builder turns that into
+instructions of :mod:`lowering.isa`:
+
+* ``recv(stream, k)`` receives the messages of element ``k`` (``Recv`` into a buffer for a tile,
+  ``RecvValue`` into a register for a control value); parts generated where they are used
+  (graph inputs, padding) need no message.  A message reached twice (``Zip(x, x)``) is
+  received once.
+* ``compute(cycles, ins, outs)`` is one unit step of ``cycles`` (:mod:`.timing`): a ``Compute``
+  that waits for its input buffers and writes buffers of the output elements' sizes.
+* ``send(stream, k, elem)`` sends element ``k`` of an output stream (nothing if no unit reads
+  the stream); control values carry the run's values.
+* ``load`` / ``store`` access an HBM tensor at an element offset held in an address register.
+
+Buffers are named per role and rotate among ``rotation`` copies (so a unit can receive or
+compute the next element while the previous one is still being sent); each is allocated once, at
+the start, with the largest size it holds in the run.  Messages are sent flattened (a
+``rows x cols`` tile is a ``(rows * cols,)`` message: the bytes are what the simulator times).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+
+from lowering.isa import (
+    DTYPE_BYTES,
+    Affine,
+    Alloc,
+    Compute,
+    Instr,
+    Load,
+    Recv,
+    RecvValue,
+    Region,
+    Send,
+    SendValue,
+    Set,
+    Store,
+)
+from torch2step.errors import LoweringError
+
+from .compress import compress
+from .streams import Part, StreamInfo
+from .timing import STEP_KERNEL, TimingModel
+
+__all__ = ["Slot", "Elem", "UnitBuilder"]
+
+#: One part of an element at the unit: the part and the buffer (data) or register (value)
+#: holding it, ``None`` when it was generated locally and is not materialised.
+Slot = tuple[Part, str | None]
+Elem = tuple[Slot, ...]
+
+
+class _Pool:
+    __slots__ = ("names", "dtype", "cap", "used")
+
+    def __init__(self, prefix: str, dtype: str, rotation: int) -> None:
+        self.names = [f"{prefix}{i}" if rotation > 1 else prefix for i in range(rotation)]
+        self.dtype = dtype
+        self.cap = 0
+        self.used = 0
+
+
+class UnitBuilder:
+    """Instruction steps of one unit (see the module docstring).
+
+    ``has_dsts(channel)`` tells whether any other unit receives a channel; ``own(channel)``
+    whether this unit produces it (its own streams are internal, never received)."""
+
+    def __init__(
+        self,
+        name: str,
+        timing: TimingModel,
+        has_dsts: Callable[[str], bool],
+        own: Callable[[str], bool],
+    ) -> None:
+        self.name = name
+        self.timing = timing
+        self.has_dsts = has_dsts
+        self.own = own
+        self.steps: list[tuple[Instr, ...]] = []
+        self.cur: list[Instr] = []
+        self.pools: dict[tuple, _Pool] = {}
+        self.next_seq: dict[str, int] = defaultdict(int)
+        self.held: dict[tuple[str, int], str] = {}
+        self.content: dict[str, tuple[str, int]] = {}
+        self.regs: dict[str, int] = {}
+        self.flops = 0
+        self.busy_cycles = 0
+        self.received = 0
+        self.sent = 0
+
+    # -- structure -------------------------------------------------------------------------------
+
+    def emit(self, *instrs: Instr) -> None:
+        """Append instructions to the current step."""
+        self.cur.extend(instrs)
+
+    def step(self) -> None:
+        """Close the current step (the unit of loop folding)."""
+        if self.cur:
+            self.steps.append(tuple(self.cur))
+            self.cur = []
+
+    def buffer(self, role: tuple, dtype: str, elems: int, rotation: int = 1) -> str:
+        """The next buffer of ``role`` (rotating among ``rotation`` copies), able to hold
+        ``elems`` elements of ``dtype``."""
+        key = (role, dtype)
+        pool = self.pools.get(key)
+        if pool is None:
+            tag = ".".join(str(r) for r in role)
+            pool = self.pools[key] = _Pool(f"{tag}.{dtype}.", dtype, rotation)
+        pool.cap = max(pool.cap, elems)
+        name = pool.names[pool.used % len(pool.names)]
+        pool.used += 1
+        return name
+
+    # -- streams ---------------------------------------------------------------------------------
+
+    def recv(self, info: StreamInfo, k: int, rotation: int = 1, role: tuple | None = None) -> Elem:
+        """Receive element ``k`` of stream ``info`` (see the module docstring) into buffers of
+        ``role`` (default: one role per channel)."""
+        slots: list[Slot] = []
+        for i, (chan, seq, part) in enumerate(info.pieces[k]):
+            if chan is None or self.own(chan):
+                slots.append((part, None))
+                continue
+            nxt = self.next_seq[chan]
+            if seq < nxt:
+                b = self.held.get((chan, seq))
+                if b is None or self.content.get(b) != (chan, seq):
+                    raise LoweringError(
+                        f"unit %{self.name} reads message {seq} of stream %{chan} twice, after "
+                        "it was overwritten; a unit may read one stream through two inputs only "
+                        "in lockstep (as Zip(x, x) does)"
+                    )
+                slots.append((part, b))
+                continue
+            if seq > nxt:
+                raise LoweringError(
+                    f"unit %{self.name} would read message {seq} of stream %{chan} before "
+                    f"message {nxt}; channels deliver in order, so a unit must read one stream's "
+                    "elements in order through all of its inputs"
+                )
+            self.next_seq[chan] = seq + 1
+            if part.kind == "data":
+                r = ("in", chan) if role is None else role
+                b = self.buffer((*r, i), part.dtype, part.elems, rotation)
+                self.emit(Recv(chan, b))
+            else:
+                b = f"v.{chan}.{i}"
+                self.emit(RecvValue(chan, b))
+            self.held[(chan, seq)] = b
+            self.content[b] = (chan, seq)
+            slots.append((part, b))
+        self.received += 1
+        return tuple(slots)
+
+    def compute(
+        self,
+        cycles: int,
+        ins: Iterable[Elem] = (),
+        outs: Sequence[Part] = (),
+        role: str = "out",
+        rotation: int = 2,
+        flops: int = 0,
+        into: Elem | None = None,
+    ) -> Elem:
+        """One unit step of ``cycles`` reading ``ins`` and producing an element of ``outs`` in
+        the next buffers of ``role`` (or in the buffers of ``into``: an accumulator)."""
+        in_bufs: list[str] = []
+        for e in ins:
+            for part, b in e:
+                if part.kind == "data" and b is not None and b not in in_bufs:
+                    in_bufs.append(b)
+        slots: list[Slot] = []
+        out_bufs: list[str] = []
+        sizes: list[str] = []
+        for i, part in enumerate(outs):
+            if part.kind == "data":
+                b = into[i][1] if into is not None else None
+                if b is None:
+                    b = self.buffer((role, i), part.dtype, part.elems, rotation)
+                self.content.pop(b, None)
+                out_bufs.append(b)
+                sizes.append(str(part.elems))
+                slots.append((part, b))
+            else:
+                slots.append((part, None))
+        t = self.timing
+        params = (("cycles", cycles), ("outs", ",".join(sizes)), ("rate", t.enc_rate))
+        self.emit(Compute(STEP_KERNEL, tuple(out_bufs), tuple(in_bufs), params, t.enc_dtype))
+        self.flops += flops
+        self.busy_cycles += cycles
+        return tuple(slots)
+
+    def consume(self, *elems: Elem) -> None:
+        """A single-cycle step that waits for ``elems`` (dequeuing a reference or selector)."""
+        self.compute(1, elems)
+
+    def materialize(self, elem: Elem, parts: Sequence[Part]) -> Elem:
+        """``elem`` with every data part of ``parts`` in a buffer (a locally generated tile, or
+        a control value that must travel as a tile, is made by a single-cycle step)."""
+        missing = [
+            i
+            for i, (p, (q, b)) in enumerate(zip(parts, elem))
+            if p.kind == "data" and (b is None or q.kind != "data")
+        ]
+        if not missing:
+            return elem
+        made = self.compute(1, (), [parts[i] for i in missing], role="gen")
+        slots = list(elem)
+        for i, s in zip(missing, made):
+            slots[i] = s
+        return tuple(slots)
+
+    def send(self, info: StreamInfo, k: int, elem: Elem) -> None:
+        """Send element ``k`` of output stream ``info`` from ``elem``'s buffers."""
+        chan = info.channel
+        if chan is None or not self.has_dsts(chan):
+            return
+        parts = info.parts(k)
+        if len(parts) != len(elem):  # pragma: no cover - emitters pass matching elements
+            raise LoweringError(f"unit %{self.name}: element {k} of %{chan} has other parts")
+        elem = self.materialize(elem, parts)
+        for part, (_, b) in zip(parts, elem):
+            if part.kind == "data":
+                assert b is not None
+                self.emit(Send(chan, b))
+            else:
+                self.emit(SendValue(chan, part.value))
+        self.sent += 1
+
+    # -- HBM -------------------------------------------------------------------------------------
+
+    def _addr(self, reg: str, value: int) -> Affine:
+        old = self.regs.get(reg)
+        if old is None:
+            self.emit(Set(reg, value))
+        elif value != old:
+            self.emit(Set(reg, Affine(value - old, ((reg, 1),))))
+        self.regs[reg] = value
+        return Affine(0, ((reg, 1),))
+
+    def load(
+        self, tensor: str, start: int | Affine, part: Part, rotation: int, reg: str = "ld"
+    ) -> Elem:
+        """Load ``part.elems`` elements of ``tensor`` from element ``start`` (a number, kept in
+        an address register, or an expression of a received register)."""
+        at = self._addr(reg, start) if isinstance(start, int) else start
+        b = self.buffer(("ld",), part.dtype, part.elems, rotation)
+        self.content.pop(b, None)
+        self.emit(Load(b, tensor, Region((at,), (part.elems,))))
+        return ((part, b),)
+
+    def store(self, tensor: str, start: int | Affine, elem: Elem, reg: str = "st") -> None:
+        """Store the (single, data) part of ``elem`` at element ``start`` of ``tensor``."""
+        ((part, _),) = elem
+        data = Part("data", part.dtype, part.elems)
+        ((_, b),) = self.materialize(elem, (data,))
+        at = self._addr(reg, start) if isinstance(start, int) else start
+        assert b is not None
+        self.emit(Store(b, tensor, Region((at,), (part.elems,))))
+
+    # -- result ----------------------------------------------------------------------------------
+
+    def allocs(self) -> tuple[Alloc, ...]:
+        """One ``Alloc`` per buffer used, at its largest size."""
+        out = []
+        for pool in self.pools.values():
+            for name in pool.names[: min(pool.used, len(pool.names))]:
+                out.append(Alloc(name, (pool.cap,), pool.dtype))
+        return tuple(out)
+
+    @property
+    def sram_bytes(self) -> int:
+        """On-chip bytes of all the unit's buffers."""
+        return sum(
+            pool.cap * DTYPE_BYTES[pool.dtype] * min(pool.used, len(pool.names))
+            for pool in self.pools.values()
+        )
+
+    def body(self) -> tuple[Instr, ...]:
+        """The program: allocations, then the steps with repetitions folded into loops."""
+        self.step()
+        return self.allocs() + compress(self.steps)

@@ -1,0 +1,99 @@
+"""State shared by the interpreter's per-operator functions: off-chip memory, symbol values,
+byte counters and the arrival order used by the merging operators.
+
+Accounting (what the interpreter *measures*, to compare with seed 000 §4.1 formulas):
+
+* ``read`` / ``write``: bytes actually moved per node (element count x declared element size);
+* ``flops``: per node, the tile functions' FLOP counts on the actual tile shapes;
+* ``onchip``: per node and per allocation slot, the largest allocation actually made (a
+  staged tile, a buffer, an accumulator state, a matmul's scratch); a node's on-chip memory is
+  the sum of its slots, times 2 where the §4.1 model double-buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sympy as sp
+
+from torch2step.errors import StepTypeError
+
+from .evaluate import Bindings, evaluate
+from .types import REF_BYTES, BufferType, DataType, SelectorType, StreamType, TileType, TupleType
+from .values import StepRuntimeError
+
+__all__ = ["Ctx", "runtime_type", "tile_slice", "value_nbytes"]
+
+
+def runtime_type(t: DataType, x: Any) -> DataType:
+    """The declared type ``t`` with the actual sizes of the element ``x``."""
+    if isinstance(t, TileType):
+        return TileType((int(x.shape[0]), int(x.shape[1])), t.dtype)
+    if isinstance(t, TupleType):
+        return TupleType(tuple(runtime_type(s, v) for s, v in zip(t.elems, x)))
+    return t
+
+
+def value_nbytes(x: Any, t: DataType) -> int:
+    """Bytes of a run-time element of declared type ``t``."""
+    if isinstance(t, TileType):
+        return int(x.size) * t.itemsize
+    if isinstance(t, SelectorType):
+        return (t.n + 7) // 8
+    if isinstance(t, BufferType):
+        return REF_BYTES
+    if isinstance(t, TupleType):
+        return sum(value_nbytes(v, s) for v, s in zip(x, t.elems))
+    raise StepRuntimeError(f"unknown data type {t}")  # pragma: no cover
+
+
+def tile_slice(
+    arr: np.ndarray, tiled: Sequence[int], lin: int, tile: tuple[int, int], what: str
+) -> tuple:
+    """The index expression of tile number ``lin`` of ``arr`` viewed as a grid of tiles."""
+    total = int(np.prod(tiled))
+    if not 0 <= lin < total:
+        raise StepRuntimeError(f"{what}: tile address {lin} is outside the {total} tiles")
+    coords = np.unravel_index(lin, tuple(tiled))
+    r, c = tile
+    i, j = int(coords[-2]), int(coords[-1])
+    lead = tuple(int(x) for x in coords[:-2])
+    return (*lead, slice(i * r, (i + 1) * r), slice(j * c, (j + 1) * c))
+
+
+@dataclass
+class Ctx:
+    """Interpreter state for one run."""
+
+    memory: dict[str, np.ndarray]
+    env: Bindings
+    arrival: dict[str, list[int]] = field(default_factory=dict)
+    read: dict[str, int] = field(default_factory=dict)
+    write: dict[str, int] = field(default_factory=dict)
+    onchip: dict[str, dict[str, int]] = field(default_factory=dict)
+    flops: dict[str, int] = field(default_factory=dict)
+    out_types: tuple[StreamType, ...] = ()
+
+    def ev(self, expr: sp.Expr | int, what: str) -> int:
+        """Evaluate a size with the run's symbol values."""
+        try:
+            return int(evaluate(expr, self.env))
+        except StepTypeError as e:
+            raise StepRuntimeError(f"{what}: {e}") from None
+
+    def alloc(self, node: str, slot: str, nbytes: int) -> None:
+        """Record an on-chip allocation of ``nbytes`` (the node keeps the largest per slot)."""
+        slots = self.onchip.setdefault(node, {})
+        slots[slot] = max(slots.get(slot, 0), int(nbytes))
+
+    def count_read(self, node: str, nbytes: int) -> None:
+        self.read[node] = self.read.get(node, 0) + int(nbytes)
+
+    def count_flops(self, node: str, n: int) -> None:
+        self.flops[node] = self.flops.get(node, 0) + int(n)
+
+    def count_write(self, node: str, nbytes: int) -> None:
+        self.write[node] = self.write.get(node, 0) + int(nbytes)

@@ -1,0 +1,190 @@
+"""The STeP reference interpreter: runs a graph on real data and defines what each operator
+means (STYLE.md: tinygrad ``ops_python`` — a table from operator class to a function).
+
+``run(program, tensors=..., streams=..., env=...)`` feeds off-chip tensors (numpy or torch)
+and input streams (nested lists of elements, or :class:`~torch2step.step.values.StreamValue`),
+executes the nodes in order, checks every stream against its shape rule (binding the run's
+dynamic sizes), and returns a :class:`RunResult` with the output streams, the final off-chip
+memory, the values of all symbols and the bytes it moved off-chip and allocated on-chip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sympy as sp
+
+from .evaluate import Bindings, normalise_env, try_evaluate
+from .fn_library import np_dtype
+from .graph import Program
+from .interp_compute import IMPLS as _COMPUTE
+from .interp_context import Ctx
+from .interp_memory import IMPLS as _MEMORY
+from .interp_routing import IMPLS as _ROUTING
+from .interp_shape import IMPLS as _SHAPE
+from .runtime_check import check_stream, unify_size
+from .types import BufferType, DataType, SelectorType, StreamType, TileType, TupleType
+from .values import (
+    BufferValue,
+    Done,
+    SelectorValue,
+    StepRuntimeError,
+    StreamValue,
+    decode_tokens,
+    map_at,
+)
+
+__all__ = ["IMPLS", "RunResult", "run", "to_stream"]
+
+IMPLS: dict[type, Callable[..., tuple]] = {**_MEMORY, **_COMPUTE, **_ROUTING, **_SHAPE}
+"""Operator class -> ``f(op, ctx, inputs) -> outputs``."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run produced and measured.
+
+    ``read_bytes``/``write_bytes``: off-chip bytes per node; ``onchip_bytes``: on-chip bytes
+    per node (largest allocation of each kind, summed); ``flops``: FLOPs per node;
+    ``bindings``: every symbol's value
+    (given in ``env`` or learnt from the data) for evaluating metric formulas.
+    """
+
+    outputs: dict[str, StreamValue]
+    tensors: dict[str, np.ndarray]
+    values: dict[str, StreamValue]
+    bindings: Bindings
+    read_bytes: dict[str, int]
+    write_bytes: dict[str, int]
+    onchip_bytes: dict[str, int]
+    flops: dict[str, int]
+
+    @property
+    def offchip_bytes(self) -> int:
+        """Total off-chip traffic in bytes (reads + writes)."""
+        return sum(self.read_bytes.values()) + sum(self.write_bytes.values())
+
+    @property
+    def total_flops(self) -> int:
+        """FLOPs of all tile-function applications."""
+        return sum(self.flops.values())
+
+    @property
+    def onchip_total(self) -> int:
+        """Total on-chip memory in bytes (sum over nodes, seed 000 §4.1)."""
+        return sum(self.onchip_bytes.values())
+
+
+def _convert(x: Any, t: DataType, where: str) -> Any:
+    if isinstance(t, TileType):
+        if hasattr(x, "detach"):
+            x = x.detach().cpu().numpy()
+        arr = np.array(x, dtype=np_dtype(t.dtype))
+        return arr if arr.ndim == 2 else np.atleast_2d(arr)
+    if isinstance(t, SelectorType):
+        if isinstance(x, SelectorValue):
+            return x
+        if isinstance(x, np.ndarray) and x.dtype == np.bool_:
+            return SelectorValue(tuple(int(i) for i in np.flatnonzero(x)))
+        return SelectorValue(tuple(int(i) for i in x))
+    if isinstance(t, TupleType):
+        return tuple(_convert(v, s, where) for v, s in zip(x, t.elems))
+    if isinstance(t, BufferType) and isinstance(x, BufferValue):
+        return x
+    raise StepRuntimeError(f"{where}: cannot use {x!r} as a {t}")
+
+
+def to_stream(x: Any, t: StreamType, where: str = "stream") -> StreamValue:
+    """A :class:`StreamValue` of type ``t`` from a StreamValue, a token list or nested lists."""
+    if isinstance(x, StreamValue):
+        return StreamValue(
+            x.rank, map_at(x.data, x.rank + 1, lambda e: _convert(e, t.dtype, where))
+        )
+    data = list(x)
+    if data and isinstance(data[-1], Done):
+        data = decode_tokens(data, t.rank)
+    return StreamValue(t.rank, map_at(data, t.rank + 1, lambda e: _convert(e, t.dtype, where)))
+
+
+def _memory(program: Program, tensors: Mapping[str, Any], env: Bindings) -> dict[str, np.ndarray]:
+    known = {t.name for t in program.tensors}
+    extra = set(tensors) - known
+    if extra:
+        raise StepRuntimeError(f"tensors {sorted(extra)} are not in graph {program.name}")
+    memory = {}
+    for t in program.tensors:
+        where = f"tensor {t.name}"
+        if t.name in tensors:
+            x = tensors[t.name]
+            if hasattr(x, "detach"):
+                x = x.detach().cpu().numpy()
+            arr = np.array(x, dtype=np_dtype(t.dtype))
+            if arr.ndim != len(t.shape):
+                raise StepRuntimeError(f"{where}: {arr.ndim}-D data for {t}")
+            for d, n in zip(t.shape, arr.shape):
+                unify_size(d, n, {}, env, where)
+        else:
+            dims = [try_evaluate(d, env, {}) for d in t.shape]
+            if None in dims:
+                raise StepRuntimeError(
+                    f"{where}: give its data or the values of {sp.sstr(t.shape)} in env"
+                )
+            arr = np.zeros([int(d) for d in dims], dtype=np_dtype(t.dtype))  # type: ignore[arg-type]
+        memory[t.name] = arr
+    return memory
+
+
+def run(
+    program: Program,
+    tensors: Mapping[str, Any] | None = None,
+    streams: Mapping[str, Any] | None = None,
+    env: Mapping[str, Any] | None = None,
+    *,
+    arrival: Mapping[str, Sequence[int]] | None = None,
+    check: bool = True,
+) -> RunResult:
+    """Run ``program`` on data (see the module docstring).
+
+    ``env`` gives values of dynamic sizes (``{"B": 4, "L": [3, 5, 2, 7]}``); sizes not given
+    are learnt from the data.  ``arrival`` fixes the chunk arrival order of Reassemble /
+    EagerMerge nodes (:mod:`torch2step.step.interp_routing`).  With ``check`` every
+    intermediate stream is compared with its shape rule.
+    """
+    tensors, streams = dict(tensors or {}), dict(streams or {})
+    bindings = normalise_env(env)
+    memory = _memory(program, tensors, bindings)
+    values: dict[str, StreamValue] = {}
+    names = {v.name for v in program.inputs}
+    if set(streams) - names:
+        raise StepRuntimeError(f"streams {sorted(set(streams) - names)} are not graph inputs")
+    for v in program.inputs:
+        if v.name not in streams:
+            raise StepRuntimeError(f"input stream %{v.name} ({v.type}) has no data")
+        sv = to_stream(streams[v.name], v.type, f"input %{v.name}")
+        check_stream(v.type, sv, bindings, f"input %{v.name}")
+        values[v.name] = sv
+    ctx = Ctx(memory, bindings, {k: list(s) for k, s in (arrival or {}).items()})
+    for op, outs in zip(program.nodes, program.node_outputs):
+        impl = IMPLS.get(type(op))
+        if impl is None:
+            raise StepRuntimeError(f"no interpreter rule for {op.op_name} (node %{op.name})")
+        ctx.out_types = tuple(o.type for o in outs)
+        results = impl(op, ctx, tuple(values[v.name] for v in op.inputs()))
+        for o, r in zip(outs, results):
+            if check:
+                check_stream(o.type, r, bindings, f"{op.op_name} %{op.name} -> %{o.name}")
+            values[o.name] = r
+    onchip = {op.name: sum(ctx.onchip.get(op.name, {}).values()) for op in program.nodes}
+    return RunResult(
+        outputs={name: values[v.name] for name, v in program.outputs},
+        tensors=memory,
+        values=values,
+        bindings=bindings,
+        read_bytes={op.name: ctx.read.get(op.name, 0) for op in program.nodes},
+        write_bytes={op.name: ctx.write.get(op.name, 0) for op in program.nodes},
+        onchip_bytes=onchip,
+        flops={op.name: ctx.flops.get(op.name, 0) for op in program.nodes},
+    )

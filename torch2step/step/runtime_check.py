@@ -1,0 +1,132 @@
+"""Check a run-time stream against its type and learn the values of its symbols.
+
+``check_stream(type, value, env, where)`` walks the nested data with the axis indices bound
+to positions, compares every size the shape rule predicts with the data, and records the
+values of symbols that were not known yet (a Partition's chunk counts, a fresh ragged size,
+an input's batch size) in ``env``.  This is how "the interpreter's output shape equals the
+shape rule after substitution" is checked, and how metric formulas get a run's values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import sympy as sp
+
+from .dims import Index
+from .evaluate import Bindings, try_evaluate
+from .types import BufferType, DataType, SelectorType, StreamType, TileType, TupleType
+from .values import BufferValue, SelectorValue, StepRuntimeError, StreamValue
+
+__all__ = ["check_stream", "unify_size"]
+
+_KIND = {"fp32": "f", "bf16": "f", "fp16": "f", "int32": "iu", "int64": "iu", "bool": "b"}
+
+
+def unify_size(
+    expr: sp.Expr, observed: int, local: dict[sp.Symbol, int], env: Bindings, where: str
+) -> None:
+    """Bind ``expr`` to ``observed`` if it is an unknown symbol, else check it."""
+    if isinstance(expr, sp.Symbol) and not isinstance(expr, Index) and expr not in local:
+        if expr.name not in env:
+            env[expr.name] = observed
+            return
+    elif isinstance(expr, sp.Indexed):
+        key = tuple(try_evaluate(i, env, local) for i in expr.indices)
+        if None not in key:
+            key = tuple(int(k) for k in key)  # type: ignore[arg-type]
+            name = str(expr.base.label)
+            table = env.get(name)
+            if table is None:
+                env[name] = {key: observed}
+                return
+            if isinstance(table, dict) and key not in table:
+                table[key] = observed
+                return
+    value = try_evaluate(expr, env, local)
+    if value is None and _solve_one(expr, observed, local, env):
+        return
+    if value is not None and value != observed:
+        shown = ", ".join(f"{k}={v}" for k, v in local.items())
+        raise StepRuntimeError(
+            f"{where}: the shape rule gives {sp.sstr(expr)} = {value}"
+            f"{' at ' + shown if shown else ''} but the data has {observed}"
+        )
+
+
+def _solve_one(expr: sp.Expr, observed: int, local: dict, env: Bindings) -> bool:
+    """Bind the one unknown symbol of a polynomial size such as ``16*M`` from ``observed``."""
+    if expr.atoms(sp.Indexed) or expr.atoms(sp.Sum) or expr.atoms(sp.Function):
+        return False
+    known = {s: env[s.name] for s in expr.free_symbols if s.name in env and s not in local}
+    known.update({s: v for s, v in local.items() if s in expr.free_symbols})
+    rest = expr.xreplace({s: sp.Integer(v) for s, v in known.items()})
+    unknown = [s for s in rest.free_symbols if not isinstance(s, Index)]
+    if len(unknown) != 1:
+        return False
+    sols = [s for s in sp.solve(sp.Eq(rest, observed), unknown[0]) if s.is_Integer and s >= 0]
+    if len(sols) != 1:
+        return False
+    env[unknown[0].name] = int(sols[0])
+    return True
+
+
+def _check_elem(t: DataType, x: Any, local: dict, env: Bindings, where: str) -> None:
+    if isinstance(t, TileType):
+        if not isinstance(x, np.ndarray) or x.ndim != 2:
+            raise StepRuntimeError(f"{where}: expected a 2-D tile for {t}, got {type(x).__name__}")
+        if x.dtype.kind not in _KIND[t.dtype]:
+            raise StepRuntimeError(f"{where}: tile of numpy {x.dtype} where {t} is expected")
+        unify_size(t.shape[0], x.shape[0], local, env, f"{where} (tile rows)")
+        unify_size(t.shape[1], x.shape[1], local, env, f"{where} (tile cols)")
+    elif isinstance(t, SelectorType):
+        if not isinstance(x, SelectorValue):
+            raise StepRuntimeError(f"{where}: expected a selector, got {x!r}")
+        if any(not 0 <= i < t.n for i in x.indices) or (t.k is not None and len(x.indices) != t.k):
+            raise StepRuntimeError(f"{where}: selector {x!r} does not fit {t}")
+    elif isinstance(t, BufferType):
+        if not isinstance(x, BufferValue):
+            raise StepRuntimeError(f"{where}: expected a buffer reference, got {x!r}")
+        _walk_plain(t.shape, t.elem, x.data, 0, local, env, f"{where} (buffer)")
+    elif isinstance(t, TupleType):
+        if not isinstance(x, tuple) or len(x) != len(t.elems):
+            raise StepRuntimeError(f"{where}: expected a {len(t.elems)}-tuple, got {x!r}")
+        for sub_t, sub_x in zip(t.elems, x):
+            _check_elem(sub_t, sub_x, local, env, where)
+    else:  # pragma: no cover - every data type is handled above
+        raise StepRuntimeError(f"{where}: unknown data type {t}")
+
+
+def _walk_plain(
+    dims: tuple, elem: DataType, node: Any, p: int, local: dict, env: Bindings, where: str
+) -> None:
+    if p == len(dims):
+        _check_elem(elem, node, local, env, where)
+        return
+    if not isinstance(node, list):
+        raise StepRuntimeError(f"{where}: expected a list at buffer axis {p}")
+    unify_size(dims[p], len(node), local, env, f"{where} axis {p}")
+    for c in node:
+        _walk_plain(dims, elem, c, p + 1, local, env, where)
+
+
+def _walk(t: StreamType, node: Any, p: int, local: dict, env: Bindings, where: str) -> None:
+    if not isinstance(node, list):
+        raise StepRuntimeError(f"{where}: expected a list at axis {p} of {t}, got {node!r}")
+    unify_size(t.shape[p], len(node), local, env, f"{where} axis {p}")
+    ix = t.index[p]
+    last = p == len(t.shape) - 1
+    for j, c in enumerate(node):
+        loc = {**local, ix: j} if ix is not None else local
+        if last:
+            _check_elem(t.dtype, c, loc, env, where)
+        else:
+            _walk(t, c, p + 1, loc, env, where)
+
+
+def check_stream(t: StreamType, v: StreamValue, env: Bindings, where: str) -> None:
+    """Raise :class:`StepRuntimeError` unless ``v`` has the shape/type ``t`` (binding unknowns)."""
+    if v.rank != t.rank:
+        raise StepRuntimeError(f"{where}: stream of rank {v.rank} where {t} is expected")
+    _walk(t, v.data, 0, {}, env, where)
