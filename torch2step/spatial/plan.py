@@ -32,6 +32,7 @@ from .context import EmitCtx, tensor_layouts
 from .emit_compute import EMITTERS as _COMPUTE
 from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
+from .emit_shape import EMITTERS as _SHAPE
 from .placement import Placement, place_structure
 from .streams import build_streams
 from .structure import DEFAULT_WIRES, analyse
@@ -41,7 +42,7 @@ from .unit import UnitBuilder
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan"]
 
 #: Operator class -> emitter of the program of a unit whose primary node has that class.
-EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING}
+EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING, **_SHAPE}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,96 @@
+"""Scale of the spatial simulation: wall time of the reference run, plan building and event
+simulation of large STeP graphs (not a test; run by hand)::
+
+    python tests/spatial/bench_scale.py                      # all cases
+    python tests/spatial/bench_scale.py moe --experts 128    # the full-size MoE block only
+    python tests/spatial/bench_scale.py matmul --profile     # cProfile of plan + simulation
+
+Cases: ``matmul`` (a tiled matmul with thousands of tile products), ``moe`` (the SwiGLU MoE
+block of :func:`graphs.moe` at Qwen3-30B-A3B size: hidden 2048, intermediate 768, 128
+experts, top-8, 64 tokens), ``moe-example`` (``torch2step.examples.moe`` when present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from graphs import moe, tiled_matmul  # noqa: E402
+
+from hwmodel import load_chip, with_mesh_shape  # noqa: E402
+from torch2step.spatial import build_plan, simulate_plan  # noqa: E402
+
+
+def _measure(name: str, make, chip, profile: bool) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    prog, res = make()
+    t1 = time.perf_counter()
+    prof = cProfile.Profile() if profile else None
+    if prof:
+        prof.enable()
+    plan = build_plan(prog, chip, res)
+    t2 = time.perf_counter()
+    out = simulate_plan(plan)
+    t3 = time.perf_counter()
+    if prof:
+        prof.disable()
+    instrs = out.stats.events.instructions
+    print(
+        f"{name}: {len(prog.nodes)} nodes, {len(out.units)} units; reference run {t1 - t0:.2f} s, "
+        f"plan {t2 - t1:.2f} s, simulation {t3 - t2:.2f} s; {out.cycles} cycles, "
+        f"{out.events} events ({out.events / max(t3 - t2, 1e-9):,.0f} events/s), "
+        f"{instrs} instructions, roofline {out.roofline_fraction:.1%}"
+    )
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("cases", nargs="*", default=["matmul", "moe"])
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    big = with_mesh_shape(load_chip("step-sda"), 48, 48)
+    for case in args.cases:
+        if case == "matmul":
+            _measure(
+                "tiled matmul 1024x2048x1024 in 64x64 tiles",
+                lambda: tiled_matmul(1024, 2048, 1024, 64),
+                load_chip("step-sda"),
+                args.profile,
+            )
+        elif case == "moe":
+            e = args.experts
+            _measure(
+                f"MoE T={args.tokens} H=2048 I=768 E={e} top-8",
+                lambda e=e: moe(args.tokens, 2048, 768, e, 8, weights=False),
+                big,
+                args.profile,
+            )
+        elif case == "moe-example":
+            ex = importlib.import_module("torch2step.examples.moe")
+            kw = dict(num_experts=args.experts, top_k=8, hidden=2048, intermediate=768)
+            _measure(
+                f"examples.moe T={args.tokens} E={args.experts}",
+                lambda: (
+                    ex.moe_graph(tokens=args.tokens, **kw),
+                    ex.moe_inputs(tokens=args.tokens, **kw),
+                ),
+                load_chip("step-sda"),
+                args.profile,
+            )
+        else:
+            raise SystemExit(f"unknown case {case!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The public entry points: :func:`compile`, :func:`import_onnx`, :func:`example_inputs_for`.
+
+``compile`` is the whole pipeline of DESIGN.md: capture (``torch.export``) or ONNX import ->
+layer graph (raising by meaning) -> STeP program (:mod:`torch2step.lower`) -> a
+:class:`~torch2step.program.Program` bound to a chip, whose ``run`` executes the STeP program
+and whose ``report`` simulates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import sympy as sp
+import torch
+
+from hwmodel.chip import Chip
+from hwmodel.presets import load_chip
+from torch2step.errors import FrontendError, LoweringError
+from torch2step.layers.graph import LayerGraph, torch_dtype
+from torch2step.lower import LowerOptions, lower
+from torch2step.program import Program
+
+__all__ = ["compile", "example_inputs_for", "import_onnx"]
+
+_OPTIONS = tuple(f.name for f in dataclasses.fields(LowerOptions))
+
+
+def import_onnx(path_or_model: Any, *, name: str | None = None) -> LayerGraph:
+    """Read an ONNX file (or ``onnx.ModelProto``) into a layer graph; ``compile`` accepts it."""
+    from torch2step.frontend.onnx_import import import_onnx as _imp
+
+    return _imp(path_or_model, name=name)
+
+
+def _resolve_chip(chip: Chip | str | os.PathLike[str]) -> Chip:
+    return chip if isinstance(chip, Chip) else load_chip(chip)
+
+
+def _is_onnx(obj: Any) -> bool:
+    if isinstance(obj, (str, os.PathLike)):
+        return True
+    return type(obj).__name__ == "ModelProto"
+
+
+def compile(  # noqa: A001  (the public name the users asked for)
+    module_or_onnx: Any,
+    example_inputs: Sequence[Any] | torch.Tensor | None = None,
+    chip: Chip | str = "step-sda",
+    dynamic_shapes: Any = None,
+    **options: Any,
+) -> Program:
+    """Compile a module, an ONNX file/model or a layer graph for ``chip``.
+
+    ``example_inputs``: the module's positional tensors (required for a module; for an ONNX
+    model or layer graph, defaults to :func:`example_inputs_for`); ``dynamic_shapes`` as in
+    ``torch.export`` (default: tokens / batch / KV-length dims are dynamic, see
+    :mod:`torch2step.frontend.capture`); ``options``: tiling options of
+    :class:`~torch2step.lower.LowerOptions` (``tile_rows``, ``tile_cols``, ``tile_kv``, ...).
+    """
+    bad = sorted(set(options) - set(_OPTIONS))
+    if bad:
+        raise LoweringError(
+            f"unknown compile option(s) {', '.join(bad)}; valid options: {', '.join(_OPTIONS)}"
+        )
+    target = _resolve_chip(chip)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if isinstance(module_or_onnx, LayerGraph):
+        layer = module_or_onnx
+    elif _is_onnx(module_or_onnx):
+        layer = import_onnx(module_or_onnx)
+    elif isinstance(module_or_onnx, torch.nn.Module):
+        if example_inputs is None:
+            raise FrontendError("compile(module, example_inputs): example inputs are required")
+        from torch2step.frontend import from_torch
+
+        layer = from_torch(module_or_onnx, tuple(example_inputs), dynamic_shapes)
+    else:
+        raise FrontendError(
+            f"compile: expected an nn.Module, an ONNX path or ModelProto, or a LayerGraph; "
+            f"got {type(module_or_onnx).__name__}"
+        )
+    if example_inputs is None:
+        example_inputs = example_inputs_for(layer)
+    lowered = lower(layer, LowerOptions(**options))
+    prog = Program(layer, lowered, target, tuple(example_inputs))
+    prog._check(tuple(example_inputs))
+    return prog
+
+
+def example_inputs_for(
+    graph: LayerGraph, size: int = 8, *, seed: int = 0, sizes: dict[str, int] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Random inputs for ``graph``: every dynamic dimension ``size`` (or ``sizes[name]``);
+    integer inputs (e.g. KV lengths) drawn in ``[1, size]``."""
+    gen = torch.Generator().manual_seed(seed)
+    given = sizes or {}
+    out = []
+    for name in graph.inputs:
+        ty = graph.types[name]
+        shape = []
+        for d in ty.shape:
+            e = sp.sympify(d)
+            if e.free_symbols:
+                e = e.subs({s: given.get(str(s), size) for s in e.free_symbols})
+            shape.append(int(e))
+        dt = torch_dtype(ty.dtype)
+        if dt.is_floating_point:
+            out.append(torch.randn(shape, generator=gen).to(dt))
+        else:
+            out.append(torch.randint(1, max(size, 1) + 1, shape, generator=gen, dtype=dt))
+    return tuple(out)

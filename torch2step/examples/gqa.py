@@ -1,0 +1,225 @@
+"""Grouped-query attention in decode as a STeP graph: an online softmax over ragged KV caches
+(seed 000 §5.1 "FlashAttention implementation", §5.4; seed 001 §3.1 ragged dimensions).
+
+One new query token per request ``b``: ``q: [B*Hq, D]`` (row ``b*Hq + h``), caches
+``k_cache, v_cache: [B*Hkv*Lmax, D]`` viewed row-major as ``[B, Hkv, Lmax, D]``,
+``kv_len: [B, 1]`` the KV length ``n_b`` of each request.  Query head ``h`` attends KV head
+``h // G`` (``G = Hq/Hkv``) over rows ``j < n_b`` plus the last ``tail_rows`` rows of its
+``Lmax`` rows (tokens appended at the end of a padded cache);
+``out = softmax(q k^T * scale) v`` over those rows, 0 for a row that sees no key.
+
+Structure, per (request, KV head) — the ``G`` query heads of a group share one KV load
+(that is what GQA saves):
+
+1. **Addresses in the graph.** ``kv_len`` is read once (``[1, B]``) and repeated per KV head
+   (``[1, B, Hkv]``).  A Scan (``kv_cursor``, initial state ``int_row(-Lmax, 0, Lmax)``) turns
+   the lengths into ``[row_base, n_b, Lmax]`` with ``row_base = (b*Hkv + kvh) * Lmax``;
+   FlatMap(``kv_rows``, an iota over the request's rows plus its tail rows) emits the row
+   addresses: a ragged dimension ``R[b, kvh] = n_b + tail_rows`` learnt from the data.
+2. **KV tiles of ``tile_kv`` rows.** Reshape splits the addresses into chunks of ``tile_kv``
+   (padding the last); FlatMap(FilterPadding) drops the padding *before* anything is loaded
+   (seed 000 Fig. 2's Reshape / FilterPadding pair), so the last tile of a request is a
+   partial tile: nothing padded is loaded, computed or masked.
+3. **Loads.** RandomOffChipLoad reads one ``[1, D]`` row per address from ``k_cache`` and
+   ``v_cache``; Accum(``retile_row_pair``) packs the K and V rows of a chunk into two tiles
+   ``[r, D]`` with one shared dynamic row count ``r <= tile_kv``.
+4. **Online softmax.** The ``[G, D]`` query tile of the group (one LinearOffChipLoad) is
+   expanded along the request's KV tiles; Accum(``online_softmax``) keeps the running
+   (max, sum, output) state (FlashAttention) and Map(``softmax_finalize``) divides; the
+   ``[G, D]`` results are stored row-block by row-block into ``out``.
+
+Off-chip traffic (bytes, itemsize ``s``): ``q`` and ``out`` ``2 * B*Hq*D*s``, ``kv_len``
+``8B``, and ``K`` + ``V`` ``2 * D*s * sum_{b,kvh} (n_b + tail_rows)`` — exactly the rows used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sympy as sp
+import torch
+
+from torch2step.errors import StepTypeError
+from torch2step.step import Graph, OffChipTensor, Program, dyn, fn
+
+__all__ = ["add_gqa_decode", "gqa_decode_graph", "gqa_inputs", "gqa_reference"]
+
+
+def _same(a: sp.Expr, b: sp.Expr) -> bool:
+    return sp.simplify(a - b) == 0
+
+
+def add_gqa_decode(
+    g: Graph,
+    *,
+    q: OffChipTensor,
+    k_cache: OffChipTensor,
+    v_cache: OffChipTensor,
+    kv_len: OffChipTensor,
+    out: OffChipTensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    tail_rows: int = 0,
+    tile_kv: int = 64,
+    prefix: str = "attn",
+) -> None:
+    """Add decode GQA to ``g`` (see the module docstring).  ``B`` is ``kv_len``'s row count
+    and ``Lmax = k_cache rows / (B * Hkv)``; both may be symbolic."""
+    Hq, Hkv = num_q_heads, num_kv_heads
+    if Hkv < 1 or Hq % Hkv:
+        raise StepTypeError(f"add_gqa_decode: num_q_heads={Hq} must be a multiple of {Hkv}")
+    if tile_kv < 1 or tail_rows < 0:
+        raise StepTypeError(f"add_gqa_decode: tile_kv={tile_kv} >= 1, tail_rows={tail_rows} >= 0")
+    G, B, D = Hq // Hkv, kv_len.shape[0], q.shape[1]
+    if not D.is_Integer:
+        raise StepTypeError(f"add_gqa_decode: the head dim of {q} must be static")
+    Lmax = sp.simplify(k_cache.shape[0] / (B * Hkv))
+    bad = [
+        t
+        for t, shape in (
+            (q, (B * Hq, D)),
+            (out, (B * Hq, D)),
+            (k_cache, (B * Hkv * Lmax, D)),
+            (v_cache, (B * Hkv * Lmax, D)),
+            (kv_len, (B, 1)),
+        )
+        if len(t.shape) != 2 or not all(_same(a, b) for a, b in zip(t.shape, shape))
+    ]
+    if bad or kv_len.dtype not in ("int32", "int64"):
+        raise StepTypeError(
+            f"add_gqa_decode: tensors {', '.join(str(t) for t in bad) or str(kv_len)} do not "
+            "fit q/out [B*Hq, D], k_cache/v_cache [B*Hkv*Lmax, D], kv_len [B, 1] integer"
+        )
+    p, D = prefix, int(D)
+
+    lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
+    per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
+    cursor = g.scan(
+        per_head, "kv_cursor", fn("int_row", values=(-Lmax, 0, Lmax)), 2, name=f"{p}_cursor"
+    )  # [1, B, Hkv] of [row_base, n_b, Lmax]
+    one = g.repeat(cursor, 1, name=f"{p}_cursor1")
+    addrs = g.flat_map(one, fn("kv_rows", tail=tail_rows), name=f"{p}_addr")  # [.., R]
+    chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")  # [.., C, tile_kv]
+    kept = g.flat_map(g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding",
+                      name=f"{p}_kv_addr")  # [1, B, Hkv, C, r]
+    k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
+    v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
+    kv = g.accum(
+        g.zip(k_rows, v_rows, name=f"{p}_kv_rows"),
+        "retile_row_pair",
+        fn("empty_rows_pair", cols=(D, D), dtype=k_cache.dtype),
+        1,
+        name=f"{p}_kv",
+    )  # [1, B, Hkv, C] of ([r, D], [r, D])
+    k_t = g.map(fn("get", index=0), kv, name=f"{p}_k_tile")
+    v_t = g.map(fn("get", index=1), kv, name=f"{p}_v_tile")
+
+    q_t = g.linear_load(q, (G, D), out_shape=(B, Hkv), stride=(Hkv, 1), name=f"{p}_q")
+    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
+    state = g.accum(
+        g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
+        fn("online_softmax", scale=float(scale)),
+        fn("online_softmax_init", rows=G, cols=D, dtype=q.dtype),
+        1,
+        name=f"{p}_softmax",
+    )  # [1, B, Hkv] of (max, sum, out)
+    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv] of [G, D]
+    g.linear_store(res, out, name=f"{p}_store")
+
+
+# ---------------------------------------------------------------- convenience
+
+
+def gqa_decode_graph(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    batch: int | sp.Expr | None = None,
+    max_len: int | sp.Expr | None = None,
+    dtype: str = "fp32",
+    **kw: object,
+) -> Program:
+    """A verified program holding only decode GQA; tensors ``q, k_cache, v_cache, kv_len,
+    out``; ``batch`` / ``max_len`` default to the dynamic sizes ``B`` / ``Lmax``; ``scale``
+    defaults to ``1/sqrt(head_dim)``; other ``kw`` go to :func:`add_gqa_decode`."""
+    B = dyn("B") if batch is None else batch
+    Lmax = dyn("Lmax") if max_len is None else max_len
+    Hq, Hkv, D = num_q_heads, num_kv_heads, head_dim
+    kw.setdefault("scale", 1.0 / math.sqrt(D))
+    g = Graph("gqa_decode")
+    tensors = {
+        "q": g.tensor("q", (B * Hq, D), dtype),
+        "k_cache": g.tensor("k_cache", (B * Hkv * Lmax, D), dtype),
+        "v_cache": g.tensor("v_cache", (B * Hkv * Lmax, D), dtype),
+        "kv_len": g.tensor("kv_len", (B, 1), "int64"),
+        "out": g.tensor("out", (B * Hq, D), dtype),
+    }
+    add_gqa_decode(g, **tensors, num_q_heads=Hq, num_kv_heads=Hkv, **kw)  # type: ignore[arg-type]
+    return g.build()
+
+
+def gqa_inputs(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    batch: int,
+    max_len: int,
+    kv_lens: list[int] | np.ndarray | None = None,
+    tail_rows: int = 0,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Random fp32 ``q``/caches and ``kv_len`` for :func:`gqa_decode_graph` (``run(tensors=)``).
+
+    ``kv_lens`` (e.g. ``models.traces.kv_lengths(...)``, clipped to the cache) fixes the
+    lengths; otherwise they are uniform in ``0 .. max_len - tail_rows``.
+    """
+    B, Hq, Hkv, D = batch, num_q_heads, num_kv_heads, head_dim
+    gen = torch.Generator().manual_seed(seed)
+    if kv_lens is None:
+        lens = torch.randint(0, max_len - tail_rows + 1, (B,), generator=gen)
+    else:
+        lens = torch.as_tensor(np.asarray(kv_lens), dtype=torch.int64)
+    if lens.shape != (B,) or int(lens.min()) < 0 or int(lens.max()) > max_len - tail_rows:
+        raise ValueError(f"gqa_inputs: kv_lens {lens.tolist()} must be {B} values in "
+                         f"0..{max_len - tail_rows}")
+    return {
+        "q": torch.randn(B * Hq, D, generator=gen),
+        "k_cache": torch.randn(B * Hkv * max_len, D, generator=gen),
+        "v_cache": torch.randn(B * Hkv * max_len, D, generator=gen),
+        "kv_len": lens.reshape(B, 1).to(torch.int64),
+    }
+
+
+def gqa_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_len: torch.Tensor,
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    tail_rows: int = 0,
+) -> torch.Tensor:
+    """Decode GQA in plain PyTorch (per request: the used rows of its cache, grouped heads)."""
+    B, D = kv_len.shape[0], q.shape[1]
+    Hq, Hkv = num_q_heads, num_kv_heads
+    Lmax = k_cache.shape[0] // (B * Hkv)
+    k = k_cache.reshape(B, Hkv, Lmax, D)
+    v = v_cache.reshape(B, Hkv, Lmax, D)
+    qh = q.reshape(B, Hq, D)
+    out = torch.zeros_like(qh)
+    for b in range(B):
+        n = int(kv_len[b, 0])
+        rows = torch.cat([torch.arange(n), torch.arange(Lmax - tail_rows, Lmax)])
+        if rows.numel() == 0:
+            continue
+        kb = k[b][:, rows].repeat_interleave(Hq // Hkv, dim=0)  # [Hq, R, D]
+        vb = v[b][:, rows].repeat_interleave(Hq // Hkv, dim=0)
+        scores = torch.einsum("hd,hrd->hr", qh[b], kb) * scale
+        out[b] = torch.einsum("hr,hrd->hd", torch.softmax(scores, dim=-1), vb)
+    return out.reshape(B * Hq, D)

@@ -1,0 +1,319 @@
+"""The SwiGLU Mixture-of-Experts layer as a STeP graph with dynamic tiling (seed 000 Fig. 2, §5.2).
+
+``out[t] = sum_j topk_w[t, j] * down_e(act(gate_e x_t) * up_e x_t)``, ``e = topk_idx[t, j]``,
+with PyTorch ``Linear`` layouts ``w_gate, w_up: [E, I, H]`` and ``w_down: [E, H, I]``.
+
+Structure (one graph serves every routing: the router's choices are data read from
+``topk_idx`` / ``topk_w``, turned into selectors inside the graph):
+
+1. **Tokens and selectors.** ``x`` is read as one ``[1, H]`` row tile per token (``[1, T]``);
+   ``topk_idx`` rows become k-hot selectors (``to_selector``), seed 000 §3.2.3.
+2. **Partition** routes every token row to the ``k`` experts it chose (multi-hot, rank 0):
+   expert ``e`` gets the stream ``[N_e]`` of its rows, ``N_e = {prefix}_n{e}`` a dynamic
+   dimension.  A second Partition with the same selectors and count symbols carries each
+   token's ``(ids, weights)`` to the same experts.
+3. **Dynamic tiling** (§5.2: Fig. 2's first Reshape replaced by a Promote).  Promote gives
+   ``[P_e, N_e]`` with ``P_e = 1 if N_e > 0 else 0``; Bufferize keeps the expert's rows in one
+   dynamically sized on-chip buffer ``Buf[N_e]`` (seed 001 §3.2.2); for every ``tile_i``
+   block of the intermediate dimension, Streamify reads the rows once and Accum(RetileRow)
+   packs them into the expert's tile ``[N_e, H]`` (the tile *is* the set of its tokens),
+   split into ``[N_e, tile_h]`` column blocks when ``tile_h < H``.
+4. **Gate / up.** Weight tiles ``[tile_i, tile_h]`` are streamed from HBM by a
+   LinearOffChipLoad whose reference is the expert's buffer stream, so an expert without
+   tokens (``P_e = 0``, an empty stream, seed 003 §III-A) loads no weights at all.
+   Accum(``matmul_t_acc``) sums over the ``H/tile_h`` blocks into ``[N_e, tile_i]``; the
+   gated activation (``silu_mul``, ``gelu_mul``...) is a Map.
+5. **Down.** Each ``[N_e, tile_i]`` block is repeated over the ``H/tile_h`` blocks of
+   ``w_down`` tiles ``[tile_h, tile_i]``; Map(``matmul_t``) gives partial column blocks,
+   Accum(``retile_col``) joins them into ``[N_e, H]`` and Accum(``add``) sums the
+   ``I/tile_i`` partial products (one Accum(``matmul_t_acc``) when ``tile_h = H``).
+6. **Routing weight.** ``pick_weight`` extracts the expert's weight of each token; the
+   ``[N_e, 1]`` column (RetileRow) scales the expert's output tile.
+7. **Back to tokens.** FlatMap(RetileStreamify) splits the tile into rows; Reassemble with the
+   same selectors gathers, for every token, its ``k`` expert rows (``[1, T, k]``); Accum(add)
+   sums the choices and LinearOffChipStore writes ``out`` (every row).
+
+Default tiles: a dimension of at most 256 is taken whole; a larger one is tiled by its largest
+divisor not above 256 (256 for the Mixtral and Qwen3 widths).  Off-chip traffic is therefore
+``|x| + |topk_idx| + |topk_w| + |out| + sum_e [N_e > 0] * 3 * I * H * itemsize``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy as sp
+import torch
+
+from torch2step.errors import StepTypeError
+from torch2step.step import Graph, OffChipTensor, Program, Value, dyn, fn, zeros
+
+__all__ = ["ACTIVATIONS", "add_moe", "default_tile", "moe_graph", "moe_inputs", "moe_reference"]
+
+ACTIVATIONS: dict[str, str] = {
+    "silu": "silu_mul",
+    "gelu": "gelu_mul",
+    "gelu_tanh": "gelu_tanh_mul",
+    "relu": "relu_mul",
+}
+"""Activation name -> the gated tile function ``act(gate) * up``."""
+
+_TILE_CAP = 256
+
+
+def default_tile(dim: int, cap: int = _TILE_CAP) -> int:
+    """The whole dimension if ``dim <= cap``, else its largest divisor ``<= cap``."""
+    if dim <= cap:
+        return dim
+    return max(d for d in range(1, cap + 1) if dim % d == 0)
+
+
+def _static(t: OffChipTensor, axis: int, what: str) -> int:
+    d = t.shape[axis]
+    if not d.is_Integer:
+        raise StepTypeError(f"add_moe: {what} ({t.name} axis {axis}) must be static, got {d}")
+    return int(d)
+
+
+def _check_shapes(
+    x: OffChipTensor,
+    topk_idx: OffChipTensor,
+    topk_w: OffChipTensor,
+    w_gate: OffChipTensor,
+    w_up: OffChipTensor,
+    w_down: OffChipTensor,
+    out: OffChipTensor,
+    num_experts: int,
+    top_k: int,
+) -> tuple[sp.Expr, int, int]:
+    """``(T, H, I)`` after checking every tensor's shape and dtype against the layer."""
+    if not 1 <= top_k <= num_experts:
+        raise StepTypeError(f"add_moe: need 1 <= top_k <= num_experts, got {top_k}, {num_experts}")
+    T, H = x.shape[0], _static(x, 1, "the hidden size H")
+    I = _static(w_gate, 1, "the intermediate size I")  # noqa: E741 - the paper's name
+    E, k = num_experts, top_k
+    want = {
+        x.name: (x, (T, H)),
+        topk_idx.name: (topk_idx, (T, k)),
+        topk_w.name: (topk_w, (T, k)),
+        w_gate.name: (w_gate, (E, I, H)),
+        w_up.name: (w_up, (E, I, H)),
+        w_down.name: (w_down, (E, H, I)),
+        out.name: (out, (T, H)),
+    }
+    for t, shape in want.values():
+        got = t.shape
+        if len(got) != len(shape) or any(sp.simplify(a - b) != 0 for a, b in zip(got, shape)):
+            raise StepTypeError(
+                f"add_moe: tensor {t} should have shape {list(shape)} "
+                "(x/out [T, H], topk [T, k], w_gate/w_up [E, I, H], w_down [E, H, I])"
+            )
+    if topk_idx.dtype not in ("int32", "int64"):
+        raise StepTypeError(f"add_moe: topk_idx must hold integer expert ids, got {topk_idx}")
+    return T, H, I
+
+
+def add_moe(
+    g: Graph,
+    *,
+    x: OffChipTensor,
+    topk_idx: OffChipTensor,
+    topk_w: OffChipTensor,
+    w_gate: OffChipTensor,
+    w_up: OffChipTensor,
+    w_down: OffChipTensor,
+    out: OffChipTensor,
+    num_experts: int,
+    top_k: int,
+    activation: str = "silu",
+    tile_h: int | None = None,
+    tile_i: int | None = None,
+    prefix: str = "moe",
+) -> None:
+    """Add the MoE layer to ``g`` (see the module docstring); node names start with
+    ``prefix`` and expert ``e``'s token count is the symbol ``{prefix}_n{e}``."""
+    T, H, I = _check_shapes(x, topk_idx, topk_w, w_gate, w_up, w_down, out, num_experts, top_k)
+    if activation not in ACTIVATIONS:
+        raise StepTypeError(
+            f"add_moe: unknown activation {activation!r}; use one of {sorted(ACTIVATIONS)}"
+        )
+    th = default_tile(H) if tile_h is None else tile_h
+    ti = default_tile(I) if tile_i is None else tile_i
+    if th < 1 or H % th or ti < 1 or I % ti:
+        raise StepTypeError(
+            f"add_moe: tile_h={th} must divide H={H} and tile_i={ti} must divide I={I}"
+        )
+    E, p = num_experts, prefix
+    counts = tuple(f"{p}_n{e}" for e in range(E))
+
+    rows = g.linear_load(x, (1, H), out_shape=(T,), stride=(1,), name=f"{p}_x")  # [1, T]
+    ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_ids")
+    wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w")
+    sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
+    routed = g.partition(rows, sel, E, count_names=counts, name=f"{p}_route")
+    route_info = g.zip(ids, wts, name=f"{p}_idw")
+    infos = g.partition(route_info, sel, E, count_names=counts, name=f"{p}_route_w")
+
+    expert_rows = []
+    for e in range(E):
+        y = _expert(
+            g, e, routed[e], infos[e], dyn(counts[e]), (w_gate, w_up, w_down), H, I, th, ti,
+            ACTIVATIONS[activation], p,
+        )
+        expert_rows.append(y)
+    back = g.reassemble(expert_rows, sel, name=f"{p}_back")  # [1, T, k] of [1, H]
+    total = g.accum(back, "add", zeros(1, H, out.dtype), 1, name=f"{p}_sum")  # [1, T]
+    g.linear_store(total, out, name=f"{p}_store")
+
+
+def _expert(
+    g: Graph,
+    e: int,
+    rows: Value,
+    info: Value,
+    n_e: sp.Symbol,
+    weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
+    H: int,
+    I: int,  # noqa: E741
+    th: int,
+    ti: int,
+    act: str,
+    prefix: str,
+) -> Value:
+    """Expert ``e``'s branch: its token rows ``[N_e]`` in, its scaled output rows out."""
+    w_gate, w_up, w_down = weights
+    nh, ni = H // th, I // ti
+    q = f"{prefix}_e{e}"
+    buf = g.bufferize(g.promote(rows, name=f"{q}_tile"), 1, name=f"{q}_buf")  # [P_e] Buf[N_e]
+    per_i = g.repeat(buf, ni, name=f"{q}_per_i")  # [P_e, I/ti]
+    again = g.streamify(buf, per_i, name=f"{q}_rows")  # [P_e, I/ti, N_e] of [1, H]
+    xt = g.accum(again, "retile_row", zeros(0, H), 1, name=f"{q}_xt")  # [P_e, I/ti] [N_e, H]
+    xt = g.repeat(xt, 1, name=f"{q}_xt1")
+    if nh > 1:
+        xt = g.flat_map(xt, fn("split_cols", cols=th), name=f"{q}_xh")  # [.., H/th] [N_e, th]
+
+    def gate_up(w: OffChipTensor, what: str) -> Value:
+        wt = g.linear_load(
+            w, (ti, th), ref=buf, out_shape=(ni, nh), stride=(nh, 1), base=e * ni * nh,
+            name=f"{q}_{what}_w",
+        )  # [P_e, I/ti, H/th] of [ti, th]
+        pair = g.zip(xt, wt, name=f"{q}_{what}_in")
+        return g.accum(pair, "matmul_t_acc", fn("zeros", shape=(n_e, ti)), 1, name=f"{q}_{what}")
+
+    h = g.map(act, gate_up(w_gate, "gate"), gate_up(w_up, "up"), name=f"{q}_act")
+    wd = g.linear_load(
+        w_down, (th, ti), ref=buf, out_shape=(ni, nh), stride=(1, ni), base=e * nh * ni,
+        name=f"{q}_down_w",
+    )  # [P_e, I/ti, H/th] of [th, ti]
+    h_rep = g.repeat(h, nh, name=f"{q}_h_rep")  # [P_e, I/ti, H/th] of [N_e, ti]
+    pair = g.zip(h_rep, wd, name=f"{q}_down_in")
+    if nh == 1:
+        y = g.accum(pair, "matmul_t_acc", fn("zeros", shape=(n_e, H)), 2, name=f"{q}_down")
+    else:
+        part = g.map("matmul_t", pair, name=f"{q}_down_mm")  # [.., H/th] of [N_e, th]
+        cols = g.accum(part, "retile_col", fn("zeros", shape=(n_e, 0)), 1, name=f"{q}_down_cat")
+        y = g.accum(cols, "add", fn("zeros", shape=(n_e, H)), 1, name=f"{q}_down")  # [P_e]
+
+    w_e = g.map(fn("pick_weight", expert=e), info, name=f"{q}_gw")  # [N_e] of [1, 1]
+    w_col = g.accum(g.promote(w_e, name=f"{q}_gw_tile"), "retile_row", zeros(0, 1), 1,
+                    name=f"{q}_gw_col")  # [P_e] of [N_e, 1]
+    scaled = g.map("mul", y, w_col, name=f"{q}_scaled")  # [P_e] of [N_e, H]
+    return g.flat_map(scaled, fn("retile_streamify", rows=1), name=f"{q}_out")  # rows
+
+
+# ---------------------------------------------------------------- convenience
+
+
+def moe_graph(
+    *,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    tokens: int | sp.Expr | None = None,
+    dtype: str = "fp32",
+    **kw: object,
+) -> Program:
+    """A verified program holding only the MoE layer; tensors ``x, topk_idx, topk_w, w_gate,
+    w_up, w_down, out``; ``tokens`` defaults to the dynamic size ``T``.  ``kw`` goes to
+    :func:`add_moe` (``activation``, ``tile_h``, ``tile_i``, ``prefix``)."""
+    T = dyn("T") if tokens is None else tokens
+    E, k, H, I = num_experts, top_k, hidden, intermediate  # noqa: E741
+    g = Graph("moe")
+    tensors = {
+        "x": g.tensor("x", (T, H), dtype),
+        "topk_idx": g.tensor("topk_idx", (T, k), "int64"),
+        "topk_w": g.tensor("topk_w", (T, k), dtype),
+        "w_gate": g.tensor("w_gate", (E, I, H), dtype),
+        "w_up": g.tensor("w_up", (E, I, H), dtype),
+        "w_down": g.tensor("w_down", (E, H, I), dtype),
+        "out": g.tensor("out", (T, H), dtype),
+    }
+    add_moe(g, **tensors, num_experts=E, top_k=k, **kw)  # type: ignore[arg-type]
+    return g.build()
+
+
+def random_routing(tokens: int, num_experts: int, top_k: int, seed: int = 0) -> np.ndarray:
+    """``(tokens, top_k)`` int64 distinct expert ids per token, uniformly at random."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(num_experts)[:top_k] for _ in range(tokens)]).astype(
+        np.int64
+    ).reshape(tokens, top_k)
+
+
+def moe_inputs(
+    *,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    tokens: int,
+    seed: int = 0,
+    routing: np.ndarray | None = None,
+) -> dict[str, torch.Tensor]:
+    """Random fp32 inputs for :func:`moe_graph` / :func:`moe_reference` (``run(tensors=...)``).
+
+    ``routing`` (``(tokens, top_k)`` expert ids, e.g. ``models.traces.routing(...)``) fixes the
+    expert choices; otherwise they are random.  Routing weights are a softmax over the choices.
+    Weights are scaled by ``1/sqrt(fan_in)`` so activations stay of order one.
+    """
+    E, k, H, I = num_experts, top_k, hidden, intermediate  # noqa: E741
+    idx = random_routing(tokens, E, k, seed) if routing is None else np.asarray(routing)
+    if idx.shape != (tokens, k):
+        raise ValueError(f"moe_inputs: routing has shape {idx.shape}, expected {(tokens, k)}")
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "x": torch.randn(tokens, H, generator=gen),
+        "topk_idx": torch.as_tensor(idx, dtype=torch.int64),
+        "topk_w": torch.softmax(torch.randn(tokens, k, generator=gen), dim=-1),
+        "w_gate": torch.randn(E, I, H, generator=gen) / H**0.5,
+        "w_up": torch.randn(E, I, H, generator=gen) / H**0.5,
+        "w_down": torch.randn(E, H, I, generator=gen) / I**0.5,
+    }
+
+
+_TORCH_ACT = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    "relu": torch.relu,
+}
+
+
+def moe_reference(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_w: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The layer in plain PyTorch: a loop over the experts that have tokens."""
+    act = _TORCH_ACT[activation]
+    out = torch.zeros_like(x)
+    for e in torch.unique(topk_idx).tolist():
+        tok, slot = torch.nonzero(topk_idx == e, as_tuple=True)
+        xe = x[tok]
+        ye = (act(xe @ w_gate[e].T) * (xe @ w_up[e].T)) @ w_down[e].T
+        out.index_add_(0, tok, ye * topk_w[tok, slot, None])
+    return out

@@ -1,0 +1,228 @@
+"""Where every layer value lives in HBM, and the row streams the lowering builds from it.
+
+Every layer value ``v`` of shape ``[d_0, .., d_{n-1}]`` is viewed as a row-major matrix of
+``rows = d_0 * .. * d_{n-2}`` rows of ``cols = d_{n-1}`` elements (a 0-/1-D value is one row).
+A value is stored in an off-chip tensor (:class:`Placed`): its own ``[rows, cols]`` tensor,
+or the tensor of the value it is a view of (``Reshape``, a permutation of unit dimensions):
+views move no data, as in PyTorch.  A consumer reads a value as a *row stream*
+``Strm<Tile[1, cols], 1>[1, rows]`` (:meth:`LowerCtx.load_rows`); a producer writes a row
+stream with :meth:`LowerCtx.store_rows`.  Layer operators between two values thus
+communicate through HBM (seed 000 §3.2.1 off-chip operators at the boundaries of each
+layer operator's STeP subgraph).
+
+Indices a host computes at launch from the dynamic sizes — decode positions (``Arange``),
+the rows a permutation or concatenation writes (vLLM's ``slot_mapping`` plays this role for a
+KV-cache append), uniform KV lengths — are :class:`HostIndex` tensors: ``Program.run`` fills
+them from the run's sizes before the STeP program starts; the program reads them from HBM
+like any other tensor, so their bytes are counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sympy as sp
+
+from torch2step.errors import LoweringError
+from torch2step.layers.graph import LayerGraph, Node
+from torch2step.layers.ops import TensorType
+from torch2step.step import Graph, OffChipTensor, Value, dyn, fn
+
+__all__ = ["HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
+
+
+@dataclass(frozen=True, slots=True)
+class LowerOptions:
+    """Tiling options: ``tile_rows`` rows per block of a Linear's input (static tiling of the
+    token dimension, padded at the end); ``tile_cols`` output features per weight tile (``None``:
+    the largest power of two dividing the output size whose ``[tile_cols, in]`` weight tile
+    fits ``weight_tile_bytes``); ``tile_kv`` KV rows per attention tile; ``moe_tile_h`` /
+    ``moe_tile_i``: the MoE weight tiles (``None``: the example builder's defaults)."""
+
+    tile_rows: int = 64
+    tile_cols: int | None = None
+    weight_tile_bytes: int = 128 * 1024
+    tile_kv: int = 64
+    moe_tile_h: int | None = None
+    moe_tile_i: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise LoweringError(f"option {name} must be a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A value's storage: ``tensor`` (2-D, or the 3-D expert weights) viewed as ``rows`` rows
+    of ``cols`` elements."""
+
+    tensor: OffChipTensor
+    rows: sp.Expr
+    cols: sp.Expr
+
+
+@dataclass(frozen=True, slots=True)
+class HostIndex:
+    """An integer tensor the host computes at launch: ``compute(bindings) -> int64 array``
+    of the tensor's shape."""
+
+    tensor: OffChipTensor
+    compute: Callable[[dict[str, int]], np.ndarray]
+
+
+def rows_cols(shape: tuple[Any, ...]) -> tuple[sp.Expr, sp.Expr]:
+    """``(rows, cols)`` of a value of ``shape`` (see the module docstring)."""
+    if not shape:
+        return sp.Integer(1), sp.Integer(1)
+    rows = sp.Integer(1)
+    for d in shape[:-1]:
+        rows = rows * sp.sympify(d)
+    return sp.sympify(rows), sp.sympify(shape[-1])
+
+
+def _step_dtype(name: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
+
+
+@dataclass
+class LowerCtx:
+    """State of one lowering: the STeP graph under construction, each layer value's storage,
+    the host-computed index tensors, and the symbol renaming layer dims -> STeP sizes."""
+
+    layer: LayerGraph
+    graph: Graph
+    options: LowerOptions
+    placed: dict[str, Placed] = field(default_factory=dict)
+    host: list[HostIndex] = field(default_factory=list)
+    prefill: dict[str, tuple[str, Callable[[dict[str, int]], np.ndarray]]] = field(
+        default_factory=dict
+    )
+    syms: dict[sp.Symbol, sp.Symbol] = field(default_factory=dict)
+    node: Node | None = None
+    _names: set[str] = field(default_factory=set)
+
+    # -- sizes --------------------------------------------------------------------------------
+    def sym(self, expr: Any) -> sp.Expr:
+        """A layer-graph size as a STeP size (layer symbols renamed to STeP ``dyn`` sizes)."""
+        e = sp.sympify(expr)
+        subs = {}
+        for s in e.free_symbols:
+            if s not in self.syms:
+                self.syms[s] = dyn(str(s))
+            subs[s] = self.syms[s]
+        return e.xreplace(subs) if subs else e
+
+    def type(self, value: str) -> TensorType:
+        return self.layer.types[value]
+
+    def shape(self, value: str) -> tuple[sp.Expr, ...]:
+        return tuple(self.sym(d) for d in self.type(value).shape)
+
+    def dtype(self, value: str) -> str:
+        return _step_dtype(self.type(value).dtype)
+
+    def rc(self, value: str) -> tuple[sp.Expr, sp.Expr]:
+        return rows_cols(self.shape(value))
+
+    # -- names --------------------------------------------------------------------------------
+    def tensor_name(self, base: str) -> str:
+        """A fresh off-chip tensor name derived from a layer value name."""
+        clean = "".join(c if c.isalnum() or c == "_" else "_" for c in base) or "t"
+        if not clean[0].isalpha():
+            clean = "t_" + clean
+        name, i = clean, 0
+        while name in self._names:
+            i += 1
+            name = f"{clean}_{i}"
+        self._names.add(name)
+        return name
+
+    def prefix(self) -> str:
+        assert self.node is not None
+        return self.tensor_name(self.node.name)
+
+    # -- storage ------------------------------------------------------------------------------
+    def declare(self, value: str, shape: tuple[Any, ...] | None = None) -> OffChipTensor:
+        """A fresh tensor holding ``value`` (``[rows, cols]`` unless ``shape`` is given)."""
+        rows, cols = self.rc(value)
+        shp = shape if shape is not None else (rows, cols)
+        t = self.graph.tensor(self.tensor_name(value), shp, self.dtype(value))
+        self.placed[value] = Placed(t, rows, cols)
+        return t
+
+    def alias(self, value: str, of: str) -> None:
+        """``value`` is a view of ``of``'s storage (same elements in the same order)."""
+        src = self.placed[of]
+        rows, cols = self.rc(value)
+        self.placed[value] = Placed(src.tensor, rows, cols)
+
+    def host_index(self, base: str, shape: tuple[Any, ...], compute: Callable) -> OffChipTensor:
+        """Declare a host-computed int64 tensor."""
+        t = self.graph.tensor(self.tensor_name(base), shape, "int64")
+        self.host.append(HostIndex(t, compute))
+        return t
+
+    def fail(self, why: str) -> LoweringError:
+        n = self.node
+        where = f"{n.name} ({type(n.op).__name__})" if n else "graph"
+        src = f"\n    at {n.source}" if n and n.source else ""
+        return LoweringError(f"{where}: {why}{src}")
+
+    # -- row streams --------------------------------------------------------------------------
+    def load_rows(self, value: str, ref: Value | None = None) -> Value:
+        """``value`` as a row stream ``[1, rows]`` of ``[1, cols]`` tiles (one HBM read)."""
+        p = self.placed[value]
+        t = p.tensor
+        scols = t.shape[-1]
+        cols = p.cols
+        if sp.simplify(sp.Mod(scols, cols)) == 0:
+            v = self.graph.linear_load(t, (1, int(cols)), ref)
+        elif sp.simplify(sp.Mod(cols, scols)) == 0:
+            k = int(cols / scols)
+            v = self.graph.linear_load(t, (k, int(scols)), ref)
+            v = self.graph.map(fn("tile_reshape", rows=1, cols=int(cols)), v)
+        else:
+            raise self.fail(
+                f"cannot read {value} [{p.rows} x {cols}] from {t.name} {list(t.shape)}: "
+                "the row widths neither divide nor are multiples of each other"
+            )
+        return self.flat(v)
+
+    def flat(self, v: Value) -> Value:
+        """Flatten all dims below the outermost one: ``[1, a, b, ..] -> [1, a*b*..]``."""
+        r = v.type.rank
+        return self.graph.flatten(v, 0, r - 1) if r > 1 else v
+
+    def store_rows(self, rows: Value, value: str) -> OffChipTensor:
+        """Write the row stream ``rows`` as ``value``'s fresh ``[rows, cols]`` tensor."""
+        t = self.declare(value)
+        self.graph.linear_store(rows, t)
+        return t
+
+    def tensor_as(self, value: str, shape: tuple[Any, ...]) -> OffChipTensor:
+        """An off-chip tensor of exactly ``shape`` holding ``value`` (its storage when it has
+        that shape, else a copy through a row stream)."""
+        p = self.placed[value]
+        shp = tuple(sp.sympify(d) for d in shape)
+        if len(p.tensor.shape) == len(shp) and all(
+            sp.simplify(a - b) == 0 for a, b in zip(p.tensor.shape, shp)
+        ):
+            return p.tensor
+        rows = self.load_rows(value)
+        width = int(shp[-1])
+        if width != int(p.cols):
+            if int(p.cols) % width:
+                raise self.fail(f"cannot copy {value} into a {list(shp)} tensor")
+            rows = self.graph.flat_map(rows, fn("split_cols", cols=width))
+        t = self.graph.tensor(self.tensor_name(value + "_as"), shp, self.dtype(value))
+        self.graph.linear_store(rows, t)
+        return t
+
+    def broadcast_row(self, value: str, ref: Value) -> Value:
+        """A one-row value loaded once and repeated on chip along ``ref`` (Expand)."""
+        one = self.load_rows(value)
+        return self.graph.expand(one, ref, 0)

@@ -1,0 +1,83 @@
+"""Linear layers as STeP: padded row blocks times streamed weight tiles (seed 000 §3, Fig. 2).
+
+``y[R, N] = x[R, K] @ W[N, K]^T (+ b)``:
+
+1. x's rows stream ``[1, R]`` is cut into blocks of ``tm = tile_rows`` rows (``Reshape`` with
+   zero padding: the last block of a dynamic ``R`` is padded; its padding flags are kept);
+   ``Accum(retile_row)`` packs each block into one ``[tm, K]`` tile — ``[1, ceil(R/tm)]``;
+2. for every block, the ``N/tn`` weight tiles ``[tn, K]`` stream from HBM
+   (``LinearOffChipLoad`` with the block stream as reference: the weights are read once per
+   row block) while the block tile is repeated on chip (``Repeat``);
+3. ``Map(matmul_t)`` gives ``[tm, tn]`` output tiles (plus the bias tile), which
+   ``Accum(retile_col)`` packs into the block's ``[tm, N]`` output rows;
+4. ``FlatMap(retile_streamify)`` splits them into rows, ``FlatMap(filter_padding)`` drops the
+   padding rows, and the row stream is stored — row-major, as the consumer expects.
+
+The weight traffic is ``ceil(R/tm) x |W|``: a larger ``tile_rows`` trades on-chip memory
+(``tm x K`` per block) for weight re-reads.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from torch2step.step import Value, fn, zeros
+
+from .context import LowerCtx
+
+__all__ = ["lower_linear", "row_tile", "weight_tile"]
+
+
+def row_tile(ctx: LowerCtx, rows: sp.Expr) -> int:
+    """Rows per block: ``tile_rows``, or all rows when fewer are statically known."""
+    tm = ctx.options.tile_rows
+    r = sp.sympify(rows)
+    return int(min(tm, int(r))) if r.is_Integer and int(r) > 0 else tm
+
+
+def weight_tile(ctx: LowerCtx, n: int, k: int, itemsize: int = 4) -> int:
+    """Output features per weight tile (see :class:`~torch2step.lower.context.LowerOptions`)."""
+    if ctx.options.tile_cols is not None:
+        tn = ctx.options.tile_cols
+        if n % tn:
+            raise ctx.fail(f"tile_cols={tn} does not divide the {n} output features")
+        return tn
+    tn = 1
+    while n % (tn * 2) == 0 and (tn * 2) * k * itemsize <= ctx.options.weight_tile_bytes:
+        tn *= 2
+    return tn
+
+
+def lower_linear(ctx: LowerCtx, x: str, w: str, b: str | None, out: str) -> None:
+    """Lower ``out = Linear(x, w[, b])``; see the module docstring."""
+    g = ctx.graph
+    rows_n, k_dim = ctx.rc(x)
+    n_dim = ctx.shape(w)[0]
+    if not (sp.sympify(k_dim).is_Integer and sp.sympify(n_dim).is_Integer):
+        raise ctx.fail("Linear needs static feature sizes")
+    k, n = int(k_dim), int(n_dim)
+    tm = row_tile(ctx, rows_n)
+    tn = weight_tile(ctx, n, k)
+    dt = ctx.dtype(x)
+
+    rows = ctx.load_rows(x)  # [1, R] of [1, K]
+    data, pad = g.reshape(rows, 0, tm, 0.0)  # [1, Rb, tm]
+    blocks = g.accum(data, "retile_row", zeros(0, k, dt), 1)  # [1, Rb] of [tm, K]
+    wt = ctx.placed[w].tensor
+    w_tiles = g.flatten(g.linear_load(wt, (tn, k), blocks), 0, 1)  # [1, Rb, N/tn]
+    x_rep = g.repeat(blocks, n // tn)  # [1, Rb, N/tn]
+    y = g.map("matmul_t", x_rep, w_tiles)  # [tm, tn]
+    if b is not None:
+        bias = ctx.placed[b].tensor
+        b_tiles = g.flatten(g.linear_load(bias, (1, tn), blocks), 0, 1)
+        y = g.map("add", y, b_tiles)
+    full = g.accum(y, "retile_col", zeros(tm, 0, dt), 1)  # [1, Rb] of [tm, N]
+    out_rows = g.flat_map(full, fn("retile_streamify", rows=1))  # [1, Rb*tm] of [1, N]
+    kept = _drop_padding(ctx, out_rows, pad)
+    ctx.store_rows(kept, out)
+
+
+def _drop_padding(ctx: LowerCtx, rows: Value, pad: Value) -> Value:
+    g = ctx.graph
+    flags = ctx.flat(pad)
+    return g.flat_map(g.zip(rows, flags), "filter_padding")

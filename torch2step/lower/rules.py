@@ -1,0 +1,171 @@
+"""One lowering rule per layer operator (STYLE.md: a table from class to function).
+
+Each rule reads its inputs' row streams from HBM (:mod:`.context`), applies STeP operators and
+stores its outputs.  Row-wise operators (RMSNorm, Rotary, Softmax, elementwise, reductions)
+are ``Map`` s over row tiles (seed 000 §3.2.4); Linear is :mod:`.linear`; the router is a
+``Map(topk_route)`` per token; the routed experts and decode attention are the STeP example
+graphs of :mod:`torch2step.examples` (seed 000 §5: dynamic tiling of experts by a
+``Partition`` on data selectors; online-softmax attention over ragged KV).  Data movement
+between rows (permutations, slices and concatenations along a non-last dimension) is a
+``RandomOffChipStore`` of each source row at the row a host-computed index tensor names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy as sp
+
+from torch2step.layers import ops as L
+from torch2step.layers.graph import Node
+from torch2step.step import fn
+
+from .context import LowerCtx
+from .linear import lower_linear
+from .rules_index import lower_arange, lower_concat, lower_gather, lower_permute, lower_slice
+from .rules_models import lower_attention, lower_moe, lower_topk
+
+__all__ = ["RULES"]
+
+
+def _linear(ctx: LowerCtx, n: Node) -> None:
+    b = n.inputs[2] if len(n.inputs) > 2 else None
+    lower_linear(ctx, n.inputs[0], n.inputs[1], b, n.outputs[0])
+
+
+def _reshape(ctx: LowerCtx, n: Node) -> None:
+    src, out = n.inputs[0], n.outputs[0]
+    p = ctx.placed[src]
+    _, cols = ctx.rc(out)
+    sc = p.tensor.shape[-1]
+    if sp.simplify(sp.Mod(sc, cols)) == 0 or sp.simplify(sp.Mod(cols, sc)) == 0:
+        ctx.alias(out, src)
+        return
+    raise ctx.fail(
+        f"a view of rows of {p.cols} elements as rows of {cols} elements needs a re-layout "
+        "that is not implemented; keep the last dimension or split/merge it by whole factors"
+    )
+
+
+def _unit_permute(shape: tuple, dims: tuple[int, ...]) -> bool:
+    """True when the permutation only moves size-1 axes (so memory order is unchanged)."""
+    kept = [d for d in dims if shape[d] != 1]
+    return kept == sorted(kept)
+
+
+def _permute(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.Permute)
+    shape = ctx.type(n.inputs[0]).shape
+    if _unit_permute(shape, op.dims):
+        ctx.alias(n.outputs[0], n.inputs[0])
+        return
+    lower_permute(ctx, n)
+
+
+def _rows_of(ctx: LowerCtx, value: str, ref_rows: sp.Expr, ref) -> object:
+    """``value`` as a row stream matching a ``ref_rows``-row stream ``ref``: itself, or a
+    single row repeated on chip (broadcast along the leading dims)."""
+    rows, _ = ctx.rc(value)
+    if sp.simplify(rows - ref_rows) == 0:
+        return ctx.load_rows(value)
+    if rows == 1:
+        return ctx.broadcast_row(value, ref)
+    raise ctx.fail(
+        f"{value} {list(ctx.type(value).shape)} broadcasts along an inner dimension; "
+        "only a row vector or a per-row scalar broadcast is supported"
+    )
+
+
+_ELEMENTWISE_FN = {"add_scalar", "mul_scalar", "pow_scalar"}
+
+
+def _elementwise(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.Elementwise)
+    out = n.outputs[0]
+    rows, cols = ctx.rc(out)
+    # the widest input sets the row stream; the others broadcast onto it
+    first = max(n.inputs, key=lambda v: (sp.simplify(ctx.rc(v)[0] - rows) == 0, ctx.rc(v)[1] == cols))
+    if sp.simplify(ctx.rc(first)[0] - rows) != 0:
+        raise ctx.fail(f"no input of {op.fn} has the output's {rows} rows")
+    ref = ctx.load_rows(first)
+    streams = [ref if v == first else _rows_of(ctx, v, rows, ref) for v in n.inputs]
+    f = fn(op.fn, value=op.scalar) if op.fn in _ELEMENTWISE_FN else fn(op.fn)
+    y = ctx.graph.map(f, *streams)
+    ctx.store_rows(y, out)
+
+
+def _rmsnorm(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.RMSNorm)
+    rows = ctx.load_rows(n.inputs[0])
+    w = ctx.broadcast_row(n.inputs[1], rows)
+    ctx.store_rows(ctx.graph.map(fn("rmsnorm", eps=op.eps), rows, w), n.outputs[0])
+
+
+def _softmax(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.Softmax)
+    rank = len(ctx.type(n.inputs[0]).shape)
+    if op.dim % max(rank, 1) != rank - 1:
+        raise ctx.fail("softmax over a non-last dimension is not supported; permute first")
+    rows = ctx.load_rows(n.inputs[0])
+    ctx.store_rows(ctx.graph.map("softmax_row", rows), n.outputs[0])
+
+
+def _reduce(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.Reduce)
+    rank = len(ctx.type(n.inputs[0]).shape)
+    if {d % rank for d in op.dims} != {rank - 1}:
+        raise ctx.fail(f"{op.fn} over dims {op.dims}: only the last dimension is supported")
+    rows = ctx.load_rows(n.inputs[0])
+    ctx.store_rows(ctx.graph.map(fn("reduce_row", fn=op.fn), rows), n.outputs[0])
+
+
+def _cast(ctx: LowerCtx, n: Node) -> None:
+    rows = ctx.load_rows(n.inputs[0])
+    y = ctx.graph.map(fn("cast", dtype=ctx.dtype(n.outputs[0])), rows)
+    ctx.store_rows(y, n.outputs[0])
+
+
+def _rotary(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.Rotary)
+    x, pos = n.inputs
+    bsz, heads, seq, _ = ctx.shape(x)
+    pb, ps = ctx.shape(pos)
+    if sp.simplify(ps - seq) != 0 or not (pb == 1 or sp.simplify(pb - bsz) == 0):
+        raise ctx.fail(f"positions {[pb, ps]} do not match x's batch and sequence")
+    rows = ctx.load_rows(x)
+    pt = ctx.placed[pos].tensor
+    p = ctx.graph.linear_load(
+        pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
+    )
+    y = ctx.graph.map(
+        fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p)
+    )
+    ctx.store_rows(y, n.outputs[0])
+
+
+RULES: dict[type[L.LayerOp], Callable[[LowerCtx, Node], None]] = {
+    L.Linear: _linear,
+    L.Reshape: _reshape,
+    L.Permute: _permute,
+    L.Elementwise: _elementwise,
+    L.RMSNorm: _rmsnorm,
+    L.Softmax: _softmax,
+    L.Reduce: _reduce,
+    L.Cast: _cast,
+    L.Rotary: _rotary,
+    L.Arange: lower_arange,
+    L.Concat: lower_concat,
+    L.Slice: lower_slice,
+    L.Gather: lower_gather,
+    L.TopKRouting: lower_topk,
+    L.MoEExperts: lower_moe,
+    L.Attention: lower_attention,
+}
+"""Layer operator class -> lowering rule (``MatMul`` has none yet: attention is raised whole
+and projections are ``Linear``)."""

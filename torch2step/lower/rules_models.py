@@ -1,0 +1,110 @@
+"""The MoE router, the routed experts and decode attention (seed 000 §5).
+
+The router is one ``Map(topk_route)`` per token row producing the routing weights and expert
+ids, stored to HBM; the experts read them back as *data*: ``add_moe`` builds selectors from
+the ids at run time, so one program serves every routing.  Decode attention is
+``add_gqa_decode``: each request's KV rows are read at dynamic addresses over its ragged
+length, with an online-softmax ``Accum``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy as sp
+
+from torch2step.layers import ops as L
+from torch2step.layers.graph import Node
+from torch2step.step import fn
+
+from .context import LowerCtx
+from .rules_index import concrete
+
+__all__ = ["lower_attention", "lower_moe", "lower_topk"]
+
+
+def lower_topk(ctx: LowerCtx, n: Node) -> None:
+    """``(weights, ids) = TopKRouting(logits)``: a per-row router map, two stores."""
+    op = n.op
+    assert isinstance(op, L.TopKRouting)
+    rows = ctx.load_rows(n.inputs[0])
+    f = fn("topk_route", k=op.k, softmax_first=op.softmax_first, normalize=op.normalize)
+    both = ctx.graph.map(f, rows)
+    ctx.store_rows(ctx.graph.map(fn("get", index=0), both), n.outputs[0])
+    ctx.store_rows(ctx.graph.map(fn("get", index=1), both), n.outputs[1])
+
+
+def lower_moe(ctx: LowerCtx, n: Node) -> None:
+    """Routed SwiGLU experts via :func:`torch2step.examples.moe.add_moe`."""
+    from torch2step.examples.moe import add_moe
+
+    op = n.op
+    assert isinstance(op, L.MoEExperts)
+    x, w, e, gate, up, down = n.inputs
+    t_rows, hidden = ctx.rc(x)
+    k = op.top_k
+    kw = {}
+    if ctx.options.moe_tile_h is not None:
+        kw["tile_h"] = ctx.options.moe_tile_h
+    if ctx.options.moe_tile_i is not None:
+        kw["tile_i"] = ctx.options.moe_tile_i
+    add_moe(
+        ctx.graph,
+        x=ctx.tensor_as(x, (t_rows, hidden)),
+        topk_idx=ctx.tensor_as(e, (t_rows, k)),
+        topk_w=ctx.tensor_as(w, (t_rows, k)),
+        w_gate=ctx.tensor_as(gate, ctx.shape(gate)),
+        w_up=ctx.tensor_as(up, ctx.shape(up)),
+        w_down=ctx.tensor_as(down, ctx.shape(down)),
+        out=ctx.declare(n.outputs[0]),
+        num_experts=op.num_experts,
+        top_k=k,
+        activation=op.activation,
+        prefix=ctx.prefix(),
+        **kw,
+    )
+
+
+def lower_attention(ctx: LowerCtx, n: Node) -> None:
+    """Decode GQA via :func:`torch2step.examples.gqa.add_gqa_decode`.
+
+    Key ``j`` of request ``b`` is visible iff ``j < kv_lengths[b]`` or ``j >= L - S`` (the
+    layer operator's rule); without ``kv_lengths`` every request sees all ``L`` keys, i.e.
+    the host passes ``kv_len = L - S`` for each request."""
+    from torch2step.examples.gqa import add_gqa_decode
+
+    op = n.op
+    assert isinstance(op, L.Attention)
+    q, k, v = n.inputs[:3]
+    bsz, hq, seq, dq = ctx.shape(q)
+    _, hkv, length, dk = ctx.shape(k)
+    if seq != 1:
+        raise ctx.fail(
+            f"attention with {seq} query tokens per request: only decode (one query token) "
+            "is lowered; prefill attention is not supported yet"
+        )
+    if op.causal and seq != 1:
+        raise ctx.fail("causal attention is only lowered for one query token")
+    if len(n.inputs) > 3:
+        kv_len = ctx.tensor_as(n.inputs[3], (bsz, 1))
+    else:
+        tail = sp.Integer(seq)
+
+        def uniform(b: dict[str, int]) -> np.ndarray:
+            nb, ln = concrete([bsz, length - tail], b)
+            return np.full((nb, 1), ln, dtype=np.int64)
+
+        kv_len = ctx.host_index(ctx.prefix() + "_kv_len", (bsz, 1), uniform)
+    add_gqa_decode(
+        ctx.graph,
+        q=ctx.tensor_as(q, (bsz * hq, dq)),
+        k_cache=ctx.tensor_as(k, (bsz * hkv * length, dk)),
+        v_cache=ctx.tensor_as(v, (bsz * hkv * length, dk)),
+        kv_len=kv_len,
+        out=ctx.declare(n.outputs[0]),
+        num_q_heads=op.num_q_heads,
+        num_kv_heads=op.num_kv_heads,
+        scale=op.scale,
+        tail_rows=int(seq),
+        tile_kv=ctx.options.tile_kv,
+        prefix=ctx.prefix(),
+    )
