@@ -168,3 +168,25 @@ def test_decode_step_raises_to_gqa_attention_rotary_and_norms(case: str, exporte
         (arange,) = [n.op for n in graph.ops(Arange)]
         assert (arange.start, arange.end) == (length, length + 1)
         assert isinstance(arange.start, sympy.Symbol)
+
+
+@pytest.mark.parametrize("case", ["qwen3-sdpa-opset20", "llama-sdpa-opset23"])
+def test_compiled_onnx_decode_step_serves_every_kv_length(case: str, exported: dict) -> None:
+    """One ``compile(path)`` for KV lengths 1, 17 and 300: equal outputs, growing latency."""
+    import torch2step
+
+    module, path = exported[case]
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(BATCH, 1, HIDDEN, generator=gen)
+    prog = None
+    latencies = []
+    for past in (1, 17, 300):
+        kv = [torch.randn(BATCH, KV_HEADS, past, HEAD_DIM, generator=gen) for _ in range(2)]
+        args = (x, *kv)
+        prog = prog or torch2step.compile(path, args)
+        with torch.no_grad():
+            want = module(*args)
+        for g, w in zip(prog.run(*args), want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+        latencies.append(prog.report(*args).latency_cycles)
+    assert latencies == sorted(latencies) and latencies[0] < latencies[-1]

@@ -222,3 +222,18 @@ def test_grouped_translation_runs_in_onnxruntime(exported: dict) -> None:
     (got,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():
         np.testing.assert_allclose(got, module(x).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_onnx_block_runs_and_reports(case: str, exported: dict) -> None:
+    """``compile(path)``: the STeP program equals the module; a report simulates it."""
+    import torch2step
+
+    module, path = exported[case]
+    inputs = _inputs(case)
+    prog = torch2step.compile(path, (inputs[0],))
+    for x in inputs:
+        with torch.no_grad():
+            want = module(x)
+        torch.testing.assert_close(prog.run(x), want, atol=1e-4, rtol=0)
+    assert prog.report(inputs[0]).latency_cycles > 0

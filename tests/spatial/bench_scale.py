@@ -7,14 +7,15 @@ simulation of large STeP graphs (not a test; run by hand)::
 
 Cases: ``matmul`` (a tiled matmul with thousands of tile products), ``moe`` (the SwiGLU MoE
 block of :func:`graphs.moe` at Qwen3-30B-A3B size: hidden 2048, intermediate 768, 128
-experts, top-8, 64 tokens), ``moe-example`` (``torch2step.examples.moe`` when present).
+experts, top-8, 64 tokens, bf16), ``moe-example`` (``torch2step.examples.moe_graph``, fp32, at the
+same size).  Both MoE graphs give every expert a dedicated region, so they run on a 50x50 mesh
+of step-sda cores (the 1040-core preset is too small for ~2400 units).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib
 import pstats
 import sys
 import time
@@ -52,14 +53,24 @@ def _measure(name: str, make, chip, profile: bool) -> None:  # type: ignore[no-u
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
+def _example_moe(tokens: int, experts: int) -> tuple:
+    from torch2step.examples import moe_graph, moe_inputs
+    from torch2step.step import run
+
+    kw = dict(num_experts=experts, top_k=min(8, experts), hidden=2048, intermediate=768)
+    prog = moe_graph(tokens=tokens, **kw)
+    return prog, run(prog, tensors=moe_inputs(tokens=tokens, **kw))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("cases", nargs="*", default=["matmul", "moe"])
+    ap.add_argument("cases", nargs="*", default=["matmul", "moe", "moe-example"])
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    big = with_mesh_shape(load_chip("step-sda"), 48, 48)
+    # one unit per operator: 128 dedicated expert regions need more than step-sda's 1040 cores
+    big = with_mesh_shape(load_chip("step-sda"), 50, 50)
     for case in args.cases:
         if case == "matmul":
             _measure(
@@ -69,23 +80,17 @@ def main() -> None:
                 args.profile,
             )
         elif case == "moe":
-            e = args.experts
             _measure(
-                f"MoE T={args.tokens} H=2048 I=768 E={e} top-8",
-                lambda e=e: moe(args.tokens, 2048, 768, e, 8, weights=False),
+                f"graphs.moe T={args.tokens} H=2048 I=768 E={args.experts} top-8 bf16",
+                lambda: moe(args.tokens, 2048, 768, args.experts, 8, weights=False),
                 big,
                 args.profile,
             )
         elif case == "moe-example":
-            ex = importlib.import_module("torch2step.examples.moe")
-            kw = dict(num_experts=args.experts, top_k=8, hidden=2048, intermediate=768)
             _measure(
-                f"examples.moe T={args.tokens} E={args.experts}",
-                lambda: (
-                    ex.moe_graph(tokens=args.tokens, **kw),
-                    ex.moe_inputs(tokens=args.tokens, **kw),
-                ),
-                load_chip("step-sda"),
+                f"examples.moe_graph T={args.tokens} H=2048 I=768 E={args.experts} top-8 fp32",
+                lambda: _example_moe(args.tokens, args.experts),
+                big,
                 args.profile,
             )
         else:

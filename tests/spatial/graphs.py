@@ -12,8 +12,6 @@ import numpy as np
 
 from torch2step.step import (
     Graph,
-    Program,
-    RunResult,
     SelectorType,
     dyn,
     fn,
@@ -21,12 +19,14 @@ from torch2step.step import (
     sel,
     zeros,
 )
+from torch2step.step import fn_library_models as _models  # noqa: F401  (registers to_selector)
 
 __all__ = [
     "load_store",
     "map_chain",
     "two_stage",
     "routed",
+    "regroup",
     "tiled_matmul",
     "moe",
     "moe_selectors",
@@ -65,18 +65,25 @@ def map_chain(
     return prog, run(prog, tensors={"a": _rand((r * tiles, c))})
 
 
-def two_stage(tiles: int, tile: tuple[int, int] = (16, 16), dtype: str = "bf16") -> tuple:
+def two_stage(
+    tiles: int, tile: tuple[int, int] = (16, 16), dtype: str = "bf16", chained: bool = True
+) -> tuple:
     """Two sub-programs chained through HBM: load ``a`` -> exp -> store ``t``; load ``t`` ->
-    exp -> store ``o`` (nodes ``ld1 m1 st1 ld2 m2 st2``)."""
+    exp -> store ``o`` (nodes ``ld1 m1 st1 ld2 m2 st2``).  ``chained=False``: the second one
+    loads another input ``b`` instead of ``t``."""
     r, c = tile
     g = Graph("two_stage")
     a = g.tensor("a", (r * tiles, c), dtype)
     t = g.tensor("t", (r * tiles, c), dtype)
     o = g.tensor("o", (r * tiles, c), dtype)
+    src = t if chained else g.tensor("b", (r * tiles, c), dtype)
     g.linear_store(g.map("exp", g.linear_load(a, tile, name="ld1"), name="m1"), t, name="st1")
-    g.linear_store(g.map("exp", g.linear_load(t, tile, name="ld2"), name="m2"), o, name="st2")
+    g.linear_store(g.map("exp", g.linear_load(src, tile, name="ld2"), name="m2"), o, name="st2")
     prog = g.build()
-    return prog, run(prog, tensors={"a": _rand((r * tiles, c)) * 0.1})
+    tensors = {"a": _rand((r * tiles, c)) * 0.1}
+    if not chained:
+        tensors["b"] = _rand((r * tiles, c), 1) * 0.1
+    return prog, run(prog, tensors=tensors)
 
 
 def routed(choices: Sequence[int], branches: int = 2, per_token: int = 4) -> tuple:
@@ -103,11 +110,35 @@ def routed(choices: Sequence[int], branches: int = 2, per_token: int = 4) -> tup
     return prog, run(prog, tensors={"a": data}, streams={"s": sels})
 
 
+def regroup(choices: Sequence[int], branches: int = 2) -> tuple:
+    """The MoE routing pattern in miniature: a selector stream *computed on the fabric*
+    (``to_selector`` of loaded ids, node ``sel``) feeds both a Partition and the Reassemble
+    that puts the branches back in token order.  Each branch packs all its 16x16 token tiles
+    into one tile (RetileRow) before splitting them again (RetileStreamify), so it emits
+    nothing until its last token arrived."""
+    n = len(choices)
+    g = Graph("regroup")
+    a = g.tensor("a", (16 * n, 16), "bf16")
+    ids_t = g.tensor("ids", (n, 1), "int64")
+    o = g.tensor("o", (16 * n, 16), "bf16")
+    x = g.linear_load(a, (16, 16), out_shape=(n,), stride=(1,), name="ld")  # [1, n]
+    ids = g.linear_load(ids_t, (1, 1), out_shape=(n,), stride=(1,), name="ld_ids")
+    s = g.map(fn("to_selector", n=branches), ids, name="sel")
+    outs = []
+    for e, part in enumerate(g.partition(x, s, branches, name="route")):
+        packed = g.accum(g.promote(part), "retile_row", zeros(0, 16, "bf16"), 1, name=f"pack{e}")
+        outs.append(g.flat_map(packed, fn("retile_streamify", rows=16), name=f"unpack{e}"))
+    g.linear_store(g.reassemble(outs, s, name="merge"), o, name="st")
+    prog = g.build()
+    tensors = {"a": _rand((16 * n, 16)), "ids": np.array(choices, np.int64).reshape(n, 1)}
+    return prog, run(prog, tensors=tensors)
+
+
 def tiled_matmul(m: int, k: int, n: int, tile: int = 64, dtype: str = "bf16") -> tuple:
     """``C = A @ B`` for ``A: [m, k]``, ``B: [k, n]`` in ``tile x tile`` tiles: each row block
     of A is buffered once and streamed once per column block of B; B is reloaded per row block;
     ``matmul_acc`` reduces over K (``(m/t) * (n/t) * (k/t)`` tile products)."""
-    mt, kt, nt = m // tile, k // tile, n // tile
+    kt, nt = k // tile, n // tile
     g = Graph("tiled_matmul")
     a = g.tensor("a", (m, k), dtype)
     b = g.tensor("b", (k, n), dtype)
@@ -131,7 +162,9 @@ def _zeros(rows: object, cols: int, dtype: str) -> object:
 def moe_selectors(tokens: int, experts: int, top_k: int, seed: int = 0) -> list:
     """A deterministic routing: token ``i`` picks ``top_k`` distinct experts at random."""
     rng = np.random.default_rng(seed)
-    return [[sel(*sorted(rng.choice(experts, top_k, replace=False).tolist())) for _ in range(tokens)]]
+    return [
+        [sel(*sorted(rng.choice(experts, top_k, replace=False).tolist())) for _ in range(tokens)]
+    ]
 
 
 def moe(

@@ -102,8 +102,9 @@ def add_gqa_decode(
     one = g.repeat(cursor, 1, name=f"{p}_cursor1")
     addrs = g.flat_map(one, fn("kv_rows", tail=tail_rows), name=f"{p}_addr")  # [.., R]
     chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")  # [.., C, tile_kv]
-    kept = g.flat_map(g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding",
-                      name=f"{p}_kv_addr")  # [1, B, Hkv, C, r]
+    kept = g.flat_map(
+        g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding", name=f"{p}_kv_addr"
+    )  # [1, B, Hkv, C, r]
     k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
     v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
     kv = g.accum(
@@ -184,8 +185,9 @@ def gqa_inputs(
     else:
         lens = torch.as_tensor(np.asarray(kv_lens), dtype=torch.int64)
     if lens.shape != (B,) or int(lens.min()) < 0 or int(lens.max()) > max_len - tail_rows:
-        raise ValueError(f"gqa_inputs: kv_lens {lens.tolist()} must be {B} values in "
-                         f"0..{max_len - tail_rows}")
+        raise ValueError(
+            f"gqa_inputs: kv_lens {lens.tolist()} must be {B} values in 0..{max_len - tail_rows}"
+        )
     return {
         "q": torch.randn(B * Hq, D, generator=gen),
         "k_cache": torch.randn(B * Hkv * max_len, D, generator=gen),

@@ -17,7 +17,9 @@ Structure (one graph serves every routing: the router's choices are data read fr
    dynamically sized on-chip buffer ``Buf[N_e]`` (seed 001 §3.2.2); for every ``tile_i``
    block of the intermediate dimension, Streamify reads the rows once and Accum(RetileRow)
    packs them into the expert's tile ``[N_e, H]`` (the tile *is* the set of its tokens),
-   split into ``[N_e, tile_h]`` column blocks when ``tile_h < H``.
+   split into ``[N_e, tile_h]`` column blocks when ``tile_h < H``.  (Bufferize takes only
+   statically sized tiles, seed 000 Table 3 ``Bufferize<S, ...>``: the buffer holds the
+   ``[1, H]`` rows and the dynamic tile is packed again for each ``tile_i`` block.)
 4. **Gate / up.** Weight tiles ``[tile_i, tile_h]`` are streamed from HBM by a
    LinearOffChipLoad whose reference is the expert's buffer stream, so an expert without
    tokens (``P_e = 0``, an empty stream, seed 003 §III-A) loads no weights at all.
@@ -28,7 +30,9 @@ Structure (one graph serves every routing: the router's choices are data read fr
    Accum(``retile_col``) joins them into ``[N_e, H]`` and Accum(``add``) sums the
    ``I/tile_i`` partial products (one Accum(``matmul_t_acc``) when ``tile_h = H``).
 6. **Routing weight.** ``pick_weight`` extracts the expert's weight of each token; the
-   ``[N_e, 1]`` column (RetileRow) scales the expert's output tile.
+   ``[N_e, 1]`` column (RetileRow) scales the expert's output tile.  The scaling happens
+   inside the expert because Reassemble orders a token's ``k`` rows by arrival (seed 001
+   §3.2.3), not by choice index.
 7. **Back to tokens.** FlatMap(RetileStreamify) splits the tile into rows; Reassemble with the
    same selectors gathers, for every token, its ``k`` expert rows (``[1, T, k]``); Accum(add)
    sums the choices and LinearOffChipStore writes ``out`` (every row).
@@ -39,6 +43,8 @@ divisor not above 256 (256 for the Mixtral and Qwen3 widths).  Off-chip traffic 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import sympy as sp
@@ -129,9 +135,16 @@ def add_moe(
     tile_i: int | None = None,
     prefix: str = "moe",
 ) -> None:
-    """Add the MoE layer to ``g`` (see the module docstring); node names start with
-    ``prefix`` and expert ``e``'s token count is the symbol ``{prefix}_n{e}``."""
-    T, H, I = _check_shapes(x, topk_idx, topk_w, w_gate, w_up, w_down, out, num_experts, top_k)
+    """Add the MoE layer to ``g`` (see the module docstring).
+
+    Every node is named ``{prefix}_...`` (tensors share the graph's namespace: keep their names
+    outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}``.
+    The accumulators are ``[N_e, ...]`` tiles, so :func:`torch2step.step.run` needs its shape
+    checks on (the default ``check=True``) to learn ``N_e`` from the Partition's output.
+    """
+    T, H, I = _check_shapes(  # noqa: E741 - the paper's names
+        x, topk_idx, topk_w, w_gate, w_up, w_down, out, num_experts, top_k
+    )
     if activation not in ACTIVATIONS:
         raise StepTypeError(
             f"add_moe: unknown activation {activation!r}; use one of {sorted(ACTIVATIONS)}"
@@ -145,78 +158,112 @@ def add_moe(
     E, p = num_experts, prefix
     counts = tuple(f"{p}_n{e}" for e in range(E))
 
-    rows = g.linear_load(x, (1, H), out_shape=(T,), stride=(1,), name=f"{p}_x")  # [1, T]
-    ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_ids")
-    wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w")
+    rows = g.linear_load(x, (1, H), out_shape=(T,), stride=(1,), name=f"{p}_x_ld")  # [1, T]
+    ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld")
+    wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w_ld")
     sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
     routed = g.partition(rows, sel, E, count_names=counts, name=f"{p}_route")
     route_info = g.zip(ids, wts, name=f"{p}_idw")
     infos = g.partition(route_info, sel, E, count_names=counts, name=f"{p}_route_w")
 
-    expert_rows = []
-    for e in range(E):
-        y = _expert(
-            g, e, routed[e], infos[e], dyn(counts[e]), (w_gate, w_up, w_down), H, I, th, ti,
-            ACTIVATIONS[activation], p,
-        )
-        expert_rows.append(y)
+    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype)
+    expert_rows = [
+        _expert(g, plan, e, routed[e], infos[e], dyn(counts[e]), (w_gate, w_up, w_down))
+        for e in range(E)
+    ]
     back = g.reassemble(expert_rows, sel, name=f"{p}_back")  # [1, T, k] of [1, H]
     total = g.accum(back, "add", zeros(1, H, out.dtype), 1, name=f"{p}_sum")  # [1, T]
     g.linear_store(total, out, name=f"{p}_store")
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What every expert branch shares: sizes, tiles, gated function, name prefix, dtype."""
+
+    H: int
+    I: int  # noqa: E741 - the paper's name
+    th: int
+    ti: int
+    act: str
+    prefix: str
+    dtype: str
+
+
 def _expert(
     g: Graph,
+    plan: _Plan,
     e: int,
     rows: Value,
     info: Value,
     n_e: sp.Symbol,
     weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
-    H: int,
-    I: int,  # noqa: E741
-    th: int,
-    ti: int,
-    act: str,
-    prefix: str,
 ) -> Value:
     """Expert ``e``'s branch: its token rows ``[N_e]`` in, its scaled output rows out."""
+    H, th, ti, dt = plan.H, plan.th, plan.ti, plan.dtype
     w_gate, w_up, w_down = weights
-    nh, ni = H // th, I // ti
-    q = f"{prefix}_e{e}"
+    nh, ni = H // th, plan.I // ti
+    q = f"{plan.prefix}_e{e}"
     buf = g.bufferize(g.promote(rows, name=f"{q}_tile"), 1, name=f"{q}_buf")  # [P_e] Buf[N_e]
     per_i = g.repeat(buf, ni, name=f"{q}_per_i")  # [P_e, I/ti]
     again = g.streamify(buf, per_i, name=f"{q}_rows")  # [P_e, I/ti, N_e] of [1, H]
-    xt = g.accum(again, "retile_row", zeros(0, H), 1, name=f"{q}_xt")  # [P_e, I/ti] [N_e, H]
+    xt = g.accum(again, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt")  # [P_e, I/ti] [N_e, H]
     xt = g.repeat(xt, 1, name=f"{q}_xt1")
     if nh > 1:
         xt = g.flat_map(xt, fn("split_cols", cols=th), name=f"{q}_xh")  # [.., H/th] [N_e, th]
 
     def gate_up(w: OffChipTensor, what: str) -> Value:
         wt = g.linear_load(
-            w, (ti, th), ref=buf, out_shape=(ni, nh), stride=(nh, 1), base=e * ni * nh,
+            w,
+            (ti, th),
+            ref=buf,
+            out_shape=(ni, nh),
+            stride=(nh, 1),
+            base=e * ni * nh,
             name=f"{q}_{what}_w",
         )  # [P_e, I/ti, H/th] of [ti, th]
         pair = g.zip(xt, wt, name=f"{q}_{what}_in")
-        return g.accum(pair, "matmul_t_acc", fn("zeros", shape=(n_e, ti)), 1, name=f"{q}_{what}")
+        return g.accum(
+            pair, "matmul_t_acc", fn("zeros", shape=(n_e, ti), dtype=dt), 1, name=f"{q}_{what}"
+        )
 
-    h = g.map(act, gate_up(w_gate, "gate"), gate_up(w_up, "up"), name=f"{q}_act")
+    gu = g.zip(gate_up(w_gate, "gate"), gate_up(w_up, "up"), name=f"{q}_act_in")
+    h = g.map(plan.act, gu, name=f"{q}_act")
     wd = g.linear_load(
-        w_down, (th, ti), ref=buf, out_shape=(ni, nh), stride=(1, ni), base=e * nh * ni,
+        w_down,
+        (th, ti),
+        ref=buf,
+        out_shape=(ni, nh),
+        stride=(1, ni),
+        base=e * nh * ni,
         name=f"{q}_down_w",
     )  # [P_e, I/ti, H/th] of [th, ti]
     h_rep = g.repeat(h, nh, name=f"{q}_h_rep")  # [P_e, I/ti, H/th] of [N_e, ti]
     pair = g.zip(h_rep, wd, name=f"{q}_down_in")
     if nh == 1:
-        y = g.accum(pair, "matmul_t_acc", fn("zeros", shape=(n_e, H)), 2, name=f"{q}_down")
+        y = g.accum(
+            pair, "matmul_t_acc", fn("zeros", shape=(n_e, H), dtype=dt), 2, name=f"{q}_down"
+        )
     else:
         part = g.map("matmul_t", pair, name=f"{q}_down_mm")  # [.., H/th] of [N_e, th]
-        cols = g.accum(part, "retile_col", fn("zeros", shape=(n_e, 0)), 1, name=f"{q}_down_cat")
-        y = g.accum(cols, "add", fn("zeros", shape=(n_e, H)), 1, name=f"{q}_down")  # [P_e]
+        cols = g.accum(
+            part, "retile_col", fn("zeros", shape=(n_e, 0), dtype=dt), 1, name=f"{q}_down_cat"
+        )
+        y = g.accum(
+            cols, "add", fn("zeros", shape=(n_e, H), dtype=dt), 1, name=f"{q}_down"
+        )  # [P_e]
 
     w_e = g.map(fn("pick_weight", expert=e), info, name=f"{q}_gw")  # [N_e] of [1, 1]
-    w_col = g.accum(g.promote(w_e, name=f"{q}_gw_tile"), "retile_row", zeros(0, 1), 1,
-                    name=f"{q}_gw_col")  # [P_e] of [N_e, 1]
-    scaled = g.map("mul", y, w_col, name=f"{q}_scaled")  # [P_e] of [N_e, H]
+    info_dt = w_e.type.dtype.dtype  # type: ignore[attr-defined]
+    w_col = g.accum(
+        g.promote(w_e, name=f"{q}_gw_tile"),
+        "retile_row",
+        zeros(0, 1, info_dt),
+        1,
+        name=f"{q}_gw_col",
+    )  # [P_e] of [N_e, 1]
+    scaled = g.map(
+        "mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled"
+    )  # [P_e] of [N_e, H]
     return g.flat_map(scaled, fn("retile_streamify", rows=1), name=f"{q}_out")  # rows
 
 
@@ -255,9 +302,11 @@ def moe_graph(
 def random_routing(tokens: int, num_experts: int, top_k: int, seed: int = 0) -> np.ndarray:
     """``(tokens, top_k)`` int64 distinct expert ids per token, uniformly at random."""
     rng = np.random.default_rng(seed)
-    return np.stack([rng.permutation(num_experts)[:top_k] for _ in range(tokens)]).astype(
-        np.int64
-    ).reshape(tokens, top_k)
+    return (
+        np.stack([rng.permutation(num_experts)[:top_k] for _ in range(tokens)])
+        .astype(np.int64)
+        .reshape(tokens, top_k)
+    )
 
 
 def moe_inputs(

@@ -59,8 +59,8 @@ def _gather_rows(ctx: LowerCtx, n: Node, compute: Callable[[dict[str, int]], np.
     """Output rows in order, row ``r`` read from source row ``compute(b)[r]``."""
     src, out = n.inputs[0], n.outputs[0]
     p = ctx.placed[src]
-    if sp.simplify(p.tensor.shape[-1] - p.cols) != 0 or len(p.tensor.shape) != 2:
-        raise ctx.fail(f"{src} is a view with a different row width; cannot move its rows")
+    if sp.simplify(sp.Mod(p.tensor.shape[-1], p.cols)) != 0:
+        raise ctx.fail(f"{src} is a view merging rows of {p.tensor.name}; cannot move its rows")
     addr = _addr_stream(ctx, ctx.prefix() + "_rows", ctx.shape(out), compute)
     rows = ctx.graph.random_load(addr, p.tensor, (1, int(p.cols)))
     ctx.store_rows(rows, out)
@@ -167,9 +167,6 @@ def lower_concat(ctx: LowerCtx, n: Node) -> None:
         if i == 0 and in_place:
             ctx.prefill[t.name] = (v, rows_for(0))
             continue
-        p = ctx.placed[v]
-        if len(p.tensor.shape) != 2 or sp.simplify(p.tensor.shape[-1] - p.cols) != 0:
-            raise ctx.fail(f"{v} is a view with a different row width; cannot scatter it")
         rows = ctx.load_rows(v)
         addr = _addr_stream(ctx, f"{ctx.prefix()}_rows{i}", ctx.shape(v), rows_for(i))
         ctx.graph.random_store(addr, rows, t)

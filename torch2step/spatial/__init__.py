@@ -16,18 +16,25 @@ and the programs run on the event simulator (:func:`simulate_graph`)::
     print(out.summary()); print(format_placement(out.placement))
 
 Per-unit behaviour is one emitter per operator class (:data:`EMITTERS`); the per-element timing
-rules are in the docstrings of :mod:`.emit_memory`, :mod:`.emit_compute` and
-:mod:`.emit_routing`.  Flatten, Promote, Zip and Reshape are wires by default (no unit,
-:mod:`.structure`).  :func:`roofline_cycles` is the chip-level lower bound.
+rules are in the docstrings of :mod:`.emit_memory`, :mod:`.emit_compute`, :mod:`.emit_routing`
+and :mod:`.emit_shape`.  Flatten, Promote, Zip and Reshape are wires by default (no unit,
+:mod:`.structure`).  Sub-programs chained through off-chip tensors keep their read-after-write
+order with completion tokens (:mod:`.hazards`); FIFOs that deadlock the run on reconvergent
+paths are made as deep as their streams (:mod:`.fifos`).  :func:`roofline_cycles` is the
+chip-level lower bound; :class:`SpatialResult` (:mod:`.result`) lists everything a report
+needs.
 """
 
+from .hazards import OffChipDep, offchip_deps
 from .placement import WALKS, Placement, Unit, format_placement, place, walk_cores
 from .plan import EMITTERS, SpatialPlan, UnitInfo, build_plan
-from .simulate import SpatialResult, UnitRecord, roofline_cycles, simulate_graph, simulate_plan
+from .result import CATEGORIES, SpatialResult, UnitRecord
+from .simulate import roofline_cycles, simulate_graph, simulate_plan
 from .structure import DEFAULT_WIRES, WIREABLE
 from .timing import STEP_KERNEL, UnitConfig, simulation_chip
 
 __all__ = [
+    "CATEGORIES",
     "DEFAULT_WIRES",
     "EMITTERS",
     "STEP_KERNEL",
@@ -41,7 +48,9 @@ __all__ = [
     "UnitInfo",
     "UnitRecord",
     "build_plan",
+    "OffChipDep",
     "format_placement",
+    "offchip_deps",
     "place",
     "roofline_cycles",
     "simulate_graph",

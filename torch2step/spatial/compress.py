@@ -3,8 +3,14 @@
 A unit program is produced as a list of *steps* (one per element it handles).  Consecutive
 repetitions of a block of up to ``max_period`` steps become ``Loop(count, block)``; the pass
 repeats on its own output, so nested stream structure (a reduction of ``L`` elements, ``B``
-times) becomes nested loops, and rotating buffers (period 2 or more) still fold.  Blocks are
-compared by value (instructions are frozen dataclasses).
+times) becomes nested loops, and rotating buffers (period ``d`` for ``d`` buffers: a DMA unit
+keeps up to 16 tiles in flight) still fold.  Blocks are compared by value (instructions are
+frozen dataclasses), through one integer id per distinct block.
+
+Each pass folds the repetitions of the shortest period that repeats anywhere, so inner loops
+form before outer ones (a reduction's repeated middle steps, then the reductions).  Only periods
+at which the block at ``i`` recurs are tried (the distances to the next occurrences of the same
+id, from a next-occurrence array), so a pass costs about one comparison of blocks per step.
 """
 
 from __future__ import annotations
@@ -13,39 +19,78 @@ from collections.abc import Sequence
 
 from lowering.isa import Instr, Loop
 
-__all__ = ["compress"]
+__all__ = ["compress", "MAX_PERIOD"]
+
+#: Longest block folded (in steps): covers the 16 rotating buffers of a DMA unit with room.
+MAX_PERIOD = 64
 
 Block = tuple[Instr, ...]
 
 
-def _fold_once(items: list[Block], max_period: int) -> list[Block]:
+def _repeats(ids: list[int], i: int, p: int, n: int) -> int:
+    """How many times the block ``ids[i : i + p]`` repeats back to back from ``i``."""
+    pattern = ids[i : i + p]
+    c = 1
+    j = i + p
+    while j + p <= n and ids[j : j + p] == pattern:
+        c += 1
+        j += p
+    return c
+
+
+def _ids(items: list[Block]) -> tuple[list[int], list[int]]:
+    """One id per distinct block, and for every position the next position with the same id
+    (``len(items)`` when none)."""
     table: dict[Block, int] = {}
     ids = [table.setdefault(b, len(table)) for b in items]
+    n = len(ids)
+    nxt = [n] * n
+    last: dict[int, int] = {}
+    for j in range(n - 1, -1, -1):
+        nxt[j] = last.get(ids[j], n)
+        last[ids[j]] = j
+    return ids, nxt
+
+
+def _shortest_period(ids: list[int], nxt: list[int], i: int, max_period: int) -> int:
+    """The shortest period ``p`` whose block at ``i`` repeats at once (0: none)."""
+    n = len(ids)
+    j = nxt[i]
+    while j < n and j - i <= max_period:
+        p = j - i
+        if i + 2 * p > n:
+            return 0
+        if ids[j : j + p] == ids[i : i + p]:
+            return p
+        j = nxt[j]
+    return 0
+
+
+def _fold_once(items: list[Block], max_period: int) -> list[Block]:
+    """Fold every repetition of the shortest period that repeats anywhere (innermost loops
+    first, so nested stream structure becomes nested loops)."""
+    ids, nxt = _ids(items)
     n = len(items)
+    periods = [_shortest_period(ids, nxt, i, max_period) for i in range(n)]
+    found = [p for p in periods if p]
+    if not found:
+        return items
+    want = min(found)
     out: list[Block] = []
     i = 0
     while i < n:
-        best_count, best_period = 1, 1
-        for p in range(1, max_period + 1):
-            if i + 2 * p > n:
-                break
-            pattern = ids[i : i + p]
-            c = 1
-            while i + (c + 1) * p <= n and ids[i + c * p : i + (c + 1) * p] == pattern:
-                c += 1
-            if c >= 2 and c * p > best_count * best_period:
-                best_count, best_period = c, p
-        if best_count >= 2:
-            body = tuple(x for b in items[i : i + best_period] for x in b)
-            out.append((Loop(best_count, body),))
-            i += best_count * best_period
+        if periods[i] == want:
+            c = _repeats(ids, i, want, n)
+            body = tuple(x for b in items[i : i + want] for x in b)
+            out.append((Loop(c, body),))
+            i += c * want
         else:
             out.append(items[i])
             i += 1
     return out
 
 
-def compress(steps: Sequence[Block], max_period: int = 8) -> tuple[Instr, ...]:
+def compress(steps: Sequence[Block], max_period: int = MAX_PERIOD) -> tuple[Instr, ...]:
     """The instructions of ``steps`` with repetitions folded into (nested) loops."""
     items = [s for s in steps if s]
     while True:

@@ -53,6 +53,7 @@ class _Cost:
         self.cfg: UnitConfig = ctx.config(op)
         self.src = src
         self._types: dict[Any, DataType] = {}
+        self._steps: dict[Any, tuple[int, int]] = {}
 
     def type_of(self, x: Any, t: DataType) -> DataType:
         key = (_shape_key(x), id(t))
@@ -64,6 +65,37 @@ class _Cost:
     def cycles(self, flops: int, elem_type: DataType, in_parts: tuple, out_parts: tuple) -> int:
         rate = self.t.rate(_dtype(elem_type), self.cfg)
         return self.t.roofline(flops, _data_bytes(in_parts), _data_bytes(out_parts), rate, self.cfg)
+
+    def _bytes_key(self, in_parts: tuple, out_parts: tuple) -> tuple[int, int]:
+        cfg = self.cfg
+        return (
+            _data_bytes(in_parts) if cfg.reads_memory else 0,
+            _data_bytes(out_parts) if cfg.writes_memory else 0,
+        )
+
+    def map_step(
+        self, f: Any, x: Any, t: DataType, in_parts: tuple, out_parts: tuple
+    ) -> tuple[int, int]:
+        """``(cycles, flops)`` of applying ``f`` to element ``x`` (cached by shapes)."""
+        key = (_shape_key(x), self._bytes_key(in_parts, out_parts))
+        hit = self._steps.get(key)
+        if hit is None:
+            et = self.type_of(x, t)
+            fl = self.t.map_flops(f, et)
+            hit = self._steps[key] = (self.cycles(fl, et, in_parts, out_parts), fl)
+        return hit
+
+    def update_step(
+        self, f: Any, x: Any, t: DataType, s: Any, st: DataType, in_parts: tuple, out_parts: tuple
+    ) -> tuple[int, int]:
+        """``(cycles, flops)`` of updating state ``s`` by element ``x`` (cached by shapes)."""
+        key = (_shape_key(x), _shape_key(s), self._bytes_key(in_parts, out_parts))
+        hit = self._steps.get(key)
+        if hit is None:
+            et = self.type_of(x, t)
+            fl = self.t.update_flops(f, et, self.type_of(s, st))
+            hit = self._steps[key] = (self.cycles(fl, et, in_parts, out_parts), fl)
+        return hit
 
 
 def _shape_key(x: Any) -> Any:
@@ -81,10 +113,9 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cost = _Cost(ctx, op, x)
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
-        et = cost.type_of(val, x.dtype)
-        fl = ctx.timing.map_flops(op.fn, et)
         parts = out.parts(k)
-        y = b.compute(cost.cycles(fl, et, x.parts(k), parts), (e,), parts, flops=fl)
+        c, fl = cost.map_step(op.fn, val, x.dtype, x.parts(k), parts)
+        y = b.compute(c, (e,), parts, flops=fl)
         b.send(out, k, y)
         b.step()
 
@@ -104,11 +135,10 @@ def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
             e = b.recv(x, k)
             o = k if scan else r
             parts = out.parts(o)
-            et = cost.type_of(val, x.dtype)
-            st = cost.type_of(out.flat[o], out.dtype)
-            fl = ctx.timing.update_flops(op.fn, et, st)
             last = scan or n == len(elems) - 1
-            c = cost.cycles(fl, et, x.parts(k), parts if last else ())
+            c, fl = cost.update_step(
+                op.fn, val, x.dtype, out.flat[o], out.dtype, x.parts(k), parts if last else ()
+            )
             ins = (e,) if state is None else (e, state)
             into = None if scan or state is None else state
             state = b.compute(c, ins, parts, role="acc", flops=fl, into=into)
@@ -152,11 +182,12 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             b.compute(cost.cycles(fl, et, x.parts(k), out_parts), (e,), flops=fl)
         elif not produced:
             b.consume(e)
-        for _ in range(produced):
+        b.step()
+        for _ in range(produced):  # one step each, so the expansion folds into a loop
             y = b.compute(1, (e,), out.parts(j))
             b.send(out, j, y)
             j += 1
-        b.step()
+            b.step()
 
 
 #: Operator class -> emitter of its unit's program.

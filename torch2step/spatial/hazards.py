@@ -23,10 +23,9 @@ cycle of link occupancy).
 Assumptions: each off-chip tensor is written once per graph (the layer lowering's rule);
 tensors that are graph inputs are already present, so a load that precedes every store of its
 tensor in program order (a KV cache that a later RandomOffChipStore appends one row to) does not
-wait, and write-after-read and write-after-write are not ordered.  A graph whose later
-sub-program also needs a stream of the earlier one *directly* can deadlock with bounded FIFOs
-(the earlier producer blocks on the later consumer, which waits for the token); the simulator
-reports that as a :class:`~runtime.DeadlockError` naming who waits on whom.
+wait, and write-after-read and write-after-write are not ordered.  When a later sub-program also
+reads a stream of the earlier one *directly* (a residual), that stream's FIFO fills while its
+consumer waits for the token; the simulation then deepens it (:mod:`.fifos`).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from torch2step.step.ops_memory import (
     RandomOffChipStore,
 )
 
-__all__ = ["OffChipDep", "offchip_deps", "token_channel"]
+__all__ = ["OffChipDep", "offchip_deps", "token_channel", "fence_group"]
 
 _LOADS = (LinearOffChipLoad, RandomOffChipLoad)
 _STORES = (LinearOffChipStore, RandomOffChipStore)
@@ -61,6 +60,11 @@ def token_channel(store: str) -> str:
     """Name of the completion-token channel of store node ``store`` (not an identifier, so it
     never collides with a stream name)."""
     return f"{store}.done"
+
+
+def fence_group(unit: str) -> str:
+    """Name of the one-core barrier group the storing unit ``unit`` fences with."""
+    return f"{unit}.fence"
 
 
 def offchip_deps(graph: Program) -> tuple[OffChipDep, ...]:

@@ -201,8 +201,9 @@ def place_structure(
         raise ScheduleError(
             f"graph {st.graph.name!r} needs {total} cores for its {len(st.units)} units (one per "
             f"STeP operator: {listing}{mem}) but chip {chip.name!r} has {chip.num_cores} cores; "
-            "use a chip with more cores (e.g. hwmodel.with_mesh_shape or a bigger preset) or "
-            "coarser tiles / fewer parallel regions so the graph has fewer operators"
+            "use a chip with more cores (e.g. hwmodel.with_mesh_shape or a bigger preset), or "
+            "give the graph fewer operators: coarser tiles, fewer parallel regions, or "
+            "time-multiplexed expert regions (EagerMerge + RandomOffChipLoad, seed 000 §5.3)"
         )
     cores = walk_cores(chip, walk)
     slots: dict[int, tuple[int, ...]] = {}

@@ -9,7 +9,11 @@
    cores;
 4. place the units, each on cores enough for its buffers (:mod:`.placement`);
 5. bind channels (one per unit-produced stream that another unit reads, multicast to all of
-   them, FIFO depth ``fifo_depth`` or the core's) and HBM tensors (:mod:`.context`).
+   them, FIFO depth ``fifo_depth`` or the core's), the completion-token channels and fences
+   of off-chip read-after-write dependences (:mod:`.hazards`) and HBM tensors
+   (:mod:`.context`); a channel that deadlocks the run is deepened when simulating
+   (:mod:`.fifos`), for which ``SpatialPlan.messages`` / ``message_bytes`` count each
+   channel's traffic.
 
 The programs are the graph's operators specialised to this run's control values (how many
 tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
@@ -33,6 +37,7 @@ from .emit_compute import EMITTERS as _COMPUTE
 from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
 from .emit_shape import EMITTERS as _SHAPE
+from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
 from .streams import build_streams
 from .structure import DEFAULT_WIRES, analyse
@@ -62,7 +67,8 @@ class UnitInfo:
 @dataclass(frozen=True)
 class SpatialPlan:
     """Placed programs of one graph and run: ``programs`` run on ``sim_chip`` (``chip`` as
-    :func:`~.timing.simulation_chip` adapts it)."""
+    :func:`~.timing.simulation_chip` adapts it); ``messages`` / ``message_bytes``: per channel,
+    the messages and bytes it carries in this run."""
 
     graph: StepProgram
     chip: Chip
@@ -70,6 +76,8 @@ class SpatialPlan:
     placement: Placement
     programs: ProgramSet
     units: tuple[UnitInfo, ...]
+    messages: dict[str, int]
+    message_bytes: dict[str, int]
 
     @property
     def flops(self) -> int:
@@ -118,6 +126,18 @@ def build_plan(
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
         reads.append(mine)
+    waits: list[dict[str, list[str]]] = [{} for _ in st.units]
+    notify: dict[int, str] = {}
+    token_dsts: dict[str, set[int]] = {}
+    for dep in offchip_deps(graph):
+        src = st.unit_index(dep.store)
+        ch = token_channel(dep.store)
+        for ld in dep.loads:
+            k = st.unit_index(ld)
+            if k != src and k not in token_dsts.setdefault(ch, set()):
+                token_dsts[ch].add(k)
+                waits[k].setdefault(dep.tensor, []).append(ch)
+                notify[src] = ch
     bodies = []
     infos = []
     for k, ops in enumerate(st.units):
@@ -132,6 +152,8 @@ def build_plan(
             timing,
             lambda ch: ch in dsts,
             lambda ch, k=k: unit_of_chan.get(ch) == k,
+            waits[k],
+            notify.get(k),
         )
         emit(ctx, b, ops)
         _check_unit_inputs(b, ctx, reads[k])
@@ -153,7 +175,16 @@ def build_plan(
         Channel(ch, core[unit_of_chan[ch]], tuple(sorted(core[d] for d in dsts[ch])), fifo_depth)
         for ch in streams
         if ch in dsts
+    ) + tuple(
+        Channel(ch, core[src], tuple(sorted(core[d] for d in token_dsts[ch])), fifo_depth)
+        for src, ch in sorted(notify.items())
     )
+    messages = {ch: streams[ch].messages for ch in dsts} | {ch: 1 for ch in token_dsts}
+    message_bytes = {
+        ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
+        for ch in dsts
+    } | {ch: 4 for ch in token_dsts}
+    fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))
     tensors = tuple(TensorDecl(lay.name, (lay.elems,), lay.dtype) for lay in ctx.layouts.values())
     programs = ProgramSet(
         tuple(
@@ -161,9 +192,18 @@ def build_plan(
         ),
         channels,
         tensors,
-        (),
+        fences,
         graph.name,
         (("graph", graph.name), ("chip", c.name), ("placement", placement.walk)),
     )
     pool = max((len(u.cores) for u in placement.units), default=1)
-    return SpatialPlan(graph, c, simulation_chip(c, pool), placement, programs, tuple(infos))
+    return SpatialPlan(
+        graph,
+        c,
+        simulation_chip(c, pool),
+        placement,
+        programs,
+        tuple(infos),
+        messages,
+        message_bytes,
+    )

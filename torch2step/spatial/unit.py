@@ -13,6 +13,9 @@ instructions of :mod:`lowering.isa`:
 * ``send(stream, k, elem)`` sends element ``k`` of an output stream (nothing if no unit reads
   the stream); control values carry the run's values.
 * ``load`` / ``store`` access an HBM tensor at an element offset held in an address register.
+* Off-chip dependences (:mod:`.hazards`): ``waits`` maps a tensor to the completion-token
+  channels its first ``load`` receives from first; ``notify`` is the token channel a storing
+  unit sends on after a fence at its end.
 
 Buffers are named per role and rotate among ``rotation`` copies (so a unit can receive or
 compute the next element while the previous one is still being sent); each is allocated once, at
@@ -29,6 +32,7 @@ from lowering.isa import (
     DTYPE_BYTES,
     Affine,
     Alloc,
+    Barrier,
     Compute,
     Instr,
     Load,
@@ -43,6 +47,7 @@ from lowering.isa import (
 from torch2step.errors import LoweringError
 
 from .compress import compress
+from .hazards import fence_group
 from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, TimingModel
 
@@ -68,7 +73,8 @@ class UnitBuilder:
     """Instruction steps of one unit (see the module docstring).
 
     ``has_dsts(channel)`` tells whether any other unit receives a channel; ``own(channel)``
-    whether this unit produces it (its own streams are internal, never received)."""
+    whether this unit produces it (its own streams are internal, never received); ``waits``
+    and ``notify`` are the unit's off-chip dependences (module docstring)."""
 
     def __init__(
         self,
@@ -76,11 +82,15 @@ class UnitBuilder:
         timing: TimingModel,
         has_dsts: Callable[[str], bool],
         own: Callable[[str], bool],
+        waits: dict[str, list[str]] | None = None,
+        notify: str | None = None,
     ) -> None:
         self.name = name
         self.timing = timing
         self.has_dsts = has_dsts
         self.own = own
+        self.waits = {t: list(chs) for t, chs in (waits or {}).items()}
+        self.notify = notify
         self.steps: list[tuple[Instr, ...]] = []
         self.cur: list[Instr] = []
         self.pools: dict[tuple, _Pool] = {}
@@ -207,7 +217,7 @@ class UnitBuilder:
         missing = [
             i
             for i, (p, (q, b)) in enumerate(zip(parts, elem))
-            if p.kind == "data" and (b is None or q.kind != "data")
+            if (b is None or q.kind != "data") and p.kind == "data"
         ]
         if not missing:
             return elem
@@ -250,6 +260,7 @@ class UnitBuilder:
     ) -> Elem:
         """Load ``part.elems`` elements of ``tensor`` from element ``start`` (a number, kept in
         an address register, or an expression of a received register)."""
+        self._await(tensor)
         at = self._addr(reg, start) if isinstance(start, int) else start
         b = self.buffer(("ld",), part.dtype, part.elems, rotation)
         self.content.pop(b, None)
@@ -264,6 +275,11 @@ class UnitBuilder:
         at = self._addr(reg, start) if isinstance(start, int) else start
         assert b is not None
         self.emit(Store(b, tensor, Region((at,), (part.elems,))))
+
+    def _await(self, tensor: str) -> None:
+        """Receive the completion tokens of the earlier stores of ``tensor`` (once)."""
+        for ch in self.waits.pop(tensor, ()):
+            self.emit(RecvValue(ch, f"done.{ch}"))
 
     # -- result ----------------------------------------------------------------------------------
 
@@ -284,6 +300,12 @@ class UnitBuilder:
         )
 
     def body(self) -> tuple[Instr, ...]:
-        """The program: allocations, then the steps with repetitions folded into loops."""
+        """The program: allocations, then the steps with repetitions folded into loops, then
+        the tokens of off-chip dependences (leftover waits; the fence and the notification)."""
+        self.step()
+        for tensor in sorted(self.waits):
+            self._await(tensor)
+        if self.notify is not None:
+            self.emit(Barrier(fence_group(self.name)), SendValue(self.notify, 1))
         self.step()
         return self.allocs() + compress(self.steps)

@@ -31,6 +31,7 @@ FLOP counts follow :mod:`~torch2step.step.fn_library`: GELU(erf) 8 per element, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import sympy as sp
@@ -120,6 +121,19 @@ def _gated_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
     return a
 
 
+def _gated_spec(name: str, act: Callable[[np.ndarray], np.ndarray], per: int, doc: str) -> FnSpec:
+    """A 2-argument map ``act(a) * b`` with ``per`` FLOPs per element."""
+    return FnSpec(
+        name,
+        "map",
+        2,
+        _gated_rule,
+        lambda f, a, b: (act(a) * b).astype(a.dtype, copy=False),
+        flops=lambda f, args: per * _elems(_tile(f, args[0])),
+        doc=doc,
+    )
+
+
 # ---------------------------------------------------------------- packing
 
 
@@ -143,9 +157,7 @@ def _pair_state(f: Fn, acc: DataType) -> tuple[TileType, TileType]:
     return _tile(f, acc.elems[0], "accumulator"), _tile(f, acc.elems[1], "accumulator")
 
 
-def _pair_accum(
-    f: Fn, args: tuple[DataType, ...], init: DataType, count: sp.Expr
-) -> DataType:
+def _pair_accum(f: Fn, args: tuple[DataType, ...], init: DataType, count: sp.Expr) -> DataType:
     a0, a1 = _pair_state(f, init)
     r0, r1 = _tile(f, args[0], "first row"), _tile(f, args[1], "second row")
     _eq(f, r0.shape[0], r1.shape[0], "rows of the two members")
@@ -153,7 +165,9 @@ def _pair_accum(
     _eq(f, r0.shape[1], a0.shape[1], "first row and accumulator cols")
     _eq(f, r1.shape[1], a1.shape[1], "second row and accumulator cols")
     rows = a0.shape[0] + count * r0.shape[0]
-    return TupleType((TileType((rows, a0.shape[1]), a0.dtype), TileType((rows, a1.shape[1]), a1.dtype)))
+    return TupleType(
+        (TileType((rows, a0.shape[1]), a0.dtype), TileType((rows, a1.shape[1]), a1.dtype))
+    )
 
 
 def _pair_rule(f: Fn, args: tuple[DataType, ...], acc: DataType) -> DataType:
@@ -247,18 +261,7 @@ MODEL_FNS: tuple[FnSpec, ...] = (
         flops=lambda f, args: 2 * _elems(_tile(f, args[0])),
         doc="(ids [1,k], weights [1,k]) -> [1,1] weight of one expert, pick_weight(expert=e)",
     ),
-    *(
-        FnSpec(
-            name,
-            "map",
-            2,
-            _gated_rule,
-            (lambda act: lambda f, a, b: (act(a) * b).astype(a.dtype, copy=False))(act),
-            flops=(lambda per: lambda f, args: per * _elems(_tile(f, args[0])))(per),
-            doc=doc,
-        )
-        for name, (act, per, doc) in _GATED.items()
-    ),
+    *(_gated_spec(name, act, per, doc) for name, (act, per, doc) in _GATED.items()),
     FnSpec(
         "retile_col",
         "update",

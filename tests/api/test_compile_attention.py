@@ -1,0 +1,53 @@
+"""One compiled decode step of HF Qwen3 / Llama attention (GQA: 8 query heads, 2 KV heads)
+serves every KV length; outputs equal PyTorch and the latency grows with the KV length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_blocks import DecodeStep, decode_inputs
+
+import torch2step
+
+CASES = ["qwen3-sdpa", "llama-sdpa", "qwen3-eager"]
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, tuple[torch.nn.Module, torch2step.Program]]:
+    out = {}
+    for case in CASES:
+        family, impl = case.split("-")
+        module = DecodeStep(family, impl).eval()
+        out[case] = (module, torch2step.compile(module, decode_inputs(2, 5, 0)))
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_program_serves_every_kv_length(case: str, compiled: dict) -> None:
+    module, prog = compiled[case]
+    latencies = []
+    for past in (1, 17, 300):
+        xs = decode_inputs(3, past, past)
+        with torch.no_grad():
+            want = module(*xs)
+        got = prog.run(*xs)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        latencies.append(prog.report(*xs).latency_cycles)
+    assert latencies[0] < latencies[1] < latencies[2], latencies
+
+
+def test_ragged_kv_lengths() -> None:
+    module = DecodeStep("qwen3", "sdpa").eval()
+    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True))
+    for batch, past, seed in ((3, 9, 1), (4, 40, 2)):
+        xs = decode_inputs(batch, past, seed, lengths=True)
+        with torch.no_grad():
+            want = module(*xs)
+        for a, b in zip(prog.run(*xs), want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    short = list(decode_inputs(4, 64, 5, lengths=True))
+    long = list(short)
+    short[3] = torch.tensor([1, 2, 1, 3])
+    long[3] = torch.tensor([60, 64, 50, 64])
+    assert prog.report(*short).latency_cycles < prog.report(*long).latency_cycles

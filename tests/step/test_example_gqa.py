@@ -1,0 +1,162 @@
+"""The hand-built decode-GQA graph (online softmax over ragged KV caches, seed 000 §5.1/§5.4)
+against plain PyTorch.  Golden printed graphs: tests/step/golden/ (``UPDATE_GOLDEN=1``)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy as sp
+
+from torch2step.errors import StepTypeError
+from torch2step.examples import add_gqa_decode, gqa_decode_graph, gqa_inputs, gqa_reference
+from torch2step.step import Graph, RunResult, StepRuntimeError, dyn, metrics, run
+
+GOLDEN = Path(__file__).parent / "golden"
+D = 8
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare ``text`` with golden/<name> (``UPDATE_GOLDEN=1`` rewrites the file)."""
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text + "\n")
+    assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
+    assert text + "\n" == path.read_text(), f"{name} differs; rerun with UPDATE_GOLDEN=1"
+
+
+def _run(
+    checked_run: Callable[..., RunResult],
+    *,
+    hq: int,
+    hkv: int,
+    lens: list[int],
+    max_len: int,
+    tail: int = 0,
+    tile_kv: int = 4,
+    seed: int = 0,
+) -> RunResult:
+    scale = 1 / math.sqrt(D)
+    prog = gqa_decode_graph(
+        num_q_heads=hq, num_kv_heads=hkv, head_dim=D, tail_rows=tail, tile_kv=tile_kv
+    )
+    inp = gqa_inputs(
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=D,
+        batch=len(lens),
+        max_len=max_len,
+        kv_lens=lens,
+        tail_rows=tail,
+        seed=seed,
+    )
+    res = checked_run(prog, tensors=inp)  # every §4.1 formula == what the run counted
+    ref = gqa_reference(**inp, num_q_heads=hq, num_kv_heads=hkv, scale=scale, tail_rows=tail)
+    np.testing.assert_allclose(res.tensors["out"], ref.numpy(), atol=1e-4, rtol=0)
+    assert metrics(prog).evaluate(res.bindings)["offchip_bytes"] == res.offchip_bytes
+    # K and V are read once per (request, KV head), never per query head: exactly the rows used
+    rows = hkv * sum(n + tail for n in lens)
+    assert res.read_bytes["attn_k"] == res.read_bytes["attn_v"] == rows * D * 4
+    b = len(lens)
+    assert res.offchip_bytes == 2 * b * hq * D * 4 + 8 * b + 2 * rows * D * 4
+    return res
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (2, 2)], ids=["group4", "group1"])
+@pytest.mark.parametrize(
+    "lens,tail",
+    [
+        ([5, 1, 0, 9], 0),  # 5 and 9 are not multiples of tile_kv = 4; 0 sees no key
+        ([0, 1, 4, 8], 1),  # length 0 still attends its one new (tail) row
+        ([3], 2),
+    ],
+)
+def test_gqa_matches_pytorch(
+    checked_run: Callable[..., RunResult], hq: int, hkv: int, lens: list[int], tail: int
+) -> None:
+    res = _run(checked_run, hq=hq, hkv=hkv, lens=lens, max_len=10, tail=tail)
+    if tail == 0 and 0 in lens:
+        b = lens.index(0)
+        assert not res.tensors["out"][b * hq : (b + 1) * hq].any()  # no key: 0
+
+
+def test_seeded_random_lengths(checked_run: Callable[..., RunResult]) -> None:
+    for seed in range(3):
+        lens = np.random.default_rng(seed).integers(0, 12, size=3).tolist()
+        _run(checked_run, hq=4, hkv=1, lens=lens, max_len=13, tail=1, tile_kv=3, seed=seed)
+
+
+def test_kv_tiles_are_partial_at_the_end(checked_run: Callable[..., RunResult]) -> None:
+    """A request of 9 + 1 rows gives KV tiles of 4, 4 and 2 rows: nothing padded is loaded."""
+    res = _run(checked_run, hq=4, hkv=2, lens=[9, 2], max_len=11, tail=1)
+    tiles = res.values["attn_k_tile"].data[0]
+    assert [[t.shape[0] for t in head] for head in tiles[0]] == [[4, 4, 2]] * 2
+    assert [[t.shape[0] for t in head] for head in tiles[1]] == [[3]] * 2
+
+
+def test_one_program_many_batches(checked_run: Callable[..., RunResult]) -> None:
+    """B and Lmax are symbols: the same program runs batches of different sizes."""
+    prog = gqa_decode_graph(num_q_heads=4, num_kv_heads=2, head_dim=D, tile_kv=4)
+    for lens, max_len in (([2, 7], 8), ([1, 0, 5, 3, 12], 12)):
+        inp = gqa_inputs(
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=D,
+            batch=len(lens),
+            max_len=max_len,
+            kv_lens=lens,
+        )
+        res = checked_run(prog, tensors=inp)
+        ref = gqa_reference(**inp, num_q_heads=4, num_kv_heads=2, scale=1 / math.sqrt(D))
+        np.testing.assert_allclose(res.tensors["out"], ref.numpy(), atol=1e-4)
+        assert (res.bindings["B"], res.bindings["Lmax"]) == (len(lens), max_len)
+
+
+def test_traffic_formula_with_static_sizes() -> None:
+    prog = gqa_decode_graph(num_q_heads=4, num_kv_heads=2, head_dim=D, batch=3, max_len=10)
+    const, kv = metrics(prog).offchip_bytes.as_coeff_Add()
+    assert const == 2 * 12 * D * 4 + 3 * 8  # q and out (3*4 rows of D), kv_len (3 int64)
+    coeff, rows = kv.as_coeff_Mul()  # K + V: 2 * D * 4 bytes per row loaded
+    assert coeff == 2 * D * 4 and isinstance(rows, sp.Sum)
+    # rows of every KV tile, summed over the tiles, the 2 KV heads and the 3 requests
+    assert [(lo, hi) for _, lo, hi in rows.limits[1:]] == [(0, 1), (0, 2)]
+
+
+def test_errors() -> None:
+    with pytest.raises(StepTypeError, match="num_q_heads=6 must be a multiple of 4"):
+        gqa_decode_graph(num_q_heads=6, num_kv_heads=4, head_dim=D)
+    g = Graph()
+    B = dyn("B")
+    with pytest.raises(StepTypeError, match="do not fit"):
+        add_gqa_decode(
+            g,
+            q=g.tensor("q", (B * 4, D)),
+            k_cache=g.tensor("k", (B * 2 * 5, D)),
+            v_cache=g.tensor("v", (B * 2 * 5, D)),
+            kv_len=g.tensor("n", (B, 2), "int64"),
+            out=g.tensor("o", (B * 4, D)),
+            num_q_heads=4,
+            num_kv_heads=2,
+            scale=1.0,
+        )
+    prog = gqa_decode_graph(num_q_heads=2, num_kv_heads=1, head_dim=D, tail_rows=1)
+    inp = gqa_inputs(
+        num_q_heads=2, num_kv_heads=1, head_dim=D, batch=2, max_len=4, kv_lens=[3, 1], tail_rows=1
+    )
+    inp["kv_len"][0, 0] = 4  # 4 rows + 1 tail row do not fit in a cache of 4
+    with pytest.raises(StepRuntimeError, match="KV length 4 must lie in 0..3"):
+        run(prog, tensors=inp)
+
+
+def test_golden_printed_graph() -> None:
+    prog = gqa_decode_graph(num_q_heads=4, num_kv_heads=2, head_dim=D, tail_rows=1, tile_kv=4)
+    check_golden("gqa_hq4_hkv2_d8_tail1_kv4.txt", str(prog))
+    static = gqa_decode_graph(
+        num_q_heads=2, num_kv_heads=2, head_dim=4, batch=2, max_len=6, scale=0.5, prefix="dec"
+    )
+    check_golden("gqa_hq2_hkv2_d4_b2_l6.txt", str(static))

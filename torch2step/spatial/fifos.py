@@ -1,0 +1,123 @@
+"""FIFO depths of the channels between units: bounded, deepened where the run needs buffering.
+
+Streams become bounded FIFOs (``fifo_depth`` messages, default the chip's ``core.fifo_depth``;
+seed 000 §4.2 runs on DAM's bounded channels).  The reference interpreter runs operators one
+after another on unbounded streams; bounded FIFOs can deadlock where a stream *reconverges*
+with a path that must take in many elements before it emits one.  The typical case is a MoE
+layer: the selector stream feeds the Partition at the front and the Reassemble at the back,
+and each expert buffers all of its tokens before it emits anything, so the Reassemble cannot
+take a second selector before the Partition has taken the last one — the selector producer
+stops on the Reassemble's full FIFO and the Partition starves.
+
+The fix is buffering on the short path, exactly as much as the run needs.  :func:`run_deepening`
+simulates; on a :class:`~runtime.DeadlockError` it follows the wait-for graph (each blocked unit
+waits on one other: for a message or for FIFO space) to its cycles, makes every full FIFO on a
+cycle deep — as deep as the messages it carries in this run, so it never stops its sender
+again — and restarts.  With every channel unbounded the programs cannot deadlock (they follow
+the reference run's element order), so this ends after at most one round per channel; in
+practice one or two.  A channel that never fills stays at its depth, so pipelines
+without reconvergence keep their exact timing.  In hardware a deep FIFO's messages wait in the
+consumer's memory unit: their bytes are the consumer's ``fifo_bytes`` (in on-chip memory), and
+the deepened channels are listed in the result (``deep_channels``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hwmodel.chip import Chip
+from lowering.isa import ProgramSet
+from runtime import DeadlockError, SimResult, Simulator
+
+__all__ = ["blocked_channels", "deepen", "run_deepening"]
+
+
+def _waits_on(core: Any) -> tuple[int | None, str | None]:
+    """The core a blocked core waits on and, for a full FIFO, the channel: ``(core, channel)``
+    (``(None, None)`` for waits on HBM or barriers, which no core holds up)."""
+    why = core.blocked
+    if why is None or core.done:
+        return None, None
+    if why[0] == "credit":
+        end = why[1]
+        return end.dst, end.chan.name
+    post = why[-1] if why[0] in ("buf", "value") else None
+    end = getattr(post, "end", None)
+    if end is not None:
+        return end.chan.src, None
+    return None, None
+
+
+def blocked_channels(sim: Simulator) -> set[str]:
+    """The full FIFOs on the cycles of a deadlocked simulation's wait-for graph (every blocked
+    core waits on one other core: for a message, or for FIFO space).  Deepening them breaks
+    every cycle; full FIFOs that merely hang off a cycle are left alone.  Empty when no cycle
+    goes through a full FIFO (a deadlock more buffering cannot fix)."""
+    nxt: dict[int, tuple[int | None, str | None]] = {
+        c.id: _waits_on(c) for c in sim.comp.active if not c.done
+    }
+    out: set[str] = set()
+    state: dict[int, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(nxt):
+        path: list[int] = []
+        c: int | None = start
+        while c is not None and c in nxt and c not in state:
+            state[c] = 1
+            path.append(c)
+            c = nxt[c][0]
+        if c is not None and state.get(c) == 1:  # a new cycle: the path from c on
+            for k in path[path.index(c) :]:
+                ch = nxt[k][1]
+                if ch is not None:
+                    out.add(ch)
+        for k in path:
+            state[k] = 2
+    return out
+
+
+def deepen(programs: ProgramSet, depths: Mapping[str, int]) -> ProgramSet:
+    """``programs`` with the channels named in ``depths`` given those depths."""
+    chans = tuple(
+        dataclasses.replace(ch, depth=depths[ch.name]) if ch.name in depths else ch
+        for ch in programs.channels
+    )
+    return dataclasses.replace(programs, channels=chans)
+
+
+def run_deepening(
+    programs: ProgramSet,
+    chip: Chip,
+    messages: Mapping[str, int],
+    *,
+    trace: bool | str | Path = False,
+    max_cycles: int | None = None,
+) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+    """Simulate ``programs`` (timing mode), deepening FIFOs that deadlock the run (module
+    docstring); ``messages`` is the number of messages each channel carries.  Returns the
+    result, the programs that ran and the deepened channels (sorted)."""
+    deep: dict[str, int] = {}
+    current = programs
+    while True:
+        sim = Simulator(current, chip)
+        try:
+            return sim.run(trace=trace, max_cycles=max_cycles), current, tuple(sorted(deep))
+        except DeadlockError as err:
+            full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
+            if not full:
+                raise _annotated(err, deep) from None
+            base = chip.core.fifo_depth
+            for ch in full:
+                deep[ch] = max(base, messages.get(ch, base))
+            current = deepen(programs, deep)
+
+
+def _annotated(err: DeadlockError, deep: Mapping[str, Any]) -> DeadlockError:
+    note = (
+        f"\n(FIFOs already made as deep as their streams: {', '.join(sorted(deep))})"
+        if deep
+        else ""
+    )
+    return DeadlockError(f"{err}{note}")
