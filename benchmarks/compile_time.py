@@ -22,12 +22,6 @@ from torch2step.lower import lower
 from torch2step.program import Program
 
 
-def _time(fn):  # type: ignore[no-untyped-def]
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the small test configurations")
@@ -36,17 +30,24 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     chip = load_chip("step-sda")
-    print(f"{'layer':<12} {'capture':>8} {'raise':>7} {'lower':>7} {'run':>7} {'simulate':>9} {'cycles':>12}")
+    print(
+        f"{'layer':<12} {'capture':>8} {'raise':>7} {'lower':>7} {'run':>7} {'simulate':>9} {'cycles':>12}"
+    )
     for name in args.layers.split(","):
         spec = models.get_layer(name, tiny=args.tiny, batch=args.batch)
-        ep, t_cap = _time(lambda: capture(spec.module, spec.example_inputs, spec.dynamic_shapes))
-        g, t_raise = _time(
-            lambda: from_exported(ep, spec.module, spec.example_inputs, spec.dynamic_shapes)
-        )
-        lw, t_lower = _time(lambda: lower(g))
+        t0 = time.perf_counter()
+        ep = capture(spec.module, spec.example_inputs, spec.dynamic_shapes)
+        t1 = time.perf_counter()
+        g = from_exported(ep, spec.module, spec.example_inputs, spec.dynamic_shapes)
+        t2 = time.perf_counter()
+        lw = lower(g)
+        t3 = time.perf_counter()
         prog = Program(g, lw, chip, spec.example_inputs)
-        _, t_run = _time(lambda: prog.run(*spec.example_inputs))
-        rep, t_rep = _time(lambda: prog.report(*spec.example_inputs))
+        prog.run(*spec.example_inputs)
+        t4 = time.perf_counter()
+        rep = prog.report(*spec.example_inputs)
+        t5 = time.perf_counter()
+        t_cap, t_raise, t_lower, t_run, t_rep = t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4
         print(
             f"{name:<12} {t_cap:8.2f} {t_raise:7.2f} {t_lower:7.2f} {t_run:7.2f} "
             f"{rep.simulation_s:9.2f} {rep.latency_cycles:12,}   (report total {t_rep:.2f} s, "

@@ -8,6 +8,13 @@ Accounting (what the interpreter *measures*, to compare with seed 000 §4.1 form
 * ``onchip``: per node and per allocation slot, the largest allocation actually made (a
   staged tile, a buffer, an accumulator state, a matmul's scratch); a node's on-chip memory is
   the sum of its slots, times 2 where the §4.1 model double-buffers.
+
+Copy-on-write memory.  ``memory`` holds the caller's arrays themselves (read-only views, no
+copy on entry) and loads hand out read-only views of tiles instead of copies; ``shared`` names
+the arrays such views may still look at.  A store first asks :meth:`Ctx.writable`, which
+replaces a shared array by a private copy, so the caller's arrays are never written and a tile
+loaded earlier keeps the value it had when its load ran.  A tile function that tries to write
+into an argument fails loudly (numpy raises on a read-only array).
 """
 
 from __future__ import annotations
@@ -76,6 +83,21 @@ class Ctx:
     onchip: dict[str, dict[str, int]] = field(default_factory=dict)
     flops: dict[str, int] = field(default_factory=dict)
     out_types: tuple[StreamType, ...] = ()
+    shared: set[str] = field(default_factory=set)
+
+    def tile(self, name: str, index: tuple) -> np.ndarray:
+        """A read-only view of ``memory[name][index]`` (marks the array as shared)."""
+        view = self.memory[name][index]
+        view.flags.writeable = False
+        self.shared.add(name)
+        return view
+
+    def writable(self, name: str) -> np.ndarray:
+        """``memory[name]`` ready to be written: a private copy first if it is shared."""
+        if name in self.shared:
+            self.memory[name] = np.array(self.memory[name], copy=True)
+            self.shared.discard(name)
+        return self.memory[name]
 
     def ev(self, expr: sp.Expr | int, what: str) -> int:
         """Evaluate a size with the run's symbol values."""
