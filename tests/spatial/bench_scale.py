@@ -6,7 +6,7 @@ simulation of large STeP graphs (not a test; run by hand)::
     python tests/spatial/bench_scale.py matmul --profile     # cProfile of plan + simulation
 
 Cases: ``matmul`` (a tiled matmul with thousands of tile products), ``moe`` (the SwiGLU MoE
-block of :func:`graphs.moe` at Qwen3-30B-A3B size: hidden 2048, intermediate 768, 128
+block of :func:`spatial_graphs.moe` at Qwen3-30B-A3B size: hidden 2048, intermediate 768, 128
 experts, top-8, 64 tokens, bf16), ``moe-example`` (``torch2step.examples.moe_graph``, fp32, at the
 same size).  Both MoE graphs give every expert a dedicated region, so they run on a 50x50 mesh
 of step-sda cores (the 1040-core preset is too small for ~2400 units).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graphs import moe, tiled_matmul  # noqa: E402
+from spatial_graphs import moe, tiled_matmul  # noqa: E402
 
 from hwmodel import load_chip, with_mesh_shape  # noqa: E402
 from torch2step.spatial import build_plan, simulate_plan  # noqa: E402
@@ -81,7 +81,7 @@ def main() -> None:
             )
         elif case == "moe":
             _measure(
-                f"graphs.moe T={args.tokens} H=2048 I=768 E={args.experts} top-8 bf16",
+                f"spatial_graphs.moe T={args.tokens} H=2048 I=768 E={args.experts} top-8 bf16",
                 lambda: moe(args.tokens, 2048, 768, args.experts, 8, weights=False),
                 big,
                 args.profile,

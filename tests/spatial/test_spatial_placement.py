@@ -4,7 +4,7 @@ and the error when the chip is too small."""
 from __future__ import annotations
 
 import pytest
-from graphs import map_chain, moe, tiled_matmul
+from spatial_graphs import map_chain, moe, tiled_matmul
 
 from hwmodel import load_chip, with_mesh_shape
 from torch2step.errors import LoweringError, ScheduleError

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from graphs import (
+from spatial_graphs import (
     load_store,
     map_chain,
     moe,

@@ -17,7 +17,7 @@ network.py, layout.py), with the chip's numbers:
 from __future__ import annotations
 
 import pytest
-from graphs import load_store, map_chain, two_stage
+from spatial_graphs import load_store, map_chain, two_stage
 
 from hwmodel import load_chip
 from torch2step.spatial import UnitConfig, simulate_graph

@@ -1,7 +1,7 @@
 """Where every layer value lives in HBM, and the row streams the lowering builds from it.
 
 Every layer value ``v`` of shape ``[d_0, .., d_{n-1}]`` is viewed as a row-major matrix of
-``rows = d_0 * .. * d_{n-2}`` rows of ``cols = d_{n-1}`` elements (a 0-/1-D value is one row).
+``rows = d_0 * .. * d_{n-2}`` rows of ``cols = d_{n-1}`` elements (a 0-D or static-length 1-D value is one row, a dynamic-length vector one column).
 A value is stored in an off-chip tensor (:class:`Placed`): its own ``[rows, cols]`` tensor,
 or the tensor of the value it is a view of (``Reshape``, a permutation of unit dimensions):
 views move no data, as in PyTorch.  A consumer reads a value as a *row stream*
@@ -78,6 +78,8 @@ def rows_cols(shape: tuple[Any, ...]) -> tuple[sp.Expr, sp.Expr]:
     """``(rows, cols)`` of a value of ``shape`` (see the module docstring)."""
     if not shape:
         return sp.Integer(1), sp.Integer(1)
+    if len(shape) == 1 and not sp.sympify(shape[0]).is_Integer:
+        return sp.sympify(shape[0]), sp.Integer(1)  # a dynamic-length vector: a column
     rows = sp.Integer(1)
     for d in shape[:-1]:
         rows = rows * sp.sympify(d)

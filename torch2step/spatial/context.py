@@ -2,10 +2,14 @@
 model, per-unit configuration and the HBM layout of off-chip tensors.
 
 HBM layout.  A STeP off-chip tensor is addressed in tiles ("a row-major grid of tiles", seed 000
-Appendix A table 2).  In HBM each tensor is stored tile by tile — tile ``t`` is the contiguous
-elements ``[t * rows * cols, (t + 1) * rows * cols)`` — the pre-tiled layout SDAs keep weights
-in, so one tile access is one contiguous burst spread over all HBM channels.  A tensor is
-therefore accessed with one tile shape throughout a graph.
+Appendix A table 2).  A tensor that every node accesses with one tile shape is stored tile by
+tile — tile ``t`` is the contiguous elements ``[t * rows * cols, (t + 1) * rows * cols)`` — the
+pre-tiled layout SDAs keep weights in, so one tile access is one contiguous burst spread over
+the HBM channels.  A tensor accessed with several tile shapes (a projection stored in
+``[1, 128]`` rows and read back per head in ``[1, 16]`` pieces) is stored row-major, and each
+access must be one contiguous range: a single-row tile, or whole rows.  A run-time tile address
+(RandomOffChipLoad/Store) into a row-major tensor must name whole rows (tiles as wide as the
+tensor), so the address stays affine in the received register.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import sympy as sp
 
+from lowering.isa import Affine
 from torch2step.errors import LoweringError
 from torch2step.step.evaluate import evaluate
 from torch2step.step.graph import Program
@@ -34,28 +40,58 @@ from .streams import StreamInfo
 from .structure import Structure
 from .timing import TimingModel, UnitConfig
 
-__all__ = ["TensorLayout", "EmitCtx", "tensor_layouts"]
+__all__ = ["TensorLayout", "EmitCtx", "tensor_layouts", "tile_of"]
+
+#: Starts and extents of an HBM region (per dimension of the declared tensor).
+Region2 = tuple[tuple[Any, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
 class TensorLayout:
-    """An off-chip tensor stored tile by tile: ``tiles`` tiles of ``tile`` (rows, cols)."""
+    """An off-chip tensor of ``shape`` in HBM, flat: tile by tile in ``tile`` tiles, or
+    row-major (``tile is None``); see the module docstring."""
 
     name: str
     dtype: str
-    tile: tuple[int, int]
-    tiles: int
-
-    @property
-    def tile_elems(self) -> int:
-        return self.tile[0] * self.tile[1]
+    shape: tuple[int, ...]
+    tile: tuple[int, int] | None
 
     @property
     def elems(self) -> int:
-        return self.tiles * self.tile_elems
+        return math.prod(self.shape)
+
+    @property
+    def decl_shape(self) -> tuple[int, ...]:
+        """Shape of the simulator's tensor (flat: regions are element ranges)."""
+        return (self.elems,)
+
+    def region(self, lin: int, tile: tuple[int, int]) -> Region2:
+        """The element range of tile number ``lin`` (of the grid of ``tile`` tiles)."""
+        r, c = tile
+        if self.tile is not None:
+            return (lin * r * c,), (r * c,)
+        grid = (*self.shape[:-2], self.shape[-2] // r, self.shape[-1] // c)
+        coords = np.unravel_index(lin, grid)
+        lead = int(np.ravel_multi_index(coords[:-2], self.shape[:-2])) if len(coords) > 2 else 0
+        row = lead * self.shape[-2] + int(coords[-2]) * r
+        return (row * self.shape[-1] + int(coords[-1]) * c,), (r * c,)
+
+    def region_at(self, base: int, reg: str, tile: tuple[int, int], what: str) -> Region2:
+        """The element range of tile ``base + reg`` (a run-time tile address in ``reg``)."""
+        r, c = tile
+        n = r * c
+        if self.tile is None and (c != self.shape[-1] or self.shape[-2] % r):
+            raise LoweringError(
+                f"{what} accesses tensor {self.name} in [{r}, {c}] tiles at run-time "
+                f"addresses, but {self.name} is also accessed in other tile shapes, so it is "
+                "stored row-major; a run-time address must then name whole rows: use tiles as "
+                "wide as the tensor, or one tile shape for every access"
+            )
+        return (Affine(base * n, ((reg, n),)),), (n,)
 
 
-def _tile_of(op: Op) -> TileType | None:
+def tile_of(op: Op) -> TileType | None:
+    """The tile type an off-chip node accesses its tensor in (``None``: not an off-chip node)."""
     if isinstance(op, (LinearOffChipLoad, RandomOffChipLoad)):
         return op.tile
     if isinstance(op, LinearOffChipStore):
@@ -67,29 +103,39 @@ def _tile_of(op: Op) -> TileType | None:
     return t if isinstance(t, TileType) else None
 
 
+def tile_shape(op: Op) -> tuple[int, int]:
+    """``(rows, cols)`` of the tiles off-chip node ``op`` accesses."""
+    t = tile_of(op)
+    assert t is not None
+    return (int(t.shape[0]), int(t.shape[1]))
+
+
 def tensor_layouts(graph: Program, run: RunResult) -> dict[str, TensorLayout]:
     """The HBM layout of every off-chip tensor a node accesses (see the module docstring)."""
-    seen: dict[str, tuple[tuple[int, int], str]] = {}
-    out: dict[str, TensorLayout] = {}
+    shapes: dict[str, set[tuple[int, int]]] = {}
+    dtypes: dict[str, str] = {}
     for op in graph.nodes:
-        tile = _tile_of(op)
-        if tile is None:
+        if tile_of(op) is None:
             continue
         (tensor,) = op.tensors()
-        shape = (int(tile.shape[0]), int(tile.shape[1]))
-        if tensor.name in seen and seen[tensor.name][0] != shape:
-            first_shape, first_op = seen[tensor.name]
-            raise LoweringError(
-                f"tensor {tensor.name} is accessed in {list(first_shape)} tiles by %{first_op} "
-                f"and in {list(shape)} tiles by %{op.name}; spatial execution stores a tensor "
-                "tile by tile in HBM, so access it with one tile shape"
-            )
-        seen[tensor.name] = (shape, op.name)
-        arr = run.tensors[tensor.name]
-        elems = math.prod(int(d) for d in arr.shape)
-        out[tensor.name] = TensorLayout(
-            tensor.name, tensor.dtype, shape, elems // (shape[0] * shape[1])
-        )
+        shapes.setdefault(tensor.name, set()).add(tile_shape(op))
+        dtypes[tensor.name] = tensor.dtype
+    out: dict[str, TensorLayout] = {}
+    for name, tiles in shapes.items():
+        shape = tuple(int(d) for d in run.tensors[name].shape)
+        tile = next(iter(tiles)) if len(tiles) == 1 else None
+        if len(shape) < 2:  # pragma: no cover - tiles are 2-D, so tensors are too
+            raise LoweringError(f"tensor {name} of shape {list(shape)} cannot hold 2-D tiles")
+        if tile is None:
+            bad = sorted((r, c) for r, c in tiles if r > 1 and c != shape[-1])
+            if bad:
+                raise LoweringError(
+                    f"tensor {name} {list(shape)} is accessed in tiles {sorted(tiles)}; with "
+                    "several tile shapes it is stored row-major, where a tile must be one "
+                    f"contiguous range (one row, or whole rows), which {bad} are not: access "
+                    f"{name} with one tile shape, or with single-row or full-width tiles"
+                )
+        out[name] = TensorLayout(name, dtypes[name], shape, tile)
     return out
 
 

@@ -19,9 +19,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
-from lowering.isa import Affine
+from lowering.isa import DTYPE_BYTES
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_memory import (
@@ -33,8 +34,8 @@ from torch2step.step.ops_memory import (
     Streamify,
 )
 
-from .context import EmitCtx
-from .streams import Part, iter_nodes, leaves
+from .context import EmitCtx, tile_shape
+from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
 
 __all__ = ["EMITTERS"]
@@ -71,8 +72,8 @@ def _linear_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     groups = len(refs.flat) if refs is not None else 1
     if groups * len(lins) != len(out.flat):  # pragma: no cover - the interpreter agrees
         raise LoweringError(f"LinearOffChipLoad %{op.name}: run and parameters disagree")
-    part = Part("data", lay.dtype, lay.tile_elems)
-    depth = ctx.timing.dma_depth(part.nbytes)
+    tile = tile_shape(op)
+    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
     loaded: dict[int, Elem] = {}
     if refs is not None and not lins:
         for g in range(groups):
@@ -84,7 +85,7 @@ def _linear_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         g, j = divmod(t, len(lins))
         if refs is not None and j == 0:
             b.consume(b.recv(refs, g))
-        loaded[t] = b.load(lay.name, lins[j] * lay.tile_elems, part, depth)
+        loaded[t] = b.load(lay.name, *lay.region(lins[j], tile), lay.dtype, depth)
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
 
@@ -94,17 +95,19 @@ def _random_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, RandomOffChipLoad)
     out, addrs = ctx.stream(op.name), ctx.stream(op.raddr)
     lay = ctx.layouts[op.tensor.name]
-    part = Part("data", lay.dtype, lay.tile_elems)
-    depth = ctx.timing.dma_depth(part.nbytes)
+    tile = tile_shape(op)
+    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
     loaded: dict[int, Elem] = {}
-    rc = lay.tile_elems
+    what = f"RandomOffChipLoad %{op.name}"
 
     def front(t: int) -> None:
         ((p, reg),) = b.recv(addrs, t)
-        start: int | Affine = (
-            (op.base + p.value) * rc if reg is None else Affine(op.base * rc, ((reg, rc),))
+        where = (
+            lay.region(op.base + p.value, tile)
+            if reg is None
+            else lay.region_at(op.base, reg, tile, what)
         )
-        loaded[t] = b.load(lay.name, start, part, depth)
+        loaded[t] = b.load(lay.name, *where, lay.dtype, depth)
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
 
@@ -114,9 +117,10 @@ def _linear_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, LinearOffChipStore)
     inp = ctx.stream(op.input)
     lay = ctx.layouts[op.tensor.name]
-    depth = ctx.timing.dma_depth(lay.tile_elems * Part("data", lay.dtype).nbytes)
+    tile = tile_shape(op)
+    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
     for k in range(len(inp.flat)):
-        b.store(lay.name, (op.base + k) * lay.tile_elems, b.recv(inp, k, rotation=depth))
+        b.store(lay.name, *lay.region(op.base + k, tile), b.recv(inp, k, rotation=depth))
         b.step()
 
 
@@ -125,15 +129,18 @@ def _random_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, RandomOffChipStore)
     addrs, data, ack = ctx.stream(op.waddr), ctx.stream(op.wdata), ctx.stream(op.name)
     lay = ctx.layouts[op.tensor.name]
-    rc = lay.tile_elems
-    depth = ctx.timing.dma_depth(rc * Part("data", lay.dtype).nbytes)
+    tile = tile_shape(op)
+    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
+    what = f"RandomOffChipStore %{op.name}"
     for k in range(len(addrs.flat)):
         ((p, reg),) = b.recv(addrs, k)
         d = b.recv(data, k, rotation=depth)
-        start: int | Affine = (
-            (op.base + p.value) * rc if reg is None else Affine(op.base * rc, ((reg, rc),))
+        where = (
+            lay.region(op.base + p.value, tile)
+            if reg is None
+            else lay.region_at(op.base, reg, tile, what)
         )
-        b.store(lay.name, start, d)
+        b.store(lay.name, *where, d)
         if ack.channel is not None and b.has_dsts(ack.channel):
             b.consume(d)
             b.send(ack, k, tuple((q, None) for q in ack.parts(k)))

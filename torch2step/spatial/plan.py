@@ -22,6 +22,7 @@ different routing give different programs — and latencies — from the same gr
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ from .emit_routing import EMITTERS as _ROUTING
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
-from .streams import build_streams
+from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
@@ -85,6 +86,12 @@ class SpatialPlan:
         return sum(u.flops for u in self.units)
 
 
+def _channels_of(info: StreamInfo) -> set[str]:
+    if info.channel is not None:
+        return {info.channel} if info.pieces else set()
+    return {ch for pcs in info.pieces for ch, _, _ in pcs if ch is not None}
+
+
 def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> None:
     for ch in reads:
         want = ctx.streams[ch].messages
@@ -106,8 +113,28 @@ def build_plan(
     fifo_depth: int | None = None,
 ) -> SpatialPlan:
     """Placed per-core programs for ``graph`` on ``chip`` driven by ``run`` (see the module
-    docstring).  ``configs`` maps node names to :class:`UnitConfig`."""
-    c = load_chip(chip)
+    docstring).  ``configs`` maps node names to :class:`UnitConfig`.
+
+    The cyclic garbage collector is paused meanwhile: generation allocates many small acyclic
+    objects, and every collection would rescan the run's large stream contents."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_plan(graph, load_chip(chip), run, configs, walk, wires, fifo_depth)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_plan(
+    graph: StepProgram,
+    c: Chip,
+    run: RunResult,
+    configs: Mapping[str, UnitConfig] | None,
+    walk: str,
+    wires: Iterable[str],
+    fifo_depth: int | None,
+) -> SpatialPlan:
     st = analyse(graph, wires)
     streams = build_streams(st, run)
     timing = TimingModel(c)
@@ -121,8 +148,10 @@ def build_plan(
         mine: set[str] = set()
         for op in ops:
             for v in op.inputs():
-                for ch in st.sources(v.name):
-                    if unit_of_chan[ch] != k and streams[ch].messages:
+                # the channels the elements actually come from (a Reshape's padding flags are
+                # made where they are used, so they are no read of the Reshape's input)
+                for ch in _channels_of(streams[v.name]):
+                    if unit_of_chan[ch] != k:
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
         reads.append(mine)
@@ -185,7 +214,7 @@ def build_plan(
         for ch in dsts
     } | {ch: 4 for ch in token_dsts}
     fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))
-    tensors = tuple(TensorDecl(lay.name, (lay.elems,), lay.dtype) for lay in ctx.layouts.values())
+    tensors = tuple(TensorDecl(lay.name, lay.decl_shape, lay.dtype) for lay in ctx.layouts.values())
     programs = ProgramSet(
         tuple(
             sorted((Program(core[k], body) for k, body in enumerate(bodies)), key=lambda p: p.core)

@@ -2,18 +2,21 @@
 
 ``simulate_graph(graph, chip, run)`` builds the spatial plan (:mod:`.plan`) for the run ``run``
 of the reference interpreter, checks the programs (``lowering.validate_programs``), runs them on
-the event simulator (``runtime.simulate``, timing mode) and returns a :class:`SpatialResult`.
+the event simulator (``runtime.Simulator``, timing mode; FIFOs whose bounded depth deadlocks the
+run are deepened and the run repeated, :mod:`.fifos`) and returns a :class:`SpatialResult`.
 
 ``roofline_cycles`` is the chip-level roofline bound: no schedule of the graph's work on the
 chip can take fewer cycles than ``max(FLOPs / (cores x per-core FLOPs/cycle), HBM bytes / HBM
 bytes per cycle)`` — every FLOP runs on some core at no more than its peak rate (the 16-bit rate,
 as :meth:`TimingModel.rate`), and every off-chip byte crosses the HBM interface.  It ignores
-latency and on-chip transfers, so it is a lower bound, not a prediction.
+latency and on-chip transfers, so it is a lower bound, not a prediction (as long as no
+:class:`UnitConfig` allocates a unit more than the core's peak FLOPs/cycle).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -68,11 +71,17 @@ def simulate_plan(
     """Run a :class:`SpatialPlan` on the simulator (``check``: validate the programs first;
     ``plan_s``: the seconds it took to build ``plan``, carried into the result)."""
     t0 = time.perf_counter()
-    if check:
-        validate_programs(plan.programs, plan.sim_chip)
-    sim, ran, deep = run_deepening(
-        plan.programs, plan.sim_chip, plan.messages, trace=bool(trace), max_cycles=max_cycles
-    )
+    enabled = gc.isenabled()
+    gc.disable()  # validation allocates many small acyclic objects (as plan building does)
+    try:
+        if check:
+            validate_programs(plan.programs, plan.sim_chip)
+        sim, ran, deep = run_deepening(
+            plan.programs, plan.sim_chip, plan.messages, trace=bool(trace), max_cycles=max_cycles
+        )
+    finally:
+        if enabled:
+            gc.enable()
     unit_at = {c: k for k, u in enumerate(plan.placement.units) for c in u.cores}
     fifo_bytes = [0] * len(plan.units)
     for ch in ran.channels:
@@ -150,7 +159,10 @@ def simulate_graph(
     programs from ``run`` (the reference interpreter's :class:`RunResult` on the real inputs)
     and simulate them.  ``trace``: ``True`` records a Chrome trace, a path also writes it;
     ``configs``: per-node :class:`UnitConfig`; ``walk``: placement order; ``wires``: operator
-    classes that occupy no unit; ``fifo_depth``: channel depth (default the core's)."""
+    classes that occupy no unit; ``fifo_depth``: channel depth (default the core's; channels
+    that deadlock the run are deepened, ``SpatialResult.deep_channels``).  Raises
+    :class:`~torch2step.errors.ScheduleError` when the chip has fewer cores than units and
+    :class:`~runtime.DeadlockError` when no FIFO depth can make the run complete."""
     t0 = time.perf_counter()
     plan = build_plan(
         graph, chip, run, configs=configs, walk=walk, wires=wires, fifo_depth=fifo_depth

@@ -25,6 +25,7 @@ the start, with the largest size it holds in the run.  Messages are sent flatten
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -255,26 +256,50 @@ class UnitBuilder:
         self.regs[reg] = value
         return Affine(0, ((reg, 1),))
 
+    def _region(self, starts: Sequence[int | Affine], extents: Sequence[int], reg: str) -> Region:
+        """A region whose literal starts are kept in address registers (``reg``, or ``reg0``,
+        ``reg1``... per dimension), so regular address sequences fold into loops."""
+        many = len(starts) > 1
+        at = tuple(
+            self._addr(f"{reg}{d}" if many else reg, x) if isinstance(x, int) else x
+            for d, x in enumerate(starts)
+        )
+        return Region(at, tuple(extents))
+
     def load(
-        self, tensor: str, start: int | Affine, part: Part, rotation: int, reg: str = "ld"
+        self,
+        tensor: str,
+        starts: Sequence[int | Affine],
+        extents: Sequence[int],
+        dtype: str,
+        rotation: int,
+        reg: str = "ld",
     ) -> Elem:
-        """Load ``part.elems`` elements of ``tensor`` from element ``start`` (a number, kept in
-        an address register, or an expression of a received register)."""
+        """Load the region ``starts`` / ``extents`` of ``tensor`` (literal starts, kept in
+        address registers, or expressions of a received register) into the next buffer."""
         self._await(tensor)
-        at = self._addr(reg, start) if isinstance(start, int) else start
+        part = Part("data", dtype, math.prod(extents))
+        region = self._region(starts, extents, reg)
         b = self.buffer(("ld",), part.dtype, part.elems, rotation)
         self.content.pop(b, None)
-        self.emit(Load(b, tensor, Region((at,), (part.elems,))))
+        self.emit(Load(b, tensor, region))
         return ((part, b),)
 
-    def store(self, tensor: str, start: int | Affine, elem: Elem, reg: str = "st") -> None:
-        """Store the (single, data) part of ``elem`` at element ``start`` of ``tensor``."""
+    def store(
+        self,
+        tensor: str,
+        starts: Sequence[int | Affine],
+        extents: Sequence[int],
+        elem: Elem,
+        reg: str = "st",
+    ) -> None:
+        """Store the (single, data) part of ``elem`` into the region of ``tensor``."""
         ((part, _),) = elem
         data = Part("data", part.dtype, part.elems)
         ((_, b),) = self.materialize(elem, (data,))
-        at = self._addr(reg, start) if isinstance(start, int) else start
+        region = self._region(starts, extents, reg)
         assert b is not None
-        self.emit(Store(b, tensor, Region((at,), (part.elems,))))
+        self.emit(Store(b, tensor, region))
 
     def _await(self, tensor: str) -> None:
         """Receive the completion tokens of the earlier stores of ``tensor`` (once)."""

@@ -159,8 +159,19 @@ class MaxOver(sp.Function):
         if expr == 0 or (n.is_Integer and n == 0):
             return sp.Integer(0)
         if var not in expr.free_symbols:
-            return sp.Piecewise((expr, sp.Gt(n, 0)), (0, True))
+            return sp.Piecewise((expr, _positive(n)), (0, True))
         return None
+
+
+def _positive(n: sp.Expr) -> sp.Basic:
+    """The condition ``n > 0``.  For a gated extent ``Piecewise((v, c), (0, True))`` with
+    ``v > 0`` (Promote's ``1 if N > 0 else 0``) it is ``c`` itself: the value sympy reaches
+    through its general inequality solver, without the milliseconds that costs per call."""
+    if isinstance(n, sp.Piecewise) and len(n.args) == 2:
+        (v, c), (zero, other) = n.args
+        if zero == 0 and other is sp.true and v.is_positive:
+            return c
+    return sp.Gt(n, 0)
 
 
 def max_over(expr: sp.Expr, var: Index, extent: sp.Expr) -> sp.Expr:

@@ -20,7 +20,7 @@ from torch2step.errors import StepTypeError
 
 from .dims import MaxOver
 
-__all__ = ["Bindings", "evaluate", "normalise_env"]
+__all__ = ["Bindings", "evaluate", "evaluate_bound", "normalise_env"]
 
 Number = int | float | Fraction
 Bindings = dict[str, Any]
@@ -181,6 +181,19 @@ def evaluate(expr: sp.Basic | int, env: Mapping[str, Any] | None = None, **value
     full = normalise_env({**(env or {}), **values})
     try:
         return _num(_ev(sp.sympify(expr), full, {}))  # type: ignore[arg-type]
+    except _Missing as m:
+        raise StepTypeError(
+            f"cannot evaluate {sp.sstr(expr)}: no value for {m.what}; pass it in env"
+        ) from None
+
+
+def evaluate_bound(
+    expr: sp.Basic, env: Bindings, local: dict[sp.Symbol, int] | None = None
+) -> Any:
+    """:func:`evaluate` for an ``env`` already in :func:`normalise_env` form (used as it is,
+    not copied: the interpreter's hot path) and optional local index values."""
+    try:
+        return _num(_ev(expr, env, local or {}))
     except _Missing as m:
         raise StepTypeError(
             f"cannot evaluate {sp.sstr(expr)}: no value for {m.what}; pass it in env"

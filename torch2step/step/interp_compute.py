@@ -35,11 +35,19 @@ class _FlopCounter:
     def __call__(self, args: tuple) -> int:
         if self.spec.flops is None:
             return 0
-        types = tuple(runtime_type(t, a) for t, a in zip(self.declared, args))
-        key = tuple(str(t) for t in types)
-        if key not in self.cache:
-            self.cache[key] = int(evaluate(self.spec.flops_of(self.f, types)))
-        return self.cache[key]
+        key = tuple(_shape_key(a) for a in args)
+        n = self.cache.get(key)
+        if n is None:
+            types = tuple(runtime_type(t, a) for t, a in zip(self.declared, args))
+            n = self.cache[key] = int(evaluate(self.spec.flops_of(self.f, types)))
+        return n
+
+
+def _shape_key(x: Any) -> Any:
+    """What :func:`runtime_type` reads of an argument: the shape of each tile in it."""
+    if isinstance(x, tuple):
+        return tuple(_shape_key(v) for v in x)
+    return getattr(x, "shape", None)
 
 
 def _map(op: Map, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:

@@ -19,6 +19,7 @@ into an argument fails loudly (numpy raises on a read-only array).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ import sympy as sp
 
 from torch2step.errors import StepTypeError
 
-from .evaluate import Bindings, evaluate
+from .evaluate import Bindings, evaluate_bound
 from .types import REF_BYTES, BufferType, DataType, SelectorType, StreamType, TileType, TupleType
 from .values import StepRuntimeError
 
@@ -61,14 +62,16 @@ def tile_slice(
     arr: np.ndarray, tiled: Sequence[int], lin: int, tile: tuple[int, int], what: str
 ) -> tuple:
     """The index expression of tile number ``lin`` of ``arr`` viewed as a grid of tiles."""
-    total = int(np.prod(tiled))
+    total = math.prod(tiled)
     if not 0 <= lin < total:
         raise StepRuntimeError(f"{what}: tile address {lin} is outside the {total} tiles")
-    coords = np.unravel_index(lin, tuple(tiled))
+    coords = []
+    for n in reversed(tiled):  # row-major unravel of lin over the tile grid
+        lin, k = divmod(lin, int(n))
+        coords.append(k)
+    j, i, *lead = coords
     r, c = tile
-    i, j = int(coords[-2]), int(coords[-1])
-    lead = tuple(int(x) for x in coords[:-2])
-    return (*lead, slice(i * r, (i + 1) * r), slice(j * c, (j + 1) * c))
+    return (*reversed(lead), slice(i * r, (i + 1) * r), slice(j * c, (j + 1) * c))
 
 
 @dataclass
@@ -101,8 +104,10 @@ class Ctx:
 
     def ev(self, expr: sp.Expr | int, what: str) -> int:
         """Evaluate a size with the run's symbol values."""
+        if isinstance(expr, int):
+            return expr
         try:
-            return int(evaluate(expr, self.env))
+            return int(evaluate_bound(expr, self.env))
         except StepTypeError as e:
             raise StepRuntimeError(f"{what}: {e}") from None
 

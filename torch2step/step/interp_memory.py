@@ -1,7 +1,9 @@
 """Meaning of the memory operators on data (seed 000 §3.2.1–3.2.2; seed 001 §3.2.2).
 
 Every tile moved to or from ``ctx.memory`` is counted in ``ctx.read``/``ctx.write``; staged
-tiles (double-buffered) and buffers are recorded as on-chip allocations.
+tiles (double-buffered) and buffers are recorded as on-chip allocations.  Loaded tiles are
+read-only views of the memory array and stores write into a private copy of a shared array
+(copy-on-write, :class:`~torch2step.step.interp_context.Ctx`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def _linear_load(op: LinearOffChipLoad, ctx: Ctx, ins: tuple[StreamValue, ...]) 
     nbytes = shape[0] * shape[1] * op.tile.itemsize
 
     def read(lin: int) -> np.ndarray:
-        tile = arr[tile_slice(arr, tiled, lin, shape, f"LinearOffChipLoad %{op.name}")].copy()
+        tile = ctx.tile(
+            op.tensor.name, tile_slice(arr, tiled, lin, shape, f"LinearOffChipLoad %{op.name}")
+        )
         ctx.count_read(op.name, tile.size * op.tile.itemsize)
         ctx.alloc(op.name, "staging", 2 * nbytes)
         return tile
@@ -73,7 +77,8 @@ def _linear_store(op: LinearOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
     shape = (int(t.shape[0]), int(t.shape[1]))
     ctx.write.setdefault(op.name, 0)
     for k, tile in enumerate(ins[0].elements()):
-        arr[tile_slice(arr, tiled, op.base + k, shape, f"LinearOffChipStore %{op.name}")] = tile
+        where = tile_slice(arr, tiled, op.base + k, shape, f"LinearOffChipStore %{op.name}")
+        ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)
     return ()
@@ -86,7 +91,9 @@ def _random_load(op: RandomOffChipLoad, ctx: Ctx, ins: tuple[StreamValue, ...]) 
 
     def read(addr: np.ndarray) -> np.ndarray:
         lin = op.base + int(addr[0, 0])
-        tile = arr[tile_slice(arr, tiled, lin, shape, f"RandomOffChipLoad %{op.name}")].copy()
+        tile = ctx.tile(
+            op.tensor.name, tile_slice(arr, tiled, lin, shape, f"RandomOffChipLoad %{op.name}")
+        )
         ctx.count_read(op.name, tile.size * op.tile.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * op.tile.itemsize)
         return tile
@@ -105,7 +112,8 @@ def _random_store(op: RandomOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
 
     def write(addr: np.ndarray, tile: np.ndarray) -> np.ndarray:
         lin = op.base + int(addr[0, 0])
-        arr[tile_slice(arr, tiled, lin, shape, f"RandomOffChipStore %{op.name}")] = tile
+        where = tile_slice(arr, tiled, lin, shape, f"RandomOffChipStore %{op.name}")
+        ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)
         return np.ones((1, 1), dtype=np.bool_)

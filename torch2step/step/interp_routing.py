@@ -10,7 +10,8 @@ of input ``i`` arrives at time ``k``, ties broken by the lower input index.
 * Reassemble, for each selector in order, takes the next chunk of every selected input and
   concatenates them in the order those chunks arrive — a chunk is never interleaved with
   another — then closes the new dimension (its stop token is one level up).
-* Partition sends each chunk to every output its selector picks.
+* Partition sends each chunk to every output its selector picks and records each output's
+  chunk count ``N_i`` in the run's bindings (later nodes size accumulators with it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from .interp_context import Ctx
 from .ops_routing import EagerMerge, Partition, Reassemble
+from .runtime_check import unify_size
 from .values import SelectorValue, StepRuntimeError, StreamValue, map_at, zip_at
 
 __all__ = ["IMPLS", "arrival_keys"]
@@ -60,6 +62,8 @@ def _partition(op: Partition, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:
             outs[i].append(chunk)
 
     zip_at(s.data, x.data, s.rank + 1, route, where)
+    for i, (n_i, chunks) in enumerate(zip(op.counts(), outs)):
+        unify_size(n_i, len(chunks), {}, ctx.env, f"{where} output {i} (chunk count)")
     return tuple(StreamValue(x.rank - s.rank, o) for o in outs)
 
 

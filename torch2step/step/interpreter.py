@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import sympy as sp
 
+from .dims import Index
 from .evaluate import Bindings, normalise_env, try_evaluate
 from .fn_library import np_dtype
 from .graph import Program
@@ -80,10 +82,10 @@ class RunResult:
 
 def _convert(x: Any, t: DataType, where: str) -> Any:
     if isinstance(t, TileType):
-        if hasattr(x, "detach"):
-            x = x.detach().cpu().numpy()
-        arr = np.array(x, dtype=np_dtype(t.dtype))
-        return arr if arr.ndim == 2 else np.atleast_2d(arr)
+        arr, _ = _borrow(x, np_dtype(t.dtype))
+        arr = arr if arr.ndim == 2 else np.atleast_2d(arr)
+        arr.flags.writeable = False  # tiles are values: a function must not write into one
+        return arr
     if isinstance(t, SelectorType):
         if isinstance(x, SelectorValue):
             return x
@@ -109,23 +111,42 @@ def to_stream(x: Any, t: StreamType, where: str = "stream") -> StreamValue:
     return StreamValue(t.rank, map_at(data, t.rank + 1, lambda e: _convert(e, t.dtype, where)))
 
 
-def _memory(program: Program, tensors: Mapping[str, Any], env: Bindings) -> dict[str, np.ndarray]:
+def _borrow(x: Any, dtype: Any) -> tuple[np.ndarray, bool]:
+    """``x`` as a numpy array of ``dtype`` without copying when it already is one, and whether
+    the array may be the caller's memory (it is then handed out read-only, never written)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()  # shares the memory of a CPU tensor
+    arr = np.asarray(x, dtype=dtype)
+    if isinstance(x, np.ndarray):
+        own = not np.may_share_memory(arr, x)
+    else:  # nested lists / scalars are converted into new memory; other array-likes may not be
+        own = isinstance(x, (list, tuple, int, float, bool, np.generic)) and arr.flags.owndata
+    if own:
+        return arr, False
+    view = arr.view()
+    view.flags.writeable = False
+    return view, True
+
+
+def _memory(
+    program: Program, tensors: Mapping[str, Any], env: Bindings
+) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Off-chip memory at the start of a run and the names of the caller's arrays in it."""
     known = {t.name for t in program.tensors}
     extra = set(tensors) - known
     if extra:
         raise StepRuntimeError(f"tensors {sorted(extra)} are not in graph {program.name}")
-    memory = {}
+    memory, borrowed = {}, set()
     for t in program.tensors:
         where = f"tensor {t.name}"
         if t.name in tensors:
-            x = tensors[t.name]
-            if hasattr(x, "detach"):
-                x = x.detach().cpu().numpy()
-            arr = np.array(x, dtype=np_dtype(t.dtype))
+            arr, shared = _borrow(tensors[t.name], np_dtype(t.dtype))
             if arr.ndim != len(t.shape):
                 raise StepRuntimeError(f"{where}: {arr.ndim}-D data for {t}")
             for d, n in zip(t.shape, arr.shape):
                 unify_size(d, n, {}, env, where)
+            if shared:
+                borrowed.add(t.name)
         else:
             dims = [try_evaluate(d, env, {}) for d in t.shape]
             if None in dims:
@@ -134,7 +155,25 @@ def _memory(program: Program, tensors: Mapping[str, Any], env: Bindings) -> dict
                 )
             arr = np.zeros([int(d) for d in dims], dtype=np_dtype(t.dtype))  # type: ignore[arg-type]
         memory[t.name] = arr
-    return memory
+    return memory, borrowed
+
+
+@lru_cache(maxsize=1 << 14)
+def _size_symbols(t: StreamType) -> tuple[str, ...]:
+    """Names of the symbols (indices excepted) the sizes of ``t`` use."""
+    names = {
+        s.name
+        for e in (*t.shape, *t.dtype.exprs())
+        if isinstance(e, sp.Basic) and not e.is_Integer
+        for s in e.free_symbols
+        if isinstance(s, sp.Symbol) and not isinstance(s, Index)
+    }
+    return tuple(sorted(names))
+
+
+def _unbound(t: StreamType, env: Bindings) -> bool:
+    """True if a size of ``t`` uses a symbol without a value in ``env``."""
+    return any(n not in env for n in _size_symbols(t))
 
 
 def run(
@@ -151,11 +190,18 @@ def run(
     ``env`` gives values of dynamic sizes (``{"B": 4, "L": [3, 5, 2, 7]}``); sizes not given
     are learnt from the data.  ``arrival`` fixes the chunk arrival order of Reassemble /
     EagerMerge nodes (:mod:`torch2step.step.interp_routing`).  With ``check`` every
-    intermediate stream is compared with its shape rule.
+    intermediate stream is compared with its shape rule; without it only the streams whose
+    type has a size the run has not learnt yet (a fresh ragged size, a merge's count) are
+    walked, so later nodes and the metric formulas still get every value.  Partition records
+    its chunk counts itself.
+
+    No input is copied: the tensors given are used in place (read-only; a store writes into a
+    private copy), so ``RunResult.tensors`` holds read-only views of the tensors the run did
+    not write, and loaded tiles are read-only views of off-chip memory.
     """
     tensors, streams = dict(tensors or {}), dict(streams or {})
     bindings = normalise_env(env)
-    memory = _memory(program, tensors, bindings)
+    memory, borrowed = _memory(program, tensors, bindings)
     values: dict[str, StreamValue] = {}
     names = {v.name for v in program.inputs}
     if set(streams) - names:
@@ -166,7 +212,7 @@ def run(
         sv = to_stream(streams[v.name], v.type, f"input %{v.name}")
         check_stream(v.type, sv, bindings, f"input %{v.name}")
         values[v.name] = sv
-    ctx = Ctx(memory, bindings, {k: list(s) for k, s in (arrival or {}).items()})
+    ctx = Ctx(memory, bindings, {k: list(s) for k, s in (arrival or {}).items()}, shared=borrowed)
     for op, outs in zip(program.nodes, program.node_outputs):
         impl = IMPLS.get(type(op))
         if impl is None:
@@ -174,7 +220,7 @@ def run(
         ctx.out_types = tuple(o.type for o in outs)
         results = impl(op, ctx, tuple(values[v.name] for v in op.inputs()))
         for o, r in zip(outs, results):
-            if check:
+            if check or _unbound(o.type, bindings):
                 check_stream(o.type, r, bindings, f"{op.op_name} %{op.name} -> %{o.name}")
             values[o.name] = r
     onchip = {op.name: sum(ctx.onchip.get(op.name, {}).values()) for op in program.nodes}

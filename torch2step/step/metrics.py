@@ -29,8 +29,23 @@ import sympy as sp
 
 from .evaluate import evaluate
 from .graph import Program
+from .node_signature import FormulaTemplate, signature
+from .op_base import Op
+from .ops_memory import (
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    RandomOffChipLoad,
+    RandomOffChipStore,
+)
 
-__all__ = ["Metrics", "metrics", "offchip_traffic", "onchip_memory", "total_flops"]
+__all__ = [
+    "Metrics",
+    "metrics",
+    "node_metrics",
+    "offchip_traffic",
+    "onchip_memory",
+    "total_flops",
+]
 
 
 @dataclass(frozen=True)
@@ -103,16 +118,46 @@ def collect_gated(expr: sp.Expr) -> sp.Expr:
     return sp.Add(*rest, *gated)
 
 
+_ADDRESS_ONLY: dict[type, frozenset[str]] = {
+    cls: frozenset({"base"})
+    for cls in (LinearOffChipLoad, LinearOffChipStore, RandomOffChipLoad, RandomOffChipStore)
+}
+"""Fields the §4.1 formulas do not read: an off-chip operator's first tile address moves no
+byte and allocates nothing (one expert's weight loads differ from another's only there)."""
+
+
+def node_metrics(op: Op) -> dict[str, sp.Expr]:
+    """The four §4.1 formulas of one node, computed from its rules."""
+    return {
+        "offchip_read_bytes": sp.sympify(op.offchip_read_bytes()),
+        "offchip_write_bytes": sp.sympify(op.offchip_write_bytes()),
+        "onchip_bytes": sp.sympify(op.onchip_bytes()),
+        "flops": sp.sympify(op.flops()),
+    }
+
+
 def metrics(program: Program) -> Metrics:
-    """Off-chip traffic, on-chip memory requirement and FLOPs of ``program``."""
+    """Off-chip traffic, on-chip memory requirement and FLOPs of ``program``.
+
+    Nodes equal up to renaming (one per expert, head...) share one computation of their
+    formulas (:mod:`torch2step.step.node_signature`): the first is computed from its rules,
+    the others are renamed copies, equal to computing them again.
+    """
     by_node: dict[str, dict[str, sp.Expr]] = {}
+    templates: dict[tuple, FormulaTemplate | None] = {}
+    keys: dict = {}
+    renamed: dict = {}
     for op in program.nodes:
-        by_node[op.name] = {
-            "offchip_read_bytes": sp.sympify(op.offchip_read_bytes()),
-            "offchip_write_bytes": sp.sympify(op.offchip_write_bytes()),
-            "onchip_bytes": sp.sympify(op.onchip_bytes()),
-            "flops": sp.sympify(op.flops()),
-        }
+        sig = signature(op, keys, _ADDRESS_ONLY)
+        if sig is None:
+            by_node[op.name] = node_metrics(op)
+            continue
+        if sig.key in templates:
+            template = templates[sig.key]
+            by_node[op.name] = node_metrics(op) if template is None else template.rename(sig, renamed)
+            continue
+        row = by_node[op.name] = node_metrics(op)
+        templates[sig.key] = FormulaTemplate.of(row, sig)
 
     def total(key: str) -> sp.Expr:
         return collect_gated(sp.Add(*(row[key] for row in by_node.values())))

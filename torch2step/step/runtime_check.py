@@ -28,6 +28,16 @@ def unify_size(
     expr: sp.Expr, observed: int, local: dict[sp.Symbol, int], env: Bindings, where: str
 ) -> None:
     """Bind ``expr`` to ``observed`` if it is an unknown symbol, else check it."""
+    if expr.is_Integer:  # fast path: a static size
+        if int(expr) != observed:
+            _mismatch(expr, int(expr), observed, local, where)
+        return
+    if expr.is_Symbol and expr.name in env and expr not in local:
+        known = env[expr.name]
+        if isinstance(known, int) and not isinstance(expr, Index):  # fast path: a known size
+            if known != observed:
+                _mismatch(expr, known, observed, local, where)
+            return
     if isinstance(expr, sp.Symbol) and not isinstance(expr, Index) and expr not in local:
         if expr.name not in env:
             env[expr.name] = observed
@@ -48,11 +58,15 @@ def unify_size(
     if value is None and _solve_one(expr, observed, local, env):
         return
     if value is not None and value != observed:
-        shown = ", ".join(f"{k}={v}" for k, v in local.items())
-        raise StepRuntimeError(
-            f"{where}: the shape rule gives {sp.sstr(expr)} = {value}"
-            f"{' at ' + shown if shown else ''} but the data has {observed}"
-        )
+        _mismatch(expr, value, observed, local, where)
+
+
+def _mismatch(expr: sp.Expr, value: Any, observed: int, local: dict, where: str) -> None:
+    shown = ", ".join(f"{k}={v}" for k, v in local.items())
+    raise StepRuntimeError(
+        f"{where}: the shape rule gives {sp.sstr(expr)} = {value}"
+        f"{' at ' + shown if shown else ''} but the data has {observed}"
+    )
 
 
 def _solve_one(expr: sp.Expr, observed: int, local: dict, env: Bindings) -> bool:
@@ -78,8 +92,11 @@ def _check_elem(t: DataType, x: Any, local: dict, env: Bindings, where: str) -> 
             raise StepRuntimeError(f"{where}: expected a 2-D tile for {t}, got {type(x).__name__}")
         if x.dtype.kind not in _KIND[t.dtype]:
             raise StepRuntimeError(f"{where}: tile of numpy {x.dtype} where {t} is expected")
-        unify_size(t.shape[0], x.shape[0], local, env, f"{where} (tile rows)")
-        unify_size(t.shape[1], x.shape[1], local, env, f"{where} (tile cols)")
+        (rows, cols), (r, c) = t.shape, x.shape
+        if not (rows.is_Integer and rows.p == r):  # a static size that matches needs no more
+            unify_size(rows, r, local, env, f"{where} (tile rows)")
+        if not (cols.is_Integer and cols.p == c):
+            unify_size(cols, c, local, env, f"{where} (tile cols)")
     elif isinstance(t, SelectorType):
         if not isinstance(x, SelectorValue):
             raise StepRuntimeError(f"{where}: expected a selector, got {x!r}")

@@ -1,0 +1,62 @@
+"""Loop folding of unit programs: exact (unfolding gives the steps back) and nested."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowering.isa import Instr, Loop, Set
+from torch2step.spatial.compress import compress
+
+
+def _step(name: str) -> tuple[Instr, ...]:
+    return (Set(name, 0),)
+
+
+def _unfold(body: tuple[Instr, ...]) -> list[Instr]:
+    out: list[Instr] = []
+    for ins in body:
+        if isinstance(ins, Loop):
+            assert isinstance(ins.count, int) and ins.count >= 2
+            out.extend(_unfold(ins.body) * ins.count)
+        else:
+            out.append(ins)
+    return out
+
+
+def _flat(steps: list[tuple[Instr, ...]]) -> list[Instr]:
+    return [x for s in steps for x in s]
+
+
+def test_a_run_becomes_one_loop() -> None:
+    assert compress([_step("a")] * 5) == (Loop(5, (Set("a", 0),)),)
+
+
+def test_sixteen_rotating_buffers_fold() -> None:
+    steps = [_step(f"b{k % 16}") for k in range(16 * 6)]
+    (loop,) = compress(steps)
+    assert isinstance(loop, Loop) and loop.count == 6 and len(loop.body) == 16
+
+
+def test_reductions_become_nested_loops() -> None:
+    """12 reductions of 8 elements, accumulators alternating between two buffers: the middle
+    elements fold first, then the pairs of reductions."""
+    steps = []
+    for r in range(12):
+        acc = f"acc{r % 2}"
+        steps += [_step(f"first.{acc}")] + [_step(f"mid.{acc}")] * 6 + [_step(f"last.{acc}")]
+    out = compress(steps)
+    assert _unfold(out) == _flat(steps)
+    (outer,) = out
+    assert isinstance(outer, Loop) and outer.count == 6
+    inner = [i for i in outer.body if isinstance(i, Loop)]
+    assert [i.count for i in inner] == [6, 6] and len(outer.body) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from("abc"), max_size=60), st.integers(1, 8))
+def test_folding_is_exact(names: list[str], period: int) -> None:
+    steps = [_step(n) for n in names]
+    out = compress(steps, max_period=period)
+    assert _unfold(out) == _flat(steps)
+    assert len(_unfold(out)) >= len(out)
