@@ -187,15 +187,10 @@ def _make_report(
     prog: Program, lw: Lowered, sim: Any, m: Any, at: dict, dynamic: dict, sim_s: float
 ) -> Report:
     units = [asdict(u) for u in sim.units]
-    busy = {"busy": 0, "stall_recv": 0, "stall_send": 0, "stall_mem": 0, "idle": 0}
-    for u in sim.units:
-        for k in busy:
-            busy[k] += int(getattr(u, k))
-    by_kind: dict[str, int] = {}
-    for u in sim.units:
-        for k in u.kinds:
-            by_kind[f"busy:{k}"] = by_kind.get(f"busy:{k}", 0) + int(u.busy) // len(u.kinds)
-    util = getattr(sim, "utilisation", None)
+    breakdown = {k: int(v) for k, v in sim.breakdown.items()}
+    for kind, row in sim.by_kind.items():
+        breakdown[f"busy:{kind}"] = int(row["busy"])
+    util = {k: float(v) for k, v in sim.utilisation.items()}
     return Report(
         layer=prog.layer.name,
         chip=prog.chip.name,
@@ -209,8 +204,8 @@ def _make_report(
         flops=int(sim.flops),
         roofline_cycles=int(sim.roofline),
         roofline_fraction=float(sim.roofline_fraction),
-        breakdown={**busy, **dict(sorted(by_kind.items()))},
-        utilisation=dict(util) if isinstance(util, dict) else {},
+        breakdown=breakdown,
+        utilisation=util,
         units=units,
         dynamic={k: v for k, v in dynamic.items() if v is not None},
         events=int(sim.events),

@@ -70,9 +70,9 @@ class Report:
         ]
         if self.breakdown:
             lines.append("  breakdown (unit-cycles):")
-            total = sum(self.breakdown.values()) or 1
+            total = sum(v for k, v in self.breakdown.items() if ":" not in k) or 1
             for k, v in self.breakdown.items():
-                lines.append(f"    {k:<16} {v:>14,}  {v / total:6.1%}")
+                lines.append(f"    {k:<24} {v:>14,}  {v / total:6.1%}")
         if self.utilisation:
             lines.append("  utilisation:")
             for k, v in self.utilisation.items():

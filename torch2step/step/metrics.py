@@ -29,7 +29,7 @@ import sympy as sp
 
 from .evaluate import evaluate
 from .graph import Program
-from .node_signature import FormulaTemplate, signature
+from .node_signature import FormulaTemplate, signature, size_vs_number
 from .op_base import Op
 from .ops_memory import (
     LinearOffChipLoad,
@@ -114,8 +114,17 @@ def collect_gated(expr: sp.Expr) -> sp.Expr:
             rest.append(term)
         else:
             groups[g[0]] = groups.get(g[0], sp.Integer(0)) + g[1]
-    gated = [sp.Piecewise((v, c), (0, True)) for c, v in groups.items()]
+    gated = [_gated(v, c) for c, v in groups.items()]
     return sp.Add(*rest, *gated)
+
+
+def _gated(v: sp.Expr, cond: sp.Basic) -> sp.Expr:
+    """``Piecewise((v, cond), (0, True))``; built without sympy's piecewise evaluation when it
+    would leave it unchanged: ``cond`` compares a size with a number and ``v`` is neither 0
+    nor a piecewise (nothing to collapse)."""
+    if size_vs_number(cond) and v != 0 and not isinstance(v, sp.Piecewise):
+        return sp.Piecewise((v, cond), (0, True), evaluate=False)
+    return sp.Piecewise((v, cond), (0, True))
 
 
 _ADDRESS_ONLY: dict[type, frozenset[str]] = {

@@ -170,20 +170,35 @@ def _rename(e: sp.Basic, mapping: dict, memo: dict) -> sp.Basic:
     return got
 
 
-def _size_vs_number(c: sp.Basic) -> bool:
-    return c is sp.true or c is sp.false or (isinstance(c, Relational) and c.rhs.is_Number)
+def size_vs_number(c: sp.Basic) -> bool:
+    """True for ``True``/``False`` and a comparison of one size symbol with a number
+    (``N > 0``): conditions sympy's piecewise evaluation keeps as they are, whatever the
+    symbol's name."""
+    return (
+        c is sp.true
+        or c is sp.false
+        or (isinstance(c, Relational) and c.lhs.is_Symbol and c.rhs.is_Number)
+    )
 
 
 def _rebuild(e: sp.Basic, args: tuple) -> sp.Basic:
-    """``e.func(*args)``.  A renamed comparison of a size with a number, and a piecewise made
-    of such conditions, are built without sympy's evaluation: it already left the original
-    unchanged and decides the same for any symbol of the same assumptions (the costly part of
-    renaming; commutative and logical operators, whose argument order follows the names, are
-    evaluated)."""
-    if isinstance(e, Relational) and args[1].is_Number:
-        return e.func(*args, evaluate=False)
-    if isinstance(e, sp.Piecewise) and all(_size_vs_number(p.cond) for p in args):
+    """``e.func(*args)`` for renamed ``args``.  Where sympy's evaluation decides the same for
+    any symbols of the same assumptions — it already left the original unchanged — the node
+    is built without it (the costly part of renaming):
+
+    * a comparison of a size with a number, and a piecewise made of such conditions;
+    * a sum or product whose non-numeric arguments are of distinct classes (sympy orders
+      arguments by class name first, so no name can change their order).
+
+    Everything else (same-class sums, logical operators...) is evaluated."""
+    if isinstance(e, Relational):
+        return e.func(*args, evaluate=not (args[0].is_Symbol and args[1].is_Number))
+    if isinstance(e, sp.Piecewise) and all(size_vs_number(p.cond) for p in args):
         return sp.Piecewise(*args, evaluate=False)
+    if isinstance(e, (sp.Add, sp.Mul)):
+        classes = [type(a).__name__ for a in args if not a.is_Number]
+        if len(set(classes)) == len(classes):
+            return e.func(*args, evaluate=False)
     return e.func(*args)
 
 
