@@ -211,4 +211,3 @@ def _make_report(
         events=int(sim.events),
         simulation_s=round(sim_s, 3),
     )
-

@@ -86,7 +86,9 @@ def _elementwise(ctx: LowerCtx, n: Node) -> None:
     out = n.outputs[0]
     rows, cols = ctx.rc(out)
     # the widest input sets the row stream; the others broadcast onto it
-    first = max(n.inputs, key=lambda v: (sp.simplify(ctx.rc(v)[0] - rows) == 0, ctx.rc(v)[1] == cols))
+    first = max(
+        n.inputs, key=lambda v: (sp.simplify(ctx.rc(v)[0] - rows) == 0, ctx.rc(v)[1] == cols)
+    )
     if sp.simplify(ctx.rc(first)[0] - rows) != 0:
         raise ctx.fail(f"no input of {op.fn} has the output's {rows} rows")
     ref = ctx.load_rows(first)
@@ -143,9 +145,7 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
     p = ctx.graph.linear_load(
         pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
     )
-    y = ctx.graph.map(
-        fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p)
-    )
+    y = ctx.graph.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p))
     ctx.store_rows(y, n.outputs[0])
 
 

@@ -1,0 +1,55 @@
+"""Clear errors from the public API: wrong inputs, unknown options, missing files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models
+import torch2step
+from hwmodel.errors import ChipConfigError
+from torch2step.errors import FrontendError, LoweringError
+
+
+@pytest.fixture(scope="module")
+def moe() -> torch2step.Program:
+    spec = models.get_layer("mixtral-moe", tiny=True, batch=4)
+    return torch2step.compile(spec.module, spec.example_inputs)
+
+
+def test_exports_public_names() -> None:
+    for name in ("compile", "import_onnx", "Program", "Report"):
+        assert name in torch2step.__all__ and hasattr(torch2step, name)
+
+
+def test_wrong_feature_size(moe: torch2step.Program) -> None:
+    with pytest.raises(FrontendError, match="axis 2.*compiled for 64"):
+        moe.run(torch.randn(3, 1, 65))
+
+
+def test_wrong_rank_dtype_and_count(moe: torch2step.Program) -> None:
+    with pytest.raises(FrontendError, match="expected 3 dims"):
+        moe.run(torch.randn(3, 64))
+    with pytest.raises(FrontendError, match="dtype"):
+        moe.run(torch.ones(3, 1, 64, dtype=torch.int64))
+    with pytest.raises(FrontendError, match="expected 1 inputs"):
+        moe.run(torch.randn(3, 1, 64), torch.randn(3, 1, 64))
+
+
+def test_unknown_option_and_chip() -> None:
+    spec = models.get_layer("mixtral-moe", tiny=True, batch=2)
+    with pytest.raises(LoweringError, match="valid options: tile_rows"):
+        torch2step.compile(spec.module, spec.example_inputs, tile_size=3)
+    with pytest.raises(ChipConfigError, match="step-sda"):
+        torch2step.compile(spec.module, spec.example_inputs, chip="no-such-chip")
+
+
+def test_missing_onnx_file() -> None:
+    with pytest.raises(FrontendError, match="missing.onnx"):
+        torch2step.compile("/nonexistent/missing.onnx")
+
+
+def test_same_inputs_same_report(moe: torch2step.Program) -> None:
+    x = torch.randn(5, 1, 64, generator=torch.Generator().manual_seed(3))
+    a, b = moe.report(x), moe.report(x)
+    assert a.to_dict() == {**b.to_dict(), "simulation_s": a.simulation_s}
