@@ -53,6 +53,8 @@ import torch
 from torch2step.errors import StepTypeError
 from torch2step.step import Graph, OffChipTensor, Program, Value, dyn, fn, zeros
 
+from .moe_lanes import add_lanes, lane_experts
+
 __all__ = ["ACTIVATIONS", "add_moe", "default_tile", "moe_graph", "moe_inputs", "moe_reference"]
 
 ACTIVATIONS: dict[str, str] = {
@@ -134,8 +136,12 @@ def add_moe(
     tile_h: int | None = None,
     tile_i: int | None = None,
     prefix: str = "moe",
+    lanes: int | None = None,
 ) -> None:
     """Add the MoE layer to ``g`` (see the module docstring).
+
+    ``lanes=None`` gives every expert its own branch; ``lanes=P`` configures ``P`` branches
+    shared in time by the experts ``e % P == l`` (seed 000 §5.3, :mod:`.moe_lanes`).
 
     Every node is named ``{prefix}_...`` (tensors share the graph's namespace: keep their names
     outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}``.
@@ -162,15 +168,27 @@ def add_moe(
     ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld")
     wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w_ld")
     sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
+    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype)
+    if lanes is not None:
+        lane_experts(E, lanes)  # checks 1 <= lanes <= E
+        packed = g.zip(rows, ids, wts, name=f"{p}_xiw")
+        routed = g.partition(packed, sel, E, count_names=counts, name=f"{p}_route")
+        expert_rows = add_lanes(g, plan, routed, counts, (w_gate, w_up, w_down), lanes)
+        _combine(g, expert_rows, sel, out, H, p)
+        return
     routed = g.partition(rows, sel, E, count_names=counts, name=f"{p}_route")
     route_info = g.zip(ids, wts, name=f"{p}_idw")
     infos = g.partition(route_info, sel, E, count_names=counts, name=f"{p}_route_w")
 
-    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype)
     expert_rows = [
         _expert(g, plan, e, routed[e], infos[e], dyn(counts[e]), (w_gate, w_up, w_down))
         for e in range(E)
     ]
+    _combine(g, expert_rows, sel, out, H, p)
+
+
+def _combine(g: Graph, expert_rows: list[Value], sel: Value, out: OffChipTensor, H: int, p: str):
+    """Step 7: Reassemble each token's ``k`` expert rows, sum them, store ``out``."""
     back = g.reassemble(expert_rows, sel, name=f"{p}_back")  # [1, T, k] of [1, H]
     total = g.accum(back, "add", zeros(1, H, out.dtype), 1, name=f"{p}_sum")  # [1, T]
     g.linear_store(total, out, name=f"{p}_store")
@@ -282,7 +300,7 @@ def moe_graph(
 ) -> Program:
     """A verified program holding only the MoE layer; tensors ``x, topk_idx, topk_w, w_gate,
     w_up, w_down, out``; ``tokens`` defaults to the dynamic size ``T``.  ``kw`` goes to
-    :func:`add_moe` (``activation``, ``tile_h``, ``tile_i``, ``prefix``)."""
+    :func:`add_moe` (``activation``, ``tile_h``, ``tile_i``, ``prefix``, ``lanes``)."""
     T = dyn("T") if tokens is None else tokens
     E, k, H, I = num_experts, top_k, hidden, intermediate  # noqa: E741
     g = Graph("moe")

@@ -40,7 +40,10 @@ class LowerOptions:
     token dimension, padded at the end); ``tile_cols`` output features per weight tile (``None``:
     the largest power of two dividing the output size whose ``[tile_cols, in]`` weight tile
     fits ``weight_tile_bytes``); ``tile_kv`` KV rows per attention tile; ``moe_tile_h`` /
-    ``moe_tile_i``: the MoE weight tiles (``None``: the example builder's defaults)."""
+    ``moe_tile_i``: the MoE weight tiles (``None``: the example builder's defaults);
+    ``moe_lanes``: expert lanes that time-multiplex the experts (seed 000 §5.3; ``None``: one
+    branch per expert up to ``16`` experts, else ``16`` lanes so large MoEs fit a chip's
+    units; ``0``: always one branch per expert)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -48,6 +51,7 @@ class LowerOptions:
     tile_kv: int = 64
     moe_tile_h: int | None = None
     moe_tile_i: int | None = None
+    moe_lanes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):

@@ -47,6 +47,11 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
         kw["tile_h"] = ctx.options.moe_tile_h
     if ctx.options.moe_tile_i is not None:
         kw["tile_i"] = ctx.options.moe_tile_i
+    lanes = ctx.options.moe_lanes
+    if lanes is None:
+        lanes = 16 if op.num_experts > 16 else 0
+    if 0 < lanes < op.num_experts:
+        kw["lanes"] = lanes
     add_moe(
         ctx.graph,
         x=ctx.tensor_as(x, (t_rows, hidden)),

@@ -1,0 +1,298 @@
+"""Time-multiplexed expert regions for the MoE graph (seed 000 §5.3 "configuration
+time-multiplexing").
+
+With ``lanes = P < E`` the graph of :mod:`torch2step.examples.moe` configures ``P`` expert
+branches (*lanes*) instead of ``E``; expert ``e`` is served by lane ``e % P`` (lane ``l``
+serves experts ``l, l + P, l + 2P, ...``).  Per lane:
+
+1. **Merge.** Every expert of the lane wraps its routed rows in one chunk (Promote: ``[P_e,
+   N_e]``, ``P_e = 1 if N_e > 0``); EagerMerge interleaves these whole chunks in arrival order
+   (seed 000 Table 5) and its selector says which expert each chunk holds, so one expert's
+   tokens are processed after another's.  The chunk height is a ragged size ``R[i]`` (seed 001
+   §3.1): the token count of the ``i``-th expert served.  An expert without tokens sends no
+   chunk, so the lane never serves it.
+2. **Expert id.** ``selector_index`` turns the merge selector into the lane-local index ``j``
+   and ``affine(scale=P, offset=l)`` into the expert id ``e = l + j P``.
+3. **Weights.** §5.3 replaces the experts' LinearOffChipLoads by RandomOffChipLoads "which use
+   the Selector from EagerMerge to fetch the appropriate tiled weight": the addresses (in tiles)
+   ``e * (I/ti)(H/th) + ...`` are computed in-graph (``affine`` then the flat ``tile_grid``),
+   one ``[I/ti, H/th]`` grid per served expert: every weight tile of a used expert is read
+   once, none of an unused one.
+4. **Compute** exactly as a dedicated expert (seed 000 Fig. 2, §5.2): Bufferize the chunk's rows,
+   pack them per ``tile_i`` block into a ``[R[i], H]`` tile, gate/up/act/down.
+5. **Routing weight.** The expert id, repeated along the chunk's rows (Repeat + Expand), picks
+   each token's weight (``pick_weight_of``) and scales the output tile.
+6. **Back to experts.** The output rows and a per-row selector over the lane's experts
+   (``to_selector`` of the local index) go to a Partition whose outputs are the per-expert row
+   streams ``[N_e]`` (same count symbols as the first Partition), which feed the Reassemble of
+   the dedicated-region graph.
+
+The off-chip traffic is that of the dedicated graph; only the unit count changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import sympy as sp
+
+from torch2step.errors import StepTypeError
+from torch2step.step import (
+    ADDR,
+    DataType,
+    FnSpec,
+    SelectorType,
+    SelectorValue,
+    StepRuntimeError,
+    TileType,
+    Value,
+    fn,
+    register_fn,
+    zeros,
+)
+
+if TYPE_CHECKING:
+    from torch2step.step import Graph, OffChipTensor
+
+    from .moe import _Plan
+
+__all__ = ["add_lanes", "lane_experts"]
+
+
+def lane_experts(num_experts: int, lanes: int) -> tuple[tuple[int, ...], ...]:
+    """The experts each lane serves: lane ``l`` gets ``l, l + P, ...`` (``e % P == l``)."""
+    if not 1 <= lanes <= num_experts:
+        raise StepTypeError(
+            f"add_moe: lanes={lanes} must be between 1 and num_experts={num_experts} "
+            "(or None for one dedicated branch per expert)"
+        )
+    return tuple(tuple(range(lane, num_experts, lanes)) for lane in range(lanes))
+
+
+# ---------------------------------------------------------------- tile functions
+
+
+def _int11(f: Any, t: DataType, what: str) -> TileType:
+    if not isinstance(t, TileType) or t.dtype not in ("int32", "int64") or t.shape != (1, 1):
+        raise StepTypeError(f"function {f}: {what} must be a [1, 1] integer tile, got {t}")
+    return t
+
+
+def _sel_index_rule(f: Any, args: tuple[DataType, ...]) -> TileType:
+    s = args[0]
+    if not isinstance(s, SelectorType) or s.k != 1:
+        raise StepTypeError(f"function {f}: needs a one-hot selector, got {s}")
+    return ADDR
+
+
+def _sel_index(f: Any, s: SelectorValue) -> np.ndarray:
+    if len(s.indices) != 1:
+        raise StepRuntimeError(f"{f}: {s!r} is not one-hot")
+    return np.array([[s.indices[0]]], dtype=np.int64)
+
+
+def _pick_of_rule(f: Any, args: tuple[DataType, ...]) -> TileType:
+    ids, w, e = args
+    if not isinstance(ids, TileType) or not isinstance(w, TileType) or ids.shape != w.shape:
+        raise StepTypeError(f"function {f}: ids and weights must be tiles of one shape")
+    _int11(f, e, "the expert id")
+    return TileType((ids.shape[0], 1), w.dtype)
+
+
+def _pick_of(f: Any, ids: np.ndarray, w: np.ndarray, e: np.ndarray) -> np.ndarray:
+    hit = ids == int(e[0, 0])
+    return np.where(hit, w, 0).sum(axis=1, keepdims=True).astype(w.dtype)
+
+
+def _ragged_rule(f: Any, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
+    return args[0], (None,)
+
+
+def _ragged(f: Any, x: Any) -> list:
+    return [x]
+
+
+def _rows_rule(f: Any, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
+    t = args[0]
+    if not isinstance(t, TileType):
+        raise StepTypeError(f"function {f}: needs a tile, got {t}")
+    return TileType((1, t.shape[1]), t.dtype), (sp.Integer(1), t.shape[0])
+
+
+def _rows(f: Any, x: np.ndarray) -> list:
+    return [[x[r : r + 1] for r in range(x.shape[0])]]
+
+
+def _grid_rule(f: Any, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
+    _int11(f, args[0], "the start address")
+    rows, cols = f.get("rows"), f.get("cols")
+    if not all(isinstance(v, int) and v >= 1 for v in (rows, cols)):
+        raise StepTypeError(f"function {f}: give tile_grid(rows, cols, row_stride, col_stride)")
+    return ADDR, (sp.Integer(1), sp.Integer(rows), sp.Integer(cols))
+
+
+def _grid(f: Any, start: np.ndarray) -> list:
+    s0, rs, cs = int(start[0, 0]), int(f.get("row_stride")), int(f.get("col_stride"))
+    return [
+        [
+            [np.array([[s0 + r * rs + c * cs]], dtype=np.int64) for c in range(int(f.get("cols")))]
+            for r in range(int(f.get("rows")))
+        ]
+    ]
+
+
+for _spec in (
+    FnSpec(
+        "selector_index",
+        "map",
+        1,
+        _sel_index_rule,
+        _sel_index,
+        doc="one-hot selector -> [1, 1] index of the chosen input (EagerMerge's source)",
+    ),
+    FnSpec(
+        "pick_weight_of",
+        "map",
+        3,
+        _pick_of_rule,
+        _pick_of,
+        flops=lambda f, args: 2 * int(np.prod([int(d) for d in args[0].shape])),
+        doc="(ids [1,k], weights [1,k], expert [1,1]) -> [1,1] the weight of a dynamic expert",
+    ),
+    FnSpec(
+        "as_ragged",
+        "flat",
+        1,
+        _ragged_rule,
+        _ragged,
+        doc="x -> the one-element stream [x] of a data-known length: a chunk's row count "
+        "becomes a ragged size (seed 001 §3.1), so chunks of several experts share one type",
+    ),
+    FnSpec(
+        "tile_rows",
+        "flat",
+        1,
+        _rows_rule,
+        _rows,
+        doc="[n, c] tile -> its n rows [1, c] (RetileStreamify(rows=1) for a ragged n)",
+    ),
+    FnSpec(
+        "tile_grid",
+        "flat",
+        1,
+        _grid_rule,
+        _grid,
+        doc="start address -> [rows, cols] addresses start + r*row_stride + c*col_stride, "
+        "tile_grid(rows, cols, row_stride, col_stride)",
+    ),
+):
+    register_fn(_spec)
+
+
+# ---------------------------------------------------------------- graph
+
+
+def add_lanes(
+    g: Graph,
+    plan: _Plan,
+    routed: tuple[Value, ...],
+    counts: tuple[str, ...],
+    weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
+    lanes: int,
+) -> list[Value]:
+    """The lanes of the time-multiplexed layer (module docstring).  ``routed[e]`` is expert
+    ``e``'s stream ``[N_e]`` of ``(row [1, H], ids [1, k], weights [1, k])``; returns the
+    per-expert output row streams ``[N_e]`` in expert order, for the Reassemble."""
+    E = len(routed)
+    p = plan.prefix
+    tiles = [
+        g.flat_map(
+            g.promote(routed[e], name=f"{p}_e{e}_tile"), fn("as_ragged"), name=f"{p}_e{e}_chunk"
+        )
+        for e in range(E)
+    ]
+    out: list[Value | None] = [None] * E
+    for lane, experts in enumerate(lane_experts(E, lanes)):
+        rows = _lane(g, plan, lane, lanes, [tiles[e] for e in experts], weights)
+        q = f"{p}_l{lane}"
+        backs = g.partition(
+            rows[0],
+            rows[1],
+            len(experts),
+            count_names=[counts[e] for e in experts],
+            name=f"{q}_back",
+        )
+        for e, b in zip(experts, backs):
+            out[e] = b
+    return [v for v in out if v is not None]
+
+
+def _lane(
+    g: Graph,
+    plan: _Plan,
+    lane: int,
+    lanes: int,
+    chunks: list[Value],
+    weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
+) -> tuple[Value, Value]:
+    """One lane: merged expert chunks in, ``(output rows, per-row selector)`` out."""
+    H, th, ti, dt = plan.H, plan.th, plan.ti, plan.dtype
+    w_gate, w_up, w_down = weights
+    nh, ni = H // th, plan.I // ti
+    q = f"{plan.prefix}_l{lane}"
+    merged, msel = g.eager_merge(chunks, name=f"{q}_merge")  # [M, R] of (row, ids, w)
+    local = g.map(fn("selector_index"), msel, name=f"{q}_j")  # [M] lane-local index
+    x_rows = g.map(fn("get", index=0), merged, name=f"{q}_x")  # [M, R] of [1, H]
+    buf = g.bufferize(x_rows, 1, name=f"{q}_buf")  # [M] Buf[R]
+    per_i = g.repeat(buf, ni, name=f"{q}_per_i")
+    again = g.streamify(buf, per_i, name=f"{q}_rows")  # [M, I/ti, R] of [1, H]
+    xt = g.accum(again, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt")  # [M, I/ti] [R, H]
+    n_r = xt.type.dtype.shape[0]  # type: ignore[attr-defined]
+    xt = g.repeat(xt, 1, name=f"{q}_xt1")
+    if nh > 1:
+        xt = g.flat_map(xt, fn("split_cols", cols=th), name=f"{q}_xh")
+
+    # the expert's first weight tile: (l + j P) (I/ti)(H/th)
+    start = g.map(fn("affine", scale=lanes * ni * nh, offset=lane * ni * nh), local, name=f"{q}_w0")
+    gu_addr = g.flat_map(
+        start, fn("tile_grid", rows=ni, cols=nh, row_stride=nh, col_stride=1), name=f"{q}_gu_a"
+    )  # [M, I/ti, H/th] tile indices in w_gate / w_up
+    d_addr = g.flat_map(
+        start, fn("tile_grid", rows=ni, cols=nh, row_stride=1, col_stride=ni), name=f"{q}_d_a"
+    )  # [M, I/ti, H/th] tile indices in w_down
+
+    def gate_up(w: OffChipTensor, what: str) -> Value:
+        wt = g.random_load(gu_addr, w, (ti, th), name=f"{q}_{what}_w")
+        pair = g.zip(xt, wt, name=f"{q}_{what}_in")
+        return g.accum(
+            pair, "matmul_t_acc", fn("zeros", shape=(n_r, ti), dtype=dt), 1, name=f"{q}_{what}"
+        )
+
+    gu = g.zip(gate_up(w_gate, "gate"), gate_up(w_up, "up"), name=f"{q}_act_in")
+    h = g.map(plan.act, gu, name=f"{q}_act")
+    wd = g.random_load(d_addr, w_down, (th, ti), name=f"{q}_down_w")
+    pair = g.zip(g.repeat(h, nh, name=f"{q}_h_rep"), wd, name=f"{q}_down_in")
+    if nh == 1:
+        y = g.accum(
+            pair, "matmul_t_acc", fn("zeros", shape=(n_r, H), dtype=dt), 2, name=f"{q}_down"
+        )
+    else:
+        part = g.map("matmul_t", pair, name=f"{q}_down_mm")
+        cols = g.accum(
+            part, "retile_col", fn("zeros", shape=(n_r, 0), dtype=dt), 1, name=f"{q}_down_cat"
+        )
+        y = g.accum(cols, "add", fn("zeros", shape=(n_r, H), dtype=dt), 1, name=f"{q}_down")
+
+    j_rows = g.expand(g.repeat(local, 1, name=f"{q}_j1"), x_rows, 0, name=f"{q}_j_r")
+    e_rows = g.map(fn("affine", scale=lanes, offset=lane), j_rows, name=f"{q}_eid")  # l + j P
+    ids = g.map(fn("get", index=1), merged, name=f"{q}_ids")
+    wts = g.map(fn("get", index=2), merged, name=f"{q}_wts")
+    pick_in = g.zip(ids, wts, e_rows, name=f"{q}_gw_in")
+    w_e = g.map(fn("pick_weight_of"), pick_in, name=f"{q}_gw")  # [M, R] of [1, 1]
+    info_dt = w_e.type.dtype.dtype  # type: ignore[attr-defined]
+    w_col = g.accum(w_e, "retile_row", zeros(0, 1, info_dt), 1, name=f"{q}_gw_col")
+    scaled = g.map("mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled")
+    rows = g.flat_map(scaled, fn("tile_rows"), name=f"{q}_out")  # [M, R] of [1, H]
+    sel = g.map(fn("to_selector", n=len(chunks)), j_rows, name=f"{q}_sel")
+    return rows, sel
