@@ -83,7 +83,7 @@ LAYERS: dict[str, LayerEntry] = {
         "moe",
         MIXTRAL_8X7B_MOE,
         MOE_IMPLS + HF_MOE_IMPLS,
-        "loop",
+        "grouped",
         "Mixtral-8x7B sparse MoE block: 8 SwiGLU experts (4096 -> 14336), top-2",
         "mixtral",
     ),
@@ -92,7 +92,7 @@ LAYERS: dict[str, LayerEntry] = {
         "moe",
         QWEN3_30B_A3B_MOE,
         MOE_IMPLS + HF_MOE_IMPLS,
-        "loop",
+        "grouped",
         "Qwen3-30B-A3B sparse MoE block: 128 SwiGLU experts (2048 -> 768), top-8",
         "qwen",
     ),
@@ -148,8 +148,9 @@ def get_layer(
         kv_lengths: attention only: a trace name (``"b64/med"``), a path, or an int array; adds the
             ``kv_lengths`` input (see :class:`models.attention.GQADecode`).
         seed: weights (and, from a separate stream, example inputs).
-        impl: MoE ``loop|dense|gather|hf_eager|hf_batched_mm|hf_grouped_mm``; attention
-            ``sdpa|eager``.
+        impl: MoE ``grouped|loop|dense|gather|hf_eager|hf_batched_mm|hf_grouped_mm`` (default
+            ``grouped``: it captures in about a second at full size, ``loop`` in about a minute);
+            attention ``sdpa|eager``.
         device: default ``"cpu"`` when ``tiny`` else ``"meta"`` (shapes only).
 
     Raises:

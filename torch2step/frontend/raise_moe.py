@@ -40,7 +40,9 @@ __all__ = ["MOE_LOOP", "MOE_BATCHED_MM", "MOE_GROUPED_MM"]
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
 _ZEROS = frozenset({"full_like", "full", "zeros_like", "zeros", "new_zeros"})
 MOE_LOOP_ANCHORS = frozenset({"index_put", "index_put_", "index_add", "index_add_"})
-_GROUPED = frozenset({"transformers.grouped_mm_fallback", "_grouped_mm", "grouped_mm"})
+_GROUPED = frozenset(
+    {"transformers.grouped_mm_fallback", "torch2step.grouped_mm", "_grouped_mm", "grouped_mm"}
+)
 
 
 def _unsqueezed(node: fx.Node) -> fx.Node:

@@ -170,10 +170,11 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
     spec = op.fn.spec
+    depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (seed 000 table 4)
     j = 0
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
-        produced = len(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))))
+        produced = len(iter_nodes(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))), depth))
         et = cost.type_of(val, x.dtype)
         fl = ctx.timing.map_flops(op.fn, et)
         cfg = cost.cfg

@@ -11,12 +11,22 @@ stops on the Reassemble's full FIFO and the Partition starves.
 
 The fix is buffering on the short path, exactly as much as the run needs.  :func:`run_deepening`
 simulates; on a :class:`~runtime.DeadlockError` it follows the wait-for graph (each blocked unit
-waits on one other: for a message or for FIFO space) to its cycles, makes every full FIFO on a
+waits on one other: for a message or for FIFO space) to its cycles and makes every full FIFO on a
 cycle deep — as deep as the messages it carries in this run, so it never stops its sender
-again — and restarts.  With every channel unbounded the programs cannot deadlock (they follow
-the reference run's element order), so this ends after at most one round per channel; in
-practice one or two.  A channel that never fills stays at its depth, so pipelines
-without reconvergence keep their exact timing.  In hardware a deep FIFO's messages wait in the
+again.  With every channel unbounded the programs cannot deadlock (they follow the reference
+run's element order), so this ends after at most one round per channel.  A channel that never
+fills stays at its depth, so pipelines without reconvergence keep their exact timing.
+
+Finding the channels does not restart the simulation each round (a time-multiplexed MoE needs
+dozens of rounds, one per lane and reconvergence): the deadlocked simulation is *resumed* with
+the new depths (:func:`discover_deep`), and once it completes, one fresh run with all of them
+deep gives the timing.  Resuming finds exactly the channels restarting would: the unit programs
+make no timing-dependent choices (every receive names its channel, merges follow the run's
+arrival order), so they form a Kahn process network (seed 004 §9.1, DAM's bounded channels),
+whose channel histories — and so where it deadlocks — do not depend on timing; a deeper FIFO
+only removes blocking, so the deadlocked state is a reachable state of the deeper network, and
+its run from there ends where a fresh run would.  The fresh run is still checked: should it
+deadlock, restarting rounds continue from its channels.  In hardware a deep FIFO's messages wait in the
 consumer's memory unit: their bytes are the consumer's ``fifo_bytes`` (in on-chip memory), and
 the deepened channels are listed in the result (``deep_channels``).
 """
@@ -32,7 +42,7 @@ from hwmodel.chip import Chip
 from lowering.isa import ProgramSet
 from runtime import DeadlockError, SimResult, Simulator
 
-__all__ = ["blocked_channels", "deepen", "run_deepening"]
+__all__ = ["blocked_channels", "deepen", "discover_deep", "run_deepening"]
 
 
 def _waits_on(core: Any) -> tuple[int | None, str | None]:
@@ -87,6 +97,44 @@ def deepen(programs: ProgramSet, depths: Mapping[str, int]) -> ProgramSet:
     return dataclasses.replace(programs, channels=chans)
 
 
+def _depth_of(chip: Chip, messages: Mapping[str, int], ch: str) -> int:
+    base = chip.core.fifo_depth
+    return max(base, messages.get(ch, base))
+
+
+def discover_deep(
+    sim: Simulator,
+    err: DeadlockError,
+    chip: Chip,
+    messages: Mapping[str, int],
+    deep: dict[str, int],
+) -> None:
+    """Resume the simulation ``sim``, deadlocked with ``err``, until it completes, deepening in
+    place the full FIFOs on every wait cycle it reaches (module docstring); ``deep`` collects
+    them (channel -> depth).  Raises the annotated :class:`DeadlockError` when a deadlock has no
+    full FIFO on a cycle (more buffering cannot fix it).  The resumed timing is discarded, so
+    no cycle limit applies."""
+    chans = sim.comp.chans
+    while True:
+        full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
+        if not full:
+            raise _annotated(err, deep) from None
+        for name in full:
+            deep[name] = _depth_of(chip, messages, name)
+            state = chans[name]
+            state.depth = deep[name]
+            for end in state.ends:  # a sender stopped on this FIFO retries its send now
+                w = end.waiter
+                if w is not None:
+                    end.waiter = None
+                    sim.wake(w, sim.now)
+        try:
+            sim._loop(None)  # noqa: SLF001 - continue the event loop where it stopped
+            return
+        except DeadlockError as again:
+            err = again
+
+
 def run_deepening(
     programs: ProgramSet,
     chip: Chip,
@@ -99,19 +147,22 @@ def run_deepening(
     docstring); ``messages`` is the number of messages each channel carries.  Returns the
     result, the programs that ran and the deepened channels (sorted)."""
     deep: dict[str, int] = {}
-    current = programs
+    sim = Simulator(programs, chip)
+    try:
+        return sim.run(trace=trace, max_cycles=max_cycles), programs, ()
+    except DeadlockError as err:
+        discover_deep(sim, err, chip, messages, deep)
     while True:
+        current = deepen(programs, deep)
         sim = Simulator(current, chip)
         try:
             return sim.run(trace=trace, max_cycles=max_cycles), current, tuple(sorted(deep))
-        except DeadlockError as err:
+        except DeadlockError as err:  # pragma: no cover - resuming found every channel
             full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
             if not full:
                 raise _annotated(err, deep) from None
-            base = chip.core.fifo_depth
             for ch in full:
-                deep[ch] = max(base, messages.get(ch, base))
-            current = deepen(programs, deep)
+                deep[ch] = _depth_of(chip, messages, ch)
 
 
 def _annotated(err: DeadlockError, deep: Mapping[str, Any]) -> DeadlockError:

@@ -187,9 +187,7 @@ def evaluate(expr: sp.Basic | int, env: Mapping[str, Any] | None = None, **value
         ) from None
 
 
-def evaluate_bound(
-    expr: sp.Basic, env: Bindings, local: dict[sp.Symbol, int] | None = None
-) -> Any:
+def evaluate_bound(expr: sp.Basic, env: Bindings, local: dict[sp.Symbol, int] | None = None) -> Any:
     """:func:`evaluate` for an ``env`` already in :func:`normalise_env` form (used as it is,
     not copied: the interpreter's hot path) and optional local index values."""
     try:

@@ -4,8 +4,13 @@ means (STYLE.md: tinygrad ``ops_python`` — a table from operator class to a fu
 ``run(program, tensors=..., streams=..., env=...)`` feeds off-chip tensors (numpy or torch)
 and input streams (nested lists of elements, or :class:`~torch2step.step.values.StreamValue`),
 executes the nodes in order, checks every stream against its shape rule (binding the run's
-dynamic sizes), and returns a :class:`RunResult` with the output streams, the final off-chip
-memory, the values of all symbols and the bytes it moved off-chip and allocated on-chip.
+dynamic sizes; ``check=False`` skips the checks that learn nothing), and returns a
+:class:`RunResult` with the output streams, the final off-chip memory, the values of all
+symbols and the bytes it moved off-chip and allocated on-chip.
+
+Nothing is copied on entry: tensors and stream tiles are used in place, read-only, and a
+store writes into a private copy of a tensor the caller gave (copy-on-write,
+:class:`~torch2step.step.interp_context.Ctx`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class RunResult:
     per node (largest allocation of each kind, summed); ``flops``: FLOPs per node;
     ``bindings``: every symbol's value
     (given in ``env`` or learnt from the data) for evaluating metric formulas.
+    ``tensors``: the final off-chip memory — a tensor the run did not write is the caller's
+    array itself, as a read-only view; tiles in the streams are read-only too.
     """
 
     outputs: dict[str, StreamValue]

@@ -163,7 +163,9 @@ def metrics(program: Program) -> Metrics:
             continue
         if sig.key in templates:
             template = templates[sig.key]
-            by_node[op.name] = node_metrics(op) if template is None else template.rename(sig, renamed)
+            by_node[op.name] = (
+                node_metrics(op) if template is None else template.rename(sig, renamed)
+            )
             continue
         row = by_node[op.name] = node_metrics(op)
         templates[sig.key] = FormulaTemplate.of(row, sig)

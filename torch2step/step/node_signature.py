@@ -6,8 +6,9 @@ function of the node's parameters and input types only, so two nodes that are eq
 injective renaming of their names and symbols have formulas equal up to the same renaming.
 :func:`signature` gives a node's shape with names dropped and symbols numbered in order of
 appearance (class and assumptions kept); :class:`FormulaTemplate` holds the formulas of the
-first node of a signature and renames them for the others (``xreplace``: same formulas as
-computing them again, without re-running sympy's simplification).
+first node of a signature and renames them for the others — the same formulas as computing
+them again (an ``xreplace`` that skips sympy's re-evaluation where it cannot change anything,
+:func:`_rebuild`), without re-running the rules' simplifications.
 
 A formula may use symbols the node's fields do not hold:
 
@@ -105,8 +106,9 @@ class _Walk:
             if local is None:
                 sub = _Walk(self.memo, self.ignore)
                 local = self.memo[x] = (sub.plain(x), tuple(sub.symbols))
+            # same local shape + same numbers for its symbols: the same up to renaming
             numbers = tuple(self.symbols.setdefault(s, len(self.symbols)) for s in local[1])
-            return (local[0], numbers)  # same local shape + same global numbers: same up to renaming
+            return (local[0], numbers)
         if kind == "seq":
             return (type(x), tuple(self.obj(v) for v in x))
         return self.plain(x)

@@ -131,7 +131,9 @@ def _walk_plain(
 def _walk(t: StreamType, node: Any, p: int, local: dict, env: Bindings, where: str) -> None:
     if not isinstance(node, list):
         raise StepRuntimeError(f"{where}: expected a list at axis {p} of {t}, got {node!r}")
-    unify_size(t.shape[p], len(node), local, env, f"{where} axis {p}")
+    d = t.shape[p]
+    if not (d.is_Integer and d.p == len(node)):  # a matching static size needs no more
+        unify_size(d, len(node), local, env, f"{where} axis {p}")
     ix = t.index[p]
     last = p == len(t.shape) - 1
     for j, c in enumerate(node):
