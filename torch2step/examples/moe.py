@@ -144,9 +144,8 @@ def add_moe(
     shared in time by the experts ``e % P == l`` (seed 000 §5.3, :mod:`.moe_lanes`).
 
     Every node is named ``{prefix}_...`` (tensors share the graph's namespace: keep their names
-    outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}``.
-    The accumulators are ``[N_e, ...]`` tiles, so :func:`torch2step.step.run` needs its shape
-    checks on (the default ``check=True``) to learn ``N_e`` from the Partition's output.
+    outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}`` (the
+    Partition records it during a run).
     """
     T, H, I = _check_shapes(  # noqa: E741 - the paper's names
         x, topk_idx, topk_w, w_gate, w_up, w_down, out, num_experts, top_k
