@@ -2,7 +2,7 @@
 
 - :mod:`models.configs`: Mixtral-8x7B and Qwen3-30B-A3B MoE, Qwen3-30B-A3B and Llama-3-8B
   attention (published numbers) and their ``tiny()`` test variants.
-- :class:`MoEBlock` (``impl`` = ``loop`` | ``dense`` | ``gather``) and :class:`GQADecode`
+- :class:`MoEBlock` (``impl`` = ``loop`` | ``dense`` | ``gather`` | ``grouped``) and :class:`GQADecode`
   (``attn`` = ``sdpa`` | ``eager``; tensor-in/tensor-out decode step), seeded and deterministic.
 - :mod:`models.hf`: the real transformers modules built from the same config and seed.
 - :func:`get_layer` / :data:`LAYERS`: named layers with example inputs for the CLI.

@@ -10,7 +10,7 @@ spelling (FRONTEND_NOTES "HuggingFace MoE blocks have three spellings of the sam
   slots.  Lowered literally it would move ``T * k`` weight copies; raised, each expert's weights
   are read once for the tokens routed to it;
 - ``moe_grouped_mm``: HF ``grouped_mm``: ``sort`` of the flattened ids, ``histc``/``cumsum``
-  offsets, ``aten._grouped_mm`` or ``transformers.grouped_mm_fallback``, and the inverse
+  offsets, ``aten._grouped_mm``, ``transformers.grouped_mm_fallback`` or ``torch2step.grouped_mm``, and the inverse
   permutation built with ``index_put``.
 
 Each matcher finds the anchors (tokens, routing weights, expert ids, weights); the region is then
