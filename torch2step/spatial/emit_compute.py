@@ -9,8 +9,10 @@ unit's compute bandwidth, memory terms when configured) and:
   result can still be leaving), and sends it when the reduction ends; an empty reduction emits
   the initial value after one cycle (seed 003 §III-A);
 * **Scan** — sends the new state after every update;
-* **FlatMap** — then emits the element's expansion, one cycle per produced element (an element
-  that expands to nothing still takes its cycle).
+* **FlatMap** — then emits the element's expansion, one cycle per produced element: every
+  element of the rank-``b`` stream the function returns (``tile_grid``'s ``[rows, cols]``
+  addresses, ``tile_rows``' rows), not its ``D'_b`` top-level entries (an element that expands
+  to nothing still takes its cycle).
 """
 
 from __future__ import annotations

@@ -102,6 +102,16 @@ def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> No
             )
 
 
+def _check_unit_outputs(b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str]) -> None:
+    for ch in sends:
+        want = ctx.streams[ch].messages
+        if b.sent_seq.get(ch, 0) != want:
+            raise LoweringError(
+                f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
+                f"%{ch} in this run; its emitter must send every element of its output streams"
+            )
+
+
 def build_plan(
     graph: StepProgram,
     chip: Chip | str,
@@ -155,6 +165,9 @@ def _build_plan(
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
         reads.append(mine)
+    sends: dict[int, list[str]] = {}
+    for ch in dsts:
+        sends.setdefault(unit_of_chan[ch], []).append(ch)
     waits: list[dict[str, list[str]]] = [{} for _ in st.units]
     notify: dict[int, str] = {}
     token_dsts: dict[str, set[int]] = {}
@@ -186,6 +199,7 @@ def _build_plan(
         )
         emit(ctx, b, ops)
         _check_unit_inputs(b, ctx, reads[k])
+        _check_unit_outputs(b, ctx, sends.get(k, ()))
         bodies.append(b.body())
         infos.append(
             UnitInfo(

@@ -96,6 +96,7 @@ class UnitBuilder:
         self.cur: list[Instr] = []
         self.pools: dict[tuple, _Pool] = {}
         self.next_seq: dict[str, int] = defaultdict(int)
+        self.sent_seq: dict[str, int] = defaultdict(int)  # messages sent per channel
         self.held: dict[tuple[str, int], str] = {}
         self.content: dict[str, tuple[str, int]] = {}
         self.regs: dict[str, int] = {}
@@ -237,6 +238,7 @@ class UnitBuilder:
         if len(parts) != len(elem):  # pragma: no cover - emitters pass matching elements
             raise LoweringError(f"unit %{self.name}: element {k} of %{chan} has other parts")
         elem = self.materialize(elem, parts)
+        self.sent_seq[chan] += len(parts)
         for part, (_, b) in zip(parts, elem):
             if part.kind == "data":
                 assert b is not None
