@@ -171,7 +171,19 @@ def _positive(n: sp.Expr) -> sp.Basic:
         (v, c), (zero, other) = n.args
         if zero == 0 and other is sp.true and v.is_positive:
             return c
+    if isinstance(n, sp.Add) and all(_gated(t) for t in n.args):
+        # a sum of non-negative gated counts is positive iff one of the gates is open;
+        # sympy's inequality solver takes time exponential in the number of terms here
+        return sp.Or(*(t.args[0][1] for t in n.args))
     return sp.Gt(n, 0)
+
+
+def _gated(t: sp.Expr) -> bool:
+    """``Piecewise((v, c), (0, True))`` with ``v > 0``."""
+    if not (isinstance(t, sp.Piecewise) and len(t.args) == 2):
+        return False
+    (v, _), (zero, other) = t.args
+    return zero == 0 and other is sp.true and bool(v.is_positive)
 
 
 def max_over(expr: sp.Expr, var: Index, extent: sp.Expr) -> sp.Expr:
