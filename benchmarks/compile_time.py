@@ -34,7 +34,7 @@ def main() -> None:
         f"{'layer':<12} {'capture':>8} {'raise':>7} {'lower':>7} {'run':>7} {'simulate':>9} {'cycles':>12}"
     )
     for name in args.layers.split(","):
-        spec = models.get_layer(name, tiny=args.tiny, batch=args.batch)
+        spec = models.get_layer(name, tiny=args.tiny, batch=args.batch, device="cpu")
         t0 = time.perf_counter()
         ep = capture(spec.module, spec.example_inputs, spec.dynamic_shapes)
         t1 = time.perf_counter()

@@ -119,6 +119,14 @@ class Program:
         self, inputs: Sequence[Any], routing: Any = None
     ) -> tuple[Lowered, RunResult, tuple[torch.Tensor, ...], dict[str, Any]]:
         xs = self._check(inputs)
+        meta = [n for n, t in self.layer.params.items() if t.is_meta]
+        if meta or any(x.is_meta for x in xs):
+            what = f"parameters {', '.join(meta[:3])}" if meta else "inputs"
+            raise Torch2StepError(
+                f"{self.layer.name}: the {what} are on the meta device (shapes only); build the "
+                "module with real weights (e.g. models.get_layer(..., device='cpu')) to run or "
+                "report it"
+            )
         lw, overrides, dynamic = self.lowered, None, {}
         if routing is not None:
             lw, overrides = self._routing_variant(routing)

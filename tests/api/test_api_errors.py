@@ -8,7 +8,7 @@ import torch
 import models
 import torch2step
 from hwmodel.errors import ChipConfigError
-from torch2step.errors import FrontendError, LoweringError
+from torch2step.errors import FrontendError, LoweringError, Torch2StepError
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +53,10 @@ def test_same_inputs_same_report(moe: torch2step.Program) -> None:
     x = torch.randn(5, 1, 64, generator=torch.Generator().manual_seed(3))
     a, b = moe.report(x), moe.report(x)
     assert a.to_dict() == {**b.to_dict(), "simulation_s": a.simulation_s}
+
+
+def test_meta_weights_cannot_run() -> None:
+    spec = models.get_layer("mixtral-moe", tiny=True, batch=2, device="meta")
+    prog = torch2step.compile(spec.module, spec.example_inputs)
+    with pytest.raises(Torch2StepError, match="meta device"):
+        prog.run(*spec.example_inputs)
