@@ -180,6 +180,15 @@ class Simulator(Transfers):
         self.rcount = [0] * nres
         self.chan_res = self.fabric.chan_res
         self.attached = self.fabric.attached
+        # HBM channel classes (see Transfers._channels): at first one class of every channel
+        nch = len(self.chan_res)
+        self.hbm_plans: dict[int, tuple] = {}
+        self.hver = 0
+        self.cls_of = [0] * nch
+        self.cmembers = [list(range(nch))] if nch and not self.attached else []
+        self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
+        self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
+        self.hrate = self.rate[self.chan_res[0]] if nch else 1.0
         self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
         self.dirty: set[str] = set()
         self.tracing = bool(trace)
@@ -198,7 +207,10 @@ class Simulator(Transfers):
         for core in comp.active:
             self.push(0, _PRIO_CORE, (self.run_fn, core))
         with _gc_paused():
-            self._loop(max_cycles)
+            try:
+                self._loop(max_cycles)
+            finally:
+                self.hbm_flush()
             result = build_result(self, time.perf_counter() - wall)
         if isinstance(trace, (str, Path)):
             result.write_trace(trace)

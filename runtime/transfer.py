@@ -84,6 +84,16 @@ class Transfers:
     times: list[int]
     chan_res: list[int]
     attached: bool
+    hbm_plans: dict[int, tuple]
+    hver: int
+    cls_of: list[int]
+    cmembers: list[list[int]]
+    cfree: list[float]
+    cbusy: list[float]
+    hrate: float
+    cbytes: list[int]
+    ccnt: list[int]
+
     fabric: Any
     hop_fn: Any
 
@@ -198,36 +208,100 @@ class Transfers:
         return end
 
     def _channels(self, x: _Hbm, arrive: int, tail: float) -> tuple[float, float]:
-        """Serve an HBM request's per-channel parts, each channel first come first served."""
+        """Serve an HBM request's per-channel parts, each channel first come first served.
+
+        Channels are kept in *classes* whose members have identical ``free`` and ``busy``
+        values (at first one class of all channels).  A request giving every member of a class
+        the same bytes makes them all compute the same start and end, so it is served once per
+        class in closed form; a request that does not refines the classes first.  Per-member
+        byte and transfer counts are added up per class and written back by
+        :meth:`hbm_flush`.  The floats are those the per-channel loop computes, in the same
+        order, so cycles, statistics and the trace are unchanged."""
+        split = x.split
+        plan = self.hbm_plans.get(id(split))
+        if plan is None or plan[0] != self.hver:
+            plan = self._plan(split)
+        cfree, cbusy, rate = self.cfree, self.cbusy, self.hrate
+        cbytes, ccnt = self.cbytes, self.ccnt
+        rt = self.rtrace
+        span: dict[int, tuple] = {}
         first = None
         last = arrive if arrive > tail else tail
-        rate, free, busy, rb, rc, rt = (
-            self.rate,
-            self.free,
-            self.busy,
-            self.rbytes,
-            self.rcount,
-            self.rtrace,
-        )
-        chan_res = self.chan_res
-        for c, b in x.split:
-            res = chan_res[c]
-            f = free[res]
+        for k, b in plan[1]:
+            f = cfree[k]
             start = arrive if arrive > f else f
-            end = start + b / rate[res]
+            end = start + b / rate
             if tail > end:
                 end = tail
-            free[res] = end
-            busy[res] += end - start
-            rb[res] += b
-            rc[res] += 1
-            if rt is not None:
-                rt.append((res, start, end, x.label))
+            cfree[k] = end
+            cbusy[k] += end - start
+            cbytes[k] += b
+            ccnt[k] += 1
             if first is None or start < first:
                 first = start
             if end > last:
                 last = end
+            if rt is not None:
+                span[k] = (start, end)
+        if rt is not None:  # one entry per channel, in channel order
+            cls, chan_res, label = self.cls_of, self.chan_res, x.label
+            for c, _ in split:
+                rt.append((chan_res[c], *span[cls[c]], label))
         return (arrive if first is None else first), last
+
+    def _plan(self, split: tuple) -> tuple:
+        """``(version, ((class, bytes per member), ...))`` for ``split``, refining the channel
+        classes so that every class it touches is covered whole with equal bytes."""
+        cls = self.cls_of
+        want: dict[int, dict] = {}
+        for c, b in split:
+            want.setdefault(cls[c], {})[c] = b
+        changed = False
+        for k, got in want.items():
+            members = self.cmembers[k]
+            groups: dict = {}
+            for c in members:
+                groups.setdefault(got.get(c), []).append(c)
+            if len(groups) == 1:
+                continue
+            changed = True
+            rest = list(groups.values())
+            self.cmembers[k] = rest[0]
+            for group in rest[1:]:
+                n = len(self.cmembers)
+                self.cmembers.append(group)
+                self.cfree.append(self.cfree[k])
+                self.cbusy.append(self.cbusy[k])
+                self.cbytes.append(self.cbytes[k])
+                self.ccnt.append(self.ccnt[k])
+                for c in group:
+                    cls[c] = n
+        if changed:
+            self.hver += 1
+        plan: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for c, b in split:
+            k = cls[c]
+            if k not in seen:
+                seen.add(k)
+                plan.append((k, b))
+        hit = (self.hver, tuple(plan))
+        self.hbm_plans[id(split)] = hit
+        return hit
+
+    def hbm_flush(self) -> None:
+        """Write every channel class's state back to its member channels."""
+        free, busy, rb, rc = self.free, self.busy, self.rbytes, self.rcount
+        chan_res = self.chan_res
+        for k, members in enumerate(self.cmembers):
+            f, bz, nb, nc = self.cfree[k], self.cbusy[k], self.cbytes[k], self.ccnt[k]
+            for c in members:
+                r = chan_res[c]
+                free[r] = f
+                busy[r] = bz
+                rb[r] += nb
+                rc[r] += nc
+            self.cbytes[k] = self.ccnt[k] = 0
 
     # -- channels -----------------------------------------------------------------------------
 
