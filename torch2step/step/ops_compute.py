@@ -103,8 +103,48 @@ class Map(Op):
         return self.input.type.peak(self.fn.spec.scratch_of(self.fn, self._args()))
 
 
+class _Stateful(Op):
+    """What Accum and Scan share: an ``input``, an update ``fn`` with an ``init`` state over
+    the inner ``rank`` dims, and the §4.1 FLOP and on-chip rules of a stateful update."""
+
+    __slots__ = ()
+    input: Value
+    fn: Fn
+    init: Fn
+    rank: int
+
+    def inputs(self) -> tuple[Value, ...]:
+        return (self.input,)
+
+    def params(self) -> tuple[tuple[str, Any], ...]:
+        return (("fn", self.fn), ("init", self.init), ("rank", self.rank))
+
+    def _checked_input(self) -> StreamType:
+        t = self.input.type
+        require(
+            1 <= self.rank <= t.rank,
+            self,
+            "1 <= rank <= input rank",
+            rank=self.rank,
+            input_rank=t.rank,
+        )
+        return t
+
+    def _update_args(self) -> tuple[DataType, ...]:
+        init = _init_type(self, self.init)
+        return update_args(self.fn, self.fn.spec, self.input.type.dtype, init)
+
+    def flops(self) -> sp.Expr:
+        return self.input.type.card(self.fn.spec.flops_of(self.fn, self._update_args()))
+
+    def onchip_bytes(self) -> sp.Expr:
+        out = self.out_types()[0]
+        scratch = self.fn.spec.scratch_of(self.fn, self._update_args())
+        return out.peak(out.dtype.nbytes()) + self.input.type.peak(scratch)
+
+
 @dataclass(frozen=True, slots=True)
-class Accum(Op):
+class Accum(_Stateful):
     """Reduce the inner ``rank`` dims (table 4): ``Strm<A,a> [D_a..D_b, D_{b-1}..D_0]`` ->
     ``Strm<R,a-b> [D_a..D_b]``.  The state starts at ``init()`` for every reduction (also an
     empty one, seed 003 §III-A) and becomes ``update(x, state)`` on every element."""
@@ -115,21 +155,8 @@ class Accum(Op):
     init: Fn
     rank: int
 
-    def inputs(self) -> tuple[Value, ...]:
-        return (self.input,)
-
-    def params(self) -> tuple[tuple[str, Any], ...]:
-        return (("fn", self.fn), ("init", self.init), ("rank", self.rank))
-
     def out_types(self) -> tuple[StreamType, ...]:
-        t = self.input.type
-        require(
-            1 <= self.rank <= t.rank,
-            self,
-            "1 <= rank <= input rank",
-            rank=self.rank,
-            input_rank=t.rank,
-        )
+        t = self._checked_input()
         cut = t.rank + 1 - self.rank
         try:
             init = _init_type(self, self.init)
@@ -139,21 +166,9 @@ class Accum(Op):
         shape, index, dtype = absorb_ragged(t.shape[:cut], t.index[:cut], state, f"{self.name}_r")
         return (StreamType(dtype, shape, index),)
 
-    def _update_args(self) -> tuple[DataType, ...]:
-        init = _init_type(self, self.init)
-        return update_args(self.fn, self.fn.spec, self.input.type.dtype, init)
-
-    def flops(self) -> sp.Expr:
-        return self.input.type.card(self.fn.spec.flops_of(self.fn, self._update_args()))
-
-    def onchip_bytes(self) -> sp.Expr:
-        out = self.out_types()[0]
-        scratch = self.fn.spec.scratch_of(self.fn, self._update_args())
-        return out.peak(out.dtype.nbytes()) + self.input.type.peak(scratch)
-
 
 @dataclass(frozen=True, slots=True)
-class Scan(Op):
+class Scan(_Stateful):
     """Like Accum but emits the state on every element (table 4): shape unchanged."""
 
     name: str
@@ -162,38 +177,13 @@ class Scan(Op):
     init: Fn
     rank: int
 
-    def inputs(self) -> tuple[Value, ...]:
-        return (self.input,)
-
-    def params(self) -> tuple[tuple[str, Any], ...]:
-        return (("fn", self.fn), ("init", self.init), ("rank", self.rank))
-
     def out_types(self) -> tuple[StreamType, ...]:
-        t = self.input.type
-        require(
-            1 <= self.rank <= t.rank,
-            self,
-            "1 <= rank <= input rank",
-            rank=self.rank,
-            input_rank=t.rank,
-        )
+        t = self._checked_input()
         try:
             state = _state_type(self, self.fn, t.dtype, _init_type(self, self.init), None)
         except StepTypeError as e:
             raise e if str(e).startswith(f"{self.op_name} %") else wrap_fn_error(self, e) from None
         return (t.with_(dtype=state),)
-
-    def _update_args(self) -> tuple[DataType, ...]:
-        init = _init_type(self, self.init)
-        return update_args(self.fn, self.fn.spec, self.input.type.dtype, init)
-
-    def flops(self) -> sp.Expr:
-        return self.input.type.card(self.fn.spec.flops_of(self.fn, self._update_args()))
-
-    def onchip_bytes(self) -> sp.Expr:
-        out = self.out_types()[0]
-        scratch = self.fn.spec.scratch_of(self.fn, self._update_args())
-        return out.peak(out.dtype.nbytes()) + self.input.type.peak(scratch)
 
 
 @dataclass(frozen=True, slots=True)
