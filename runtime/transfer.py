@@ -144,25 +144,24 @@ class Transfers:
                     e2 = head + clat
                 if e2.__class__ is not int:
                     e2 = math.ceil(e2 - _EPS)
-                if x.__class__ is Slot:
-                    x.arrival = e2
-                    if x.post is not None:
-                        self.consume(x)
-                else:
-                    for d in ch[3]:
-                        x.deliver(self, d, e2)
+                self._land(x, ch[3], e2)
             else:
                 self._stage(x, ch, nbytes, head + clat, end)
         if delivers:
             if end.__class__ is not int:
                 end = math.ceil(end - _EPS)
-            if x.__class__ is Slot:
-                x.arrival = end
-                if x.post is not None:
-                    self.consume(x)
-            else:
-                for d in delivers:
-                    x.deliver(self, d, end)
+            self._land(x, delivers, end)
+
+    def _land(self, x: Any, dsts: Any, t: int) -> None:
+        """The transfer ``x`` arrives at cycle ``t``: a FIFO slot records its arrival (and is
+        consumed if its receive is already posted); a message is delivered to ``dsts``."""
+        if x.__class__ is Slot:
+            x.arrival = t
+            if x.post is not None:
+                self.consume(x)
+        else:
+            for d in dsts:
+                x.deliver(self, d, t)
 
     def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
         """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left

@@ -46,7 +46,11 @@ def grouped_mm_translation_table() -> dict[Any, Callable[..., Any]]:
         self: Any, mat2: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None
     ) -> Any:
         if offs is None or bias is not None:
-            raise NotImplementedError("grouped_mm translation: needs offs and no bias")
+            raise NotImplementedError(
+                "grouped_mm translation: only the grouped form with offsets and no bias is "
+                "translated; export experts without biases, or use experts_implementation="
+                "'batched_mm'"
+            )
         return _grouped_rows_matmul(op, self, mat2, offs)
 
     table: dict[Any, Callable[..., Any]] = {torch.ops.aten._grouped_mm.default: aten_grouped_mm}
