@@ -18,6 +18,7 @@ sdpa and the ``(B, heads, q, kv)`` probabilities for eager — while the cache i
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 import torch
@@ -225,6 +226,13 @@ def copy_attention_weights(src: nn.Module, dst: nn.Module) -> None:
         _load_hf_attention(dst, w)
 
 
+def cache_keyword(layer: nn.Module) -> str:
+    """The keyword an HF attention's ``forward`` takes its KV cache by: ``cache`` from
+    transformers 5.24 on, ``past_key_values`` before (deprecated there, removed in 5.40)."""
+    params = inspect.signature(layer.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _hf_rotary(layer: nn.Module) -> nn.Module:
     mod = importlib.import_module(type(layer).__module__)
     name = next(n for n in dir(mod) if n.endswith("RotaryEmbedding") and not n.startswith("_"))
@@ -259,5 +267,5 @@ def hf_decode_step(
         if layer.config._attn_implementation == "eager":
             mask = torch.where(mask, 0.0, torch.finfo(x.dtype).min).to(x.dtype)
     cos, sin = _hf_rotary(layer)(x, position_ids)
-    out, _ = layer(x, position_embeddings=(cos, sin), attention_mask=mask, past_key_values=cache)
+    out, _ = layer(x, position_embeddings=(cos, sin), attention_mask=mask, **{cache_keyword(layer): cache})
     return out, cache.layers[0].keys, cache.layers[0].values

@@ -20,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 
+from models.hf import cache_keyword  # noqa: E402
 from torch2step.frontend.onnx_import import import_onnx  # noqa: E402
 from torch2step.layers import (  # noqa: E402
     Arange,
@@ -42,7 +43,7 @@ class _TensorCache:
     def __init__(self, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
         self.past_k, self.past_v = past_k, past_v
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, cache_kwargs=None):
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, cache_kwargs=None, **kw):
         self.k = torch.cat([self.past_k, k], dim=-2)
         self.v = torch.cat([self.past_v, v], dim=-2)
         return self.k, self.v
@@ -88,7 +89,7 @@ class DecodeStep(nn.Module):
             pos = (torch.arange(x.shape[1]) + past)[None, :].expand(x.shape[0], -1)
         cos, sin = self.rotary(x, pos)
         cache = _TensorCache(past_k, past_v)
-        out, _ = self.attn(x, (cos, sin), mask, past_key_values=cache)
+        out, _ = self.attn(x, (cos, sin), mask, **{cache_keyword(self.attn): cache})
         return out, cache.k, cache.v
 
 
