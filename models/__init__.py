@@ -21,7 +21,12 @@ from models.configs import (
     AttentionConfig,
     MoEConfig,
 )
-from models.errors import UnknownLayerError, UnknownNameError, UnknownTraceError
+from models.errors import (
+    TraceFormatError,
+    UnknownLayerError,
+    UnknownNameError,
+    UnknownTraceError,
+)
 from models.init import attention_weights, moe_weights
 from models.moe import MOE_IMPLS, MoEBlock
 from models.registry import HF_MOE_IMPLS, LAYERS, LayerEntry, LayerSpec, get_layer
@@ -50,4 +55,5 @@ __all__ = [
     "UnknownNameError",
     "UnknownLayerError",
     "UnknownTraceError",
+    "TraceFormatError",
 ]

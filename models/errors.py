@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["UnknownNameError", "UnknownLayerError", "UnknownTraceError"]
+__all__ = ["UnknownNameError", "UnknownLayerError", "UnknownTraceError", "TraceFormatError"]
 
 
 class UnknownNameError(KeyError):
@@ -21,3 +21,8 @@ class UnknownLayerError(UnknownNameError):
 
 class UnknownTraceError(UnknownNameError):
     """A routing or KV-length trace name (or path) that does not exist."""
+
+
+class TraceFormatError(ValueError):
+    """A trace file that exists but does not hold what its kind needs (shape, integer dtype,
+    value range); the message names the file, what it holds and what was expected."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.errors import UnknownTraceError
+from models.errors import TraceFormatError, UnknownTraceError
 
 __all__ = [
     "TRACE_DIR",
@@ -111,19 +111,73 @@ def _routing_path(name: str | os.PathLike[str]) -> Path:
     folders = sorted({k.split("/")[0] for k in files})
     raise UnknownTraceError(
         f"unknown routing trace {key!r}; valid names: {', '.join(folders + list(files))}, "
-        "or a path to an .npz file with an int64 array 'data' of shape (tokens, top_k)"
+        "or a path to an .npz (array 'data') or .npy file of integer shape (tokens, top_k)"
     )
 
 
-def routing(name: str | os.PathLike[str]) -> np.ndarray:
-    """Per-token expert choices: int64 array ``(tokens, top_k)`` (see the module docstring)."""
+def _load_array(path: Path, kind: str) -> np.ndarray:
+    """The array of an ``.npy`` file, or of an ``.npz`` file's ``data`` (or only) array."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise TraceFormatError(f"{kind} trace {os.fspath(path)!r} is not a NumPy .npy/.npz file: {e}") from e
+    if isinstance(loaded, np.ndarray):
+        return loaded
+    with loaded as npz:
+        names = list(npz.files)
+        if "data" in names:
+            return np.asarray(npz["data"])
+        if len(names) == 1:
+            return np.asarray(npz[names[0]])
+    raise TraceFormatError(
+        f"{kind} trace {os.fspath(path)!r} holds arrays {names}; expected one array named 'data'"
+    )
+
+
+def _as_int64(data: np.ndarray, path: Path, kind: str) -> np.ndarray:
+    """``data`` as int64; floats are accepted only when every value is a whole number."""
+    if data.dtype.kind in "iu":
+        return data.astype(np.int64, copy=False)
+    if data.dtype.kind == "f" and np.all(np.isfinite(data)) and np.all(data == np.round(data)):
+        return data.astype(np.int64)
+    raise TraceFormatError(
+        f"{kind} trace {os.fspath(path)!r} holds {data.dtype} values that are not whole numbers "
+        f"(e.g. {data.ravel()[:3].tolist()}); expected integers"
+    )
+
+
+def routing(name: str | os.PathLike[str], num_experts: int | None = None) -> np.ndarray:
+    """Per-token expert choices: int64 array ``(tokens, top_k)`` (see the module docstring).
+
+    Files may be ``.npz`` (array ``data``) or ``.npy``. With ``num_experts``, every id must lie in
+    ``[0, num_experts)``; ids are checked to be whole numbers and non-negative, and a token may
+    not choose the same expert twice.
+    """
     path = _routing_path(name)
-    with np.load(path) as npz:
-        data = np.asarray(npz["data"], dtype=np.int64)
+    data = _as_int64(_load_array(path, "routing"), path, "routing")
     if data.ndim != 2:
-        raise UnknownTraceError(
-            f"routing trace {os.fspath(path)!r}: expected 2-D data, got {data.shape}"
+        raise TraceFormatError(
+            f"routing trace {os.fspath(path)!r}: expected 2-D data (tokens, top_k), got shape "
+            f"{data.shape}"
         )
+    high = num_experts if num_experts is not None else None
+    bad = (data < 0) if high is None else (data < 0) | (data >= high)
+    if bad.any():
+        t, j = (int(v) for v in np.argwhere(bad)[0])
+        allowed = "non-negative" if high is None else f"in [0, {high})"
+        raise TraceFormatError(
+            f"routing trace {os.fspath(path)!r}: token {t} choice {j} is expert {data[t, j]}; "
+            f"expert ids must be {allowed}"
+        )
+    if data.shape[1] > 1:
+        srt = np.sort(data, axis=1)
+        dup = np.nonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))[0]
+        if dup.size:
+            raise TraceFormatError(
+                f"routing trace {os.fspath(path)!r}: token {int(dup[0])} chooses expert "
+                f"{int(srt[dup[0]][np.nonzero(srt[dup[0], 1:] == srt[dup[0], :-1])[0][0]])} twice; "
+                "each token's top-k experts must be distinct"
+            )
     return data
 
 
@@ -172,10 +226,16 @@ def kv_lengths(name: str | os.PathLike[str]) -> np.ndarray:
                 f"{', '.join(list(kv_aliases()) + list(files))}, or a path to an int64 .npy file"
             )
         path = files[key]
-    data = np.asarray(np.load(path), dtype=np.int64)
+    data = _as_int64(_load_array(path, "KV-length"), path, "KV-length")
     if data.ndim != 1:
-        raise UnknownTraceError(
-            f"KV-length trace {os.fspath(path)!r}: expected 1-D data, got {data.shape}"
+        raise TraceFormatError(
+            f"KV-length trace {os.fspath(path)!r}: expected 1-D data (batch,), got shape {data.shape}"
+        )
+    if (data < 0).any():
+        b = int(np.argmax(data < 0))
+        raise TraceFormatError(
+            f"KV-length trace {os.fspath(path)!r}: request {b} has KV length {int(data[b])}; "
+            "lengths must be >= 0"
         )
     return data
 

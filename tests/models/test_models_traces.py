@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models import UnknownTraceError, traces
+from models import TraceFormatError, UnknownTraceError, traces
 
 SHARED = Path("/work/shared/traces")
 
@@ -113,3 +113,43 @@ def test_packaged_files_are_byte_identical_to_the_shared_copies() -> None:
     assert len(packaged) == 55
     for rel in packaged:
         assert (traces.TRACE_DIR / rel).read_bytes() == (SHARED / rel).read_bytes(), rel
+
+
+def test_routing_npy_and_npz_load_alike(tmp_path: Path) -> None:
+    ids = np.array([[0, 3], [2, 1], [3, 0]])
+    np.save(tmp_path / "r.npy", ids)
+    np.savez(tmp_path / "r.npz", data=ids)
+    assert traces.routing(tmp_path / "r.npy").tolist() == ids.tolist()
+    assert traces.routing(tmp_path / "r.npz").tolist() == ids.tolist()
+    np.save(tmp_path / "f.npy", ids.astype(np.float32))  # whole-number floats are ids
+    assert traces.routing(tmp_path / "f.npy").dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("array", "match"),
+    [
+        (np.array([[0.5, 1.0]]), "not whole numbers"),
+        (np.array([[0, -1]]), "must be non-negative"),
+        (np.array([[2, 2]]), "chooses expert 2 twice"),
+        (np.array([0, 1, 2]), "expected 2-D"),
+    ],
+)
+def test_bad_routing_files_say_what_is_wrong(tmp_path: Path, array, match) -> None:
+    np.save(tmp_path / "bad.npy", array)
+    with pytest.raises(TraceFormatError, match=match):
+        traces.routing(tmp_path / "bad.npy")
+
+
+def test_routing_ids_checked_against_the_expert_count(tmp_path: Path) -> None:
+    np.save(tmp_path / "r.npy", np.array([[0, 8]]))
+    with pytest.raises(TraceFormatError, match=r"expert 8; expert ids must be in \[0, 8\)"):
+        traces.routing(tmp_path / "r.npy", num_experts=8)
+
+
+def test_bad_kv_length_files_say_what_is_wrong(tmp_path: Path) -> None:
+    np.save(tmp_path / "neg.npy", np.array([5, -2, 7]))
+    with pytest.raises(TraceFormatError, match="request 1 has KV length -2"):
+        traces.kv_lengths(tmp_path / "neg.npy")
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    with pytest.raises(TraceFormatError, match="not a NumPy"):
+        traces.kv_lengths(tmp_path / "junk.npy")
