@@ -221,6 +221,7 @@ def _load(c: CoreRun, i: Load) -> Steps:
             f"buffer as {dtype}"
         )
     b.data = np.asarray(c.ctx.hbm.read(i.tensor, region), dtype=numpy_dtype(b.dtype))
+    c.ctx.hbm_read += math.prod(extents) * DTYPE_BYTES[dtype]
 
 
 def _store(c: CoreRun, i: Store) -> Steps:
@@ -237,6 +238,7 @@ def _store(c: CoreRun, i: Store) -> Steps:
     if dtype != b.dtype:
         raise c.error(f"buffer {b.name!r} is {b.dtype} but tensor {i.tensor!r} is {dtype}")
     c.ctx.hbm.write(i.tensor, region, b.data, i.accumulate)
+    c.ctx.hbm_write += b.data.size * DTYPE_BYTES[dtype]
 
 
 def _channel(c: CoreRun, name: str, send: bool) -> None:
@@ -298,6 +300,7 @@ def _load_value(c: CoreRun, i: LoadValue) -> Steps:
     if shape is None or len(idx) != len(shape) or any(not 0 <= x < d for x, d in zip(idx, shape)):
         raise c.error(f"index {idx} is outside tensor {i.tensor!r} of shape {shape}")
     c.regs[i.reg] = c.ctx.hbm.value(i.tensor, idx)
+    c.ctx.hbm_read += DTYPE_BYTES[c.ctx.decl_dtype(i.tensor)]
     yield from ()
 
 

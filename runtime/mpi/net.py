@@ -139,6 +139,8 @@ class Net:
         self.sreqs: list[tuple[Any, Any]] = []  # (request, buffers kept alive)
         self.credits: dict[int, dict[tuple[int, int], int]] = {}
         self.msgs_remote = self.bytes_remote = self.msgs_local = 0
+        #: bytes of all messages delivered, in the chip's dtypes (the simulator's count)
+        self.message_bytes = 0
 
     @staticmethod
     def _static_counts(ps: ProgramSet) -> dict[str, int | None]:
@@ -166,6 +168,8 @@ class Net:
         ch = self.chans[name]
         for d in ch.dsts:
             self.unreceived[(name, d)] = self.unreceived.get((name, d), 0) + 1
+        size = payload[1].size * DTYPE_BYTES[payload[2]] if payload[0] == "d" else 4
+        self.message_bytes += size * len(ch.dsts)
         for end in self.local_ends.get(name, ()):
             end.queue.append(payload)
             self.msgs_local += 1

@@ -106,6 +106,7 @@ class RankRun:
         self.cores = [CoreRun(self, p.core, p.body) for p in ps.programs if p.core in mine]
         self.progress = 0
         self.compute_s = 0.0
+        self.hbm_read = self.hbm_write = 0  # bytes in the chip's dtypes, as the simulator counts
         self.idle_s = 0.0
         self.rounds = 0
 

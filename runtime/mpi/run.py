@@ -31,8 +31,10 @@ __all__ = ["run_mpi", "MpiResult", "RankStats"]
 @dataclass(frozen=True, slots=True)
 class RankStats:
     """What one rank did: its cores, wall and kernel seconds, seconds idle (all its cores
-    waiting), instructions executed, messages kept in memory or sent to other ranks, and bytes
-    moved to and from the shared HBM window."""
+    waiting), instructions executed, messages kept in memory or sent to other ranks, bytes
+    moved to and from the shared HBM window, and the traffic of its cores counted as the
+    simulator counts it (``hbm_read`` / ``hbm_write`` / ``noc_messages`` bytes in the chip's
+    dtypes)."""
 
     rank: int
     cores: tuple[int, ...]
@@ -45,6 +47,9 @@ class RankStats:
     bytes_remote: int
     hbm_get_bytes: int
     hbm_put_bytes: int
+    hbm_read: int
+    hbm_write: int
+    noc_messages: int
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,11 @@ class MpiResult:
     ranks: tuple[RankStats, ...]
     wall_s: float
     rank_of: dict[int, int] = field(default_factory=dict)
+
+    def bytes_moved(self) -> dict[str, int]:
+        """HBM and message bytes of all ranks, keyed as ``SimStats.bytes_moved``."""
+        keys = ("hbm_read", "hbm_write", "noc_messages")
+        return {k: sum(getattr(r, k) for r in self.ranks) for k in keys}
 
 
 def _check_inputs(
@@ -127,6 +137,9 @@ def run_mpi(
         rr.net.bytes_remote,
         rr.hbm.nbytes_get,
         rr.hbm.nbytes_put,
+        rr.hbm_read,
+        rr.hbm_write,
+        rr.net.message_bytes,
     )
     gathered = comm.gather(stats, root=0)
     rr.net.free()
