@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.errors import DeadlockError, SimulationError
-from runtime.mpi.bundle import load_bundle
+from runtime.mpi.bundle import import_kernels, kernel_modules, load_bundle
 from runtime.mpi.errors import MpiError, require_mpi
 from runtime.mpi.run import run_mpi
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank == 0:
             try:
                 b = load_bundle(path)
-                head = (b.programs, b.chip)
+                head = (b.programs, b.chip, kernel_modules(b.programs))
             except MpiError as exc:
                 head = exc
         head = comm.bcast(head, root=0)
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(head, MpiError):
             result["error"] = {"kind": "mpi", "message": str(head)}
         else:
-            ps, chip = head
+            ps, chip, modules = head
+            import_kernels(modules)
             result["name"] = ps.name
             try:
                 r = run_mpi(ps, chip, b.inputs if comm.rank == 0 else None, timeout=args.timeout)

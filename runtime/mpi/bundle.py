@@ -8,8 +8,9 @@ made.  :func:`dataflow_bundle` makes the matrix-product bundles of Cyclotron's d
 
 from __future__ import annotations
 
+import importlib
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,12 +18,21 @@ import numpy as np
 
 import hwmodel
 from hwmodel.chip import Chip
-from lowering.isa import ProgramSet
+from lowering.isa import Compute, If, Instr, Loop, ProgramSet
+from lowering.kernels import KERNELS
 from lowering.matmul import matmul_programs
 from lowering.recurrence import SCHEDULES
 from runtime.mpi.errors import MpiError
 
-__all__ = ["Bundle", "save_bundle", "load_bundle", "dataflow_bundle", "DATAFLOWS"]
+__all__ = [
+    "Bundle",
+    "save_bundle",
+    "load_bundle",
+    "dataflow_bundle",
+    "kernel_modules",
+    "import_kernels",
+    "DATAFLOWS",
+]
 
 #: Dataflow names :func:`dataflow_bundle` accepts.
 DATAFLOWS = tuple(SCHEDULES)
@@ -41,13 +51,40 @@ class Bundle:
         return self.programs.name
 
 
+def _computes(body: tuple[Instr, ...]) -> Iterator[Compute]:
+    for ins in body:
+        if isinstance(ins, Compute):
+            yield ins
+        elif isinstance(ins, Loop):
+            yield from _computes(ins.body)
+        elif isinstance(ins, If):
+            yield from _computes(ins.then)
+            yield from _computes(ins.orelse)
+
+
+def kernel_modules(ps: ProgramSet) -> list[str]:
+    """The modules that register the kernels ``ps`` runs (imported again where it runs)."""
+    names = {c.kernel for p in ps.programs for c in _computes(p.body)}
+    return sorted({KERNELS[k].run.__module__ for k in names if k in KERNELS})
+
+
+def import_kernels(modules: list[str]) -> None:
+    """Import the kernel-registering ``modules`` of a bundle."""
+    for m in modules:
+        importlib.import_module(m)
+
+
 def save_bundle(bundle: Bundle, path: str | Path) -> Path:
     """Write ``bundle`` to ``path``."""
     path = Path(path)
+    d = {
+        "programs": bundle.programs,
+        "chip": bundle.chip,
+        "inputs": dict(bundle.inputs),
+        "kernel_modules": kernel_modules(bundle.programs),
+    }
     with path.open("wb") as f:
-        pickle.dump(
-            {"programs": bundle.programs, "chip": bundle.chip, "inputs": dict(bundle.inputs)}, f
-        )
+        pickle.dump(d, f)
     return path
 
 
@@ -57,8 +94,9 @@ def load_bundle(path: str | Path) -> Bundle:
     try:
         with path.open("rb") as f:
             d = pickle.load(f)
+        import_kernels(d.get("kernel_modules", []))
         return Bundle(d["programs"], d.get("chip"), d.get("inputs", {}))
-    except (OSError, pickle.UnpicklingError, KeyError, EOFError, TypeError) as exc:
+    except (OSError, pickle.UnpicklingError, KeyError, EOFError, TypeError, ImportError) as exc:
         raise MpiError(
             f"{path}: not a program bundle ({type(exc).__name__}: {exc}); write one with "
             "runtime.mpi.bundle.save_bundle"

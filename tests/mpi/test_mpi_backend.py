@@ -1,0 +1,111 @@
+"""The MPI backend runs the simulator's per-core programs on 2 and 4 ranks (mpiexec from the
+mpi extra's wheel, oversubscribed on a small machine) with outputs equal to the simulator's
+functional mode bit for bit, and reports deadlocks within its timeout (Cyclotron §9)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi_programs import DEADLOCKS, fails_on_last_core, line_chip
+
+import runtime
+from runtime import DeadlockError
+from runtime.mpi.bundle import DATAFLOWS, Bundle, dataflow_bundle
+from runtime.mpi.launch import launch, mpi_available
+from torch2step.mpirun import layer_bundle
+
+REASON = mpi_available()
+pytestmark = pytest.mark.skipif(
+    REASON is not None, reason=f"the mpi extra is not installed: {REASON}"
+)
+WALL = 240.0  # seconds for one mpiexec launch: nothing can hang the test run
+
+
+@pytest.fixture(scope="module")
+def bundles() -> dict[str, Bundle]:
+    out = {name: dataflow_bundle(name, 32, 16, 24, (4, 4), seed=7) for name in DATAFLOWS}
+    # SUMMA with more k panels than grid rows, and a non-square grid
+    out["summa_k8"] = Bundle(
+        *_with(dataflow_bundle("summa", 16, 32, 24, (2, 4), seed=8), k_tiles=8)
+    )
+    out["layer"] = layer_bundle("qwen3-moe", batch=2, seed=3)
+    return out
+
+
+def _with(b: Bundle, k_tiles: int) -> tuple:
+    from lowering import summa_matmul
+
+    ps = summa_matmul(b.chip, 16, 32, 24, grid=(2, 4), k_tiles=k_tiles)
+    return ps, b.chip, b.inputs
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def launched(request, bundles):
+    names = list(bundles)
+    res = launch([bundles[k] for k in names], request.param, timeout=30, wall_limit=WALL)
+    return request.param, dict(zip(names, res))
+
+
+@pytest.mark.parametrize("name", [*DATAFLOWS, "summa_k8", "layer"])
+def test_outputs_equal_simulator_functional_mode(name, bundles, launched):
+    n, runs = launched
+    b, r = bundles[name], runs[name].check()
+    sim = runtime.simulate(b.programs, b.chip, mode="functional", inputs=b.inputs)
+    assert set(r.tensors) == set(sim.tensors)
+    for k, v in sim.tensors.items():
+        assert r.tensors[k].dtype == v.dtype
+        assert np.array_equal(r.tensors[k], v), f"{name} on {n} ranks: tensor {k} differs"
+    # the same traffic as the simulator counts: every load, store and message happened
+    moved = dict(sim.stats.bytes_moved)
+    assert r.bytes_moved() == {k: moved[k] for k in ("hbm_read", "hbm_write", "noc_messages")}
+    assert len(r.ranks) == n
+    assert sorted(c for s in r.ranks for c in s.cores) == sorted(
+        p.core for p in b.programs.programs
+    )
+    if name != "layer":
+        np.testing.assert_allclose(r.tensors["C"], b.inputs["A"] @ b.inputs["B"], atol=1e-4)
+
+
+def test_messages_cross_ranks_as_broadcasts_and_point_to_point(bundles, launched):
+    n, runs = launched
+    summa = runs["summa"]
+    assert sum(s.msgs_remote for s in summa.ranks) > 0
+    assert sum(s.msgs_local for s in summa.ranks) > 0
+    assert all(s.wall_s > 0 for s in summa.ranks)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_deadlocks_give_the_simulators_report_within_the_timeout(n):
+    names = list(DEADLOCKS)
+    progs = {k: DEADLOCKS[k][0]() for k in names}
+    chips = {k: line_chip(DEADLOCKS[k][1]) for k in names}
+    bad, inputs = fails_on_last_core()
+    runs = launch(
+        [Bundle(progs[k], chips[k]) for k in names] + [Bundle(bad, line_chip(4), inputs)],
+        n,
+        timeout=1.0,
+        wall_limit=WALL,
+    )
+    for k, r in zip(names, runs):
+        assert r.error_kind == "deadlock", (k, r.error)
+        with pytest.raises(DeadlockError):
+            r.check()
+        with pytest.raises(DeadlockError) as sim_err:
+            runtime.simulate(progs[k], chips[k])
+        # every core line of the simulator's report is in the MPI report, with its rank
+        lines = [ln.strip() for ln in str(sim_err.value).splitlines() if ln.startswith("  core")]
+        assert lines
+        for ln in lines:
+            assert ln + " [rank" in r.error, (k, ln, r.error)
+        assert f"deadlock on {n} MPI rank(s), no progress for 1 s" in r.error
+    # a run-time error on the last rank stops every rank with its message
+    assert runs[-1].error_kind == "mpi"
+    assert f"core 3 on rank {n - 1}, `load m <- T`: [4, 4] elements" in runs[-1].error
+
+
+def test_launch_has_a_wall_clock_limit():
+    from runtime.mpi import MpiError
+
+    ring = DEADLOCKS["receive_cycle"][0]()
+    with pytest.raises(MpiError, match="did not finish within"):
+        launch([Bundle(ring, line_chip(2))], 2, timeout=600, wall_limit=3)
