@@ -1,4 +1,4 @@
-"""``python -m runtime.mpi BUNDLE... --out DIR [--timeout S]``, run under ``mpiexec``: every
+"""``python -m runtime.mpi BUNDLE... --out DIR [--timeout S[,S...]]``, run under ``mpiexec``: every
 rank runs each bundle in turn (rank 0 reads it and broadcasts the programs; inputs are
 broadcast by the HBM set-up); rank 0 writes ``DIR/<k>/outputs.npz`` and ``result.json`` (per-rank
 timings and traffic, or the error) per bundle."""
@@ -29,11 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m runtime.mpi", description=__doc__)
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--timeout", default="10", help="seconds, or one per bundle joined by ','")
     args = p.parse_args(argv)
     MPI = require_mpi()
     comm = MPI.COMM_WORLD
     failed = 0
+    timeouts = [float(t) for t in args.timeout.split(",")]
+    if len(timeouts) == 1:
+        timeouts *= len(args.bundles)
     for k, path in enumerate(args.bundles):
         head = None
         if comm.rank == 0:
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             import_kernels(modules)
             result["name"] = ps.name
             try:
-                r = run_mpi(ps, chip, b.inputs if comm.rank == 0 else None, timeout=args.timeout)
+                r = run_mpi(ps, chip, b.inputs if comm.rank == 0 else None, timeout=timeouts[k])
                 if comm.rank == 0:
                     out.mkdir(parents=True, exist_ok=True)
                     np.savez(out / "outputs.npz", **r.tensors)

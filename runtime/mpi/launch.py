@@ -99,12 +99,12 @@ def launch(
     bundles: Sequence[Bundle | str | Path],
     n: int,
     *,
-    timeout: float = 10.0,
+    timeout: float | Sequence[float] = 10.0,
     out: str | Path | None = None,
     wall_limit: float | None = None,
 ) -> list[Launched]:
     """Run each bundle on ``n`` ranks (one ``mpiexec``); ``timeout``: seconds without progress
-    that make a deadlock; ``out``: keep outputs there (default: a temporary directory);
+    that make a deadlock (one for all bundles or one per bundle); ``out``: keep outputs there (default: a temporary directory);
     ``wall_limit``: seconds for the whole launch (default grows with the bundles)."""
     if n < 1:
         raise MpiError(f"-n {n}: the number of ranks must be at least 1")
@@ -125,8 +125,14 @@ def launch(
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")
         cmd = [mpiexec, *_oversubscribe(mpiexec), "-n", str(n), sys.executable, "-m"]
-        cmd += ["runtime.mpi", *paths, "--out", str(outdir), "--timeout", str(timeout)]
-        limit = wall_limit if wall_limit is not None else 60 + len(paths) * (3 * timeout + 30)
+        times = (
+            [float(timeout)] * len(paths) if isinstance(timeout, (int, float)) else list(timeout)
+        )
+        if len(times) != len(paths):
+            raise MpiError(f"{len(times)} timeouts for {len(paths)} bundles; give one per bundle")
+        cmd += ["runtime.mpi", *paths, "--out", str(outdir)]
+        cmd += ["--timeout", ",".join(repr(t) for t in times)]
+        limit = wall_limit if wall_limit is not None else 60 + sum(3 * t + 30 for t in times)
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
