@@ -2,7 +2,7 @@
 
 The rank interprets its cores round-robin (:mod:`.interp`): each runs until it blocks; between
 rounds the rank moves messages (:mod:`.net`) and barriers along.  A rank whose cores all wait
-for ``poll_s`` backs off (sleeps a little), so oversubscribed ranks share the machine's cores.
+backs off (sleeps up to ``_MAX_SLEEP``), so oversubscribed ranks share the machine's cores.
 
 Termination and deadlock (the rank of the root coordinates on its own communicator): when the
 root has nothing to run it asks every rank for its state — finished, or blocked with no progress
@@ -31,6 +31,9 @@ from runtime.report import core_name
 
 __all__ = ["RankRun", "Group"]
 
+#: Longest back-off (seconds) of a rank whose cores all wait: short enough for message
+#: latency, long enough to hand the CPU to other ranks on an oversubscribed machine.
+_MAX_SLEEP = 0.0003
 _QUERY, _ANSWER, _DONE, _ABORT, _ERROR = range(1, 6)
 _ERRORS = {"deadlock": DeadlockError, "simulation": SimulationError, "mpi": MpiError}
 
@@ -206,7 +209,7 @@ class RankRun:
                 seen, last, sleep = self.progress, now, 0.0
             else:
                 # nothing moved: back off so oversubscribed ranks share the cores
-                sleep = min(0.002, sleep * 2 or 1e-5)
+                sleep = min(_MAX_SLEEP, sleep * 2 or 1e-5)
                 time.sleep(sleep)
                 self.idle_s += time.perf_counter() - now
             self.rounds += 1
