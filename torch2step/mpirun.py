@@ -67,7 +67,9 @@ def random_inputs(ps: Any, seed: int = 0) -> dict[str, np.ndarray]:
 
 def layer_bundle(name: str, chip: str = "step-sda", batch: int = 2, seed: int = 0) -> Any:
     """The spatial per-core programs of layer ``name`` (tiny configuration, ``batch``) compiled
-    for ``chip`` — the programs the simulator ran for its report — with seeded inputs."""
+    for ``chip`` — the programs the simulator ran for its report — with seeded inputs.  Their
+    compute is the simulator's timing kernel (zeros in functional mode): running them checks
+    control flow, messages and HBM traffic, not the layer's arithmetic."""
     import torch2step
     from models import get_layer
     from runtime.mpi.bundle import Bundle
