@@ -3,9 +3,10 @@ the target's messages).
 
 * Both ends on one rank: the message is the buffer's array, appended to the destination's
   in-memory FIFO.
-* Ends on different ranks: a nonblocking ``isend`` to each destination rank; each rank pulls
-  arrived messages with nonblocking matched probes (``improbe``) into the destination FIFOs, so
-  a receive never blocks the rank and messages overlap the cores' compute.
+* Ends on different ranks: a nonblocking ``isend`` to each destination rank; each rank matches
+  arrived messages with nonblocking probes (``improbe``) and receives them with nonblocking
+  matched receives (``Imrecv``) into the destination FIFOs, in each channel's order, so a
+  receive never blocks the rank and messages overlap the cores' compute.
 * A multicast channel whose destinations sit on two or more other ranks is a broadcast: an
   ``Ibcast`` on a communicator of the ranks involved (a header with kind, dtype and shape, then
   the data), posted by the receivers in message order for the statically known number of
@@ -137,6 +138,8 @@ class Net:
             name: _BcastIn(c, counts[name]) for name, c in self.bcast.items() if c.rank != 0
         }
         self.sreqs: list[tuple[Any, Any]] = []  # (request, buffers kept alive)
+        #: receives started for matched messages, per (source rank, channel tag), in order
+        self.incoming: dict[tuple[int, int], deque[Any]] = {}
         self.credits: dict[int, dict[tuple[int, int], int]] = {}
         self.msgs_remote = self.bytes_remote = self.msgs_local = 0
         #: bytes of all messages delivered, in the chip's dtypes (the simulator's count)
@@ -229,13 +232,20 @@ class Net:
         if self.sreqs:
             self.sreqs = [x for x in self.sreqs if not x[0].Test()]
         status = MPI.Status()
-        while True:
+        while True:  # match arrived messages and start their receives (Imrecv)
             msg = self.data.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if msg is None:
                 break
-            tag = status.Get_tag()
-            self._deliver(self.by_index[tag].name, msg.recv())
-            got = True
+            key = (status.Get_source(), status.Get_tag())
+            self.incoming.setdefault(key, deque()).append(msg.irecv())
+        for (_, tag), reqs in self.incoming.items():
+            while reqs:  # deliver in message order: a channel's receives complete in turn
+                done, payload = reqs[0].test()
+                if not done:
+                    break
+                reqs.popleft()
+                self._deliver(self.by_index[tag].name, payload)
+                got = True
         while True:
             msg = self.credit_comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if msg is None:
