@@ -85,14 +85,18 @@ def mpi_available() -> str | None:
 
 
 def _oversubscribe(mpiexec: str) -> list[str]:
-    """Open MPI refuses more ranks than cores unless told; MPICH's Hydra does not."""
+    """Open MPI refuses more ranks than cores (and running as root) unless told; MPICH's
+    Hydra does not."""
     try:
         text = subprocess.run(
             [mpiexec, "--version"], capture_output=True, text=True, timeout=30
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return ["--oversubscribe"] if "Open MPI" in text or "OpenRTE" in text else []
+    if "Open MPI" not in text and "OpenRTE" not in text:
+        return []
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return ["--oversubscribe", *(["--allow-run-as-root"] if root else [])]
 
 
 def launch(
