@@ -112,6 +112,7 @@ class RankRun:
         self.hbm_read = self.hbm_write = 0  # bytes in the chip's dtypes, as the simulator counts
         self.idle_s = 0.0
         self.rounds = 0
+        self.finish_s: float | None = None  # seconds until this rank's last core finished
 
     def _groups(self, ps: ProgramSet) -> dict[str, Group]:
         rank_of = self.plan.rank_of
@@ -183,7 +184,7 @@ class RankRun:
     def _loop(self) -> None:
         running = list(self.cores)
         waits: dict[int, tuple] = {}
-        last = time.perf_counter()
+        t0 = last = time.perf_counter()
         seen = -1
         sleep = 0.0
         coord = _Coordinator(self) if self.rank == 0 else None
@@ -199,6 +200,8 @@ class RankRun:
                 else:
                     waits.pop(core.id, None)
             running = [c for c in running if not c.done]
+            if not running and self.finish_s is None:
+                self.finish_s = time.perf_counter() - t0
             for g in self.groups.values():
                 if g.poll():
                     self.progress += 1
@@ -224,18 +227,14 @@ class RankRun:
                 return
 
     def state(self, finished: bool, stalled: bool, running: list, waits: dict) -> dict:
-        """This rank's answer to the root: finished / blocked and on what."""
-        blocked = [(c.id, describe(c.ins), waits.get(c.id, ("?",))) for c in running]
-        return {
-            "rank": self.rank,
-            "finished": finished,
-            "stalled": stalled,
-            "progress": self.progress,
-            "blocked": blocked,
-            "done": [c.id for c in self.cores if c.done],
-            "arrived": {g.name: sorted(g.arrived) for g in self.groups.values()},
-            "leftovers": self.net.leftovers() if finished else {},
-        }
+        """This rank's answer to the root: finished / blocked and, when either, on what."""
+        st: dict = {"rank": self.rank, "finished": finished, "stalled": stalled}
+        if finished or stalled:  # the details a report or the final check needs
+            st["blocked"] = [(c.id, describe(c.ins), waits.get(c.id, ("?",))) for c in running]
+            st["done"] = [c.id for c in self.cores if c.done]
+            st["arrived"] = {g.name: sorted(g.arrived) for g in self.groups.values()}
+            st["leftovers"] = self.net.leftovers() if finished else {}
+        return st
 
     def _serve(self, state: tuple) -> bool:
         """A non-root rank answers the root's queries; True once the root says done."""
@@ -271,6 +270,7 @@ class _Coordinator:
         self.answers: dict[int, dict] | None = None
         self.next_t = 0.0
         self.leftover_rounds = 0
+        self.undecided = 0
 
     def step(self, state: tuple, now: float) -> bool:
         rr = self.rr
@@ -315,7 +315,9 @@ class _Coordinator:
         self.leftover_rounds = 0
         if all(s["finished"] or s["stalled"] for s in states):
             raise DeadlockError(deadlock_report(rr, states))
-        self.next_t = now + (0.01 if finished else min(0.25, rr.timeout / 4))
+        # ask again soon, then less often while some rank is still running
+        self.undecided += 1
+        self.next_t = now + min(0.01 * 2 ** min(self.undecided, 3), rr.timeout / 4)
         return False
 
 

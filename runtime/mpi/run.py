@@ -30,8 +30,8 @@ __all__ = ["run_mpi", "MpiResult", "RankStats"]
 
 @dataclass(frozen=True, slots=True)
 class RankStats:
-    """What one rank did: its cores, wall and kernel seconds, seconds idle (all its cores
-    waiting), instructions executed, messages kept in memory or sent to other ranks, bytes
+    """What one rank did: its cores, wall seconds until its last core finished (all ranks
+    start together), kernel seconds, seconds idle (all its cores waiting), instructions executed, messages kept in memory or sent to other ranks, bytes
     moved to and from the shared HBM window, and the traffic of its cores counted as the
     simulator counts it (``hbm_read`` / ``hbm_write`` / ``noc_messages`` bytes in the chip's
     dtypes)."""
@@ -55,7 +55,8 @@ class RankStats:
 @dataclass(frozen=True)
 class MpiResult:
     """HBM tensors after the run (root rank only; empty elsewhere), per-rank statistics (root
-    only), the run's wall seconds and which rank ran each core."""
+    only), the run's wall seconds (until every rank knew it had ended) and which rank ran each
+    core."""
 
     tensors: dict[str, np.ndarray]
     ranks: tuple[RankStats, ...]
@@ -128,7 +129,7 @@ def run_mpi(
     stats = RankStats(
         comm.rank,
         plan.cores[comm.rank],
-        wall,
+        rr.finish_s if rr.finish_s is not None else wall,
         rr.compute_s,
         rr.idle_s,
         rr.progress,
