@@ -141,7 +141,7 @@ class Net:
         #: receives started for matched messages, per (source rank, channel tag), in order
         self.incoming: dict[tuple[int, int], deque[Any]] = {}
         self.credits: dict[int, dict[tuple[int, int], int]] = {}
-        self.msgs_remote = self.bytes_remote = self.msgs_local = 0
+        self.msgs_remote = self.bytes_remote = self.msgs_local = self.broadcasts = 0
         #: bytes of all messages delivered, in the chip's dtypes (the simulator's count)
         self.message_bytes = 0
 
@@ -186,6 +186,7 @@ class Net:
         sub = self.bcast.get(name)
         if sub is not None:
             hdr = _header(payload)
+            self.broadcasts += 1
             self.sreqs.append((sub.Ibcast(hdr, root=0), hdr))
             if payload[0] == "d":
                 arr = np.ascontiguousarray(payload[1])

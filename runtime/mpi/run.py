@@ -44,6 +44,7 @@ class RankStats:
     instructions: int
     msgs_local: int
     msgs_remote: int
+    broadcasts: int
     bytes_remote: int
     hbm_get_bytes: int
     hbm_put_bytes: int
@@ -135,6 +136,7 @@ def run_mpi(
         rr.progress,
         rr.net.msgs_local,
         rr.net.msgs_remote,
+        rr.net.broadcasts,
         rr.net.bytes_remote,
         rr.hbm.nbytes_get,
         rr.hbm.nbytes_put,

@@ -78,9 +78,11 @@ def test_outputs_equal_simulator_functional_mode(name, bundles, launched):
 
 def test_messages_cross_ranks_as_broadcasts_and_point_to_point(bundles, launched):
     n, runs = launched
-    summa = runs["summa"]
+    summa = runs["summa"]  # 4x4 PEs, a band of grid rows per rank
     assert sum(s.msgs_remote for s in summa.ranks) > 0
     assert sum(s.msgs_local for s in summa.ranks) > 0
+    # a column multicast reaches every other rank: one Ibcast on 4 ranks, a message on 2
+    assert (sum(s.broadcasts for s in summa.ranks) > 0) == (n == 4)
     assert all(s.wall_s > 0 for s in summa.ranks)
 
 
