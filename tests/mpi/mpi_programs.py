@@ -12,6 +12,7 @@ from lowering.isa import (
     Barrier,
     Channel,
     Load,
+    LoadValue,
     Program,
     ProgramSet,
     Recv,
@@ -71,3 +72,47 @@ def fails_on_last_core(n: int = 4) -> tuple[ProgramSet, dict[str, np.ndarray]]:
     progs = tuple(Program(c, body if c == n - 1 else ()) for c in range(n))
     ps = ProgramSet(progs, tensors=(TensorDecl("T", (4, 4), "fp32"),), name="too_small")
     return ps, {"T": np.zeros((4, 4), np.float32)}
+
+
+def hbm_ordering() -> tuple[ProgramSet, dict[str, np.ndarray]]:
+    """Stores ordered by a message: core 0 accumulates ``X`` into ``Y`` and copies ``J`` to the
+    integer tensor ``I``, then sends a token; core 1 reads ``I[1]`` (a loop count), reads ``Y``
+    back, doubles it and accumulates it into ``Y`` that many times."""
+    from lowering.isa import Compute, Loop, Store
+
+    core0 = (
+        Alloc("x", (4, 4), "fp32"),
+        Load("x", "X"),
+        Store("x", "Y", accumulate=True),
+        Alloc("j", (2,), "int32"),
+        Load("j", "J"),
+        Store("j", "I"),
+        SendValue("tok", 1),
+    )
+    core1 = (
+        RecvValue("tok", "t"),
+        LoadValue("n", "I", (1,)),
+        Alloc("y", (4, 4), "fp32"),
+        Load("y", "Y"),
+        Compute("add", ("y",), ("y", "y"), dtype="fp32"),
+        Loop("n", (Store("y", "Y", accumulate=True),)),
+    )
+    tensors = (
+        TensorDecl("X", (4, 4), "fp32"),
+        TensorDecl("Y", (4, 4), "fp32"),
+        TensorDecl("J", (2,), "int32"),
+        TensorDecl("I", (2,), "int32"),
+    )
+    ps = ProgramSet(
+        (Program(0, core0), Program(1, core1)),
+        (Channel("tok", 0, (1,)),),
+        tensors,
+        name="hbm_ordering",
+    )
+    rng = np.random.default_rng(5)
+    inputs = {
+        "X": rng.standard_normal((4, 4)).astype(np.float32),
+        "Y": rng.standard_normal((4, 4)).astype(np.float32),
+        "J": np.array([7, 3], np.int32),
+    }
+    return ps, inputs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi_programs import DEADLOCKS, fails_on_last_core, line_chip
+from mpi_programs import DEADLOCKS, fails_on_last_core, hbm_ordering, line_chip
 
 import runtime
 from runtime import DeadlockError
@@ -28,6 +28,8 @@ def bundles() -> dict[str, Bundle]:
     out["summa_k8"] = Bundle(
         *_with(dataflow_bundle("summa", 16, 32, 24, (2, 4), seed=8), k_tiles=8)
     )
+    ordered, inputs = hbm_ordering()  # stores, accumulates and LoadValue across ranks
+    out["hbm_ordering"] = Bundle(ordered, line_chip(2), inputs)
     out["layer"] = layer_bundle("qwen3-moe", batch=2, seed=3)
     return out
 
@@ -56,7 +58,7 @@ def launched(request, bundles):
     return request.param, dict(zip(every, res))
 
 
-@pytest.mark.parametrize("name", [*DATAFLOWS, "summa_k8", "layer"])
+@pytest.mark.parametrize("name", [*DATAFLOWS, "summa_k8", "hbm_ordering", "layer"])
 def test_outputs_equal_simulator_functional_mode(name, bundles, launched):
     n, runs = launched
     b, r = bundles[name], runs[name].check()
@@ -72,7 +74,10 @@ def test_outputs_equal_simulator_functional_mode(name, bundles, launched):
     assert sorted(c for s in r.ranks for c in s.cores) == sorted(
         p.core for p in b.programs.programs
     )
-    if name != "layer":
+    if name == "hbm_ordering":  # Y + X, doubled, accumulated I[1] = 3 times: (Y + X) * 7
+        want = (b.inputs["Y"] + b.inputs["X"]) * 7
+        np.testing.assert_allclose(r.tensors["Y"], want, rtol=1e-6)
+    elif name != "layer":
         np.testing.assert_allclose(r.tensors["C"], b.inputs["A"] @ b.inputs["B"], atol=1e-4)
 
 
