@@ -1,4 +1,4 @@
-"""Command line: ``torch2step report|import-onnx|layers|chips``.
+"""Command line: ``torch2step report|import-onnx|mpirun|layers|chips``.
 
 ``torch2step report --layer qwen3-moe --batch 64 --chip step-sda`` builds the named layer with
 the real model's sizes, compiles it, and simulates it with the real expert-routing or KV-length
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--print", action="store_true", help="print the layer and STeP graphs")
     o.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
 
+    from torch2step.mpirun import add_parser as add_mpirun
+
+    add_mpirun(sub)
     sub.add_parser("layers", help="list the registered layers")
     sub.add_parser("chips", help="list the chip presets")
     return p
@@ -211,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{name:<12} {load_chip(name).description.splitlines()[0] if load_chip(name).description else ''}"
             )
         return 0
+    if args.command == "mpirun":
+        from torch2step.mpirun import run_mpirun
+
+        return run_mpirun(args, parser)
     try:
         return _report(args, parser) if args.command == "report" else _import_onnx(args, parser)
     except Torch2StepError as e:
