@@ -88,6 +88,7 @@ class Ctx:
     out_types: tuple[StreamType, ...] = ()
     shared: set[str] = field(default_factory=set)
     shape_only: frozenset[str] = frozenset()
+    store_overrides: dict[str, np.ndarray] = field(default_factory=dict)
 
     def impl(self, node: str, spec: Any) -> Any:
         """The implementation of ``spec`` at ``node``: shape-only in a timing-only run when

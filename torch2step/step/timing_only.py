@@ -6,8 +6,9 @@ addresses, KV lengths): the STeP simulator of STeP (arXiv 2511.07776) §4.2 like
 whose values reach a control input — a routing operator's selector (Partition, Reassemble),
 a RandomOffChipLoad / RandomOffChipStore address — through streams and through off-chip tensors
 (a store feeds every load of the same tensor).  In a timing-only run
-(``run(..., timing_only=True)``) a matrix product outside that set returns a zero-stride array
-of its result's shape (no FLOPs executed, no memory allocated); its FLOPs, bytes and tile
+(``run(..., timing_only=True)``) a matrix product, row packing or elementwise map outside that
+set returns a zero-stride array of its result's shape (no FLOPs executed, no memory held:
+:data:`SHAPE_ONLY`); its FLOPs, bytes and tile
 shapes are counted exactly as in a full run, so the spatial plan and every metric are
 unchanged.  ``Program.run`` stays the functional path.
 """
@@ -47,12 +48,29 @@ def _mm_acc(f: Any, a: Any, b: Any, state: Any) -> Any:
     return _zeros(np.broadcast_shapes(tuple(state.shape), shape))
 
 
-#: Tile function name -> shape-only implementation (same signature as the real one).
+def _rows(f: Any, row: Any, acc: Any) -> np.ndarray:
+    return _zeros((acc.shape[0] + row.shape[0], acc.shape[1]))
+
+
+def _bcast(f: Any, a: Any, b: Any) -> np.ndarray:
+    return _zeros(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+
+
+def _same(f: Any, x: Any, *rest: Any) -> np.ndarray:
+    return _zeros(tuple(x.shape))
+
+
+#: Tile function name -> shape-only implementation (same signature as the real one): the
+#: matrix products, the row packing of dynamic tiles and the elementwise maps on data tiles.
 SHAPE_ONLY: dict[str, Callable[..., Any]] = {
     "matmul": _mm,
     "matmul_t": _mm,
     "matmul_acc": _mm_acc,
     "matmul_t_acc": _mm_acc,
+    "retile_row": _rows,
+    **{n: _bcast for n in ("add", "sub", "mul", "div", "maximum")},
+    **{n: _same for n in ("exp", "relu", "silu", "scale")},
+    **{n: _same for n in ("silu_mul", "gelu_mul", "gelu_tanh_mul", "relu_mul")},
 }
 
 
