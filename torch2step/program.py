@@ -217,4 +217,13 @@ def _make_report(
         dynamic={k: v for k, v in dynamic.items() if v is not None},
         events=int(sim.events),
         simulation_s=round(sim_s, 3),
+        dtype=_layer_dtype(prog.layer),
+        simulated_onchip_bytes=sum(int(u.sram_bytes) + int(u.fifo_bytes) for u in sim.units),
     )
+
+
+def _layer_dtype(layer: LayerGraph) -> str:
+    """The floating-point element type of the layer's inputs (what it is timed in)."""
+    kinds = {layer.types[n].dtype for n in layer.inputs}
+    floats = sorted(k for k in kinds if not k.startswith("int") and k != "bool")
+    return floats[0] if len(floats) == 1 else ",".join(floats) or "int"
