@@ -111,6 +111,7 @@ def moe_case(
         tile_i=tile_f,
         static_tile=static_tile,
         lanes=regions,
+        repeat_tile=regions is None,
     )
     zero = torch.zeros(())  # weights: zero-stride views (timing-only runs never read them)
     tensors = {

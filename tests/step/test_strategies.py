@@ -22,15 +22,18 @@ ROUTING = np.stack([np.zeros(T, np.int64), np.arange(T) % 2 + 1], axis=1)  # exp
 COUNTS = np.bincount(ROUTING.ravel(), minlength=E)  # [9, 5, 4, 0]
 
 
-def _case(static_tile: int | None, tile_i: int = 8):
+def _case(static_tile: int | None, tile_i: int = 8, repeat_tile: bool = False):
     kw = {"num_experts": E, "top_k": K, "hidden": H, "intermediate": I}
-    g = moe_graph(**kw, tokens=T, tile_i=tile_i, static_tile=static_tile)
+    g = moe_graph(
+        **kw, tokens=T, tile_i=tile_i, static_tile=static_tile, repeat_tile=repeat_tile
+    )
     return g, moe_inputs(**kw, tokens=T, routing=ROUTING)
 
 
+@pytest.mark.parametrize("repeat_tile", [False, True])
 @pytest.mark.parametrize("tile", [None, 1, 2, 4, 16])
-def test_static_and_dynamic_tiling_equal_pytorch(tile: int | None) -> None:
-    g, ins = _case(tile)
+def test_static_and_dynamic_tiling_equal_pytorch(tile: int | None, repeat_tile: bool) -> None:
+    g, ins = _case(tile, repeat_tile=repeat_tile)
     res = run(g, tensors=ins)
     got = torch.as_tensor(np.asarray(res.tensors["out"]))
     torch.testing.assert_close(got, moe_reference(**ins), atol=1e-5, rtol=0)
@@ -72,7 +75,7 @@ def test_control_cone_holds_selectors_not_matmuls() -> None:
 
 @pytest.mark.parametrize("tile", [None, 4])
 def test_timing_only_run_times_like_the_full_run(tile: int | None) -> None:
-    g, ins = _case(tile)
+    g, ins = _case(tile, repeat_tile=tile is None)
     full = run(g, tensors=ins)
     fast = run(g, tensors=ins, timing_only=True)
     assert fast.offchip_bytes == full.offchip_bytes

@@ -138,6 +138,7 @@ def add_moe(
     prefix: str = "moe",
     lanes: int | None = None,
     static_tile: int | None = None,
+    repeat_tile: bool = False,
 ) -> None:
     """Add the MoE layer to ``g`` (see the module docstring).
 
@@ -146,7 +147,10 @@ def add_moe(
     paper compares with: the expert's rows are cut into tiles of ``N`` (Reshape, the last tile
     padded with zero rows), every tile reads the expert's weights again, and the padded rows
     are dropped after the expert (FilterPadding), so the expert reads its weights
-    ``ceil(N_e / N)`` times and computes on ``N * ceil(N_e / N)`` rows.
+    ``ceil(N_e / N)`` times and computes on ``N * ceil(N_e / N)`` rows.  ``repeat_tile``: pack
+    the expert's token tile once and repeat it for every ``tile_i`` block (the paper's Fig. 2
+    and artifact: Accum(RetileRow) then Repeat) instead of re-streaming the rows from a buffer
+    per block (step 3 above); it holds one ``[N_e, H]`` tile instead of the rows.
 
     ``lanes=None`` gives every expert its own branch; ``lanes=P`` configures ``P`` branches
     shared in time by ``E/P`` consecutive experts each (STeP (arXiv 2511.07776) §5.3,
@@ -178,7 +182,7 @@ def add_moe(
     ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld")
     wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w_ld")
     sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
-    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile)
+    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile, repeat_tile)
     if lanes is not None:
         lane_experts(E, lanes)  # checks 1 <= lanes <= E
         packed = g.zip(rows, ids, wts, name=f"{p}_xiw")
@@ -216,6 +220,7 @@ class _Plan:
     prefix: str
     dtype: str
     static: int | None = None
+    repeat_tile: bool = False
 
 
 def _expert(
@@ -234,14 +239,18 @@ def _expert(
     q = f"{plan.prefix}_e{e}"
     pad_flags = None
     if plan.static is None:
-        buf = g.bufferize(g.promote(rows, name=f"{q}_tile"), 1, name=f"{q}_buf")  # [P_e] Buf[N_e]
+        tiles = g.promote(rows, name=f"{q}_tile")  # [P_e, N_e]
     else:  # static tiling: [C_e, N] rows, C_e = ceil(N_e / N), the last tile zero-padded
         n_e = sp.Integer(plan.static)
-        chunks, pad_flags = g.reshape(rows, 0, plan.static, 0.0, name=f"{q}_tile")
-        buf = g.bufferize(chunks, 1, name=f"{q}_buf")  # [C_e] Buf[N]
-    per_i = g.repeat(buf, ni, name=f"{q}_per_i")  # [P_e, I/ti]
-    again = g.streamify(buf, per_i, name=f"{q}_rows")  # [P_e, I/ti, N_e] of [1, H]
-    xt = g.accum(again, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt")  # [P_e, I/ti] [N_e, H]
+        tiles, pad_flags = g.reshape(rows, 0, plan.static, 0.0, name=f"{q}_tile")
+    if plan.repeat_tile:  # Fig. 2: pack the tile once, repeat it per tile_i block
+        buf = g.accum(tiles, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt0")  # [P_e] [N_e, H]
+        xt = g.repeat(buf, ni, name=f"{q}_xt")  # [P_e, I/ti] of [N_e, H]
+    else:  # keep the rows in a buffer and pack them again per tile_i block
+        buf = g.bufferize(tiles, 1, name=f"{q}_buf")  # [P_e] Buf[N_e] / [C_e] Buf[N]
+        per_i = g.repeat(buf, ni, name=f"{q}_per_i")  # [P_e, I/ti]
+        again = g.streamify(buf, per_i, name=f"{q}_rows")  # [P_e, I/ti, N_e] of [1, H]
+        xt = g.accum(again, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt")  # [N_e, H]
     xt = g.repeat(xt, 1, name=f"{q}_xt1")
     if nh > 1:
         xt = g.flat_map(xt, fn("split_cols", cols=th), name=f"{q}_xh")  # [.., H/th] [N_e, th]
