@@ -131,7 +131,11 @@ def moe_case(
         decided = simulate_decided(g, CHIP, tensors, configs=cfg)
         sim, res = decided.result, decided.run
     at = metrics(g).evaluate(res.bindings)
-    alloc = flops_per_cycle * len(compute)
+    # allocated compute: the operators that compute (a tile function with a FLOP count),
+    # as the paper's Fig. 8 counts it; routing, selector and address maps allocate none
+    alloc = flops_per_cycle * sum(
+        1 for op in g.nodes if op.name in set(compute) and op.fn.spec.flops is not None
+    )
     hbm = 1024
     if regions is None:
         strategy = "dynamic" if static_tile is None else f"static{static_tile}"
