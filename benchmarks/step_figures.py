@@ -240,6 +240,13 @@ Notes on differences from the paper (modelling choices):
 - Compute bandwidth per operator follows the artifact (static 4096, dynamic 6400 FLOPs/cycle);
   at batch 1024 the layer is compute-bound, so this choice is part of the paper's speedup
   (Mixtral b1024: 1024/414 rows x 6400/4096 = 3.87x for tile 1024, as the paper's 3.8x).
+- Qwen3 b1024: static tile 256 beats dynamic tiling in ours (paper: dynamic best).  The
+  expert with 814 tokens needs ~400K cycles of compute per operator, but its weight stream
+  gets a 1/83 share of the HBM while every used expert loads (its units stall ~690K cycles on
+  input); static tiles re-read its weights and spread that wait.  An HBM arbitration that
+  favours the longest expert (or the paper's Ramulator FR-FCFS timing) would change this.
+- On-chip memory (Qwen3 b1024 tile 1024: 4.7x vs the paper's 8.1x): every load's two staging
+  tiles and the accumulators are the same in both strategies and dilute the ratio.
 - Time-multiplexing: in our simulation sharing regions costs nothing down to 8 regions (the
   layer stays on the HBM bound), and 128 dedicated regions are slower than 16-64 shared ones:
   ~180 weight loads in flight at once reach only ~77% of the HBM bandwidth in our HBM model
