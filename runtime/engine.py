@@ -96,6 +96,9 @@ class Simulator(Transfers):
             raise SimulationError(f"mode must be 'timing' or 'functional', got {mode!r}")
         self.programs = programs
         self.chip = chip
+        #: channel name -> cycle of its first message (-1 until sent), for the channels a
+        #: caller asks to watch before ``run`` (e.g. the inputs of an EagerMerge)
+        self.watch: dict[str, int] | None = None
         self.mode = mode
         self.functional = mode == "functional"
         self.core_spec = chip.core

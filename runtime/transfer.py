@@ -307,6 +307,9 @@ class Transfers:
     def send(self, chan: Any, nbytes: int, data: Any, shape: Any, dtype: str, value: Any) -> int:
         """Start a message on ``chan`` now; returns the cycle its tail has left the sender."""
         now = self.now
+        w = self.watch
+        if w is not None and w.get(chan.name) == -1:
+            w[chan.name] = now
         ends = chan.ends
         k = len(ends)
         payload = (data, shape, dtype, value)

@@ -59,6 +59,11 @@ def compile(  # noqa: A001  (the public name the users asked for)
     ``torch.export`` (default: tokens / batch / KV-length dims are dynamic, see
     :mod:`torch2step.frontend.capture`); ``options``: tiling options of
     :class:`~torch2step.lower.LowerOptions` (``tile_rows``, ``tile_cols``, ``tile_kv``, ...).
+    Strategies of STeP (arXiv 2511.07776) §5: ``moe_static_tile=N`` tiles each expert's tokens
+    statically in tiles of ``N`` rows (default: dynamic tiling, §5.2); ``moe_lanes=R`` shares
+    ``R`` expert regions among ``E/R`` consecutive experts each (§5.3; each region's EagerMerge
+    order is decided in simulated time by :func:`torch2step.spatial.dynamic.simulate_decided`).
+    Compile for ``chip="step-paper"`` to reproduce the paper's simulator set-up.
     """
     bad = sorted(set(options) - set(_OPTIONS))
     if bad:

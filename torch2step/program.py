@@ -23,7 +23,7 @@ from hwmodel.chip import Chip
 from torch2step.errors import FrontendError, Torch2StepError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, format_layer_graph
-from torch2step.lower import Lowered, lower
+from torch2step.lower import Lowered
 from torch2step.report import Report
 from torch2step.step import RunResult, metrics, run
 from torch2step.step.printer import format_program
@@ -41,7 +41,6 @@ class Program:
         self.lowered = lowered
         self.chip = chip
         self.example_inputs = tuple(example_inputs)
-        self._variants: dict[tuple[str, ...], Lowered] = {(): lowered}
         self._last: Any = None
 
     # -- inspection ---------------------------------------------------------------------------
@@ -108,15 +107,8 @@ class Program:
         return tuple(out)
 
     # -- functional run -----------------------------------------------------------------------
-    def _variant(self, external: tuple[str, ...]) -> Lowered:
-        if external not in self._variants:
-            self._variants[external] = lower(
-                self.layer, self.lowered.options, external=external, name=self.layer.name
-            )
-        return self._variants[external]
-
     def _execute(
-        self, inputs: Sequence[Any], routing: Any = None
+        self, inputs: Sequence[Any], routing: Any = None, *, timing_only: bool = False
     ) -> tuple[Lowered, RunResult, tuple[torch.Tensor, ...], dict[str, Any]]:
         xs = self._check(inputs)
         meta = [n for n, t in self.layer.params.items() if t.is_meta]
@@ -127,11 +119,16 @@ class Program:
                 "module with real weights (e.g. models.get_layer(..., device='cpu')) to run or "
                 "report it"
             )
-        lw, overrides, dynamic = self.lowered, None, {}
-        if routing is not None:
-            lw, overrides = self._routing_variant(routing)
-        tensors, env = lw.feed(xs, overrides)
-        res = run(lw.program, tensors=tensors, env=env)
+        lw, dynamic = self.lowered, {}
+        overrides = self._routing_override(routing) if routing is not None else None
+        tensors, env = lw.feed(xs)
+        res = run(
+            lw.program,
+            tensors=tensors,
+            env=env,
+            timing_only=timing_only,
+            store_overrides=overrides,
+        )
         dynamic.update(env)
         experts = [n.op.num_experts for n in self.layer.ops(L.MoEExperts)]
         for n in self.layer.ops(L.TopKRouting):
@@ -144,21 +141,21 @@ class Program:
                 dynamic["kv_lengths"] = [int(v) for v in lens.reshape(-1)]
         return lw, res, lw.outputs(res.tensors, xs), dynamic
 
-    def _routing_variant(self, routing: Any) -> tuple[Lowered, dict[str, torch.Tensor]]:
+    def _routing_override(self, routing: Any) -> dict[str, np.ndarray]:
+        """The router's top-k ids tensor -> the trace's ids: the router still runs and is
+        timed, the value it stores is the trace's (only its choice is replaced)."""
         nodes = list(self.layer.ops(L.TopKRouting))
         if len(nodes) != 1:
             raise Torch2StepError(
                 f"{self.layer.name}: routing= needs exactly one MoE router; found {len(nodes)}"
             )
-        w_name, id_name = nodes[0].outputs
-        ids = torch.as_tensor(np.asarray(routing), dtype=torch.int64)
+        ids = np.asarray(routing)
         k = nodes[0].op.k
-        if ids.dim() != 2 or ids.shape[1] != k:
+        if ids.ndim != 2 or ids.shape[1] != k:
             raise Torch2StepError(
                 f"routing must be [tokens, {k}] expert ids; got shape {list(ids.shape)}"
             )
-        weights = torch.full(ids.shape, 1.0 / k, dtype=torch.float32)
-        return self._variant((w_name, id_name)), {w_name: weights, id_name: ids}
+        return {self.lowered.placed[nodes[0].outputs[1]].tensor.name: ids.astype(np.int64)}
 
     def run(self, *inputs: Any) -> Any:
         """Run the compiled STeP program on ``inputs`` (default: the example inputs) with the
@@ -171,16 +168,18 @@ class Program:
         """Simulate the program on the chip for ``inputs`` (default: the example inputs).
 
         ``routing``: ``[tokens, k]`` expert ids (e.g. a real trace) replacing the router's
-        choices (weights ``1/k``: timing does not depend on them); ``trace``: keep a Chrome
-        trace for :meth:`write_trace`."""
+        top-k choice (the router still runs and is timed; its weights are kept: timing does
+        not depend on them); ``trace``: keep a Chrome trace for :meth:`write_trace`.  The
+        interpreter runs in timing-only mode: values that steer control are computed, matrix
+        products that do not are only shaped (:mod:`torch2step.step.timing_only`)."""
         from torch2step.spatial import simulate_graph
 
-        lw, res, _, dynamic = self._execute(inputs, routing)
+        lw, res, _, dynamic = self._execute(inputs, routing, timing_only=True)
         t0 = time.perf_counter()
         sim = simulate_graph(lw.program, self.chip, res, trace=trace)
         sim_s = time.perf_counter() - t0
         self._last = sim
-        m = self.metrics if lw is self.lowered else metrics(lw.program)
+        m = self.metrics
         at = m.evaluate(res.bindings)
         return _make_report(self, lw, sim, m, at, dynamic, sim_s)
 
@@ -218,4 +217,13 @@ def _make_report(
         dynamic={k: v for k, v in dynamic.items() if v is not None},
         events=int(sim.events),
         simulation_s=round(sim_s, 3),
+        dtype=_layer_dtype(prog.layer),
+        simulated_onchip_bytes=sum(int(u.sram_bytes) + int(u.fifo_bytes) for u in sim.units),
     )
+
+
+def _layer_dtype(layer: LayerGraph) -> str:
+    """The floating-point element type of the layer's inputs (what it is timed in)."""
+    kinds = {layer.types[n].dtype for n in layer.inputs}
+    floats = sorted(k for k in kinds if not k.startswith("int") and k != "bool")
+    return floats[0] if len(floats) == 1 else ",".join(floats) or "int"

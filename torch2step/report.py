@@ -47,6 +47,8 @@ class Report:
     dynamic: dict[str, Any] = field(default_factory=dict)
     events: int = 0
     simulation_s: float = 0.0
+    dtype: str = ""  # element type the layer is timed and its bytes counted in
+    simulated_onchip_bytes: int = 0  # what the simulated run held: unit buffers + FIFOs
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary of every field."""

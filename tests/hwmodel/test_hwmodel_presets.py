@@ -9,7 +9,7 @@ import pytest
 import hwmodel
 from hwmodel import AllToAllNoC, MeshNoC
 
-PRESETS = ["ipu-hbm", "mesh", "sn40l-like", "step-sda"]
+PRESETS = ["ipu-hbm", "mesh", "sn40l-like", "step-paper", "step-sda"]
 
 
 def test_list_presets() -> None:

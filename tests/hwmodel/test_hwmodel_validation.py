@@ -102,7 +102,7 @@ def test_unknown_preset_lists_presets() -> None:
         hwmodel.load_chip("ipu")
     msg = str(err.value)
     assert "unknown chip preset 'ipu'" in msg
-    assert "ipu-hbm, mesh, sn40l-like, step-sda" in msg
+    assert "ipu-hbm, mesh, sn40l-like, step-paper, step-sda" in msg
     with pytest.raises(ChipConfigError, match="did you mean 'step-sda'"):
         hwmodel.load_chip("step_sda")
 

@@ -13,6 +13,7 @@ from hwmodel import load_chip
 from runtime import DeadlockError, Simulator
 from torch2step.errors import LoweringError
 from torch2step.examples.moe import moe_graph, moe_inputs
+from torch2step.examples.moe_lanes import lane_experts
 from torch2step.spatial import (
     EMITTERS,
     SpatialPlan,
@@ -69,7 +70,7 @@ def test_rank2_expansions_send_every_element(lanes2: tuple) -> None:
     _, res, sim = lanes2
     n = _counts(res)
     for lane in range(2):
-        mine = [n[e] for e in range(lane, E, 2)]
+        mine = [n[e] for e in lane_experts(E, 2)[lane]]
         served = sum(c > 0 for c in mine)
         assert sim.plan.messages[f"moe_l{lane}_gu_a"] == 2 * 2 * served
         assert sim.plan.messages[f"moe_l{lane}_d_a"] == 2 * 2 * served
@@ -100,9 +101,9 @@ def test_lanes_simulation_is_deterministic(lanes2: tuple) -> None:
 
 
 def test_a_lane_without_tokens_idles() -> None:
-    """Only even experts are chosen: lane 1 merges no chunk, loads no weight tile and sends
-    nothing; the traffic is still the run's."""
-    routing = np.array([[0, 2], [2, 4], [6, 0], [4, 6]] * 4)
+    """Only experts 0-3 are chosen: lane 1 (experts 4-7) merges no chunk, loads no weight
+    tile and sends nothing; the traffic is still the run's."""
+    routing = np.array([[0, 2], [2, 1], [3, 0], [1, 3]] * 4)
     prog, res = _case(2, routing)
     sim = simulate_graph(prog, CHIP, res)
     assert sim.hbm_bytes == res.offchip_bytes and sim.flops == res.total_flops

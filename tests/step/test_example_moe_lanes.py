@@ -62,7 +62,8 @@ def test_same_traffic_as_dedicated_regions(checked_run: Callable[..., RunResult]
 
 
 def test_lane_assignment_and_errors() -> None:
-    assert lane_experts(8, 3) == ((0, 3, 6), (1, 4, 7), (2, 5))
+    assert lane_experts(8, 3) == ((0, 1, 2), (3, 4, 5), (6, 7))  # consecutive (§5.3)
+    assert lane_experts(128, 4)[1] == tuple(range(32, 64))
     with pytest.raises(StepTypeError, match="lanes=9 must be between 1 and num_experts=8"):
         moe_graph(num_experts=E, top_k=K, hidden=H, intermediate=I, lanes=9)
 

@@ -137,11 +137,24 @@ def add_moe(
     tile_i: int | None = None,
     prefix: str = "moe",
     lanes: int | None = None,
+    static_tile: int | None = None,
+    repeat_tile: bool = False,
 ) -> None:
     """Add the MoE layer to ``g`` (see the module docstring).
 
+    ``static_tile=None`` tiles each expert's tokens dynamically (one tile of exactly its
+    ``N_e`` tokens, STeP (arXiv 2511.07776) §5.2); ``static_tile=N`` is the static tiling the
+    paper compares with: the expert's rows are cut into tiles of ``N`` (Reshape, the last tile
+    padded with zero rows), every tile reads the expert's weights again, and the padded rows
+    are dropped after the expert (FilterPadding), so the expert reads its weights
+    ``ceil(N_e / N)`` times and computes on ``N * ceil(N_e / N)`` rows.  ``repeat_tile``: pack
+    the expert's token tile once and repeat it for every ``tile_i`` block (the paper's Fig. 2
+    and artifact: Accum(RetileRow) then Repeat) instead of re-streaming the rows from a buffer
+    per block (step 3 above); it holds one ``[N_e, H]`` tile instead of the rows.
+
     ``lanes=None`` gives every expert its own branch; ``lanes=P`` configures ``P`` branches
-    shared in time by the experts ``e % P == l`` (seed 000 §5.3, :mod:`.moe_lanes`).
+    shared in time by ``E/P`` consecutive experts each (STeP (arXiv 2511.07776) §5.3,
+    :mod:`.moe_lanes`).
 
     Every node is named ``{prefix}_...`` (tensors share the graph's namespace: keep their names
     outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}`` (the
@@ -156,6 +169,8 @@ def add_moe(
         )
     th = default_tile(H) if tile_h is None else tile_h
     ti = default_tile(I) if tile_i is None else tile_i
+    if static_tile is not None and (not isinstance(static_tile, int) or static_tile < 1):
+        raise StepTypeError(f"add_moe: static_tile must be a positive int or None, got {static_tile!r}")
     if th < 1 or H % th or ti < 1 or I % ti:
         raise StepTypeError(
             f"add_moe: tile_h={th} must divide H={H} and tile_i={ti} must divide I={I}"
@@ -167,7 +182,7 @@ def add_moe(
     ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld")
     wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w_ld")
     sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
-    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype)
+    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile, repeat_tile)
     if lanes is not None:
         lane_experts(E, lanes)  # checks 1 <= lanes <= E
         packed = g.zip(rows, ids, wts, name=f"{p}_xiw")
@@ -204,6 +219,8 @@ class _Plan:
     act: str
     prefix: str
     dtype: str
+    static: int | None = None
+    repeat_tile: bool = False
 
 
 def _expert(
@@ -220,10 +237,20 @@ def _expert(
     w_gate, w_up, w_down = weights
     nh, ni = H // th, plan.I // ti
     q = f"{plan.prefix}_e{e}"
-    buf = g.bufferize(g.promote(rows, name=f"{q}_tile"), 1, name=f"{q}_buf")  # [P_e] Buf[N_e]
-    per_i = g.repeat(buf, ni, name=f"{q}_per_i")  # [P_e, I/ti]
-    again = g.streamify(buf, per_i, name=f"{q}_rows")  # [P_e, I/ti, N_e] of [1, H]
-    xt = g.accum(again, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt")  # [P_e, I/ti] [N_e, H]
+    pad_flags = None
+    if plan.static is None:
+        tiles = g.promote(rows, name=f"{q}_tile")  # [P_e, N_e]
+    else:  # static tiling: [C_e, N] rows, C_e = ceil(N_e / N), the last tile zero-padded
+        n_e = sp.Integer(plan.static)
+        tiles, pad_flags = g.reshape(rows, 0, plan.static, 0.0, name=f"{q}_tile")
+    if plan.repeat_tile:  # Fig. 2: pack the tile once, repeat it per tile_i block
+        buf = g.accum(tiles, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt0")  # [P_e] [N_e, H]
+        xt = g.repeat(buf, ni, name=f"{q}_xt")  # [P_e, I/ti] of [N_e, H]
+    else:  # keep the rows in a buffer and pack them again per tile_i block
+        buf = g.bufferize(tiles, 1, name=f"{q}_buf")  # [P_e] Buf[N_e] / [C_e] Buf[N]
+        per_i = g.repeat(buf, ni, name=f"{q}_per_i")  # [P_e, I/ti]
+        again = g.streamify(buf, per_i, name=f"{q}_rows")  # [P_e, I/ti, N_e] of [1, H]
+        xt = g.accum(again, "retile_row", zeros(0, H, dt), 1, name=f"{q}_xt")  # [N_e, H]
     xt = g.repeat(xt, 1, name=f"{q}_xt1")
     if nh > 1:
         xt = g.flat_map(xt, fn("split_cols", cols=th), name=f"{q}_xh")  # [.., H/th] [N_e, th]
@@ -271,8 +298,12 @@ def _expert(
 
     w_e = g.map(fn("pick_weight", expert=e), info, name=f"{q}_gw")  # [N_e] of [1, 1]
     info_dt = w_e.type.dtype.dtype  # type: ignore[attr-defined]
+    if plan.static is None:
+        w_tiles = g.promote(w_e, name=f"{q}_gw_tile")
+    else:
+        w_tiles = g.reshape(w_e, 0, plan.static, 0.0, name=f"{q}_gw_tile")[0]
     w_col = g.accum(
-        g.promote(w_e, name=f"{q}_gw_tile"),
+        w_tiles,
         "retile_row",
         zeros(0, 1, info_dt),
         1,
@@ -281,7 +312,12 @@ def _expert(
     scaled = g.map(
         "mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled"
     )  # [P_e] of [N_e, H]
-    return g.flat_map(scaled, fn("retile_streamify", rows=1), name=f"{q}_out")  # rows
+    out = g.flat_map(scaled, fn("retile_streamify", rows=1), name=f"{q}_out")  # rows
+    if pad_flags is None:
+        return out
+    flags = g.flatten(pad_flags, 0, 1, name=f"{q}_pad_flat")  # [C_e * N]
+    kept = g.flat_map(g.zip(out, flags, name=f"{q}_pad_in"), "filter_padding", name=f"{q}_unpad")
+    return kept  # [N_e] real rows
 
 
 # ---------------------------------------------------------------- convenience

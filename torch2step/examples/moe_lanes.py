@@ -2,8 +2,8 @@
 time-multiplexing").
 
 With ``lanes = P < E`` the graph of :mod:`torch2step.examples.moe` configures ``P`` expert
-branches (*lanes*) instead of ``E``; expert ``e`` is served by lane ``e % P`` (lane ``l``
-serves experts ``l, l + P, l + 2P, ...``).  Per lane:
+branches (*lanes*, the paper's parallel regions) instead of ``E``; lane ``l`` serves ``E/P``
+consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per lane:
 
 1. **Merge.** Every expert of the lane wraps its routed rows in one chunk (Promote: ``[P_e,
    N_e]``, ``P_e = 1 if N_e > 0``); EagerMerge interleaves these whole chunks in arrival order
@@ -12,7 +12,7 @@ serves experts ``l, l + P, l + 2P, ...``).  Per lane:
    §3.1): the token count of the ``i``-th expert served.  An expert without tokens sends no
    chunk, so the lane never serves it.
 2. **Expert id.** ``selector_index`` turns the merge selector into the lane-local index ``j``
-   and ``affine(scale=P, offset=l)`` into the expert id ``e = l + j P``.
+   and ``affine(scale=1, offset=first_l)`` into the expert id ``e = first_l + j``.
 3. **Weights.** §5.3 replaces the experts' LinearOffChipLoads by RandomOffChipLoads "which use
    the Selector from EagerMerge to fetch the appropriate tiled weight": the addresses (in tiles)
    ``e * (I/ti)(H/th) + ...`` are computed in-graph (``affine`` then the flat ``tile_grid``),
@@ -61,13 +61,21 @@ __all__ = ["add_lanes", "lane_experts"]
 
 
 def lane_experts(num_experts: int, lanes: int) -> tuple[tuple[int, ...], ...]:
-    """The experts each lane serves: lane ``l`` gets ``l, l + P, ...`` (``e % P == l``)."""
+    """The experts each lane serves: consecutive blocks, as STeP (arXiv 2511.07776) §5.3 puts
+    ``E/R`` consecutive experts in each of ``R`` regions (the first ``E mod R`` lanes get one
+    more when ``R`` does not divide ``E``)."""
     if not 1 <= lanes <= num_experts:
         raise StepTypeError(
             f"add_moe: lanes={lanes} must be between 1 and num_experts={num_experts} "
             "(or None for one dedicated branch per expert)"
         )
-    return tuple(tuple(range(lane, num_experts, lanes)) for lane in range(lanes))
+    base, extra = divmod(num_experts, lanes)
+    out, start = [], 0
+    for lane in range(lanes):
+        n = base + (1 if lane < extra else 0)
+        out.append(tuple(range(start, start + n)))
+        start += n
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- tile functions
@@ -214,7 +222,7 @@ def add_lanes(
     ]
     out: list[Value | None] = [None] * E
     for lane, experts in enumerate(lane_experts(E, lanes)):
-        rows = _lane(g, plan, lane, lanes, [tiles[e] for e in experts], weights)
+        rows = _lane(g, plan, lane, experts[0], [tiles[e] for e in experts], weights)
         q = f"{p}_l{lane}"
         backs = g.partition(
             rows[0],
@@ -232,7 +240,7 @@ def _lane(
     g: Graph,
     plan: _Plan,
     lane: int,
-    lanes: int,
+    first: int,
     chunks: list[Value],
     weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
 ) -> tuple[Value, Value]:
@@ -253,8 +261,8 @@ def _lane(
     if nh > 1:
         xt = g.flat_map(xt, fn("split_cols", cols=th), name=f"{q}_xh")
 
-    # the expert's first weight tile: (l + j P) (I/ti)(H/th)
-    start = g.map(fn("affine", scale=lanes * ni * nh, offset=lane * ni * nh), local, name=f"{q}_w0")
+    # the expert's first weight tile: (first + j) (I/ti)(H/th)
+    start = g.map(fn("affine", scale=ni * nh, offset=first * ni * nh), local, name=f"{q}_w0")
     gu_addr = g.flat_map(
         start, fn("tile_grid", rows=ni, cols=nh, row_stride=nh, col_stride=1), name=f"{q}_gu_a"
     )  # [M, I/ti, H/th] tile indices in w_gate / w_up
@@ -285,7 +293,7 @@ def _lane(
         y = g.accum(cols, "add", fn("zeros", shape=(n_r, H), dtype=dt), 1, name=f"{q}_down")
 
     j_rows = g.expand(g.repeat(local, 1, name=f"{q}_j1"), x_rows, 0, name=f"{q}_j_r")
-    e_rows = g.map(fn("affine", scale=lanes, offset=lane), j_rows, name=f"{q}_eid")  # l + j P
+    e_rows = g.map(fn("affine", scale=1, offset=first), j_rows, name=f"{q}_eid")  # first + j
     ids = g.map(fn("get", index=1), merged, name=f"{q}_ids")
     wts = g.map(fn("get", index=2), merged, name=f"{q}_wts")
     pick_in = g.zip(ids, wts, e_rows, name=f"{q}_gw_in")

@@ -43,7 +43,9 @@ class LowerOptions:
     ``moe_tile_i``: the MoE weight tiles (``None``: the example builder's defaults);
     ``moe_lanes``: expert lanes that time-multiplex the experts (seed 000 §5.3; ``None``: one
     branch per expert up to ``16`` experts, else ``16`` lanes so large MoEs fit a chip's
-    units; ``0``: always one branch per expert)."""
+    units; ``0``: always one branch per expert); ``moe_static_tile``: static tiling of each
+    expert's tokens in tiles of that many rows (STeP (arXiv 2511.07776) §5.2; ``None``: dynamic
+    tiling, one tile of exactly the expert's tokens)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -52,11 +54,17 @@ class LowerOptions:
     moe_tile_h: int | None = None
     moe_tile_i: int | None = None
     moe_lanes: int | None = None
+    moe_static_tile: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):
             if int(getattr(self, name)) < 1:
                 raise LoweringError(f"option {name} must be a positive integer")
+        if self.moe_static_tile is not None and int(self.moe_static_tile) < 1:
+            raise LoweringError(
+                "option moe_static_tile must be a positive integer (rows per tile) or None "
+                "for dynamic tiling"
+            )
 
 
 @dataclass(frozen=True, slots=True)

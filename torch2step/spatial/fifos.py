@@ -142,12 +142,16 @@ def run_deepening(
     *,
     trace: bool | str | Path = False,
     max_cycles: int | None = None,
+    watch: dict[str, int] | None = None,
 ) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
     """Simulate ``programs`` (timing mode), deepening FIFOs that deadlock the run (module
     docstring); ``messages`` is the number of messages each channel carries.  Returns the
-    result, the programs that ran and the deepened channels (sorted)."""
+    result, the programs that ran and the deepened channels (sorted).  ``watch``: channel
+    names whose first-message cycle is written into it (by the run that completes)."""
     deep: dict[str, int] = {}
     sim = Simulator(programs, chip)
+    if watch is not None:
+        sim.watch = watch
     try:
         return sim.run(trace=trace, max_cycles=max_cycles), programs, ()
     except DeadlockError as err:
@@ -155,6 +159,10 @@ def run_deepening(
     while True:
         current = deepen(programs, deep)
         sim = Simulator(current, chip)
+        if watch is not None:
+            for k in watch:
+                watch[k] = -1
+            sim.watch = watch
         try:
             return sim.run(trace=trace, max_cycles=max_cycles), current, tuple(sorted(deep))
         except DeadlockError as err:  # pragma: no cover - resuming found every channel

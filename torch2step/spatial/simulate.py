@@ -67,6 +67,7 @@ def simulate_plan(
     check: bool = True,
     max_cycles: int | None = None,
     plan_s: float = 0.0,
+    watch: dict[str, int] | None = None,
 ) -> SpatialResult:
     """Run a :class:`SpatialPlan` on the simulator (``check``: validate the programs first;
     ``plan_s``: the seconds it took to build ``plan``, carried into the result)."""
@@ -77,7 +78,12 @@ def simulate_plan(
         if check:
             validate_programs(plan.programs, plan.sim_chip)
         sim, ran, deep = run_deepening(
-            plan.programs, plan.sim_chip, plan.messages, trace=bool(trace), max_cycles=max_cycles
+            plan.programs,
+            plan.sim_chip,
+            plan.messages,
+            trace=bool(trace),
+            max_cycles=max_cycles,
+            watch=watch,
         )
     finally:
         if enabled:
@@ -154,13 +160,15 @@ def simulate_graph(
     fifo_depth: int | None = None,
     check: bool = True,
     max_cycles: int | None = None,
+    watch: dict[str, int] | None = None,
 ) -> SpatialResult:
     """Place ``graph`` spatially on ``chip`` (a :class:`Chip` or preset name), generate the unit
     programs from ``run`` (the reference interpreter's :class:`RunResult` on the real inputs)
     and simulate them.  ``trace``: ``True`` records a Chrome trace, a path also writes it;
     ``configs``: per-node :class:`UnitConfig`; ``walk``: placement order; ``wires``: operator
     classes that occupy no unit; ``fifo_depth``: channel depth (default the core's; channels
-    that deadlock the run are deepened, ``SpatialResult.deep_channels``).  Raises
+    that deadlock the run are deepened, ``SpatialResult.deep_channels``); ``watch``: channel
+    names -> ``-1``, filled with each channel's first-message cycle.  Raises
     :class:`~torch2step.errors.ScheduleError` when the chip has fewer cores than units and
     :class:`~runtime.DeadlockError` when no FIFO depth can make the run complete."""
     t0 = time.perf_counter()
@@ -168,4 +176,6 @@ def simulate_graph(
         graph, chip, run, configs=configs, walk=walk, wires=wires, fifo_depth=fifo_depth
     )
     plan_s = time.perf_counter() - t0
-    return simulate_plan(plan, trace=trace, check=check, max_cycles=max_cycles, plan_s=plan_s)
+    return simulate_plan(
+        plan, trace=trace, check=check, max_cycles=max_cycles, plan_s=plan_s, watch=watch
+    )

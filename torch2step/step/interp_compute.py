@@ -58,13 +58,14 @@ def _map(op: Map, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:
     flops = _FlopCounter(op.fn, spec, declared)
     ctx.onchip.setdefault(op.name, {})
     ctx.flops.setdefault(op.name, 0)
+    impl = ctx.impl(op.name, spec)
 
     def apply(e: Any) -> Any:
         args = e if spec.nargs > 1 else (e,)
         ctx.count_flops(op.name, flops(args))
         if spec.scratch_value is not None:
             ctx.alloc(op.name, "scratch", spec.scratch_value(op.fn, isz, *args))
-        return spec.impl(op.fn, *args)
+        return impl(op.fn, *args)
 
     return (StreamValue(x.rank, map_at(x.data, x.rank + 1, apply)),)
 
@@ -77,18 +78,19 @@ def _stepper(op: Accum | Scan, ctx: Ctx) -> Callable[[Any, Any], Any]:
     isz = _itemsizes(declared)
     flops = _FlopCounter(op.fn, spec, declared)
     ctx.flops.setdefault(op.name, 0)
+    impl = ctx.impl(op.name, spec)
 
     def step(state: Any, e: Any) -> Any:
         if spec.kind == "map":
             ctx.count_flops(op.name, flops((state, e)))
             if spec.scratch_value is not None:
                 ctx.alloc(op.name, "scratch", spec.scratch_value(op.fn, isz, state, e))
-            return spec.impl(op.fn, state, e)
+            return impl(op.fn, state, e)
         args = e if spec.nargs > 1 else (e,)
         ctx.count_flops(op.name, flops(args))
         if spec.scratch_value is not None:
             ctx.alloc(op.name, "scratch", spec.scratch_value(op.fn, isz, *args))
-        return spec.impl(op.fn, *args, state)
+        return impl(op.fn, *args, state)
 
     return step
 

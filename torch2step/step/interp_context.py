@@ -87,6 +87,17 @@ class Ctx:
     flops: dict[str, int] = field(default_factory=dict)
     out_types: tuple[StreamType, ...] = ()
     shared: set[str] = field(default_factory=set)
+    shape_only: frozenset[str] = frozenset()
+    store_overrides: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def impl(self, node: str, spec: Any) -> Any:
+        """The implementation of ``spec`` at ``node``: shape-only in a timing-only run when
+        the node does not steer control (:mod:`.timing_only`), else the real one."""
+        if self.shape_only and node in self.shape_only:
+            from .timing_only import shape_only_impl
+
+            return shape_only_impl(spec.name) or spec.impl
+        return spec.impl
 
     def tile(self, name: str, index: tuple) -> np.ndarray:
         """A read-only view of ``memory[name][index]`` (marks the array as shared)."""

@@ -76,8 +76,13 @@ def _linear_store(op: LinearOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
     arr, tiled = _grid(ctx, op.tensor, t)
     shape = (int(t.shape[0]), int(t.shape[1]))
     ctx.write.setdefault(op.name, 0)
+    given = ctx.store_overrides.get(op.tensor.name)
+    if given is not None:
+        given = given.reshape(arr.shape).astype(arr.dtype, copy=False)
     for k, tile in enumerate(ins[0].elements()):
         where = tile_slice(arr, tiled, op.base + k, shape, f"LinearOffChipStore %{op.name}")
+        if given is not None:  # the value written is replaced, the write itself is not
+            tile = given[where]
         ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)

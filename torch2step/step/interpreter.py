@@ -191,6 +191,8 @@ def run(
     *,
     arrival: Mapping[str, Sequence[int]] | None = None,
     check: bool = True,
+    timing_only: bool = False,
+    store_overrides: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Run ``program`` on data (see the module docstring).
 
@@ -200,7 +202,12 @@ def run(
     intermediate stream is compared with its shape rule; without it only the streams whose
     type has a size the run has not learnt yet (a fresh ragged size, a merge's count) are
     walked, so later nodes and the metric formulas still get every value.  Partition records
-    its chunk counts itself.
+    its chunk counts itself.  ``timing_only``: matrix products that steer no control are only
+    shaped, not computed (:mod:`torch2step.step.timing_only`); shapes, bytes and FLOPs are
+    those of a full run, tile values are not.  ``store_overrides`` (tensor name -> array of
+    the tensor's shape): a LinearOffChipStore into that tensor writes the given values instead
+    of its input's (same tiles, same traffic) — a routing trace replacing a router's top-k
+    choice while the router still runs.
 
     No input is copied: the tensors given are used in place (read-only; a store writes into a
     private copy), so ``RunResult.tensors`` holds read-only views of the tensors the run did
@@ -220,6 +227,13 @@ def run(
         check_stream(v.type, sv, bindings, f"input %{v.name}")
         values[v.name] = sv
     ctx = Ctx(memory, bindings, {k: list(s) for k, s in (arrival or {}).items()}, shared=borrowed)
+    if store_overrides:
+        ctx.store_overrides = {k: np.asarray(v) for k, v in store_overrides.items()}
+    if timing_only:
+        from .timing_only import control_nodes
+
+        keep = control_nodes(program)
+        ctx.shape_only = frozenset(op.name for op in program.nodes if op.name not in keep)
     for op, outs in zip(program.nodes, program.node_outputs):
         impl = IMPLS.get(type(op))
         if impl is None:

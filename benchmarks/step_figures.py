@@ -1,0 +1,346 @@
+"""Reproduce the STeP paper's §5 figures (STeP, arXiv 2511.07776) on the shipped traces.
+
+* Fig. 6 / 7 — dynamic vs static tiling of the tokens routed to each expert (§5.2):
+  Mixtral-8x7B and Qwen3-30B-A3B MoE layers at batch 64 (static tiles 16, 64) and batch 1024
+  (static tiles 256, 1024), tile 64 along the expert's intermediate dimension.
+* Fig. 8 / 9 — configuration time-multiplexing (§5.3): Qwen3-30B-A3B at batch 64 with 128,
+  64, 32, 16, 8, 4 expert regions (128/R consecutive experts each) with dynamic tiling, tile
+  48 along the intermediate dimension, 1024 FLOPs/cycle per region operator; each region's
+  EagerMerge order is decided in simulated time (:mod:`torch2step.spatial.dynamic`).  The
+  paper's static-tile-32 series needs static tiles inside shared regions, which the builder
+  does not offer yet (static tiling is implemented for dedicated regions only).
+
+Set-up (§5.1, and the paper's artifact for the per-operator compute): chip preset
+``step-paper`` (one unit per operator, 64 B/cycle on-chip memory units, 1024 B/cycle HBM over
+32 channels), bf16, weights of shape ``[D, tile_F]`` streamed per tile, compute bandwidth
+allocated per operator: 4096 FLOPs/cycle for static tiling, 6400 for dynamic tiling (the
+artifact's ``run_ws_tile_mn_mk`` / ``run_ws_tile_mn_mk_dyn_tile``).  Every run is a full-size
+simulation: the STeP graph is built, run by the reference interpreter in timing-only mode
+(routing, selectors and sizes computed; matrix products only shaped) and simulated unit by
+unit on the event simulator.
+
+``python benchmarks/step_figures.py`` prints one table per figure, the paper's headline ratios
+next to ours and notes on the differences, and writes PNGs (``--png-dir``); ``--json`` prints
+one JSON object per configuration.  ``--figures 6,7`` picks figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.traces import routing as load_routing  # noqa: E402
+from torch2step.examples.moe import moe_graph  # noqa: E402
+from torch2step.spatial import simulate_graph  # noqa: E402
+from torch2step.spatial.dynamic import simulate_decided  # noqa: E402
+from torch2step.spatial.timing import UnitConfig  # noqa: E402
+from torch2step.step import run  # noqa: E402
+from torch2step.step.metrics import metrics  # noqa: E402
+from torch2step.step.ops_compute import Accum, FlatMap, Map, Scan  # noqa: E402
+
+CHIP = "step-paper"
+MODELS = {  # experts, top-k, hidden D, expert intermediate F
+    "mixtral": (8, 2, 4096, 14336),
+    "qwen3": (128, 8, 2048, 768),
+}
+STATIC_BW, DYNAMIC_BW, REGION_BW = 4096, 6400, 1024
+
+PAPER = {
+    "5.2 dynamic tiling speedup (geomean over static tiles)": 1.45,
+    "5.2 dynamic tiling on-chip memory saving (geomean)": 2.18,
+    "5.3 time-multiplexing compute-utilisation gain, static tile 32": 2.64,
+    "5.3 time-multiplexing compute-utilisation gain, dynamic": 2.51,
+}
+
+
+@dataclass
+class Row:
+    figure: str
+    model: str
+    batch: int
+    strategy: str
+    trace: str
+    cycles: int
+    offchip_bytes: int
+    onchip_bytes: int
+    alloc_flops_per_cycle: int
+    flops: int
+    compute_util: float
+    offchip_bw_util: float
+    units: int
+    wall_s: float
+
+
+def _trace(model: str, batch: int) -> tuple[str, np.ndarray]:
+    name = {"mixtral": "mixtral", "qwen3": "qwen"}[model] + f"_b{batch}"
+    return name, np.asarray(load_routing(name), dtype=np.int64)
+
+
+def moe_case(
+    figure: str,
+    model: str,
+    batch: int,
+    *,
+    static_tile: int | None,
+    tile_f: int,
+    flops_per_cycle: int,
+    regions: int | None = None,
+) -> Row:
+    """Build, run (timing-only) and simulate one MoE configuration."""
+    t0 = time.perf_counter()
+    E, k, D, F = MODELS[model]
+    trace, sel = _trace(model, batch)
+    g = moe_graph(
+        num_experts=E,
+        top_k=k,
+        hidden=D,
+        intermediate=F,
+        tokens=batch,
+        dtype="bf16",
+        tile_h=D,
+        tile_i=tile_f,
+        static_tile=static_tile,
+        lanes=regions,
+        repeat_tile=regions is None,
+    )
+    zero = torch.zeros(())  # weights: zero-stride views (timing-only runs never read them)
+    tensors = {
+        "x": torch.zeros(batch, D),
+        "topk_idx": torch.as_tensor(sel),
+        "topk_w": torch.full((batch, k), 1.0 / k),
+        "w_gate": zero.expand(E, F, D),
+        "w_up": zero.expand(E, F, D),
+        "w_down": zero.expand(E, D, F),
+    }
+    compute = [op.name for op in g.nodes if isinstance(op, (Map, Accum, Scan, FlatMap))]
+    cfg = {n: UnitConfig(flops_per_cycle=flops_per_cycle) for n in compute}
+    if regions is None:
+        res = run(g, tensors=tensors, check=False, timing_only=True)
+        sim = simulate_graph(g, CHIP, res, configs=cfg)
+    else:  # each region's EagerMerge forwards the expert whose tokens are ready first
+        decided = simulate_decided(g, CHIP, tensors, configs=cfg)
+        sim, res = decided.result, decided.run
+    at = metrics(g).evaluate(res.bindings)
+    # allocated compute: the operators that compute (a tile function with a FLOP count),
+    # as the paper's Fig. 8 counts it; routing, selector and address maps allocate none
+    alloc = flops_per_cycle * sum(
+        1 for op in g.nodes if op.name in set(compute) and op.fn.spec.flops is not None
+    )
+    hbm = 1024
+    if regions is None:
+        strategy = "dynamic" if static_tile is None else f"static{static_tile}"
+    else:
+        strategy = f"regions{regions}" + ("" if static_tile is None else f"_static{static_tile}")
+    return Row(
+        figure,
+        model,
+        batch,
+        strategy,
+        trace,
+        int(sim.cycles),
+        int(sim.hbm_bytes),
+        int(at["onchip_bytes"]),
+        alloc,
+        int(sim.flops),
+        sim.flops / (sim.cycles * alloc),
+        sim.hbm_bytes / (sim.cycles * hbm),
+        len(sim.units),
+        round(time.perf_counter() - t0, 2),
+    )
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+# ---------------------------------------------------------------- figures
+
+
+def fig67(emit) -> tuple[list[Row], dict[str, float]]:
+    rows: list[Row] = []
+    speed, mem = [], []
+    for fig, batch, tiles in (("6", 64, (16, 64)), ("7", 1024, (256, 1024))):
+        for model in ("mixtral", "qwen3"):
+            dyn = emit(moe_case(fig, model, batch, static_tile=None, tile_f=64,
+                                flops_per_cycle=DYNAMIC_BW))
+            rows.append(dyn)
+            for t in tiles:
+                st = emit(moe_case(fig, model, batch, static_tile=t, tile_f=64,
+                                   flops_per_cycle=STATIC_BW))
+                rows.append(st)
+                speed.append(st.cycles / dyn.cycles)
+                mem.append(st.onchip_bytes / dyn.onchip_bytes)
+    ratios = {
+        "5.2 dynamic tiling speedup (geomean over static tiles)": geomean(speed),
+        "5.2 dynamic tiling on-chip memory saving (geomean)": geomean(mem),
+    }
+    return rows, ratios
+
+
+def fig89(emit) -> tuple[list[Row], dict[str, float]]:
+    rows: list[Row] = []
+    ratios: dict[str, float] = {}
+    for tile, label in ((None, "dynamic"),):
+        series = []
+        for r in (128, 64, 32, 16, 8, 4):
+            row = emit(moe_case("8/9", "qwen3", 64, static_tile=tile, tile_f=48,
+                                flops_per_cycle=REGION_BW, regions=r))
+            rows.append(row)
+            series.append(row)
+        base = series[0]
+        ok = [s for s in series if s.cycles <= base.cycles * 1.05]
+        best = max(ok, key=lambda s: s.compute_util)
+        ratios[f"5.3 time-multiplexing compute-utilisation gain, {label}"] = (
+            best.compute_util / base.compute_util
+        )
+        ratios[f"5.3 cycle overhead at that point, {label}"] = best.cycles / base.cycles - 1
+        ratios[f"5.3 regions at that point, {label}"] = float(best.strategy.split("regions")[1].split("_")[0])
+        for s in series[1:3]:
+            ratios[f"5.3 compute-utilisation gain at {s.strategy}, {label}"] = (
+                s.compute_util / base.compute_util
+            )
+    return rows, ratios
+
+
+FIGURES = {"6,7": fig67, "8,9": fig89}
+
+
+def _table(rows: list[Row]) -> str:
+    head = (f"{'fig':>4} {'model':>8} {'B':>5} {'strategy':>18} {'cycles':>11} {'offchip MB':>11} "
+            f"{'onchip MB':>10} {'FLOPs/cyc':>10} {'comp%':>6} {'bw%':>6} {'wall s':>7}")
+    out = [head]
+    for r in rows:
+        out.append(
+            f"{r.figure:>4} {r.model:>8} {r.batch:>5} {r.strategy:>18} {r.cycles:>11,} "
+            f"{r.offchip_bytes / 1e6:>11.1f} {r.onchip_bytes / 1e6:>10.2f} "
+            f"{r.alloc_flops_per_cycle:>10,} {100 * r.compute_util:>6.1f} "
+            f"{100 * r.offchip_bw_util:>6.1f} {r.wall_s:>7.1f}"
+        )
+    return "\n".join(out)
+
+
+NOTES = """\
+Notes on differences from the paper (modelling choices):
+- HBM: our HBM is 32 channels x 32 B/cycle with a fixed 160-cycle latency and 256 B
+  interleaving; the paper's simulator uses Ramulator 2.0 timing.  Memory-bound points (batch 64)
+  land on the 1024 B/cycle bound in both, so their ratios are insensitive to it.
+- On-chip memory is our §4.1 accounting: an off-chip load counts two tiles (double buffering),
+  the paper's artifact one; both count a Bufferize's rows and an accumulator's state.  Weight
+  tiles [D, 64] dominate at batch 64, which damps the on-chip ratios of small static tiles.
+- Compute bandwidth per operator follows the artifact (static 4096, dynamic 6400 FLOPs/cycle);
+  at batch 1024 the layer is compute-bound, so this choice is part of the paper's speedup
+  (Mixtral b1024: 1024/414 rows x 6400/4096 = 3.87x for tile 1024, as the paper's 3.8x).
+- Qwen3 b1024: static tile 256 beats dynamic tiling in ours (paper: dynamic best).  The
+  expert with 814 tokens needs ~400K cycles of compute per operator, but its weight stream
+  gets a 1/83 share of the HBM while every used expert loads (its units stall ~690K cycles on
+  input); static tiles re-read its weights and spread that wait.  An HBM arbitration that
+  favours the longest expert (or the paper's Ramulator FR-FCFS timing) would change this.
+- On-chip memory (Qwen3 b1024 tile 1024: 4.7x vs the paper's 8.1x): every load's two staging
+  tiles and the accumulators are the same in both strategies and dilute the ratio.
+- Time-multiplexing: in our simulation sharing regions costs nothing down to 8 regions (the
+  layer stays on the HBM bound), and 128 dedicated regions are slower than 16-64 shared ones:
+  ~180 weight loads in flight at once reach only ~77% of the HBM bandwidth in our HBM model
+  (channel interleaving of many concurrent streams).  The paper's cycles rise already below
+  ~64 regions, so its gain at <5% overhead is 2.5x where ours runs to the smallest region
+  count; the gains at 64 and 32 regions (2x and 4x less allocated compute) are printed too.
+"""
+
+
+def _plot(rows: list[Row], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fig in sorted({r.figure for r in rows if r.figure in ("6", "7")}):
+        sub = [r for r in rows if r.figure == fig]
+        f, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        for ax, model in zip(axes, ("mixtral", "qwen3")):
+            ms = [r for r in sub if r.model == model]
+            dyn = next(r for r in ms if r.strategy == "dynamic")
+            order = [r for r in ms if r.strategy != "dynamic"] + [dyn]
+            x = np.arange(3)
+            for j, r in enumerate(order):
+                vals = [r.cycles / dyn.cycles, r.offchip_bytes / dyn.offchip_bytes,
+                        r.onchip_bytes / dyn.onchip_bytes]
+                ax.bar(x + (j - 1) * 0.25, vals, 0.25, label=r.strategy)
+            ax.set_xticks(x, ["Cycles", "Off-chip\nTraffic", "On-chip\nMem."])
+            ax.set_yscale("log")
+            ax.set_title(model)
+        axes[0].set_ylabel("Normalized to dynamic (log)")
+        axes[0].legend()
+        p = out / f"fig{fig}.png"
+        f.savefig(p, dpi=100, bbox_inches="tight")
+        plt.close(f)
+        written.append(p)
+    tm = [r for r in rows if r.figure == "8/9"]
+    if tm:
+        f, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, tag in zip(axes, ("static32", "dynamic")):
+            ser = [r for r in tm if (tag in r.strategy) == (tag == "static32")]
+            lab = [r.strategy.split("_")[0].replace("regions", "") for r in ser]
+            ax.bar(lab, [100 * r.compute_util for r in ser], color="tab:blue")
+            ax2 = ax.twinx()
+            ax2.plot(lab, [r.cycles for r in ser], "o-", color="tab:red")
+            ax.set_title(tag)
+            ax.set_xlabel("parallel regions")
+            ax.set_ylabel("compute util. (%)")
+            ax2.set_ylabel("cycles")
+        p = out / "fig9.png"
+        f.savefig(p, dpi=100, bbox_inches="tight")
+        plt.close(f)
+        written.append(p)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--figures", default="6,7;8,9", help="';'-separated groups: 6,7 and 8,9")
+    ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
+    ap.add_argument("--png-dir", default="step_figures_out", help="where the PNGs go")
+    args = ap.parse_args(argv)
+
+    def emit(row: Row) -> Row:
+        if args.json:
+            print(json.dumps(asdict(row)), flush=True)
+        else:
+            print(f"  done fig {row.figure} {row.model} b{row.batch} {row.strategy}: "
+                  f"{row.cycles:,} cycles in {row.wall_s:.1f} s", flush=True)
+        return row
+
+    rows: list[Row] = []
+    ratios: dict[str, float] = {}
+    for group in args.figures.split(";"):
+        r, q = FIGURES[group.strip()](emit)
+        rows += r
+        ratios.update(q)
+    if args.json:
+        print(json.dumps({"ratios": ratios, "paper": PAPER}))
+        return 0
+    print(_table(rows))
+    print("\nratio                                                         ours    paper")
+    for k, v in ratios.items():
+        p = PAPER.get(k)
+        ps = f"{p:7.2f}" if p is not None else "      -"
+        print(f"{k:<60} {v:7.2f} {ps}")
+    print()
+    print(NOTES)
+    for p in _plot(rows, Path(args.png_dir)):
+        print("wrote", p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
