@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["UnknownNameError", "UnknownLayerError", "UnknownTraceError"]
+__all__ = ["UnknownNameError", "UnknownLayerError", "UnknownTraceError", "ModelConfigError"]
 
 
 class UnknownNameError(KeyError):
@@ -21,3 +21,7 @@ class UnknownLayerError(UnknownNameError):
 
 class UnknownTraceError(UnknownNameError):
     """A routing or KV-length trace name (or path) that does not exist."""
+
+
+class ModelConfigError(ValueError):
+    """A model config (``config.json``) that cannot be read or whose family is not raised."""

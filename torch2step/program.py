@@ -8,6 +8,8 @@ simulates it, for this input's routing and KV lengths.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -116,20 +118,27 @@ class Program:
         return self._variants[external]
 
     def _execute(
-        self, inputs: Sequence[Any], routing: Any = None
+        self, inputs: Sequence[Any], routing: Any = None, standins: bool = False
     ) -> tuple[Lowered, RunResult, tuple[torch.Tensor, ...], dict[str, Any]]:
         xs = self._check(inputs)
         meta = [n for n, t in self.layer.params.items() if t.is_meta]
-        if meta or any(x.is_meta for x in xs):
+        shapes_only = bool(meta) or any(x.is_meta for x in xs)
+        if shapes_only and not standins:
             what = f"parameters {', '.join(meta[:3])}" if meta else "inputs"
             raise Torch2StepError(
-                f"{self.layer.name}: the {what} are on the meta device (shapes only); build the "
-                "module with real weights (e.g. models.get_layer(..., device='cpu')) to run or "
-                "report it"
+                f"{self.layer.name}: the {what} are on the meta device (shapes only): run() "
+                "needs weights; build the module with real weights (e.g. "
+                "models.get_layer(..., device='cpu')) to run it (report() times it as it is)"
             )
         lw, overrides, dynamic = self.lowered, None, {}
         if routing is not None:
             lw, overrides = self._routing_variant(routing)
+        if shapes_only:  # timing from stand-in values (torch2step.layers.standins)
+            from torch2step.layers.standins import standin_inputs, standin_params
+
+            lw = copy.copy(lw)
+            lw.layer = dataclasses.replace(lw.layer, params=standin_params(lw.layer.params))
+            xs = standin_inputs(xs)
         tensors, env = lw.feed(xs, overrides)
         res = run(lw.program, tensors=tensors, env=env)
         dynamic.update(env)
@@ -175,7 +184,7 @@ class Program:
         trace for :meth:`write_trace`."""
         from torch2step.spatial import simulate_graph
 
-        lw, res, _, dynamic = self._execute(inputs, routing)
+        lw, res, _, dynamic = self._execute(inputs, routing, standins=True)
         t0 = time.perf_counter()
         sim = simulate_graph(lw.program, self.chip, res, trace=trace)
         sim_s = time.perf_counter() - t0

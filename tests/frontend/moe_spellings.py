@@ -60,11 +60,14 @@ class SpelledMoE(nn.Module):
         with torch.no_grad():
             self.router.weight.copy_(torch.randn(experts, HIDDEN, generator=gen) * 0.2)
         # the same numbers whatever the storage, so every spelling computes the same function
-        w_gate, w_up, w_down = rand(experts, INTER, HIDDEN), rand(experts, INTER, HIDDEN), rand(
-            experts, HIDDEN, INTER
+        w_gate, w_up, w_down = (
+            rand(experts, INTER, HIDDEN),
+            rand(experts, INTER, HIDDEN),
+            rand(experts, HIDDEN, INTER),
         )
         b_gate, b_up, b_down = rand(experts, INTER), rand(experts, INTER), rand(experts, HIDDEN)
         if s.modules:
+
             def lin(w: torch.Tensor, b: torch.Tensor) -> nn.Linear:
                 m = nn.Linear(w.shape[1], w.shape[0], bias=s.bias)
                 with torch.no_grad():
@@ -73,7 +76,11 @@ class SpelledMoE(nn.Module):
                         m.bias.copy_(b)
                 return m
 
-            self.gate = nn.ModuleList(lin(w_gate[e], b_gate[e]) for e in range(experts)) if s.gated else None
+            self.gate = (
+                nn.ModuleList(lin(w_gate[e], b_gate[e]) for e in range(experts))
+                if s.gated
+                else None
+            )
             self.up = nn.ModuleList(lin(w_up[e], b_up[e]) for e in range(experts))
             self.down = nn.ModuleList(lin(w_down[e], b_down[e]) for e in range(experts))
         else:

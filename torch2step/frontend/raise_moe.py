@@ -21,10 +21,9 @@ expert's token batch, §5.3 configuration time-multiplexing of experts).
 
 from __future__ import annotations
 
-import torch
 from torch import fx
 
-from torch2step.frontend.fx_pattern import Match, NoMatch, Pattern
+from torch2step.frontend.fx_pattern import Match, Pattern
 from torch2step.frontend.fx_view import ProgramView, op_name, raw_shape, strip, strip_casts
 from torch2step.frontend.raise_moe_body import (
     MoESpec,

@@ -189,19 +189,21 @@ def expert_body(view: ProgramView, y: fx.Node, proj: ProjFn) -> ExpertBody | Non
     )
 
 
-def describe_body(view: ProgramView, y: Any, stop: Any, limit: int = 12) -> str:
-    """The operators between an expert's input ``stop`` and its output ``y``, in graph order,
-    for an error naming what an unrecognised expert computes."""
+def describe_body(view: ProgramView, y: Any, region: set[fx.Node], limit: int = 12) -> str:
+    """The operators computing ``y`` within ``region`` (the nodes that depend on the expert's
+    tokens), in graph order, for an error naming what an unrecognised expert computes."""
     seen: set[fx.Node] = set()
     stack = [y]
-    while stack and len(seen) < 64:
+    while stack:
         n = stack.pop()
-        if not isinstance(n, fx.Node) or n in seen or n is stop or n.op != "call_function":
+        if not isinstance(n, fx.Node) or n in seen or n not in region or n.op != "call_function":
             continue
         seen.add(n)
         fx.node.map_arg((n.args, n.kwargs), stack.append)
+    skip = {"getitem", "_to_copy", "clone", "alias", "select", "slice", "squeeze", "unsqueeze",
+            "view", "_unsafe_view", "expand", "nonzero", "sym_size", "permute", "t"}  # fmt: skip
     names = [op_name(n) for n in sorted(seen, key=view.index.__getitem__)]
-    names = [n for n in names if n not in ("getitem", "_to_copy", "clone", "alias")]
+    names = [n for n in names if n not in skip]
     more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
 

@@ -212,7 +212,7 @@ def _match_loop(view: ProgramView, node: fx.Node) -> Match | None:
     experts: dict[int, object] = {}
     found: set[tuple[fx.Node, fx.Node, fx.Node]] = set()
     from_ids: set[fx.Node] | None = None
-    for tok, contrib in steps:
+    for tok, contrib in reversed(steps):  # in the loop's order
         nz = _nonzero_of(tok)
         ie = _expert_of(nz) if nz is not None else None
         if ie is None:
@@ -241,10 +241,9 @@ def _match_loop(view: ProgramView, node: fx.Node) -> Match | None:
             found.add((g[0], w, ids))
             break
         else:
-            y = c.args[0] if view.rank(c.args[0]) == 2 else c.args[1]
             raise NoMatch(
                 f"{_EXPERT_FORMS}, applied to gathered token rows and scaled by the routing "
-                f"weight; expert {e} computes {describe_body(view, y, None)}"
+                f"weight; expert {e} computes {describe_body(view, c, _descendants(nz))}"
             )
     if len(found) != 1:
         raise NoMatch("the experts read different tokens, routing weights or expert ids")

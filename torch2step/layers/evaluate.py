@@ -110,7 +110,9 @@ def _moe(op: L.MoEExperts, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...
         if tok.numel() == 0:
             continue
         xs = h[tok]
-        mid = act(proj("gate", ex, xs)) * proj("up", ex, xs) if op.gated else act(proj("up", ex, xs))
+        mid = (
+            act(proj("gate", ex, xs)) * proj("up", ex, xs) if op.gated else act(proj("up", ex, xs))
+        )
         y = proj("down", ex, mid)
         out.index_add_(0, tok, y * w[tok, slot, None].to(y.dtype))
     return (out,)

@@ -236,7 +236,11 @@ class MoEExperts(LayerOp):
     def roles(self) -> tuple[str, ...]:
         """The names of the inputs, in order."""
         w = ("w_gate", "w_up", "w_down") if self.gated else ("w_up", "w_down")
-        b = (("b_gate", "b_up", "b_down") if self.gated else ("b_up", "b_down")) if self.bias else ()
+        b = (
+            (("b_gate", "b_up", "b_down") if self.gated else ("b_up", "b_down"))
+            if self.bias
+            else ()
+        )
         return ("x", "weights", "experts", *w, *b)
 
     def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:

@@ -1,0 +1,191 @@
+"""Whole HuggingFace decoder layers as tensor-in / tensor-out decode steps, built from a config
+object or a ``config.json`` file alone, with weights or on the ``meta`` device (shapes only).
+
+A :class:`DecoderStep` wraps one ``*DecoderLayer`` (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE)::
+
+    (x [B, 1, H], past_k [B, Hkv, P, D], past_v [B, Hkv, P, D]) -> (out, new_k, new_v)
+
+with the layer's own norms, attention, rotary embedding (positions ``P``, the cache length) and
+MLP or MoE block; the cache update is ``cat([past, new], -2)`` (what ``DynamicCache.update``
+does).  MoE experts run HF's ``batched_mm`` implementation (``eager`` stops ``torch.export``).
+
+:func:`hf_config` reads a config (a ``config.json`` path, a dict or a config object);
+:func:`decoder_step` builds the step, tiny or at full size, on any device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.errors import ModelConfigError
+from models.hf import _transformers, cache_keyword
+
+__all__ = [
+    "DECODER_LAYERS",
+    "DecoderStep",
+    "hf_config",
+    "decoder_step",
+    "decode_inputs",
+    "tiny_config",
+]
+
+#: ``model_type`` -> the decoder layer class raised whole.
+DECODER_LAYERS: dict[str, str] = {
+    "llama": "LlamaDecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "olmoe": "OlmoeDecoderLayer",
+}
+
+
+def hf_config(config: Any) -> Any:
+    """A transformers config from a ``config.json`` path, a dict or a config object; MoE
+    experts set to ``batched_mm`` and attention to ``sdpa``."""
+    tf = _transformers()
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelConfigError(f"cannot read the HF config {path}: {exc}") from None
+    if isinstance(config, dict):
+        kind = config.get("model_type")
+        if kind not in DECODER_LAYERS:
+            raise ModelConfigError(
+                f"model_type {kind!r} is not a raised decoder family; supported: "
+                f"{', '.join(sorted(DECODER_LAYERS))}"
+            )
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+        config = tf.AutoConfig.for_model(kind, **fields)
+    kind = getattr(config, "model_type", None)
+    if kind not in DECODER_LAYERS:
+        raise ModelConfigError(
+            f"model_type {kind!r} is not a raised decoder family; supported: "
+            f"{', '.join(sorted(DECODER_LAYERS))}"
+        )
+    config._attn_implementation = "sdpa"
+    if hasattr(config, "_experts_implementation"):
+        config._experts_implementation = "batched_mm"
+    return config
+
+
+def tiny_config(model_type: str, **overrides: Any) -> Any:
+    """A small config of ``model_type`` (hidden 64, 4 query / 2 KV heads of 16, 4 experts)."""
+    base: dict[str, Any] = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 2,
+        "vocab_size": 128,
+        "rms_norm_eps": 1e-6,
+    }
+    if model_type in ("qwen3_moe", "mixtral", "olmoe"):
+        experts = {"mixtral": "num_local_experts"}.get(model_type, "num_experts")
+        base.update({experts: 4, "num_experts_per_tok": 2})
+        if model_type == "qwen3_moe":
+            base.update(moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1)
+    base.update(overrides)
+    return hf_config(base)
+
+
+def _layer_class(config: Any) -> type[nn.Module]:
+    kind = config.model_type
+    mod = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    return getattr(mod, DECODER_LAYERS[kind])
+
+
+def _rotary_class(config: Any) -> type[nn.Module]:
+    kind = config.model_type
+    mod = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    name = next(n for n in dir(mod) if n.endswith("RotaryEmbedding") and not n.startswith("_"))
+    return getattr(mod, name)
+
+
+class _TensorCache:
+    """What an HF attention calls on its cache: ``update`` concatenates past and new."""
+
+    def __init__(self, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
+        self.past_k, self.past_v = past_k, past_v
+        self.k = self.v = past_k
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self.k = torch.cat([self.past_k, k], dim=-2)
+        self.v = torch.cat([self.past_v, v], dim=-2)
+        return self.k, self.v
+
+
+class DecoderStep(nn.Module):
+    """One decode step of an HF decoder layer, tensors in and out (see the module docstring)."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+
+    def forward(
+        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, past = x.shape[0], past_k.shape[2]
+        positions = torch.full((b, 1), past, dtype=torch.long, device=x.device)
+        cos, sin = self.rotary(x, positions)
+        cache = _TensorCache(past_k, past_v)
+        out = self.layer(
+            x, position_embeddings=(cos, sin), attention_mask=None,
+            **{cache_keyword(self.layer.self_attn): cache},
+        )  # fmt: skip
+        if isinstance(out, tuple):  # older transformers return (hidden_states, ...)
+            out = out[0]
+        return out, cache.k, cache.v
+
+
+def decoder_step(
+    config: Any, *, device: str | torch.device = "meta", seed: int | None = 0
+) -> DecoderStep:
+    """A :class:`DecoderStep` of layer 0 of ``config`` (see :func:`hf_config`) on ``device``;
+    on a real device every parameter is drawn from ``seed`` (HF leaves experts uninitialised
+    and some routers at zeros).  ``meta`` builds shapes only: no memory, no initialisation."""
+    cfg = hf_config(config)
+    device = torch.device(device)
+    with device:
+        layer = _layer_class(cfg)(cfg, 0)
+        rotary = _rotary_class(cfg)(cfg)
+    step = DecoderStep(layer, rotary).eval()
+    if device.type != "meta" and seed is not None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in sorted(layer.named_parameters()):
+                if name.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+    return step
+
+
+def decode_inputs(
+    config: Any, batch: int, past: int, *, seed: int = 0, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ``(x, past_k, past_v)`` for a :class:`DecoderStep` of ``config``."""
+    cfg = hf_config(config)
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, cfg.num_key_value_heads, past, d)
+    if device == "meta":
+        x = torch.empty(batch, 1, cfg.hidden_size, device="meta")
+        return x, torch.empty(shape, device="meta"), torch.empty(shape, device="meta")
+    return (
+        torch.randn(batch, 1, cfg.hidden_size, generator=gen),
+        torch.randn(shape, generator=gen),
+        torch.randn(shape, generator=gen),
+    )
