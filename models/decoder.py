@@ -3,10 +3,13 @@ object or a ``config.json`` file alone, with weights or on the ``meta`` device (
 
 A :class:`DecoderStep` wraps one ``*DecoderLayer`` (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE)::
 
-    (x [B, 1, H], past_k [B, Hkv, P, D], past_v [B, Hkv, P, D]) -> (out, new_k, new_v)
+    (x [B, 1, H], past_k [B, Hkv, P, D], past_v [B, Hkv, P, D][, kv_lengths [B]])
+        -> (out, new_k, new_v)
 
 with the layer's own norms, attention, rotary embedding (positions ``P``, the cache length) and
-MLP or MoE block; the cache update is ``cat([past, new], -2)`` (what ``DynamicCache.update``
+MLP or MoE block.  With ``kv_lengths`` the caches are ragged (request ``b`` holds
+``kv_lengths[b]`` rows, right-padded to ``P``): its new token sits at position
+``kv_lengths[b]`` and sees its cached rows and itself.  The cache update is ``cat([past, new], -2)`` (what ``DynamicCache.update``
 does).  MoE experts run HF's ``batched_mm`` implementation (``eager`` stops ``torch.export``).
 
 :func:`hf_config` reads a config (a ``config.json`` path, a dict or a config object);
@@ -34,6 +37,7 @@ __all__ = [
     "decoder_step",
     "decode_inputs",
     "tiny_config",
+    "standin_config",
 ]
 
 #: ``model_type`` -> the decoder layer class raised whole.
@@ -101,6 +105,34 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
     return hf_config(base)
 
 
+def _field(cfg: Any, *names: str) -> Any:
+    return next((getattr(cfg, n) for n in names if getattr(cfg, n, None) is not None), None)
+
+
+def standin_config(config: Any) -> Any:
+    """A small config of the same structure as ``config``: hidden 64, head dim 16, query
+    heads 4 with the same grouping kind (MHA / GQA / MQA), at most 8 experts, the same top-k,
+    routing normalisation, norms, activation and RoPE base."""
+    cfg = hf_config(config)
+    d = cfg.to_dict()
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    kv = 4 if hkv == hq else (1 if hkv == 1 else 2)
+    d.update(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=kv, head_dim=16,
+        intermediate_size=96, num_hidden_layers=1, vocab_size=128,
+    )  # fmt: skip
+    for key in ("num_local_experts", "num_experts"):
+        if d.get(key):
+            d[key] = max(min(d[key], 8), (_field(cfg, "num_experts_per_tok") or 1) + 1)
+    if d.get("moe_intermediate_size"):
+        d["moe_intermediate_size"] = 32
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        d.pop(key, None)
+    d.pop("layer_types", None)
+    d.pop("max_window_layers", None)
+    return hf_config(d)
+
+
 def _layer_class(config: Any) -> type[nn.Module]:
     kind = config.model_type
     mod = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
@@ -135,14 +167,24 @@ class DecoderStep(nn.Module):
         self.layer, self.rotary = layer, rotary
 
     def forward(
-        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
+        self,
+        x: torch.Tensor,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+        kv_lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, past = x.shape[0], past_k.shape[2]
-        positions = torch.full((b, 1), past, dtype=torch.long, device=x.device)
+        mask = None
+        if kv_lengths is None:
+            positions = torch.full((b, 1), past, dtype=torch.long, device=x.device)
+        else:  # ragged caches right-padded to P: request b holds kv_lengths[b] rows
+            positions = kv_lengths[:, None]
+            j = torch.arange(past + 1, device=x.device)
+            mask = ((j[None, :] < kv_lengths[:, None]) | (j[None, :] == past))[:, None, None, :]
         cos, sin = self.rotary(x, positions)
         cache = _TensorCache(past_k, past_v)
         out = self.layer(
-            x, position_embeddings=(cos, sin), attention_mask=None,
+            x, position_embeddings=(cos, sin), attention_mask=mask,
             **{cache_keyword(self.layer.self_attn): cache},
         )  # fmt: skip
         if isinstance(out, tuple):  # older transformers return (hidden_states, ...)
@@ -174,9 +216,23 @@ def decoder_step(
 
 
 def decode_inputs(
-    config: Any, batch: int, past: int, *, seed: int = 0, device: str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random ``(x, past_k, past_v)`` for a :class:`DecoderStep` of ``config``."""
+    config: Any,
+    batch: int,
+    past: int,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    kv_lengths: Any = None,
+) -> tuple[torch.Tensor, ...]:
+    """Random ``(x, past_k, past_v)`` for a :class:`DecoderStep` of ``config``, and
+    ``kv_lengths`` (int64, each in ``[0, past]``) appended when given."""
+    if kv_lengths is not None:
+        lens = torch.as_tensor(kv_lengths, dtype=torch.int64)
+        if lens.shape != (batch,) or int(lens.min()) < 0 or int(lens.max()) > past:
+            raise ModelConfigError(
+                f"kv_lengths must be {batch} lengths in [0, {past}]; got {lens.tolist()}"
+            )
+        return (*decode_inputs(config, batch, past, seed=seed, device=device), lens.to(device))
     cfg = hf_config(config)
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     gen = torch.Generator().manual_seed(seed)

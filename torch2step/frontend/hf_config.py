@@ -16,37 +16,17 @@ from typing import Any
 from torch2step.errors import FrontendError
 from torch2step.layers.graph import LayerGraph
 
-__all__ = ["from_hf_config", "standin_config", "same_structure"]
+__all__ = ["compile_config", "from_hf_config", "same_structure"]
 
 
-def _field(cfg: Any, *names: str) -> Any:
-    return next((getattr(cfg, n) for n in names if getattr(cfg, n, None) is not None), None)
-
-
-def standin_config(config: Any) -> Any:
-    """A small config of the same structure as ``config``: hidden 64, head dim 16, query
-    heads 4 with the same grouping kind (MHA / GQA / MQA), at most 8 experts, the same top-k,
-    routing normalisation, norms, activation and RoPE base."""
+def _config(config: Any) -> Any:
     from models.decoder import hf_config
+    from models.errors import ModelConfigError
 
-    cfg = hf_config(config)
-    d = cfg.to_dict()
-    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    kv = 4 if hkv == hq else (1 if hkv == 1 else 2)
-    d.update(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=kv, head_dim=16,
-        intermediate_size=96, num_hidden_layers=1, vocab_size=128,
-    )  # fmt: skip
-    for key in ("num_local_experts", "num_experts"):
-        if d.get(key):
-            d[key] = max(min(d[key], 8), (_field(cfg, "num_experts_per_tok") or 1) + 1)
-    if d.get("moe_intermediate_size"):
-        d["moe_intermediate_size"] = 32
-    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
-        d.pop(key, None)
-    d.pop("layer_types", None)
-    d.pop("max_window_layers", None)
-    return hf_config(d)
+    try:
+        return hf_config(config)
+    except ModelConfigError as exc:
+        raise FrontendError(str(exc)) from None
 
 
 def same_structure(full: LayerGraph, small: LayerGraph) -> str | None:
@@ -70,10 +50,10 @@ def from_hf_config(
 
     ``batch``/``past`` only size the example (both stay dynamic in the graph); ``check``
     raises a small random stand-in first (see the module docstring)."""
-    from models.decoder import decode_inputs, decoder_step, hf_config
+    from models.decoder import decode_inputs, decoder_step, standin_config
     from torch2step.frontend.torch_import import from_torch
 
-    cfg = hf_config(config)
+    cfg = _config(config)
     label = name or f"{cfg.model_type}_decoder"
     small = None
     if check:
@@ -89,5 +69,65 @@ def from_hf_config(
                 f"{label}: the full-size {type(step.layer).__name__} does not raise like its "
                 f"small stand-in ({why}); the checks that need numbers cannot vouch for it. "
                 "Compile the module with real weights instead."
+            )
+    return graph
+
+
+def compile_config(
+    config: Any,
+    *,
+    batch: int = 64,
+    past: int | None = None,
+    kv_lengths: Any = None,
+    chip: Any = "step-sda",
+    check: bool = True,
+    **options: Any,
+) -> Any:
+    """Compile layer 0 of a HuggingFace config (``config.json`` path, dict or config object)
+    as a decode step at full size with no weights; returns a
+    :class:`~torch2step.program.Program` whose example inputs are shapes only.
+
+    ``report()`` times it (stand-in values for the weights, see
+    :mod:`torch2step.layers.standins`); ``run()`` says it needs weights.  ``kv_lengths``
+    (``batch`` lengths) makes the caches ragged (``past`` defaults to their maximum, else
+    1024); ``options`` are compile options as for :func:`torch2step.compile`."""
+    import numpy as np
+    import torch
+
+    from models.decoder import decode_inputs
+    from torch2step.api import compile as compile_graph
+
+    cfg = _config(config)
+    lens = None if kv_lengths is None else np.asarray(kv_lengths, dtype=np.int64).reshape(-1)
+    if lens is not None and len(lens) != batch:
+        raise FrontendError(f"kv_lengths holds {len(lens)} requests but batch is {batch}")
+    p = past if past is not None else (int(lens.max()) if lens is not None else 1024)
+    inputs = decode_inputs(cfg, batch, p, device="meta")
+    if lens is None:
+        graph = from_hf_config(cfg, check=check)
+    else:
+        graph = _with_kv_lengths(cfg, f"{cfg.model_type}_decoder", check)
+        inputs = (*inputs, torch.as_tensor(lens))
+    return compile_graph(graph, inputs, chip=chip, **options)
+
+
+def _with_kv_lengths(cfg: Any, name: str, check: bool) -> LayerGraph:
+    """The decode step raised with a ``kv_lengths`` input (ragged caches)."""
+    import torch
+
+    from models.decoder import decode_inputs, decoder_step, standin_config
+    from torch2step.frontend.torch_import import from_torch
+
+    def raise_(c: Any, device: str) -> LayerGraph:
+        ins = decode_inputs(c, 3, 8, device=device)
+        lens = torch.tensor([1, 8, 5])
+        return from_torch(decoder_step(c, device=device), (*ins, lens), name=name)
+
+    graph = raise_(cfg, "meta")
+    if check:
+        why = same_structure(graph, raise_(standin_config(cfg), "cpu"))
+        if why is not None:
+            raise FrontendError(
+                f"{name}: the full-size layer does not raise like its stand-in ({why})"
             )
     return graph
