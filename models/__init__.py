@@ -24,7 +24,7 @@ from models.configs import (
 from models.errors import UnknownLayerError, UnknownNameError, UnknownTraceError
 from models.init import attention_weights, moe_weights
 from models.moe import MOE_IMPLS, MoEBlock
-from models.registry import HF_MOE_IMPLS, LAYERS, LayerEntry, LayerSpec, get_layer
+from models.registry import HF_CONFIGS, HF_MOE_IMPLS, LAYERS, LayerEntry, LayerSpec, get_layer
 
 __all__ = [
     "traces",
@@ -46,6 +46,7 @@ __all__ = [
     "LayerEntry",
     "LayerSpec",
     "get_layer",
+    "HF_CONFIGS",
     "HF_MOE_IMPLS",
     "UnknownNameError",
     "UnknownLayerError",
