@@ -173,14 +173,22 @@ class DecoderStep(nn.Module):
         past_v: torch.Tensor,
         kv_lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, past = x.shape[0], past_k.shape[2]
+        b, t, past = x.shape[0], x.shape[1], past_k.shape[2]
         mask = None
+        if t > 1:  # prefill: causal over the new tokens, after the whole cache
+            i = torch.arange(t, device=x.device)[:, None]
+            j = torch.arange(past + t, device=x.device)[None, :]
+            causal = j <= past + i  # [T, P + T]
         if kv_lengths is None:
-            positions = torch.full((b, 1), past, dtype=torch.long, device=x.device)
+            positions = (torch.arange(t, device=x.device) + past).expand(b, t)
+            if t > 1:
+                mask = causal[None, None]
         else:  # ragged caches right-padded to P: request b holds kv_lengths[b] rows
-            positions = kv_lengths[:, None]
-            j = torch.arange(past + 1, device=x.device)
-            mask = ((j[None, :] < kv_lengths[:, None]) | (j[None, :] == past))[:, None, None, :]
+            positions = kv_lengths[:, None] + torch.arange(t, device=x.device)
+            j = torch.arange(past + t, device=x.device)
+            new = (j >= past)[None, :] if t == 1 else causal[None] & (j >= past)
+            cached = (j[None, :] < kv_lengths[:, None])[:, None, :]  # [B, 1, P + T]
+            mask = (cached | new)[:, None] if t > 1 else (cached[:, 0] | new)[:, None, None, :]
         cos, sin = self.rotary(x, positions)
         cache = _TensorCache(past_k, past_v)
         out = self.layer(

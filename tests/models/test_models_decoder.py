@@ -103,3 +103,31 @@ def test_cli_reports_a_config_file(tmp_path, capsys) -> None:
     path.write_text(json.dumps(cfg))
     assert main(["report", "--hf-config", str(path), "--batch", "2", "--quiet"]) == 0
     assert "latency" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_prefill_raises_to_causal_attention(ragged: bool) -> None:
+    """A prompt chunk of T tokens after the cache: one graph for every T >= 2; its STeP
+    lowering (attention with several query tokens) is not written yet and says so."""
+    from torch2step.frontend import from_torch
+    from torch2step.layers import evaluate
+
+    cfg = tiny_config("qwen3_moe")
+    step = decoder_step(cfg, device="cpu", seed=4)
+
+    def inputs(b: int, t: int, p: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(b * 100 + t)
+        x = torch.randn(b, t, cfg.hidden_size, generator=gen)
+        lens = torch.randint(0, p + 1, (b,), generator=gen) if ragged else None
+        return (x, *decode_inputs(cfg, b, p, seed=t, kv_lengths=lens)[1:])
+
+    graph = from_torch(step, inputs(3, 7, 5))
+    (att,) = graph.ops(Attention)
+    assert att.op.causal
+    for b, t, p in ((2, 7, 9), (3, 64, 4), (2, 2, 1)):
+        ins = inputs(b, t, p)
+        with torch.no_grad():
+            want = step(*ins)
+        _close(evaluate(graph, *ins), want)
+    with pytest.raises(torch2step.LoweringError, match="cannot be lowered"):
+        torch2step.compile(graph, inputs(3, 7, 5))
