@@ -38,6 +38,10 @@ __all__ = [
     "decode_inputs",
     "tiny_config",
     "standin_config",
+    "ModelStep",
+    "model_step",
+    "model_inputs",
+    "model_dynamic_shapes",
 ]
 
 #: ``model_type`` -> the decoder layer class raised whole.
@@ -253,3 +257,94 @@ def decode_inputs(
         torch.randn(shape, generator=gen),
         torch.randn(shape, generator=gen),
     )
+
+
+def _model_class(config: Any, causal_lm: bool) -> type[nn.Module]:
+    kind = config.model_type
+    mod = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    layer = DECODER_LAYERS[kind].removesuffix("DecoderLayer")
+    return getattr(mod, f"{layer}ForCausalLM" if causal_lm else f"{layer}Model")
+
+
+class ModelStep(nn.Module):
+    """One decode step of an HF ``*Model`` / ``*ForCausalLM`` of ``N`` layers, tensors in and
+    out::
+
+        (ids [B, 1], past_k [N, B, Hkv, P, D], past_v [N, B, Hkv, P, D])
+            -> (logits [B, 1, V] or hidden [B, 1, H], new_k_0, new_v_0, ..., new_k_N-1, new_v_N-1)
+
+    the model's own embedding, layers (each with its cache ``past_k[l]``), final norm, rotary
+    embedding and, for ``*ForCausalLM``, LM head (``lm_head=False`` excludes it)."""
+
+    def __init__(self, model: nn.Module, lm_head: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.use_head = lm_head and hasattr(model, "lm_head")
+
+    def forward(self, ids: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor) -> Any:
+        base = self.model.model if hasattr(self.model, "lm_head") else self.model
+        b, past = ids.shape[0], past_k.shape[3]
+        h = base.embed_tokens(ids)
+        positions = torch.full((b, 1), past, dtype=torch.long, device=ids.device)
+        cos, sin = base.rotary_emb(h, positions)
+        caches = []
+        for i, layer in enumerate(base.layers):
+            cache = _TensorCache(past_k[i], past_v[i])
+            out = layer(
+                h, position_embeddings=(cos, sin), attention_mask=None,
+                **{cache_keyword(layer.self_attn): cache},
+            )  # fmt: skip
+            h = out[0] if isinstance(out, tuple) else out
+            caches += [cache.k, cache.v]
+        h = base.norm(h)
+        return (self.model.lm_head(h) if self.use_head else h, *caches)
+
+
+def model_step(
+    config: Any,
+    *,
+    layers: int | None = None,
+    causal_lm: bool = True,
+    lm_head: bool = True,
+    device: str | torch.device = "meta",
+    seed: int | None = 0,
+) -> ModelStep:
+    """A :class:`ModelStep` of ``config``'s ``*ForCausalLM`` (or ``*Model``) with ``layers``
+    layers (default: the config's), seeded like :func:`decoder_step` on a real device."""
+    cfg = hf_config(config)
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+    device = torch.device(device)
+    with device:
+        model = _model_class(cfg, causal_lm)(cfg)
+    step = ModelStep(model, lm_head).eval()
+    if device.type != "meta" and seed is not None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters()):
+                if name.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+    return step
+
+
+def model_inputs(
+    config: Any, batch: int, past: int, *, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ``(ids, past_k, past_v)`` for a :class:`ModelStep` of ``config``."""
+    cfg = hf_config(config)
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    gen = torch.Generator().manual_seed(seed)
+    shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, past, d)
+    ids = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen)
+    return ids, torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+
+
+def model_dynamic_shapes() -> tuple[dict[int, Any], ...]:
+    """``dynamic_shapes`` of a :class:`ModelStep`: batch ``B`` and KV length ``L`` (the layer
+    axis of the stacked caches stays static)."""
+    from torch.export import Dim
+
+    b, p = Dim("B"), Dim("L")
+    return ({0: b}, {1: b, 3: p}, {1: b, 3: p})

@@ -131,3 +131,21 @@ def test_prefill_raises_to_causal_attention(ragged: bool) -> None:
         _close(evaluate(graph, *ins), want)
     with pytest.raises(torch2step.LoweringError, match="cannot be lowered"):
         torch2step.compile(graph, inputs(3, 7, 5))
+
+
+def test_two_layer_causal_lm_decode_step() -> None:
+    """A 2-layer ``Qwen3MoeForCausalLM`` decode step (embedding, layers, norm, LM head)."""
+    from models.decoder import model_dynamic_shapes, model_inputs, model_step
+
+    cfg = tiny_config("qwen3_moe", num_hidden_layers=2)
+    step = model_step(cfg, device="cpu", seed=5)
+    prog = torch2step.compile(
+        step, model_inputs(cfg, 3, 5), chip="step-sda", dynamic_shapes=model_dynamic_shapes()
+    )
+    assert len(list(prog.layer.ops(MoEExperts))) == len(list(prog.layer.ops(Attention))) == 2
+    assert prog.layer.types[prog.layer.outputs[0]].shape[-1] == cfg.vocab_size
+    for b, p in ((2, 9), (4, 1)):
+        ins = model_inputs(cfg, b, p, seed=b)
+        with torch.no_grad():
+            want = step(*ins)
+        _close(prog.run(*ins), want)
