@@ -6,11 +6,22 @@ capture (``torch.export``), raise (layer graph), lower (STeP program), the funct
 the reference interpreter and the spatial simulation of ``Program.report``.
 
     python benchmarks/compile_time.py [--tiny] [--batch 64]
+
+With ``--hf-configs`` (names of ``models/hf_configs/*.json``) it times the config-only path
+instead: a full-size decoder layer built on the ``meta`` device (no weights), each config in its
+own process so that its peak memory (``ru_maxrss``) is its own: raising the small random
+stand-in (the checks that run numbers), capture and raise at full size, lower, and the report
+(simulated on stand-in values, :mod:`torch2step.layers.standins`).
+
+    python benchmarks/compile_time.py --hf-configs llama-3-8b,mixtral-8x7b --batch 64
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import subprocess
+import sys
 import time
 
 import torch
@@ -22,13 +33,62 @@ from torch2step.lower import lower
 from torch2step.program import Program
 
 
+def config_only(name: str, batch: int, past: int) -> None:
+    """One line of the config-only table (run in its own process)."""
+    import torch2step
+    from models.decoder import decode_inputs, decoder_step, hf_config, standin_config
+    from torch2step.frontend import from_torch
+    from torch2step.frontend.hf_config import same_structure
+
+    cfg = hf_config(models.HF_CONFIGS / f"{name}.json")
+    t0 = time.perf_counter()
+    tiny = standin_config(cfg)
+    small = from_torch(decoder_step(tiny, device="cpu"), decode_inputs(tiny, 2, 4))
+    t1 = time.perf_counter()
+    step = decoder_step(cfg, device="meta")
+    ins = decode_inputs(cfg, 2, 8, device="meta")
+    ep = capture(step, ins)
+    t2 = time.perf_counter()
+    g = from_exported(ep, step, ins)
+    assert same_structure(g, small) is None, same_structure(g, small)
+    t3 = time.perf_counter()
+    prog = torch2step.compile(g, decode_inputs(cfg, batch, past, device="meta"), chip="step-sda")
+    t4 = time.perf_counter()
+    peak_compile = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rep = prog.report()
+    t5 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    params = sum(t.numel() for t in step.parameters()) / 1e9
+    print(
+        f"{name:<16} {params:6.2f}B {t1 - t0:8.2f} {t2 - t1:8.2f} {t3 - t2:7.2f} {t4 - t3:7.2f} "
+        f"{t5 - t4:8.2f} {peak_compile:7.0f} MB {peak:7.0f} MB {rep.latency_cycles:14,}",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the small test configurations")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--past", type=int, default=1024, help="KV rows per request (config-only)")
     ap.add_argument("--layers", default="mixtral-moe,qwen3-moe,qwen3-gqa")
+    ap.add_argument("--hf-configs", default=None, help="e.g. llama-3-8b,mixtral-8x7b")
+    ap.add_argument("--one-config", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.one_config:
+        config_only(args.one_config, args.batch, args.past)
+        return
+    if args.hf_configs:
+        print(
+            f"{'config':<16} {'params':>7} {'stand-in':>8} {'capture':>8} {'raise':>7} "
+            f"{'lower':>7} {'report':>8} {'peak compile':>12} {'peak all':>10} {'cycles':>14}",
+            flush=True,
+        )
+        for name in args.hf_configs.split(","):
+            cmd = [sys.executable, __file__, "--one-config", name, "--batch", str(args.batch)]
+            subprocess.run([*cmd, "--past", str(args.past)], check=True)
+        return
     chip = load_chip("step-sda")
     print(
         f"{'layer':<12} {'capture':>8} {'raise':>7} {'lower':>7} {'run':>7} {'simulate':>9} {'cycles':>12}"

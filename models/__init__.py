@@ -29,7 +29,7 @@ from models.errors import (
 )
 from models.init import attention_weights, moe_weights
 from models.moe import MOE_IMPLS, MoEBlock
-from models.registry import HF_MOE_IMPLS, LAYERS, LayerEntry, LayerSpec, get_layer
+from models.registry import HF_CONFIGS, HF_MOE_IMPLS, LAYERS, LayerEntry, LayerSpec, get_layer
 
 __all__ = [
     "traces",
@@ -51,6 +51,7 @@ __all__ = [
     "LayerEntry",
     "LayerSpec",
     "get_layer",
+    "HF_CONFIGS",
     "HF_MOE_IMPLS",
     "UnknownNameError",
     "UnknownLayerError",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["UnknownNameError", "UnknownLayerError", "UnknownTraceError", "TraceFormatError"]
+__all__ = [
+    "UnknownNameError",
+    "UnknownLayerError",
+    "UnknownTraceError",
+    "TraceFormatError",
+    "ModelConfigError",
+]
 
 
 class UnknownNameError(KeyError):
@@ -26,3 +32,7 @@ class UnknownTraceError(UnknownNameError):
 class TraceFormatError(ValueError):
     """A trace file that exists but does not hold what its kind needs (shape, integer dtype,
     value range); the message names the file, what it holds and what was expected."""
+
+
+class ModelConfigError(ValueError):
+    """A model config (``config.json``) that cannot be read or whose family is not raised."""

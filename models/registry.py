@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -30,7 +31,7 @@ from models.configs import (
 from models.errors import UnknownLayerError
 from models.moe import MOE_IMPLS, MoEBlock
 
-__all__ = ["LayerEntry", "LayerSpec", "LAYERS", "get_layer", "HF_MOE_IMPLS"]
+__all__ = ["LayerEntry", "LayerSpec", "LAYERS", "get_layer", "HF_MOE_IMPLS", "HF_CONFIGS"]
 
 # Real HF blocks offered through the registry for MoE layers (impl "hf_<experts_implementation>").
 HF_MOE_IMPLS: tuple[str, ...] = ("hf_eager", "hf_batched_mm", "hf_grouped_mm")
@@ -42,8 +43,8 @@ class LayerEntry:
     """A registered layer: its kind, full-size config, spellings and default sizes."""
 
     name: str
-    kind: Literal["moe", "attention"]
-    config: MoEConfig | AttentionConfig
+    kind: Literal["moe", "attention", "decoder"]
+    config: MoEConfig | AttentionConfig | str  # a decoder's config.json under models/hf_configs
     impls: tuple[str, ...]
     default_impl: str
     description: str
@@ -112,7 +113,42 @@ LAYERS: dict[str, LayerEntry] = {
         "sdpa",
         "Llama-3-8B GQA decode step: 32 q heads, 8 KV heads, head_dim 128",
     ),
+    "llama-decoder": LayerEntry(
+        "llama-decoder",
+        "decoder",
+        "llama-3-8b.json",
+        ("hf",),
+        "hf",
+        "Llama-3-8B decoder layer (HF LlamaDecoderLayer): RMSNorm, GQA 32/8 heads, SwiGLU MLP",
+    ),
+    "qwen3-decoder": LayerEntry(
+        "qwen3-decoder",
+        "decoder",
+        "qwen3-8b.json",
+        ("hf",),
+        "hf",
+        "Qwen3-8B decoder layer (HF Qwen3DecoderLayer): GQA 32/8 heads with q/k RMSNorm, SwiGLU",
+    ),
+    "mixtral-decoder": LayerEntry(
+        "mixtral-decoder",
+        "decoder",
+        "mixtral-8x7b.json",
+        ("hf",),
+        "hf",
+        "Mixtral-8x7B decoder layer (HF MixtralDecoderLayer): GQA 32/8 heads, 8 experts top-2",
+    ),
+    "qwen3-moe-decoder": LayerEntry(
+        "qwen3-moe-decoder",
+        "decoder",
+        "qwen3-30b-a3b.json",
+        ("hf",),
+        "hf",
+        "Qwen3-30B-A3B decoder layer (HF Qwen3MoeDecoderLayer): GQA 32/4, 128 experts top-8",
+    ),
 }
+
+#: Where the decoder entries' ``config.json`` files live.
+HF_CONFIGS = Path(__file__).parent / "hf_configs"
 
 
 def _dim(name: str, size: int) -> Any:
@@ -166,6 +202,9 @@ def get_layer(
             f"layer {name!r} has no impl {impl!r}; choose one of {', '.join(entry.impls)}"
         )
     device = torch.device(device if device is not None else ("cpu" if tiny else "meta"))
+    if entry.kind == "decoder":
+        return _get_decoder(entry, tiny, batch, kv_len, kv_lengths, seed, dtype, device)
+    assert not isinstance(entry.config, str)
     config = entry.config.tiny() if tiny else entry.config
     gen = torch.Generator().manual_seed(int(seed) + _INPUT_SEED_OFFSET)
 
@@ -251,3 +290,51 @@ def _resolve_kv_lengths(
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"kv_lengths must be a 1-D integer array, got {arr.dtype} {arr.shape}")
     return arr.astype(np.int64), None
+
+
+def _get_decoder(
+    entry: LayerEntry,
+    tiny: bool,
+    batch: int | None,
+    kv_len: int | None,
+    kv_lengths: str | np.ndarray | torch.Tensor | None,
+    seed: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LayerSpec:
+    """A whole HF decoder layer as a decode step (:class:`models.decoder.DecoderStep`)."""
+    from models.decoder import decode_inputs, decoder_step, hf_config, standin_config
+
+    assert isinstance(entry.config, str)
+    config = hf_config(HF_CONFIGS / entry.config)
+    if tiny:
+        config = standin_config(config)
+    lens, trace_name = _resolve_kv_lengths(kv_lengths)
+    b = (len(lens) if lens is not None else 4) if batch is None else batch
+    p = (
+        kv_len
+        if kv_len is not None
+        else (int(lens.max()) if lens is not None else (32 if tiny else 1024))
+    )
+    module = decoder_step(config, device=device, seed=seed).to(dtype)
+    dev = "meta" if device.type == "meta" else "cpu"
+    inputs = decode_inputs(
+        config, b, p, seed=seed + _INPUT_SEED_OFFSET, device=dev, kv_lengths=lens
+    )
+    inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+    bd, pd = _dim("batch", b), _dim("past", p)
+    dynamic = {
+        "x": _dims({0: bd}),
+        "past_k": _dims({0: bd, 2: pd}),
+        "past_v": _dims({0: bd, 2: pd}),
+    }
+    if lens is not None:
+        dynamic["kv_lengths"] = _dims({0: bd})
+    n_params = sum(t.numel() for t in module.parameters())
+    meta: dict[str, Any] = {
+        "kind": "decoder", "config": config, "impl": "hf", "device": str(device), "dtype": dtype,
+        "tiny": tiny, "seed": seed, "batch": b, "past_len": p, "kv_lengths": lens,
+        "kv_trace": trace_name, "param_count": n_params,
+        "param_bytes": n_params * torch.empty((), dtype=dtype).element_size(),
+    }  # fmt: skip
+    return LayerSpec(entry.name, module, inputs, dynamic, meta)

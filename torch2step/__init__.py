@@ -16,6 +16,7 @@ from torch2step.errors import (
     Torch2StepError,
     UnsupportedOperatorError,
 )
+from torch2step.frontend.hf_config import compile_config
 from torch2step.program import Program
 from torch2step.report import Report
 
@@ -29,6 +30,7 @@ __all__ = [
     "Torch2StepError",
     "UnsupportedOperatorError",
     "compile",
+    "compile_config",
     "example_inputs_for",
     "import_onnx",
 ]

@@ -42,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("report", help="latency report of a named layer on a chip")
-    r.add_argument("--layer", required=True, choices=list(LAYERS), help="a registered layer")
+    what = r.add_mutually_exclusive_group(required=True)
+    what.add_argument("--layer", choices=list(LAYERS), help="a registered layer")
+    what.add_argument(
+        "--hf-config",
+        type=Path,
+        help="a HuggingFace config.json: its decoder layer at full size, no weights",
+    )
     r.add_argument("--batch", type=int, default=64, help="tokens (MoE) or decode requests (GQA)")
     r.add_argument("--chip", default="step-sda", help=f"preset ({', '.join(chips)}) or YAML file")
     r.add_argument(
@@ -129,13 +135,20 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     chip = _resolve_chip(parser, args.chip)
     if args.batch < 1:
         parser.error("argument --batch: must be a positive integer")
+    if args.hf_config is not None:
+        _progress(args.quiet, t0, f"compiling {args.hf_config} (batch {args.batch}, no weights)")
+        prog = torch2step.compile_config(args.hf_config, batch=args.batch, chip=chip)
+        _progress(args.quiet, t0, "simulating")
+        rep = prog.report()
+        print(rep.to_json() if args.json else rep)
+        return 0
     entry = LAYERS[args.layer]
     if args.impl is not None and args.impl not in entry.impls:
         parser.error(
             f"argument --impl: invalid choice {args.impl!r} (choose from {', '.join(entry.impls)})"
         )
     kv: Any = None
-    if entry.kind == "attention":
+    if entry.kind in ("attention", "decoder"):
         kv = args.kv_trace
         if kv == "auto":
             alias = f"b{args.batch}/med"
@@ -157,8 +170,9 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     _progress(
         args.quiet, t0, f"building {args.layer} (batch {args.batch}{', tiny' if args.tiny else ''})"
     )
+    device = "meta" if entry.kind == "decoder" and not args.tiny else "cpu"  # timed on stand-ins
     spec = get_layer(
-        args.layer, tiny=args.tiny, batch=args.batch, kv_lengths=kv, impl=args.impl, device="cpu"
+        args.layer, tiny=args.tiny, batch=args.batch, kv_lengths=kv, impl=args.impl, device=device
     )
     routing = _routing(parser, args.routing_trace, spec.metadata) if entry.kind == "moe" else None
     _progress(args.quiet, t0, f"compiling for {chip.name}")

@@ -8,6 +8,8 @@ simulates it, for this input's routing and KV lengths.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -108,19 +110,31 @@ class Program:
 
     # -- functional run -----------------------------------------------------------------------
     def _execute(
-        self, inputs: Sequence[Any], routing: Any = None, *, timing_only: bool = False
+        self,
+        inputs: Sequence[Any],
+        routing: Any = None,
+        *,
+        timing_only: bool = False,
+        standins: bool = False,
     ) -> tuple[Lowered, RunResult, tuple[torch.Tensor, ...], dict[str, Any]]:
         xs = self._check(inputs)
         meta = [n for n, t in self.layer.params.items() if t.is_meta]
-        if meta or any(x.is_meta for x in xs):
+        shapes_only = bool(meta) or any(x.is_meta for x in xs)
+        if shapes_only and not standins:
             what = f"parameters {', '.join(meta[:3])}" if meta else "inputs"
             raise Torch2StepError(
-                f"{self.layer.name}: the {what} are on the meta device (shapes only); build the "
-                "module with real weights (e.g. models.get_layer(..., device='cpu')) to run or "
-                "report it"
+                f"{self.layer.name}: the {what} are on the meta device (shapes only): run() "
+                "needs weights; build the module with real weights (e.g. "
+                "models.get_layer(..., device='cpu')) to run it (report() times it as it is)"
             )
         lw, dynamic = self.lowered, {}
         overrides = self._routing_override(routing) if routing is not None else None
+        if shapes_only:  # timing from stand-in values (torch2step.layers.standins)
+            from torch2step.layers.standins import standin_inputs, standin_params
+
+            lw = copy.copy(lw)
+            lw.layer = dataclasses.replace(lw.layer, params=standin_params(lw.layer.params))
+            xs = standin_inputs(xs)
         tensors, env = lw.feed(xs)
         res = run(
             lw.program,
@@ -174,7 +188,7 @@ class Program:
         products that do not are only shaped (:mod:`torch2step.step.timing_only`)."""
         from torch2step.spatial import simulate_graph
 
-        lw, res, _, dynamic = self._execute(inputs, routing, timing_only=True)
+        lw, res, _, dynamic = self._execute(inputs, routing, timing_only=True, standins=True)
         t0 = time.perf_counter()
         sim = simulate_graph(lw.program, self.chip, res, trace=trace)
         sim_s = time.perf_counter() - t0

@@ -23,6 +23,7 @@ from models import (
     UnknownLayerError,
     get_layer,
 )
+from models.decoder import DecoderStep
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -84,13 +85,13 @@ def test_invalid_configs_are_rejected() -> None:
 
 
 def test_names_and_unknown_name() -> None:
-    assert list(LAYERS) == ["mixtral-moe", "qwen3-moe", "qwen3-gqa", "llama-gqa"]
+    names = ["mixtral-moe", "qwen3-moe", "qwen3-gqa", "llama-gqa", "llama-decoder",
+             "qwen3-decoder", "mixtral-decoder", "qwen3-moe-decoder"]  # fmt: skip
+    assert list(LAYERS) == names
     with pytest.raises(KeyError) as info:
         get_layer("gpt-moe")
     assert isinstance(info.value, UnknownLayerError)
-    assert str(info.value) == (
-        "unknown layer 'gpt-moe'; valid names: mixtral-moe, qwen3-moe, qwen3-gqa, llama-gqa"
-    )
+    assert str(info.value) == f"unknown layer 'gpt-moe'; valid names: {', '.join(names)}"
     with pytest.raises(ValueError, match="choose one of sdpa, eager"):
         get_layer("qwen3-gqa", tiny=True, impl="loop")
     with pytest.raises(ValueError, match="kv_len / kv_lengths do not apply"):
@@ -108,7 +109,7 @@ def test_tiny_layers_run(name: str) -> None:
         assert isinstance(module, MoEBlock) and out.shape == (5, 1, 64)
         assert set(dynamic) == {"hidden_states"}
     else:
-        assert isinstance(module, GQADecode)
+        assert isinstance(module, DecoderStep if meta["kind"] == "decoder" else GQADecode)
         assert [tuple(t.shape) for t in out] == [(5, 1, 64), (5, 2, 33, 16), (5, 2, 33, 16)]
         assert set(dynamic) == {"x", "past_k", "past_v"}
     assert meta["param_count"] == sum(p.numel() for p in module.parameters())

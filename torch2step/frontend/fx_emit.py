@@ -31,6 +31,8 @@ class FxEmitter:
         self.values: dict[fx.Node, Value] = {}
         self.source: str | None = None
         self._views: dict[tuple[str, tuple[Dim, ...]], str] = {}
+        #: values shared by several matches (e.g. the positions of q's and k's RoPE)
+        self.memo: dict[object, str] = {}
 
     # -- values ---------------------------------------------------------------------------------
     def get(self, node: fx.Node) -> str:

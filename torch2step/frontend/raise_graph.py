@@ -35,7 +35,8 @@ from torch2step.frontend.fx_view import (
 )
 from torch2step.frontend.raise_attention import ATTENTION_EAGER, ATTENTION_SDPA
 from torch2step.frontend.raise_basic import LINEAR, RMSNORM, TOPK_ROUTING
-from torch2step.frontend.raise_moe import MOE_BATCHED_MM, MOE_GROUPED_MM, MOE_LOOP
+from torch2step.frontend.raise_moe import MOE_BATCHED_MM, MOE_GROUPED_MM
+from torch2step.frontend.raise_moe_loop import MOE_LOOP
 from torch2step.frontend.raise_rotary import ROTARY
 from torch2step.frontend.raise_rules import IGNORED, check_node, rule_for
 from torch2step.layers.graph import LayerGraph
@@ -60,6 +61,10 @@ _HINTS = {
     "topk": "topk is supported as an MoE router: softmax -> topk (-> renormalise) over [T, E]",
     "nonzero": "data-dependent indexing is supported inside an MoE loop over experts",
     "index_put": "index_put is supported inside an MoE loop (index_add_ over expert tokens)",
+    "index_add": "index_add_ is supported inside an MoE loop (accumulating each expert's rows)",
+    "scatter_add": "scatter_add_ is supported inside an MoE loop (accumulating each expert's rows)",
+    "index_select": "index_select on a data-dependent index is supported inside an MoE loop",
+    "gather": "gather is supported inside an MoE loop (gathering each expert's token rows)",
     "cos": "cos/sin are supported inside default rotate-half RoPE",
     "sin": "cos/sin are supported inside default rotate-half RoPE",
 }

@@ -2,9 +2,8 @@
 :class:`~torch2step.layers.ops.MoEExperts` (after a ``TopKRouting`` router), whatever the
 spelling (FRONTEND_NOTES "HuggingFace MoE blocks have three spellings of the same thing"):
 
-- ``moe_loop``: a user loop ``for e in range(E)`` with ``torch.where(ids == e)`` (``nonzero``,
-  one unbacked size ``u_e`` per expert), the expert on the gathered tokens, and ``index_add_``
-  (``index_put(accumulate=True)``) into a zero buffer;
+- ``moe_loop``: a user loop ``for e in range(E)`` in any of its spellings
+  (:mod:`torch2step.frontend.raise_moe_loop`);
 - ``moe_batched_mm``: HF ``batched_mm``: ``repeat_interleave`` of the tokens, ``W[ids]`` gathering a
   copy of the expert weights per (token, slot), ``bmm``, SwiGLU, ``bmm``, ``view + sum`` over the
   slots.  Lowered literally it would move ``T * k`` weight copies; raised, each expert's weights
@@ -16,30 +15,29 @@ spelling (FRONTEND_NOTES "HuggingFace MoE blocks have three spellings of the sam
 Each matcher finds the anchors (tokens, routing weights, expert ids, weights); the region is then
 run and compared with MoEExperts (:func:`~torch2step.frontend.raise_moe_body.moe_match`).
 Data-dependent parts stay dynamic: the expert choice is an input of the op, never the example's.
-Per-expert routing is what the STeP MoE schedules work on (seed 000 §5.2 dynamic tiling of each
+Per-expert routing is what the STeP MoE schedules work on (STeP (arXiv 2511.07776) §5.2 dynamic tiling of each
 expert's token batch, §5.3 configuration time-multiplexing of experts).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import fx
 
-from torch2step.frontend.fx_pattern import Match, NoMatch, Pattern
+from torch2step.frontend.fx_pattern import Match, Pattern
 from torch2step.frontend.fx_view import ProgramView, op_name, raw_shape, strip, strip_casts
 from torch2step.frontend.raise_moe_body import (
     MoESpec,
     Proj,
     expert_body,
+    expert_tensors,
     moe_match,
     weight_sources,
 )
 
-__all__ = ["MOE_LOOP", "MOE_BATCHED_MM", "MOE_GROUPED_MM"]
+__all__ = ["MOE_BATCHED_MM", "MOE_GROUPED_MM"]
 
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
 _ZEROS = frozenset({"full_like", "full", "zeros_like", "zeros", "new_zeros"})
-MOE_LOOP_ANCHORS = frozenset({"index_put", "index_put_", "index_add", "index_add_"})
 _GROUPED = frozenset(
     {"transformers.grouped_mm_fallback", "torch2step.grouped_mm", "_grouped_mm", "grouped_mm"}
 )
@@ -57,148 +55,6 @@ def _numel_same(n: fx.Node) -> bool:
     a = [d for d in raw_shape(n) if d != 1]
     b = [d for d in raw_shape(n.args[0]) if d != 1]
     return len(a) == len(b) and all(x - y == 0 for x, y in zip(a, b))
-
-
-# -- user loop over experts ---------------------------------------------------------------------
-def _proj_mm(view: ProgramView, node: fx.Node) -> Proj | None:
-    n = strip_casts(node)
-    if op_name(n) != "mm":
-        return None
-    w = view.const(n.args[1])
-    if w is None or w.dim() != 2:
-        return None
-    return Proj(strip_casts(n.args[0]), w.t(), None, n.args[1])
-
-
-def _nonzero_column(node: fx.Node) -> tuple[fx.Node, int] | None:
-    """``(nonzero(m), c)`` when ``node`` is column ``c`` of ``nonzero(m)`` (``torch.where(m)``)."""
-    n = strip(node)
-    if op_name(n) == "squeeze":
-        n = strip(n.args[0])
-        if op_name(n) == "slice" and n.args[1] == 1 and n.args[3] == n.args[2] + 1:
-            col, n = n.args[2], strip(n.args[0])
-        else:
-            return None
-    elif op_name(n) == "select" and n.args[1] == 1:
-        col, n = n.args[2], strip(n.args[0])
-    else:
-        return None
-    return (n, col) if op_name(n) == "nonzero" else None
-
-
-def _expert_of(nz: fx.Node) -> tuple[fx.Node, int] | None:
-    """``(ids, e)`` when ``nz`` is ``nonzero(ids == e)``."""
-    m = strip(nz.args[0])
-    if op_name(m) != "eq" or not isinstance(m.args[1], int):
-        return None
-    return strip(m.args[0]), m.args[1]
-
-
-def _loop_weight(node: fx.Node, nz: fx.Node) -> fx.Node | None:
-    """The routing weights ``w`` when ``node`` is ``w[tok, slot, None]`` of this expert."""
-    n = _unsqueezed(node)
-    if op_name(n) != "index" or len(n.args[1]) != 2:
-        return None
-    cols = [_nonzero_column(i) for i in n.args[1]]
-    if cols[0] != (nz, 0) or cols[1] != (nz, 1):
-        return None
-    return _unsqueezed(n.args[0])
-
-
-def _steps(node: fx.Node) -> tuple[list[tuple[fx.Node, fx.Node]], fx.Node]:
-    steps = []
-    cur = strip(node)
-    while True:
-        name = op_name(cur)
-        if name in ("index_put", "index_put_") and len(cur.args) > 3 and cur.args[3] is True:
-            if len(cur.args[1]) != 1 or cur.args[1][0] is None:
-                break
-            steps.append((cur.args[1][0], cur.args[2]))
-        elif name in ("index_add", "index_add_") and cur.args[1] == 0:
-            if cur.kwargs.get("alpha", 1) != 1:
-                break
-            steps.append((cur.args[2], cur.args[3]))
-        else:
-            break
-        cur = strip(cur.args[0])
-    return steps, cur
-
-
-def _num_experts(view: ProgramView, ids: fx.Node) -> int | None:
-    if op_name(ids) == "getitem" and op_name(ids.args[0]) == "topk":
-        e = raw_shape(strip(ids.args[0]).args[0])[-1]
-        return e if isinstance(e, int) else None
-    return None
-
-
-def _match_loop(view: ProgramView, node: fx.Node) -> Match | None:
-    if any(op_name(u) in MOE_LOOP_ANCHORS and u.args[0] is node for u in node.users):
-        return None  # not the last accumulation of the loop
-    steps, base = _steps(node)
-    if len(steps) < 2 or op_name(base) not in _ZEROS:
-        return None
-    if op_name(base) in ("full_like", "full") and base.args[1] != 0:
-        return None
-    experts: dict[int, tuple] = {}
-    found: set[tuple[fx.Node, fx.Node, fx.Node]] = set()
-    for tok, contrib in steps:
-        col = _nonzero_column(tok)
-        if col is None or col[1] != 0:
-            return None
-        nz = col[0]
-        ie = _expert_of(nz)
-        if ie is None or ie[1] in experts:
-            return None
-        c = strip_casts(contrib)
-        if op_name(c) != "mul":
-            return None
-        a, b = c.args[:2]
-        for y, wsel in ((a, b), (b, a)):
-            body = expert_body(view, y, _proj_mm)
-            w = _loop_weight(wsel, nz) if body is not None else None
-            if body is None or w is None:
-                continue
-            xs = strip(body.x)
-            if op_name(xs) != "index" or len(xs.args[1]) != 1:
-                continue
-            if _nonzero_column(xs.args[1][0]) != (nz, 0):
-                continue
-            experts[ie[1]] = body
-            found.add((strip(xs.args[0]), w, ie[0]))
-            break
-        else:
-            return None
-    if len(found) != 1:
-        return None
-    x, w, ids = found.pop()
-    e = _num_experts(view, ids) or len(experts)
-    if sorted(experts) != list(range(e)):
-        raise NoMatch(
-            f"the loop covers experts {sorted(experts)} of {e}; every expert needs its step"
-        )
-    acts = {b.activation for b in experts.values()}
-    if len(acts) != 1:
-        return None
-    bodies = [experts[i] for i in range(e)]
-    spec = MoESpec(
-        x,
-        w,
-        ids,
-        torch.stack([b.gate for b in bodies]),
-        torch.stack([b.up for b in bodies]),
-        torch.stack([b.down for b in bodies]),
-        acts.pop(),
-        weight_sources(view, [s for b in bodies for s in b.sources]),
-    )
-    return moe_match(view, node, "moe_loop", spec)
-
-
-MOE_LOOP = Pattern(
-    "moe_loop",
-    MOE_LOOP_ANCHORS,
-    _match_loop,
-    "for e in range(E): where(ids == e) -> expert on the tokens -> index_add_ -> MoEExperts",
-)
 
 
 # -- HF batched_mm ------------------------------------------------------------------------------
@@ -277,7 +133,7 @@ def _match_batched(view: ProgramView, node: fx.Node) -> Match | None:
         if x is None or ids is None:
             continue
         spec = MoESpec(
-            x, w, ids, body.gate, body.up, body.down, body.activation,
+            x, w, ids, expert_tensors([body]), body.activation,
             weight_sources(view, list(body.sources)),
         )  # fmt: skip
         return moe_match(view, node, "moe_batched_mm", spec)
@@ -337,7 +193,7 @@ def _match_grouped(view: ProgramView, node: fx.Node) -> Match | None:
         if w is None or ids is None or op_name(xs) != "index" or len(xs.args[1]) != 1:
             continue
         spec = MoESpec(
-            strip(xs.args[0]), w, ids, body.gate, body.up, body.down, body.activation,
+            strip(xs.args[0]), w, ids, expert_tensors([body]), body.activation,
             weight_sources(view, list(body.sources)),
         )  # fmt: skip
         return moe_match(view, node, "moe_grouped_mm", spec)

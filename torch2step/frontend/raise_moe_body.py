@@ -1,7 +1,9 @@
-"""What every spelling of a routed MoE block shares: the SwiGLU expert body, its weights, and
-the check that a recognised region computes :class:`~torch2step.layers.ops.MoEExperts`.
+"""What every spelling of a routed MoE block shares: the expert body, its weights, and the
+check that a recognised region computes :class:`~torch2step.layers.ops.MoEExperts`.
 
-An expert body is ``down(act(gate(x)) * up(x))``; each projection is spelled by the MoE variant
+An expert body is gated, ``down(act(gate(x)) * up(x))`` (SwiGLU, GeGLU, ReGLU), or a plain
+two-matrix MLP ``down(act(up(x)))``, ``act`` one of SiLU, GELU, ReLU, each projection with or
+without a bias (``addmm`` or ``mm + b``); each projection is spelled by the MoE variant
 (``mm`` with one expert's weight in a loop, ``bmm`` with weights gathered per token in HF's
 ``batched_mm``, ``grouped_mm`` over tokens sorted by expert in HF's ``grouped_mm``) and gate/up
 may be one fused projection split in two.  The body extractor takes the projection spelling as a
@@ -36,6 +38,9 @@ __all__ = [
     "ExpertBody",
     "MoESpec",
     "activation",
+    "describe_body",
+    "expert_tensors",
+    "with_bias",
     "expert_body",
     "moe_match",
     "weight_base",
@@ -48,24 +53,31 @@ ProjFn = Callable[[ProgramView, fx.Node], "Proj | None"]
 
 @dataclass(frozen=True, slots=True)
 class Proj:
-    """``out = x @ weight[..., out, in]^T``; ``key`` is the spelling's routing node (expert
-    ids gathered per row, or group offsets) and ``source`` the FX node holding the weight."""
+    """``out = x @ weight[..., out, in]^T (+ bias[..., out])``; ``key`` is the spelling's
+    routing node (expert ids gathered per row, or group offsets) and ``source`` the FX node
+    holding the weight."""
 
     x: fx.Node
     weight: torch.Tensor
     key: Any
     source: fx.Node
+    bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ExpertBody:
     x: fx.Node
     activation: str
-    gate: torch.Tensor
+    gate: torch.Tensor | None
     up: torch.Tensor
     down: torch.Tensor
     keys: tuple[Any, ...]
     sources: tuple[fx.Node, ...]
+    biases: tuple[torch.Tensor | None, ...] = (None, None, None)
+
+    @property
+    def gated(self) -> bool:
+        return self.gate is not None
 
 
 def activation(node: Any) -> tuple[str, fx.Node] | None:
@@ -106,50 +118,146 @@ def _rows(view: ProgramView, node: fx.Node, proj: ProjFn) -> Proj | None:
     if base is None or not isinstance(lo, int) or not isinstance(hi, int):
         return None
     hi = min(hi, base.weight.shape[-2])
-    return Proj(base.x, base.weight[..., lo:hi, :], base.key, base.source)
+    bias = None if base.bias is None else base.bias[..., lo:hi]
+    return Proj(base.x, base.weight[..., lo:hi, :], base.key, base.source, bias)
+
+
+def with_bias(view: ProgramView, node: fx.Node, proj: ProjFn) -> Proj | None:
+    """``proj`` at ``node``, or at ``p`` when ``node`` is ``p + b`` with a constant bias ``b``
+    (a broadcast row per output feature)."""
+    n = strip_casts(node)
+    if op_name(n) == "add" and len(n.args) >= 2 and n.kwargs.get("alpha", 1) == 1:
+        for p, b in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
+            bias = view.const(b) if isinstance(b, fx.Node) else None
+            if bias is None or not isinstance(p, fx.Node):
+                continue
+            base = proj(view, p)
+            if base is None or base.bias is not None:
+                continue
+            out = base.weight.shape[-2]
+            if bias.shape[-1:] != (out,) or bias.numel() != out:
+                continue
+            return Proj(base.x, base.weight, base.key, base.source, bias.reshape(out))
+    return proj(view, n)
 
 
 def expert_body(view: ProgramView, y: fx.Node, proj: ProjFn) -> ExpertBody | None:
-    """``down(act(gate(x)) * up(x))`` ending at ``y``, each projection spelled by ``proj``."""
-    down = proj(view, y)
+    """``down(act(gate(x)) * up(x))`` or ``down(act(up(x)))`` ending at ``y``, each projection
+    spelled by ``proj`` and optionally followed by a bias."""
+
+    def pj(v: ProgramView, n: fx.Node) -> Proj | None:
+        return with_bias(v, n, proj)
+
+    down = pj(view, y)
     if down is None:
         return None
     h = strip_casts(down.x)
-    if op_name(h) != "mul":
+    if op_name(h) == "mul":
+        a, b = h.args[:2]
+        for act_side, up_side in ((a, b), (b, a)):
+            act = activation(act_side)
+            if act is None:
+                continue
+            gate, up = _rows(view, act[1], pj), _rows(view, up_side, pj)
+            if gate is None or up is None or strip(gate.x) is not strip(up.x):
+                continue
+            return ExpertBody(
+                strip(gate.x),
+                act[0],
+                gate.weight,
+                up.weight,
+                down.weight,
+                (gate.key, up.key, down.key),
+                (gate.source, up.source, down.source),
+                (gate.bias, up.bias, down.bias),
+            )
+    act = activation(h)
+    if act is None:
         return None
-    a, b = h.args[:2]
-    for act_side, up_side in ((a, b), (b, a)):
-        act = activation(act_side)
-        if act is None:
+    up = _rows(view, act[1], pj)
+    if up is None:
+        return None
+    return ExpertBody(
+        strip(up.x),
+        act[0],
+        None,
+        up.weight,
+        down.weight,
+        (up.key, down.key),
+        (up.source, down.source),
+        (None, up.bias, down.bias),
+    )
+
+
+def describe_body(view: ProgramView, y: Any, region: set[fx.Node], limit: int = 12) -> str:
+    """The operators computing ``y`` within ``region`` (the nodes that depend on the expert's
+    tokens), in graph order, for an error naming what an unrecognised expert computes."""
+    seen: set[fx.Node] = set()
+    stack = [y]
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, fx.Node) or n in seen or n not in region or n.op != "call_function":
             continue
-        gate, up = _rows(view, act[1], proj), _rows(view, up_side, proj)
-        if gate is None or up is None or strip(gate.x) is not strip(up.x):
-            continue
-        return ExpertBody(
-            strip(gate.x),
-            act[0],
-            gate.weight,
-            up.weight,
-            down.weight,
-            (gate.key, up.key, down.key),
-            (gate.source, up.source, down.source),
-        )
-    return None
+        seen.add(n)
+        fx.node.map_arg((n.args, n.kwargs), stack.append)
+    skip = {"getitem", "_to_copy", "clone", "alias", "select", "slice", "squeeze", "unsqueeze",
+            "view", "_unsafe_view", "expand", "nonzero", "sym_size", "permute", "t"}  # fmt: skip
+    names = [op_name(n) for n in sorted(seen, key=view.index.__getitem__)]
+    names = [n for n in names if n not in skip]
+    more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 @dataclass(frozen=True, slots=True)
 class MoESpec:
     """A recognised MoE region: tokens ``x[T, H]``, routing ``weights[T, k]`` and ``ids[T, k]``
-    and the experts' weights in :class:`~torch2step.layers.ops.MoEExperts` layout."""
+    and the experts' tensors by role (``w_gate``, ``w_up``, ``w_down``, ``b_*``) in
+    :class:`~torch2step.layers.ops.MoEExperts` layout."""
 
     x: fx.Node
     weights: fx.Node
     ids: fx.Node
-    w_gate: torch.Tensor
-    w_up: torch.Tensor
-    w_down: torch.Tensor
+    tensors: dict[str, torch.Tensor]
     activation: str
     sources: tuple[fx.Node, ...]
+
+    @property
+    def gated(self) -> bool:
+        return "w_gate" in self.tensors
+
+    @property
+    def bias(self) -> bool:
+        return "b_up" in self.tensors
+
+
+def expert_tensors(bodies: Sequence[ExpertBody]) -> dict[str, torch.Tensor]:
+    """The experts' tensors by role, stacked over the experts when the bodies are per expert
+    (2-D weights) and as they are when one body holds every expert (3-D weights)."""
+    gated = {b.gated for b in bodies}
+    biased = {tuple(x is not None for x in b.biases[1:]) for b in bodies}
+    if len(gated) != 1 or len(biased) != 1:
+        raise NoMatch(
+            "experts must all have the same form; these mix gated and plain MLPs or "
+            "projections with and without biases"
+        )
+    (g,) = gated
+    (bb,) = biased
+    if bb not in ((False, False), (True, True)) or (
+        g and any((b.biases[0] is None) != (b.biases[1] is None) for b in bodies)
+    ):
+        raise NoMatch(
+            "experts must have biases on every projection or on none; these have them on "
+            "some projections only"
+        )
+    parts: dict[str, list[torch.Tensor]] = {}
+    for b in bodies:
+        for role, t in (("w_gate", b.gate), ("w_up", b.up), ("w_down", b.down),
+                        ("b_gate", b.biases[0]), ("b_up", b.biases[1]), ("b_down", b.biases[2])):  # fmt: skip
+            if t is not None:
+                parts.setdefault(role, []).append(t)
+    if len(bodies) == 1:
+        return {r: ts[0] for r, ts in parts.items()}
+    return {r: torch.stack(ts) for r, ts in parts.items()}
 
 
 def weight_sources(view: ProgramView, nodes: Sequence[fx.Node]) -> tuple[fx.Node, ...]:
@@ -192,21 +300,20 @@ def _verify(view: ProgramView, root: fx.Node, spec: MoESpec, op: L.MoEExperts) -
     gen = torch.Generator().manual_seed(0)
     t, k = (view.concrete(d) for d in raw_shape(spec.ids))
     tol = 1e-4 if view.dtype(spec.x) == torch.float32 else 3e-2
+    tensors = [spec.tensors[r] for r in op.roles()[3:]]
     for trial in range(2):
         x = sample_tensor(view, spec.x, view.hints, gen)
         w = torch.rand(t, k, generator=gen).to(view.dtype(spec.weights))
         ids = _routing_sample(t, k, op.num_experts, trial == 0, gen).to(view.dtype(spec.ids))
         (got,) = run_slice(view, [root], {spec.x: x, spec.weights: w, spec.ids: ids})
-        ref = EVALUATORS[L.MoEExperts](op, [x, w, ids.long(), spec.w_gate, spec.w_up, spec.w_down])[
-            0
-        ]
+        ref = EVALUATORS[L.MoEExperts](op, [x, w, ids.long(), *tensors])[0]
         got = torch.as_tensor(got)
         if got.shape != ref.shape or not torch.allclose(
             got.float(), ref.float(), rtol=tol, atol=tol
         ):
             raise NoMatch(
                 "the region has the anchors of a routed MoE but does not compute "
-                "sum_j w[t, j] * down(act(gate(x)) * up(x)) of the chosen experts"
+                "sum_j w[t, j] * expert(x[t]) of the chosen experts"
             )
 
 
@@ -223,28 +330,33 @@ def _weight(em: FxEmitter, spec: MoESpec, role: str, value: torch.Tensor) -> str
 
 def moe_match(view: ProgramView, root: fx.Node, name: str, spec: MoESpec) -> Match:
     """Check ``spec`` by running the region and build the match emitting one MoEExperts."""
-    e, i, h = spec.w_gate.shape
-    if spec.w_up.shape != (e, i, h) or spec.w_down.shape != (e, h, i):
+    t = spec.tensors
+    e, i, h = t["w_up"].shape
+    want = {"w_gate": (e, i, h), "w_up": (e, i, h), "w_down": (e, h, i), "b_gate": (e, i),
+            "b_up": (e, i), "b_down": (e, h)}  # fmt: skip
+    bad = {r: tuple(v.shape) for r, v in t.items() if tuple(v.shape) != want[r]}
+    if bad:
         raise NoMatch(
-            f"expert weights of shapes {tuple(spec.w_gate.shape)}, {tuple(spec.w_up.shape)}, "
-            f"{tuple(spec.w_down.shape)} are not gate/up [E, I, H] and down [E, H, I]"
+            f"expert tensors {bad} are not gate/up [E, I, H], down [E, H, I] and biases "
+            "[E, I] / [E, H]"
         )
     k = raw_shape(spec.ids)[-1]
     if not isinstance(k, int) or view.rank(spec.ids) != 2 or view.rank(spec.x) != 2:
         raise NoMatch("MoE routing is not ids[tokens, k] over x[tokens, hidden]")
-    op = L.MoEExperts(int(e), k, spec.activation)
+    op = L.MoEExperts(int(e), k, spec.activation, gated=spec.gated, bias=spec.bias)
     if not view.meta:  # shape-only weights (meta device) cannot be run: anchors only
         _verify(view, root, spec, op)
 
     def emit(em: FxEmitter) -> Sequence[str]:
         em.at(root)
-        weights = [
-            _weight(em, spec, n, t)
-            for n, t in (("w_gate", spec.w_gate), ("w_up", spec.w_up), ("w_down", spec.w_down))
-        ]
+        weights = [_weight(em, spec, r, t[r]) for r in op.roles()[3:]]
         args = [em.get(spec.x), em.get(spec.weights), em.cast(em.get(spec.ids), "int64")]
         out = em.emit1(op, args + weights)
         return [em.cast(out, dtype_name(view.dtype(root)))]
 
     info = {"num_experts": int(e), "top_k": k, "activation": spec.activation}
+    if not spec.gated:
+        info["gated"] = False
+    if spec.bias:
+        info["bias"] = True
     return Match(name, (root,), (spec.x, spec.weights, spec.ids), emit, info)

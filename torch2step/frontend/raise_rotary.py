@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import sympy
 import torch
 from torch import fx
 
 from torch2step.frontend.fx_emit import FxEmitter
 from torch2step.frontend.fx_pattern import Cap, Match, NoMatch, P, Pattern, match
 from torch2step.frontend.fx_view import ProgramView, op_name, raw_shape, strip, strip_casts
+from torch2step.frontend.raise_positions import symbolic_positions
 from torch2step.layers import ops as L
 
 __all__ = ["ROTARY", "rope_theta"]
@@ -112,10 +114,19 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
         raise NoMatch("RoPE positions are not [B, S] (or [S])")
     heads_axis = axis_c
     op = L.Rotary(theta, d)
+    from_sizes = symbolic_positions(view, src)  # any arithmetic on the cache length
 
     def emit(em: FxEmitter) -> Sequence[str]:
         em.at(node)
-        p = em.get(src)
+        if from_sizes is not None:
+            start, length = from_sizes
+            end = sympy.expand(sympy.sympify(start) + length)
+            rng = L.Arange(start, int(end) if end.is_Integer else end)
+            if rng not in em.memo:
+                em.memo[rng] = em.emit1(rng, [])
+            p = em.memo[rng]
+        else:
+            p = em.get(src)
         shape = em.graph.types[p].shape
         if len(shape) == 1:
             p = em.reshape(p, (1, shape[0]))
@@ -127,7 +138,8 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
             out = em.emit1(L.Permute((0, 2, 1, 3)), [out])
         return [out]
 
-    return Match("rotary", (node,), (x, src), emit, {"theta": theta, "rotary_dim": d})
+    reads = (x,) if from_sizes is not None else (x, src)
+    return Match("rotary", (node,), reads, emit, {"theta": theta, "rotary_dim": d})
 
 
 ROTARY = Pattern(

@@ -96,15 +96,24 @@ _ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
 def _moe(op: L.MoEExperts, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    h, w, e, gate, up, down = x
+    t = dict(zip(op.roles(), x))
+    h, w, e = t["x"], t["weights"], t["experts"]
     out = torch.zeros_like(h)
     act = _ACT[op.activation]
+
+    def proj(name: str, ex: int, v: torch.Tensor) -> torch.Tensor:
+        y = v @ t["w_" + name][ex].T
+        return y + t["b_" + name][ex] if op.bias else y
+
     for ex in range(op.num_experts):
         tok, slot = torch.where(e == ex)
         if tok.numel() == 0:
             continue
         xs = h[tok]
-        y = (act(xs @ gate[ex].T) * (xs @ up[ex].T)) @ down[ex].T
+        mid = (
+            act(proj("gate", ex, xs)) * proj("up", ex, xs) if op.gated else act(proj("up", ex, xs))
+        )
+        y = proj("down", ex, mid)
         out.index_add_(0, tok, y * w[tok, slot, None].to(y.dtype))
     return (out,)
 

@@ -219,23 +219,47 @@ class TopKRouting(LayerOp):
 
 @dataclass(frozen=True, slots=True)
 class MoEExperts(LayerOp):
-    """Routed SwiGLU experts: ``y[t] = sum_j w[t, j] * E_{e[t, j]}(x[t])`` with
-    ``E_e(x) = down_e(act(gate_e x) * up_e x)``; inputs ``(x[T, H], weights[T, k], experts[T, k],
-    w_gate[E, I, H], w_up[E, I, H], w_down[E, H, I])``."""
+    """Routed experts: ``y[t] = sum_j w[t, j] * E_{e[t, j]}(x[t])`` with, when ``gated``
+    (SwiGLU, GeGLU, ReGLU), ``E_e(x) = down_e(act(gate_e x + bg_e) * (up_e x + bu_e)) + bd_e``
+    and otherwise (a plain two-matrix MLP) ``E_e(x) = down_e(act(up_e x + bu_e)) + bd_e``.
+
+    Inputs ``(x[T, H], weights[T, k], experts[T, k], [w_gate[E, I, H],] w_up[E, I, H],
+    w_down[E, H, I])``, then with ``bias`` ``([b_gate[E, I],] b_up[E, I], b_down[E, H])``
+    (the bracketed ones only when ``gated``); see :meth:`roles`."""
 
     num_experts: int
     top_k: int
     activation: str = "silu"
+    gated: bool = True
+    bias: bool = False
+
+    def roles(self) -> tuple[str, ...]:
+        """The names of the inputs, in order."""
+        w = ("w_gate", "w_up", "w_down") if self.gated else ("w_up", "w_down")
+        b = (
+            (("b_gate", "b_up", "b_down") if self.gated else ("b_up", "b_down"))
+            if self.bias
+            else ()
+        )
+        return ("x", "weights", "experts", *w, *b)
 
     def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
-        x, w, e, gate, up, down = ins
-        if gate.rank != 3 or not _same(gate.shape[0], self.num_experts):
+        roles = self.roles()
+        if len(ins) != len(roles):
             raise FrontendError(
-                f"MoEExperts: w_gate must be [E={self.num_experts}, I, H], got {gate}"
+                f"MoEExperts: expected {len(roles)} inputs ({', '.join(roles)}), got {len(ins)}"
             )
-        if not _same(gate.shape[2], x.shape[-1]) or not _same(down.shape[1], x.shape[-1]):
+        t = dict(zip(roles, ins))
+        x, up, down = t["x"], t["w_up"], t["w_down"]
+        for name in ("w_gate", "w_up"):
+            g = t.get(name)
+            if g is not None and (g.rank != 3 or not _same(g.shape[0], self.num_experts)):
+                raise FrontendError(
+                    f"MoEExperts: {name} must be [E={self.num_experts}, I, H], got {g}"
+                )
+        if not _same(up.shape[2], x.shape[-1]) or not _same(down.shape[1], x.shape[-1]):
             raise FrontendError(
-                f"MoEExperts: hidden sizes of x {x}, w_gate {gate}, w_down {down} differ"
+                f"MoEExperts: hidden sizes of x {x}, w_up {up}, w_down {down} differ"
             )
         return (x,)
 

@@ -40,6 +40,15 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
 
     op = n.op
     assert isinstance(op, L.MoEExperts)
+    if not op.gated or op.bias:
+        what = " and ".join(
+            s for s, on in (("a plain two-matrix MLP", not op.gated), ("biases", op.bias)) if on
+        )
+        raise ctx.fail(
+            f"MoE experts with {what} have no STeP lowering yet: experts must be "
+            "down(act(gate x) * up x) without biases to lower (the layer graph and "
+            "torch2step.layers.evaluate support them)"
+        )
     x, w, e, gate, up, down = n.inputs
     t_rows, hidden = ctx.rc(x)
     k = op.top_k

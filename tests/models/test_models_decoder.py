@@ -1,0 +1,151 @@
+"""Whole HuggingFace decoder layers (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE) as decode steps:
+one compile serves every batch and KV length, ``run()`` equals PyTorch with uniform and ragged
+caches; a config alone (no weights) compiles and reports, and ``run()`` then asks for weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import models
+import torch2step
+from models.decoder import DECODER_LAYERS, decode_inputs, decoder_step, tiny_config
+from torch2step.layers import Attention, MoEExperts, Rotary
+
+torch.set_num_threads(1)
+
+
+def _close(got, want) -> None:
+    for g, w in zip(got, want):
+        scale = float(w.abs().max()) or 1.0
+        torch.testing.assert_close(g, w, atol=1e-4 * scale, rtol=0)
+
+
+@pytest.fixture(scope="module", params=sorted(DECODER_LAYERS))
+def compiled(request):
+    cfg = tiny_config(request.param)
+    step = decoder_step(cfg, device="cpu", seed=1)
+    prog = torch2step.compile(step, decode_inputs(cfg, 3, 5), chip="step-sda")
+    return request.param, cfg, step, prog
+
+
+def test_decoder_layer_raises_whole(compiled) -> None:
+    kind, _, _, prog = compiled
+    ops = {type(n.op) for n in prog.layer.nodes}
+    assert {Attention, Rotary} <= ops
+    assert (MoEExperts in ops) == (kind in ("mixtral", "qwen3_moe", "olmoe"))
+
+
+@pytest.mark.parametrize(("batch", "past"), [(1, 1), (5, 3)])
+def test_one_compile_serves_every_batch_and_kv_length(compiled, batch: int, past: int) -> None:
+    _, cfg, step, prog = compiled
+    ins = decode_inputs(cfg, batch, past, seed=batch + past)
+    with torch.no_grad():
+        want = step(*ins)
+    _close(prog.run(*ins), want)
+
+
+def test_ragged_kv_lengths() -> None:
+    cfg = tiny_config("mixtral")
+    step = decoder_step(cfg, device="cpu", seed=2)
+    prog = torch2step.compile(step, decode_inputs(cfg, 3, 6, kv_lengths=[1, 6, 3]), chip="step-sda")
+    for lens in ([0, 1, 9, 4], [1, 1, 1, 1]):
+        ins = decode_inputs(cfg, 4, 9, seed=3, kv_lengths=lens)
+        with torch.no_grad():
+            want = step(*ins)
+        _close(prog.run(*ins), want)
+
+
+def test_registry_names_the_decoder_layers() -> None:
+    names = {"llama-decoder", "qwen3-decoder", "mixtral-decoder", "qwen3-moe-decoder"}
+    assert names <= set(models.LAYERS)
+    full = models.get_layer("qwen3-moe-decoder", batch=2, kv_len=8)
+    assert full.example_inputs[0].is_meta and full.metadata["kind"] == "decoder"
+    experts = full.module.layer.mlp.experts
+    assert tuple(experts.gate_up_proj.shape) == (128, 2 * 768, 2048)  # Qwen3-30B-A3B
+    assert full.metadata["param_count"] > 600_000_000  # shapes only: no memory
+
+
+def test_config_without_weights_reports_and_refuses_to_run(tmp_path) -> None:
+    cfg = {
+        "model_type": "mixtral", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 32,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 64,
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    prog = torch2step.compile_config(path, batch=4, past=16)
+    assert all(p.is_meta for p in prog.layer.params.values())
+    rep = prog.report()
+    assert rep.latency_cycles > 0
+    with pytest.raises(torch2step.Torch2StepError, match="needs weights"):
+        prog.run()
+
+
+def test_config_of_an_unraised_family_is_one_clear_error(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
+    with pytest.raises(torch2step.FrontendError, match="model_type 'gpt2' is not a raised"):
+        torch2step.compile_config(path)
+
+
+def test_cli_reports_a_config_file(tmp_path, capsys) -> None:
+    from torch2step.cli import main
+
+    cfg = {
+        "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "head_dim": 16,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 36,
+        "vocab_size": 64,
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["report", "--hf-config", str(path), "--batch", "2", "--quiet"]) == 0
+    assert "latency" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_prefill_raises_to_causal_attention(ragged: bool) -> None:
+    """A prompt chunk of T tokens after the cache: one graph for every T >= 2; its STeP
+    lowering (attention with several query tokens) is not written yet and says so."""
+    from torch2step.frontend import from_torch
+    from torch2step.layers import evaluate
+
+    cfg = tiny_config("qwen3_moe")
+    step = decoder_step(cfg, device="cpu", seed=4)
+
+    def inputs(b: int, t: int, p: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(b * 100 + t)
+        x = torch.randn(b, t, cfg.hidden_size, generator=gen)
+        lens = torch.randint(0, p + 1, (b,), generator=gen) if ragged else None
+        return (x, *decode_inputs(cfg, b, p, seed=t, kv_lengths=lens)[1:])
+
+    graph = from_torch(step, inputs(3, 7, 5))
+    (att,) = graph.ops(Attention)
+    assert att.op.causal
+    for b, t, p in ((2, 7, 9), (3, 64, 4), (2, 2, 1)):
+        ins = inputs(b, t, p)
+        with torch.no_grad():
+            want = step(*ins)
+        _close(evaluate(graph, *ins), want)
+    with pytest.raises(torch2step.LoweringError, match="cannot be lowered"):
+        torch2step.compile(graph, inputs(3, 7, 5))
+
+
+def test_two_layer_causal_lm_decode_step() -> None:
+    """A 2-layer ``Qwen3MoeForCausalLM`` decode step (embedding, layers, norm, LM head)."""
+    from models.decoder import model_dynamic_shapes, model_inputs, model_step
+
+    cfg = tiny_config("qwen3_moe", num_hidden_layers=2)
+    step = model_step(cfg, device="cpu", seed=5)
+    prog = torch2step.compile(
+        step, model_inputs(cfg, 3, 5), chip="step-sda", dynamic_shapes=model_dynamic_shapes()
+    )
+    assert len(list(prog.layer.ops(MoEExperts))) == len(list(prog.layer.ops(Attention))) == 2
+    assert prog.layer.types[prog.layer.outputs[0]].shape[-1] == cfg.vocab_size
+    for b, p in ((2, 9), (4, 1)):
+        ins = model_inputs(cfg, b, p, seed=b)
+        with torch.no_grad():
+            want = step(*ins)
+        _close(prog.run(*ins), want)

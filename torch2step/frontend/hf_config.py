@@ -1,0 +1,133 @@
+"""A decoder layer raised from a HuggingFace config alone: full size, shapes only.
+
+:func:`from_hf_config` builds the family's ``*DecoderLayer`` on the ``meta`` device (no memory,
+no initialisation) as a decode step (:class:`models.decoder.DecoderStep`) and raises it.  On the
+meta device the raising checks that run the module (the MoE region compared with
+:class:`~torch2step.layers.ops.MoEExperts`, attention masks) have no numbers to run, so the same
+family is first raised at a small size with random weights — a *stand-in of the same structure*
+(same family, attention kind, routing, norms, activation) on which every check runs — and the
+full-size graph must have the same operators in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch2step.errors import FrontendError
+from torch2step.layers.graph import LayerGraph
+
+__all__ = ["compile_config", "from_hf_config", "same_structure"]
+
+
+def _config(config: Any) -> Any:
+    from models.decoder import hf_config
+    from models.errors import ModelConfigError
+
+    try:
+        return hf_config(config)
+    except ModelConfigError as exc:
+        raise FrontendError(str(exc)) from None
+
+
+def same_structure(full: LayerGraph, small: LayerGraph) -> str | None:
+    """None when both graphs have the same operator kinds in the same order (sizes aside),
+    else the first difference."""
+    a = [type(n.op).__name__ for n in full.nodes]
+    b = [type(n.op).__name__ for n in small.nodes]
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"operator {i} is {x} at full size but {y} in the stand-in"
+    if len(a) != len(b):
+        return f"{len(a)} operators at full size but {len(b)} in the stand-in"
+    return None
+
+
+def from_hf_config(
+    config: Any, *, batch: int = 2, past: int = 8, name: str | None = None, check: bool = True
+) -> LayerGraph:
+    """Raise layer 0 of ``config`` (a ``config.json`` path, dict or transformers config) as a
+    decode step ``(x, past_k, past_v) -> (out, new_k, new_v)`` at full size on the meta device.
+
+    ``batch``/``past`` only size the example (both stay dynamic in the graph); ``check``
+    raises a small random stand-in first (see the module docstring)."""
+    from models.decoder import decode_inputs, decoder_step, standin_config
+    from torch2step.frontend.torch_import import from_torch
+
+    cfg = _config(config)
+    label = name or f"{cfg.model_type}_decoder"
+    small = None
+    if check:
+        tiny = standin_config(cfg)
+        step = decoder_step(tiny, device="cpu")
+        small = from_torch(step, decode_inputs(tiny, 2, 4), name=label)
+    step = decoder_step(cfg, device="meta")
+    graph = from_torch(step, decode_inputs(cfg, batch, past, device="meta"), name=label)
+    if small is not None:
+        why = same_structure(graph, small)
+        if why is not None:
+            raise FrontendError(
+                f"{label}: the full-size {type(step.layer).__name__} does not raise like its "
+                f"small stand-in ({why}); the checks that need numbers cannot vouch for it. "
+                "Compile the module with real weights instead."
+            )
+    return graph
+
+
+def compile_config(
+    config: Any,
+    *,
+    batch: int = 64,
+    past: int | None = None,
+    kv_lengths: Any = None,
+    chip: Any = "step-sda",
+    check: bool = True,
+    **options: Any,
+) -> Any:
+    """Compile layer 0 of a HuggingFace config (``config.json`` path, dict or config object)
+    as a decode step at full size with no weights; returns a
+    :class:`~torch2step.program.Program` whose example inputs are shapes only.
+
+    ``report()`` times it (stand-in values for the weights, see
+    :mod:`torch2step.layers.standins`); ``run()`` says it needs weights.  ``kv_lengths``
+    (``batch`` lengths) makes the caches ragged (``past`` defaults to their maximum, else
+    1024); ``options`` are compile options as for :func:`torch2step.compile`."""
+    import numpy as np
+    import torch
+
+    from models.decoder import decode_inputs
+    from torch2step.api import compile as compile_graph
+
+    cfg = _config(config)
+    lens = None if kv_lengths is None else np.asarray(kv_lengths, dtype=np.int64).reshape(-1)
+    if lens is not None and len(lens) != batch:
+        raise FrontendError(f"kv_lengths holds {len(lens)} requests but batch is {batch}")
+    p = past if past is not None else (int(lens.max()) if lens is not None else 1024)
+    inputs = decode_inputs(cfg, batch, p, device="meta")
+    if lens is None:
+        graph = from_hf_config(cfg, check=check)
+    else:
+        graph = _with_kv_lengths(cfg, f"{cfg.model_type}_decoder", check)
+        inputs = (*inputs, torch.as_tensor(lens))
+    return compile_graph(graph, inputs, chip=chip, **options)
+
+
+def _with_kv_lengths(cfg: Any, name: str, check: bool) -> LayerGraph:
+    """The decode step raised with a ``kv_lengths`` input (ragged caches)."""
+    import torch
+
+    from models.decoder import decode_inputs, decoder_step, standin_config
+    from torch2step.frontend.torch_import import from_torch
+
+    def raise_(c: Any, device: str) -> LayerGraph:
+        ins = decode_inputs(c, 3, 8, device=device)
+        lens = torch.tensor([1, 8, 5])
+        return from_torch(decoder_step(c, device=device), (*ins, lens), name=name)
+
+    graph = raise_(cfg, "meta")
+    if check:
+        why = same_structure(graph, raise_(standin_config(cfg), "cpu"))
+        if why is not None:
+            raise FrontendError(
+                f"{name}: the full-size layer does not raise like its stand-in ({why})"
+            )
+    return graph
