@@ -195,6 +195,9 @@ def get_layer(
     """
     if name not in LAYERS:
         raise UnknownLayerError(f"unknown layer {name!r}; valid names: {', '.join(LAYERS)}")
+    for what, value in (("batch", batch), ("kv_len", kv_len)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"get_layer({name!r}): {what} must be a positive integer; got {value!r}")
     entry = LAYERS[name]
     impl = entry.default_impl if impl is None else impl
     if impl not in entry.impls:

@@ -165,9 +165,32 @@ class Program:
             )
         ids = np.asarray(routing)
         k = nodes[0].op.k
+        experts = [n.op.num_experts for n in self.layer.ops(L.MoEExperts)]
         if ids.ndim != 2 or ids.shape[1] != k:
             raise Torch2StepError(
                 f"routing must be [tokens, {k}] expert ids; got shape {list(ids.shape)}"
+            )
+        if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+            ids = ids.astype(np.int64)
+        if ids.dtype.kind not in "iu":
+            raise Torch2StepError(
+                f"routing must hold integer expert ids; got {ids.dtype} values such as "
+                f"{ids.ravel()[:3].tolist()}"
+            )
+        high = experts[0] if experts else None
+        bad = (ids < 0) | (ids >= high) if high is not None else ids < 0
+        if bad.any():
+            t, j = (int(v) for v in np.argwhere(bad)[0])
+            raise Torch2StepError(
+                f"routing: token {t} choice {j} is expert {int(ids[t, j])}; the layer has "
+                f"experts 0..{(high or 1) - 1}"
+            )
+        srt = np.sort(ids, axis=1)
+        twice = np.nonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))[0]
+        if twice.size:
+            raise Torch2StepError(
+                f"routing: token {int(twice[0])} chooses an expert twice "
+                f"({ids[twice[0]].tolist()}); each token's {k} experts must be distinct"
             )
         return {self.lowered.placed[nodes[0].outputs[1]].tensor.name: ids.astype(np.int64)}
 

@@ -4,9 +4,11 @@ choice passed back in, the report equals the plain report, and the router's unit
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import torch2step
 from models import get_layer
+from torch2step.errors import Torch2StepError
 from torch2step.layers import ops as L
 from torch2step.step.ops_memory import LinearOffChipStore
 
@@ -57,3 +59,26 @@ def test_static_tiling_compile_option_runs_like_pytorch() -> None:
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     a, b = dyn.report(*x), st.report(*x)
     assert b.hbm_bytes > a.hbm_bytes
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (np.array([[0, 1]] * 3), "one row of expert ids per input token"),
+        (np.full((8, 2), 0.5), "integer expert ids"),
+        (np.array([[0, 99]] * 8), "is expert 99"),
+        (np.array([[1, 1]] * 8), "chooses an expert twice"),
+        (np.zeros((8, 3), dtype=np.int64), r"routing must be \[tokens, 2\]"),
+    ],
+)
+def test_bad_routing_is_one_clear_error(bad, match) -> None:
+    spec = get_layer("qwen3-moe", tiny=True, batch=8)
+    prog = torch2step.compile(spec.module, spec.example_inputs, chip="step-sda")
+    with pytest.raises(Torch2StepError, match=match):
+        prog.report(*spec.example_inputs, routing=bad)
+
+
+@pytest.mark.parametrize("batch", [-3, 0])
+def test_get_layer_rejects_a_non_positive_batch(batch) -> None:
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        get_layer("qwen3-moe", tiny=True, batch=batch)

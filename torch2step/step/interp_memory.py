@@ -78,6 +78,12 @@ def _linear_store(op: LinearOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
     ctx.write.setdefault(op.name, 0)
     given = ctx.store_overrides.get(op.tensor.name)
     if given is not None:
+        if given.size != arr.size:
+            raise StepRuntimeError(
+                f"LinearOffChipStore %{op.name}: the value stored to {op.tensor.name} is replaced "
+                f"by an array of shape {list(given.shape)}, but this run stores shape "
+                f"{list(arr.shape)} (a routing trace needs one row of expert ids per input token)"
+            )
         given = given.reshape(arr.shape).astype(arr.dtype, copy=False)
     for k, tile in enumerate(ins[0].elements()):
         where = tile_slice(arr, tiled, op.base + k, shape, f"LinearOffChipStore %{op.name}")
