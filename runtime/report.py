@@ -127,6 +127,7 @@ def build_result(sim: Any, wall: float) -> SimResult:
             [r.name for r in res],
             [r.kind for r in res],
             [core_name(sim.chip, i) for i in range(sim.chip.num_cores)],
+            cycles,
         )
     chip = sim.chip
     return SimResult(

@@ -167,12 +167,15 @@ class Program:
         return outs[0] if self.layer.single_output else outs
 
     # -- simulation ---------------------------------------------------------------------------
-    def report(self, *inputs: Any, routing: Any = None, trace: bool = False) -> Report:
+    def report(
+        self, *inputs: Any, routing: Any = None, trace: bool = False, notes: Sequence[str] = ()
+    ) -> Report:
         """Simulate the program on the chip for ``inputs`` (default: the example inputs).
 
         ``routing``: ``[tokens, k]`` expert ids (e.g. a real trace) replacing the router's
         choices (weights ``1/k``: timing does not depend on them); ``trace``: keep a Chrome
-        trace for :meth:`write_trace`."""
+        trace for :meth:`write_trace`; ``notes``: choices made for the user, carried into the
+        report's text."""
         from torch2step.spatial import simulate_graph
 
         lw, res, _, dynamic = self._execute(inputs, routing)
@@ -182,7 +185,8 @@ class Program:
         self._last = sim
         m = self.metrics if lw is self.lowered else metrics(lw.program)
         at = m.evaluate(res.bindings)
-        return _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        return _with_context(self, rep, sim, routing is not None, notes)
 
     def write_trace(self, path: str | Path) -> Path:
         """Write the Chrome trace of the last ``report(..., trace=True)``."""
@@ -218,4 +222,49 @@ def _make_report(
         dynamic={k: v for k, v in dynamic.items() if v is not None},
         events=int(sim.events),
         simulation_s=round(sim_s, 3),
+    )
+
+
+def _timeline(sim: Any) -> dict[str, Any]:
+    """Utilisation counters of the trace (``runtime.trace``) as ``{edges, compute, hbm, noc}``."""
+    out: dict[str, list[float]] = {"edges": [], "compute": [], "hbm": [], "noc": []}
+    for ev in sim.sim.trace_events:
+        if ev.get("ph") == "C":
+            kind = ev["name"].split()[0]
+            if kind == "compute":
+                out["edges"].append(ev["ts"])
+            out[kind].append(ev["args"]["busy"])
+    if out["edges"]:
+        out["edges"].append(sim.cycles)
+    return out if out["compute"] else {}
+
+
+def _with_context(
+    prog: Program, rep: Report, sim: Any, traced_routing: bool, notes: Sequence[str]
+) -> Report:
+    """``rep`` with the chip, element type, options and notes of this run."""
+    from dataclasses import replace
+
+    from hwmodel import to_dict
+    from torch2step.spatial.timing import TimingModel
+
+    g = prog.layer
+    dtype = g.types[g.inputs[0]].dtype if g.inputs else "?"
+    tm = TimingModel(prog.chip)
+    all_notes = list(notes)
+    if dtype not in tm.rates:
+        all_notes.append(
+            f"{dtype} tiles are timed at the cores' 16-bit rate ({tm.default_rate:,} FLOPs/cycle "
+            f"per core): the chip lists no {dtype} rate"
+        )
+    options = {k: v for k, v in asdict(prog.lowered.options).items() if v is not None}
+    options["routing"] = "trace" if traced_routing else "router"
+    return replace(
+        rep,
+        element_type=dtype,
+        chip_spec=to_dict(prog.chip),
+        peak_flops_per_cycle=prog.chip.num_cores * tm.default_rate,
+        options=options,
+        notes=all_notes,
+        timeline=_timeline(sim) if sim.sim.trace_events else {},
     )

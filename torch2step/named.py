@@ -1,0 +1,220 @@
+"""Report of a registered layer (``models.LAYERS``) with its real traces: the pipeline behind
+``torch2step report`` and each point of ``torch2step sweep``.
+
+Every input the user did not give explicitly is chosen here and *said*: the choice goes into
+the report's ``notes`` and ``options`` (which routing trace, or the model's router and why; how
+a KV-length trace was scaled for ``--tiny``).  Bad inputs raise :class:`InputError` naming the
+argument, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from hwmodel import Chip, ChipConfigError, load_chip, with_overrides
+from torch2step.errors import InputError, ScheduleError
+
+__all__ = ["LayerRun", "resolve_chip", "parse_options", "report_layer", "fit_suggestions"]
+
+log = logging.getLogger("torch2step")
+
+
+@dataclass
+class LayerRun:
+    """What :func:`report_layer` returns: the report, the compiled program, the notes."""
+
+    report: Any
+    program: Any
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_chip(chip: str | Chip, sets: Sequence[str] = ()) -> Chip:
+    """A preset name or YAML path (or a :class:`Chip`) with ``FIELD=VALUE`` overrides."""
+    try:
+        return with_overrides(load_chip(chip), sets)
+    except ChipConfigError as e:
+        raise InputError(f"--chip/--set: {e}") from None
+
+
+def parse_options(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Compile options from ``["moe_lanes=4", ...]`` (values parsed as ints where they are)."""
+    from torch2step.api import _OPTIONS
+
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for text in items:
+            key, sep, raw = str(text).partition("=")
+            if not sep:
+                raise InputError(f"--option {text!r}: write KEY=VALUE, e.g. moe_lanes=4")
+            value: Any = raw
+            if raw.lower() == "none":
+                value = None
+            else:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    pass
+            pairs.append((key.strip(), value))
+    out = {}
+    for key, value in pairs:
+        if key not in _OPTIONS:
+            raise InputError(
+                f"--option {key}: unknown compile option; valid options: {', '.join(_OPTIONS)}"
+            )
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InputError(f"--option {key}={value!r}: must be an integer (or none)")
+        out[key] = value
+    return out
+
+
+def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | None, str]:
+    """Expert choices ``(tokens, top_k)`` to simulate (None: the router's own) and a note."""
+    from models import traces
+
+    tokens, cfg = meta["tokens"], meta["config"]
+    if arg == "router":
+        return None, "routing: the model's router (--routing-trace router)"
+    if arg == "auto":
+        if meta.get("routing_trace"):
+            arg = meta["routing_trace"]
+        else:
+            big_name = f"{entry.routing_prefix}_b1024"
+            big = traces.routing(big_name)
+            why = None
+            if tokens > len(big):
+                why = f"{big_name} has {len(big)} tokens, the batch is {tokens}"
+            elif big.max() >= cfg.num_experts or big.shape[1] != cfg.top_k:
+                why = (
+                    f"{big_name} routes top-{big.shape[1]} of {big.max() + 1}+ experts; this "
+                    f"layer has top-{cfg.top_k} of {cfg.num_experts}"
+                )
+            if why:
+                return None, f"routing: the model's router (no packaged trace fits: {why})"
+            return big[:tokens], f"routing: the first {tokens} tokens of trace {big_name}"
+    try:
+        sel = np.asarray(traces.routing(arg))
+    except (KeyError, OSError, ValueError) as e:
+        names = ", ".join(traces.list_traces()["routing"])
+        raise InputError(f"--routing-trace: {e} (packaged traces: {names})") from None
+    if sel.ndim != 2 or not np.issubdtype(sel.dtype, np.integer):
+        raise InputError(
+            f"--routing-trace {arg}: expected integer expert ids of shape (tokens, top_k); got "
+            f"{sel.dtype} of shape {sel.shape}"
+        )
+    if sel.shape[0] < tokens or sel.shape[1] != cfg.top_k or sel.min() < 0:
+        raise InputError(
+            f"--routing-trace {arg}: shape {sel.shape}, ids {sel.min()}..{sel.max()}; the layer "
+            f"needs >= {tokens} tokens, top-{cfg.top_k} of experts 0..{cfg.num_experts - 1}"
+        )
+    if sel.max() >= cfg.num_experts:
+        raise InputError(
+            f"--routing-trace {arg}: expert id {sel.max()} but the layer has {cfg.num_experts} "
+            "experts (use --routing-trace router, or a trace of this model)"
+        )
+    return sel[:tokens], f"routing: trace {arg} (first {tokens} of {sel.shape[0]} tokens)"
+
+
+def _kv(arg: str, batch: int, tiny: bool) -> tuple[np.ndarray | None, str]:
+    """Per-request KV lengths (None: the layer's default) and a note."""
+    from models import traces
+
+    if arg == "auto":
+        alias = f"b{batch}/med"
+        if alias not in traces.kv_aliases():
+            return None, f"KV lengths: the layer's default (no packaged trace for batch {batch})"
+        arg = alias
+    try:
+        lens = np.asarray(traces.kv_lengths(arg))
+    except (KeyError, OSError, ValueError) as e:
+        raise InputError(f"--kv-trace: {e} (aliases: {', '.join(traces.kv_aliases())})") from None
+    if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens < 1).any():
+        raise InputError(f"--kv-trace {arg}: KV lengths must be positive integers, one per request")
+    if len(lens) != batch:
+        raise InputError(f"--kv-trace {arg}: holds {len(lens)} requests, --batch is {batch}")
+    note = f"KV lengths: trace {arg}"
+    if tiny and lens.max() > 64:
+        scaled = np.maximum(1, np.rint(lens * (64.0 / lens.max()))).astype(np.int64)
+        note += f" scaled by 64/{lens.max()} for --tiny (max 64, shape kept)"
+        lens = scaled
+    return lens, note
+
+
+def fit_suggestions(kind: str, options: Mapping[str, Any]) -> list[str]:
+    """Compile options that reduce the number of units a layer needs."""
+    out = []
+    if kind == "moe":
+        lanes = options.get("moe_lanes")
+        for k in (8, 4, 2):
+            if lanes is None or (lanes and k < lanes) or lanes == 0:
+                out.append(f"--option moe_lanes={k}")
+    if kind == "attention":
+        out.append(f"--option tile_kv={2 * int(options.get('tile_kv') or 64)}")
+    out.append("a chip with more cores (--set num_cores=... with noc.rows/noc.cols)")
+    return out
+
+
+def report_layer(
+    layer: str,
+    batch: int,
+    chip: str | Chip = "step-sda",
+    *,
+    sets: Sequence[str] = (),
+    options: Mapping[str, Any] | Sequence[str] = (),
+    routing_trace: str = "auto",
+    kv_trace: str = "auto",
+    tiny: bool = False,
+    impl: str | None = None,
+    trace: bool = False,
+) -> LayerRun:
+    """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring)."""
+    import torch2step
+    from models import LAYERS, get_layer
+
+    if layer not in LAYERS:
+        import difflib
+
+        close = difflib.get_close_matches(layer, list(LAYERS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(f"--layer {layer!r}: unknown layer{hint}; layers: {', '.join(LAYERS)}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise InputError(f"--batch {batch!r}: must be a positive integer")
+    entry = LAYERS[layer]
+    if impl is not None and impl not in entry.impls:
+        raise InputError(f"--impl {impl!r}: choose from {', '.join(entry.impls)}")
+    opts = parse_options(options)
+    target = resolve_chip(chip, sets)
+    notes: list[str] = []
+    kv = None
+    if entry.kind == "attention":
+        kv, note = _kv(kv_trace, batch, tiny)
+        notes.append(note)
+    log.info("building %s (batch %d%s)", layer, batch, ", tiny" if tiny else "")
+    spec = get_layer(layer, tiny=tiny, batch=batch, kv_lengths=kv, impl=impl, device="cpu")
+    routing = None
+    if entry.kind == "moe":
+        routing, note = _routing(entry, spec.metadata, routing_trace)
+        notes.append(note)
+    for n in notes:
+        log.info("%s", n)
+    log.info("compiling for %s", target.name)
+    prog = torch2step.compile(
+        spec.module, spec.example_inputs, chip=target, dynamic_shapes=spec.dynamic_shapes, **opts
+    )
+    log.info("simulating")
+    try:
+        rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)
+    except ScheduleError as e:
+        fixes = fit_suggestions(entry.kind, opts)
+        raise ScheduleError(f"{e}\n  to make it fit, try: {'; or '.join(fixes)}") from None
+    rep = replace(
+        rep, options={**rep.options, "layer": layer, "batch": batch, "tiny": tiny, **opts}
+    )
+    log.info("done: %s cycles", f"{rep.latency_cycles:,}")
+    return LayerRun(rep, prog, notes)
