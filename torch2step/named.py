@@ -9,7 +9,9 @@ argument, the value and what is allowed.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,6 +24,39 @@ from torch2step.errors import InputError, ScheduleError
 __all__ = ["LayerRun", "resolve_chip", "parse_options", "report_layer", "fit_suggestions"]
 
 log = logging.getLogger("torch2step")
+
+#: Compiled programs of the last few (layer, config, chip, options): the program is symbolic in
+#: the batch (tokens / requests / KV lengths are data or dynamic sizes), and the registered
+#: layers' weights depend only on their seed, so the points of a sweep that differ only in
+#: batch or trace share one compilation.
+_COMPILED: OrderedDict[str, Any] = OrderedDict()
+_COMPILED_MAX = 2
+
+
+def _compiled(key: dict[str, Any], spec: Any, chip: Chip, opts: dict[str, Any]) -> Any:
+    import torch2step
+    from hwmodel import to_dict
+    from torch2step.errors import FrontendError
+
+    k = json.dumps({**key, "chip": to_dict(chip), "options": opts}, sort_keys=True, default=str)
+    prog = _COMPILED.get(k)
+    if prog is not None:
+        try:
+            prog._check(spec.example_inputs)
+        except FrontendError:
+            prog = None
+    if prog is None:
+        log.info("compiling for %s", chip.name)
+        prog = torch2step.compile(
+            spec.module, spec.example_inputs, chip=chip, dynamic_shapes=spec.dynamic_shapes, **opts
+        )
+    else:
+        log.info("reusing the program compiled for %s", chip.name)
+    _COMPILED[k] = prog
+    _COMPILED.move_to_end(k)
+    while len(_COMPILED) > _COMPILED_MAX:
+        _COMPILED.popitem(last=False)
+    return prog
 
 
 @dataclass
@@ -172,9 +207,11 @@ def report_layer(
     tiny: bool = False,
     impl: str | None = None,
     trace: bool = False,
+    reuse: bool = True,
 ) -> LayerRun:
-    """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring)."""
-    import torch2step
+    """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring);
+    ``reuse``: take the program compiled for an earlier batch of the same layer, chip and
+    options when its inputs' static sizes match."""
     from models import LAYERS, get_layer
 
     if layer not in LAYERS:
@@ -203,10 +240,20 @@ def report_layer(
         notes.append(note)
     for n in notes:
         log.info("%s", n)
-    log.info("compiling for %s", target.name)
-    prog = torch2step.compile(
-        spec.module, spec.example_inputs, chip=target, dynamic_shapes=spec.dynamic_shapes, **opts
-    )
+    key = {"layer": layer, "tiny": tiny, "impl": impl, "seed": spec.metadata.get("seed")}
+    if reuse:
+        prog = _compiled(key, spec, target, opts)
+    else:
+        import torch2step
+
+        log.info("compiling for %s", target.name)
+        prog = torch2step.compile(
+            spec.module,
+            spec.example_inputs,
+            chip=target,
+            dynamic_shapes=spec.dynamic_shapes,
+            **opts,
+        )
     log.info("simulating")
     try:
         rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)

@@ -312,7 +312,11 @@ def run_sweep(
         if bar is not None:
             bar.update(1)
 
-    unique = list({point_hash(p): p for p in todo}.values())
+    # batch varies fastest, so a worker's consecutive points share one compiled program
+    unique = sorted(
+        {point_hash(p): p for p in todo}.values(),
+        key=lambda p: json.dumps({**p, "batch": 0}, sort_keys=True) + f"{p['batch']:012d}",
+    )
     n = max(1, min(jobs or (os.cpu_count() or 1), len(unique) or 1))
     try:
         if backend == "serial" or not unique:
