@@ -186,7 +186,7 @@ class Program:
         m = self.metrics if lw is self.lowered else metrics(lw.program)
         at = m.evaluate(res.bindings)
         rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
-        return _with_context(self, rep, sim, routing is not None, notes)
+        return _with_context(self, lw, rep, sim, routing is not None, notes)
 
     def write_trace(self, path: str | Path) -> Path:
         """Write the Chrome trace of the last ``report(..., trace=True)``."""
@@ -240,12 +240,14 @@ def _timeline(sim: Any) -> dict[str, Any]:
 
 
 def _with_context(
-    prog: Program, rep: Report, sim: Any, traced_routing: bool, notes: Sequence[str]
+    prog: Program, lw: Lowered, rep: Report, sim: Any, traced_routing: bool, notes: Sequence[str]
 ) -> Report:
-    """``rep`` with the chip, element type, options and notes of this run."""
+    """``rep`` with the chip, element type, options, notes of this run and the user's
+    operator each unit came from (``origin``)."""
     from dataclasses import replace
 
     from hwmodel import to_dict
+    from torch2step.origins import step_origins
     from torch2step.spatial.timing import TimingModel
 
     g = prog.layer
@@ -259,8 +261,11 @@ def _with_context(
         )
     options = {k: v for k, v in asdict(prog.lowered.options).items() if v is not None}
     options["routing"] = "trace" if traced_routing else "router"
+    origins = step_origins(lw)
+    units = [{**u, "origin": origins.get(u["ops"][0], "")} for u in rep.units]
     return replace(
         rep,
+        units=units,
         element_type=dtype,
         chip_spec=to_dict(prog.chip),
         peak_flops_per_cycle=prog.chip.num_cores * tm.default_rate,

@@ -219,7 +219,7 @@ class Report:
             lines.append("  by operator (busy unit-cycles, share, FLOPs):")
             for name, r in list(ops.items())[:16]:
                 lines.append(
-                    f"    {name:<24} {r['busy']:>14,}  {r['busy'] / total:6.1%}  {r['flops']:>14,}"
+                    f"    {name:<34} {r['busy']:>12,}  {r['busy'] / total:6.1%}  {r['flops']:>14,}"
                 )
         if self.breakdown:
             lines.append("  breakdown (unit-cycles):")

@@ -128,3 +128,14 @@ def test_report_md_links_everything(run_dir: Path) -> None:
     for name in ("roofline.png", "utilisation.png", "breakdown.png", "trace.json", "perfetto"):
         assert name in md
     assert "cores used" in md and "element type" in md
+
+
+def test_breakdown_by_the_users_operators(run_dir: Path) -> None:
+    s = json.loads((run_dir / "summary.json").read_text())
+    ops = s["by_operator"]
+    # the router's Linear and TopK, and each expert's branch of the MoE operator
+    assert any("(Linear)" in k for k in ops) and any("(TopKRouting)" in k for k in ops)
+    assert sum("(MoEExperts) e" in k for k in ops) >= 2
+    assert sum(r["flops"] for r in ops.values()) == s["flops"]
+    md = (run_dir / "report.md").read_text()
+    assert "by operator" in md and "(MoEExperts) e" in md
