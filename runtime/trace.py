@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["build_trace", "utilisation_counters", "trace_problems", "COUNTER_BUCKETS"]
+__all__ = [
+    "build_trace",
+    "utilisation_counters",
+    "trace_problems",
+    "write_trace_json",
+    "COUNTER_BUCKETS",
+]
 
 _PIDS = {"core": 1, "link": 2, "inject": 3, "eject": 3, "hbm": 4}
 _PNAMES = {1: "cores", 2: "noc links", 3: "all-to-all ports", 4: "hbm channels", 5: "utilisation"}
@@ -261,3 +267,46 @@ def build_trace(
             }
         )
     return tuple(meta + events)
+
+
+def write_trace_json(
+    path: Any,
+    events: Iterable[dict[str, Any]],
+    other: dict[str, Any],
+    *,
+    window: tuple[float, float] | None = None,
+    cores: set[int] | None = None,
+) -> dict[str, int]:
+    """Write ``events`` to ``path`` as a trace-event JSON document, one event at a time (the
+    document is never held in memory as one string).
+
+    ``window``: keep only spans overlapping ``[start, end)`` cycles and counters inside it;
+    ``cores``: keep only these cores' tracks (NoC, HBM and counter tracks are all kept).
+    Returns ``{"events": written, "dropped": left out, "bytes": file size}``."""
+    import json
+    from pathlib import Path
+
+    lo, hi = window if window is not None else (float("-inf"), float("inf"))
+    written = dropped = 0
+    p = Path(path)
+    with p.open("w", encoding="utf-8") as f:
+        f.write('{"traceEvents":[')
+        for ev in events:
+            ph = ev.get("ph")
+            keep = True
+            if ph == "X":
+                keep = ev["ts"] < hi and ev["ts"] + ev["dur"] >= lo
+            elif ph == "C":
+                keep = lo <= ev["ts"] < hi
+            if keep and cores is not None and ev.get("pid") == 1 and ph != "M":
+                keep = ev.get("tid") in cores
+            if keep and ph == "M" and cores is not None and ev.get("pid") == 1:
+                keep = ev.get("name") == "process_name" or ev.get("tid") in cores or ev["tid"] == 0
+            if not keep:
+                dropped += 1
+                continue
+            f.write(("," if written else "") + "\n" + json.dumps(ev, separators=(",", ":")))
+            written += 1
+        doc_tail = {"displayTimeUnit": "ns", "otherData": other}
+        f.write("\n]," + json.dumps(doc_tail, separators=(",", ":"))[1:])
+    return {"events": written, "dropped": dropped, "bytes": p.stat().st_size}

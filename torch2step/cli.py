@@ -90,12 +90,41 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="write a run directory: summary.json, CSVs, trace.json, PNG plots, report.md",
     )
+    r.add_argument(
+        "--trace-window",
+        metavar="START:END",
+        default=None,
+        help="with --out: only cycles START..END in trace.json",
+    )
+    r.add_argument(
+        "--trace-units",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --out: only the N busiest units' core tracks in trace.json",
+    )
     return r
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    from torch2step.errors import InputError
+
+    if text is None:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        lo, hi = float(a or 0), float(b) if b else float("inf")
+    except ValueError:
+        lo, hi = 0.0, -1.0
+    if not sep or hi <= lo or lo < 0:
+        raise InputError(f"--trace-window {text!r}: write START:END cycles with START < END")
+    return lo, hi
 
 
 def _run_report(args: argparse.Namespace) -> int:
     from torch2step.named import report_layer
 
+    window = _window(args.trace_window)
     run = report_layer(
         args.layer,
         args.batch,
@@ -109,7 +138,9 @@ def _run_report(args: argparse.Namespace) -> int:
         trace=args.out is not None,
     )
     if args.out is not None:
-        run.report.save(args.out, trace=run.program)
+        run.report.save(
+            args.out, trace=run.program, trace_window=window, trace_units=args.trace_units
+        )
         log.info("wrote %s/ (read report.md; open trace.json at ui.perfetto.dev)", args.out)
     print(run.report.to_json() if args.json else run.report)
     return 0

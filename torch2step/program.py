@@ -43,6 +43,7 @@ class Program:
         self.example_inputs = tuple(example_inputs)
         self._variants: dict[tuple[str, ...], Lowered] = {(): lowered}
         self._last: Any = None
+        self.trace_stats: dict[str, int] = {}
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -188,11 +189,49 @@ class Program:
         rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
 
-    def write_trace(self, path: str | Path) -> Path:
-        """Write the Chrome trace of the last ``report(..., trace=True)``."""
-        if self._last is None:
-            raise Torch2StepError("no report yet: call report(..., trace=True) first")
-        return self._last.write_trace(path)
+    def write_trace(
+        self,
+        path: str | Path,
+        *,
+        window: tuple[float, float] | None = None,
+        units: int | None = None,
+    ) -> Path:
+        """Write the Chrome / Perfetto trace of the last ``report(..., trace=True)``, event by
+        event (:func:`runtime.trace.write_trace_json`); ``window``: only ``[start, end)``
+        cycles; ``units``: only the cores of the ``units`` busiest units (all NoC / HBM /
+        utilisation tracks are kept).  Core tracks are named after the units on them."""
+        from runtime.trace import write_trace_json
+
+        last = self._last
+        if last is None or not last.sim.trace_events:
+            raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
+        names = {c: u for u in last.placement.units for c in u.cores}
+        cores = None
+        if units is not None:
+            busiest = sorted(last.units, key=lambda r: (-r.busy, r.name))[: max(0, units)]
+            cores = {c for r in busiest for c in r.cores}
+
+        def events():  # type: ignore[no-untyped-def]
+            for ev in last.sim.trace_events:
+                if ev.get("ph") == "M" and ev.get("name") == "thread_name" and ev["pid"] == 1:
+                    u = names.get(ev["tid"])
+                    if u is not None:
+                        role = " ".join(f"{k} %{n}" for n, k in zip(u.ops, u.kinds))
+                        if ev["tid"] != u.core:
+                            role = f"memory of %{u.name}"
+                        ev = {**ev, "args": {"name": f"{ev['args']['name']}: {role}"}}
+                yield ev
+
+        other = {
+            "graph": last.graph,
+            "chip": last.chip,
+            "time_unit": "1 trace microsecond = 1 cycle",
+            "cycles": last.cycles,
+            "window_cycles": list(window) if window else None,
+            "units_kept": units,
+        }
+        self.trace_stats = write_trace_json(path, events(), other, window=window, cores=cores)
+        return Path(path)
 
 
 def _make_report(

@@ -160,13 +160,24 @@ class Report:
         """The same per STeP operator class of the units' primary nodes."""
         return _group([{**u, "kind": (u.get("kinds") or ["?"])[0]} for u in self.units], "kind")
 
-    def save(self, out: str | Path, trace: Any = None) -> Path:
+    def save(
+        self,
+        out: str | Path,
+        trace: Any = None,
+        *,
+        trace_window: tuple[float, float] | None = None,
+        trace_units: int | None = None,
+    ) -> Path:
         """Write a run directory (:func:`torch2step.rundir.write_run_dir`); ``trace``: a
         :class:`torch2step.Program` whose last report recorded a trace, written to
-        ``trace.json``."""
+        ``trace.json`` (limited to ``trace_window`` cycles / the ``trace_units`` busiest units
+        when given)."""
         from torch2step.rundir import write_run_dir
 
-        return write_run_dir(out, self, trace.write_trace if trace is not None else None)
+        def write(path: Path) -> Any:
+            return trace.write_trace(path, window=trace_window, units=trace_units)
+
+        return write_run_dir(out, self, write if trace is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary of every field."""

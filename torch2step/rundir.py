@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import platform
 from collections.abc import Callable
 from importlib import metadata
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from torch2step.report import Report
 
 __all__ = ["write_run_dir", "versions", "UNIT_COLUMNS", "OPERATOR_COLUMNS"]
+
+log = logging.getLogger("torch2step")
 
 UNIT_COLUMNS = (
     "unit",
@@ -155,7 +158,7 @@ def _plots(out: Path, report: Report) -> list[str]:
     return made
 
 
-def _markdown(report: Report, pngs: list[str], trace: str | None) -> str:
+def _markdown(report: Report, pngs: list[str], trace: str | None, trace_note: str) -> str:
     lines = [f"# {report.layer} on {report.chip}", "", "```", str(report), "```", ""]
     captions = {
         "roofline.png": "Roofline: the layer against the chip's peak compute and HBM bandwidth",
@@ -190,10 +193,12 @@ def write_run_dir(
     (d / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     _write_csv(d / "units.csv", UNIT_COLUMNS, _unit_rows(report))
     _write_csv(d / "operators.csv", OPERATOR_COLUMNS, _operator_rows(report))
-    trace_name = None
+    trace_name, trace_note = None, ""
     if trace is not None:
         trace(d / "trace.json")
         trace_name = "trace.json"
+        trace_note = f"{(d / 'trace.json').stat().st_size:,} bytes"
+        log.info("trace.json: %s", trace_note)
     pngs = _plots(d, report)
-    (d / "report.md").write_text(_markdown(report, pngs, trace_name))
+    (d / "report.md").write_text(_markdown(report, pngs, trace_name, trace_note))
     return d

@@ -139,3 +139,20 @@ def test_breakdown_by_the_users_operators(run_dir: Path) -> None:
     assert sum(r["flops"] for r in ops.values()) == s["flops"]
     md = (run_dir / "report.md").read_text()
     assert "by operator" in md and "(MoEExperts) e" in md
+
+
+def test_trace_window_and_units_limit_the_file(tmp_path: Path) -> None:
+    from torch2step.named import report_layer
+
+    run = report_layer("qwen3-moe", 8, tiny=True, routing_trace="router", trace=True)
+    full = run.program.write_trace(tmp_path / "full.json")
+    n_full = run.program.trace_stats["events"]
+    small = run.program.write_trace(tmp_path / "small.json", window=(200, 600), units=5)
+    stats = run.program.trace_stats
+    doc = json.loads(small.read_text())
+    assert trace_problems(doc) == [] and json.loads(full.read_text())["traceEvents"]
+    assert stats["events"] == len(doc["traceEvents"]) < n_full
+    assert stats["bytes"] == small.stat().st_size < full.stat().st_size
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert all(e["ts"] < 600 and e["ts"] + e["dur"] >= 200 for e in spans)
+    assert len({e["tid"] for e in spans if e["pid"] == 1}) <= 5 * 2
