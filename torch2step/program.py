@@ -100,6 +100,11 @@ class Program:
                         f"compiled for {int(e)} there (shape {list(ty.shape)})"
                     )
                 if isinstance(e, sp.Symbol):
+                    if n < 1:
+                        raise FrontendError(
+                            f"{g.name}: input {name} has size 0 on axis {axis} ({e}); give at "
+                            f"least one {e} (shape {list(x.shape)})"
+                        )
                     if sizes.setdefault(e, n) != n:
                         raise FrontendError(
                             f"{g.name}: input {name} axis {axis} is {e}={n}, but {e} is "
