@@ -13,7 +13,7 @@ events against the trace-event format (the fields each phase needs, their types)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "utilisation_counters",
     "trace_problems",
     "write_trace_json",
+    "TraceEvents",
     "COUNTER_BUCKETS",
 ]
 
@@ -168,46 +169,18 @@ def build_trace(
     """Trace events from ``(core, start, end, name)`` and ``(resource, start, end, label)``
     spans; metadata names every track that has a span; with ``cycles`` (the run's length),
     utilisation counter tracks over the run (:func:`utilisation_counters`)."""
-    core_spans = list(core_spans)
-    res_spans = list(res_spans)
-    events: list[dict[str, Any]] = []
-    core_tracks: set[int] = set()
-    res_tracks: set[int] = set()
-    for cid, start, end, name in core_spans:
-        core_tracks.add(cid)
-        cat = name if name.startswith("stall") else "compute"
-        events.append(
-            {
-                "name": name,
-                "cat": cat,
-                "ph": "X",
-                "ts": start,
-                "dur": end - start,
-                "pid": 1,
-                "tid": cid,
-            }
-        )
-    for rid, start, end, label in res_spans:
-        res_tracks.add(rid)
-        kind = res_kinds[rid]
-        events.append(
-            {
-                "name": label,
-                "cat": kind,
-                "ph": "X",
-                "ts": start,
-                "dur": end - start,
-                "pid": _PIDS[kind],
-                "tid": rid,
-            }
-        )
+    core_spans = core_spans if isinstance(core_spans, list) else list(core_spans)
+    res_spans = res_spans if isinstance(res_spans, list) else list(res_spans)
+    core_tracks = {span[0] for span in core_spans}
+    res_tracks = {span[0] for span in res_spans}
+    counter_events: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
     pids = {1} if core_tracks else set()
     pids |= {_PIDS[res_kinds[r]] for r in res_tracks}
     if cycles:
         pids.add(COUNTER_PID)
         counters = utilisation_counters(core_spans, res_spans, res_kinds, cycles)
-        events.extend(_counter_events(counters))
+        counter_events = _counter_events(counters)
     for pid in sorted(pids):
         meta.append(
             {
@@ -266,7 +239,89 @@ def build_trace(
                 "args": {"sort_index": rid},
             }
         )
-    return tuple(meta + events)
+    return TraceEvents(meta, core_spans, res_spans, res_kinds, counter_events)
+
+
+class TraceEvents(Sequence):
+    """The trace's events, made one at a time from the simulator's compact span tuples: the
+    metadata, one complete event per core span, one per resource span, then the counters.
+
+    Holding spans as tuples instead of event dictionaries keeps a long run's trace several
+    times smaller in memory; iterate it (or :func:`write_trace_json`) to write it out."""
+
+    def __init__(
+        self,
+        meta: list[dict[str, Any]],
+        core_spans: list[tuple[int, Any, Any, str]],
+        res_spans: list[tuple[int, Any, Any, str]],
+        res_kinds: Sequence[str],
+        counters: list[dict[str, Any]],
+    ) -> None:
+        self._meta, self._core, self._res = meta, core_spans, res_spans
+        self._kinds, self._counters = list(res_kinds), counters
+
+    def __len__(self) -> int:
+        return len(self._meta) + len(self._core) + len(self._res) + len(self._counters)
+
+    def _core_event(self, span: tuple[int, Any, Any, str]) -> dict[str, Any]:
+        cid, start, end, name = span
+        cat = name if name.startswith("stall") else "compute"
+        return {
+            "name": name,
+            "cat": cat,
+            "ph": "X",
+            "ts": start,
+            "dur": end - start,
+            "pid": 1,
+            "tid": cid,
+        }
+
+    def _res_event(self, span: tuple[int, Any, Any, str]) -> dict[str, Any]:
+        rid, start, end, label = span
+        kind = self._kinds[rid]
+        return {
+            "name": label,
+            "cat": kind,
+            "ph": "X",
+            "ts": start,
+            "dur": end - start,
+            "pid": _PIDS[kind],
+            "tid": rid,
+        }
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        for part, make in (
+            (self._meta, None),
+            (self._core, self._core_event),
+            (self._res, self._res_event),
+            (self._counters, None),
+        ):
+            if index < len(part):
+                return make(part[index]) if make else part[index]
+            index -= len(part)
+        raise IndexError(index)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        yield from self._meta
+        for span in self._core:
+            yield self._core_event(span)
+        for span in self._res:
+            yield self._res_event(span)
+        yield from self._counters
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def write_trace_json(
