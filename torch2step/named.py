@@ -259,7 +259,9 @@ def report_layer(
         rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)
     except ScheduleError as e:
         fixes = fit_suggestions(entry.kind, opts)
-        raise ScheduleError(f"{e}\n  to make it fit, try: {'; or '.join(fixes)}") from None
+        raise ScheduleError(
+            f"{e}\n  to make it fit, try (each needs fewer cores): {'; or '.join(fixes)}"
+        ) from None
     rep = replace(
         rep, options={**rep.options, "layer": layer, "batch": batch, "tiny": tiny, **opts}
     )

@@ -97,7 +97,7 @@ def test_pipeline_errors_are_one_line_exit_1(capsys: pytest.CaptureFixture[str])
     assert code == 1, err
     first = err.splitlines()[0]
     assert first.startswith("torch2step: ScheduleError:") and "Traceback" not in err
-    assert "to make it fit, try: --option moe_lanes=" in err
+    assert "to make it fit, try (each needs fewer cores): --option moe_lanes=" in err
 
 
 def test_report_layer_api_raises_input_error() -> None:
