@@ -109,6 +109,28 @@ def parse_options(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _check_id_dtype(arg: str) -> None:
+    """A routing file must hold integer expert ids (a float array would be truncated)."""
+    from pathlib import Path
+
+    path = Path(arg)
+    if path.suffix not in (".npz", ".npy") or not path.is_file():
+        return
+    try:
+        if path.suffix == ".npz":
+            with np.load(path) as z:
+                dtype = z[z.files[0] if "data" not in z.files else "data"].dtype
+        else:
+            dtype = np.load(path, mmap_mode="r").dtype
+    except (OSError, ValueError, IndexError) as e:
+        raise InputError(f"--routing-trace {arg}: cannot read it: {e}") from None
+    if not np.issubdtype(dtype, np.integer):
+        raise InputError(
+            f"--routing-trace {arg}: expert ids must be integers, the file holds {dtype} "
+            "(ids are never rounded or truncated)"
+        )
+
+
 def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | None, str]:
     """Expert choices ``(tokens, top_k)`` to simulate (None: the router's own) and a note."""
     from models import traces
@@ -133,6 +155,7 @@ def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | N
             if why:
                 return None, f"routing: the model's router (no packaged trace fits: {why})"
             return big[:tokens], f"routing: the first {tokens} tokens of trace {big_name}"
+    _check_id_dtype(arg)
     try:
         sel = np.asarray(traces.routing(arg))
     except (KeyError, OSError, ValueError) as e:

@@ -76,3 +76,10 @@ def test_report_text_states_the_chip_and_dtype(moe: torch2step.Program) -> None:
         rep.hbm_bytes / rep.latency_cycles / rep.hbm_peak_bytes_per_cycle
     )
     assert rep.operator_breakdown() and rep.kind_breakdown()
+
+
+def test_report_save_without_a_trace(moe: torch2step.Program, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = moe.report().save(tmp_path / "run")
+    names = {p.name for p in out.iterdir()}
+    assert {"summary.json", "units.csv", "operators.csv", "report.md", "roofline.png"} <= names
+    assert "trace.json" not in names and "utilisation.png" not in names

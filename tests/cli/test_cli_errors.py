@@ -78,6 +78,10 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
             moe + ["--routing-trace", _npz(tmp_path / "big.npz", np.full((8, 2), 9, np.int64))],
             "expert id 9",
         ),
+        (
+            moe + ["--routing-trace", _npz(tmp_path / "fl.npz", np.full((8, 2), 1.7))],
+            "expert ids must be integers",
+        ),
         (gqa + ["--kv-trace", str(neg)], "positive integers"),
         (gqa + ["--kv-trace", "b64/med"], "holds 64 requests"),
         (["chips", "--show", "ipu-hmb"], "did you mean 'ipu-hbm'"),
