@@ -165,10 +165,12 @@ def build_trace(
     res_kinds: Sequence[str],
     core_names: Sequence[str],
     cycles: float | None = None,
-) -> tuple[dict[str, Any], ...]:
+    num: Any = None,
+) -> TraceEvents:
     """Trace events from ``(core, start, end, name)`` and ``(resource, start, end, label)``
     spans; metadata names every track that has a span; with ``cycles`` (the run's length),
-    utilisation counter tracks over the run (:func:`utilisation_counters`)."""
+    utilisation counter tracks over the run (:func:`utilisation_counters`); ``num`` rounds a
+    resource span's times as its event is made (the spans are kept as given, not copied)."""
     core_spans = core_spans if isinstance(core_spans, list) else list(core_spans)
     res_spans = res_spans if isinstance(res_spans, list) else list(res_spans)
     core_tracks = {span[0] for span in core_spans}
@@ -239,7 +241,7 @@ def build_trace(
                 "args": {"sort_index": rid},
             }
         )
-    return TraceEvents(meta, core_spans, res_spans, res_kinds, counter_events)
+    return TraceEvents(meta, core_spans, res_spans, res_kinds, counter_events, num)
 
 
 class TraceEvents(Sequence):
@@ -256,9 +258,11 @@ class TraceEvents(Sequence):
         res_spans: list[tuple[int, Any, Any, str]],
         res_kinds: Sequence[str],
         counters: list[dict[str, Any]],
+        num: Any = None,
     ) -> None:
         self._meta, self._core, self._res = meta, core_spans, res_spans
         self._kinds, self._counters = list(res_kinds), counters
+        self._num = num or (lambda x: x)
 
     def __len__(self) -> int:
         return len(self._meta) + len(self._core) + len(self._res) + len(self._counters)
@@ -278,6 +282,7 @@ class TraceEvents(Sequence):
 
     def _res_event(self, span: tuple[int, Any, Any, str]) -> dict[str, Any]:
         rid, start, end, label = span
+        start, end = self._num(start), self._num(end)
         kind = self._kinds[rid]
         return {
             "name": label,
