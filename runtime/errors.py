@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from hwmodel.errors import Torch2StepError
 
-class SimulationError(RuntimeError):
+
+class SimulationError(Torch2StepError, RuntimeError):
     """The simulator could not run a set of per-core programs."""
 
 

@@ -123,10 +123,12 @@ def build_result(sim: Any, wall: float) -> SimResult:
     if sim.tracing:
         trace_events = build_trace(
             sim.ctrace,
-            [(r, _num(s), _num(e), label) for r, s, e, label in sim.rtrace],
+            sim.rtrace,
             [r.name for r in res],
             [r.kind for r in res],
             [core_name(sim.chip, i) for i in range(sim.chip.num_cores)],
+            cycles,
+            _num,
         )
     chip = sim.chip
     return SimResult(

@@ -1,23 +1,27 @@
-"""Command line: ``torch2step report|import-onnx|mpirun|layers|chips``.
+"""Command line: ``torch2step report|sweep|import-onnx|mpirun|layers|chips``.
 
 ``torch2step report --layer qwen3-moe --batch 64 --chip step-sda`` builds the named layer with
 the real model's sizes, compiles it, and simulates it with the real expert-routing or KV-length
-trace (packaged in :mod:`models.traces`).  Bad arguments print one line naming the valid choices
-and exit with status 2; errors of the pipeline print their message (no traceback) and exit 1.
+trace (packaged in :mod:`models.traces`); ``--out DIR`` writes a run directory (summary.json,
+CSVs, a Perfetto trace, plots, report.md).  Bad arguments print one line naming what is
+allowed and exit with status 2; errors of the pipeline print one line (no traceback) and exit 1.
+
+Each subcommand is one entry of :data:`COMMANDS`: a function adding its arguments and a
+function running it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import numpy as np
+__all__ = ["main", "build_parser", "COMMANDS"]
 
-__all__ = ["main", "build_parser"]
+log = logging.getLogger("torch2step")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,19 +31,30 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _progress(quiet: bool, t0: float, message: str) -> None:
-    if not quiet:
-        print(f"[{time.perf_counter() - t0:7.1f}s] {message}", file=sys.stderr, flush=True)
+def _common(p: argparse.ArgumentParser) -> None:
+    """``-v`` / ``-q``: more or less logging on stderr."""
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (its ``--help`` is the CLI's reference)."""
+def _chip_args(p: argparse.ArgumentParser) -> None:
     from hwmodel import list_presets
-    from models import LAYERS
 
-    chips = list_presets()
-    p = _Parser(prog="torch2step", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p.add_argument(
+        "--chip", default="step-sda", help=f"preset ({', '.join(list_presets())}) or YAML file"
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a chip field, e.g. --set hbm.channels=64 --set noc.link_bytes_per_cycle=128",
+    )
+
+
+def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from models import LAYERS
 
     r = sub.add_parser("report", help="latency report of a named layer on a chip")
     what = r.add_mutually_exclusive_group(required=True)
@@ -50,12 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a HuggingFace config.json: its decoder layer at full size, no weights",
     )
     r.add_argument("--batch", type=int, default=64, help="tokens (MoE) or decode requests (GQA)")
-    r.add_argument("--chip", default="step-sda", help=f"preset ({', '.join(chips)}) or YAML file")
+    _chip_args(r)
+    r.add_argument(
+        "--option",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a compile option, e.g. --option moe_lanes=4 (see torch2step.lower.LowerOptions)",
+    )
     r.add_argument(
         "--routing-trace",
         default="auto",
         help="MoE: expert choices — a packaged trace name (e.g. qwen_b64), an .npz/.npy file, "
-        "'auto' (the model's real trace for this batch) or 'router' (the layer's own router)",
+        "'auto' (the model's real trace for this batch; the report says what was used) or "
+        "'router' (the layer's own router)",
     )
     r.add_argument(
         "--kv-trace",
@@ -66,176 +90,236 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tiny", action="store_true", help="use the layer's tiny test configuration")
     r.add_argument("--impl", default=None, help="the layer's spelling (see `torch2step layers`)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
-    r.add_argument("--out", type=Path, default=None, help="write report.json and trace.json here")
-    r.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
-
-    o = sub.add_parser("import-onnx", help="import an ONNX file, compile and report it")
-    o.add_argument("file", type=Path)
-    o.add_argument("--chip", default="step-sda", help=f"preset ({', '.join(chips)}) or YAML file")
-    o.add_argument("--tokens", type=int, default=16, help="size given to dynamic dimensions")
-    o.add_argument("--json", action="store_true", help="print the report as JSON")
-    o.add_argument("--print", action="store_true", help="print the layer and STeP graphs")
-    o.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
-
-    from torch2step.mpirun import add_parser as add_mpirun
-
-    add_mpirun(sub)
-    sub.add_parser("layers", help="list the registered layers")
-    sub.add_parser("chips", help="list the chip presets")
-    return p
-
-
-def _resolve_chip(parser: argparse.ArgumentParser, name: str) -> Any:
-    from hwmodel import ChipConfigError, list_presets, load_chip
-
-    if name not in list_presets() and not Path(name).is_file():
-        parser.error(
-            f"argument --chip: invalid choice {name!r} (choose from {', '.join(list_presets())} or a YAML file)"
-        )
-    try:
-        return load_chip(name)
-    except ChipConfigError as e:
-        parser.error(f"argument --chip: {e}")
+    r.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write a run directory: summary.json, CSVs, trace.json, PNG plots, report.md",
+    )
+    r.add_argument(
+        "--trace-window",
+        metavar="START:END",
+        default=None,
+        help="with --out: only cycles START..END in trace.json",
+    )
+    r.add_argument(
+        "--trace-units",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --out: only the N busiest units' core tracks in trace.json",
+    )
+    return r
 
 
-def _routing(parser: argparse.ArgumentParser, arg: str, meta: dict[str, Any]) -> np.ndarray | None:
-    """The expert choices ``(tokens, top_k)`` to simulate, or None for the router's own."""
-    from models import traces
+def _window(text: str | None) -> tuple[float, float] | None:
+    from torch2step.errors import InputError
 
-    tokens, cfg = meta["tokens"], meta["config"]
-    if arg == "router":
+    if text is None:
         return None
-    if arg == "auto":
-        if meta.get("routing_trace"):
-            arg = meta["routing_trace"]
-        else:  # the first `tokens` tokens of the large batch of the same model
-            prefix = "mixtral" if cfg.num_experts == 8 else "qwen"
-            big = traces.routing(f"{prefix}_b1024")
-            if tokens > len(big) or big.max() >= cfg.num_experts or big.shape[1] != cfg.top_k:
-                return None
-            return big[:tokens]
+    a, sep, b = text.partition(":")
     try:
-        sel = traces.routing(arg)
-    except (KeyError, OSError, ValueError) as e:
-        names = ", ".join(traces.list_traces()["routing"])
-        parser.error(f"argument --routing-trace: {e} (packaged traces: {names})")
-    if sel.shape[0] < tokens or sel.shape[1] != cfg.top_k or sel.max() >= cfg.num_experts:
-        parser.error(
-            f"argument --routing-trace: {arg} has shape {sel.shape} with experts < {sel.max() + 1}; "
-            f"the layer needs >= {tokens} tokens, top-{cfg.top_k} of {cfg.num_experts} experts"
-        )
-    return sel[:tokens]
+        lo, hi = float(a or 0), float(b) if b else float("inf")
+    except ValueError:
+        lo, hi = 0.0, -1.0
+    if not sep or hi <= lo or lo < 0:
+        raise InputError(f"--trace-window {text!r}: write START:END cycles with START < END")
+    return lo, hi
 
 
-def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import torch2step
-    from models import LAYERS, get_layer, traces
+def _run_report(args: argparse.Namespace) -> int:
+    from torch2step.named import report_config, report_layer
 
-    t0 = time.perf_counter()
-    chip = _resolve_chip(parser, args.chip)
-    if args.batch < 1:
-        parser.error("argument --batch: must be a positive integer")
+    window = _window(args.trace_window)
     if args.hf_config is not None:
-        _progress(args.quiet, t0, f"compiling {args.hf_config} (batch {args.batch}, no weights)")
-        prog = torch2step.compile_config(args.hf_config, batch=args.batch, chip=chip)
-        _progress(args.quiet, t0, "simulating")
-        rep = prog.report()
-        print(rep.to_json() if args.json else rep)
-        return 0
-    entry = LAYERS[args.layer]
-    if args.impl is not None and args.impl not in entry.impls:
-        parser.error(
-            f"argument --impl: invalid choice {args.impl!r} (choose from {', '.join(entry.impls)})"
+        run = report_config(
+            args.hf_config,
+            args.batch,
+            args.chip,
+            sets=args.sets,
+            options=args.options,
+            trace=args.out is not None,
         )
-    kv: Any = None
-    if entry.kind in ("attention", "decoder"):
-        kv = args.kv_trace
-        if kv == "auto":
-            alias = f"b{args.batch}/med"
-            kv = alias if alias in traces.kv_aliases() else None
-        if kv is not None:
-            try:
-                lens = traces.kv_lengths(kv)
-            except (KeyError, OSError, ValueError) as e:
-                parser.error(
-                    f"argument --kv-trace: {e} (aliases: {', '.join(traces.kv_aliases())})"
-                )
-            if len(lens) != args.batch:
-                parser.error(
-                    f"argument --kv-trace: {kv} holds {len(lens)} requests, --batch is {args.batch}"
-                )
-            if args.tiny:
-                lens = np.minimum(lens, 64)
-            kv = lens
-    _progress(
-        args.quiet, t0, f"building {args.layer} (batch {args.batch}{', tiny' if args.tiny else ''})"
-    )
-    device = "meta" if entry.kind == "decoder" and not args.tiny else "cpu"  # timed on stand-ins
-    spec = get_layer(
-        args.layer, tiny=args.tiny, batch=args.batch, kv_lengths=kv, impl=args.impl, device=device
-    )
-    routing = _routing(parser, args.routing_trace, spec.metadata) if entry.kind == "moe" else None
-    _progress(args.quiet, t0, f"compiling for {chip.name}")
-    prog = torch2step.compile(
-        spec.module, spec.example_inputs, chip=chip, dynamic_shapes=spec.dynamic_shapes
-    )
-    _progress(args.quiet, t0, "simulating")
-    rep = prog.report(*spec.example_inputs, routing=routing, trace=bool(args.out))
-    _progress(args.quiet, t0, f"done: {rep.latency_cycles:,} cycles")
+    else:
+        run = report_layer(
+            args.layer,
+            args.batch,
+            args.chip,
+            sets=args.sets,
+            options=args.options,
+            routing_trace=args.routing_trace,
+            kv_trace=args.kv_trace,
+            tiny=args.tiny,
+            impl=args.impl,
+            trace=args.out is not None,
+        )
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        rep.to_json(args.out / "report.json")
-        prog.write_trace(args.out / "trace.json")
-    print(rep.to_json() if args.json else rep)
+        run.report.save(
+            args.out, trace=run.program, trace_window=window, trace_units=args.trace_units
+        )
+        log.info("wrote %s/ (read report.md; open trace.json at ui.perfetto.dev)", args.out)
+    print(run.report.to_json() if args.json else run.report)
     return 0
 
 
-def _import_onnx(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import torch2step
+def _add_import_onnx(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    o = sub.add_parser("import-onnx", help="import an ONNX file, compile and report it")
+    o.add_argument("file", type=Path)
+    _chip_args(o)
+    o.add_argument("--tokens", type=int, default=16, help="size given to dynamic dimensions")
+    o.add_argument("--json", action="store_true", help="print the report as JSON")
+    o.add_argument("--print", action="store_true", help="print the layer and STeP graphs")
+    return o
 
-    t0 = time.perf_counter()
-    chip = _resolve_chip(parser, args.chip)
-    _progress(args.quiet, t0, f"importing {args.file}")
+
+def _run_import_onnx(args: argparse.Namespace) -> int:
+    import torch2step
+    from torch2step.errors import InputError
+    from torch2step.named import resolve_chip
+
+    if args.tokens < 1:
+        raise InputError(f"--tokens {args.tokens}: must be a positive integer")
+    if not args.file.is_file():
+        raise InputError(f"{args.file}: no such ONNX file")
+    chip = resolve_chip(args.chip, args.sets)
+    log.info("importing %s", args.file)
     graph = torch2step.import_onnx(args.file)
     inputs = torch2step.example_inputs_for(graph, size=args.tokens)
-    _progress(args.quiet, t0, f"compiling for {chip.name}")
+    log.info("compiling for %s", chip.name)
     prog = torch2step.compile(graph, inputs, chip=chip)
     if args.print:
         prog.print()
-    _progress(args.quiet, t0, "simulating")
+    log.info("simulating")
     rep = prog.report(*inputs)
     print(rep.to_json() if args.json else rep)
     return 0
 
 
+def _add_layers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    return sub.add_parser("layers", help="list the registered layers")
+
+
+def _run_layers(args: argparse.Namespace) -> int:
+    from models import LAYERS
+
+    for name, e in LAYERS.items():
+        print(f"{name:<12} {e.description}  (impls: {', '.join(e.impls)})")
+    return 0
+
+
+def _add_chips(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    c = sub.add_parser("chips", help="list the chip presets, or print one's YAML")
+    c.add_argument("--show", metavar="NAME", help="print preset NAME's YAML (copy and edit it)")
+    c.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="with --show: print the YAML with these overrides applied",
+    )
+    return c
+
+
+def _run_chips(args: argparse.Namespace) -> int:
+    from hwmodel import list_presets, load_chip, preset_path, to_yaml, with_overrides
+    from torch2step.errors import InputError
+
+    if args.show:
+        try:
+            if args.sets:
+                print(to_yaml(with_overrides(load_chip(args.show), args.sets)), end="")
+            else:
+                print(preset_path(args.show).read_text(encoding="utf-8"), end="")
+        except Exception as e:  # a ChipConfigError: one line with the preset names
+            raise InputError(f"--show: {e}") from None
+        return 0
+    for name in list_presets():
+        desc = load_chip(name).description
+        print(f"{name:<12} {desc.splitlines()[0] if desc else ''}")
+    return 0
+
+
+Command = tuple[
+    Callable[[argparse._SubParsersAction], argparse.ArgumentParser],
+    Callable[[argparse.Namespace], int],
+]
+
+
+def _mpirun_command() -> Command:
+    from torch2step.mpirun import add_parser, run_mpirun
+
+    def add(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        add_parser(sub)
+        return sub.choices["mpirun"]
+
+    return add, lambda args: run_mpirun(args, build_parser())
+
+
+def _sweep_command() -> Command:
+    from torch2step.sweep_cli import add_sweep, run_sweep
+
+    return add_sweep, run_sweep
+
+
+#: name -> (add its arguments, run it).  Add a subcommand by adding an entry.
+COMMANDS: dict[str, Callable[[], Command]] = {
+    "report": lambda: (_add_report, _run_report),
+    "sweep": _sweep_command,
+    "import-onnx": lambda: (_add_import_onnx, _run_import_onnx),
+    "mpirun": _mpirun_command,
+    "layers": lambda: (_add_layers, _run_layers),
+    "chips": lambda: (_add_chips, _run_chips),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (its ``--help`` is the CLI's reference)."""
+    p = _Parser(prog="torch2step", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, make in COMMANDS.items():
+        add, run = make()
+        sp = add(sub)
+        _common(sp)
+        sp.set_defaults(run=run)
+        assert sp.prog.endswith(name)
+    return p
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO)
+    logger = logging.getLogger("torch2step")
+    for h in list(logger.handlers):
+        if getattr(h, "_torch2step_cli", False):
+            logger.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._torch2step_cli = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("[%(relativeCreated)8.0f ms] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torch2step`` command."""
-    from torch2step.errors import Torch2StepError
+    from torch2step.errors import InputError, Torch2StepError
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "layers":
-        from models import LAYERS
-
-        for name, e in LAYERS.items():
-            print(f"{name:<12} {e.description}  (impls: {', '.join(e.impls)})")
-        return 0
-    if args.command == "chips":
-        from hwmodel import list_presets, load_chip
-
-        for name in list_presets():
-            print(
-                f"{name:<12} {load_chip(name).description.splitlines()[0] if load_chip(name).description else ''}"
-            )
-        return 0
-    if args.command == "mpirun":
-        from torch2step.mpirun import run_mpirun
-
-        return run_mpirun(args, parser)
+    _setup_logging(args.verbose, args.quiet)
     try:
-        return _report(args, parser) if args.command == "report" else _import_onnx(args, parser)
+        return args.run(args)
+    except InputError as e:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {str(e).splitlines()[0]}\n")
     except Torch2StepError as e:
-        print(f"torch2step: {type(e).__name__}: {e}", file=sys.stderr)
+        lines = str(e).splitlines() or [""]
+        more = (
+            f" ({len(lines) - 1} more lines with -v)" if len(lines) > 1 and not args.verbose else ""
+        )
+        print(f"torch2step: {type(e).__name__}: {lines[0]}{more}", file=sys.stderr)
+        for line in lines[1:]:
+            if args.verbose or line.strip().startswith("to make it fit"):
+                print(f"torch2step: {line.strip()}", file=sys.stderr)
         return 1
 
 

@@ -6,8 +6,17 @@ known) and what to do instead.  Catch :class:`Torch2StepError` to catch them all
 
 from __future__ import annotations
 
+from hwmodel.errors import ChipConfigError, Torch2StepError
+from lowering.errors import ProgramError
+from runtime.errors import DeadlockError, SimulationError
+
 __all__ = [
     "Torch2StepError",
+    "ChipConfigError",
+    "ProgramError",
+    "SimulationError",
+    "DeadlockError",
+    "InputError",
     "FrontendError",
     "UnsupportedOperatorError",
     "StepTypeError",
@@ -16,8 +25,9 @@ __all__ = [
 ]
 
 
-class Torch2StepError(Exception):
-    """Base class of every error raised by this project."""
+class InputError(Torch2StepError, ValueError):
+    """A value the user gave (a size, a trace, a compile option, a chip override) is invalid;
+    the message names the argument, the value and what is allowed."""
 
 
 class FrontendError(Torch2StepError):
@@ -29,7 +39,7 @@ class UnsupportedOperatorError(FrontendError):
 
 
 class StepTypeError(Torch2StepError):
-    """A STeP operator's shape/type rule (seed 000 Appendix A) does not hold."""
+    """A STeP operator's shape/type rule (STeP, arXiv 2511.07776, Appendix A) does not hold."""
 
 
 class LoweringError(Torch2StepError):
@@ -37,4 +47,4 @@ class LoweringError(Torch2StepError):
 
 
 class ScheduleError(Torch2StepError):
-    """No operator schedule (seed 002 §4) satisfies the chip's constraints."""
+    """No operator schedule (ELK §4) satisfies the chip's constraints."""

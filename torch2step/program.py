@@ -44,6 +44,7 @@ class Program:
         self.chip = chip
         self.example_inputs = tuple(example_inputs)
         self._last: Any = None
+        self.trace_stats: dict[str, int] = {}
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -100,6 +101,11 @@ class Program:
                         f"compiled for {int(e)} there (shape {list(ty.shape)})"
                     )
                 if isinstance(e, sp.Symbol):
+                    if n < 1:
+                        raise FrontendError(
+                            f"{g.name}: input {name} has size 0 on axis {axis} ({e}); give at "
+                            f"least one {e} (shape {list(x.shape)})"
+                        )
                     if sizes.setdefault(e, n) != n:
                         raise FrontendError(
                             f"{g.name}: input {name} axis {axis} is {e}={n}, but {e} is "
@@ -201,14 +207,17 @@ class Program:
         return outs[0] if self.layer.single_output else outs
 
     # -- simulation ---------------------------------------------------------------------------
-    def report(self, *inputs: Any, routing: Any = None, trace: bool = False) -> Report:
+    def report(
+        self, *inputs: Any, routing: Any = None, trace: bool = False, notes: Sequence[str] = ()
+    ) -> Report:
         """Simulate the program on the chip for ``inputs`` (default: the example inputs).
 
         ``routing``: ``[tokens, k]`` expert ids (e.g. a real trace) replacing the router's
         top-k choice (the router still runs and is timed; its weights are kept: timing does
         not depend on them); ``trace``: keep a Chrome trace for :meth:`write_trace`.  The
         interpreter runs in timing-only mode: values that steer control are computed, matrix
-        products that do not are only shaped (:mod:`torch2step.step.timing_only`)."""
+        products that do not are only shaped (:mod:`torch2step.step.timing_only`).  ``notes``:
+        choices made for the user, carried into the report's text."""
         from torch2step.spatial import simulate_graph
 
         lw, res, _, dynamic = self._execute(inputs, routing, timing_only=True, standins=True)
@@ -218,13 +227,52 @@ class Program:
         self._last = sim
         m = self.metrics
         at = m.evaluate(res.bindings)
-        return _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        return _with_context(self, lw, rep, sim, routing is not None, notes)
 
-    def write_trace(self, path: str | Path) -> Path:
-        """Write the Chrome trace of the last ``report(..., trace=True)``."""
-        if self._last is None:
-            raise Torch2StepError("no report yet: call report(..., trace=True) first")
-        return self._last.write_trace(path)
+    def write_trace(
+        self,
+        path: str | Path,
+        *,
+        window: tuple[float, float] | None = None,
+        units: int | None = None,
+    ) -> Path:
+        """Write the Chrome / Perfetto trace of the last ``report(..., trace=True)``, event by
+        event (:func:`runtime.trace.write_trace_json`); ``window``: only ``[start, end)``
+        cycles; ``units``: only the cores of the ``units`` busiest units (all NoC / HBM /
+        utilisation tracks are kept).  Core tracks are named after the units on them."""
+        from runtime.trace import write_trace_json
+
+        last = self._last
+        if last is None or not last.sim.trace_events:
+            raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
+        names = {c: u for u in last.placement.units for c in u.cores}
+        cores = None
+        if units is not None:
+            busiest = sorted(last.units, key=lambda r: (-r.busy, r.name))[: max(0, units)]
+            cores = {c for r in busiest for c in r.cores}
+
+        def events():  # type: ignore[no-untyped-def]
+            for ev in last.sim.trace_events:
+                if ev.get("ph") == "M" and ev.get("name") == "thread_name" and ev["pid"] == 1:
+                    u = names.get(ev["tid"])
+                    if u is not None:
+                        role = " ".join(f"{k} %{n}" for n, k in zip(u.ops, u.kinds))
+                        if ev["tid"] != u.core:
+                            role = f"memory of %{u.name}"
+                        ev = {**ev, "args": {"name": f"{ev['args']['name']}: {role}"}}
+                yield ev
+
+        other = {
+            "graph": last.graph,
+            "chip": last.chip,
+            "time_unit": "1 trace microsecond = 1 cycle",
+            "cycles": last.cycles,
+            "window_cycles": list(window) if window else None,
+            "units_kept": units,
+        }
+        self.trace_stats = write_trace_json(path, events(), other, window=window, cores=cores)
+        return Path(path)
 
 
 def _make_report(
@@ -264,3 +312,51 @@ def _layer_dtype(layer: LayerGraph) -> str:
     kinds = {layer.types[n].dtype for n in layer.inputs}
     floats = sorted(k for k in kinds if not k.startswith("int") and k != "bool")
     return floats[0] if len(floats) == 1 else ",".join(floats) or "int"
+
+
+def _timeline(sim: Any) -> dict[str, Any]:
+    """Utilisation counters of the trace (``runtime.trace``) as ``{edges, compute, hbm, noc}``."""
+    out: dict[str, list[float]] = {"edges": [], "compute": [], "hbm": [], "noc": []}
+    for ev in sim.sim.trace_events:
+        if ev.get("ph") == "C":
+            kind = ev["name"].split()[0]
+            if kind == "compute":
+                out["edges"].append(ev["ts"])
+            out[kind].append(ev["args"]["busy"])
+    if out["edges"]:
+        out["edges"].append(sim.cycles)
+    return out if out["compute"] else {}
+
+
+def _with_context(
+    prog: Program, lw: Lowered, rep: Report, sim: Any, traced_routing: bool, notes: Sequence[str]
+) -> Report:
+    """``rep`` with the chip, element type, options, notes of this run and the user's
+    operator each unit came from (``origin``)."""
+    from dataclasses import replace
+
+    from hwmodel import to_dict
+    from torch2step.origins import step_origins
+    from torch2step.spatial.timing import TimingModel
+
+    dtype = rep.dtype or _layer_dtype(prog.layer)
+    tm = TimingModel(prog.chip)
+    all_notes = list(notes)
+    if dtype not in tm.rates:
+        all_notes.append(
+            f"{dtype} tiles are timed at the cores' 16-bit rate ({tm.default_rate:,} FLOPs/cycle "
+            f"per core): the chip lists no {dtype} rate"
+        )
+    options = {k: v for k, v in asdict(prog.lowered.options).items() if v is not None}
+    options["routing"] = "trace" if traced_routing else "router"
+    origins = step_origins(lw)
+    units = [{**u, "origin": origins.get(u["ops"][0], "")} for u in rep.units]
+    return replace(
+        rep,
+        units=units,
+        chip_spec=to_dict(prog.chip),
+        peak_flops_per_cycle=prog.chip.num_cores * tm.default_rate,
+        options=options,
+        notes=all_notes,
+        timeline=_timeline(sim) if sim.sim.trace_events else {},
+    )

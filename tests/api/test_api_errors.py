@@ -60,3 +60,26 @@ def test_meta_weights_cannot_run() -> None:
     prog = torch2step.compile(spec.module, spec.example_inputs)
     with pytest.raises(Torch2StepError, match="meta device"):
         prog.run(*spec.example_inputs)
+
+
+def test_zero_tokens_is_a_clear_frontend_error(moe: torch2step.Program) -> None:
+    with pytest.raises(FrontendError, match="size 0 on axis 0"):
+        moe.report(torch.randn(0, 1, 64))
+
+
+def test_report_text_states_the_chip_and_dtype(moe: torch2step.Program) -> None:
+    rep = moe.report()
+    text = str(rep)
+    assert f"of {rep.cores_available:,} cores used" in text and "element type" in text
+    assert rep.dtype == "fp32" and 0 < rep.hbm_bandwidth_fraction <= 1
+    assert rep.hbm_bandwidth_fraction == pytest.approx(
+        rep.hbm_bytes / rep.latency_cycles / rep.hbm_peak_bytes_per_cycle
+    )
+    assert rep.operator_breakdown() and rep.kind_breakdown()
+
+
+def test_report_save_without_a_trace(moe: torch2step.Program, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = moe.report().save(tmp_path / "run")
+    names = {p.name for p in out.iterdir()}
+    assert {"summary.json", "units.csv", "operators.csv", "report.md", "roofline.png"} <= names
+    assert "trace.json" not in names and "utilisation.png" not in names

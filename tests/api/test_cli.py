@@ -60,6 +60,8 @@ def test_import_onnx_prints_a_report(tmp_path, capsys) -> None:  # type: ignore[
 
 
 def test_missing_onnx_file_is_a_clear_error(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["import-onnx", "/nonexistent/model.onnx"]) != 0
+    with pytest.raises(SystemExit) as e:
+        main(["import-onnx", "/nonexistent/model.onnx"])
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert "model.onnx" in err and "Traceback" not in err

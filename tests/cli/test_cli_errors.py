@@ -1,0 +1,112 @@
+"""Every bad input gives one line, the right exception class and a non-zero exit status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hwmodel
+import lowering.errors
+import runtime.errors
+import torch2step
+from torch2step.cli import main
+from torch2step.errors import InputError, Torch2StepError
+from torch2step.named import parse_options, report_layer
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    err = capsys.readouterr().err
+    return code, err
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        lowering.errors.ProgramError,
+        runtime.errors.SimulationError,
+        runtime.errors.DeadlockError,
+        hwmodel.ChipConfigError,
+        torch2step.FrontendError,
+        torch2step.LoweringError,
+        torch2step.ScheduleError,
+        InputError,
+    ],
+)
+def test_every_error_class_derives_from_the_base(cls: type) -> None:
+    assert issubclass(cls, Torch2StepError)
+    assert torch2step.Torch2StepError is hwmodel.Torch2StepError
+
+
+def _npz(path: Path, data: np.ndarray) -> str:
+    np.savez(path, data=data)
+    return str(path)
+
+
+def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    neg = tmp_path / "neg.npy"
+    np.save(neg, np.array([5, -3, 7, 9]))
+    moe = ["report", "--layer", "qwen3-moe", "--tiny", "--batch", "8", "-q"]
+    gqa = ["report", "--layer", "llama-gqa", "--tiny", "--batch", "4", "-q"]
+    cases = [
+        (moe + ["--batch", "0"], "positive"),
+        (["import-onnx", "x.onnx", "--tokens", "0"], "--tokens 0"),
+        (["import-onnx", str(tmp_path / "none.onnx")], "no such ONNX file"),
+        (moe + ["--chip", "step-sd"], "did you mean 'step-sda'"),
+        (moe + ["--set", "hbm.chanels=4"], "no field 'hbm.chanels'"),
+        (moe + ["--set", "hbm.channels=-1", "--set", "clock_ghz=0"], "2 problems"),
+        (moe + ["--option", "moe_lanez=4"], "unknown compile option"),
+        (moe + ["--option", "moe_lanes"], "KEY=VALUE"),
+        (moe + ["--routing-trace", "nope_b3"], "unknown routing trace"),
+        (
+            moe + ["--routing-trace", _npz(tmp_path / "few.npz", np.zeros((3, 2), np.int64))],
+            "needs >= 8 tokens",
+        ),
+        (
+            moe + ["--routing-trace", _npz(tmp_path / "big.npz", np.full((8, 2), 9, np.int64))],
+            "expert id 9",
+        ),
+        (
+            moe + ["--routing-trace", _npz(tmp_path / "fl.npz", np.full((8, 2), 1.7))],
+            "expert ids must be integers",
+        ),
+        (gqa + ["--kv-trace", str(neg)], "positive integers"),
+        (gqa + ["--kv-trace", "b64/med"], "holds 64 requests"),
+        (["chips", "--show", "ipu-hmb"], "did you mean 'ipu-hbm'"),
+    ]
+    for argv, needle in cases:
+        code, err = _run(argv, capsys)
+        assert code == 2, (argv, err)
+        line = _one_line(err)
+        assert needle in line, (argv, line)
+
+
+def test_pipeline_errors_are_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    # a chip far too small for the layer: a ScheduleError naming options that would help
+    argv = ["report", "--layer", "qwen3-moe", "--tiny", "--batch", "8", "-q"]
+    argv += ["--set", "noc.rows=2", "--set", "noc.cols=2"]
+    code, err = _run(argv, capsys)
+    assert code == 1, err
+    first = err.splitlines()[0]
+    assert first.startswith("torch2step: ScheduleError:") and "Traceback" not in err
+    assert "to make it fit, try (each needs fewer cores): --option moe_lanes=" in err
+
+
+def test_report_layer_api_raises_input_error() -> None:
+    with pytest.raises(InputError, match="did you mean 'qwen3-moe'"):
+        report_layer("qwen3-mo", 8)
+    with pytest.raises(InputError, match="positive"):
+        report_layer("qwen3-moe", -3, tiny=True)
+    assert parse_options(["moe_lanes=4", "tile_cols=none"]) == {"moe_lanes": 4, "tile_cols": None}

@@ -1,0 +1,327 @@
+"""Report of a registered layer (``models.LAYERS``) with its real traces: the pipeline behind
+``torch2step report`` and each point of ``torch2step sweep``.
+
+Every input the user did not give explicitly is chosen here and *said*: the choice goes into
+the report's ``notes`` and ``options`` (which routing trace, or the model's router and why; how
+a KV-length trace was scaled for ``--tiny``).  Bad inputs raise :class:`InputError` naming the
+argument, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from hwmodel import Chip, ChipConfigError, load_chip, with_overrides
+from torch2step.errors import InputError, ScheduleError
+
+__all__ = [
+    "LayerRun",
+    "resolve_chip",
+    "parse_options",
+    "report_layer",
+    "report_config",
+    "fit_suggestions",
+]
+
+log = logging.getLogger("torch2step")
+
+#: Compiled programs of the last few (layer, config, chip, options): the program is symbolic in
+#: the batch (tokens / requests / KV lengths are data or dynamic sizes), and the registered
+#: layers' weights depend only on their seed, so the points of a sweep that differ only in
+#: batch or trace share one compilation.
+_COMPILED: OrderedDict[str, Any] = OrderedDict()
+_COMPILED_MAX = 2
+
+
+def _compiled(key: dict[str, Any], spec: Any, chip: Chip, opts: dict[str, Any]) -> Any:
+    import torch2step
+    from hwmodel import to_dict
+    from torch2step.errors import FrontendError
+
+    k = json.dumps({**key, "chip": to_dict(chip), "options": opts}, sort_keys=True, default=str)
+    prog = _COMPILED.get(k)
+    if prog is not None:
+        try:
+            prog._check(spec.example_inputs)
+        except FrontendError:
+            prog = None
+    if prog is None:
+        log.info("compiling for %s", chip.name)
+        prog = torch2step.compile(
+            spec.module, spec.example_inputs, chip=chip, dynamic_shapes=spec.dynamic_shapes, **opts
+        )
+    else:
+        log.info("reusing the program compiled for %s", chip.name)
+    _COMPILED[k] = prog
+    _COMPILED.move_to_end(k)
+    while len(_COMPILED) > _COMPILED_MAX:
+        _COMPILED.popitem(last=False)
+    return prog
+
+
+@dataclass
+class LayerRun:
+    """What :func:`report_layer` returns: the report, the compiled program, the notes."""
+
+    report: Any
+    program: Any
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_chip(chip: str | Chip, sets: Sequence[str] = ()) -> Chip:
+    """A preset name or YAML path (or a :class:`Chip`) with ``FIELD=VALUE`` overrides."""
+    try:
+        return with_overrides(load_chip(chip), sets)
+    except ChipConfigError as e:
+        raise InputError(f"--chip/--set: {e}") from None
+
+
+def parse_options(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Compile options from ``["moe_lanes=4", ...]`` (values parsed as ints where they are)."""
+    from torch2step.api import _OPTIONS
+
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for text in items:
+            key, sep, raw = str(text).partition("=")
+            if not sep:
+                raise InputError(f"--option {text!r}: write KEY=VALUE, e.g. moe_lanes=4")
+            value: Any = raw
+            if raw.lower() == "none":
+                value = None
+            else:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    pass
+            pairs.append((key.strip(), value))
+    out = {}
+    for key, value in pairs:
+        if key not in _OPTIONS:
+            raise InputError(
+                f"--option {key}: unknown compile option; valid options: {', '.join(_OPTIONS)}"
+            )
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InputError(f"--option {key}={value!r}: must be an integer (or none)")
+        out[key] = value
+    return out
+
+
+def _check_id_dtype(arg: str) -> None:
+    """A routing file must hold integer expert ids (a float array would be truncated)."""
+    from pathlib import Path
+
+    path = Path(arg)
+    if path.suffix not in (".npz", ".npy") or not path.is_file():
+        return
+    try:
+        if path.suffix == ".npz":
+            with np.load(path) as z:
+                dtype = z[z.files[0] if "data" not in z.files else "data"].dtype
+        else:
+            dtype = np.load(path, mmap_mode="r").dtype
+    except (OSError, ValueError, IndexError) as e:
+        raise InputError(f"--routing-trace {arg}: cannot read it: {e}") from None
+    if not np.issubdtype(dtype, np.integer):
+        raise InputError(
+            f"--routing-trace {arg}: expert ids must be integers, the file holds {dtype} "
+            "(ids are never rounded or truncated)"
+        )
+
+
+def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | None, str]:
+    """Expert choices ``(tokens, top_k)`` to simulate (None: the router's own) and a note."""
+    from models import traces
+
+    tokens, cfg = meta["tokens"], meta["config"]
+    if arg == "router":
+        return None, "routing: the model's router (--routing-trace router)"
+    if arg == "auto":
+        if meta.get("routing_trace"):
+            arg = meta["routing_trace"]
+        else:
+            big_name = f"{entry.routing_prefix}_b1024"
+            big = traces.routing(big_name)
+            why = None
+            if tokens > len(big):
+                why = f"{big_name} has {len(big)} tokens, the batch is {tokens}"
+            elif big.max() >= cfg.num_experts or big.shape[1] != cfg.top_k:
+                why = (
+                    f"{big_name} routes top-{big.shape[1]} of {big.max() + 1}+ experts; this "
+                    f"layer has top-{cfg.top_k} of {cfg.num_experts}"
+                )
+            if why:
+                return None, f"routing: the model's router (no packaged trace fits: {why})"
+            return big[:tokens], f"routing: the first {tokens} tokens of trace {big_name}"
+    _check_id_dtype(arg)
+    try:
+        sel = np.asarray(traces.routing(arg))
+    except (KeyError, OSError, ValueError) as e:
+        names = ", ".join(traces.list_traces()["routing"])
+        raise InputError(f"--routing-trace: {e} (packaged traces: {names})") from None
+    if sel.ndim != 2 or not np.issubdtype(sel.dtype, np.integer):
+        raise InputError(
+            f"--routing-trace {arg}: expected integer expert ids of shape (tokens, top_k); got "
+            f"{sel.dtype} of shape {sel.shape}"
+        )
+    if sel.shape[0] < tokens or sel.shape[1] != cfg.top_k or sel.min() < 0:
+        raise InputError(
+            f"--routing-trace {arg}: shape {sel.shape}, ids {sel.min()}..{sel.max()}; the layer "
+            f"needs >= {tokens} tokens, top-{cfg.top_k} of experts 0..{cfg.num_experts - 1}"
+        )
+    if sel.max() >= cfg.num_experts:
+        raise InputError(
+            f"--routing-trace {arg}: expert id {sel.max()} but the layer has {cfg.num_experts} "
+            "experts (use --routing-trace router, or a trace of this model)"
+        )
+    return sel[:tokens], f"routing: trace {arg} (first {tokens} of {sel.shape[0]} tokens)"
+
+
+def _kv(arg: str, batch: int, tiny: bool) -> tuple[np.ndarray | None, str]:
+    """Per-request KV lengths (None: the layer's default) and a note."""
+    from models import traces
+
+    if arg == "auto":
+        alias = f"b{batch}/med"
+        if alias not in traces.kv_aliases():
+            return None, f"KV lengths: the layer's default (no packaged trace for batch {batch})"
+        arg = alias
+    try:
+        lens = np.asarray(traces.kv_lengths(arg))
+    except (KeyError, OSError, ValueError) as e:
+        raise InputError(f"--kv-trace: {e} (aliases: {', '.join(traces.kv_aliases())})") from None
+    if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens < 1).any():
+        raise InputError(f"--kv-trace {arg}: KV lengths must be positive integers, one per request")
+    if len(lens) != batch:
+        raise InputError(f"--kv-trace {arg}: holds {len(lens)} requests, --batch is {batch}")
+    note = f"KV lengths: trace {arg}"
+    if tiny and lens.max() > 64:
+        scaled = np.maximum(1, np.rint(lens * (64.0 / lens.max()))).astype(np.int64)
+        note += f" scaled by 64/{lens.max()} for --tiny (max 64, shape kept)"
+        lens = scaled
+    return lens, note
+
+
+def fit_suggestions(kind: str, options: Mapping[str, Any]) -> list[str]:
+    """Compile options that reduce the number of units a layer needs."""
+    out = []
+    if kind == "moe":
+        lanes = options.get("moe_lanes")
+        for k in (8, 4, 2):
+            if lanes is None or (lanes and k < lanes) or lanes == 0:
+                out.append(f"--option moe_lanes={k}")
+    if kind == "attention":
+        out.append(f"--option tile_kv={2 * int(options.get('tile_kv') or 64)}")
+    out.append("a chip with more cores (--set num_cores=... with noc.rows/noc.cols)")
+    return out
+
+
+def report_layer(
+    layer: str,
+    batch: int,
+    chip: str | Chip = "step-sda",
+    *,
+    sets: Sequence[str] = (),
+    options: Mapping[str, Any] | Sequence[str] = (),
+    routing_trace: str = "auto",
+    kv_trace: str = "auto",
+    tiny: bool = False,
+    impl: str | None = None,
+    trace: bool = False,
+    reuse: bool = True,
+) -> LayerRun:
+    """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring);
+    ``reuse``: take the program compiled for an earlier batch of the same layer, chip and
+    options when its inputs' static sizes match."""
+    from models import LAYERS, get_layer
+
+    if layer not in LAYERS:
+        import difflib
+
+        close = difflib.get_close_matches(layer, list(LAYERS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(f"--layer {layer!r}: unknown layer{hint}; layers: {', '.join(LAYERS)}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise InputError(f"--batch {batch!r}: must be a positive integer")
+    entry = LAYERS[layer]
+    if impl is not None and impl not in entry.impls:
+        raise InputError(f"--impl {impl!r}: choose from {', '.join(entry.impls)}")
+    opts = parse_options(options)
+    target = resolve_chip(chip, sets)
+    notes: list[str] = []
+    kv = None
+    if entry.kind in ("attention", "decoder"):
+        kv, note = _kv(kv_trace, batch, tiny)
+        notes.append(note)
+    log.info("building %s (batch %d%s)", layer, batch, ", tiny" if tiny else "")
+    # a full-size decoder layer is built on the meta device and timed on stand-in values
+    device = "meta" if entry.kind == "decoder" and not tiny else "cpu"
+    spec = get_layer(layer, tiny=tiny, batch=batch, kv_lengths=kv, impl=impl, device=device)
+    routing = None
+    if entry.kind == "moe":
+        routing, note = _routing(entry, spec.metadata, routing_trace)
+        notes.append(note)
+    for n in notes:
+        log.info("%s", n)
+    key = {"layer": layer, "tiny": tiny, "impl": impl, "seed": spec.metadata.get("seed")}
+    if reuse:
+        prog = _compiled(key, spec, target, opts)
+    else:
+        import torch2step
+
+        log.info("compiling for %s", target.name)
+        prog = torch2step.compile(
+            spec.module,
+            spec.example_inputs,
+            chip=target,
+            dynamic_shapes=spec.dynamic_shapes,
+            **opts,
+        )
+    log.info("simulating")
+    try:
+        rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)
+    except ScheduleError as e:
+        fixes = fit_suggestions(entry.kind, opts)
+        raise ScheduleError(
+            f"{e}\n  to make it fit, try (each needs fewer cores): {'; or '.join(fixes)}"
+        ) from None
+    rep = replace(
+        rep, options={**rep.options, "layer": layer, "batch": batch, "tiny": tiny, **opts}
+    )
+    log.info("done: %s cycles", f"{rep.latency_cycles:,}")
+    return LayerRun(rep, prog, notes)
+
+
+def report_config(
+    config: Any,
+    batch: int,
+    chip: str | Chip = "step-sda",
+    *,
+    sets: Sequence[str] = (),
+    options: Mapping[str, Any] | Sequence[str] = (),
+    trace: bool = False,
+) -> LayerRun:
+    """Compile and simulate layer 0 of a HuggingFace ``config.json`` as a decode step at full
+    size with no weights (:func:`torch2step.compile_config`)."""
+    import torch2step
+
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise InputError(f"--batch {batch!r}: must be a positive integer")
+    opts = parse_options(options)
+    target = resolve_chip(chip, sets)
+    log.info("compiling %s (batch %d, no weights) for %s", config, batch, target.name)
+    prog = torch2step.compile_config(config, batch=batch, chip=target, **opts)
+    log.info("simulating")
+    rep = prog.report(trace=trace)
+    rep = replace(rep, options={**rep.options, "hf_config": str(config), "batch": batch, **opts})
+    log.info("done: %s cycles", f"{rep.latency_cycles:,}")
+    return LayerRun(rep, prog, [])

@@ -1,0 +1,335 @@
+"""Design-space sweeps: the product of layers x batches x chips x options x traces.
+
+A spec (YAML or a dict)::
+
+    layers: [qwen3-moe]
+    batches: [8, 16]
+    chips:                       # a preset, a YAML file, or a chip with overrides
+      - step-sda
+      - {chip: step-sda, set: [hbm.channels=64]}
+    options: [{}, {moe_lanes: 4}]
+    traces: [auto]               # routing trace (MoE) / KV trace (attention) per point
+    tiny: true
+
+:func:`points` expands it; :func:`run_sweep` runs every point on a local process pool
+(``backend="pool"``) or on Ray (``backend="ray"``; ``address`` of a cluster, else a local Ray),
+shows a progress bar with an ETA, and caches each finished point in ``out/points/<hash>.json``
+where the hash covers the point's inputs, the resolved chip description and the package
+version, so a rerun skips finished points.  A point that fails is recorded with its error and
+the sweep goes on.  Results: ``results.csv`` (one row per point, ordered as the spec),
+``results.parquet`` when pyarrow is installed, ``latency_vs_batch.png`` and ``pareto.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from torch2step.errors import InputError
+
+__all__ = ["load_spec", "points", "point_hash", "run_point", "run_sweep", "ROW_COLUMNS"]
+
+log = logging.getLogger("torch2step")
+
+ROW_COLUMNS = (
+    "layer",
+    "batch",
+    "chip",
+    "chip_name",
+    "options",
+    "trace",
+    "tiny",
+    "status",
+    "error",
+    "latency_cycles",
+    "latency_s",
+    "hbm_bytes",
+    "flops",
+    "peak_onchip_bytes",
+    "roofline_fraction",
+    "hbm_bandwidth_fraction",
+    "cores_used",
+    "cores_available",
+    "notes",
+    "hash",
+)
+_KEYS = {"layers", "batches", "chips", "options", "traces", "tiny", "impl"}
+
+
+def load_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep spec from a YAML file or a mapping; chip files are resolved relative to it."""
+    base = Path(".")
+    if not isinstance(spec, Mapping):
+        path = Path(spec)
+        if not path.is_file():
+            raise InputError(f"sweep spec {str(path)!r}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise InputError(f"sweep spec {path}: not valid YAML: {e}") from None
+        base = path.parent
+    else:
+        data = dict(spec)
+    if not isinstance(data, Mapping):
+        raise InputError("sweep spec: must be a mapping with keys " + ", ".join(sorted(_KEYS)))
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise InputError(f"sweep spec: unknown keys {unknown}; valid: {', '.join(sorted(_KEYS))}")
+    for key in ("layers", "batches"):
+        if not isinstance(data.get(key), list) or not data[key]:
+            raise InputError(f"sweep spec: {key} must be a non-empty list")
+    out = dict(data)
+    chips = []
+    for c in data.get("chips") or ["step-sda"]:
+        entry = {"chip": c, "set": []} if isinstance(c, str) else dict(c)
+        if set(entry) - {"chip", "set"} or "chip" not in entry:
+            raise InputError(f"sweep spec: chip entry {c!r} must be a name/path or {{chip, set}}")
+        p = base / str(entry["chip"])
+        if str(entry["chip"]).endswith((".yaml", ".yml")) and p.is_file():
+            entry["chip"] = str(p.resolve())
+        entry["set"] = [str(s) for s in entry.get("set") or []]
+        chips.append(entry)
+    out["chips"] = chips
+    out["options"] = [dict(o or {}) for o in data.get("options") or [{}]]
+    out["traces"] = [str(t) for t in data.get("traces") or ["auto"]]
+    return out
+
+
+def points(spec: str | Path | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every point of ``spec`` (:func:`load_spec`), in a fixed order."""
+    s = load_spec(spec)
+    out = []
+    for layer, batch, chip, opts, trace in itertools.product(
+        s["layers"], s["batches"], s["chips"], s["options"], s["traces"]
+    ):
+        out.append(
+            {
+                "layer": layer,
+                "batch": int(batch),
+                "chip": chip["chip"],
+                "set": list(chip["set"]),
+                "options": dict(sorted(opts.items())),
+                "trace": trace,
+                "tiny": bool(s.get("tiny", False)),
+                "impl": s.get("impl"),
+            }
+        )
+    return out
+
+
+def point_hash(point: Mapping[str, Any]) -> str:
+    """Hash of a point's inputs, its resolved chip description and the package version."""
+    from hwmodel import to_dict
+    from torch2step.named import resolve_chip
+
+    try:
+        chip = to_dict(resolve_chip(point["chip"], point["set"]))
+    except InputError as e:
+        chip = {"error": str(e)}
+    from torch2step import __version__
+
+    blob = json.dumps({"point": point, "chip": chip, "version": __version__}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _label(point: Mapping[str, Any]) -> str:
+    name = Path(point["chip"]).stem if os.sep in str(point["chip"]) else str(point["chip"])
+    return name + (f"[{','.join(point['set'])}]" if point["set"] else "")
+
+
+def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate one point; a failure becomes a row with ``status`` "error" and the message."""
+    from torch2step.errors import Torch2StepError
+    from torch2step.named import report_layer
+
+    row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS, "")
+    row.update(
+        layer=point["layer"],
+        batch=point["batch"],
+        chip=_label(point),
+        options=json.dumps(point["options"], sort_keys=True),
+        trace=point["trace"],
+        tiny=point["tiny"],
+        hash=point_hash(point),
+    )
+    is_moe = "moe" in point["layer"]
+    try:
+        run = report_layer(
+            point["layer"],
+            point["batch"],
+            point["chip"],
+            sets=point["set"],
+            options=point["options"],
+            routing_trace=point["trace"] if is_moe else "auto",
+            kv_trace=point["trace"] if not is_moe else "auto",
+            tiny=point["tiny"],
+            impl=point.get("impl"),
+        )
+    except Torch2StepError as e:
+        row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        return row
+    r = run.report
+    row.update(
+        chip_name=r.chip,
+        status="ok",
+        latency_cycles=r.latency_cycles,
+        latency_s=r.latency_s,
+        hbm_bytes=r.hbm_bytes,
+        flops=r.flops,
+        peak_onchip_bytes=r.peak_onchip_bytes,
+        roofline_fraction=round(r.roofline_fraction, 9),
+        hbm_bandwidth_fraction=round(r.hbm_bandwidth_fraction, 9),
+        cores_used=r.cores_used,
+        cores_available=r.cores_available,
+        notes="; ".join(r.notes),
+    )
+    return row
+
+
+def _progress(total: int, initial: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="point", desc="sweep", dynamic_ncols=True)
+
+
+def _run_pool(todo: list[dict], jobs: int, done: Callable[[dict, dict], None]) -> None:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+        futures = {ex.submit(run_point, p): p for p in todo}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done(futures[f], f.result())
+
+
+def _run_ray(todo: list[dict], jobs: int, address: str | None, done: Callable) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--backend ray: ray is not installed (pip install 'ray>=2.40')") from None
+    started = not ray.is_initialized()
+    if started:
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=jobs, **kwargs)
+    try:
+        remote = ray.remote(num_cpus=1)(run_point)
+        refs = {remote.remote(p): p for p in todo}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                done(refs[ref], ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _write_results(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    from torch2step import plots
+
+    written = [out / "results.csv"]
+    with written[0].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        pass
+    else:
+        table = pa.Table.from_pylist([{k: str(v) for k, v in r.items()} for r in rows])
+        pq.write_table(table, out / "results.parquet")
+        written.append(out / "results.parquet")
+    written.append(plots.plot_latency_vs_batch(out / "latency_vs_batch.png", rows, "latency"))
+    written.append(plots.plot_pareto(out / "pareto.png", rows, "cycles vs on-chip memory"))
+    return written
+
+
+def run_sweep(
+    spec: str | Path | Mapping[str, Any],
+    out: str | Path,
+    *,
+    backend: str = "pool",
+    jobs: int | None = None,
+    address: str | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run every point of ``spec`` not already cached in ``out`` (module docstring); returns
+    the rows in the spec's order."""
+    if backend not in ("pool", "ray", "serial"):
+        raise InputError(f"--backend {backend!r}: choose pool, ray or serial")
+    pts = points(spec)
+    d = Path(out)
+    (d / "points").mkdir(parents=True, exist_ok=True)
+    hashes = [point_hash(p) for p in pts]
+    rows: dict[str, dict[str, Any]] = {}
+    for h in hashes:
+        f = d / "points" / f"{h}.json"
+        if f.is_file():
+            rows[h] = json.loads(f.read_text())
+    todo = [p for p, h in zip(pts, hashes) if h not in rows]
+    log.info(
+        "sweep: %d points, %d cached in %s, %d to run on %s",
+        len(pts),
+        len(pts) - len(todo),
+        d,
+        len(todo),
+        backend,
+    )
+    bar = _progress(len(set(hashes)), len(rows)) if progress else None
+    t0 = time.perf_counter()
+
+    def done(point: Mapping[str, Any], row: dict[str, Any]) -> None:
+        h = row["hash"]
+        tmp = d / "points" / f"{h}.json.tmp"
+        tmp.write_text(json.dumps(row, sort_keys=True))
+        tmp.replace(d / "points" / f"{h}.json")
+        rows[h] = row
+        if row["status"] != "ok":
+            log.warning(
+                "point %s %s on %s failed: %s",
+                row["layer"],
+                row["batch"],
+                row["chip"],
+                row["error"],
+            )
+        if bar is not None:
+            bar.update(1)
+
+    # batch varies fastest, so a worker's consecutive points share one compiled program
+    unique = sorted(
+        {point_hash(p): p for p in todo}.values(),
+        key=lambda p: json.dumps({**p, "batch": 0}, sort_keys=True) + f"{p['batch']:012d}",
+    )
+    n = max(1, min(jobs or (os.cpu_count() or 1), len(unique) or 1))
+    try:
+        if backend == "serial" or not unique:
+            for p in unique:
+                done(p, run_point(p))
+        elif backend == "pool":
+            _run_pool(unique, n, done)
+        else:
+            _run_ray(unique, n, address, done)
+    finally:
+        if bar is not None:
+            bar.close()
+    ordered = [rows[h] for h in hashes]
+    _write_results(d, ordered)
+    log.info("sweep: %d points in %.1f s -> %s", len(unique), time.perf_counter() - t0, d)
+    return ordered
