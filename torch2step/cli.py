@@ -87,6 +87,12 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="GQA: per-request KV lengths — a packaged trace name or alias (e.g. b64/med), an "
         ".npy file, or 'auto' (the 'med' batch of the Azure trace for this batch size)",
     )
+    r.add_argument(
+        "--dtype",
+        default="bf16",
+        help="element type the layer is built, timed and counted in: bf16 (default, as served "
+        "and as the STeP paper evaluates), fp16 or fp32",
+    )
     r.add_argument("--tiny", action="store_true", help="use the layer's tiny test configuration")
     r.add_argument("--impl", default=None, help="the layer's spelling (see `torch2step layers`)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -152,6 +158,7 @@ def _run_report(args: argparse.Namespace) -> int:
             tiny=args.tiny,
             impl=args.impl,
             trace=args.out is not None,
+            dtype=args.dtype,
         )
     if args.out is not None:
         run.report.save(

@@ -238,10 +238,15 @@ def report_layer(
     impl: str | None = None,
     trace: bool = False,
     reuse: bool = True,
+    dtype: str = "bf16",
 ) -> LayerRun:
     """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring);
     ``reuse``: take the program compiled for an earlier batch of the same layer, chip and
-    options when its inputs' static sizes match."""
+    options when its inputs' static sizes match.  ``dtype``: the element type the layer is
+    built, timed and its bytes counted in (``bf16`` as served and as the STeP paper's
+    evaluation uses, or ``fp32``)."""
+    import torch
+
     from models import LAYERS, get_layer
 
     if layer not in LAYERS:
@@ -253,6 +258,9 @@ def report_layer(
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise InputError(f"--batch {batch!r}: must be a positive integer")
     entry = LAYERS[layer]
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+    if dtype not in dtypes:
+        raise InputError(f"--dtype {dtype!r}: choose from {', '.join(dtypes)}")
     if impl is not None and impl not in entry.impls:
         raise InputError(f"--impl {impl!r}: choose from {', '.join(entry.impls)}")
     opts = parse_options(options)
@@ -265,14 +273,28 @@ def report_layer(
     log.info("building %s (batch %d%s)", layer, batch, ", tiny" if tiny else "")
     # a full-size decoder layer is built on the meta device and timed on stand-in values
     device = "meta" if entry.kind == "decoder" and not tiny else "cpu"
-    spec = get_layer(layer, tiny=tiny, batch=batch, kv_lengths=kv, impl=impl, device=device)
+    spec = get_layer(
+        layer,
+        tiny=tiny,
+        batch=batch,
+        kv_lengths=kv,
+        impl=impl,
+        device=device,
+        dtype=dtypes[dtype],
+    )
     routing = None
     if entry.kind == "moe":
         routing, note = _routing(entry, spec.metadata, routing_trace)
         notes.append(note)
     for n in notes:
         log.info("%s", n)
-    key = {"layer": layer, "tiny": tiny, "impl": impl, "seed": spec.metadata.get("seed")}
+    key = {
+        "layer": layer,
+        "tiny": tiny,
+        "impl": impl,
+        "dtype": dtype,
+        "seed": spec.metadata.get("seed"),
+    }
     if reuse:
         prog = _compiled(key, spec, target, opts)
     else:
