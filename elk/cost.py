@@ -101,11 +101,14 @@ class ChipCosts:
         """Cycles of one message of ``nbytes`` over ``hops`` links."""
         return nbytes / self.port + self.net_lat * hops
 
-    def load(self, total_bytes: float, per_core_bytes: float) -> float:
-        """Cycles to preload ``total_bytes`` spread as ``per_core_bytes`` per core (ELK §4.2)."""
+    def load(self, total_bytes: float, per_core_bytes: float, pieces: int = 8) -> float:
+        """Cycles to preload ``total_bytes`` spread as ``per_core_bytes`` per core in ``pieces``
+        loads (ELK §4.2: the HBM roofline or the interconnect delivery, whichever is larger;
+        a core's port serialises its pieces, so the first piece's port time is not hidden)."""
         if total_bytes <= 0:
             return 0.0
-        return max(total_bytes / self.hbm_bw, per_core_bytes / self.port) + self.hbm_lat + self.net_lat
+        port = per_core_bytes / self.port
+        return max(total_bytes / self.hbm_bw, port) + port / pieces + self.hbm_lat + self.net_lat
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,18 +268,17 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
     plans = plans_for(c, op)
     execs = tuple(Option(p.space, p.time, p) for p in plans)
     preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
-    widest = max(plans, key=lambda p: p.cores)
-    per_core = widest.preload_space / max(1, widest.cores)
-    load = c.load(widest.preload_space, per_core)
+    loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
     return Item(
         op.name,
         execs,
         preloads,
-        load,
+        min(loads),
         hbm_bytes=op.hbm_bytes,
         contended=tuple(p.contended for p in plans),
         layer=op.layer,
         slot=op.slot,
+        loads=loads,
     )
 
 

@@ -107,13 +107,13 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
     h, d = shape.hidden, shape.head_dim
     q, kv = shape.heads * d, shape.kv_heads * d
     ops: list[tuple[str, str, tuple[int, ...], dict]] = [
-        ("attn_norm", "vector", (batch, h), {"param_bytes": 2 * h}),
+        ("attn_norm", "vector", (batch, h), {}),
         ("qkv_proj", "matmul", (batch, h, q + 2 * kv), {}),
         ("rotary", "vector", (batch, q + kv), {"flops_per_elem": 6 if shape.qk_norm else 3}),
         ("attention", "attention", (batch, shape.heads, shape.kv_heads, d, kv_len), {}),
         ("o_proj", "matmul", (batch, q, h), {}),
         ("attn_residual", "vector", (batch, h), {"flops_per_elem": 1}),
-        ("mlp_norm", "vector", (batch, h), {"param_bytes": 2 * h}),
+        ("mlp_norm", "vector", (batch, h), {}),
     ]
     if shape.experts:
         # Experts any of the ``batch`` tokens selects, in expectation under uniform routing;

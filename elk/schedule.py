@@ -41,7 +41,7 @@ class Item:
     ``execs``: execute-state plans, Pareto (space ascending); ``contended[e]``: the time of plan
     ``e`` while preloads share the interconnect (defaults to the plain time); ``preloads[e]``:
     the preload-state plans of exec plan ``e``, Pareto, ``time`` = data-distribution cycles;
-    ``load``: preload cycles (HBM); ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
+    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
     (identical layers share slots, ELK §4.4)."""
 
     name: str
@@ -52,6 +52,11 @@ class Item:
     contended: tuple[float, ...] = ()
     layer: int = 0
     slot: int = 0
+    loads: tuple[float, ...] = ()
+
+    def load_time(self, e: int) -> float:
+        """Preload cycles when the operator will execute with plan ``e``."""
+        return self.loads[e] if self.loads else self.load
 
     def exec_time(self, e: int, busy: bool) -> float:
         if busy and self.contended:
@@ -119,7 +124,7 @@ class Timeline:
 class _State:
     step: Step
     spre: tuple[float, ...]  # preload start, positions P .. N-1
-    res: tuple[tuple[int, int, float, int], ...]  # (op, space, end bound, preload plan) resident
+    res: tuple[tuple[int, int, float, int, int], ...]  # (op, space, end bound, preload plan, exec plan)
     parent: _State | None
 
 
@@ -148,17 +153,21 @@ def _step(
     item = items[i]
     if parent is None:
         nxt_start, spre_tail, tail_from = 0.0, (), n
-        res_parent: dict[int, tuple[int, float, int]] = {}
+        res_parent: dict[int, tuple[int, float, int, int]] = {}
     else:
         nxt_start, spre_tail, tail_from = parent.step.start, parent.spre, parent.step.P
-        res_parent = {op: (sp, bound, q) for op, sp, bound, q in parent.res}
+        res_parent = {op: (sp, bound, q, e) for op, sp, bound, q, e in parent.res}
     # Preload starts of positions P .. tail_from-1 (as late as possible).
     head: list[float] = []
     later = spre_tail[0] if spre_tail else math.inf
     for k in range(tail_from - 1, P - 1, -1):
         op = order[k]
-        bound = nxt_start if op == i + 1 else res_parent[op][1]
-        s = min(bound, later) - items[op].load
+        if op == i + 1:
+            assert parent is not None
+            bound, plan = nxt_start, parent.step.exec_plan
+        else:
+            bound, plan = res_parent[op][1], res_parent[op][3]
+        s = min(bound, later) - items[op].load_time(plan)
         head.append(s)
         later = s
     head.reverse()
@@ -210,13 +219,14 @@ def _step(
     dist = groups[1][alloc.choice[1]].time if nxt_res else 0.0
     dur = alloc.time
     start = end - dur
-    res: list[tuple[int, int, float, int]] = []
+    res: list[tuple[int, int, float, int, int]] = []
     for j in residents:
         if j == i + 1:
-            res.append((j, groups[1][alloc.choice[1]].space, end - dist, q))
+            assert parent is not None
+            res.append((j, groups[1][alloc.choice[1]].space, end - dist, q, parent.step.exec_plan))
         else:
-            sp, bound, qq = res_parent[j]
-            res.append((j, sp, bound, qq))
+            sp, bound, qq, ee = res_parent[j]
+            res.append((j, sp, bound, qq, ee))
     step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy)
     return step, spre, tuple(res), gate
 
@@ -230,22 +240,23 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
         s = s.parent
     # preload starts of positions 0 .. P0-1, as late as possible
     first = state.step
-    res = {op: bound for op, _, bound, _ in state.res}
+    res = {op: (bound, e) for op, _, bound, _, e in state.res}
     later = state.spre[0] if state.spre else math.inf
     head: list[float] = []
     for k in range(first.P - 1, -1, -1):
         op = order[k]
-        bound = first.start if op == 0 else res[op]
-        v = min(bound, later) - items[op].load
+        bound, plan = (first.start, first.exec_plan) if op == 0 else res[op]
+        v = min(bound, later) - items[op].load_time(plan)
         head.append(v)
         later = v
     head.reverse()
     spre = tuple(head) + state.spre
     pstart = [0.0] * n
     pend = [0.0] * n
+    plan_of = {t.op: t.exec_plan for t in steps}
     for k, op in enumerate(order):
         pstart[op] = spre[k]
-        pend[op] = spre[k] + items[op].load
+        pend[op] = spre[k] + items[op].load_time(plan_of[op])
     begin = min(min(pstart), first.start) if n else 0.0
     shift = -begin
     steps_shifted = tuple(
@@ -282,8 +293,8 @@ def _vector(st: _State) -> tuple[float, ...]:
     return (
         st.step.start,
         *st.spre,
-        *(bound for _, _, bound, _ in res),
-        *(-float(sp) for _, sp, _, _ in res),
+        *(bound for _, _, bound, _, _ in res),
+        *(-float(sp) for _, sp, _, _, _ in res),
     )
 
 

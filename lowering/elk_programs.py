@@ -29,6 +29,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 import lowering.elk_kernels  # noqa: F401  (registers the kernels)
 from elk.cost import Plan
 from elk.ops import Operator
@@ -37,7 +39,7 @@ from lowering.builder import CoreBuilder, ProgramBuilder, region
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
 
-__all__ = ["Placed", "place", "elk_programs"]
+__all__ = ["Placed", "place", "elk_programs", "tile_major", "weight_shape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,25 @@ class Placed:
 
     def core(self, r: int, c: int) -> int:
         return self.cores[r * self.cols + c]
+
+
+def weight_shape(op: Operator, plan: Plan) -> tuple[int, int]:
+    """Shape of a matmul's weight tensor in HBM, stored tile-major for ``plan``."""
+    _, k, n = op.dims
+    tk, tn = plan.tiles[1], plan.tiles[2]
+    return (k * tn, n // tn)
+
+
+def tile_major(w: np.ndarray, plan: Plan) -> np.ndarray:
+    """A ``K x N`` weight laid out tile-major for ``plan``: the ``(K/tk) x (N/tn)`` block of
+    grid position ``(r, c)`` is rows ``(r*tn + c)*K/tk ..`` (one contiguous HBM range per core,
+    so a preload spreads over every HBM channel)."""
+    k, n = w.shape
+    tk, tn = plan.tiles[1], plan.tiles[2]
+    kb, nb = k // tk, n // tn
+    return np.ascontiguousarray(
+        w.reshape(tk, kb, tn, nb).transpose(0, 2, 1, 3).reshape(tk * tn * kb, nb)
+    )
 
 
 def _grid(op: Operator, plan: Plan) -> tuple[int, int]:
@@ -94,21 +115,40 @@ def place(chip: Chip, ops: Sequence[Operator], plans: Sequence[Plan]) -> list[Pl
     return out
 
 
+#: Loads a core's preload share is split into: HBM requests of one core are paced by its port,
+#: so several smaller loads let the port and the HBM channels work on different pieces.
+CHUNKS = 8
+
+
+def chunks(extent: int) -> int:
+    """Number of preload pieces of a tile ``extent`` rows long (a divisor, at most CHUNKS)."""
+    return max(d for d in range(1, CHUNKS + 1) if extent % d == 0)
+
+
 def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple, tuple]]:
     """(buffer, tensor, starts, extents) of core ``(r, c)``'s share of ``j``'s preload."""
     op, plan = pl.op, pl.plan
     if op.kind == "matmul":
         _, k, n = op.dims
         kb, nb = k // pl.rows, n // pl.cols
-        return [(f"o{j}_w", op.tensor("w"), (r * kb, c * nb), (kb, nb))]
+        nc = chunks(kb)
+        rb = kb // nc
+        # weights are stored tile-major (see :func:`tile_major`): one contiguous block per core
+        base = (r * pl.cols + c) * kb
+        return [(f"o{j}_w{q}", op.tensor("w"), (base + q * rb, 0), (rb, nb)) for q in range(nc)]
     if op.kind == "attention":
         b, _, hkv, d, length = op.dims
         tb, tg, ts = plan.tiles
         ib, ig = divmod(r, tg)
         bb, hb, lb = b // tb, hkv // tg, length // ts
-        st = (ib * bb, ig * hb, c * lb, 0)
-        ex = (bb, hb, lb, d)
-        return [(f"o{j}_k", op.tensor("kc"), st, ex), (f"o{j}_v", op.tensor("vc"), st, ex)]
+        nc = chunks(lb)
+        sb = lb // nc
+        out = []
+        for q in range(nc):
+            st = (ib * bb, ig * hb, c * lb + q * sb, 0)
+            ex = (bb, hb, sb, d)
+            out += [(f"o{j}_k{q}", op.tensor("kc"), st, ex), (f"o{j}_v{q}", op.tensor("vc"), st, ex)]
+        return out
     return []
 
 
@@ -121,24 +161,33 @@ def _preload(p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dtype: str) -> 
 def _matmul(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str) -> bool:
     m, k, n = pl.op.dims
     kb, nb = k // pl.rows, n // pl.cols
-    a, w, acc, tmp = f"o{j}_a", f"o{j}_w", f"o{j}_p", f"o{j}_t"
-    p.alloc(a, (m, kb), dt)
+    nc = chunks(kb)
+    rb = kb // nc
+    acc, tmp = f"o{j}_p", f"o{j}_t"
     p.alloc(acc, (m, nb), dt)
     if _has_tmp(pl.rows, r):
         p.alloc(tmp, (m, nb), dt)
     row = [pl.core(r, cc) for cc in range(pl.cols)]
     chan = f"o{j}_a{r}"
-    if c == 0:
-        p.load(a, pl.op.tensor("x"), region((0, r * kb), (m, kb)))
-        if pl.cols > 1:
-            if not b.has_channel(chan):
-                b.channel(chan, row[0], row[1:])
-            p.send(chan, a)
-    else:
-        if not b.has_channel(chan):
-            b.channel(chan, row[0], row[1:])
-        p.recv(chan, a)
-    p.compute("matmul", acc, (a, w), dtype=dt)
+    if pl.cols > 1 and not b.has_channel(chan):
+        b.channel(chan, row[0], row[1:], depth=nc)
+    for q in range(nc):  # activation pieces: loaded by the row's first core, multicast along it
+        a = f"o{j}_a{q}"
+        p.alloc(a, (m, rb), dt)
+        if c == 0:
+            p.load(a, pl.op.tensor("x"), region((0, r * kb + q * rb), (m, rb)))
+            if pl.cols > 1:
+                p.send(chan, a)
+        else:
+            p.recv(chan, a)
+    for q in range(nc):
+        a, w = f"o{j}_a{q}", f"o{j}_w{q}"
+        if q == 0:
+            p.compute("matmul", acc, (a, w), dtype=dt)
+        else:
+            p.compute("matmul_acc", acc, (a, w, acc), dtype=dt)
+        p.free(a)
+        p.free(w)
     step = 1
     finisher = r == 0
     while step < pl.rows:  # pairwise tree reduction down the grid column
@@ -157,8 +206,7 @@ def _matmul(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: in
         step *= 2
     if finisher:
         p.store(acc, pl.op.tensor("y"), region((0, c * nb), (m, nb)))
-    for buf in (a, w, acc):
-        p.free(buf)
+    p.free(acc)
     if _has_tmp(pl.rows, r):
         p.free(tmp)
     return finisher
@@ -181,7 +229,15 @@ def _attention(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c:
     p.alloc(part, (bb, hb * g, d + 2), "fp32")
     p.load(q, op.tensor("q"), region((ib * bb, ig * hb * g, 0), (bb, hb * g, d)))
     params = {"group": g, "scale": 1.0 / math.sqrt(d)}
-    p.compute("attn_partial", part, (q, f"o{j}_k", f"o{j}_v"), params, dt)
+    nc = chunks(length // ts)
+    p.compute("attn_partial", part, (q, f"o{j}_k0", f"o{j}_v0"), params, dt)
+    if nc > 1:
+        p.alloc(f"o{j}_w", (bb, hb * g, d + 2), "fp32")
+    for ch_ in range(1, nc):
+        p.compute("attn_partial", f"o{j}_w", (q, f"o{j}_k{ch_}", f"o{j}_v{ch_}"), params, dt)
+        p.compute("attn_merge", part, (part, f"o{j}_w"), dtype="fp32")
+    if nc > 1:
+        p.free(f"o{j}_w")
     roles = dict(op.tensors)
     if c == 0:
         if "kn" in roles:  # the new token's key and value, appended to the cache this step
@@ -215,8 +271,11 @@ def _attention(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c:
         if not b.has_channel(ch):
             b.channel(ch, pl.core(r, c), pl.core(r, 0))
         p.send(ch, part)
-    for buf in (q, part, f"o{j}_k", f"o{j}_v"):
+    for buf in (q, part):
         p.free(buf)
+    for ch_ in range(nc):
+        p.free(f"o{j}_k{ch_}")
+        p.free(f"o{j}_v{ch_}")
     return c == 0
 
 
