@@ -59,7 +59,10 @@ class ChipCosts:
             lat, mesh = float(noc.latency_cycles), None
             bw = min(hbm.bytes_per_cycle, cores * noc.ejection_bytes_per_cycle)
         elif isinstance(noc, MeshNoC):
-            port, lat, mesh = noc.link_bytes_per_cycle, float(noc.hop_latency_cycles), (noc.rows, noc.cols)
+            # the last mesh row is left to the controller core (ELK §4.5 synchronisation)
+            port, lat = noc.link_bytes_per_cycle, float(noc.hop_latency_cycles)
+            mesh = (noc.rows - 1, noc.cols)
+            cores = mesh[0] * mesh[1]
             bw = hbm.bytes_per_cycle
             if hbm.attach_cores:
                 cols = {a % noc.cols for a in hbm.attach_cores}
@@ -133,6 +136,11 @@ class Plan:
         return "<" + ", ".join(str(t) for t in self.tiles) + ">"
 
 
+#: Smallest tile side (elements) a plan may cut a matrix or KV length into: smaller tiles only
+#: add messages (every plan must stay "compatible with the target hardware", ELK §4.3).
+MIN_TILE = 16
+
+
 def _divisors(n: int, cap: int | None = None) -> list[int]:
     out = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
     out += [n // d for d in out if d * d != n]
@@ -163,7 +171,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
     for tk in _divisors(k, rows_cap):
         for tn in _divisors(n, cols_cap):
             cores = tk * tn
-            if cores > c.cores:
+            if cores > c.cores or (tk > 1 and k // tk < MIN_TILE) or (tn > 1 and n // tn < MIN_TILE):
                 continue
             kb, nb = k // tk, n // tn
             w, a, cc = kb * nb * e, m * kb * e, m * nb * e
@@ -200,6 +208,8 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
         for tg in _divisors(hkv):
             for ts in _divisors(length, c.mesh[1] if c.mesh else None):
                 cores = tb * tg * ts
+                if ts > 1 and length // ts < MIN_TILE:
+                    continue
                 if cores > c.cores or (c.mesh and tb * tg > c.mesh[0]):
                     continue
                 bb, hb, lb = b // tb, hkv // tg, length // ts

@@ -31,16 +31,23 @@ def plan_design(
     capacity: float,
     *,
     window: int | None = None,
+    beam: int | None = None,
     max_orders: int = 16,
 ) -> Timeline:
     """The timeline of ``design`` (one of :data:`DESIGNS`) for ``items`` on ``capacity`` bytes."""
     if design == "basic":
-        return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True))
+        return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam))
     if design == "static":
         best: Timeline | None = None
         for frac in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
             for mode in ("largest", "smallest"):
-                pol = Policy(capacity, exec_space=frac * capacity, preload_mode=mode, window=window)
+                pol = Policy(
+                    capacity,
+                    exec_space=frac * capacity,
+                    preload_mode=mode,
+                    window=window,
+                    beam=beam,
+                )
                 try:
                     t = schedule(items, pol)
                 except ElkError:
@@ -51,9 +58,9 @@ def plan_design(
             raise ElkError("Static: no fixed execute/preload split fits every operator")
         return best
     if design == "elk_dyn":
-        return schedule(items, Policy(capacity, window=window))
+        return schedule(items, Policy(capacity, window=window, beam=beam))
     if design == "elk_full":
-        return best_order(items, Policy(capacity, window=window), max_orders)[0]
+        return best_order(items, Policy(capacity, window=window, beam=beam), max_orders)[0]
     if design == "ideal":
         n = len(items)
         pol = Policy(math.inf, contention=False, zero_dist=True, window=1)

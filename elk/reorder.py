@@ -20,13 +20,21 @@ from elk.schedule import Item, Policy, Timeline, schedule
 __all__ = ["heavy_slots", "candidate_orders", "valid_order", "best_order"]
 
 
-def heavy_slots(items: Sequence[Item]) -> list[int]:
-    """Slots of the first layer whose operators read more HBM bytes than the average."""
+#: At most this many HBM-heavy operators per layer are permuted (ELK §4.4: "H <= 6 in most
+#: transformer models"); the heaviest are kept.
+MAX_HEAVY = 6
+
+
+def heavy_slots(items: Sequence[Item], limit: int = MAX_HEAVY) -> list[int]:
+    """Slots of the first layer whose operators read more HBM bytes than the average (the
+    ``limit`` heaviest, in execution order)."""
     if not items:
         return []
     mean = sum(it.hbm_bytes for it in items) / len(items)
     first = items[0].layer
-    return [it.slot for it in items if it.layer == first and it.hbm_bytes > mean]
+    heavy = [it for it in items if it.layer == first and it.hbm_bytes > mean]
+    heavy = sorted(heavy, key=lambda it: (-it.hbm_bytes, it.slot))[:limit]
+    return sorted(it.slot for it in heavy)
 
 
 def valid_order(items: Sequence[Item], order: Sequence[int], capacity: float) -> bool:

@@ -345,15 +345,32 @@ def elk_programs(
         raise ProgramError(f"core {ctrl} is the controller; no tile may be placed on it")
     by_core_op = {core: {i: (r, c) for i, r, c in ts} for core, ts in tiles.items()}
     finishers: list[list[int]] = [[] for _ in range(n)]
+    # Which sections (``go_i`` .. ``go_{i+1}``) each core has work in: a core waits for ``go_i``
+    # only when it preloads or executes something in section ``i``.
+    sections: dict[int, list[int]] = {}
+    prev = 0
     for i in range(n):
-        if i > 0:
-            b.channel(f"go{i}", ctrl, workers)
+        for k in range(prev, issued[i]):
+            for core in placed[order[k]].cores:
+                sections.setdefault(core, []).append(i)
+        prev = max(prev, issued[i])
+        for core in placed[i].cores:
+            sections.setdefault(core, []).append(i)
+    listeners: list[list[int]] = [[] for _ in range(n)]
+    for core, secs in sections.items():
+        for i in sorted(set(secs)):
+            if i > 0:
+                listeners[i].append(core)
+    for i in range(1, n):
+        if listeners[i]:
+            b.channel(f"go{i}", ctrl, sorted(listeners[i]))
     for core in workers:
         p = b.core(core)
         mine = by_core_op[core]
+        busy = set(sections.get(core, ()))
         prev = 0
         for i in range(n):
-            if i > 0:
+            if i > 0 and i in busy:
                 p.recv_value(f"go{i}", "go")
             for k in range(prev, issued[i]):
                 jj = order[k]
@@ -380,7 +397,8 @@ def elk_programs(
     for i in range(n - 1):
         for core in finishers[i]:
             cp.recv_value(f"done{i}_{core}", "d")
-        cp.send_value(f"go{i + 1}", i + 1)
+        if listeners[i + 1]:
+            cp.send_value(f"go{i + 1}", i + 1)
     b.meta("order", " ".join(str(o) for o in order))
     b.meta("issued", " ".join(str(x) for x in issued))
     return b.build()
