@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 from elk.allocate import Option, pareto
 from elk.errors import ElkError
 from elk.ops import Operator
 from elk.schedule import Item
+from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 
 __all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for"]
 
@@ -171,7 +171,11 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
     for tk in _divisors(k, rows_cap):
         for tn in _divisors(n, cols_cap):
             cores = tk * tn
-            if cores > c.cores or (tk > 1 and k // tk < MIN_TILE) or (tn > 1 and n // tn < MIN_TILE):
+            if (
+                cores > c.cores
+                or (tk > 1 and k // tk < MIN_TILE)
+                or (tn > 1 and n // tn < MIN_TILE)
+            ):
                 continue
             kb, nb = k // tk, n // tn
             w, a, cc = kb * nb * e, m * kb * e, m * nb * e
@@ -184,8 +188,17 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             hops_row = (tn / 2) if c.mesh else 1.0
             hops_col = (tk / 2) if c.mesh else 1.0
 
-            def total(f: float, a: int = a, cc: int = cc, comp: int = comp, add: int = add,
-                      lv: int = lv, tn: int = tn, hr: float = hops_row, hc: float = hops_col) -> float:
+            def total(
+                f: float,
+                a: int = a,
+                cc: int = cc,
+                comp: int = comp,
+                add: int = add,
+                lv: int = lv,
+                tn: int = tn,
+                hr: float = hops_row,
+                hc: float = hops_col,
+            ) -> float:
                 load_a = a / c.port * f + c.hbm_lat + c.net_lat
                 bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
                 reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
@@ -194,8 +207,19 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
 
             xb = cores * a + (tk - 1) * tn * cc
             space = k * n * e + cores * (a + 2 * cc)
-            out.append(Plan("matmul", (1, tk, tn), cores, space, core_space, total(1.0),
-                            total(1.0 / (1.0 - c.rho)), xb, k * n * e))
+            out.append(
+                Plan(
+                    "matmul",
+                    (1, tk, tn),
+                    cores,
+                    space,
+                    core_space,
+                    total(1.0),
+                    total(1.0 / (1.0 - c.rho)),
+                    xb,
+                    k * n * e,
+                )
+            )
     return out
 
 
@@ -222,14 +246,35 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 comp = _kernel(c, 4 * bb * hb * g * lb * d, kv + 2 * q + part)
                 load_q = q / c.port + c.hbm_lat + c.net_lat
 
-                def total(f: float) -> float:
+                def total(
+                    f: float,
+                    ts: int = ts,
+                    part: int = part,
+                    bb: int = bb,
+                    hb: int = hb,
+                    load_q: float = load_q,
+                    comp: int = comp,
+                    q: int = q,
+                ) -> float:
                     gather = (ts - 1) * part / c.port * f + c.net_lat if ts > 1 else 0.0
                     comb = _kernel(c, 4 * ts * bb * hb * g * d, ts * part) if ts > 1 else 0
                     return load_q * f + comp + gather + comb + q / c.port * f + c.net_lat
 
                 space = op.hbm_bytes + cores * (q + 2 * part)
                 xb = (ts - 1) * part * tb * tg + cores * q * 2
-                out.append(Plan("attention", (tb, tg, ts), cores, space, core_space, total(1.0), total(1.0 / (1.0 - c.rho)), xb, op.hbm_bytes))
+                out.append(
+                    Plan(
+                        "attention",
+                        (tb, tg, ts),
+                        cores,
+                        space,
+                        core_space,
+                        total(1.0),
+                        total(1.0 / (1.0 - c.rho)),
+                        xb,
+                        op.hbm_bytes,
+                    )
+                )
     return out
 
 
@@ -245,15 +290,31 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
             continue
         comp = _kernel(c, op.flops_per_elem * rb * cols, 3 * tile + op.param_bytes)
 
-        def total(f: float) -> float:
-            return (tile / c.port + c.hbm_lat + c.net_lat) * f + comp + (tile / c.port + c.net_lat) * f
+        def total(f: float, tile: int = tile, comp: int = comp) -> float:
+            return (
+                (tile / c.port + c.hbm_lat + c.net_lat) * f + comp + (tile / c.port + c.net_lat) * f
+            )
 
-        out.append(Plan("vector", (tr,), tr, tr * core_space, core_space, total(1.0), total(1.0 / (1.0 - c.rho)), 2 * tile * tr, tr * op.param_bytes))
+        out.append(
+            Plan(
+                "vector",
+                (tr,),
+                tr,
+                tr * core_space,
+                core_space,
+                total(1.0),
+                total(1.0 / (1.0 - c.rho)),
+                2 * tile * tr,
+                tr * op.param_bytes,
+            )
+        )
     return out
 
 
 @lru_cache(maxsize=4096)
-def _plans(c: ChipCosts, kind: str, dims: tuple[int, ...], dtype: str, fpe: int, pbytes: int) -> tuple[Plan, ...]:
+def _plans(
+    c: ChipCosts, kind: str, dims: tuple[int, ...], dtype: str, fpe: int, pbytes: int
+) -> tuple[Plan, ...]:
     op = Operator("p", kind, dims, dtype, flops_per_elem=fpe, param_bytes=pbytes)  # type: ignore[arg-type]
     gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
     plans = gen(c, op)

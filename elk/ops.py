@@ -143,7 +143,9 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
     ]
 
 
-def decode_step_ops(model: str, batch: int, kv_len: int, layers: int | None = None) -> list[Operator]:
+def decode_step_ops(
+    model: str, batch: int, kv_len: int, layers: int | None = None
+) -> list[Operator]:
     """Every operator of one decode step of ``model`` (a key of :data:`DECODERS`)."""
     if model not in DECODERS:
         raise ElkError(f"unknown model {model!r}; choose one of {', '.join(DECODERS)}")

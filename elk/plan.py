@@ -66,7 +66,8 @@ class ElkSchedule:
     def plans(self) -> tuple[Plan, ...]:
         """The execute-state plan of every operator."""
         return tuple(
-            self.items[s.op].execs[s.exec_plan].ref for s in self.timeline.steps  # type: ignore[misc]
+            self.items[s.op].execs[s.exec_plan].ref
+            for s in self.timeline.steps  # type: ignore[misc]
         )
 
     @property
@@ -158,7 +159,8 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
     b = s.breakdown()
     tot = max(s.cycles, 1e-9)
     lines.append(
-        "breakdown: " + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items())
+        "breakdown: "
+        + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items())
         + f"; HBM utilisation {s.hbm_utilisation():.1%}, interconnect {s.noc_utilisation():.1%}"
     )
     return "\n".join(lines)

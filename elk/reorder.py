@@ -85,9 +85,7 @@ def candidate_orders(
     return out
 
 
-def best_order(
-    items: Sequence[Item], policy: Policy, max_orders: int = 16
-) -> tuple[Timeline, int]:
+def best_order(items: Sequence[Item], policy: Policy, max_orders: int = 16) -> tuple[Timeline, int]:
     """The best schedule over the candidate orders and how many were tried."""
     orders = candidate_orders(items, policy.capacity, max_orders)
     best: Timeline | None = None

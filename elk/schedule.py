@@ -124,7 +124,9 @@ class Timeline:
 class _State:
     step: Step
     spre: tuple[float, ...]  # preload start, positions P .. N-1
-    res: tuple[tuple[int, int, float, int, int], ...]  # (op, space, end bound, preload plan, exec plan)
+    res: tuple[
+        tuple[int, int, float, int, int], ...
+    ]  # (op, space, end bound, preload plan, exec plan)
     parent: _State | None
 
 
@@ -182,9 +184,7 @@ def _step(
         return None
     busy = bool(residents) and pol.contention
     groups: list[tuple[Option, ...]] = []
-    execs = tuple(
-        Option(o.space, item.exec_time(e, busy), e) for e, o in enumerate(item.execs)
-    )
+    execs = tuple(Option(o.space, item.exec_time(e, busy), e) for e, o in enumerate(item.execs))
     if pol.fastest_exec:
         execs = execs[-1:]
     elif pol.exec_space is not None:
@@ -260,8 +260,17 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
     begin = min(min(pstart), first.start) if n else 0.0
     shift = -begin
     steps_shifted = tuple(
-        Step(t.op, t.P, t.exec_plan, t.next_preload, t.start + shift, t.end + shift, t.time,
-             t.space, t.busy)
+        Step(
+            t.op,
+            t.P,
+            t.exec_plan,
+            t.next_preload,
+            t.start + shift,
+            t.end + shift,
+            t.time,
+            t.space,
+            t.busy,
+        )
         for t in steps
     )
     preload_plan = [-1] * n

@@ -20,7 +20,10 @@ from lowering.kernels import KERNELS, Kernel, register_kernel
 __all__ = ["register_node", "NODE_KERNELS"]
 
 #: Layer-graph nodes a ``layer_node`` kernel may evaluate: key -> (output shapes, function).
-NODE_KERNELS: dict[str, tuple[tuple[tuple[int, ...], ...], Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]]]] = {}
+NODE_KERNELS: dict[
+    str,
+    tuple[tuple[tuple[int, ...], ...], Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]]],
+] = {}
 
 
 def register_node(

@@ -59,7 +59,7 @@ class Placed:
 def weight_shape(op: Operator, plan: Plan) -> tuple[int, int]:
     """Shape of a matmul's weight tensor in HBM, stored tile-major for ``plan``."""
     _, k, n = op.dims
-    tk, tn = plan.tiles[1], plan.tiles[2]
+    tn = plan.tiles[2]
     return (k * tn, n // tn)
 
 
@@ -147,7 +147,10 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
         for q in range(nc):
             st = (ib * bb, ig * hb, c * lb + q * sb, 0)
             ex = (bb, hb, sb, d)
-            out += [(f"o{j}_k{q}", op.tensor("kc"), st, ex), (f"o{j}_v{q}", op.tensor("vc"), st, ex)]
+            out += [
+                (f"o{j}_k{q}", op.tensor("kc"), st, ex),
+                (f"o{j}_v{q}", op.tensor("vc"), st, ex),
+            ]
         return out
     return []
 
@@ -217,7 +220,9 @@ def _has_tmp(rows: int, r: int) -> bool:
     return r % 2 == 0 and r + 1 < rows
 
 
-def _attention(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str) -> bool:
+def _attention(
+    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str
+) -> bool:
     op = pl.op
     bsz, hq, hkv, d, length = op.dims
     tb, tg, ts = pl.plan.tiles
@@ -279,8 +284,16 @@ def _attention(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c:
     return c == 0
 
 
-def _vector(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str,
-            shapes: Mapping[str, tuple[tuple[int, ...], str]]) -> bool:
+def _vector(
+    b: ProgramBuilder,
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dt: str,
+    shapes: Mapping[str, tuple[tuple[int, ...], str]],
+) -> bool:
     op = pl.op
     roles = dict(op.tensors)
     if op.node is not None:  # a layer-graph node on one core: whole tensors in and out

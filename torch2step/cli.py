@@ -62,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.add_argument("--out", type=Path, default=None, help="write report.json and trace.json here")
     r.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    r.add_argument(
+        "--execution",
+        choices=("auto", "spatial", "kernel"),
+        default="auto",
+        help="spatial (STeP) or kernel-by-kernel (ELK); auto: kernel on ICCA chips (ipu-hbm, mesh)",
+    )
+
+    from torch2step.cli_compare import add_compare_parser
+
+    add_compare_parser(sub, chips, list(LAYERS))
 
     o = sub.add_parser("import-onnx", help="import an ONNX file, compile and report it")
     o.add_argument("file", type=Path)
@@ -127,6 +137,12 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.batch < 1:
         parser.error("argument --batch: must be a positive integer")
     entry = LAYERS[args.layer]
+    from torch2step.kernel.layers import ICCA_CHIPS
+
+    if args.execution == "kernel" or (args.execution == "auto" and chip.name in ICCA_CHIPS):
+        from torch2step.cli_compare import kernel_report
+
+        return kernel_report(args, chip)
     if args.impl is not None and args.impl not in entry.impls:
         parser.error(
             f"argument --impl: invalid choice {args.impl!r} (choose from {', '.join(entry.impls)})"
@@ -212,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return 0
     try:
+        if args.command == "compare":
+            from torch2step.cli_compare import compare
+
+            return compare(args, parser)
         return _report(args, parser) if args.command == "report" else _import_onnx(args, parser)
     except Torch2StepError as e:
         print(f"torch2step: {type(e).__name__}: {e}", file=sys.stderr)

@@ -29,7 +29,12 @@ def _shapes(op: Operator, plan: Plan) -> dict[str, tuple[int, ...]]:
         return {"x": (m, k), "w": weight_shape(op, plan), "y": (m, n)}
     if op.kind == "attention":
         b, hq, hkv, d, length = op.dims
-        return {"q": (b, hq, d), "kc": (b, hkv, length, d), "vc": (b, hkv, length, d), "o": (b, hq, d)}
+        return {
+            "q": (b, hq, d),
+            "kc": (b, hkv, length, d),
+            "vc": (b, hkv, length, d),
+            "o": (b, hq, d),
+        }
     return {"x": op.dims, "y": op.dims}
 
 

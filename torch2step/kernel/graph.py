@@ -29,8 +29,14 @@ from torch2step.layers.graph import LayerGraph
 
 __all__ = ["GraphOps", "graph_ops"]
 
-_NP = {"fp32": np.float32, "fp16": np.float16, "bf16": np.float32, "int64": np.int64,
-       "int32": np.int32, "bool": np.bool_}
+_NP = {
+    "fp32": np.float32,
+    "fp16": np.float16,
+    "bf16": np.float32,
+    "int64": np.int64,
+    "int32": np.int32,
+    "bool": np.bool_,
+}
 
 
 @dataclass
@@ -100,11 +106,17 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
         in_shapes = [shape[v] for v in ins]
         out_decl = tuple(out.tensors[v][0] for v in outs)
 
-        def run(xs: Sequence[np.ndarray], fn: Callable = fn, in_shapes=in_shapes, out_decl=out_decl):
-            ts = [torch.from_numpy(np.ascontiguousarray(a).reshape(s)) for a, s in zip(xs, in_shapes)]
+        def run(
+            xs: Sequence[np.ndarray], fn: Callable = fn, in_shapes=in_shapes, out_decl=out_decl
+        ):
+            ts = [
+                torch.from_numpy(np.ascontiguousarray(a).reshape(s)) for a, s in zip(xs, in_shapes)
+            ]
             res = fn(ts)
             return tuple(
-                np.ascontiguousarray(r.detach().numpy()).astype(_NP.get(out.tensors[v][1], np.float32)).reshape(sh)
+                np.ascontiguousarray(r.detach().numpy())
+                .astype(_NP.get(out.tensors[v][1], np.float32))
+                .reshape(sh)
                 for r, v, sh in zip(res, outs, out_decl)
             )
 
@@ -113,8 +125,18 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
             (f"out{k}", v) for k, v in enumerate(outs)
         )
         elems = sum(math.prod(shape[v]) for v in outs)
-        add(Operator(key, "vector", (1, max(1, elems)), "fp32", slot=slot, tensors=roles,
-                     node=reg, flops_per_elem=max(1, flops // max(1, elems))))
+        add(
+            Operator(
+                key,
+                "vector",
+                (1, max(1, elems)),
+                "fp32",
+                slot=slot,
+                tensors=roles,
+                node=reg,
+                flops_per_elem=max(1, flops // max(1, elems)),
+            )
+        )
 
     def matmul(key: str, x: str, wname: str, w: np.ndarray, y: str) -> None:
         k, n = w.shape
@@ -124,8 +146,16 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
         out.values[wname] = np.ascontiguousarray(w, np.float32)
         out.tensors[wname] = ((k, n), "fp32")
         out.weights[len(out.ops)] = wname
-        add(Operator(key, "matmul", (m, k, n), "fp32", slot=slot,
-                     tensors=(("x", x), ("w", wname), ("y", y))))
+        add(
+            Operator(
+                key,
+                "matmul",
+                (m, k, n),
+                "fp32",
+                slot=slot,
+                tensors=(("x", x), ("w", wname), ("y", y)),
+            )
+        )
 
     def generic(n: L.Node) -> None:  # type: ignore[name-defined]
         op = n.op
@@ -141,7 +171,13 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
                 return (ts[0].narrow(op.dim, a, b - a),)
             return EVALUATORS[type(op)](op, ts)
 
-        node_op(n.name, list(n.inputs), list(n.outputs), fn, 4 * sum(math.prod(shape[v]) for v in n.outputs))
+        node_op(
+            n.name,
+            list(n.inputs),
+            list(n.outputs),
+            fn,
+            4 * sum(math.prod(shape[v]) for v in n.outputs),
+        )
 
     for n in g.nodes:
         op = n.op
@@ -155,10 +191,22 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
                 generic(n)
                 continue
             roles = [("q", declare(q, (b, hq, d)))]
-            if (pk is not None and isinstance(pk.op, L.Concat) and pk.op.dim == 2 and pv is not None
-                    and isinstance(pv.op, L.Concat) and pk.inputs[0] in g.inputs and pv.inputs[0] in g.inputs):
+            if (
+                pk is not None
+                and isinstance(pk.op, L.Concat)
+                and pk.op.dim == 2
+                and pv is not None
+                and isinstance(pv.op, L.Concat)
+                and pk.inputs[0] in g.inputs
+                and pv.inputs[0] in g.inputs
+            ):
                 kc, kn, vc, vn = pk.inputs[0], pk.inputs[1], pv.inputs[0], pv.inputs[1]
-                roles += [("kc", declare(kc)), ("vc", declare(vc)), ("kn", declare(kn)), ("vn", declare(vn))]
+                roles += [
+                    ("kc", declare(kc)),
+                    ("vc", declare(vc)),
+                    ("kn", declare(kn)),
+                    ("vn", declare(vn)),
+                ]
                 length = shape[kc][2]
             else:
                 roles += [("kc", declare(k)), ("vc", declare(v))]
@@ -168,8 +216,16 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
                 generic(n)
                 continue
             roles.append(("o", declare(n.outputs[0], (b, hq, d))))
-            add(Operator(n.name, "attention", (b, hq, hkv, d, length), "fp32", slot=slot,
-                         tensors=tuple(roles)))
+            add(
+                Operator(
+                    n.name,
+                    "attention",
+                    (b, hq, hkv, d, length),
+                    "fp32",
+                    slot=slot,
+                    tensors=tuple(roles),
+                )
+            )
         elif isinstance(op, L.MoEExperts):
             x, wts, ids, wg, wu, wd = n.inputs
             e = op.num_experts
@@ -187,19 +243,30 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
             running = ""
             for ex in range(e):
                 gv, uv, hv, dv = (f"{n.name}.e{ex}.{s}" for s in ("g", "u", "h", "d"))
-                for v, s in ((gv, (shape[x][0], shape[wg][1])), (uv, (shape[x][0], shape[wu][1])),
-                             (hv, (shape[x][0], shape[wg][1])), (dv, (shape[x][0], shape[wd][1]))):
+                for v, s in (
+                    (gv, (shape[x][0], shape[wg][1])),
+                    (uv, (shape[x][0], shape[wu][1])),
+                    (hv, (shape[x][0], shape[wg][1])),
+                    (dv, (shape[x][0], shape[wd][1])),
+                ):
                     shape[v], dtype[v] = s, "fp32"
                 matmul(f"{n.name}.e{ex}.gate", x, f"{wg}[{ex}].T", out.values[wg][ex].T, gv)
                 matmul(f"{n.name}.e{ex}.up", x, f"{wu}[{ex}].T", out.values[wu][ex].T, uv)
-                node_op(f"{n.name}.e{ex}.swiglu", [gv, uv], [hv],
-                        lambda ts: (F.silu(ts[0]) * ts[1],), 5 * math.prod(shape[hv]))
+                node_op(
+                    f"{n.name}.e{ex}.swiglu",
+                    [gv, uv],
+                    [hv],
+                    lambda ts: (F.silu(ts[0]) * ts[1],),
+                    5 * math.prod(shape[hv]),
+                )
                 matmul(f"{n.name}.e{ex}.down", hv, f"{wd}[{ex}].T", out.values[wd][ex].T, dv)
                 target = final if ex == e - 1 else f"{final}.acc{ex}"
                 shape[target], dtype[target] = shape[final], dtype[final]
                 ins = [dv, table] if ex == 0 else [running, dv, table]
 
-                def acc(ts: list[torch.Tensor], ex: int = ex, shp=shape[final]) -> tuple[torch.Tensor, ...]:
+                def acc(
+                    ts: list[torch.Tensor], ex: int = ex, shp=shape[final]
+                ) -> tuple[torch.Tensor, ...]:
                     *prev, d_, cw = ts
                     val = d_ * cw[:, ex : ex + 1]
                     if prev:

@@ -70,7 +70,10 @@ class KernelProgram:
     def run(self, *inputs: torch.Tensor) -> Any:
         """Simulate functionally and return the module's outputs (torch tensors)."""
         rep = simulate_schedule(
-            self.schedule, self.chip, mode="functional", programs=self.programs,
+            self.schedule,
+            self.chip,
+            mode="functional",
+            programs=self.programs,
             inputs=self._bound(inputs or self.example_inputs),
         )
         assert rep.result is not None
