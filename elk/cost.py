@@ -199,10 +199,10 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 hr: float = hops_row,
                 hc: float = hops_col,
             ) -> float:
-                load_a = a / c.port * f + c.hbm_lat + c.net_lat
+                load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
                 bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
                 reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
-                store = cc / c.port * f + c.net_lat
+                store = max(cc / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
                 return load_a + bcast + comp + reduce + store
 
             xb = cores * a + (tk - 1) * tn * cc
@@ -244,7 +244,8 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 if core_space > c.sram:
                     continue
                 comp = _kernel(c, 4 * bb * hb * g * lb * d, kv + 2 * q + part)
-                load_q = q / c.port + c.hbm_lat + c.net_lat
+                qall = b * hq * d * e / c.hbm_bw
+                load_q = max(q / c.port, qall) + c.hbm_lat + c.net_lat
 
                 def total(
                     f: float,
@@ -258,7 +259,7 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 ) -> float:
                     gather = (ts - 1) * part / c.port * f + c.net_lat if ts > 1 else 0.0
                     comb = _kernel(c, 4 * ts * bb * hb * g * d, ts * part) if ts > 1 else 0
-                    return load_q * f + comp + gather + comb + q / c.port * f + c.net_lat
+                    return load_q * f + comp + gather + comb + max(q / c.port * f, qall) + c.net_lat
 
                 space = op.hbm_bytes + cores * (q + 2 * part)
                 xb = (ts - 1) * part * tb * tg + cores * q * 2
@@ -290,10 +291,11 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
             continue
         comp = _kernel(c, op.flops_per_elem * rb * cols, 3 * tile + op.param_bytes)
 
+        every = r * cols * e / c.hbm_bw  # all rows through the HBM (mesh: its edge links)
+
         def total(f: float, tile: int = tile, comp: int = comp) -> float:
-            return (
-                (tile / c.port + c.hbm_lat + c.net_lat) * f + comp + (tile / c.port + c.net_lat) * f
-            )
+            move = max(tile / c.port * f, every)
+            return move + c.hbm_lat + c.net_lat + comp + move + c.net_lat
 
         out.append(
             Plan(

@@ -176,7 +176,8 @@ def _step(
     spre = tuple(head) + spre_tail
     gate = spre[0] if spre else math.inf
     end = min(nxt_start, gate) if parent is not None else 0.0
-    residents = [j for j in range(i + 1, n) if pos[j] < P]
+    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    residents = [j for j in range(i + 1, min(n, last + 1)) if pos[j] < P]
     if pol.max_ahead is not None and len(residents) > pol.max_ahead:
         return None
     fixed = sum(res_parent[j][0] for j in residents if j != i + 1)
