@@ -254,6 +254,7 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                     bb: int = bb,
                     hb: int = hb,
                     load_q: float = load_q,
+                    qall: float = qall,
                     comp: int = comp,
                     q: int = q,
                 ) -> float:
@@ -293,7 +294,7 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
 
         every = r * cols * e / c.hbm_bw  # all rows through the HBM (mesh: its edge links)
 
-        def total(f: float, tile: int = tile, comp: int = comp) -> float:
+        def total(f: float, tile: int = tile, comp: int = comp, every: float = every) -> float:
             move = max(tile / c.port * f, every)
             return move + c.hbm_lat + c.net_lat + comp + move + c.net_lat
 
