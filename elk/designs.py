@@ -39,7 +39,7 @@ def plan_design(
         return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam))
     if design == "static":
         best: Timeline | None = None
-        for frac in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        for frac in (0.2, 0.35, 0.5, 0.65, 0.8):
             for mode in ("largest", "smallest"):
                 pol = Policy(
                     capacity,
