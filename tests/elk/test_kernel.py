@@ -78,3 +78,28 @@ def test_cli_report_kernel(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "--layer", "llama-gqa", "--batch", "8", "--chip", "ipu-hbm"]) == 0
     out = capsys.readouterr().out
     assert "ELK schedule" in out and "breakdown" in out and "interconnect" in out
+
+
+def test_execution_choice() -> None:
+    from torch2step.errors import LoweringError
+    from torch2step.program import Program
+
+    m, inp, ds, _ = get_layer("qwen3-moe", tiny=True, batch=2)
+    assert isinstance(torch2step.compile(m, inp, chip="ipu-hbm", execution="spatial"), Program)
+    assert isinstance(torch2step.compile(m, inp, chip="step-sda"), Program)
+    with pytest.raises(LoweringError, match="execution"):
+        torch2step.compile(m, inp, chip="ipu-hbm", execution="dataflow")
+
+
+def test_decode_step_plan_orders_designs() -> None:
+    """A two-layer Llama-3-8B decode step on ipu-hbm: every design fits, Ideal is the fastest,
+    ELK-Full is no slower than ELK-Dyn or Basic."""
+    from elk.designs import DESIGNS
+    from elk.plan import plan_model
+
+    ops = decode_step_ops("llama3-8b", 32, 2048, 2)
+    chip = load_chip("ipu-hbm")
+    got = {d: plan_model(ops, chip, d, window=8, beam=2, max_orders=4).cycles for d in DESIGNS}
+    assert got["ideal"] <= min(got.values()) + 1e-6
+    assert got["elk_full"] <= got["elk_dyn"] + 1e-6
+    assert got["elk_full"] <= got["basic"] + 1e-6
