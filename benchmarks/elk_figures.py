@@ -83,7 +83,8 @@ def main() -> int:
                         "breakdown": {k: round(v / tot, 4) for k, v in s.breakdown().items()},
                         "sim_s": None,
                     }
-                    if args.sim_layers and chip_name == args.sim_chip:
+                    # Ideal assumes unbounded on-chip memory: it has no program to simulate
+                    if args.sim_layers and chip_name == args.sim_chip and design != "ideal":
                         sub = decode_step_ops(model, batch, args.kv_len, args.sim_layers)
                         sp = plan_model(sub, chip, design, window=8, beam=2, max_orders=4)
                         rep = simulate_schedule(sp, chip, tokens=batch)

@@ -19,7 +19,7 @@ preload blocks only the ``execute`` reading its buffers.  The preloads issued be
 preload order.
 
 The controller is the chip's last core.  Tiles map to cores as :mod:`elk.cost` assumes:
-consecutive cores on an all-to-all chip, a grid of mesh rows x columns on a mesh (rows offset
+the least-loaded cores on an all-to-all chip, a grid of mesh rows x columns on a mesh (row offset
 from operator to operator so that resident operators spread over the chip).
 """
 
@@ -84,35 +84,65 @@ def _grid(op: Operator, plan: Plan) -> tuple[int, int]:
     return 1, plan.tiles[0]
 
 
-def place(chip: Chip, ops: Sequence[Operator], plans: Sequence[Plan]) -> list[Placed]:
-    """Cores of every tile; the last core is left to the controller."""
-    out: list[Placed] = []
-    offset = 0
+def _sections(n: int, order: Sequence[int], issued: Sequence[int]) -> list[int]:
+    """The section (``execute`` index) whose preloads include each operator's."""
+    first = [0] * n
+    prev = 0
+    for i in range(n):
+        for k in range(prev, issued[i]):
+            first[order[k]] = i
+        prev = max(prev, issued[i])
+    return first
+
+
+def place(
+    chip: Chip,
+    ops: Sequence[Operator],
+    plans: Sequence[Plan],
+    order: Sequence[int] | None = None,
+    issued: Sequence[int] | None = None,
+) -> list[Placed]:
+    """Cores of every tile, the last core left to the controller.  Operators are placed in
+    preload order on the cores with the most free SRAM over the sections they stay resident
+    (all-to-all: any cores, ELK §5 maps tiles in order because location does not matter; mesh:
+    the grid's row offset with the most free SRAM)."""
+    n = len(ops)
+    order = tuple(range(n)) if order is None else tuple(order)
+    issued = tuple(range(1, n + 1)) if issued is None else tuple(issued)
+    first = _sections(n, order, issued)
     noc = chip.noc
-    for op, plan in zip(ops, plans):
+    workers = chip.num_cores - 1
+    load = np.zeros((workers, n), dtype=np.int64)
+    out: dict[int, Placed] = {}
+    for j in order:
+        op, plan = ops[j], plans[j]
         rows, cols = _grid(op, plan)
+        span = slice(first[j], j + 1)
         if isinstance(noc, MeshNoC):
             usable_rows = noc.rows - 1
-            if cols > noc.cols or rows > usable_rows:
-                if rows == 1 and cols <= usable_rows * noc.cols:
-                    cores = tuple(range(cols))
-                    out.append(Placed(op, plan, rows, cols, cores))
-                    continue
+            if rows == 1 and cols > noc.cols and cols <= usable_rows * noc.cols:
+                cands = [tuple(range(cols))]
+            elif cols > noc.cols or rows > usable_rows:
                 raise ProgramError(
                     f"{op.name}: plan {plan.label()} needs a {rows}x{cols} grid; the mesh has "
                     f"{usable_rows}x{noc.cols} worker cores"
                 )
-            r0 = offset % (usable_rows - rows + 1)
-            cores = tuple(chip.core_at(r0 + r, c) for r in range(rows) for c in range(cols))
-            offset += rows
+            else:
+                cands = [
+                    tuple(chip.core_at(r0 + r, c) for r in range(rows) for c in range(cols))
+                    for r0 in range(usable_rows - rows + 1)
+                ]
+            peak = [int(load[list(cs), span].max(initial=0)) for cs in cands]
+            cores = cands[int(np.argmin(peak))]
         else:
-            usable = chip.num_cores - 1
-            if rows * cols > usable:
+            if rows * cols > workers:
                 raise ProgramError(f"{op.name}: plan {plan.label()} needs {rows * cols} cores")
-            cores = tuple((offset + t) % usable for t in range(rows * cols))
-            offset += rows * cols
-        out.append(Placed(op, plan, rows, cols, cores))
-    return out
+            busy = load[:, span].max(axis=1)
+            pick = np.argsort(busy, kind="stable")[: rows * cols]
+            cores = tuple(int(x) for x in sorted(pick))
+        load[list(cores), span] += plan.core_space
+        out[j] = Placed(op, plan, rows, cols, cores)
+    return [out[j] for j in range(n)]
 
 
 #: Loads a core's preload share is split into: HBM requests of one core are paced by its port,
@@ -343,7 +373,7 @@ def elk_programs(
     n = len(ops)
     if not (len(plans) == len(issued) == len(order) == n):
         raise ProgramError("elk_programs: ops, plans, order and issued must have equal lengths")
-    placed = place(chip, ops, plans)
+    placed = place(chip, ops, plans, order, issued)
     ctrl = chip.num_cores - 1
     b = ProgramBuilder(name)
     for t, (shape, dtype) in tensors.items():
