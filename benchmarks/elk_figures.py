@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elk.designs import DESIGNS  # noqa: E402
+from elk.errors import ElkError  # noqa: E402
 from elk.ops import DECODERS, decode_step_ops  # noqa: E402
 from elk.plan import plan_model  # noqa: E402
 from hwmodel.chip import Chip  # noqa: E402
@@ -66,7 +67,11 @@ def main() -> int:
                 ops = decode_step_ops(model, batch, args.kv_len, args.layers)
                 per = {}
                 for design in DESIGNS:
-                    s = plan_model(ops, chip, design, window=8, beam=2, max_orders=4)
+                    try:
+                        s = plan_model(ops, chip, design, window=8, beam=2, max_orders=4)
+                    except ElkError as e:
+                        print(f"{model} batch {batch} on {chip.name} {design}: {e}", flush=True)
+                        break
                     tot = max(s.cycles, 1e-9)
                     row = {
                         "model": model,
@@ -100,7 +105,7 @@ def main() -> int:
                     rows.append(row)
                     if args.json:
                         print(json.dumps(row), flush=True)
-                if not args.json:
+                if not args.json and len(per) == len(DESIGNS):
                     full = per["elk_full"]["cycles"]
                     print(
                         f"{model} batch {batch} kv {args.kv_len} on {chip.name}: ELK-Full "
