@@ -32,6 +32,7 @@ from elk.ops import DECODERS, decode_step_ops  # noqa: E402
 from elk.plan import plan_model  # noqa: E402
 from hwmodel.chip import Chip  # noqa: E402
 from hwmodel.presets import load_chip  # noqa: E402
+from runtime.errors import SimulationError  # noqa: E402
 from torch2step.kernel import simulate_schedule  # noqa: E402
 
 
@@ -92,7 +93,13 @@ def main() -> int:
                     if args.sim_layers and chip_name == args.sim_chip and design != "ideal":
                         sub = decode_step_ops(model, batch, args.kv_len, args.sim_layers)
                         sp = plan_model(sub, chip, design, window=8, beam=2, max_orders=4)
-                        rep = simulate_schedule(sp, chip, tokens=batch)
+                        try:
+                            rep = simulate_schedule(sp, chip, tokens=batch)
+                        except SimulationError as e:
+                            print(f"  {design}: simulation failed: {e}", flush=True)
+                            per[design] = row
+                            rows.append(row)
+                            continue
                         row.update(
                             sim_layers=args.sim_layers,
                             sim_cycles=rep.cycles,
