@@ -50,8 +50,9 @@ def compile(  # noqa: A001  (the public name the users asked for)
     example_inputs: Sequence[Any] | torch.Tensor | None = None,
     chip: Chip | str = "step-sda",
     dynamic_shapes: Any = None,
+    execution: str | None = None,
     **options: Any,
-) -> Program:
+) -> Any:
     """Compile a module, an ONNX file/model or a layer graph for ``chip``.
 
     ``example_inputs``: the module's positional tensors (required for a module; for an ONNX
@@ -64,7 +65,12 @@ def compile(  # noqa: A001  (the public name the users asked for)
     ``R`` expert regions among ``E/R`` consecutive experts each (§5.3; each region's EagerMerge
     order is decided in simulated time by :func:`torch2step.spatial.dynamic.simulate_decided`).
     Compile for ``chip="step-paper"`` to reproduce the paper's simulator set-up.
+    ``execution``: ``"spatial"`` (a STeP program) or ``"kernel"`` (kernel by kernel: an ELK
+    schedule and per-core programs, :class:`torch2step.kernel.program.KernelProgram`, whose
+    option ``design`` picks one of ``elk.designs.DESIGNS``); default: ``"kernel"`` on the ICCA
+    presets (``ipu-hbm``, ``mesh``), else ``"spatial"``.
     """
+    design = options.pop("design", "elk_full")
     bad = sorted(set(options) - set(_OPTIONS))
     if bad:
         raise LoweringError(
@@ -90,6 +96,16 @@ def compile(  # noqa: A001  (the public name the users asked for)
         )
     if example_inputs is None:
         example_inputs = example_inputs_for(layer)
+    from torch2step.kernel.layers import ICCA_CHIPS
+
+    if execution is None:
+        execution = "kernel" if target.name in ICCA_CHIPS else "spatial"
+    if execution == "kernel":
+        from torch2step.kernel.program import KernelProgram
+
+        return KernelProgram(layer, target, tuple(example_inputs), design=design)
+    if execution != "spatial":
+        raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
     lowered = lower(layer, LowerOptions(**options))
     prog = Program(layer, lowered, target, tuple(example_inputs))
     prog._check(tuple(example_inputs))

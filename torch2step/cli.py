@@ -1,4 +1,4 @@
-"""Command line: ``torch2step report|sweep|import-onnx|mpirun|layers|chips``.
+"""Command line: ``torch2step report|compare|sweep|import-onnx|mpirun|layers|chips``.
 
 ``torch2step report --layer qwen3-moe --batch 64 --chip step-sda`` builds the named layer with
 the real model's sizes, compiles it, and simulates it with the real expert-routing or KV-length
@@ -93,6 +93,12 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="element type the layer is built, timed and counted in: bf16 (default, as served "
         "and as the STeP paper evaluates), fp16 or fp32",
     )
+    r.add_argument(
+        "--execution",
+        choices=("auto", "spatial", "kernel"),
+        default="auto",
+        help="spatial (STeP) or kernel-by-kernel (ELK); auto: kernel on ICCA chips (ipu-hbm, mesh)",
+    )
     r.add_argument("--tiny", action="store_true", help="use the layer's tiny test configuration")
     r.add_argument("--impl", default=None, help="the layer's spelling (see `torch2step layers`)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -137,6 +143,15 @@ def _run_report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
 
     window = _window(args.trace_window)
+    if args.layer is not None and args.execution != "spatial":
+        from torch2step.kernel.layers import ICCA_CHIPS
+        from torch2step.named import resolve_chip
+
+        chip = resolve_chip(args.chip, args.sets)
+        if args.execution == "kernel" or chip.name in ICCA_CHIPS:
+            from torch2step.cli_compare import kernel_report
+
+            return kernel_report(args, chip)
     if args.hf_config is not None:
         run = report_config(
             args.hf_config,
@@ -263,6 +278,18 @@ def _mpirun_command() -> Command:
     return add, lambda args: run_mpirun(args, build_parser())
 
 
+def _compare_command() -> Command:
+    from hwmodel import list_presets
+    from models import LAYERS
+    from torch2step.cli_compare import add_compare_parser, compare
+
+    def add(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        add_compare_parser(sub, list_presets(), list(LAYERS))
+        return sub.choices["compare"]
+
+    return add, lambda args: compare(args, build_parser())
+
+
 def _sweep_command() -> Command:
     from torch2step.sweep_cli import add_sweep, run_sweep
 
@@ -272,6 +299,7 @@ def _sweep_command() -> Command:
 #: name -> (add its arguments, run it).  Add a subcommand by adding an entry.
 COMMANDS: dict[str, Callable[[], Command]] = {
     "report": lambda: (_add_report, _run_report),
+    "compare": _compare_command,
     "sweep": _sweep_command,
     "import-onnx": lambda: (_add_import_onnx, _run_import_onnx),
     "mpirun": _mpirun_command,

@@ -1,0 +1,145 @@
+"""The shape of ELK Fig. 17-18 (and the mesh comparison of Fig. 21) on this project's models.
+
+For every model (Llama-3-8B, Qwen3-30B-A3B decode steps), batch size and chip set-up, plans the
+whole decode step with each design of ELK §6.1 (Basic, Static, ELK-Dyn, ELK-Full, Ideal) and
+reports per design the predicted latency, ELK's breakdown, HBM / interconnect utilisation and
+the planning time; with ``--sim-layers N`` it also builds the per-core programs of the first N
+layers for the one-chip ``ipu-hbm`` preset and simulates them (simulated cycles and wall time).
+
+Chip set-ups: ``ipu-hbm-x4`` is ELK §6.1's emulated IPU-POD4 (4 x 1472 cores, 3.5 GB on chip,
+16 TB/s HBM) modelled as one all-to-all chip (inter-chip links are not modelled);
+``ipu-hbm`` and ``mesh`` are the presets (one chip).
+
+    python benchmarks/elk_figures.py                  # table
+    python benchmarks/elk_figures.py --json           # one JSON object per run
+    python benchmarks/elk_figures.py --sim-layers 1   # also simulate one layer per design
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from elk.designs import DESIGNS  # noqa: E402
+from elk.errors import ElkError  # noqa: E402
+from elk.ops import DECODERS, decode_step_ops  # noqa: E402
+from elk.plan import plan_model  # noqa: E402
+from hwmodel.chip import Chip  # noqa: E402
+from hwmodel.presets import load_chip  # noqa: E402
+from runtime.errors import SimulationError  # noqa: E402
+from torch2step.kernel import simulate_schedule  # noqa: E402
+
+
+def chip_setup(name: str) -> Chip:
+    """A preset, or ``ipu-hbm-x4``: four ipu-hbm chips as one all-to-all chip (ELK §6.1)."""
+    if name == "ipu-hbm-x4":
+        base = load_chip("ipu-hbm")
+        return dataclasses.replace(
+            base,
+            name="ipu-hbm-x4",
+            num_cores=4 * base.num_cores,
+            hbm=dataclasses.replace(base.hbm, channels=4 * base.hbm.channels),
+        )
+    return load_chip(name)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="llama3-8b,qwen3-30b-a3b")
+    p.add_argument("--batches", default="32,64")
+    p.add_argument("--kv-len", type=int, default=2048)
+    p.add_argument("--chips", default="ipu-hbm-x4,ipu-hbm,mesh")
+    p.add_argument("--layers", type=int, default=None, help="layers (default: the model's)")
+    p.add_argument("--sim-layers", type=int, default=0, help="simulate this many layers")
+    p.add_argument("--sim-chip", default="ipu-hbm")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = []
+    for model in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for chip_name in args.chips.split(","):
+                chip = chip_setup(chip_name)
+                ops = decode_step_ops(model, batch, args.kv_len, args.layers)
+                per = {}
+                for design in DESIGNS:
+                    try:
+                        s = plan_model(ops, chip, design, window=8, beam=2, max_orders=4)
+                    except ElkError as e:
+                        print(f"{model} batch {batch} on {chip.name} {design}: {e}", flush=True)
+                        break
+                    tot = max(s.cycles, 1e-9)
+                    row = {
+                        "model": model,
+                        "batch": batch,
+                        "kv_len": args.kv_len,
+                        "chip": chip.name,
+                        "design": design,
+                        "layers": args.layers or DECODERS[model].layers,
+                        "cycles": round(s.cycles),
+                        "latency_ms": s.seconds * 1e3,
+                        "hbm_util": round(s.hbm_utilisation(), 4),
+                        "noc_util": round(s.noc_utilisation(), 4),
+                        "plan_s": round(s.plan_seconds, 3),
+                        "breakdown": {k: round(v / tot, 4) for k, v in s.breakdown().items()},
+                        "sim_s": None,
+                    }
+                    # Ideal assumes unbounded on-chip memory: it has no program to simulate
+                    if args.sim_layers and chip_name == args.sim_chip and design != "ideal":
+                        sub = decode_step_ops(model, batch, args.kv_len, args.sim_layers)
+                        sp = plan_model(sub, chip, design, window=8, beam=2, max_orders=4)
+                        try:
+                            rep = simulate_schedule(sp, chip, tokens=batch)
+                        except SimulationError as e:
+                            print(f"  {design}: simulation failed: {e}", flush=True)
+                            per[design] = row
+                            rows.append(row)
+                            continue
+                        row.update(
+                            sim_layers=args.sim_layers,
+                            sim_cycles=rep.cycles,
+                            sim_predicted=round(rep.predicted),
+                            sim_hbm_util=round(rep.hbm_util, 4),
+                            sim_noc_util=round(rep.noc_util, 4),
+                            sim_s=round(rep.sim_seconds, 2),
+                        )
+                    per[design] = row
+                    rows.append(row)
+                    if args.json:
+                        print(json.dumps(row), flush=True)
+                if not args.json and len(per) == len(DESIGNS):
+                    full = per["elk_full"]["cycles"]
+                    print(
+                        f"{model} batch {batch} kv {args.kv_len} on {chip.name}: ELK-Full "
+                        f"{per['basic']['cycles'] / full:.2f}x Basic, "
+                        f"{per['static']['cycles'] / full:.2f}x Static, "
+                        f"{per['ideal']['cycles'] / full:.1%} of Ideal"
+                    )
+                    for d, r in per.items():
+                        sim = (
+                            f"  sim {r['sim_layers']} layer(s): {r['sim_cycles']:,} cycles "
+                            f"(plan {r['sim_predicted']:,}) in {r['sim_s']:.1f} s"
+                            if r["sim_s"] is not None
+                            else ""
+                        )
+                        b = r["breakdown"]
+                        print(
+                            f"  {d:9} {r['latency_ms']:8.3f} ms  HBM {r['hbm_util']:6.1%}  "
+                            f"NoC {r['noc_util']:6.1%}  pre {b['preload']:5.1%} exe "
+                            f"{b['execute']:5.1%} ovl {b['overlapped']:5.1%} icn "
+                            f"{b['interconnect']:5.1%}  plan {r['plan_s']:6.2f} s{sim}",
+                            flush=True,
+                        )
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    code = main()
+    print(f"total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    raise SystemExit(code)

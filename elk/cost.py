@@ -1,0 +1,365 @@
+"""Partition plans and their cost model (ELK §4.3 "cost model for execution time", §5
+"execution plan generation").
+
+A plan is a tile grid per dimension (ELK §5 writes e.g. ``<90, 9>``), mapped to cores: in order
+on an all-to-all chip, dimension by dimension on a mesh (a matmul's ``k`` tiles down the mesh
+rows and ``n`` tiles along the columns, so the streams of the weight-stationary dataflow move
+between neighbours under dimension-order routing).  Each plan has a per-core space, an execution
+time from the core roofline (compute vs local SRAM bandwidth, :mod:`lowering.kernels`) plus its
+inter-core exchange at the port / link bandwidth, and the time with preload traffic sharing the
+ports ("ELK divides total traffic by link bandwidth", ELK §4.3).  The preload time of an
+operator is the HBM roofline or the interconnect delivery time, whichever is larger (ELK §4.2).
+
+Matrix products use the weight-stationary dataflow of Cyclotron (``lowering.matmul``): the
+weight block stays on its core, activation rows stream along grid rows, partial sums down grid
+columns; decode attention splits batch, KV heads and the KV length (flash-decoding style
+partials combined on one core per group); vector operators split rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from elk.allocate import Option, pareto
+from elk.errors import ElkError
+from elk.ops import Operator
+from elk.schedule import Item
+from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
+
+__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChipCosts:
+    """What the cost model needs of a chip.  One core (the last) is kept for the execute /
+    preload synchronisation (ELK §4.5), so ``cores`` is one less than the chip's."""
+
+    name: str
+    cores: int
+    flops: float
+    sram: int
+    sram_bw: float
+    port: float
+    net_lat: float
+    hbm_bw: float
+    hbm_peak: float
+    hbm_lat: float
+    mesh: tuple[int, int] | None
+    clock_ghz: float
+
+    @staticmethod
+    def from_chip(chip: Chip, dtype: str = "bf16") -> ChipCosts:
+        noc = chip.noc
+        hbm = chip.hbm
+        cores = chip.num_cores - 1
+        if isinstance(noc, AllToAllNoC):
+            port = min(noc.injection_bytes_per_cycle, noc.ejection_bytes_per_cycle)
+            lat, mesh = float(noc.latency_cycles), None
+            bw = min(hbm.bytes_per_cycle, cores * noc.ejection_bytes_per_cycle)
+        elif isinstance(noc, MeshNoC):
+            # the last mesh row is left to the controller core (ELK §4.5 synchronisation)
+            port, lat = noc.link_bytes_per_cycle, float(noc.hop_latency_cycles)
+            mesh = (noc.rows - 1, noc.cols)
+            cores = mesh[0] * mesh[1]
+            bw = hbm.bytes_per_cycle
+            if hbm.attach_cores:
+                cols = {a % noc.cols for a in hbm.attach_cores}
+                if cols <= {0, noc.cols - 1}:
+                    # edge-attached controllers: all data for the inner columns crosses the
+                    # links next to the edge columns (rows links per edge), plus the edge cores
+                    cut = len(cols) * noc.rows * noc.link_bytes_per_cycle
+                    bw = min(bw, cut * noc.cols / max(1, noc.cols - len(cols)))
+                else:
+                    bw = min(bw, len(hbm.attach_cores) * 4 * noc.link_bytes_per_cycle)
+        else:  # pragma: no cover - closed union
+            raise ElkError(f"chip {chip.name!r}: unknown network {noc!r}")
+        return ChipCosts(
+            chip.name,
+            cores,
+            float(chip.core.flops(dtype)),
+            chip.core.sram_bytes,
+            float(chip.core.sram_bytes_per_cycle),
+            float(port),
+            lat,
+            float(bw),
+            float(hbm.bytes_per_cycle),
+            float(hbm.latency_cycles),
+            mesh,
+            chip.clock_ghz,
+        )
+
+    #: Share of the aggregate SRAM the planner fills: tiles are whole per core, so placing the
+    #: resident operators never balances every core exactly (lowering.elk_programs.place).
+    FILL = 0.95
+
+    @property
+    def capacity(self) -> int:
+        """On-chip bytes the planner may use (``FILL`` of the usable cores' SRAM)."""
+        return int(self.FILL * self.cores * self.sram)
+
+    @property
+    def rho(self) -> float:
+        """Share of a core's port a full-speed preload occupies."""
+        return min(0.9, self.hbm_bw / self.cores / self.port)
+
+    def msg(self, nbytes: float, hops: float = 1.0) -> float:
+        """Cycles of one message of ``nbytes`` over ``hops`` links."""
+        return nbytes / self.port + self.net_lat * hops
+
+    def load(self, total_bytes: float, per_core_bytes: float, pieces: int = 8) -> float:
+        """Cycles to preload ``total_bytes`` spread as ``per_core_bytes`` per core in ``pieces``
+        loads (ELK §4.2: the HBM roofline or the interconnect delivery, whichever is larger;
+        a core's port serialises its pieces, so the first piece's port time is not hidden)."""
+        if total_bytes <= 0:
+            return 0.0
+        port = per_core_bytes / self.port
+        return max(total_bytes / self.hbm_bw, port) + port / pieces + self.hbm_lat + self.net_lat
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One partition plan: ``tiles`` per dimension (matmul ``(tm, tk, tn)``: time tiles of the
+    rows, grid rows, grid columns; attention ``(tb, tg, ts)``; vector ``(tr,)``), the cores it
+    uses, on-chip ``space`` (bytes over all cores, preloaded data included), ``core_space``,
+    ``time`` alone and ``contended`` with preloads on the ports, ``xbytes`` moved between cores
+    and ``preload_space`` (bytes held while preloaded)."""
+
+    kind: str
+    tiles: tuple[int, ...]
+    cores: int
+    space: int
+    core_space: int
+    time: float
+    contended: float
+    xbytes: int
+    preload_space: int
+
+    def label(self) -> str:
+        return "<" + ", ".join(str(t) for t in self.tiles) + ">"
+
+
+#: Smallest tile side (elements) a plan may cut a matrix or KV length into: smaller tiles only
+#: add messages (every plan must stay "compatible with the target hardware", ELK §4.3).
+MIN_TILE = 16
+
+
+def _divisors(n: int, cap: int | None = None) -> list[int]:
+    out = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    out += [n // d for d in out if d * d != n]
+    out = sorted(set(out))
+    return [d for d in out if cap is None or d <= cap]
+
+
+def _kernel(c: ChipCosts, flops: float, nbytes: float) -> float:
+    return max(math.ceil(flops / c.flops), math.ceil(nbytes / c.sram_bw))
+
+
+def _levels(n: int) -> int:
+    return max(0, math.ceil(math.log2(n))) if n > 1 else 0
+
+
+def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
+    """Weight-stationary with broadcast activations and a tree reduction (Cyclotron's
+    weight-stationary dataflow with the activation multicast along grid rows instead of
+    streamed, so one token block needs no chain of dependent computes): grid ``tk x tn``;
+    the first core of each grid row loads its activation block and multicasts it along the row,
+    every core multiplies by its stationary weight block, partial sums are added pairwise down
+    each grid column in ``ceil(log2 tk)`` rounds and the top row stores the result."""
+    m, k, n = op.dims
+    e = op.elem
+    rows_cap = c.mesh[0] if c.mesh else c.cores
+    cols_cap = c.mesh[1] if c.mesh else c.cores
+    out = []
+    for tk in _divisors(k, rows_cap):
+        for tn in _divisors(n, cols_cap):
+            cores = tk * tn
+            if (
+                cores > c.cores
+                or (tk > 1 and k // tk < MIN_TILE)
+                or (tn > 1 and n // tn < MIN_TILE)
+            ):
+                continue
+            kb, nb = k // tk, n // tn
+            w, a, cc = kb * nb * e, m * kb * e, m * nb * e
+            core_space = w + a + 2 * cc
+            if core_space > c.sram:
+                continue
+            comp = _kernel(c, 2 * m * kb * nb, a + w + cc)
+            add = _kernel(c, m * nb, 3 * cc)
+            lv = _levels(tk)
+            hops_row = (tn / 2) if c.mesh else 1.0
+            hops_col = (tk / 2) if c.mesh else 1.0
+
+            def total(
+                f: float,
+                a: int = a,
+                cc: int = cc,
+                comp: int = comp,
+                add: int = add,
+                lv: int = lv,
+                tn: int = tn,
+                hr: float = hops_row,
+                hc: float = hops_col,
+            ) -> float:
+                load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
+                bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
+                reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
+                store = max(cc / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
+                return load_a + bcast + comp + reduce + store
+
+            xb = cores * a + (tk - 1) * tn * cc
+            space = k * n * e + cores * (a + 2 * cc)
+            out.append(
+                Plan(
+                    "matmul",
+                    (1, tk, tn),
+                    cores,
+                    space,
+                    core_space,
+                    total(1.0),
+                    total(1.0 / (1.0 - c.rho)),
+                    xb,
+                    k * n * e,
+                )
+            )
+    return out
+
+
+def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
+    b, hq, hkv, d, length = op.dims
+    e = op.elem
+    g = hq // hkv
+    out = []
+    for tb in _divisors(b):
+        for tg in _divisors(hkv):
+            for ts in _divisors(length, c.mesh[1] if c.mesh else None):
+                cores = tb * tg * ts
+                if ts > 1 and length // ts < MIN_TILE:
+                    continue
+                if cores > c.cores or (c.mesh and tb * tg > c.mesh[0]):
+                    continue
+                bb, hb, lb = b // tb, hkv // tg, length // ts
+                kv = 2 * bb * hb * lb * d * e
+                q = bb * hb * g * d * e
+                part = bb * hb * g * (d + 2) * 4
+                core_space = kv + q + part * 2
+                if core_space > c.sram:
+                    continue
+                comp = _kernel(c, 4 * bb * hb * g * lb * d, kv + 2 * q + part)
+                qall = b * hq * d * e / c.hbm_bw
+                load_q = max(q / c.port, qall) + c.hbm_lat + c.net_lat
+
+                def total(
+                    f: float,
+                    ts: int = ts,
+                    part: int = part,
+                    bb: int = bb,
+                    hb: int = hb,
+                    load_q: float = load_q,
+                    qall: float = qall,
+                    comp: int = comp,
+                    q: int = q,
+                ) -> float:
+                    gather = (ts - 1) * part / c.port * f + c.net_lat if ts > 1 else 0.0
+                    comb = _kernel(c, 4 * ts * bb * hb * g * d, ts * part) if ts > 1 else 0
+                    return load_q * f + comp + gather + comb + max(q / c.port * f, qall) + c.net_lat
+
+                space = op.hbm_bytes + cores * (q + 2 * part)
+                xb = (ts - 1) * part * tb * tg + cores * q * 2
+                out.append(
+                    Plan(
+                        "attention",
+                        (tb, tg, ts),
+                        cores,
+                        space,
+                        core_space,
+                        total(1.0),
+                        total(1.0 / (1.0 - c.rho)),
+                        xb,
+                        op.hbm_bytes,
+                    )
+                )
+    return out
+
+
+def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
+    r, cols = op.dims
+    e = op.elem
+    out = []
+    for tr in _divisors(r, c.cores):
+        rb = r // tr
+        tile = rb * cols * e
+        core_space = 3 * tile + op.param_bytes
+        if core_space > c.sram:
+            continue
+        comp = _kernel(c, op.flops_per_elem * rb * cols, 3 * tile + op.param_bytes)
+
+        every = r * cols * e / c.hbm_bw  # all rows through the HBM (mesh: its edge links)
+
+        def total(f: float, tile: int = tile, comp: int = comp, every: float = every) -> float:
+            move = max(tile / c.port * f, every)
+            return move + c.hbm_lat + c.net_lat + comp + move + c.net_lat
+
+        out.append(
+            Plan(
+                "vector",
+                (tr,),
+                tr,
+                tr * core_space,
+                core_space,
+                total(1.0),
+                total(1.0 / (1.0 - c.rho)),
+                2 * tile * tr,
+                tr * op.param_bytes,
+            )
+        )
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _plans(
+    c: ChipCosts, kind: str, dims: tuple[int, ...], dtype: str, fpe: int, pbytes: int
+) -> tuple[Plan, ...]:
+    op = Operator("p", kind, dims, dtype, flops_per_elem=fpe, param_bytes=pbytes)  # type: ignore[arg-type]
+    gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
+    plans = gen(c, op)
+    if not plans:
+        raise ElkError(
+            f"{kind} operator {dims} has no partition plan whose tile fits one core's "
+            f"{c.sram} bytes of SRAM on {c.name}; use a chip with more cores or SRAM"
+        )
+    front = pareto([Option(p.space, p.time, p) for p in plans])
+    return tuple(o.ref for o in front)  # type: ignore[misc]
+
+
+def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
+    """The Pareto-optimal execute-state plans of ``op`` (space ascending)."""
+    return _plans(c, op.kind, op.dims, op.dtype, op.flops_per_elem, op.param_bytes)
+
+
+def item_for(c: ChipCosts, op: Operator) -> Item:
+    """The scheduler's view of ``op``: Pareto plans, preload-state plans and preload time.
+    Weights, KV blocks and parameters have one owner core in these plans, so the preload-state
+    plan equals the execute-state one (no data distribution)."""
+    plans = plans_for(c, op)
+    execs = tuple(Option(p.space, p.time, p) for p in plans)
+    preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
+    loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
+    return Item(
+        op.name,
+        execs,
+        preloads,
+        min(loads),
+        hbm_bytes=op.hbm_bytes,
+        contended=tuple(p.contended for p in plans),
+        layer=op.layer,
+        slot=op.slot,
+        loads=loads,
+    )
+
+
+def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
+    """:func:`item_for` of every operator."""
+    return [item_for(c, op) for op in ops]

@@ -1,0 +1,72 @@
+"""The designs compared in ELK §6.1: Basic, Static, ELK-Dyn, ELK-Full and Ideal.
+
+* **Basic**: the fastest execute plan for every operator; the remaining space preloads at most
+  the next operator.
+* **Static** (T10 extended, as ELK §6.1 builds it): one fixed split of on-chip memory into
+  execute and preload space for the whole model (the best of a sweep of splits); all preloaded
+  operators use either their largest or their smallest preload-state plan, whichever is faster.
+* **ELK-Dyn**: inductive scheduling (§4.2) + cost-aware allocation (§4.3), execution order.
+* **ELK-Full**: ELK-Dyn plus preload order permutation (§4.4).
+* **Ideal**: separate interconnects for preload and execution (no contention), unbounded on-chip
+  memory, free data distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from elk.errors import ElkError
+from elk.reorder import best_order
+from elk.schedule import Item, Policy, Timeline, schedule
+
+__all__ = ["DESIGNS", "plan_design"]
+
+DESIGNS = ("basic", "static", "elk_dyn", "elk_full", "ideal")
+
+
+def plan_design(
+    design: str,
+    items: Sequence[Item],
+    capacity: float,
+    *,
+    window: int | None = None,
+    beam: int | None = None,
+    max_orders: int = 16,
+) -> Timeline:
+    """The timeline of ``design`` (one of :data:`DESIGNS`) for ``items`` on ``capacity`` bytes."""
+    if design == "basic":
+        return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam))
+    if design == "static":
+        best: Timeline | None = None
+        for frac in (0.2, 0.35, 0.5, 0.65, 0.8):
+            for mode in ("largest", "smallest"):
+                pol = Policy(
+                    capacity,
+                    exec_space=frac * capacity,
+                    preload_mode=mode,
+                    window=window,
+                    beam=beam,
+                )
+                try:
+                    t = schedule(items, pol)
+                except ElkError:
+                    continue
+                if best is None or t.total < best.total:
+                    best = t
+        if best is None:
+            raise ElkError("Static: no fixed execute/preload split fits every operator")
+        return best
+    if design == "elk_dyn":
+        return schedule(items, Policy(capacity, window=window, beam=beam))
+    if design == "elk_full":
+        return best_order(items, Policy(capacity, window=window, beam=beam), max_orders)[0]
+    if design == "ideal":
+        n = len(items)
+        pol = Policy(math.inf, contention=False, zero_dist=True, window=1)
+        from elk.schedule import evaluate
+
+        t = evaluate(items, pol, [n] * n)
+        assert t is not None
+        return t
+    raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")

@@ -1,0 +1,157 @@
+"""ELK operators: what one ``execute`` call computes and what its ``preload_async`` reads.
+
+An :class:`Operator` is a matrix product (``matmul``: ``M x K`` activations times a ``K x N``
+weight preloaded from HBM), a decode attention (``attention``: a batch of queries against a
+KV cache preloaded from HBM), or a row-wise vector operation (``vector``: norms, rotary
+embedding, residual adds, SwiGLU gating, routing).  :func:`decode_step_ops` builds the operator
+list of an N-layer decode step from published model configurations (shapes only: no weights
+are needed to plan and time a full-size model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from elk.errors import ElkError
+
+__all__ = ["Operator", "DecoderShape", "DECODERS", "decode_step_ops", "layer_ops"]
+
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """One operator.  ``dims``: matmul ``(M, K, N)``; attention ``(B, Hq, Hkv, D, L)``; vector
+    ``(R, C)`` rows x columns with ``flops_per_elem`` and ``param_bytes`` read from HBM (every
+    core working on it reads the parameters).  ``layer``/``slot``: layer index and position in
+    the layer.  ``tensors``: names of the HBM tensors the code generator binds (inputs, preloaded
+    data, outputs); ``node``: the layer-graph node a vector operator evaluates."""
+
+    name: str
+    kind: Literal["matmul", "attention", "vector"]
+    dims: tuple[int, ...]
+    dtype: str = "bf16"
+    layer: int = 0
+    slot: int = 0
+    flops_per_elem: int = 4
+    param_bytes: int = 0
+    tensors: tuple[tuple[str, str], ...] = field(default=())
+    node: str | None = None
+
+    @property
+    def elem(self) -> int:
+        return _BYTES[self.dtype]
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes its preload reads from HBM (weights, KV cache, parameters)."""
+        if self.kind == "matmul":
+            _, k, n = self.dims
+            return k * n * self.elem
+        if self.kind == "attention":
+            b, _, hkv, d, length = self.dims
+            return 2 * b * hkv * length * d * self.elem
+        return self.param_bytes
+
+    @property
+    def flops(self) -> int:
+        if self.kind == "matmul":
+            m, k, n = self.dims
+            return 2 * m * k * n
+        if self.kind == "attention":
+            b, hq, _, d, length = self.dims
+            return 4 * b * hq * length * d
+        r, c = self.dims
+        return self.flops_per_elem * r * c
+
+    def tensor(self, role: str) -> str:
+        """The HBM tensor bound to ``role`` (``"x"``, ``"w"``, ``"y"``, ...)."""
+        for r, name in self.tensors:
+            if r == role:
+                return name
+        raise ElkError(f"operator {self.name!r} has no tensor for role {role!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderShape:
+    """The shapes of one decoder layer (published ``config.json`` numbers)."""
+
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    experts: int = 0
+    top_k: int = 0
+    qk_norm: bool = False
+
+
+DECODERS: dict[str, DecoderShape] = {
+    # meta-llama/Meta-Llama-3-8B config.json: hidden 4096, 32 heads, 8 KV heads, head_dim 128,
+    # intermediate 14336, 32 layers.
+    "llama3-8b": DecoderShape("llama3-8b", 4096, 32, 8, 128, 14336, 32),
+    # Qwen/Qwen3-30B-A3B config.json: hidden 2048, 32 heads, 4 KV heads, head_dim 128,
+    # moe_intermediate_size 768, 128 experts, 8 per token, 48 layers, q/k RMSNorm.
+    "qwen3-30b-a3b": DecoderShape(
+        "qwen3-30b-a3b", 2048, 32, 4, 128, 768, 48, experts=128, top_k=8, qk_norm=True
+    ),
+}
+
+
+def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> list[Operator]:
+    """The operators of one decode-step layer, in execution order."""
+    h, d = shape.hidden, shape.head_dim
+    q, kv = shape.heads * d, shape.kv_heads * d
+    ops: list[tuple[str, str, tuple[int, ...], dict]] = [
+        ("attn_norm", "vector", (batch, h), {}),
+        ("qkv_proj", "matmul", (batch, h, q + 2 * kv), {}),
+        ("rotary", "vector", (batch, q + kv), {"flops_per_elem": 6 if shape.qk_norm else 3}),
+        ("attention", "attention", (batch, shape.heads, shape.kv_heads, d, kv_len), {}),
+        ("o_proj", "matmul", (batch, q, h), {}),
+        ("attn_residual", "vector", (batch, h), {"flops_per_elem": 1}),
+        ("mlp_norm", "vector", (batch, h), {}),
+    ]
+    if shape.experts:
+        # Experts any of the ``batch`` tokens selects, in expectation under uniform routing;
+        # each expert's rows are the tokens routed to it.
+        e, k = shape.experts, shape.top_k
+        active = max(1, round(e * (1 - (1 - k / e) ** batch)))
+        rows = max(1, math.ceil(batch * k / active))
+        i = shape.intermediate
+        ops += [
+            ("router", "matmul", (batch, h, e), {}),
+            ("topk", "vector", (batch, e), {"flops_per_elem": 8}),
+            ("experts_gate_up", "matmul", (rows, h, 2 * i * active), {}),
+            ("experts_act", "vector", (rows * active, i), {"flops_per_elem": 5}),
+            ("experts_down", "matmul", (rows, i * active, h), {}),
+        ]
+    else:
+        i = shape.intermediate
+        ops += [
+            ("gate_up", "matmul", (batch, h, 2 * i), {}),
+            ("silu_mul", "vector", (batch, i), {"flops_per_elem": 5}),
+            ("down", "matmul", (batch, i, h), {}),
+        ]
+    ops.append(("mlp_residual", "vector", (batch, h), {"flops_per_elem": 1}))
+    return [
+        Operator(f"L{layer}.{name}", kind, dims, layer=layer, slot=slot, **kw)  # type: ignore[arg-type]
+        for slot, (name, kind, dims, kw) in enumerate(ops)
+    ]
+
+
+def decode_step_ops(
+    model: str, batch: int, kv_len: int, layers: int | None = None
+) -> list[Operator]:
+    """Every operator of one decode step of ``model`` (a key of :data:`DECODERS`)."""
+    if model not in DECODERS:
+        raise ElkError(f"unknown model {model!r}; choose one of {', '.join(DECODERS)}")
+    shape = DECODERS[model]
+    n = shape.layers if layers is None else layers
+    out: list[Operator] = []
+    for layer in range(n):
+        out += layer_ops(shape, batch, kv_len, layer)
+    return out

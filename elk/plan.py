@@ -1,0 +1,186 @@
+"""An ELK schedule of an operator list on a chip: planning, the printable plan, ELK's breakdown.
+
+``plan_model(ops, chip, design)`` runs the cost model (:mod:`elk.cost`), the design's scheduler
+(:mod:`elk.designs`) and returns an :class:`ElkSchedule`: per operator its execute-state plan,
+preload-state plan, preload number, execute / preload space per core, position in the preload
+order and predicted times, plus the breakdown of ELK §6.2 (preload only, execute only,
+overlapped, interconnect stall) and the HBM / interconnect utilisation of ELK §6.3.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from elk.cost import ChipCosts, Plan, items_for
+from elk.designs import DESIGNS, plan_design
+from elk.errors import ElkError
+from elk.ops import Operator
+from elk.schedule import Item, Timeline
+from hwmodel.chip import Chip
+
+__all__ = ["ElkSchedule", "plan_model", "format_schedule"]
+
+
+def _measure(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(xs: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in xs)
+
+
+def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    i = j = 0
+    tot = 0.0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if b > a:
+            tot += b - a
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+@dataclass(frozen=True)
+class ElkSchedule:
+    """The plan of one design for one operator list on one chip (cycles at the chip's clock)."""
+
+    design: str
+    costs: ChipCosts
+    ops: tuple[Operator, ...]
+    items: tuple[Item, ...]
+    timeline: Timeline
+    plan_seconds: float
+
+    @property
+    def plans(self) -> tuple[Plan, ...]:
+        """The execute-state plan of every operator."""
+        return tuple(
+            self.items[s.op].execs[s.exec_plan].ref
+            for s in self.timeline.steps  # type: ignore[misc]
+        )
+
+    @property
+    def issued(self) -> tuple[int, ...]:
+        """Preloads issued before each ``execute`` (positions in the preload order)."""
+        return tuple(s.P for s in self.timeline.steps)
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return self.timeline.order
+
+    @property
+    def cycles(self) -> float:
+        """Predicted cycles of the whole list."""
+        return self.timeline.total
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / (self.costs.clock_ghz * 1e9)
+
+    def breakdown(self) -> dict[str, float]:
+        """ELK §6.2's categories in cycles: ``preload`` (HBM busy, cores idle), ``execute``
+        (cores busy, HBM idle), ``overlapped``, ``interconnect`` (execution slowed by preload
+        traffic on the interconnect) and ``idle``."""
+        t = self.timeline
+        ex = _measure([(s.start, s.end) for s in t.steps])
+        pr = _measure(list(zip(t.preload_start, t.preload_end)))
+        both = _intersect(ex, pr)
+        stall = 0.0
+        for s in t.steps:
+            it = self.items[s.op]
+            if s.busy:
+                stall += it.exec_time(s.exec_plan, True) - it.exec_time(s.exec_plan, False)
+        stall = min(stall, both)
+        total = t.total
+        e, p = _length(ex), _length(pr)
+        return {
+            "preload": p - both,
+            "execute": e - both,
+            "overlapped": both - stall,
+            "interconnect": stall,
+            "idle": max(0.0, total - (e + p - both)),
+        }
+
+    def hbm_utilisation(self) -> float:
+        """Bytes preloaded over what the HBM could deliver in the predicted time."""
+        tot = sum(op.hbm_bytes for op in self.ops)
+        return tot / (self.costs.hbm_peak * self.cycles) if self.cycles else 0.0
+
+    def noc_utilisation(self) -> float:
+        """Bytes crossing core ports (exchange + HBM deliveries) over the ports' capacity."""
+        moved = sum(p.xbytes for p in self.plans) + sum(op.hbm_bytes for op in self.ops)
+        cap = self.costs.cores * self.costs.port * self.cycles
+        return moved / cap if cap else 0.0
+
+    def preload_number(self, i: int) -> int:
+        return self.timeline.preload_number(i)
+
+    def __str__(self) -> str:
+        return format_schedule(self)
+
+
+def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
+    """The plan, one line per operator (at most ``limit`` lines of operators)."""
+    t = s.timeline
+    pos = {op: k for k, op in enumerate(t.order)}
+    clk = s.costs.clock_ghz * 1e3  # cycles per microsecond
+    lines = [
+        f"ELK schedule ({s.design}) of {len(s.ops)} operators on {s.costs.name} "
+        f"({s.costs.cores} worker cores, {s.costs.capacity / 2**20:.0f} MiB on chip): "
+        f"{s.cycles:.0f} cycles = {s.seconds * 1e6:.1f} us, planned in {s.plan_seconds:.2f} s",
+        f"{'operator':24} {'kind':9} {'exec plan':14} {'cores':>5} {'pre#':>4} {'order':>5} "
+        f"{'exec KiB/core':>13} {'pre KiB/core':>12} {'preload us':>10} {'exec us':>8} "
+        f"{'start us':>9}",
+    ]
+    shown = t.steps if limit is None else t.steps[:limit]
+    for st in shown:
+        op, it = s.ops[st.op], s.items[st.op]
+        plan: Plan = it.execs[st.exec_plan].ref  # type: ignore[assignment]
+        pre_core = plan.preload_space / max(1, plan.cores) / 1024
+        lines.append(
+            f"{op.name:24} {op.kind:9} {plan.label():14} {plan.cores:5d} "
+            f"{t.preload_number(st.op):4d} {pos[st.op]:5d} {plan.core_space / 1024:13.1f} "
+            f"{pre_core:12.1f} {(t.preload_end[st.op] - t.preload_start[st.op]) / clk:10.2f} "
+            f"{st.time / clk:8.2f} {st.start / clk:9.2f}"
+        )
+    if limit is not None and len(t.steps) > limit:
+        lines.append(f"... {len(t.steps) - limit} more operators")
+    b = s.breakdown()
+    tot = max(s.cycles, 1e-9)
+    lines.append(
+        "breakdown: "
+        + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items())
+        + f"; HBM utilisation {s.hbm_utilisation():.1%}, interconnect {s.noc_utilisation():.1%}"
+    )
+    return "\n".join(lines)
+
+
+def plan_model(
+    ops: Sequence[Operator],
+    chip: Chip | ChipCosts,
+    design: str = "elk_full",
+    *,
+    dtype: str = "bf16",
+    window: int | None = 16,
+    beam: int | None = 4,
+    max_orders: int = 8,
+) -> ElkSchedule:
+    """Plan ``ops`` on ``chip`` with ``design`` (one of :data:`elk.designs.DESIGNS`)."""
+    if design not in DESIGNS:
+        raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
+    costs = chip if isinstance(chip, ChipCosts) else ChipCosts.from_chip(chip, dtype)
+    t0 = time.perf_counter()
+    items = items_for(costs, list(ops))
+    tl = plan_design(design, items, costs.capacity, window=window, beam=beam, max_orders=max_orders)
+    return ElkSchedule(design, costs, tuple(ops), tuple(items), tl, time.perf_counter() - t0)

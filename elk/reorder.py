@@ -1,0 +1,100 @@
+"""Preload order permutation (ELK §4.4).
+
+Only the HBM-heavy operators (HBM bytes above the average) are reordered, only within one layer,
+and the same order is applied to every identical layer; light operators keep their positions.
+A candidate order is *valid* when, at every heavy operator's preload, the operators that were
+preloaded before it but execute after it, plus itself, fit on chip with their smallest
+preload-state plans (ELK §4.4: "the preloaded operators cannot free their space until executed,
+the on-chip memory will overflow").  Candidates are generated closest-first (by how far heavy
+operators move) and each is scheduled by :func:`elk.schedule.schedule`; the identity order is
+always a candidate, so reordering never worsens the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from elk.schedule import Item, Policy, Timeline, schedule
+
+__all__ = ["heavy_slots", "candidate_orders", "valid_order", "best_order"]
+
+
+#: At most this many HBM-heavy operators per layer are permuted (ELK §4.4: "H <= 6 in most
+#: transformer models"); the heaviest are kept.
+MAX_HEAVY = 6
+
+
+def heavy_slots(items: Sequence[Item], limit: int = MAX_HEAVY) -> list[int]:
+    """Slots of the first layer whose operators read more HBM bytes than the average (the
+    ``limit`` heaviest, in execution order)."""
+    if not items:
+        return []
+    mean = sum(it.hbm_bytes for it in items) / len(items)
+    first = items[0].layer
+    heavy = [it for it in items if it.layer == first and it.hbm_bytes > mean]
+    heavy = sorted(heavy, key=lambda it: (-it.hbm_bytes, it.slot))[:limit]
+    return sorted(it.slot for it in heavy)
+
+
+def valid_order(items: Sequence[Item], order: Sequence[int], capacity: float) -> bool:
+    """No preload in ``order`` forces more resident data than ``capacity`` (smallest plans)."""
+    low = [min(o.space for pre in it.preloads for o in pre) if it.preloads else 0 for it in items]
+    exe = [min(o.space for o in it.execs) for it in items]
+    seen_max = -1
+    for k, op in enumerate(order):
+        if op < seen_max:  # preloaded after a later operator: everything in between waits
+            held = [j for j in order[: k + 1] if j >= op]
+            if sum(low[j] for j in held if j != op) + max(low[op], exe[op]) > capacity:
+                return False
+        seen_max = max(seen_max, op)
+    return True
+
+
+def candidate_orders(
+    items: Sequence[Item], capacity: float, max_orders: int = 16
+) -> list[tuple[int, ...]]:
+    """Valid preload orders permuting the heavy operators of a layer, identity first."""
+    n = len(items)
+    identity = tuple(range(n))
+    heavy = heavy_slots(items)
+    if len(heavy) < 2:
+        return [identity]
+    by_layer: dict[int, dict[int, int]] = {}
+    for idx, it in enumerate(items):
+        by_layer.setdefault(it.layer, {})[it.slot] = idx
+    perms = sorted(
+        itertools.permutations(range(len(heavy))),
+        key=lambda p: (sum(abs(a - b) for a, b in enumerate(p)), p),
+    )
+    out: list[tuple[int, ...]] = []
+    for perm in perms:
+        order = list(identity)
+        for slots in by_layer.values():
+            if not all(h in slots for h in heavy):
+                continue
+            places = sorted(slots[h] for h in heavy)
+            ops = [slots[heavy[p]] for p in perm]
+            for place, op in zip(places, ops):
+                order[place] = op
+        cand = tuple(order)
+        if cand not in out and valid_order(items, cand, capacity):
+            out.append(cand)
+        if len(out) >= max_orders:
+            break
+    return out
+
+
+def best_order(items: Sequence[Item], policy: Policy, max_orders: int = 16) -> tuple[Timeline, int]:
+    """The best schedule over the candidate orders and how many were tried."""
+    orders = candidate_orders(items, policy.capacity, max_orders)
+    best: Timeline | None = None
+    for order in orders:
+        try:
+            t = schedule(items, policy, order)
+        except ValueError:
+            continue
+        if best is None or t.total < best.total - 1e-9:
+            best = t
+    assert best is not None  # the identity order is always tried
+    return best, len(orders)

@@ -1,0 +1,406 @@
+"""Two-level inductive operator scheduling over preload numbers (ELK §4.2) on top of the
+cost-aware allocation of ELK §4.3.
+
+The model (ELK §4.5's programming model): operators execute in order, one at a time
+(``execute``); preloads run one after another in a *preload order* (``preload_async``); the
+preloads issued before ``execute(i)`` may overlap it, the next one waits until it ends.  ``P[i]``
+is the number of preloads issued before ``execute(i)`` (non-decreasing; the preload number of
+``i`` is the count of those not yet executed).  The operators preloaded but not executed while
+``i`` runs are *resident*: each holds its preload-state space; ``i`` holds its execute-state
+space.  Op ``i+1``'s data distribution (preload-state -> execute-state, ELK §4.3) closes step
+``i``; its preload-state plan is chosen by step ``i``'s allocation.
+
+Scheduling is backwards from the last operator (Lemma 4.1: the last preload number is 0).  For
+each operator and each candidate ``P`` (Theorem 4.2) the step ends at
+``min(start of step i+1, start of preload P)`` and starts its duration earlier; the preloads are
+placed as late as possible.  Theorem 4.2 keeps one best suffix per operator; because ``P`` must
+not decrease, one best suffix is kept per ``(operator, P)`` so a later operator's choice never
+forbids an earlier one's; and since a suffix is seen by earlier steps through several numbers
+(its start, the later preload starts, its resident operators' deadlines and spaces), the
+non-dominated suffixes are kept (``Policy.beam`` caps them for large models).  :func:`exhaustive`
+enumerates every vector ``P`` for the tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from elk.allocate import Allocation, Option, allocate
+from elk.errors import ElkError
+
+__all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One operator as the scheduler sees it.
+
+    ``execs``: execute-state plans, Pareto (space ascending); ``contended[e]``: the time of plan
+    ``e`` while preloads share the interconnect (defaults to the plain time); ``preloads[e]``:
+    the preload-state plans of exec plan ``e``, Pareto, ``time`` = data-distribution cycles;
+    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
+    (identical layers share slots, ELK §4.4)."""
+
+    name: str
+    execs: tuple[Option, ...]
+    preloads: tuple[tuple[Option, ...], ...]
+    load: float
+    hbm_bytes: int = 0
+    contended: tuple[float, ...] = ()
+    layer: int = 0
+    slot: int = 0
+    loads: tuple[float, ...] = ()
+
+    def load_time(self, e: int) -> float:
+        """Preload cycles when the operator will execute with plan ``e``."""
+        return self.loads[e] if self.loads else self.load
+
+    def exec_time(self, e: int, busy: bool) -> float:
+        if busy and self.contended:
+            return self.contended[e]
+        return self.execs[e].time
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Knobs of the designs of ELK §6.1 (see :mod:`elk.designs`).
+
+    ``capacity``: on-chip bytes; ``max_ahead``: at most this many operators resident (Basic: 1);
+    ``contention``: charge interconnect contention; ``zero_dist``: data distribution is free
+    (Ideal); ``exec_space``: a fixed execute-space size (Static); ``preload_mode``:
+    ``"pareto"`` (allocation chooses), ``"largest"`` or ``"smallest"`` (Static);
+    ``fastest_exec``: always the fastest plan (Basic); ``window``: consider at most this many
+    preload numbers per operator (K of ELK §4.2; ``None``: all); ``beam``: keep at most this many
+    non-dominated suffixes per ``(operator, P)`` (``None``: all, exact)."""
+
+    capacity: float
+    max_ahead: int | None = None
+    contention: bool = True
+    zero_dist: bool = False
+    exec_space: float | None = None
+    preload_mode: str = "pareto"
+    fastest_exec: bool = False
+    window: int | None = None
+    beam: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The decision for one operator: ``P`` preloads issued before it, exec plan, preload plan
+    of the next operator (``-1``: not resident), step start/end, duration, on-chip space."""
+
+    op: int
+    P: int
+    exec_plan: int
+    next_preload: int
+    start: float
+    end: float
+    time: float
+    space: int
+    busy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """A complete schedule: steps per operator, preload start/end per operator, the order."""
+
+    order: tuple[int, ...]
+    steps: tuple[Step, ...]
+    preload_start: tuple[float, ...]
+    preload_end: tuple[float, ...]
+    total: float
+    preload_plan: tuple[int, ...] = field(default=())
+
+    def preload_number(self, i: int) -> int:
+        """Operators resident (preloaded, not yet executed) while ``i`` executes."""
+        pos = {op: k for k, op in enumerate(self.order)}
+        return sum(1 for j in range(i + 1, len(self.steps)) if pos[j] < self.steps[i].P)
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    step: Step
+    spre: tuple[float, ...]  # preload start, positions P .. N-1
+    res: tuple[
+        tuple[int, int, float, int, int], ...
+    ]  # (op, space, end bound, preload plan, exec plan)
+    parent: _State | None
+
+
+def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
+    n = len(items)
+    if sorted(order) != list(range(n)):
+        raise ElkError(f"preload order {list(order)} is not a permutation of 0..{n - 1}")
+    pos = [0] * n
+    for k, op in enumerate(order):
+        pos[op] = k
+    return pos
+
+
+def _step(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> tuple[Step, tuple[float, ...], tuple, float] | None:
+    """Step ``i`` with ``P`` issued preloads after suffix ``parent``: the step, the preload
+    starts of positions ``P..``, the resident table and the gate.  ``None``: does not fit."""
+    n = len(items)
+    item = items[i]
+    if parent is None:
+        nxt_start, spre_tail, tail_from = 0.0, (), n
+        res_parent: dict[int, tuple[int, float, int, int]] = {}
+    else:
+        nxt_start, spre_tail, tail_from = parent.step.start, parent.spre, parent.step.P
+        res_parent = {op: (sp, bound, q, e) for op, sp, bound, q, e in parent.res}
+    # Preload starts of positions P .. tail_from-1 (as late as possible).
+    head: list[float] = []
+    later = spre_tail[0] if spre_tail else math.inf
+    for k in range(tail_from - 1, P - 1, -1):
+        op = order[k]
+        if op == i + 1:
+            assert parent is not None
+            bound, plan = nxt_start, parent.step.exec_plan
+        else:
+            bound, plan = res_parent[op][1], res_parent[op][3]
+        s = min(bound, later) - items[op].load_time(plan)
+        head.append(s)
+        later = s
+    head.reverse()
+    spre = tuple(head) + spre_tail
+    gate = spre[0] if spre else math.inf
+    end = min(nxt_start, gate) if parent is not None else 0.0
+    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    residents = [j for j in range(i + 1, min(n, last + 1)) if pos[j] < P]
+    if pol.max_ahead is not None and len(residents) > pol.max_ahead:
+        return None
+    fixed = sum(res_parent[j][0] for j in residents if j != i + 1)
+    if pol.exec_space is not None and fixed > pol.capacity - pol.exec_space:
+        return None
+    busy = bool(residents) and pol.contention
+    groups: list[tuple[Option, ...]] = []
+    execs = tuple(Option(o.space, item.exec_time(e, busy), e) for e, o in enumerate(item.execs))
+    if pol.fastest_exec:
+        execs = execs[-1:]
+    elif pol.exec_space is not None:
+        fit = tuple(o for o in execs if o.space <= pol.exec_space)
+        execs = fit[-1:] if fit else execs[:1]
+    groups.append(execs)
+    nxt_res = (i + 1) in residents
+    if nxt_res:
+        assert parent is not None
+        pre = items[i + 1].preloads[parent.step.exec_plan]
+        opts = tuple(
+            Option(o.space, 0.0 if pol.zero_dist else o.time, k) for k, o in enumerate(pre)
+        )
+        if pol.preload_mode == "largest":
+            opts = opts[-1:]
+        elif pol.preload_mode == "smallest":
+            opts = opts[:1]
+        groups.append(opts)
+    cap = pol.capacity - fixed
+    if nxt_res and pol.exec_space is not None:
+        # Static: the next operator's preload space comes out of the fixed preload space
+        room = pol.capacity - pol.exec_space - fixed
+        fit = tuple(o for o in groups[1] if o.space <= room)
+        if not fit:
+            return None
+        groups[1] = fit
+    alloc: Allocation | None = allocate(groups, cap) if cap >= 0 else None
+    if alloc is None:
+        return None
+    e = int(groups[0][alloc.choice[0]].ref)  # type: ignore[arg-type]
+    q = int(groups[1][alloc.choice[1]].ref) if nxt_res else -1  # type: ignore[arg-type]
+    dist = groups[1][alloc.choice[1]].time if nxt_res else 0.0
+    dur = alloc.time
+    start = end - dur
+    res: list[tuple[int, int, float, int, int]] = []
+    for j in residents:
+        if j == i + 1:
+            assert parent is not None
+            res.append((j, groups[1][alloc.choice[1]].space, end - dist, q, parent.step.exec_plan))
+        else:
+            sp, bound, qq, ee = res_parent[j]
+            res.append((j, sp, bound, qq, ee))
+    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy)
+    return step, spre, tuple(res), gate
+
+
+def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timeline:
+    n = len(items)
+    steps: list[Step] = []
+    s: _State | None = state
+    while s is not None:
+        steps.append(s.step)
+        s = s.parent
+    # preload starts of positions 0 .. P0-1, as late as possible
+    first = state.step
+    res = {op: (bound, e) for op, _, bound, _, e in state.res}
+    later = state.spre[0] if state.spre else math.inf
+    head: list[float] = []
+    for k in range(first.P - 1, -1, -1):
+        op = order[k]
+        bound, plan = (first.start, first.exec_plan) if op == 0 else res[op]
+        v = min(bound, later) - items[op].load_time(plan)
+        head.append(v)
+        later = v
+    head.reverse()
+    spre = tuple(head) + state.spre
+    pstart = [0.0] * n
+    pend = [0.0] * n
+    plan_of = {t.op: t.exec_plan for t in steps}
+    for k, op in enumerate(order):
+        pstart[op] = spre[k]
+        pend[op] = spre[k] + items[op].load_time(plan_of[op])
+    begin = min(min(pstart), first.start) if n else 0.0
+    shift = -begin
+    steps_shifted = tuple(
+        Step(
+            t.op,
+            t.P,
+            t.exec_plan,
+            t.next_preload,
+            t.start + shift,
+            t.end + shift,
+            t.time,
+            t.space,
+            t.busy,
+        )
+        for t in steps
+    )
+    preload_plan = [-1] * n
+    for t in steps_shifted:
+        if t.next_preload >= 0:
+            preload_plan[t.op + 1] = t.next_preload
+    return Timeline(
+        tuple(order),
+        steps_shifted,
+        tuple(p + shift for p in pstart),
+        tuple(p + shift for p in pend),
+        shift,
+        tuple(preload_plan),
+    )
+
+
+def _lows(pos: Sequence[int]) -> list[int]:
+    lo, m = [], -1
+    for p in pos:
+        m = max(m, p)
+        lo.append(m + 1)
+    return lo
+
+
+def _vector(st: _State) -> tuple[float, ...]:
+    """What the operators before this step see of it (all larger is better): its start, the
+    preload starts from its ``P`` on, and its residents' end bounds and (negated) spaces."""
+    res = st.res
+    return (
+        st.step.start,
+        *st.spre,
+        *(bound for _, _, bound, _, _ in res),
+        *(-float(sp) for _, sp, _, _, _ in res),
+    )
+
+
+def _keep(
+    kept: list[tuple[tuple[float, ...], _State]],
+    vec: tuple[float, ...],
+    st: _State,
+    beam: int | None,
+) -> list[tuple[tuple[float, ...], _State]]:
+    """Add ``st`` to the non-dominated suffixes of one ``(operator, P)``; ``beam`` caps them
+    (best start first)."""
+    eps = 1e-12
+    for v, _ in kept:
+        if all(a >= b - eps for a, b in zip(v, vec)):
+            return kept
+    out = [(v, s) for v, s in kept if not all(a >= b - eps for a, b in zip(vec, v))]
+    out.append((vec, st))
+    if beam is not None and len(out) > beam:
+        out.sort(key=lambda vs: vs[0], reverse=True)
+        out = out[:beam]
+    return out
+
+
+def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None = None) -> Timeline:
+    """The inductive schedule of ``items`` under ``policy`` for preload ``order`` (default:
+    execution order), ELK §4.2."""
+    n = len(items)
+    if n == 0:
+        raise ElkError("nothing to schedule: the operator list is empty")
+    order = tuple(range(n)) if order is None else tuple(order)
+    pos = _check(items, order)
+    lo = _lows(pos)
+    states: dict[int, list[_State]] = {}
+    last = _step(items, order, pos, n - 1, n, None, policy)
+    if last is None:
+        raise ElkError(
+            f"operator {items[-1].name!r} does not fit on chip even with its smallest plan; "
+            "use a chip with more on-chip memory or split the operator"
+        )
+    states[n] = [_State(last[0], last[1], last[2], None)]
+    for i in range(n - 2, -1, -1):
+        new: dict[int, list[_State]] = {}
+        top = n if policy.window is None else min(n, lo[i] + policy.window)
+        for P in range(lo[i], top + 1):
+            kept: list[tuple[tuple[float, ...], _State]] = []
+            for P2, parents in states.items():
+                if P2 < P:
+                    continue
+                for parent in parents:
+                    got = _step(items, order, pos, i, P, parent, policy)
+                    if got is None:
+                        continue
+                    st = _State(got[0], got[1], got[2], parent)
+                    kept = _keep(kept, _vector(st), st, policy.beam)
+            if kept:
+                new[P] = [st for _, st in kept]
+        if not new:
+            raise ElkError(
+                f"operator {items[i].name!r} cannot be scheduled: its smallest execute plan "
+                "plus the operators that must stay resident exceed on-chip memory"
+            )
+        states = new
+    final = [_finish(items, order, st) for sts in states.values() for st in sts]
+    return min(final, key=lambda t: (t.total, t.steps[0].P))
+
+
+def evaluate(
+    items: Sequence[Item], policy: Policy, Ps: Sequence[int], order: Sequence[int] | None = None
+) -> Timeline | None:
+    """The timeline of one given vector of issued-preload counts ``Ps`` (``None``: infeasible)."""
+    n = len(items)
+    order = tuple(range(n)) if order is None else tuple(order)
+    pos = _check(items, order)
+    lo = _lows(pos)
+    if len(Ps) != n or Ps[-1] != n or any(Ps[i] < lo[i] for i in range(n)):
+        return None
+    if any(Ps[i] > Ps[i + 1] for i in range(n - 1)):
+        return None
+    state: _State | None = None
+    for i in range(n - 1, -1, -1):
+        got = _step(items, order, pos, i, Ps[i], state, policy)
+        if got is None:
+            return None
+        state = _State(got[0], got[1], got[2], state)
+    assert state is not None
+    return _finish(items, order, state)
+
+
+def exhaustive(
+    items: Sequence[Item], policy: Policy, order: Sequence[int] | None = None
+) -> Timeline | None:
+    """The best timeline over every vector of preload numbers (exponential; for tests)."""
+    n = len(items)
+    best: Timeline | None = None
+    for Ps in itertools.product(range(1, n + 1), repeat=n - 1):
+        t = evaluate(items, policy, (*Ps, n), order)
+        if t is not None and (best is None or t.total < best.total):
+            best = t
+    return best

@@ -1,0 +1,120 @@
+"""Kernels of ELK per-core programs (ELK §4.5 ``local_execute``) beyond the basic ones in
+:mod:`lowering.kernels`: flash-decoding attention partials and their merge, a row-wise vector
+operator timed by its FLOPs per element, and a layer-graph node evaluated on one core.
+
+Attention partials travel as one buffer ``(rows, heads, D + 2)``: the unnormalised output, the
+running maximum and the running sum of exponentials, so merging two partials is elementwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lowering.errors import ProgramError
+from lowering.kernels import KERNELS, Kernel, register_kernel
+
+__all__ = ["register_node", "NODE_KERNELS"]
+
+#: Layer-graph nodes a ``layer_node`` kernel may evaluate: key -> (output shapes, function).
+NODE_KERNELS: dict[
+    str,
+    tuple[tuple[tuple[int, ...], ...], Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]]],
+] = {}
+
+
+def register_node(
+    key: str,
+    out_shapes: tuple[tuple[int, ...], ...],
+    fn: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]],
+) -> str:
+    """Make ``fn`` runnable as ``compute layer_node {node=key}``; returns ``key``."""
+    NODE_KERNELS[key] = (out_shapes, fn)
+    return key
+
+
+def _node(p: Any) -> tuple[tuple[tuple[int, ...], ...], Callable]:
+    key = str(p["node"])
+    if key not in NODE_KERNELS:
+        raise ProgramError(f"layer_node kernel: node {key!r} is not registered; call register_node")
+    return NODE_KERNELS[key]
+
+
+def _partial(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    q, k, v = x[0], x[1], x[2]  # q (b, hkv*g, D); k, v (b, hkv, l, D)
+    g = int(p["group"])
+    scale = float(p["scale"])
+    b, hq, d = q.shape
+    kk = np.repeat(k, g, axis=1)
+    vv = np.repeat(v, g, axis=1)
+    s = np.einsum("bhd,bhld->bhl", q.astype(np.float64), kk.astype(np.float64)) * scale
+    m = s.max(axis=-1)
+    e = np.exp(s - m[..., None])
+    o = np.einsum("bhl,bhld->bhd", e, vv.astype(np.float64))
+    out = np.concatenate([o, m[..., None], e.sum(-1)[..., None]], axis=-1)
+    return (out.astype(np.float32),)
+
+
+def _merge(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    a, b = x[0].astype(np.float64), x[1].astype(np.float64)
+    d = a.shape[-1] - 2
+    ma, mb = a[..., d], b[..., d]
+    m = np.maximum(ma, mb)
+    fa, fb = np.exp(ma - m), np.exp(mb - m)
+    o = a[..., :d] * fa[..., None] + b[..., :d] * fb[..., None]
+    s = a[..., d + 1] * fa + b[..., d + 1] * fb
+    return (np.concatenate([o, m[..., None], s[..., None]], axis=-1).astype(np.float32),)
+
+
+def _finish(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    a = x[0]
+    d = a.shape[-1] - 2
+    return ((a[..., :d] / a[..., d + 1 : d + 2]).astype(np.float32),)
+
+
+def _vector_run(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    raise ProgramError(
+        "elk_vector is a timing-only stand-in for a vector operator of a shapes-only model; "
+        "compile a layer graph (torch2step.compile(..., execution='kernel')) to run it"
+    )
+
+
+if "attn_partial" not in KERNELS:
+    register_kernel(
+        Kernel(
+            "attn_partial",
+            lambda s, p: ((s[0][0], s[0][1], s[0][2] + 2),),
+            lambda s, p: 4 * s[0][0] * s[0][1] * s[1][2] * s[0][2],
+            _partial,
+        )
+    )
+    register_kernel(
+        Kernel("attn_merge", lambda s, p: (s[0],), lambda s, p: 6 * math.prod(s[0]), _merge)
+    )
+    register_kernel(
+        Kernel(
+            "attn_finish",
+            lambda s, p: ((*s[0][:-1], s[0][-1] - 2),),
+            lambda s, p: math.prod(s[0]),
+            _finish,
+        )
+    )
+    register_kernel(
+        Kernel(
+            "elk_vector",  # params: fpe (FLOPs per element); output shaped as the first input
+            lambda s, p: (s[0],),
+            lambda s, p: int(p["fpe"]) * math.prod(s[0]),
+            _vector_run,
+        )
+    )
+    register_kernel(
+        Kernel(
+            "layer_node",  # params: node (a key of NODE_KERNELS)
+            lambda s, p: _node(p)[0],
+            lambda s, p: 2 * sum(math.prod(o) for o in _node(p)[0]),
+            lambda x, p: _node(p)[1](x),
+        )
+    )

@@ -1,0 +1,447 @@
+"""ELK plans as per-core programs (ELK §4.5 on the Cyclotron-style ISA of :mod:`lowering.isa`).
+
+Every core's program is the chip-wide ELK program restricted to that core:
+
+* ``preload_async(op=j)``: the core allocates the buffers of its share of ``j``'s preloaded data
+  (the preload-state plan) and issues the HBM loads; a load's completion is the
+  ``done_preload_op_j`` tag: the first instruction that reads the buffer waits for it.
+* ``execute(op=i)``: the core waits for the one-way synchronisation token ``go_i`` (every core
+  that wrote ``i-1``'s output has reported to the controller core), then runs its tile of
+  ``i``'s execute-state plan: input activations from HBM (multicast along grid rows), the local
+  kernel on the preloaded data, partial results combined between cores, outputs stored, and a
+  ``done`` token to the controller.
+
+Rules of ELK §4.5: (1) an ``execute`` blocks every later ``preload_async`` and ``execute`` of the
+same core until it finishes, and the next ``execute`` starts only when the controller has seen
+every part of this one; (2) a core issues its preloads in the plan's preload order; (3) a
+preload blocks only the ``execute`` reading its buffers.  The preloads issued between
+``execute(i-1)`` and ``execute(i)`` are those at positions ``issued[i-1] .. issued[i]-1`` of the
+preload order.
+
+The controller is the chip's last core.  Tiles map to cores as :mod:`elk.cost` assumes:
+the least-loaded cores on an all-to-all chip, a grid of mesh rows x columns on a mesh (row offset
+from operator to operator so that resident operators spread over the chip).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import lowering.elk_kernels  # noqa: F401  (registers the kernels)
+from elk.cost import Plan
+from elk.ops import Operator
+from hwmodel.chip import Chip, MeshNoC
+from lowering.builder import CoreBuilder, ProgramBuilder, region
+from lowering.errors import ProgramError
+from lowering.isa import ProgramSet
+
+__all__ = ["Placed", "place", "elk_programs", "tile_major", "weight_shape"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """An operator, its plan and the core of every tile (grid row-major: ``rows x cols``)."""
+
+    op: Operator
+    plan: Plan
+    rows: int
+    cols: int
+    cores: tuple[int, ...]
+
+    def core(self, r: int, c: int) -> int:
+        return self.cores[r * self.cols + c]
+
+
+def weight_shape(op: Operator, plan: Plan) -> tuple[int, int]:
+    """Shape of a matmul's weight tensor in HBM, stored tile-major for ``plan``."""
+    _, k, n = op.dims
+    tn = plan.tiles[2]
+    return (k * tn, n // tn)
+
+
+def tile_major(w: np.ndarray, plan: Plan) -> np.ndarray:
+    """A ``K x N`` weight laid out tile-major for ``plan``: the ``(K/tk) x (N/tn)`` block of
+    grid position ``(r, c)`` is rows ``(r*tn + c)*K/tk ..`` (one contiguous HBM range per core,
+    so a preload spreads over every HBM channel)."""
+    k, n = w.shape
+    tk, tn = plan.tiles[1], plan.tiles[2]
+    kb, nb = k // tk, n // tn
+    return np.ascontiguousarray(
+        w.reshape(tk, kb, tn, nb).transpose(0, 2, 1, 3).reshape(tk * tn * kb, nb)
+    )
+
+
+def _grid(op: Operator, plan: Plan) -> tuple[int, int]:
+    if op.kind == "matmul":
+        return plan.tiles[1], plan.tiles[2]
+    if op.kind == "attention":
+        tb, tg, ts = plan.tiles
+        return tb * tg, ts
+    return 1, plan.tiles[0]
+
+
+def _sections(n: int, order: Sequence[int], issued: Sequence[int]) -> list[int]:
+    """The section (``execute`` index) whose preloads include each operator's."""
+    first = [0] * n
+    prev = 0
+    for i in range(n):
+        for k in range(prev, issued[i]):
+            first[order[k]] = i
+        prev = max(prev, issued[i])
+    return first
+
+
+def place(
+    chip: Chip,
+    ops: Sequence[Operator],
+    plans: Sequence[Plan],
+    order: Sequence[int] | None = None,
+    issued: Sequence[int] | None = None,
+) -> list[Placed]:
+    """Cores of every tile, the last core left to the controller.  Operators are placed in
+    preload order on the cores with the most free SRAM over the sections they stay resident
+    (all-to-all: any cores, ELK §5 maps tiles in order because location does not matter; mesh:
+    the grid's row offset with the most free SRAM)."""
+    n = len(ops)
+    order = tuple(range(n)) if order is None else tuple(order)
+    issued = tuple(range(1, n + 1)) if issued is None else tuple(issued)
+    first = _sections(n, order, issued)
+    noc = chip.noc
+    workers = chip.num_cores - 1
+    load = np.zeros((workers, n), dtype=np.int64)
+    out: dict[int, Placed] = {}
+    for j in order:
+        op, plan = ops[j], plans[j]
+        rows, cols = _grid(op, plan)
+        span = slice(first[j], j + 1)
+        if isinstance(noc, MeshNoC):
+            usable_rows = noc.rows - 1
+            if rows == 1 and cols > noc.cols and cols <= usable_rows * noc.cols:
+                cands = [tuple(range(cols))]
+            elif cols > noc.cols or rows > usable_rows:
+                raise ProgramError(
+                    f"{op.name}: plan {plan.label()} needs a {rows}x{cols} grid; the mesh has "
+                    f"{usable_rows}x{noc.cols} worker cores"
+                )
+            else:
+                cands = [
+                    tuple(chip.core_at(r0 + r, c) for r in range(rows) for c in range(cols))
+                    for r0 in range(usable_rows - rows + 1)
+                ]
+            peak = [int(load[list(cs), span].max(initial=0)) for cs in cands]
+            cores = cands[int(np.argmin(peak))]
+        else:
+            if rows * cols > workers:
+                raise ProgramError(f"{op.name}: plan {plan.label()} needs {rows * cols} cores")
+            busy = load[:, span].max(axis=1)
+            pick = np.argsort(busy, kind="stable")[: rows * cols]
+            cores = tuple(int(x) for x in sorted(pick))
+        load[list(cores), span] += plan.core_space
+        out[j] = Placed(op, plan, rows, cols, cores)
+    return [out[j] for j in range(n)]
+
+
+#: Loads a core's preload share is split into: HBM requests of one core are paced by its port,
+#: so several smaller loads let the port and the HBM channels work on different pieces.
+CHUNKS = 8
+
+
+def chunks(extent: int) -> int:
+    """Number of preload pieces of a tile ``extent`` rows long (a divisor, at most CHUNKS)."""
+    return max(d for d in range(1, CHUNKS + 1) if extent % d == 0)
+
+
+def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple, tuple]]:
+    """(buffer, tensor, starts, extents) of core ``(r, c)``'s share of ``j``'s preload."""
+    op, plan = pl.op, pl.plan
+    if op.kind == "matmul":
+        _, k, n = op.dims
+        kb, nb = k // pl.rows, n // pl.cols
+        nc = chunks(kb)
+        rb = kb // nc
+        # weights are stored tile-major (see :func:`tile_major`): one contiguous block per core
+        base = (r * pl.cols + c) * kb
+        return [(f"o{j}_w{q}", op.tensor("w"), (base + q * rb, 0), (rb, nb)) for q in range(nc)]
+    if op.kind == "attention":
+        b, _, hkv, d, length = op.dims
+        tb, tg, ts = plan.tiles
+        ib, ig = divmod(r, tg)
+        bb, hb, lb = b // tb, hkv // tg, length // ts
+        nc = chunks(lb)
+        sb = lb // nc
+        out = []
+        for q in range(nc):
+            st = (ib * bb, ig * hb, c * lb + q * sb, 0)
+            ex = (bb, hb, sb, d)
+            out += [
+                (f"o{j}_k{q}", op.tensor("kc"), st, ex),
+                (f"o{j}_v{q}", op.tensor("vc"), st, ex),
+            ]
+        return out
+    return []
+
+
+def _preload(p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dtype: str) -> None:
+    for buf, tensor, st, ex in _pre_bufs(j, pl, r, c):
+        p.alloc(buf, ex, dtype)
+        p.load(buf, tensor, region(st, ex))
+
+
+def _matmul(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str) -> bool:
+    m, k, n = pl.op.dims
+    kb, nb = k // pl.rows, n // pl.cols
+    nc = chunks(kb)
+    rb = kb // nc
+    acc, tmp = f"o{j}_p", f"o{j}_t"
+    p.alloc(acc, (m, nb), dt)
+    if _has_tmp(pl.rows, r):
+        p.alloc(tmp, (m, nb), dt)
+    row = [pl.core(r, cc) for cc in range(pl.cols)]
+    chan = f"o{j}_a{r}"
+    if pl.cols > 1 and not b.has_channel(chan):
+        b.channel(chan, row[0], row[1:], depth=nc)
+    for q in range(nc):  # activation pieces: loaded by the row's first core, multicast along it
+        a = f"o{j}_a{q}"
+        p.alloc(a, (m, rb), dt)
+        if c == 0:
+            p.load(a, pl.op.tensor("x"), region((0, r * kb + q * rb), (m, rb)))
+            if pl.cols > 1:
+                p.send(chan, a)
+        else:
+            p.recv(chan, a)
+    for q in range(nc):
+        a, w = f"o{j}_a{q}", f"o{j}_w{q}"
+        if q == 0:
+            p.compute("matmul", acc, (a, w), dtype=dt)
+        else:
+            p.compute("matmul_acc", acc, (a, w, acc), dtype=dt)
+        p.free(a)
+        p.free(w)
+    step = 1
+    finisher = r == 0
+    while step < pl.rows:  # pairwise tree reduction down the grid column
+        if r % (2 * step) == step:
+            ch = f"o{j}_r{step}_{r}_{c}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r, c), pl.core(r - step, c))
+            p.send(ch, acc)
+            break
+        if r % (2 * step) == 0 and r + step < pl.rows:
+            ch = f"o{j}_r{step}_{r + step}_{c}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r + step, c), pl.core(r, c))
+            p.recv(ch, tmp)
+            p.compute("add", acc, (acc, tmp), dtype=dt)
+        step *= 2
+    if finisher:
+        p.store(acc, pl.op.tensor("y"), region((0, c * nb), (m, nb)))
+    p.free(acc)
+    if _has_tmp(pl.rows, r):
+        p.free(tmp)
+    return finisher
+
+
+def _has_tmp(rows: int, r: int) -> bool:
+    """Whether grid row ``r`` receives at least one partial sum in the tree reduction."""
+    return r % 2 == 0 and r + 1 < rows
+
+
+def _attention(
+    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str
+) -> bool:
+    op = pl.op
+    bsz, hq, hkv, d, length = op.dims
+    tb, tg, ts = pl.plan.tiles
+    g = hq // hkv
+    ib, ig = divmod(r, tg)
+    bb, hb = bsz // tb, hkv // tg
+    q, part, tmp = f"o{j}_q", f"o{j}_s", f"o{j}_u"
+    p.alloc(q, (bb, hb * g, d), dt)
+    p.alloc(part, (bb, hb * g, d + 2), "fp32")
+    p.load(q, op.tensor("q"), region((ib * bb, ig * hb * g, 0), (bb, hb * g, d)))
+    params = {"group": g, "scale": 1.0 / math.sqrt(d)}
+    nc = chunks(length // ts)
+    p.compute("attn_partial", part, (q, f"o{j}_k0", f"o{j}_v0"), params, dt)
+    if nc > 1:
+        p.alloc(f"o{j}_w", (bb, hb * g, d + 2), "fp32")
+    for ch_ in range(1, nc):
+        p.compute("attn_partial", f"o{j}_w", (q, f"o{j}_k{ch_}", f"o{j}_v{ch_}"), params, dt)
+        p.compute("attn_merge", part, (part, f"o{j}_w"), dtype="fp32")
+    if nc > 1:
+        p.free(f"o{j}_w")
+    roles = dict(op.tensors)
+    if c == 0:
+        if "kn" in roles:  # the new token's key and value, appended to the cache this step
+            kn, vn = f"o{j}_kn", f"o{j}_vn"
+            p.alloc(kn, (bb, hb, 1, d), dt)
+            p.alloc(vn, (bb, hb, 1, d), dt)
+            p.alloc(tmp, (bb, hb * g, d + 2), "fp32")
+            p.load(kn, roles["kn"], region((ib * bb, ig * hb, 0, 0), (bb, hb, 1, d)))
+            p.load(vn, roles["vn"], region((ib * bb, ig * hb, 0, 0), (bb, hb, 1, d)))
+            p.compute("attn_partial", tmp, (q, kn, vn), params, dt)
+            p.compute("attn_merge", part, (part, tmp), dtype="fp32")
+            p.free(kn)
+            p.free(vn)
+        elif ts > 1:
+            p.alloc(tmp, (bb, hb * g, d + 2), "fp32")
+        for src in range(1, ts):
+            ch = f"o{j}_s{r}_{src}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r, src), pl.core(r, 0))
+            p.recv(ch, tmp)
+            p.compute("attn_merge", part, (part, tmp), dtype="fp32")
+        out = f"o{j}_o"
+        p.alloc(out, (bb, hb * g, d), dt)
+        p.compute("attn_finish", out, (part,), dtype="fp32")
+        p.store(out, op.tensor("o"), region((ib * bb, ig * hb * g, 0), (bb, hb * g, d)))
+        p.free(out)
+        if "kn" in roles or ts > 1:
+            p.free(tmp)
+    else:
+        ch = f"o{j}_s{r}_{c}"
+        if not b.has_channel(ch):
+            b.channel(ch, pl.core(r, c), pl.core(r, 0))
+        p.send(ch, part)
+    for buf in (q, part):
+        p.free(buf)
+    for ch_ in range(nc):
+        p.free(f"o{j}_k{ch_}")
+        p.free(f"o{j}_v{ch_}")
+    return c == 0
+
+
+def _vector(
+    b: ProgramBuilder,
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dt: str,
+    shapes: Mapping[str, tuple[tuple[int, ...], str]],
+) -> bool:
+    op = pl.op
+    roles = dict(op.tensors)
+    if op.node is not None:  # a layer-graph node on one core: whole tensors in and out
+        ins = [name for role, name in op.tensors if role.startswith("in")]
+        outs = [name for role, name in op.tensors if role.startswith("out")]
+        bufs_in, bufs_out = [], []
+        for k, t in enumerate(ins):
+            buf = f"o{j}_i{k}"
+            p.alloc(buf, shapes[t][0], shapes[t][1])
+            p.load(buf, t)
+            bufs_in.append(buf)
+        for k, t in enumerate(outs):
+            buf = f"o{j}_x{k}"
+            p.alloc(buf, shapes[t][0], shapes[t][1])
+            bufs_out.append(buf)
+        p.compute("layer_node", bufs_out, bufs_in, {"node": op.node}, dt)
+        for buf, t in zip(bufs_out, outs):
+            p.store(buf, t)
+        for buf in bufs_in + bufs_out:
+            p.free(buf)
+        return True
+    rows, cols = op.dims
+    rb = rows // pl.cols
+    x, y = f"o{j}_x", f"o{j}_y"
+    p.alloc(x, (rb, cols), dt)
+    p.alloc(y, (rb, cols), dt)
+    p.load(x, roles["x"], region((c * rb, 0), (rb, cols)))
+    p.compute("elk_vector", y, (x,), {"fpe": op.flops_per_elem}, dt)
+    p.store(y, roles["y"], region((c * rb, 0), (rb, cols)))
+    p.free(x)
+    p.free(y)
+    return True
+
+
+def elk_programs(
+    chip: Chip,
+    ops: Sequence[Operator],
+    plans: Sequence[Plan],
+    order: Sequence[int],
+    issued: Sequence[int],
+    tensors: Mapping[str, tuple[tuple[int, ...], str]],
+    *,
+    name: str = "elk",
+) -> ProgramSet:
+    """Per-core programs of an ELK plan: ``plans[i]`` executes ``ops[i]``; ``order`` is the
+    preload order and ``issued[i]`` the number of preloads issued before ``execute(i)``."""
+    n = len(ops)
+    if not (len(plans) == len(issued) == len(order) == n):
+        raise ProgramError("elk_programs: ops, plans, order and issued must have equal lengths")
+    placed = place(chip, ops, plans, order, issued)
+    ctrl = chip.num_cores - 1
+    b = ProgramBuilder(name)
+    for t, (shape, dtype) in tensors.items():
+        b.tensor(t, shape, dtype)
+    tiles: dict[int, list[tuple[int, int, int]]] = {}
+    for i, pl in enumerate(placed):
+        for r in range(pl.rows):
+            for c in range(pl.cols):
+                tiles.setdefault(pl.core(r, c), []).append((i, r, c))
+    workers = sorted(tiles)
+    if ctrl in tiles:
+        raise ProgramError(f"core {ctrl} is the controller; no tile may be placed on it")
+    by_core_op = {core: {i: (r, c) for i, r, c in ts} for core, ts in tiles.items()}
+    finishers: list[list[int]] = [[] for _ in range(n)]
+    # Which sections (``go_i`` .. ``go_{i+1}``) each core has work in: a core waits for ``go_i``
+    # only when it preloads or executes something in section ``i``.
+    sections: dict[int, list[int]] = {}
+    prev = 0
+    for i in range(n):
+        for k in range(prev, issued[i]):
+            for core in placed[order[k]].cores:
+                sections.setdefault(core, []).append(i)
+        prev = max(prev, issued[i])
+        for core in placed[i].cores:
+            sections.setdefault(core, []).append(i)
+    listeners: list[list[int]] = [[] for _ in range(n)]
+    for core, secs in sections.items():
+        for i in sorted(set(secs)):
+            if i > 0:
+                listeners[i].append(core)
+    for i in range(1, n):
+        if listeners[i]:
+            b.channel(f"go{i}", ctrl, sorted(listeners[i]))
+    for core in workers:
+        p = b.core(core)
+        mine = by_core_op[core]
+        busy = set(sections.get(core, ()))
+        prev = 0
+        for i in range(n):
+            if i > 0 and i in busy:
+                p.recv_value(f"go{i}", "go")
+            for k in range(prev, issued[i]):
+                jj = order[k]
+                if jj in mine:
+                    r, c = mine[jj]
+                    _preload(p, jj, placed[jj], r, c, ops[jj].dtype)
+            prev = max(prev, issued[i])
+            if i in mine:
+                r, c = mine[i]
+                pl = placed[i]
+                dt = ops[i].dtype
+                if pl.op.kind == "matmul":
+                    fin = _matmul(b, p, i, pl, r, c, dt)
+                elif pl.op.kind == "attention":
+                    fin = _attention(b, p, i, pl, r, c, dt)
+                else:
+                    fin = _vector(b, p, i, pl, r, c, dt, tensors)
+                if fin and i < n - 1:
+                    ch = f"done{i}_{core}"
+                    b.channel(ch, core, ctrl)
+                    p.send_value(ch, 1)
+                    finishers[i].append(core)
+    cp = b.core(ctrl)
+    for i in range(n - 1):
+        for core in finishers[i]:
+            cp.recv_value(f"done{i}_{core}", "d")
+        if listeners[i + 1]:
+            cp.send_value(f"go{i + 1}", i + 1)
+    b.meta("order", " ".join(str(o) for o in order))
+    b.meta("issued", " ".join(str(x) for x in issued))
+    return b.build()

@@ -1,0 +1,159 @@
+"""ELK §4.2-§4.4 algorithms against brute force on small hand-made operator lists."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from elk.allocate import Option, allocate, allocate_exhaustive, pareto
+from elk.designs import DESIGNS, plan_design
+from elk.reorder import candidate_orders, valid_order
+from elk.schedule import Item, Policy, evaluate, exhaustive, schedule
+
+
+def _items(rng: random.Random, n: int, multi_preload: bool) -> list[Item]:
+    items = []
+    for k in range(n):
+        ex = pareto([Option(rng.randint(2, 10), rng.uniform(1, 10)) for _ in range(3)])
+        pres = []
+        for e in ex:
+            count = 2 if multi_preload else 1
+            pres.append(
+                pareto([Option(rng.randint(1, e.space), rng.uniform(0, 3)) for _ in range(count)])
+            )
+        items.append(
+            Item(
+                f"op{k}",
+                ex,
+                tuple(pres),
+                rng.uniform(1, 12),
+                hbm_bytes=rng.randint(0, 100),
+                contended=tuple(o.time * 1.3 for o in ex),
+                layer=k // 3,
+                slot=k % 3,
+            )
+        )
+    return items
+
+
+def test_pareto_keeps_only_undominated() -> None:
+    opts = [Option(4, 5.0), Option(2, 9.0), Option(4, 7.0), Option(3, 9.5), Option(8, 1.0)]
+    got = pareto(opts)
+    assert [(o.space, o.time) for o in got] == [(2, 9.0), (4, 5.0), (8, 1.0)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_allocation_fits_and_matches_brute_force_on_convex_curves(seed: int) -> None:
+    rng = random.Random(seed)
+    groups = []
+    for _ in range(rng.randint(1, 4)):
+        # convex curves: each step down saves space at a growing time price
+        space, time, slope = rng.randint(20, 40), rng.uniform(1, 3), rng.uniform(0.05, 0.2)
+        curve = []
+        for _ in range(rng.randint(1, 4)):
+            curve.append(Option(space, time))
+            space -= 4
+            time += 4 * slope
+            slope *= 2
+        groups.append(pareto(curve))
+    cap = rng.randint(20, 120)
+    got, best = allocate(groups, cap), allocate_exhaustive(groups, cap)
+    assert (got is None) == (best is None)
+    if got is not None and best is not None:
+        assert got.space <= cap
+        # Δ greedy is optimal on convex curves when each step has the same space saving
+        assert got.time == pytest.approx(best.time)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_allocation_never_exceeds_capacity_and_never_beats_optimum(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    groups = [
+        pareto([Option(rng.randint(1, 20), rng.uniform(0, 10)) for _ in range(4)])
+        for _ in range(rng.randint(1, 4))
+    ]
+    cap = rng.randint(5, 60)
+    got, best = allocate(groups, cap), allocate_exhaustive(groups, cap)
+    assert (got is None) == (best is None)
+    if got is not None and best is not None:
+        assert got.space <= cap
+        assert got.time >= best.time - 1e-9
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_inductive_schedule_equals_exhaustive_search(seed: int) -> None:
+    """Theorem 4.2: the inductive schedule is optimal over every vector of preload numbers
+    (allocation per step as in ELK §4.3), with one or several preload-state plans per plan."""
+    rng = random.Random(seed)
+    items = _items(rng, rng.randint(2, 6), multi_preload=seed % 2 == 0)
+    pol = Policy(capacity=rng.randint(12, 30))
+    best = exhaustive(items, pol)
+    if best is None:
+        with pytest.raises(ValueError):
+            schedule(items, pol)
+        return
+    got = schedule(items, pol)
+    assert got.total == pytest.approx(best.total)
+    # the schedule is one of the enumerated ones: re-evaluating its P vector gives its total
+    again = evaluate(items, pol, [s.P for s in got.steps])
+    assert again is not None and again.total == pytest.approx(got.total)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_schedule_respects_capacity_and_order(seed: int) -> None:
+    rng = random.Random(500 + seed)
+    items = _items(rng, rng.randint(3, 7), multi_preload=True)
+    cap = rng.randint(15, 40)
+    pol = Policy(capacity=cap)
+    try:
+        t = schedule(items, pol)
+    except ValueError:
+        return
+    for s in t.steps:
+        assert s.space <= cap
+    steps = t.steps
+    for a, b in zip(steps, steps[1:]):
+        assert a.end <= b.start + 1e-9  # executes in order
+        assert a.P <= b.P
+    for i, s in enumerate(steps):
+        assert t.preload_end[i] <= s.start + 1e-9  # preloaded before executing
+    ends = [t.preload_end[op] for op in t.order]
+    starts = [t.preload_start[op] for op in t.order]
+    for k in range(1, len(ends)):
+        assert ends[k - 1] <= starts[k] + 1e-9  # preloads one after another
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_reordering_is_valid_and_never_worse(seed: int) -> None:
+    rng = random.Random(900 + seed)
+    items = _items(rng, 6, multi_preload=False)
+    cap = rng.randint(14, 30)
+    for order in candidate_orders(items, cap):
+        assert sorted(order) == list(range(6))
+        assert valid_order(items, order, cap)
+        # the same relative order in both identical layers
+        first = [items[o].slot for o in order[:3]]
+        second = [items[o].slot for o in order[3:]]
+        assert first == second
+    try:
+        dyn = plan_design("elk_dyn", items, cap)
+    except ValueError:
+        return
+    full = plan_design("elk_full", items, cap)
+    assert full.total <= dyn.total + 1e-9
+
+
+def test_invalid_order_is_rejected() -> None:
+    big = (Option(10, 1.0),)
+    items = [Item(f"op{k}", big, ((Option(10, 0.0),),), 5.0, hbm_bytes=10) for k in range(3)]
+    assert valid_order(items, (0, 1, 2), 20)
+    assert not valid_order(items, (1, 2, 0), 20)  # op 0 last: 1, 2 and 0 all held at once
+
+
+def test_design_ordering_on_a_preload_bound_list() -> None:
+    rng = random.Random(7)
+    items = _items(rng, 8, multi_preload=True)
+    totals = {d: plan_design(d, items, 40).total for d in DESIGNS}
+    assert totals["ideal"] <= totals["elk_full"] + 1e-9
+    assert totals["elk_full"] <= totals["elk_dyn"] + 1e-9

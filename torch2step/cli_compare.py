@@ -1,0 +1,113 @@
+"""``torch2step compare`` and the kernel-by-kernel branch of ``torch2step report``.
+
+``compare --layer L --batch B`` runs the spatial execution of the layer (STeP on an SDA preset)
+and the kernel-by-kernel execution (ELK schedule + per-core programs on an ICCA preset) and
+prints them side by side; ``report --execution kernel`` prints the ELK plan and breakdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from hwmodel.chip import Chip
+
+__all__ = ["add_compare_parser", "kernel_report", "compare", "kernel_layer_report"]
+
+
+def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
+    """Register the ``compare`` sub-command."""
+    c = sub.add_parser("compare", help="spatial vs kernel-by-kernel execution of one layer")
+    c.add_argument("--layer", required=True, choices=layers, help="a registered layer")
+    c.add_argument("--batch", type=int, default=32, help="tokens (MoE) or decode requests (GQA)")
+    c.add_argument("--kv-len", type=int, default=2048, help="GQA: KV cache rows")
+    c.add_argument("--spatial-chip", default="step-sda", help=f"preset ({', '.join(chips)})")
+    c.add_argument("--kernel-chip", default="ipu-hbm", help=f"preset ({', '.join(chips)})")
+    c.add_argument("--design", default="elk_full", help="ELK design of the kernel execution")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def kernel_layer_report(
+    layer: str, batch: int, chip: Chip, kv_len: int = 2048, design: str = "elk_full"
+) -> Any:
+    """Plan and simulate registered ``layer`` kernel by kernel on ``chip`` (shapes only)."""
+    from elk.plan import plan_model
+    from torch2step.kernel import simulate_schedule
+    from torch2step.kernel.layers import registered_layer_ops
+
+    sched = plan_model(registered_layer_ops(layer, batch, kv_len), chip, design)
+    return simulate_schedule(sched, chip, tokens=batch)
+
+
+def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
+    """``report --execution kernel``: the ELK schedule and its simulated breakdown."""
+    kv = getattr(args, "kv_len", None) or 2048
+    rep = kernel_layer_report(args.layer, args.batch, chip, kv, getattr(args, "design", "elk_full"))
+    if args.json:
+        print(json.dumps({"layer": args.layer, "batch": args.batch, **rep.to_dict()}))
+    else:
+        print(rep.schedule)
+        print(rep)
+    return 0
+
+
+def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``compare``: both execution models of one layer, side by side."""
+    import torch2step
+    from hwmodel.presets import load_chip
+    from models import get_layer
+
+    t0 = time.perf_counter()
+    if args.batch < 1:
+        parser.error("argument --batch: must be a positive integer")
+    try:
+        schip, kchip = load_chip(args.spatial_chip), load_chip(args.kernel_chip)
+    except Exception as e:  # noqa: BLE001 - report any preset problem as a usage error
+        parser.error(f"unknown chip: {e}")
+    if not args.quiet:
+        print(
+            f"[{time.perf_counter() - t0:6.1f}s] kernel-by-kernel on {kchip.name}", file=sys.stderr
+        )
+    krep = kernel_layer_report(args.layer, args.batch, kchip, args.kv_len, args.design)
+    if not args.quiet:
+        print(f"[{time.perf_counter() - t0:6.1f}s] spatial on {schip.name}", file=sys.stderr)
+    spec = get_layer(args.layer, batch=args.batch, device="cpu")
+    prog = torch2step.compile(
+        spec.module,
+        spec.example_inputs,
+        chip=schip,
+        dynamic_shapes=spec.dynamic_shapes,
+        execution="spatial",
+    )
+    srep = prog.report(*spec.example_inputs)
+    kus = krep.cycles / (kchip.clock_ghz * 1e3)
+    rows = {
+        "spatial": {
+            "chip": schip.name,
+            "cycles": srep.latency_cycles,
+            "latency_us": srep.latency_s * 1e6,
+            "sim_s": srep.simulation_s,
+        },
+        "kernel": {
+            "chip": kchip.name,
+            "cycles": krep.cycles,
+            "latency_us": kus,
+            "sim_s": krep.sim_seconds,
+            "plan_s": krep.schedule.plan_seconds,
+            "hbm_util": krep.hbm_util,
+            "noc_util": krep.noc_util,
+        },
+    }
+    if args.json:
+        print(json.dumps({"layer": args.layer, "batch": args.batch, **rows}))
+        return 0
+    print(f"{args.layer}, batch {args.batch}: spatial vs kernel-by-kernel")
+    print(f"{'':10} {'chip':10} {'cycles':>12} {'latency us':>11} {'sim s':>7}")
+    for k, r in rows.items():
+        print(f"{k:10} {r['chip']:10} {r['cycles']:12,} {r['latency_us']:11.1f} {r['sim_s']:7.2f}")
+    print()
+    print(krep)
+    return 0

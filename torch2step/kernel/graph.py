@@ -1,0 +1,285 @@
+"""A layer graph as ELK operators with real tensors (the functional path of kernel execution).
+
+* ``Linear`` without bias -> a ``matmul`` operator (weight transposed, tile-major per its plan).
+* ``Attention`` whose keys / values are ``Concat(cache, new)`` -> an ``attention`` operator that
+  preloads the cache and adds the new token's partial on the combining core.
+* ``MoEExperts`` -> dense expert operators: a routing node turns the top-k weights and indices
+  into a ``tokens x experts`` weight table, then per expert two matmuls (gate, up), the SwiGLU
+  node, the down matmul and a weighted accumulation node.  Every expert is loaded, also one no
+  token picked (its weight column is zero, so the result is unchanged).
+* Any other node -> a ``vector`` operator evaluating the node on one core (``layer_node``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from elk.ops import Operator
+from lowering.elk_kernels import register_node
+from torch2step.errors import LoweringError
+from torch2step.layers import ops as L
+from torch2step.layers.evaluate import EVALUATORS
+from torch2step.layers.graph import LayerGraph
+
+__all__ = ["GraphOps", "graph_ops"]
+
+_NP = {
+    "fp32": np.float32,
+    "fp16": np.float16,
+    "bf16": np.float32,
+    "int64": np.int64,
+    "int32": np.int32,
+    "bool": np.bool_,
+}
+
+
+@dataclass
+class GraphOps:
+    """Operators in execution order, HBM tensors (name -> (shape, dtype)), values bound before
+    the run (inputs and parameters; weights still ``K x N``, laid out tile-major later) and the
+    graph's outputs as (tensor, graph shape)."""
+
+    ops: list[Operator] = field(default_factory=list)
+    tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    weights: dict[int, str] = field(default_factory=dict)  # op index -> weight tensor
+
+
+def _concrete(shape: Sequence[object], env: dict[object, int]) -> tuple[int, ...]:
+    return tuple(int(d.subs(env)) if hasattr(d, "subs") else int(d) for d in shape)  # type: ignore[attr-defined]
+
+
+def _dt(name: str) -> str:
+    return "fp32" if name in ("fp32", "bf16", "fp16") else name
+
+
+def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
+    """ELK operators of ``g`` for these inputs (shapes concrete, values bound)."""
+    out = GraphOps()
+    env_in = dict(zip(g.inputs, inputs))
+    dims = {sym: int(env_in[name].shape[axis]) for sym, (name, axis) in g.dims.items()}
+    shape = {v: _concrete(t.shape, dims) for v, t in g.types.items()}
+    dtype = {v: _dt(t.dtype) for v, t in g.types.items()}
+    producers = g.producers()
+    canon: dict[str, tuple[int, ...]] = {}
+
+    def declare(v: str, shp: tuple[int, ...] | None = None) -> str:
+        want = shp or canon.get(v) or shape[v]
+        if v in out.tensors:
+            return v
+        canon[v] = want
+        out.tensors[v] = (want, dtype[v])
+        return v
+
+    for n in g.nodes:  # layouts the structured operators read and write
+        if isinstance(n.op, L.Linear) and len(n.inputs) == 2 and n.inputs[1] in g.params:
+            k = shape[n.inputs[0]][-1]
+            nn_ = shape[n.outputs[0]][-1]
+            canon[n.inputs[0]] = (math.prod(shape[n.inputs[0]]) // k, k)
+            canon[n.outputs[0]] = (math.prod(shape[n.outputs[0]]) // nn_, nn_)
+        elif isinstance(n.op, L.Attention) and len(n.inputs) == 3 and shape[n.inputs[0]][2] == 1:
+            b, hq, _, d = shape[n.inputs[0]]
+            canon[n.inputs[0]] = canon[n.outputs[0]] = (b, hq, d)
+    for name, x in env_in.items():
+        out.values[name] = x.detach().float().numpy() if x.is_floating_point() else x.numpy()
+    for name, p in g.params.items():
+        out.values[name] = p.detach().float().numpy()
+    slot = 0
+
+    def add(op: Operator) -> None:
+        nonlocal slot
+        out.ops.append(op)
+        slot += 1
+
+    def node_op(key: str, ins: list[str], outs: list[str], fn: Callable, flops: int) -> None:
+        for v in ins:
+            declare(v)
+        for v in outs:
+            declare(v)
+        in_shapes = [shape[v] for v in ins]
+        out_decl = tuple(out.tensors[v][0] for v in outs)
+
+        def run(
+            xs: Sequence[np.ndarray], fn: Callable = fn, in_shapes=in_shapes, out_decl=out_decl
+        ):
+            ts = [
+                torch.from_numpy(np.ascontiguousarray(a).reshape(s)) for a, s in zip(xs, in_shapes)
+            ]
+            res = fn(ts)
+            return tuple(
+                np.ascontiguousarray(r.detach().numpy())
+                .astype(_NP.get(out.tensors[v][1], np.float32))
+                .reshape(sh)
+                for r, v, sh in zip(res, outs, out_decl)
+            )
+
+        reg = register_node(f"{g.name}:{key}", out_decl, run)
+        roles = tuple((f"in{k}", v) for k, v in enumerate(ins)) + tuple(
+            (f"out{k}", v) for k, v in enumerate(outs)
+        )
+        elems = sum(math.prod(shape[v]) for v in outs)
+        add(
+            Operator(
+                key,
+                "vector",
+                (1, max(1, elems)),
+                "fp32",
+                slot=slot,
+                tensors=roles,
+                node=reg,
+                flops_per_elem=max(1, flops // max(1, elems)),
+            )
+        )
+
+    def matmul(key: str, x: str, wname: str, w: np.ndarray, y: str) -> None:
+        k, n = w.shape
+        m = math.prod(shape[x]) // k
+        declare(x, (m, k))
+        declare(y, (m, n))
+        out.values[wname] = np.ascontiguousarray(w, np.float32)
+        out.tensors[wname] = ((k, n), "fp32")
+        out.weights[len(out.ops)] = wname
+        add(
+            Operator(
+                key,
+                "matmul",
+                (m, k, n),
+                "fp32",
+                slot=slot,
+                tensors=(("x", x), ("w", wname), ("y", y)),
+            )
+        )
+
+    def generic(n: L.Node) -> None:  # type: ignore[name-defined]
+        op = n.op
+
+        def fn(ts: list[torch.Tensor], op=op, n=n) -> tuple[torch.Tensor, ...]:
+            if isinstance(op, L.Reshape):
+                return (ts[0].reshape(_concrete(op.shape, dims)),)
+            if isinstance(op, L.Arange):
+                a, b = _concrete([op.start, op.end], dims)
+                return (torch.arange(a, b, dtype=torch.int64),)
+            if isinstance(op, L.Slice):
+                a, b = _concrete([op.start, op.end], dims)
+                return (ts[0].narrow(op.dim, a, b - a),)
+            return EVALUATORS[type(op)](op, ts)
+
+        node_op(
+            n.name,
+            list(n.inputs),
+            list(n.outputs),
+            fn,
+            4 * sum(math.prod(shape[v]) for v in n.outputs),
+        )
+
+    for n in g.nodes:
+        op = n.op
+        if isinstance(op, L.Linear) and len(n.inputs) == 2 and n.inputs[1] in g.params:
+            matmul(n.name, n.inputs[0], n.inputs[1] + ".T", out.values[n.inputs[1]].T, n.outputs[0])
+        elif isinstance(op, L.Attention) and len(n.inputs) == 3:
+            q, k, v = n.inputs
+            pk, pv = producers.get(k), producers.get(v)
+            b, hq, sq, d = shape[q]
+            if sq != 1:
+                generic(n)
+                continue
+            roles = [("q", declare(q, (b, hq, d)))]
+            if (
+                pk is not None
+                and isinstance(pk.op, L.Concat)
+                and pk.op.dim == 2
+                and pv is not None
+                and isinstance(pv.op, L.Concat)
+                and pk.inputs[0] in g.inputs
+                and pv.inputs[0] in g.inputs
+            ):
+                kc, kn, vc, vn = pk.inputs[0], pk.inputs[1], pv.inputs[0], pv.inputs[1]
+                roles += [
+                    ("kc", declare(kc)),
+                    ("vc", declare(vc)),
+                    ("kn", declare(kn)),
+                    ("vn", declare(vn)),
+                ]
+                length = shape[kc][2]
+            else:
+                roles += [("kc", declare(k)), ("vc", declare(v))]
+                length = shape[k][2]
+            hkv = shape[k][1]
+            if op.scale is not None and not math.isclose(op.scale, 1 / math.sqrt(d)) or op.causal:
+                generic(n)
+                continue
+            roles.append(("o", declare(n.outputs[0], (b, hq, d))))
+            add(
+                Operator(
+                    n.name,
+                    "attention",
+                    (b, hq, hkv, d, length),
+                    "fp32",
+                    slot=slot,
+                    tensors=tuple(roles),
+                )
+            )
+        elif isinstance(op, L.MoEExperts):
+            x, wts, ids, wg, wu, wd = n.inputs
+            e = op.num_experts
+            table = f"{n.name}.cw"
+            shape[table], dtype[table] = (shape[x][0], e), "fp32"
+
+            def dense(ts: list[torch.Tensor], e: int = e) -> tuple[torch.Tensor, ...]:
+                w, i = ts
+                cw = torch.zeros(w.shape[0], e, dtype=torch.float32)
+                cw.scatter_add_(1, i.long(), w.float())
+                return (cw,)
+
+            node_op(f"{n.name}.route", [wts, ids], [table], dense, 4 * shape[x][0] * e)
+            final = n.outputs[0]
+            running = ""
+            for ex in range(e):
+                gv, uv, hv, dv = (f"{n.name}.e{ex}.{s}" for s in ("g", "u", "h", "d"))
+                for v, s in (
+                    (gv, (shape[x][0], shape[wg][1])),
+                    (uv, (shape[x][0], shape[wu][1])),
+                    (hv, (shape[x][0], shape[wg][1])),
+                    (dv, (shape[x][0], shape[wd][1])),
+                ):
+                    shape[v], dtype[v] = s, "fp32"
+                matmul(f"{n.name}.e{ex}.gate", x, f"{wg}[{ex}].T", out.values[wg][ex].T, gv)
+                matmul(f"{n.name}.e{ex}.up", x, f"{wu}[{ex}].T", out.values[wu][ex].T, uv)
+                node_op(
+                    f"{n.name}.e{ex}.swiglu",
+                    [gv, uv],
+                    [hv],
+                    lambda ts: (F.silu(ts[0]) * ts[1],),
+                    5 * math.prod(shape[hv]),
+                )
+                matmul(f"{n.name}.e{ex}.down", hv, f"{wd}[{ex}].T", out.values[wd][ex].T, dv)
+                target = final if ex == e - 1 else f"{final}.acc{ex}"
+                shape[target], dtype[target] = shape[final], dtype[final]
+                ins = [dv, table] if ex == 0 else [running, dv, table]
+
+                def acc(
+                    ts: list[torch.Tensor], ex: int = ex, shp=shape[final]
+                ) -> tuple[torch.Tensor, ...]:
+                    *prev, d_, cw = ts
+                    val = d_ * cw[:, ex : ex + 1]
+                    if prev:
+                        val = prev[0].reshape(val.shape) + val
+                    return (val.reshape(shp),)
+
+                node_op(f"{n.name}.e{ex}.acc", ins, [target], acc, 2 * math.prod(shape[final]))
+                running = target
+        else:
+            generic(n)
+    for v in g.outputs:
+        declare(v)
+        out.outputs.append((v, shape[v]))
+    if not out.ops:
+        raise LoweringError(f"{g.name}: the layer graph has no operations to schedule")
+    return out

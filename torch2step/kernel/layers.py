@@ -1,0 +1,62 @@
+"""ELK operators of the registered layers at full size, from their configurations alone (no
+weights): the single attention and MoE layers of :mod:`models` and whole decode steps of
+:mod:`elk.ops`."""
+
+from __future__ import annotations
+
+import math
+
+from elk.ops import Operator
+from models.configs import AttentionConfig, MoEConfig
+from models.registry import LAYERS
+from torch2step.errors import LoweringError
+
+__all__ = ["ICCA_CHIPS", "registered_layer_ops"]
+
+#: Chip presets that are inter-core-connected (kernel-by-kernel execution by default).
+ICCA_CHIPS = ("ipu-hbm", "mesh")
+
+
+def _attention(cfg: AttentionConfig, batch: int, kv_len: int) -> list[Operator]:
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    spec = [
+        ("qkv_proj", "matmul", (batch, h, q + 2 * kv), 0),
+        ("rotary", "vector", (batch, q + kv), 6 if cfg.qk_norm else 3),
+        ("attention", "attention", (batch, cfg.num_heads, cfg.num_kv_heads, d, kv_len), 0),
+        ("o_proj", "matmul", (batch, q, h), 0),
+    ]
+    return [
+        Operator(name, kind, dims, slot=k, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
+        for k, (name, kind, dims, fpe) in enumerate(spec)
+    ]
+
+
+def _moe(cfg: MoEConfig, tokens: int) -> list[Operator]:
+    e, k, h, i = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    active = max(1, round(e * (1 - (1 - k / e) ** tokens)))
+    rows = max(1, math.ceil(tokens * k / active))
+    spec = [
+        ("router", "matmul", (tokens, h, e), 0),
+        ("topk", "vector", (tokens, e), 8),
+        ("experts_gate_up", "matmul", (rows, h, 2 * i * active), 0),
+        ("experts_act", "vector", (rows * active, i), 5),
+        ("experts_down", "matmul", (rows, i * active, h), 0),
+    ]
+    return [
+        Operator(name, kind, dims, slot=n, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
+        for n, (name, kind, dims, fpe) in enumerate(spec)
+    ]
+
+
+def registered_layer_ops(name: str, batch: int, kv_len: int = 2048) -> list[Operator]:
+    """Operators of registered layer ``name`` at full size (MoE: experts any of ``batch``
+    tokens selects, in expectation under uniform routing)."""
+    if name not in LAYERS:
+        raise LoweringError(f"unknown layer {name!r}; valid names: {', '.join(LAYERS)}")
+    cfg = LAYERS[name].config
+    if isinstance(cfg, AttentionConfig):
+        return _attention(cfg, batch, kv_len)
+    if isinstance(cfg, MoEConfig):
+        return _moe(cfg, batch)
+    raise LoweringError(f"layer {name!r} has no kernel-execution operator list")

@@ -1,0 +1,93 @@
+"""``compile(..., execution="kernel")``: a layer run kernel by kernel on an ICCA chip.
+
+:class:`KernelProgram` holds the layer's ELK operators, the ELK schedule (``.schedule``, printable),
+the per-core programs (``.programs``) and runs them on the simulator: ``run(*inputs)`` in
+functional mode returns what the module returns; ``report()`` simulates timing and reports in
+ELK's terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from elk.plan import ElkSchedule, plan_model
+from hwmodel.chip import Chip
+from lowering.elk_programs import tile_major
+from lowering.isa import ProgramSet
+from torch2step.kernel.build import build_programs
+from torch2step.kernel.graph import GraphOps, graph_ops
+from torch2step.kernel.report import KernelReport, simulate_schedule
+from torch2step.layers.graph import LayerGraph
+
+__all__ = ["KernelProgram"]
+
+
+class KernelProgram:
+    """A layer compiled for kernel-by-kernel execution (ELK schedule + per-core programs)."""
+
+    execution = "kernel"
+
+    def __init__(
+        self,
+        layer: LayerGraph,
+        chip: Chip,
+        example_inputs: Sequence[torch.Tensor],
+        design: str = "elk_full",
+    ) -> None:
+        self.layer = layer
+        self.chip = chip
+        self.design = design
+        self.example_inputs = tuple(example_inputs)
+        self.graph: GraphOps = graph_ops(layer, self.example_inputs)
+        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype="fp32")
+
+    @cached_property
+    def programs(self) -> ProgramSet:
+        """The per-core programs of the schedule."""
+        tensors = dict(self.graph.tensors)
+        for i, wname in self.graph.weights.items():
+            plan = self.schedule.plans[i]
+            k, n = tensors[wname][0]
+            tensors[wname] = ((k * plan.tiles[2], n // plan.tiles[2]), "fp32")
+        return build_programs(self.schedule, self.chip, self.graph.ops, tensors)
+
+    def _bound(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
+        gops = graph_ops(self.layer, inputs) if inputs else self.graph
+        vals = dict(gops.values)
+        for i, wname in self.graph.weights.items():
+            vals[wname] = tile_major(vals[wname], self.schedule.plans[i])
+        for name in list(vals):
+            want = self.graph.tensors.get(name)
+            if want is not None and name not in self.graph.weights.values():
+                vals[name] = np.ascontiguousarray(vals[name]).reshape(want[0])
+        return {k: v for k, v in vals.items() if k in self.graph.tensors}
+
+    def run(self, *inputs: torch.Tensor) -> Any:
+        """Simulate functionally and return the module's outputs (torch tensors)."""
+        rep = simulate_schedule(
+            self.schedule,
+            self.chip,
+            mode="functional",
+            programs=self.programs,
+            inputs=self._bound(inputs or self.example_inputs),
+        )
+        assert rep.result is not None
+        outs = tuple(
+            torch.from_numpy(np.ascontiguousarray(rep.result.tensors[v]).reshape(shp))
+            for v, shp in self.graph.outputs
+        )
+        return outs[0] if self.layer.single_output else outs
+
+    def report(self, tokens: int = 1) -> KernelReport:
+        """Timing simulation of the schedule, reported in ELK's terms."""
+        return simulate_schedule(
+            self.schedule, self.chip, programs=self.programs, inputs={}, tokens=tokens
+        )
+
+    def __str__(self) -> str:
+        return str(self.schedule)

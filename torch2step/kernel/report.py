@@ -1,0 +1,96 @@
+"""Simulating an ELK schedule and reporting it in ELK's terms (ELK §6.2-§6.3)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from elk.plan import ElkSchedule
+from hwmodel.chip import Chip
+from runtime import SimResult, simulate
+from torch2step.kernel.build import build_programs
+
+__all__ = ["KernelReport", "simulate_schedule"]
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """A simulated ELK schedule: predicted and simulated cycles, breakdown, utilisations."""
+
+    schedule: ElkSchedule
+    cycles: int
+    sim_seconds: float
+    hbm_util: float
+    noc_util: float
+    tokens: int = 1
+    result: SimResult | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def predicted(self) -> float:
+        return self.schedule.cycles
+
+    @property
+    def error(self) -> float:
+        """Relative difference of the plan's prediction from the simulation."""
+        return self.predicted / self.cycles - 1.0 if self.cycles else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.schedule
+        return {
+            "design": s.design,
+            "chip": s.costs.name,
+            "operators": len(s.ops),
+            "cycles": self.cycles,
+            "predicted_cycles": round(self.predicted),
+            "latency_us": self.cycles / (s.costs.clock_ghz * 1e3),
+            "hbm_util": round(self.hbm_util, 4),
+            "noc_util": round(self.noc_util, 4),
+            "plan_s": round(s.plan_seconds, 3),
+            "sim_s": round(self.sim_seconds, 3),
+            "breakdown": {k: round(v / max(s.cycles, 1e-9), 4) for k, v in s.breakdown().items()},
+        }
+
+    def __str__(self) -> str:
+        s = self.schedule
+        us = self.cycles / (s.costs.clock_ghz * 1e3)
+        b = s.breakdown()
+        tot = max(s.cycles, 1e-9)
+        return "\n".join(
+            [
+                f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.cycles} cycles simulated "
+                f"= {us:.1f} us ({us / max(1, self.tokens):.2f} us per token of the batch), "
+                f"plan predicted {self.predicted:.0f} ({self.error:+.1%})",
+                "ELK breakdown (plan): " + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
+                f"HBM utilisation {self.hbm_util:.1%}  interconnect utilisation "
+                f"{self.noc_util:.1%}  plan {s.plan_seconds:.2f} s  simulation "
+                f"{self.sim_seconds:.2f} s",
+            ]
+        )
+
+
+def _noc(res: SimResult) -> float:
+    st = res.stats
+    group = st.links if st.links else st.ports
+    used = [r.utilisation for r in group]
+    return sum(used) / len(used) if used else 0.0
+
+
+def simulate_schedule(
+    sched: ElkSchedule,
+    chip: Chip,
+    *,
+    mode: str = "timing",
+    programs: Any = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    tokens: int = 1,
+) -> KernelReport:
+    """Simulate ``sched`` on ``chip`` (its programs built for timing unless given)."""
+    ps = programs if programs is not None else build_programs(sched, chip)
+    t0 = time.perf_counter()
+    res = simulate(ps, chip, mode=mode, inputs=dict(inputs or {}))
+    wall = time.perf_counter() - t0
+    return KernelReport(sched, res.cycles, wall, res.stats.hbm_utilisation, _noc(res), tokens, res)
