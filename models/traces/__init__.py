@@ -142,7 +142,8 @@ def _as_int64(data: np.ndarray, path: Path, kind: str) -> np.ndarray:
         return data.astype(np.int64)
     raise TraceFormatError(
         f"{kind} trace {os.fspath(path)!r} holds {data.dtype} values that are not whole numbers "
-        f"(e.g. {data.ravel()[:3].tolist()}); expected integers"
+        f"(e.g. {data.ravel()[:3].tolist()}); "
+        f"{'expert ids' if kind == 'routing' else 'lengths'} must be integers"
     )
 
 

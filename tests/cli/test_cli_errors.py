@@ -71,18 +71,18 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (moe + ["--option", "moe_lanes"], "KEY=VALUE"),
         (moe + ["--routing-trace", "nope_b3"], "unknown routing trace"),
         (
-            moe + ["--routing-trace", _npz(tmp_path / "few.npz", np.zeros((3, 2), np.int64))],
+            moe + ["--routing-trace", _npz(tmp_path / "few.npz", np.array([[0, 1]] * 3))],
             "needs >= 8 tokens",
         ),
         (
-            moe + ["--routing-trace", _npz(tmp_path / "big.npz", np.full((8, 2), 9, np.int64))],
+            moe + ["--routing-trace", _npz(tmp_path / "big.npz", np.array([[9, 1]] * 8))],
             "expert id 9",
         ),
         (
             moe + ["--routing-trace", _npz(tmp_path / "fl.npz", np.full((8, 2), 1.7))],
             "expert ids must be integers",
         ),
-        (gqa + ["--kv-trace", str(neg)], "positive integers"),
+        (gqa + ["--kv-trace", str(neg)], "KV length -3; lengths must be >= 0"),
         (gqa + ["--kv-trace", "b64/med"], "holds 64 requests"),
         (["chips", "--show", "ipu-hmb"], "did you mean 'ipu-hbm'"),
     ]
