@@ -4,7 +4,7 @@
     python benchmarks/interpreter_speed.py --config mixtral-quarter
     python benchmarks/interpreter_speed.py --profile          # where step.run spends its time
 
-The graph is :func:`torch2step.examples.moe_graph` (dynamic tiling, seed 000 §5.2) at full
+The graph is :func:`torch2step.examples.moe_graph` (dynamic tiling, STeP §5.2) at full
 size; the routing is the real trace of the STeP evaluation (``models.traces``: ``qwen_b64`` or
 ``mixtral_b64``, 64 tokens), routing weights and activations random (fp32).  Timed separately:
 building + verifying the graph, the symbolic §4.1 metrics, ``step.run`` (with its shape checks)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "build + verify graph", moe_graph, num_experts=E, top_k=k, hidden=H, intermediate=I
     )
     print(f"  ({len(prog.nodes)} nodes)")
-    m, t_metrics = _timed("symbolic metrics (seed 000 §4.1)", metrics, prog)
+    m, t_metrics = _timed("symbolic metrics (STeP §4.1)", metrics, prog)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -76,7 +76,7 @@ class MeshNoC:
 @dataclass(frozen=True, slots=True)
 class AllToAllNoC:
     """Every core reaches every other core directly; transfers serialise only at the sender's
-    injection port and the receiver's ejection port (seed 002 §2.2, the IPU exchange)."""
+    injection port and the receiver's ejection port (ELK §2.2, the IPU exchange)."""
 
     injection_bytes_per_cycle: float
     ejection_bytes_per_cycle: float

@@ -72,7 +72,7 @@ def load_chip(name_or_path: str | os.PathLike[str] | Chip) -> Chip:
 def edge_attach_cores(rows: int, cols: int, channels: int) -> tuple[int, ...]:
     """HBM port placement on a ``rows`` x ``cols`` mesh: channels split between the west and
     east edges (west first), spread evenly over the rows of each edge.  Memory controllers sit
-    at the die edge, so HBM data crosses the mesh (seed 002 §6.4: "mesh-based network takes
+    at the die edge, so HBM data crosses the mesh (ELK §6.4: "mesh-based network takes
     multiple hops to deliver HBM data to cores")."""
     if rows < 1 or cols < 1 or channels < 1:
         raise ChipConfigError(

@@ -1,5 +1,5 @@
 """Per-core programs: the instruction set, a builder, a printer, a validator, and the
-Cyclotron-style matrix-multiplication generators (seed 004).
+Cyclotron-style matrix-multiplication generators (Cyclotron).
 
     from lowering import cannon_matmul, validate_programs, format_programs
     ps = cannon_matmul(chip, 64, 64, 64, grid=(4, 4))
@@ -123,7 +123,7 @@ __all__ = [
     "Count",
     "validate_programs",
     "program_problems",
-    # matmul dataflows (seed 004)
+    # matmul dataflows (Cyclotron)
     "Access",
     "MatmulRecurrence",
     "MatmulSchedule",

@@ -1,5 +1,5 @@
 """Static analysis of per-core programs: live SRAM buffers and their peak, defined registers,
-declared names, and static message / barrier counts (seed 004 §6: every receive has a matching
+declared names, and static message / barrier counts (Cyclotron §6: every receive has a matching
 send, known before running).
 
 A count is an ``int`` when every enclosing loop has a literal count and both arms of every

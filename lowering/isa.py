@@ -1,6 +1,6 @@
 """Per-core programs: the instruction set the simulator executes.
 
-In the spirit of Cyclotron's per-PE programs (seed 004 §6, §9): every core runs its own list of
+In the spirit of Cyclotron's per-PE programs (Cyclotron §6, §9): every core runs its own list of
 instructions — loads from / stores to HBM, sends / receives on named channels, compute kernels,
 loops and branches on *control values received at run time* (counts, selectors, stop tokens), so
 one program serves every expert routing and every KV length.

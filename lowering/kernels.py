@@ -4,7 +4,7 @@ One registry entry per kernel (STYLE.md: one place per meaning).  The simulator 
 its output shapes and cycle count in timing mode and calls ``run`` in functional mode.  Cycles of
 a kernel on a core are ``max(ceil(flops / flops_per_cycle[dtype]), ceil(bytes / sram_bytes_per_
 cycle)) + kernel_launch_cycles``: compute-bound matmuls hit the first term, elementwise kernels
-the second (the roofline of one core, seed 002 §5).
+the second (the roofline of one core, ELK §5).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-PE programs for distributed matrix multiplication, from dataflow recurrences.
 
-Space-time mapping and lowering of seed 004 §6: every PE ``(r, c)`` of the grid instantiates
+Space-time mapping and lowering of Cyclotron §6: every PE ``(r, c)`` of the grid instantiates
 the rules of a :class:`~lowering.recurrence.Dataflow` that match its position (boundary PEs
 inject from HBM, interior PEs receive from a neighbour, the last PE along the reduction axis
 exports ``C``), and the time variable becomes a loop.  Each rule kind has one emitter in
@@ -165,7 +165,7 @@ def _direction(df: Dataflow, axis: str, forward: bool) -> str:
     return "E" if forward else "W"
 
 
-# -- emitters: one per rule kind (seed 004 §6 template matching) ---------------------------------
+# -- emitters: one per rule kind (Cyclotron §6 template matching) ---------------------------------
 def _prefetch(ctx: _Ctx, rule: Rule) -> None:
     access = _access(ctx.df, rule.operand)  # indexed by space variables only: time unused
     ctx.p.load(_BUF[rule.operand], access.tensor, ctx.block_region(access, 0))
@@ -295,7 +295,7 @@ def _emit_pe(ctx: _Ctx) -> None:
     steps = df.tiles_of(df.schedule.time)
     rotating = any(r.kind == "rotate" for r in df.rules)
     if rotating:
-        # Cannon: shifts after every step but the last (seed 004 §7 skewed torus schedule).
+        # Cannon: shifts after every step but the last (Cyclotron §7 skewed torus schedule).
         if steps > 2:
             with ctx.p.loop(steps - 1):
                 _emit_stage(ctx, "step", df.rules)
@@ -325,7 +325,7 @@ def _emit_pe(ctx: _Ctx) -> None:
 
 
 def lower_dataflow(df: Dataflow, grid: Grid, name: str | None = None) -> ProgramSet:
-    """Instantiate the rules of ``df`` for every PE of ``grid`` (seed 004 §6)."""
+    """Instantiate the rules of ``df`` for every PE of ``grid`` (Cyclotron §6)."""
     if (grid.rows, grid.cols) != (df.rows, df.cols):
         raise ProgramError(
             f"dataflow is for a {df.rows}x{df.cols} grid but the grid is {grid.rows}x{grid.cols}"
@@ -433,7 +433,7 @@ def systolic_matmul(
     k_tiles: int | None = None,
 ) -> ProgramSet:
     """Output-stationary systolic array: A enters on the west edge and streams east, B enters
-    on the north edge and streams south (seed 004 §4.3, §6 first program)."""
+    on the north edge and streams south (Cyclotron §4.3, §6 first program)."""
     return matmul_programs(target, M, K, N, SYSTOLIC, dtype, grid=grid, time_tiles=k_tiles)
 
 

@@ -1,14 +1,14 @@
-"""Dataflow recurrences of a blocked matrix product (Cyclotron, seed 004 §4-§7).
+"""Dataflow recurrences of a blocked matrix product (Cyclotron, Cyclotron §4-§7).
 
 The product ``C[i,j] = sum_k A[i,k] B[k,j]`` over blocks is one recurrence over the iteration
-space ``(i, j, k)``.  Lowering the sum gives the accumulator recurrence (seed 004 §4.2, rule
+space ``(i, j, k)``.  Lowering the sum gives the accumulator recurrence (Cyclotron §4.2, rule
 LowerSum of §8)::
 
     (i,j,0)_C <- 0          (i,j,k)_C <- (i,j,k-1)_C + (i,j,k)_A * (i,j,k)_B
 
 A :class:`MatmulSchedule` maps two iteration variables to the rows and columns of a PE grid
-(space) and the third to time (seed 004 §6), and says how each input reaches the points that
-need it (seed 004 §5 scheduling commands):
+(space) and the third to time (Cyclotron §6), and says how each input reaches the points that
+need it (Cyclotron §5 scheduling commands):
 
 * ``prefetch`` — the operand is indexed by both space variables: loaded once, stationary;
 * ``stream``   — injected at the boundary of the space axis it lacks and forwarded between
@@ -103,15 +103,15 @@ class MatmulSchedule:
         return next(v for v in VARS if v not in self.space)
 
 
-#: Output-stationary Cannon on a p x p torus: skewed start, neighbour shifts (seed 004 §2, §7).
+#: Output-stationary Cannon on a p x p torus: skewed start, neighbour shifts (Cyclotron §2, §7).
 CANNON = MatmulSchedule("cannon", ("i", "j"), "rotate", "rotate")
-#: SUMMA: A panels multicast along rows, B panels along columns (seed 004 §2, §5, §10.1).
+#: SUMMA: A panels multicast along rows, B panels along columns (Cyclotron §2, §5, §10.1).
 SUMMA = MatmulSchedule("summa", ("i", "j"), "broadcast", "broadcast")
-#: Weight-stationary: B blocks stay, A streams east, partial sums of C flow south (seed 004 §6).
+#: Weight-stationary: B blocks stay, A streams east, partial sums of C flow south (Cyclotron §6).
 WEIGHT_STATIONARY = MatmulSchedule("weight_stationary", ("k", "j"), "stream", "prefetch")
-#: Output-stationary systolic: A streams east, B streams south from the edges (seed 004 §4.3).
+#: Output-stationary systolic: A streams east, B streams south from the edges (Cyclotron §4.3).
 SYSTOLIC = MatmulSchedule("systolic", ("i", "j"), "stream", "stream")
-#: PUMMA: A streams along rows, B is broadcast down columns (seed 004 §2, Fig. 13 right).
+#: PUMMA: A streams along rows, B is broadcast down columns (Cyclotron §2, Fig. 13 right).
 PUMMA = MatmulSchedule("pumma", ("i", "j"), "stream", "broadcast")
 
 SCHEDULES: Mapping[str, MatmulSchedule] = {
@@ -126,7 +126,7 @@ class Rule:
     ``kind`` selects the emitter, ``operand`` is ``"A"``, ``"B"`` or ``"C"``, ``axis`` the space
     variable the operand moves along (``None`` for local rules), ``stage`` where the rule acts
     (``"pre"`` before the time loop, ``"step"`` in every time step, ``"post"`` after it) and
-    ``text`` the rule in seed 004's notation ``(i,j,k)_X``."""
+    ``text`` the rule in Cyclotron's notation ``(i,j,k)_X``."""
 
     kind: Literal[
         "prefetch",
@@ -207,7 +207,7 @@ def _tensor(access: Access, **sub: str) -> str:
 def _arrival_rules(
     access: Access, move: Move, space: tuple[str, str], time: str, extents: dict[str, int]
 ) -> list[Rule]:
-    """How input ``access`` reaches each iteration point (seed 004 §8 Inject/Propagate; the
+    """How input ``access`` reaches each iteration point (Cyclotron §8 Inject/Propagate; the
     broadcast variant; Cannon's skewed start)."""
     x = access.name
     if move == "prefetch":
@@ -230,7 +230,7 @@ def _arrival_rules(
 
 
 def _forward_rules(access: Access, move: Move, space: tuple[str, str]) -> list[Rule]:
-    """The Send rule of a streamed input (seed 004 §8 Send)."""
+    """The Send rule of a streamed input (Cyclotron §8 Send)."""
     if move != "stream":
         return []
     axis, x = _missing(access, space), access.name
@@ -238,8 +238,8 @@ def _forward_rules(access: Access, move: Move, space: tuple[str, str]) -> list[R
 
 
 def _accumulator_rules(rec: MatmulRecurrence, space: tuple[str, str]) -> list[Rule]:
-    """LowerSum (seed 004 §4.2, §8) and the export of ``C``; when the reduction variable is
-    spatial the partial sums travel between PEs (weight-stationary, seed 004 §6)."""
+    """LowerSum (Cyclotron §4.2, §8) and the export of ``C``; when the reduction variable is
+    spatial the partial sums travel between PEs (weight-stationary, Cyclotron §6)."""
     k = rec.reduction
     flow = k in space
     axis = k if flow else None
@@ -323,7 +323,7 @@ def derive_dataflow(
     rec: MatmulRecurrence, schedule: MatmulSchedule, rows: int, cols: int, time_tiles: int
 ) -> Dataflow:
     """Rewrite ``rec`` under ``schedule`` on a ``rows`` x ``cols`` grid with ``time_tiles``
-    blocks along the time variable into dataflow rules (seed 004 §8 rewrite rules), in the
+    blocks along the time variable into dataflow rules (Cyclotron §8 rewrite rules), in the
     order they act within a time step: arrivals of A and B, forwarding sends, the accumulator
     recurrence and export of C, Cannon's shifts.
 

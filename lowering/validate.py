@@ -1,4 +1,4 @@
-"""Reject a program set before it runs (DAM-style initialization checks, STYLE.md; seed 004 §6:
+"""Reject a program set before it runs (DAM-style initialization checks, STYLE.md; Cyclotron §6:
 every receive is matched by a send on another PE, determined statically).
 
 ``validate_programs(ps, chip)`` collects every problem and raises one :class:`ProgramError`

@@ -6,7 +6,7 @@
   (``attn`` = ``sdpa`` | ``eager``; tensor-in/tensor-out decode step), seeded and deterministic.
 - :mod:`models.hf`: the real transformers modules built from the same config and seed.
 - :func:`get_layer` / :data:`LAYERS`: named layers with example inputs for the CLI.
-- :mod:`models.traces`: per-token expert choices and per-request KV lengths (seed 000 §5).
+- :mod:`models.traces`: per-token expert choices and per-request KV lengths (STeP §5).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Grouped-query attention, one decode step, tensor-in / tensor-out (Qwen3 and Llama variants).
 
-The GQA decode workload of the STeP evaluation (seed 000 §5.3: Qwen3-30B-A3B decode over a batch
+The GQA decode workload of the STeP evaluation (STeP §5.3: Qwen3-30B-A3B decode over a batch
 of requests whose KV-cache lengths come from the Azure trace). The step is written so that
-``torch.export`` sees only tensors (FRONTEND_NOTES: a ``DynamicCache`` argument breaks
+``torch.export`` sees only tensors (measured: a ``DynamicCache`` argument breaks
 ``run_decompositions``): ``forward(x, past_k, past_v, kv_lengths=None) -> (out, new_k, new_v)``.
 
 Computation (exactly HF ``Qwen3Attention`` / ``LlamaAttention`` of transformers 5.x for one new

@@ -5,7 +5,7 @@ and :class:`AttentionConfig` (grouped-query attention with rotary embeddings, on
 Presets give the numbers of the released checkpoints (their ``config.json`` on the Hugging Face
 Hub); ``tiny()`` shrinks a preset for tests while keeping its routing / normalisation style.
 
-These are the workloads of the STeP evaluation (seed 000 §5: Mixtral-8x7B and Qwen3-30B-A3B MoE,
+These are the workloads of the STeP evaluation (STeP §5: Mixtral-8x7B and Qwen3-30B-A3B MoE,
 Qwen3-30B-A3B GQA decode) plus Llama-3-8B attention as a second GQA family without q/k norm.
 """
 

@@ -1,6 +1,6 @@
 """Sparse Mixture-of-Experts block (Mixtral / Qwen3-MoE), written four ways.
 
-The STeP evaluation (seed 000 §5.1-5.2) runs these blocks with per-token expert choices from real
+The STeP evaluation (STeP §5.1-5.2) runs these blocks with per-token expert choices from real
 traces; the compiler must recognise one meaning behind several spellings, so :class:`MoEBlock`
 offers the spellings that occur in real code (``impl``):
 

@@ -1,4 +1,4 @@
-"""Event-driven simulator of per-core programs on a many-core chip (DESIGN.md, pipeline step 5).
+"""Event-driven simulator of per-core programs on a many-core chip (the pipeline's last stage, see the README).
 
 ``simulate(programs, chip, mode=..., inputs=..., trace=..., max_cycles=...)`` runs a
 :class:`lowering.isa.ProgramSet` on a :class:`hwmodel.chip.Chip` and returns a

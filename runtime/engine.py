@@ -1,8 +1,8 @@
 """The discrete-event simulator: per-core sequencers, transfers through shared resources, FIFOs.
 
-Model (seed 002 §5: cores with SRAM, a compute pipeline and a network agent; links with latency
-and bandwidth, served sequentially; HBM accessed through the interconnect.  Seed 000 §4.2 and
-seed 004 §9.1: per-PE interpreters talking over bounded FIFOs, roofline cycles per kernel):
+Model (ELK §5: cores with SRAM, a compute pipeline and a network agent; links with latency
+and bandwidth, served sequentially; HBM accessed through the interconnect.  STeP §4.2 and
+Cyclotron §9.1: per-PE interpreters talking over bounded FIFOs, roofline cycles per kernel):
 
 * Event queue ordered by ``(cycle, priority, sequence number)`` (SimPy's ordering): resource
   events (priority 0) before core wake-ups (priority 1) in the same cycle, then first scheduled

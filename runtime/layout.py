@@ -4,7 +4,7 @@ Tensors are placed one after another in HBM, in the order the :class:`~lowering.
 declares them, each starting on a multiple of the interleave *round* (``interleave_bytes x
 channels``), and every tensor is sliced evenly over all channels by address interleaving: byte
 address ``a`` belongs to channel ``(a // interleave_bytes) % channels``.  This is the placement of
-ELK's evaluation (seed 002 §5: "we evenly slice each tensor across all HBM modules to balance
+ELK's evaluation (ELK §5: "we evenly slice each tensor across all HBM modules to balance
 traffic, and sequentially place tensors in HBM").
 
 A region (an n-d box) of a row-major tensor is a set of contiguous byte *runs*; the bytes each
@@ -65,7 +65,7 @@ class TensorInfo:
 
 
 class HbmLayout:
-    """Tensor placement plus the per-channel byte split of any region (seed 002 §5)."""
+    """Tensor placement plus the per-channel byte split of any region (ELK §5)."""
 
     __slots__ = ("spec", "tensors", "round", "_split_cache", "total_bytes")
 

@@ -3,7 +3,7 @@
 Resources (one integer id each, state kept in flat lists for speed): every directed mesh link,
 every all-to-all injection and ejection port, every HBM channel.  A resource serves transfers one
 at a time, first come first served by the cycle the transfer's head reaches it, for
-``ceil(bytes / bytes_per_cycle)`` cycles (seed 002 §5: "packets that share one NoC link are
+``ceil(bytes / bytes_per_cycle)`` cycles (ELK §5: "packets that share one NoC link are
 scheduled sequentially"; each link models "its latency and bandwidth").
 
 A route is a tree of *stages*, plain tuples ``(res, lat, children, delivers)``:
@@ -20,9 +20,9 @@ the column; ``yx`` the other way).  A multicast follows the union of the unicast
 shared by several destinations carries the payload once.  Uncontended, a message of ``B`` bytes
 over ``h`` hops arrives after ``h * hop_latency + ceil(B / link_bytes_per_cycle)`` cycles.
 
-All-to-all (seed 002 §2.1, the IPU exchange): a message occupies the sender's injection port, then
+All-to-all (ELK §2.1, the IPU exchange): a message occupies the sender's injection port, then
 after ``latency_cycles`` each receiver's ejection port.  HBM controllers sit on the exchange
-("cores communicate with HBM controllers via the interconnect", seed 002 §2.1), so HBM reads pass
+("cores communicate with HBM controllers via the interconnect", ELK §2.1), so HBM reads pass
 the reader's ejection port and writes the writer's injection port.  A read first takes its slot
 on the reader's ejection port (the port is private to the core, so slots are granted in issue
 order), and only then is released to the HBM channels: the port paces each core's reads, so a

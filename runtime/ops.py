@@ -6,15 +6,15 @@ A handler ``fn(sim, core, op) -> bool`` either completes the operation (moves ``
 or finished.  A stopped core re-runs the same operation when it resumes, so handlers only change
 state once they are sure to complete.
 
-Timing rules (seed 004 §9.1: each PE interprets its instruction list, SEND/RECV on bounded
-channels; seed 000 §4.2: roofline cycles per kernel):
+Timing rules (Cyclotron §9.1: each PE interprets its instruction list, SEND/RECV on bounded
+channels; STeP §4.2: roofline cycles per kernel):
 
 * In-order issue with a buffer scoreboard.  ``Load``, ``Store``, ``Send`` and ``Recv`` are issued
   to the core's DMA / network agent and the sequencer moves on; an instruction that *reads* a
   buffer waits until the buffer's pending write (Load, Recv, Compute) completes, one that *writes*
   a buffer waits until its pending reads (Send, Store) and writes complete.  Exceptions: a Load may
   be issued behind an earlier Load into the same buffer (HBM completes them in order), so a loop
-  of loads streams.  This is what lets programs overlap preloading with compute (seed 002
+  of loads streams.  This is what lets programs overlap preloading with compute (ELK
   §2.2).  At most ``dma_queue_depth`` HBM requests per core are outstanding (default 16; Little's law: enough to
   cover the HBM latency); the next one waits for the earliest to complete, so HBM channels
   interleave the requests of many cores instead of serving one core's whole stream first.

@@ -3,7 +3,7 @@
 Plain ``__slots__`` classes (not frozen dataclasses): they are the simulator's working memory and
 are mutated on every event.  The frozen, user-facing results live in :mod:`runtime.stats`.
 
-Stream FIFOs follow DAM's bounded channels (seed 004 §9.1, seed 000 §4.2): a channel of depth
+Stream FIFOs follow DAM's bounded channels (Cyclotron §9.1, STeP §4.2): a channel of depth
 ``d`` holds at most ``d`` messages per destination that were sent but not yet consumed; a send
 blocks while any destination's FIFO is full (back-pressure) and the slot frees when the receiver
 consumes the message.

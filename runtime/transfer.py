@@ -2,13 +2,13 @@
 
 A transfer walks its route (a tree of stages, :mod:`runtime.network`).  The first stage is
 reserved when the transfer starts; every later stage by an event at the cycle the transfer's head
-reaches it, so each resource grants requests first come first served by arrival cycle (seed 002
+reaches it, so each resource grants requests first come first served by arrival cycle (ELK
 §5: "packets that share one NoC link are scheduled sequentially").  A resource serving ``B`` bytes
 at ``r`` bytes/cycle is occupied ``B / r`` cycles, kept exactly (fractional cycles, no rounding per
 transfer, so a stream of small requests reaches the resource's full bandwidth); every cycle a core
 or the event queue sees — an arrival, a completion — is rounded up to a whole cycle.
 
-Channels (credit-based flow control, seed 004 §9.1): a send takes one slot in every destination
+Channels (credit-based flow control, Cyclotron §9.1): a send takes one slot in every destination
 FIFO; the slot frees when the receiver consumes the message, at ``max(arrival, cycle the receive
 was issued)``; receives match messages in order.
 """

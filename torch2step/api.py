@@ -1,6 +1,6 @@
 """The public entry points: :func:`compile`, :func:`import_onnx`, :func:`example_inputs_for`.
 
-``compile`` is the whole pipeline of DESIGN.md: capture (``torch.export``) or ONNX import ->
+``compile`` is the whole pipeline (README, "The pipeline"): capture (``torch.export``) or ONNX import ->
 layer graph (raising by meaning) -> STeP program (:mod:`torch2step.lower`) -> a
 :class:`~torch2step.program.Program` bound to a chip, whose ``run`` executes the STeP program
 and whose ``report`` simulates it.

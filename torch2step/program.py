@@ -54,7 +54,7 @@ class Program:
 
     @cached_property
     def metrics(self):  # type: ignore[no-untyped-def]
-        """Symbolic §4.1 metrics of the STeP program (seed 000 §4.1)."""
+        """Symbolic §4.1 metrics of the STeP program (STeP §4.1)."""
         return metrics(self.lowered.program)
 
     def __str__(self) -> str:

@@ -1,6 +1,6 @@
 """Real traces that drive the dynamic parts of the layers: expert choices and KV-cache lengths.
 
-The files are the STeP artifact's traces (seed 000 §5), byte-identical to their sources:
+The files are the STeP artifact's traces (STeP §5), byte-identical to their sources:
 github.com/stanford-ppl/step_artifact (commit 42f9250) ``dyn_tiling/expert_routing/`` and
 ``dynamic_par/azure_trace/``; no licence stated there (cite Sohn et al., "Streaming Tensor Program",
 arXiv 2511.07776). The KV lengths are rows of the Azure LLM inference trace 2023 (CC-BY 4.0,
@@ -46,7 +46,7 @@ _KV_DIR = TRACE_DIR / "kv_lengths"
 # Experts per model prefix of the routing folders (Mixtral-8x7B, Qwen3-30B-A3B).
 ROUTING_EXPERTS: dict[str, int] = {"mixtral": 8, "qwen": 128}
 
-# The files each paper figure uses (seed 000 Fig. 11; later version Fig. 14/21), per batch folder and
+# The files each paper figure uses (STeP Fig. 11; later version Fig. 14/21), per batch folder and
 # spread tier, in decreasing standard deviation — as marked in the shared traces README.
 FIGURE_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
     "b16": {

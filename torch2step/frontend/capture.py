@@ -1,11 +1,11 @@
 """Capturing a PyTorch module as a core-ATen graph with symbolic shapes (``torch.export``), the
-first stage of the pipeline (DESIGN.md "The pipeline", step 1).
+first stage of the pipeline (README, "The pipeline").
 
 ``capture`` runs ``torch.export.export(..., strict=False,
 prefer_deferred_runtime_asserts_over_guards=True)`` (non-strict tracing works on HuggingFace
 layers; without the flag a dynamic KV length fails on matmul-style attention) and then
 ``run_decompositions`` with ``aten.scaled_dot_product_attention`` kept whole, so attention stays
-one op (FRONTEND_NOTES "torch.export is the capture path").
+one op (``torch.fx.symbolic_trace`` fails on HF attention; non-strict ``torch.export`` with deferred runtime asserts is the capture path).
 
 Dynamic dims.  Without ``dynamic_shapes`` every tensor argument gets ``Dim.AUTO`` on the axes
 that vary in practice (the heuristic of :func:`default_dynamic_axes`): tokens ``T`` of ``[T, H]``

@@ -1,4 +1,4 @@
-"""Raising patterns for (grouped-query) attention, the GQA decode workload of seed 000 §5.1
+"""Raising patterns for (grouped-query) attention, the GQA decode workload of STeP §5.1
 (Qwen3-30B-A3B, KV lengths from traces).
 
 - ``attention_matmul_softmax``: ``MatMul(Softmax(MatMul(q, k') * scale [+ mask]), v')`` as the

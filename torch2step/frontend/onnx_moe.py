@@ -1,6 +1,6 @@
 """Raising Mixture-of-Experts blocks: the router to ``TopKRouting``, the routed experts (whatever
 their spelling) to one ``MoEExperts``.  The MoE layer with SwiGLU experts is the workload of
-seed 000 §5.1; per-expert routing is what dynamic tiling (§5.2) and time-multiplexed expert
+STeP §5.1; per-expert routing is what dynamic tiling (§5.2) and time-multiplexed expert
 regions (§5.3) schedule, so a spelling that gathers a weight copy per token must not be lowered
 literally.
 

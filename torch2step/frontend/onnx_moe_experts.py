@@ -1,6 +1,6 @@
 """Reading the expert MLPs of an MoE region, and checking the recognised meaning.
 
-Every spelling of routed SwiGLU experts (the MoE workload of seed 000 §5.1) contains, per expert,
+Every spelling of routed SwiGLU experts (the MoE workload of STeP §5.1) contains, per expert,
 ``down(act(gate x) * up x)``; what differs is how the weight operand of each matmul is obtained:
 
 - HF ``batched_mm``: ``MatMul(GatherND(W[E, out, in], ids), Unsqueeze(x, -1))`` (a weight copy per

@@ -1,6 +1,6 @@
 """Raising attention into one :class:`~torch2step.layers.ops.Attention` op.
 
-Two spellings (FRONTEND_NOTES "Attention and the KV cache"):
+Two spellings (as HF writes attention with a KV cache):
 
 - ``attention_sdpa``: one ``aten.scaled_dot_product_attention`` (kept whole by capture), with
   ``enable_gqa=True`` or with K/V repeated per query group by ``repeat_kv``;
@@ -12,7 +12,7 @@ Two spellings (FRONTEND_NOTES "Attention and the KV cache"):
 ``h // (Hq // Hkv)``), and the mask is recognised by running it (:func:`classify_mask`): a causal
 mask, a KV-length mask from an integer ``kv_lengths[B]`` input, both, or none.  The per-request
 KV lengths stay run-time data of the op: STeP's dynamic parallelization of GQA decode over ragged
-caches (seed 000 §5.4) needs them.
+caches (STeP §5.4) needs them.
 """
 
 from __future__ import annotations

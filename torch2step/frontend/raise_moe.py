@@ -1,6 +1,6 @@
 """Raising routed Mixture-of-Experts regions into one
 :class:`~torch2step.layers.ops.MoEExperts` (after a ``TopKRouting`` router), whatever the
-spelling (FRONTEND_NOTES "HuggingFace MoE blocks have three spellings of the same thing"):
+spelling (HuggingFace writes one MoE block three ways):
 
 - ``moe_loop``: a user loop ``for e in range(E)`` in any of its spellings
   (:mod:`torch2step.frontend.raise_moe_loop`);

@@ -1,4 +1,4 @@
-"""The STeP IR: Streaming Tensor Programs (seed 000 §3, §4.1, Appendix A; seed 001 §3).
+"""The STeP IR: Streaming Tensor Programs (STeP §3, §4.1, Appendix A; STeP (revised) §3).
 
 Streams of tiles, selectors, buffer references and tuples, structured by stop tokens, with
 symbolic shapes (static, dynamic-regular and ragged sizes as sympy expressions); one frozen
@@ -6,7 +6,7 @@ dataclass per operator with its shape rule; a graph builder, verifier and printe
 reference interpreter that defines each operator on real data and measures off-chip bytes
 and on-chip allocations; and the §4.1 metric formulas.
 
-Operators (seed 000 Appendix A tables 2–6, plus Repeat from Fig. 12):
+Operators (STeP Appendix A tables 2–6, plus Repeat from Fig. 12):
 
 * off-chip memory: LinearOffChipLoad, LinearOffChipStore, RandomOffChipLoad,
   RandomOffChipStore;

@@ -1,4 +1,4 @@
-"""Dimensions of STeP streams and tiles: static, dynamic-regular and ragged (seed 000 §3.1).
+"""Dimensions of STeP streams and tiles: static, dynamic-regular and ragged (STeP §3.1).
 
 Every size is a sympy expression:
 
@@ -11,7 +11,7 @@ Every size is a sympy expression:
   ``Sum(L[i], (i, 0, B - 1))`` is the total length of all requests.
 
 A stream type records, per axis, which :class:`Index` names that axis (``StreamType.index``),
-so a ragged dimension always knows the axis it is indexed by.  Following seed 001 §3.1,
+so a ragged dimension always knows the axis it is indexed by.  Following STeP (revised) §3.1,
 raggedness is *absorbing*: when an operator removes the axis a ragged size depends on, the
 operator introduces a fresh ragged symbol (:func:`absorb_ragged`); the interpreter learns its
 values from the data.
@@ -148,7 +148,7 @@ def sum_over(expr: sp.Expr, var: sp.Symbol, extent: sp.Expr) -> sp.Expr:
 class MaxOver(sp.Function):
     """``MaxOver(expr, v, n)``: the maximum of ``expr`` over ``v = 0 .. n-1``; 0 if ``n == 0``.
 
-    Used for peak on-chip sizes over ragged axes (seed 000 §4.1).  ``v`` is a plain integer
+    Used for peak on-chip sizes over ragged axes (STeP §4.1).  ``v`` is a plain integer
     symbol (bound here, so it is not a free :class:`Index`).  Build it with :func:`max_over`.
     """
 

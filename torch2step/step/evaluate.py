@@ -1,4 +1,4 @@
-"""Numeric evaluation of STeP size and metric formulas (seed 000 §4.1: "substituting the
+"""Numeric evaluation of STeP size and metric formulas (STeP §4.1: "substituting the
 symbols ... with various input shapes or control flow decisions").
 
 ``evaluate(expr, env)`` computes a sympy expression built from integers, dynamic symbols,

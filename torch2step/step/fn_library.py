@@ -3,15 +3,15 @@
 FLOP counts are per application on one tile: a multiply-add is 2 FLOPs; elementwise
 add/sub/mul/div/max, scale, exp, relu and row reductions 1 per element; SiLU 4 per element
 (exp, add, divide, multiply) and SiLU-multiply 5.  Matrix products have the on-chip scratch of
-seed 000 §4.1: ``(16 x in_tile_col + |weight tile|)`` elements.
+STeP §4.1: ``(16 x in_tile_col + |weight tile|)`` elements.
 
 Map:    matmul, matmul_t (A x B^T), add, sub, mul, div, maximum (broadcasting [m,1]/[1,n]),
         scale(alpha), exp, relu, silu, silu_mul, row_max, row_sum, transpose,
         affine(scale, offset) (integer address arithmetic), softmax_finalize,
         get(index) (one member of a Zip tuple).
 Update: matmul_acc, matmul_t_acc, online_softmax(scale) (FlashAttention-style running max /
-        sum / output, seed 000 §5.1), retile_row (pack rows into a dynamically sized tile,
-        seed 000 Fig. 2 "RetileRow").
+        sum / output, STeP §5.1), retile_row (pack rows into a dynamically sized tile,
+        STeP Fig. 2 "RetileRow").
 Init:   zeros(shape, dtype), full(shape, value, dtype), online_softmax_init(rows, cols, dtype).
 Flat:   retile_streamify(rows) (split a tile into row tiles, Fig. 2 "RetileStreamify"),
         split_cols(cols), iota(count) (addresses start..start+count-1),

@@ -7,10 +7,10 @@ Map:    rmsnorm(eps) (row RMSNorm times a weight row), rotary(theta, rotary_dim)
         ``add_scalar mul_scalar pow_scalar`` (``value``), ``where`` (cond, a, b),
         reduce_row(fn) (``sum``/``mean``/``max`` of each row), slice_cols(start, end).
 Update: retile_col (append a tile's columns to the accumulator: the dynamic-width tile of a
-        whole output row block, the column counterpart of seed 000 Fig. 2 "RetileRow").
+        whole output row block, the column counterpart of STeP Fig. 2 "RetileRow").
 
 FLOP counts follow the convention of the built-in library: one per element per elementary
-operation (seed 000 §4.1 counts matmul FLOPs; the rest is reported for completeness).
+operation (STeP §4.1 counts matmul FLOPs; the rest is reported for completeness).
 """
 
 from __future__ import annotations

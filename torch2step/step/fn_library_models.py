@@ -1,18 +1,18 @@
 """Tile functions used by the model graphs of :mod:`torch2step.examples` (registered on import).
 
 They complete the built-in library (:mod:`torch2step.step.fn_library`) with what the MoE and
-decode-attention graphs of seed 000 §5 need and the paper names only in passing ("a function
+decode-attention graphs of STeP §5 need and the paper names only in passing ("a function
 supported by the hardware", §3.2.4):
 
 Map:    to_selector(n)           ``[1, k]`` integer expert ids -> a k-hot selector over ``n``
                                  outputs (the router's top-k as a Partition/Reassemble selector,
-                                 seed 000 §3.2.3, Fig. 2 "Selector stream");
+                                 STeP §3.2.3, Fig. 2 "Selector stream");
         pick_weight(expert)      ``([1, k] ids, [1, k] weights) -> [1, 1]``: the routing weight
                                  of one expert (0 if the token did not choose it);
         gelu_mul, gelu_tanh_mul, relu_mul
                                  ``act(a) * b``: the gated-MLP products besides ``silu_mul``.
 Update: retile_col               append a column block to the accumulator tile (the column
-                                 analogue of seed 000 Fig. 2 "RetileRow");
+                                 analogue of STeP Fig. 2 "RetileRow");
         retile_row_pair          RetileRow on a Zip of two row streams (K and V rows packed
                                  into tiles with one shared, dynamic row count);
         kv_cursor                running ``[row_base, n, stride]`` of a padded KV cache.

@@ -1,6 +1,6 @@
 """Built-in packing, init and flat tile functions (registered on import).
 
-Update: retile_row (pack rows into a dynamically sized tile, seed 000 Fig. 2 "RetileRow").
+Update: retile_row (pack rows into a dynamically sized tile, STeP Fig. 2 "RetileRow").
 Init:   zeros(shape, dtype), full(shape, value, dtype), online_softmax_init(rows, cols, dtype).
 Flat:   retile_streamify(rows) (split a tile into row tiles, Fig. 2 "RetileStreamify"),
         split_cols(cols), iota(count) (addresses start..start+count-1),

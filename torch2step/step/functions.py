@@ -1,9 +1,9 @@
-"""Named tile functions for the higher-order operators (seed 000 §3.2.4).
+"""Named tile functions for the higher-order operators (STeP §3.2.4).
 
 Map, Accum, Scan and FlatMap take "a function supported by the hardware as an argument".  In
 this IR a function is a value, :class:`Fn` (a registered name plus parameters), so graphs stay
 printable and comparable; what a name means lives in one :class:`FnSpec` in the registry:
-its kind, its shape rule, its FLOP count, its on-chip scratch (seed 000 §4.1: matrix products
+its kind, its shape rule, its FLOP count, its on-chip scratch (STeP §4.1: matrix products
 keep ``16 x in_tile_col`` of the input and the whole weight tile) and its numpy
 implementation.  The built-in functions are in :mod:`torch2step.step.fn_library`; a user
 function is added with :func:`register_fn`.
@@ -128,7 +128,7 @@ class FnSpec:
         return sp.sympify(self.flops(f, *types)) if self.flops else sp.Integer(0)
 
     def scratch_of(self, f: Fn, args: tuple[DataType, ...]) -> sp.Expr:
-        """On-chip working bytes of one application (seed 000 §4.1 matmul rule; else 0)."""
+        """On-chip working bytes of one application (STeP §4.1 matmul rule; else 0)."""
         return sp.sympify(self.scratch(f, args)) if self.scratch else sp.Integer(0)
 
 

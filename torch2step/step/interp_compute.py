@@ -1,7 +1,7 @@
-"""Meaning of the higher-order operators on data (seed 000 §3.2.4, Appendix A table 4).
+"""Meaning of the higher-order operators on data (STeP §3.2.4, Appendix A table 4).
 
 Accum starts a fresh state from ``init`` for every reduction — also for an empty one, so the
-three empty rank-2 tensors of seed 003 §III-A reduce to ``[0]``, ``[0, 0]`` and ``[]``.
+three empty rank-2 tensors of Revet §III-A reduce to ``[0]``, ``[0, 0]`` and ``[]``.
 """
 
 from __future__ import annotations

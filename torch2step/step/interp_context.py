@@ -1,7 +1,7 @@
 """State shared by the interpreter's per-operator functions: off-chip memory, symbol values,
 byte counters and the arrival order used by the merging operators.
 
-Accounting (what the interpreter *measures*, to compare with seed 000 §4.1 formulas):
+Accounting (what the interpreter *measures*, to compare with STeP §4.1 formulas):
 
 * ``read`` / ``write``: bytes actually moved per node (element count x declared element size);
 * ``flops``: per node, the tile functions' FLOP counts on the actual tile shapes;

@@ -1,4 +1,4 @@
-"""Meaning of the memory operators on data (seed 000 §3.2.1–3.2.2; seed 001 §3.2.2).
+"""Meaning of the memory operators on data (STeP §3.2.1–3.2.2; STeP (revised) §3.2.2).
 
 Every tile moved to or from ``ctx.memory`` is counted in ``ctx.read``/``ctx.write``; staged
 tiles (double-buffered) and buffers are recorded as on-chip allocations.  Loaded tiles are

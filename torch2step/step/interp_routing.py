@@ -1,4 +1,4 @@
-"""Meaning of the routing and merging operators on data (seed 000 §3.2.3; seed 001 §3.2.3).
+"""Meaning of the routing and merging operators on data (STeP §3.2.3; STeP (revised) §3.2.3).
 
 Arrival order.  A reference interpreter has no clock, so the order in which chunks *arrive*
 at Reassemble and EagerMerge is a parameter of the run: ``run(..., arrival={node: seq})``

@@ -1,4 +1,4 @@
-"""Meaning of the shape operators on data (seed 000 §3.2.5, table 6; seed 001 §3.2.5).
+"""Meaning of the shape operators on data (STeP §3.2.5, table 6; STeP (revised) §3.2.5).
 
 They only move stop tokens: Flatten drops the tokens between the merged dims, Reshape adds
 one (and pads the last chunk of the innermost dim), Promote wraps the stream in one more

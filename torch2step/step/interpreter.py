@@ -83,7 +83,7 @@ class RunResult:
 
     @property
     def onchip_total(self) -> int:
-        """Total on-chip memory in bytes (sum over nodes, seed 000 §4.1)."""
+        """Total on-chip memory in bytes (sum over nodes, STeP §4.1)."""
         return sum(self.onchip_bytes.values())
 
 

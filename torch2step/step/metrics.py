@@ -1,4 +1,4 @@
-"""Symbolic performance metrics of a STeP graph (seed 000 §4.1).
+"""Symbolic performance metrics of a STeP graph (STeP §4.1).
 
 "Every STeP operator implements a function that returns the symbolic expression for the
 off-chip traffic in bytes made by that operator" and one for its on-chip memory requirement;

@@ -1,7 +1,7 @@
 """Structural signatures of STeP nodes, for computing each §4.1 metric formula once per shape.
 
 A graph built per expert or per head repeats the same node many times with other names and
-other size symbols (``moe_n0``, ``moe_n1``...).  Every seed 000 §4.1 formula of a node is a
+other size symbols (``moe_n0``, ``moe_n1``...).  Every STeP §4.1 formula of a node is a
 function of the node's parameters and input types only, so two nodes that are equal up to an
 injective renaming of their names and symbols have formulas equal up to the same renaming.
 :func:`signature` gives a node's shape with names dropped and symbols numbered in order of

@@ -3,9 +3,9 @@
 An operator is a frozen slotted dataclass holding its input :class:`Value` s (each carries its
 :class:`~torch2step.step.types.StreamType`) and its parameters.  Next to its fields it defines
 
-* ``out_types()``  — its shape/type rule from seed 000 Appendix A (tables 2–6); a violated
+* ``out_types()``  — its shape/type rule from STeP Appendix A (tables 2–6); a violated
   rule raises :class:`~torch2step.errors.StepTypeError` naming the node, the rule and values;
-* ``offchip_bytes()`` / ``onchip_bytes()`` — its seed 000 §4.1 metric formulas (0 by default);
+* ``offchip_bytes()`` / ``onchip_bytes()`` — its STeP §4.1 metric formulas (0 by default);
 * ``flops()`` — FLOPs of the tile functions it applies (0 by default).
 
 The meaning of an operator on data is in the interpreter's table (:mod:`..interpreter`).
@@ -117,7 +117,7 @@ class Op:
         return (self.name,) if n == 1 else tuple(f"{self.name}.{k}" for k in range(n))
 
     def offchip_read_bytes(self) -> sp.Expr:
-        """Off-chip bytes read (seed 000 §4.1: output cardinality x element size)."""
+        """Off-chip bytes read (STeP §4.1: output cardinality x element size)."""
         return sp.Integer(0)
 
     def offchip_write_bytes(self) -> sp.Expr:
@@ -125,7 +125,7 @@ class Op:
         return sp.Integer(0)
 
     def onchip_bytes(self) -> sp.Expr:
-        """On-chip memory requirement in bytes (seed 000 §4.1)."""
+        """On-chip memory requirement in bytes (STeP §4.1)."""
         return sp.Integer(0)
 
     def flops(self) -> sp.Expr:

@@ -1,7 +1,7 @@
-"""Higher-order operators: Map, Accum, Scan, FlatMap (seed 000 §3.2.4, Appendix A table 4).
+"""Higher-order operators: Map, Accum, Scan, FlatMap (STeP §3.2.4, Appendix A table 4).
 
 Each applies a registered tile function (:mod:`torch2step.step.functions`).  On-chip memory
-(seed 000 §4.1): Accum and Scan hold their output element; matrix-product functions add their
+(STeP §4.1): Accum and Scan hold their output element; matrix-product functions add their
 scratch ``16 x in_tile_col + |weight tile|`` (Map and Accum alike).
 """
 
@@ -147,7 +147,7 @@ class _Stateful(Op):
 class Accum(_Stateful):
     """Reduce the inner ``rank`` dims (table 4): ``Strm<A,a> [D_a..D_b, D_{b-1}..D_0]`` ->
     ``Strm<R,a-b> [D_a..D_b]``.  The state starts at ``init()`` for every reduction (also an
-    empty one, seed 003 §III-A) and becomes ``update(x, state)`` on every element."""
+    empty one, Revet §III-A) and becomes ``update(x, state)`` on every element."""
 
     name: str
     input: Value

@@ -1,7 +1,7 @@
-"""Off-chip and on-chip memory operators (seed 000 §3.2.1–3.2.2, Appendix A tables 2–3).
+"""Off-chip and on-chip memory operators (STeP §3.2.1–3.2.2, Appendix A tables 2–3).
 
 Addresses and ``base`` offsets are in tiles of the accessed tensor viewed as a row-major grid
-of tiles (``tiled_in_shape``).  Metric formulas follow seed 000 §4.1: an off-chip operator
+of tiles (``tiled_in_shape``).  Metric formulas follow STeP §4.1: an off-chip operator
 moves ``cardinality x |tile|`` bytes and needs ``|tile| x 2`` on-chip (double buffering);
 Bufferize needs ``|in| + ||buffer|| x |in| x 2``.
 """
@@ -269,7 +269,7 @@ class RandomOffChipStore(Op):
 
 @dataclass(frozen=True, slots=True)
 class Bufferize(Op):
-    """Store the inner ``rank`` dims of ``input`` in on-chip buffers (Table 3, seed 001 §3.2.2).
+    """Store the inner ``rank`` dims of ``input`` in on-chip buffers (Table 3, STeP (revised) §3.2.2).
 
     ``Strm<S,a> [D_a..D_b, D_{b-1}..D_0]`` -> ``Strm<Buffer<S,b>, a-b> [D_a..D_b]``, buffer
     shape ``[D_{b-1}..D_0]``.  Inner buffer dims must be regular (static or dynamic); the

@@ -1,4 +1,4 @@
-"""Dynamic routing and merging operators (seed 000 §3.2.3, Appendix A table 5; seed 001 §3.2.3).
+"""Dynamic routing and merging operators (STeP §3.2.3, Appendix A table 5; STeP (revised) §3.2.3).
 
 A *chunk* is one top-level tensor of a stream: for ``Strm<R,a> [D_a, D_{a-1}..D_0]`` each of
 the ``D_a`` rank-``a`` tensors ``[D_{a-1}..D_0]``.  Chunk sizes may vary from chunk to chunk
@@ -132,7 +132,7 @@ class Reassemble(Op):
     ``sel: Strm<SEL,b> [S_b..S_0]`` -> ``Strm<R,a+b+1> [S_b..S_0, K, D_{a-1}..D_0]``.
 
     For every selector one chunk of each selected input is collected, whole (inputs are not
-    interleaved), in the order the chunks arrive (seed 001 §3.2.3); ``K`` is the popcount:
+    interleaved), in the order the chunks arrive (STeP (revised) §3.2.3); ``K`` is the popcount:
     ``k`` for a k-hot selector type, else a fresh ragged dimension.
     """
 

@@ -1,8 +1,8 @@
-"""Shape operators: Flatten, Reshape, Promote, Expand, Zip, Repeat (seed 000 §3.2.5, table 6).
+"""Shape operators: Flatten, Reshape, Promote, Expand, Zip, Repeat (STeP §3.2.5, table 6).
 
 They change the stop-token structure, not the elements.  Dimension numbers follow the paper:
 ``D_0`` is innermost, ``D_a`` (the tensor count) outermost.  Repeat is the static repeat of
-seed 000 Fig. 12 (``Expand n=[224]`` in Fig. 2 is "syntax sugar for static repeating").
+STeP Fig. 12 (``Expand n=[224]`` in Fig. 2 is "syntax sugar for static repeating").
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class Reshape(Op):
 
 @dataclass(frozen=True, slots=True)
 class Promote(Op):
-    """Add an outermost dim (table 6, seed 001 §3.2.5): ``[D_a..D_0]`` -> ``[P, D_a..D_0]``,
+    """Add an outermost dim (table 6, STeP (revised) §3.2.5): ``[D_a..D_0]`` -> ``[P, D_a..D_0]``,
     ``P = 1 if D_a > 0 else 0`` (an empty stream stays empty)."""
 
     name: str
@@ -217,7 +217,7 @@ class Zip(Op):
 
 @dataclass(frozen=True, slots=True)
 class Repeat(Op):
-    """Repeat every element ``count`` times as a new innermost dim (seed 000 Fig. 12):
+    """Repeat every element ``count`` times as a new innermost dim (STeP Fig. 12):
     ``Strm<R,a> [D_a..D_0]`` -> ``Strm<R,a+1> [D_a..D_0, count]``."""
 
     name: str

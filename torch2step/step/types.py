@@ -1,4 +1,4 @@
-"""STeP data types and stream types (seed 000 §3.1, Appendix A.1).
+"""STeP data types and stream types (STeP §3.1, Appendix A.1).
 
 A stream's data type is a tile (2-D, static or dynamically sized), a selector (multi-hot over
 ``n`` choices), a read-only reference to an on-chip buffer, or a tuple of these.
@@ -61,7 +61,7 @@ class DataType:
     __slots__ = ()
 
     def nbytes(self) -> sp.Expr:
-        """Size of one element in bytes (``|x|`` in seed 000 §4.1)."""
+        """Size of one element in bytes (``|x|`` in STeP §4.1)."""
         raise NotImplementedError
 
     def exprs(self) -> tuple[sp.Expr, ...]:
@@ -378,7 +378,7 @@ def absorb_ragged(
 ) -> tuple[tuple[sp.Expr, ...], tuple[Index | None, ...], DataType]:
     """Replace sizes that use an index no axis defines any more by fresh ragged symbols.
 
-    Seed 001 §3.1: a size derived from a ragged dimension whose defining axis is gone is a
+    STeP (revised) §3.1: a size derived from a ragged dimension whose defining axis is gone is a
     new ragged dimension.  A size at axis ``p`` becomes ``{prefix}{k}[i_0, .., i_{p-1}]``
     (indexed by every outer axis except those of extent 1; a plain dynamic symbol if there
     is none); an element-type size becomes ``{prefix}{k}[i_0, .., i_last]``.  Outer axes

@@ -1,4 +1,4 @@
-"""Run-time stream values for the reference interpreter (seed 000 §3.1, seed 003 §III-A).
+"""Run-time stream values for the reference interpreter (STeP §3.1, Revet §III-A).
 
 A :class:`StreamValue` of rank ``r`` holds its ``D_r`` tensors as nested Python lists
 (``data``: depth ``r + 1``; the leaves are elements: numpy tiles, :class:`SelectorValue`,
@@ -6,7 +6,7 @@ A :class:`StreamValue` of rank ``r`` holds its ``D_r`` tensors as nested Python 
 :meth:`StreamValue.tokens` / :meth:`StreamValue.from_tokens` follow the STeP/Revet encoding —
 the end of dimension ``k`` is the stop token ``S_k``; at the end of several dimensions only
 the highest token is emitted; an empty dimension still emits its own token, so ``[[]]``,
-``[[], []]`` and ``[]`` (rank 2) are ``S1 S2``, ``S1 S1 S2`` and ``S2`` (seed 003 §III-A);
+``[[], []]`` and ``[]`` (rank 2) are ``S1 S2``, ``S1 S1 S2`` and ``S2`` (Revet §III-A);
 each of the ``D_r`` tensors ends with ``S_r`` and the stream ends with the done token ``D``.
 """
 

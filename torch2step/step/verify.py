@@ -1,7 +1,7 @@
 """The STeP graph verifier (STYLE.md: JAX ``check_jaxpr``).
 
 ``verify(program)`` checks that a graph is well formed: every stream is produced exactly once
-before it is used, every node's recorded output types equal its shape rule (seed 000
+before it is used, every node's recorded output types equal its shape rule (STeP
 Appendix A) on its input types, input types agree with their producers, ranks and ragged
 indices are consistent, off-chip tensors are declared, and no stream dangles (each is
 consumed, is a graph output, or is an optional output such as Reshape's padding flags).
