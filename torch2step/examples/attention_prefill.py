@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import sympy as sp
 import torch
 
@@ -203,6 +202,3 @@ def gqa_prefill_reference(
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     w = torch.nan_to_num(torch.softmax(scores, dim=-1))
     return torch.einsum("bhsl,bhld->bhsd", w, v)
-
-
-_ = np  # numpy is the interpreter's value type; kept for callers building inputs

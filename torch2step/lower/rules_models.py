@@ -1,10 +1,10 @@
-"""The MoE router, the routed experts and decode attention (seed 000 §5).
+"""The MoE router, the routed experts and attention (STeP (arXiv 2511.07776) §5).
 
 The router is one ``Map(topk_route)`` per token row producing the routing weights and expert
 ids, stored to HBM; the experts read them back as *data*: ``add_moe`` builds selectors from
-the ids at run time, so one program serves every routing.  Decode attention is
-``add_gqa_decode``: each request's KV rows are read at dynamic addresses over its ragged
-length, with an online-softmax ``Accum``.
+the ids at run time, so one program serves every routing.  Attention is ``add_gqa_decode``
+(one query token) or ``add_gqa_prefill`` (several): each request's KV rows are read at
+dynamic addresses over its ragged length, with an online-softmax ``Accum``.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
 
 
 def lower_attention(ctx: LowerCtx, n: Node) -> None:
-    """Decode GQA via :func:`torch2step.examples.gqa.add_gqa_decode`.
+    """GQA: one query token via :func:`torch2step.examples.gqa.add_gqa_decode`, several
+    (prefill, causal or not, any number of tokens fixed at run time) via
+    :func:`torch2step.examples.attention_prefill.add_gqa_prefill`.
 
     Key ``j`` of request ``b`` is visible iff ``j < kv_lengths[b]`` or ``j >= L - S`` (the
     layer operator's rule); without ``kv_lengths`` every request sees all ``L`` keys, i.e.
