@@ -107,30 +107,53 @@ def test_cli_reports_a_config_file(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("ragged", [False, True])
 def test_prefill_raises_to_causal_attention(ragged: bool) -> None:
-    """A prompt chunk of T tokens after the cache: one graph for every T >= 2; its STeP
-    lowering (attention with several query tokens) is not written yet and says so."""
+    """A prompt chunk of T tokens after the cache raises to one causal Attention for every
+    T >= 2 and evaluates equal to PyTorch."""
     from torch2step.frontend import from_torch
     from torch2step.layers import evaluate
 
     cfg = tiny_config("qwen3_moe")
     step = decoder_step(cfg, device="cpu", seed=4)
-
-    def inputs(b: int, t: int, p: int) -> tuple[torch.Tensor, ...]:
-        gen = torch.Generator().manual_seed(b * 100 + t)
-        x = torch.randn(b, t, cfg.hidden_size, generator=gen)
-        lens = torch.randint(0, p + 1, (b,), generator=gen) if ragged else None
-        return (x, *decode_inputs(cfg, b, p, seed=t, kv_lengths=lens)[1:])
-
-    graph = from_torch(step, inputs(3, 7, 5))
+    graph = from_torch(step, _prefill_inputs(cfg, ragged, 3, 7, 5))
     (att,) = graph.ops(Attention)
     assert att.op.causal
     for b, t, p in ((2, 7, 9), (3, 64, 4), (2, 2, 1)):
-        ins = inputs(b, t, p)
+        ins = _prefill_inputs(cfg, ragged, b, t, p)
         with torch.no_grad():
             want = step(*ins)
         _close(evaluate(graph, *ins), want)
-    with pytest.raises(torch2step.LoweringError, match="cannot be lowered"):
-        torch2step.compile(graph, inputs(3, 7, 5))
+
+
+def _prefill_inputs(cfg, ragged: bool, b: int, t: int, p: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(b * 100 + t)
+    x = torch.randn(b, t, cfg.hidden_size, generator=gen)
+    lens = None
+    if ragged:
+        lens = torch.randint(0, p + 1, (b,), generator=gen)
+        lens[0] = min(1, p)  # a KV length of 1 in every ragged case
+    return (x, *decode_inputs(cfg, b, p, seed=t, kv_lengths=lens)[1:])
+
+
+_PREFILL_CASES = ((2, 7, 9), (3, 64, 4), (2, 2, 1), (4, 1, 3), (1, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("kind", "ragged"),
+    [("qwen3_moe", True), ("qwen3_moe", False), ("llama", True), ("qwen3", True)],
+)
+def test_prefill_runs_like_pytorch(kind: str, ragged: bool) -> None:
+    """One compile of a prefill step serves every batch, T (1, 2, 7, 64) and KV length
+    (ragged, including 1): ``run()`` equals PyTorch and a report simulates it."""
+    cfg = tiny_config(kind)
+    step = decoder_step(cfg, device="cpu", seed=4)
+    prog = torch2step.compile(step, _prefill_inputs(cfg, ragged, 3, 7, 5), chip="step-sda")
+    for b, t, p in _PREFILL_CASES:
+        ins = _prefill_inputs(cfg, ragged, b, t, p)
+        with torch.no_grad():
+            want = step(*ins)
+        _close(prog.run(*ins), want)
+    rep = prog.report(*_prefill_inputs(cfg, ragged, 2, 7, 9))
+    assert rep.latency_cycles > 0
 
 
 def test_two_layer_causal_lm_decode_step() -> None:

@@ -22,6 +22,7 @@ from torch2step.step import fn
 
 from .context import LowerCtx
 from .linear import lower_linear
+from .rules_broadcast import lower_elementwise
 from .rules_index import lower_arange, lower_concat, lower_gather, lower_permute, lower_slice
 from .rules_models import lower_attention, lower_moe, lower_topk
 
@@ -61,41 +62,6 @@ def _permute(ctx: LowerCtx, n: Node) -> None:
         ctx.alias(n.outputs[0], n.inputs[0])
         return
     lower_permute(ctx, n)
-
-
-def _rows_of(ctx: LowerCtx, value: str, ref_rows: sp.Expr, ref) -> object:
-    """``value`` as a row stream matching a ``ref_rows``-row stream ``ref``: itself, or a
-    single row repeated on chip (broadcast along the leading dims)."""
-    rows, _ = ctx.rc(value)
-    if sp.simplify(rows - ref_rows) == 0:
-        return ctx.load_rows(value)
-    if rows == 1:
-        return ctx.broadcast_row(value, ref)
-    raise ctx.fail(
-        f"{value} {list(ctx.type(value).shape)} broadcasts along an inner dimension; "
-        "only a row vector or a per-row scalar broadcast is supported"
-    )
-
-
-_ELEMENTWISE_FN = {"add_scalar", "mul_scalar", "pow_scalar"}
-
-
-def _elementwise(ctx: LowerCtx, n: Node) -> None:
-    op = n.op
-    assert isinstance(op, L.Elementwise)
-    out = n.outputs[0]
-    rows, cols = ctx.rc(out)
-    # the widest input sets the row stream; the others broadcast onto it
-    first = max(
-        n.inputs, key=lambda v: (sp.simplify(ctx.rc(v)[0] - rows) == 0, ctx.rc(v)[1] == cols)
-    )
-    if sp.simplify(ctx.rc(first)[0] - rows) != 0:
-        raise ctx.fail(f"no input of {op.fn} has the output's {rows} rows")
-    ref = ctx.load_rows(first)
-    streams = [ref if v == first else _rows_of(ctx, v, rows, ref) for v in n.inputs]
-    f = fn(op.fn, value=op.scalar) if op.fn in _ELEMENTWISE_FN else fn(op.fn)
-    y = ctx.graph.map(f, *streams)
-    ctx.store_rows(y, out)
 
 
 def _rmsnorm(ctx: LowerCtx, n: Node) -> None:
@@ -153,7 +119,7 @@ RULES: dict[type[L.LayerOp], Callable[[LowerCtx, Node], None]] = {
     L.Linear: _linear,
     L.Reshape: _reshape,
     L.Permute: _permute,
-    L.Elementwise: _elementwise,
+    L.Elementwise: lower_elementwise,
     L.RMSNorm: _rmsnorm,
     L.Softmax: _softmax,
     L.Reduce: _reduce,

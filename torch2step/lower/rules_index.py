@@ -82,7 +82,15 @@ def lower_permute(ctx: LowerCtx, n: Node) -> None:
         ids = _row_ids(concrete(in_shape, b))
         return np.ascontiguousarray(ids.transpose(op.dims[:-1])).reshape(-1)
 
-    _gather_rows(ctx, n, compute)
+    src = ctx.placed[n.inputs[0]]
+    if sp.simplify(src.tensor.shape[-1] - src.cols) == 0:
+        _gather_rows(ctx, n, compute)
+        return
+    # the source is a view splitting wider rows (e.g. heads of a projection): read it in
+    # order and scatter each row to its place, so run-time addresses name whole output rows
+    rows = ctx.load_rows(n.inputs[0])
+    addr = _addr_stream(ctx, ctx.prefix() + "_rows", in_shape, lambda b: np.argsort(compute(b)))
+    ctx.graph.random_store(addr, rows, ctx.declare(n.outputs[0]))
 
 
 def lower_slice(ctx: LowerCtx, n: Node) -> None:

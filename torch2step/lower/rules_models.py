@@ -1,10 +1,10 @@
-"""The MoE router, the routed experts and decode attention (seed 000 §5).
+"""The MoE router, the routed experts and attention (STeP (arXiv 2511.07776) §5).
 
 The router is one ``Map(topk_route)`` per token row producing the routing weights and expert
 ids, stored to HBM; the experts read them back as *data*: ``add_moe`` builds selectors from
-the ids at run time, so one program serves every routing.  Decode attention is
-``add_gqa_decode``: each request's KV rows are read at dynamic addresses over its ragged
-length, with an online-softmax ``Accum``.
+the ids at run time, so one program serves every routing.  Attention is ``add_gqa_decode``
+(one query token) or ``add_gqa_prefill`` (several): each request's KV rows are read at
+dynamic addresses over its ragged length, with an online-softmax ``Accum``.
 """
 
 from __future__ import annotations
@@ -87,11 +87,14 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
 
 
 def lower_attention(ctx: LowerCtx, n: Node) -> None:
-    """Decode GQA via :func:`torch2step.examples.gqa.add_gqa_decode`.
+    """GQA: one query token via :func:`torch2step.examples.gqa.add_gqa_decode`, several
+    (prefill, causal or not, any number of tokens fixed at run time) via
+    :func:`torch2step.examples.attention_prefill.add_gqa_prefill`.
 
     Key ``j`` of request ``b`` is visible iff ``j < kv_lengths[b]`` or ``j >= L - S`` (the
     layer operator's rule); without ``kv_lengths`` every request sees all ``L`` keys, i.e.
     the host passes ``kv_len = L - S`` for each request."""
+    from torch2step.examples.attention_prefill import add_gqa_prefill
     from torch2step.examples.gqa import add_gqa_decode
 
     op = n.op
@@ -99,34 +102,42 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
     q, k, v = n.inputs[:3]
     bsz, hq, seq, dq = ctx.shape(q)
     _, hkv, length, dk = ctx.shape(k)
-    if seq != 1:
-        raise ctx.fail(
-            f"attention with {seq} query tokens per request: only decode (one query token) "
-            "is lowered; prefill attention is not supported yet"
-        )
-    if op.causal and seq != 1:
-        raise ctx.fail("causal attention is only lowered for one query token")
     if len(n.inputs) > 3:
         kv_len = ctx.tensor_as(n.inputs[3], (bsz, 1))
     else:
-        tail = sp.Integer(seq)
+        tail = sp.sympify(seq)
 
         def uniform(b: dict[str, int]) -> np.ndarray:
             nb, ln = concrete([bsz, length - tail], b)
             return np.full((nb, 1), ln, dtype=np.int64)
 
         kv_len = ctx.host_index(ctx.prefix() + "_kv_len", (bsz, 1), uniform)
-    add_gqa_decode(
-        ctx.graph,
-        q=ctx.tensor_as(q, (bsz * hq, dq)),
+    kw = dict(
         k_cache=ctx.tensor_as(k, (bsz * hkv * length, dk)),
         v_cache=ctx.tensor_as(v, (bsz * hkv * length, dk)),
         kv_len=kv_len,
-        out=ctx.declare(n.outputs[0]),
         num_q_heads=op.num_q_heads,
         num_kv_heads=op.num_kv_heads,
         scale=op.scale,
-        tail_rows=int(seq),
         tile_kv=ctx.options.tile_kv,
         prefix=ctx.prefix(),
+    )
+    if seq == 1:  # decode: the one new row is the last of the cache
+        add_gqa_decode(
+            ctx.graph,
+            q=ctx.tensor_as(q, (bsz * hq, dq)),
+            out=ctx.declare(n.outputs[0]),
+            tail_rows=1,
+            **kw,
+        )
+        return
+    if not sp.sympify(dq).is_Integer:
+        raise ctx.fail(f"attention head dim {dq} must be static to lower")
+    add_gqa_prefill(
+        ctx.graph,
+        q=ctx.tensor_as(q, (bsz * hq * seq, dq)),
+        out=ctx.declare(n.outputs[0]),
+        head_dim=int(dq),
+        causal=op.causal,
+        **kw,
     )

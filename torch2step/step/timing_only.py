@@ -27,9 +27,10 @@ from .ops_routing import Partition, Reassemble
 __all__ = ["SHAPE_ONLY", "control_nodes", "shape_only_impl"]
 
 
-def _zeros(shape: tuple[int, ...]) -> np.ndarray:
-    z = np.broadcast_to(np.float32(0), shape)
-    return z
+def _zeros(shape: tuple[int, ...], *like: Any) -> np.ndarray:
+    """A zero-stride zero array of ``shape``, of the dtype of ``like`` (fp32 by default)."""
+    dt = np.result_type(*like) if like else np.float32
+    return np.broadcast_to(np.zeros((), dt), shape)
 
 
 def _mm_shape(name: str, a: Any, b: Any) -> tuple[int, int]:
@@ -53,11 +54,11 @@ def _rows(f: Any, row: Any, acc: Any) -> np.ndarray:
 
 
 def _bcast(f: Any, a: Any, b: Any) -> np.ndarray:
-    return _zeros(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+    return _zeros(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)), a, b)
 
 
 def _same(f: Any, x: Any, *rest: Any) -> np.ndarray:
-    return _zeros(tuple(x.shape))
+    return _zeros(tuple(x.shape), x)
 
 
 #: Tile function name -> shape-only implementation (same signature as the real one): the

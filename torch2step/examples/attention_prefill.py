@@ -1,0 +1,204 @@
+"""Causal (prefill) grouped-query attention as a STeP graph: ``S`` new query tokens per
+request over ragged KV caches, an online softmax per query tile (STeP (arXiv 2511.07776)
+§5.1 "FlashAttention implementation", §3 operators; ragged dimensions as in decode).
+
+Layout (row-major, as the layer graph stores them): ``q, out: [B*Hq*S, D]`` (both
+``[B, Hq, S, D]``), caches ``k_cache, v_cache: [B*Hkv*Lmax, D]`` (``[B, Hkv, Lmax, D]``) whose
+last ``S`` rows of each request hold the new tokens, ``kv_len: [B, 1]``.  Query token ``i``
+of request ``b`` and head ``h`` sees KV head ``h // G`` rows ``j < n_b`` (its cached
+prefix) and the new rows ``Lmax - S + u`` for ``u <= i`` (causal; every ``u < S`` when
+``causal=False``).  A query that sees no key gives 0.
+
+Structure, per (request, KV head, query token) — the ``G = Hq/Hkv`` query heads of a group
+share each KV load, as in decode:
+
+1. **Addresses in the graph.** ``kv_len`` is read once and repeated per KV head and per
+   query token (``[1, B, Hkv, S]``); a Scan(``prefill_cursor``) turns it into
+   ``[row_base, n_b, Lmax, S, i + 1]`` and FlatMap(``kv_rows_causal``) emits the visible row
+   addresses: a ragged dimension ``R[b, kvh, i] = n_b + i + 1`` learnt from the data.  The
+   causal mask is the address set, so nothing masked is loaded or computed.
+2. **KV tiles of ``tile_kv`` rows.** Reshape + FlatMap(FilterPadding) cut the addresses into
+   tiles, the last one partial (STeP Fig. 2's Reshape / FilterPadding pair).
+3. **Loads.** RandomOffChipLoad per row of ``k_cache`` / ``v_cache``; Accum(``retile_row_pair``)
+   packs them into ``[r, D]`` tiles.
+4. **Online softmax.** The ``[G, D]`` query tile (heads ``kvh*G .. kvh*G+G-1`` of token
+   ``i``: rows ``((b*Hkv + kvh)*G + g)*S + i``, a strided LinearOffChipLoad of ``[1, D]`` rows
+   packed by Accum(``retile_row``)) is expanded along its KV tiles; Accum(``online_softmax``) keeps the running (max, sum, output) and
+   Map(``softmax_finalize``) divides; FlatMap(``retile_streamify``) splits each ``[G, D]``
+   result into rows and RandomOffChipStore writes them at the rows FlatMap(``query_rows``)
+   computes from the cursor (every tensor is accessed in ``[1, D]`` rows).
+
+Off-chip traffic (bytes, itemsize ``s``): ``q`` and ``out`` ``2 * B*Hq*S*D*s``, ``kv_len``
+``8B``, and ``K`` + ``V`` ``2 * D*s * Hkv * sum_b sum_i (n_b + i + 1)`` (``n_b + S`` per token
+when not causal).  Each query tile re-reads its KV rows: with one token per query tile
+the KV traffic is ``S`` times that of a query tile spanning all ``S`` tokens, the price of
+a mask-free causal softmax (the masked, multi-token query tile is not built).
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy as sp
+import torch
+
+from torch2step.errors import StepTypeError
+from torch2step.step import Graph, OffChipTensor, Program, dyn, fn, zeros
+from torch2step.step import fn_library_prefill as _fn_library_prefill  # noqa: F401
+
+__all__ = ["add_gqa_prefill", "gqa_prefill_graph", "gqa_prefill_reference"]
+
+
+def _same(a: sp.Expr, b: sp.Expr) -> bool:
+    return sp.simplify(a - b) == 0
+
+
+def add_gqa_prefill(
+    g: Graph,
+    *,
+    q: OffChipTensor,
+    k_cache: OffChipTensor,
+    v_cache: OffChipTensor,
+    kv_len: OffChipTensor,
+    out: OffChipTensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    causal: bool = True,
+    tile_kv: int = 64,
+    prefix: str = "attn",
+) -> None:
+    """Add prefill GQA to ``g`` (see the module docstring).  ``B`` is ``kv_len``'s row
+    count, ``S = q rows / (B * Hq)`` and ``Lmax = k_cache rows / (B * Hkv)``; all may be
+    symbolic, so one graph serves every batch, prompt length and cache length."""
+    Hq, Hkv, D = num_q_heads, num_kv_heads, int(head_dim)
+    if Hkv < 1 or Hq % Hkv:
+        raise StepTypeError(f"add_gqa_prefill: num_q_heads={Hq} must be a multiple of {Hkv}")
+    if tile_kv < 1:
+        raise StepTypeError(f"add_gqa_prefill: tile_kv={tile_kv} must be >= 1")
+    G, B = Hq // Hkv, kv_len.shape[0]
+    S = sp.simplify(q.shape[0] / (B * Hq))
+    Lmax = sp.simplify(k_cache.shape[0] / (B * Hkv))
+    bad = [
+        t
+        for t, shape in (
+            (q, (B * Hq * S, D)),
+            (out, (B * Hq * S, D)),
+            (k_cache, (B * Hkv * Lmax, D)),
+            (v_cache, (B * Hkv * Lmax, D)),
+            (kv_len, (B, 1)),
+        )
+        if len(t.shape) != 2 or not all(_same(a, b) for a, b in zip(t.shape, shape))
+    ]
+    if bad or kv_len.dtype not in ("int32", "int64"):
+        raise StepTypeError(
+            f"add_gqa_prefill: tensors {', '.join(str(t) for t in bad) or str(kv_len)} do not "
+            "fit q/out [B*Hq*S, D], k_cache/v_cache [B*Hkv*Lmax, D], kv_len [B, 1] integer"
+        )
+    p = prefix
+
+    lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
+    per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
+    per_token = g.repeat(per_head, S, name=f"{p}_len_t")  # [1, B, Hkv, S]
+    cursor = g.scan(
+        per_token,
+        "prefill_cursor",
+        fn("int_row", values=(-Lmax, 0, Lmax, S, S)),
+        3,
+        name=f"{p}_cursor",
+    )  # [1, B, Hkv, S] of [row_base, n_b, Lmax, S, i + 1]
+    one = g.repeat(cursor, 1, name=f"{p}_cursor1")
+    addrs = g.flat_map(one, fn("kv_rows_causal", causal=causal), name=f"{p}_addr")
+    chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")
+    kept = g.flat_map(
+        g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding", name=f"{p}_kv_addr"
+    )  # [1, B, Hkv, S, C, r]
+    k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
+    v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
+    kv = g.accum(
+        g.zip(k_rows, v_rows, name=f"{p}_kv_rows"),
+        "retile_row_pair",
+        fn("empty_rows_pair", cols=(D, D), dtype=k_cache.dtype),
+        1,
+        name=f"{p}_kv",
+    )  # [1, B, Hkv, S, C] of ([r, D], [r, D])
+    k_t = g.map(fn("get", index=0), kv, name=f"{p}_k_tile")
+    v_t = g.map(fn("get", index=1), kv, name=f"{p}_v_tile")
+
+    q_rows = g.linear_load(
+        q, (1, D), out_shape=(B, Hkv, S, G), stride=(Hkv * G * S, G * S, 1, S), name=f"{p}_q"
+    )  # [1, B, Hkv, S, G] of [1, D]
+    q_t = g.accum(q_rows, "retile_row", zeros(0, D, q.dtype), 1, name=f"{p}_q_tile")
+    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
+    state = g.accum(
+        g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
+        fn("online_softmax", scale=float(scale)),
+        fn("online_softmax_init", rows=G, cols=D, dtype=q.dtype),
+        1,
+        name=f"{p}_softmax",
+    )
+    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv, S] of [G, D]
+    rows = g.flat_map(res, fn("retile_streamify", rows=1), name=f"{p}_o_rows")
+    waddr = g.flat_map(cursor, fn("query_rows", group=G), name=f"{p}_o_addr")
+    g.random_store(waddr, rows, out, name=f"{p}_store")  # [1, B, Hkv, S, G] rows
+
+
+def gqa_prefill_graph(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str = "fp32",
+    **kw: object,
+) -> Program:
+    """A verified program holding only prefill GQA over the dynamic sizes ``B``, ``S``,
+    ``Lmax``; tensors ``q, k_cache, v_cache, kv_len, out``; ``scale`` defaults to
+    ``1/sqrt(head_dim)``; other ``kw`` go to :func:`add_gqa_prefill`."""
+    B, S, Lmax = dyn("B"), dyn("S"), dyn("Lmax")
+    Hq, Hkv, D = num_q_heads, num_kv_heads, head_dim
+    kw.setdefault("scale", 1.0 / math.sqrt(D))
+    g = Graph("gqa_prefill")
+    tensors = {
+        "q": g.tensor("q", (B * Hq * S, D), dtype),
+        "k_cache": g.tensor("k_cache", (B * Hkv * Lmax, D), dtype),
+        "v_cache": g.tensor("v_cache", (B * Hkv * Lmax, D), dtype),
+        "kv_len": g.tensor("kv_len", (B, 1), "int64"),
+        "out": g.tensor("out", (B * Hq * S, D), dtype),
+    }
+    add_gqa_prefill(
+        g,
+        **tensors,
+        num_q_heads=Hq,
+        num_kv_heads=Hkv,
+        head_dim=D,
+        **kw,  # type: ignore[arg-type]
+    )
+    return g.build()
+
+
+def gqa_prefill_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_len: torch.Tensor,
+    *,
+    num_kv_heads: int,
+    scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """Prefill GQA in plain PyTorch with an explicit mask; ``q: [B, Hq, S, D]``, caches
+    ``[B, Hkv, Lmax, D]``, ``kv_len: [B]``; returns ``[B, Hq, S, D]``."""
+    B, Hq, S, _ = q.shape
+    Lmax = k_cache.shape[2]
+    G = Hq // num_kv_heads
+    k = k_cache.repeat_interleave(G, dim=1)
+    v = v_cache.repeat_interleave(G, dim=1)
+    j = torch.arange(Lmax)
+    i = torch.arange(S)[:, None]
+    new = (j >= Lmax - S) & ((j <= Lmax - S + i) if causal else torch.ones(S, 1, dtype=bool))
+    visible = (j[None, None, :] < kv_len.reshape(B, 1, 1)) | new[None]  # [B, S, Lmax]
+    scores = torch.einsum("bhsd,bhld->bhsl", q, k) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    w = torch.nan_to_num(torch.softmax(scores, dim=-1))
+    return torch.einsum("bhsl,bhld->bhsd", w, v)
