@@ -59,7 +59,8 @@ def test_static_assignment_equals_pytorch(assign: str, lens: list[int]) -> None:
 def test_dynamic_assignment_equals_pytorch() -> None:
     lens = [1, 22, 0, 3, 17, 2, 9, 1]
     prog, inp, ref = _case(lens, 3)
-    d = simulate_dispatched(prog, "step-paper", inp, regions=3, heads=HKV, timing_only=False)
+    start = list_schedule([n + 1 for n in lens], 3)
+    d = simulate_dispatched(prog, "step-paper", inp, timing_only=False, start=start)
     assert d.assignment[:3] == [0, 1, 2] and sorted(set(d.assignment)) == [0, 1, 2]
     np.testing.assert_allclose(d.run.tensors["out"], ref, atol=1e-5, rtol=0)
     # every region's completions are in the result and ordered in time
@@ -72,11 +73,11 @@ def test_dynamic_assignment_follows_simulated_time() -> None:
     the timing changes, not the data) moves requests to region 1."""
     lens = [12] * 8
     prog, inp, _ = _case(lens, 2)
-    even = simulate_dispatched(prog, "step-paper", inp, regions=2, heads=HKV)
+    even = simulate_dispatched(prog, "step-paper", inp)
     slow = {
         f"attn_r0_{n}": UnitConfig(flops_per_cycle=1) for n in ("softmax", "o", "kv")
     }
-    skew = simulate_dispatched(prog, "step-paper", inp, regions=2, heads=HKV, configs=slow)
+    skew = simulate_dispatched(prog, "step-paper", inp, configs=slow)
     assert even.assignment.count(0) == 4
     assert skew.assignment[:2] == [0, 1]
     assert skew.assignment.count(0) < even.assignment.count(0)

@@ -84,6 +84,7 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
     layer operator's rule); without ``kv_lengths`` every request sees all ``L`` keys, i.e.
     the host passes ``kv_len = L - S`` for each request."""
     from torch2step.examples.gqa import add_gqa_decode
+    from torch2step.examples.gqa_regions import assign_coarse, assign_interleave
 
     op = n.op
     assert isinstance(op, L.Attention)
@@ -107,6 +108,17 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
             return np.full((nb, 1), ln, dtype=np.int64)
 
         kv_len = ctx.host_index(ctx.prefix() + "_kv_len", (bsz, 1), uniform)
+    opts, regions = ctx.options, {}
+    if opts.attn_regions is not None:
+        R, how, chunk = int(opts.attn_regions), opts.attn_assign, opts.attn_coarse_chunk
+
+        def assign(b: dict[str, int]) -> np.ndarray:
+            (nb,) = concrete([bsz], b)
+            if how == "coarse":
+                return assign_coarse(nb, R, chunk)
+            return assign_interleave(nb, R)  # "dynamic": the start simulate_dispatched refines
+
+        regions = {"regions": R, "region": ctx.host_index(ctx.prefix() + "_region", (bsz, 1), assign)}
     add_gqa_decode(
         ctx.graph,
         q=ctx.tensor_as(q, (bsz * hq, dq)),
@@ -120,4 +132,5 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
         tail_rows=int(seq),
         tile_kv=ctx.options.tile_kv,
         prefix=ctx.prefix(),
+        **regions,
     )

@@ -35,6 +35,7 @@ from hwmodel.chip import Chip
 from torch2step.errors import ScheduleError
 from torch2step.step.graph import Program
 from torch2step.step.interpreter import RunResult, run
+from torch2step.step.ops_routing import Partition
 
 from .result import SpatialResult
 from .simulate import simulate_graph
@@ -84,33 +85,60 @@ def list_schedule(work: Sequence[float], regions: int) -> list[int]:
     return out
 
 
+def _layout(graph: Program, prefix: str | None) -> tuple[str, str, int, int]:
+    """(prefix, region tensor name, regions, results per request) of the region-parallel
+    attention in ``graph`` (found by its request-routing Partition)."""
+    routes = [
+        op
+        for op in graph.nodes
+        if isinstance(op, Partition)
+        and op.name.endswith("_route_cursor")
+        and (prefix is None or op.name == f"{prefix}_route_cursor")
+    ]
+    if len(routes) != 1:
+        raise ScheduleError(
+            f"dynamic dispatch: graph {graph.name} has {len(routes)} region-parallel attention "
+            f"layers{'' if prefix is None else f' named {prefix!r}'}; build one with "
+            "add_gqa_decode(..., regions=R) (compile option attn_regions) or pass its prefix"
+        )
+    op = routes[0]
+    p = op.name.removesuffix("_route_cursor")
+    load = graph.node(f"{p}_region")
+    heads = int(op.out_types()[0].shape[1])
+    return p, load.tensor.name, op.num_consumers, heads  # type: ignore[attr-defined]
+
+
 def simulate_dispatched(
     graph: Program,
     chip: Chip | str,
     tensors: Mapping[str, Any],
     *,
-    regions: int,
-    prefix: str = "attn",
-    heads: int = 1,
+    prefix: str | None = None,
     env: Mapping[str, Any] | None = None,
     configs: Mapping[str, UnitConfig] | None = None,
     timing_only: bool = True,
     max_rounds: int = 8,
     start: Sequence[int] | None = None,
 ) -> Dispatched:
-    """Simulate the region-parallel attention ``graph`` (built with ``regions`` and
-    ``prefix``; ``heads`` results per request, the KV heads) with its ``region`` tensor
+    """Simulate the region-parallel attention ``graph`` (built by ``add_gqa_decode`` with
+    ``regions``; ``prefix`` names it when the graph has several) with its region tensor
     decided in simulated time (module docstring).  ``start``: the first assignment tried
     (default round-robin; :func:`list_schedule` of the KV lengths usually needs fewer
     rounds)."""
-    B = int(tensors["kv_len"].shape[0])
+    prefix, rname, regions, heads = _layout(graph, prefix)
+    lens = graph.node(f"{prefix}_len").tensor.name  # type: ignore[attr-defined]
+    if lens not in tensors:
+        raise ScheduleError(f"dynamic dispatch: tensors has no KV-length tensor {lens!r}")
+    B = int(np.asarray(tensors[lens]).shape[0])
     assign = [i % regions for i in range(B)] if start is None else [int(r) for r in start]
     if len(assign) != B or not all(0 <= r < regions for r in assign):
-        raise ScheduleError(f"dynamic dispatch: start {assign} is not {B} regions in 0..{regions - 1}")
+        raise ScheduleError(
+            f"dynamic dispatch: start {assign} is not {B} regions in 0..{regions - 1}"
+        )
     tried: list[tuple[list[int], SpatialResult, RunResult, dict[int, list[int]]]] = []
     for k in range(1, max_rounds + 1):
         ts = dict(tensors)
-        ts["region"] = torch.as_tensor(np.asarray(assign, dtype=np.int64).reshape(B, 1))
+        ts[rname] = torch.as_tensor(np.asarray(assign, dtype=np.int64).reshape(B, 1))
         res = run(graph, tensors=ts, env=env, check=False, timing_only=timing_only)
         watch: dict[str, Any] = {f"{prefix}_r{r}_o": [] for r in range(regions)}
         sim = simulate_graph(graph, chip, res, configs=configs, watch=watch)
