@@ -10,6 +10,12 @@
   paper's static-tile-32 series needs static tiles inside shared regions, which the builder
   does not offer yet (static tiling is implemented for dedicated regions only).
 
+* Fig. 11 — dynamic parallelization (§5.4): Qwen3-30B-A3B decode attention for one KV head
+  over 4 regions, requests assigned coarse (16 consecutive per region), interleaved or
+  dynamically (first free region, decided in simulated time by
+  :mod:`torch2step.spatial.dispatch`), on the b16 / b64 / b80 KV-length traces (high, med,
+  low spread), 2048 FLOPs/cycle per operator.
+
 Set-up (§5.1, and the paper's artifact for the per-operator compute): chip preset
 ``step-paper`` (one unit per operator, 64 B/cycle on-chip memory units, 1024 B/cycle HBM over
 32 channels), bf16, weights of shape ``[D, tile_F]`` streamed per tile, compute bandwidth
