@@ -341,8 +341,15 @@ Notes on Fig. 11 (dynamic parallelization, §5.4):
   used, where the artifact loads whole 32-row tiles; per-request cost is then dominated by
   row-load issue rather than HBM bandwidth.  Every strategy reads the same bytes, so the
   ratios compare load balance, which is what §5.4 measures.
-- Coarse at B=16 uses one of four regions, so it is ~4x slower at every spread; with B=64
-  its regions hold 16 requests each and its loss is the imbalance of their total KV length.
+- Coarse at B=16 uses one of four regions, so it is ~3-4x slower at every spread.
+- Coarse at B=64 is far slower in ours than in the paper (where it beats interleave): all
+  three strategies route requests through one Partition, and a region's input FIFOs hold only
+  a few requests, so region 1 gets its first request after region 0 has taken nearly all of
+  its 16 (requests are routed in order): the regions start staggered, ~19 cycles per KV row
+  against ~10 for the others.  The artifact's coarse reads each region's 16 requests with its
+  own loads (no shared router), so it only pays the imbalance of the regions' KV totals.
+  The geomean over both static strategies is therefore above the paper's; the one over
+  interleave alone (also routed through a Partition in the artifact) is the comparable one.
 """
 
 
