@@ -53,7 +53,9 @@ def test_ragged_kv_lengths() -> None:
     assert prog.report(*short).latency_cycles < prog.report(*long).latency_cycles
 
 
-@pytest.mark.parametrize("assign", ["coarse", "interleave", "dynamic"])
+@pytest.mark.parametrize(
+    "assign", ["coarse", pytest.param("interleave", marks=pytest.mark.slow), "dynamic"]
+)
 def test_attention_regions_compile_option(assign: str) -> None:
     """STeP §5.4: requests spread over 2 regions run like PyTorch, ragged lengths incl. 1."""
     module = DecodeStep("qwen3", "sdpa").eval()
@@ -74,8 +76,9 @@ def test_attention_regions_compile_option(assign: str) -> None:
 
 
 def test_attention_regions_option_is_checked() -> None:
+    from torch2step.lower import LowerOptions
+
     with pytest.raises(torch2step.Torch2StepError, match="attn_assign"):
-        torch2step.compile(
-            DecodeStep("qwen3", "sdpa").eval(), decode_inputs(2, 6, 0, lengths=True),
-            attn_regions=2, attn_assign="random",
-        )
+        LowerOptions(attn_regions=2, attn_assign="random")
+    with pytest.raises(torch2step.Torch2StepError, match="attn_regions"):
+        LowerOptions(attn_regions=0)
