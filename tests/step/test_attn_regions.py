@@ -98,3 +98,21 @@ def test_regions_need_a_region_tensor() -> None:
     }
     with pytest.raises(StepTypeError, match="region"):
         add_gqa_decode(g, **t, num_q_heads=HQ, num_kv_heads=HKV, scale=1.0, regions=2)
+
+
+def test_request_queues_let_coarse_regions_start_together() -> None:
+    """Requests are routed in order: with 2-deep FIFOs region 1 waits for region 0 to take its
+    requests; queues as deep as a region's share (``depths``) let both start at once."""
+    from torch2step.spatial import simulate_graph
+
+    lens = [20] * 8
+    prog, inp, _ = _case(lens, 2)
+    inp["region"] = torch.as_tensor(assign_coarse(8, 2))
+    res = run(prog, tensors=inp, check=False, timing_only=True)
+    firsts = []
+    for depths in (None, {f"attn_route_{v}.{r}": 4 for v in ("cursor", "q") for r in (0, 1)}):
+        watch = {"attn_r1_o": -1}
+        sim = simulate_graph(prog, "step-paper", res, watch=watch, depths=depths)
+        firsts.append((watch["attn_r1_o"], sim.cycles))
+    (late, slow), (early, fast) = firsts
+    assert early < late and fast < slow

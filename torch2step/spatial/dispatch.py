@@ -119,12 +119,13 @@ def simulate_dispatched(
     timing_only: bool = True,
     max_rounds: int = 8,
     start: Sequence[int] | None = None,
+    depths: Mapping[str, int] | None = None,
 ) -> Dispatched:
     """Simulate the region-parallel attention ``graph`` (built by ``add_gqa_decode`` with
     ``regions``; ``prefix`` names it when the graph has several) with its region tensor
     decided in simulated time (module docstring).  ``start``: the first assignment tried
     (default round-robin; :func:`list_schedule` of the KV lengths usually needs fewer
-    rounds)."""
+    rounds); ``depths``: FIFO depths by stream name (:func:`simulate_graph`)."""
     prefix, rname, regions, heads = _layout(graph, prefix)
     lens = graph.node(f"{prefix}_len").tensor.name  # type: ignore[attr-defined]
     if lens not in tensors:
@@ -141,7 +142,7 @@ def simulate_dispatched(
         ts[rname] = torch.as_tensor(np.asarray(assign, dtype=np.int64).reshape(B, 1))
         res = run(graph, tensors=ts, env=env, check=False, timing_only=timing_only)
         watch: dict[str, Any] = {f"{prefix}_r{r}_o": [] for r in range(regions)}
-        sim = simulate_graph(graph, chip, res, configs=configs, watch=watch)
+        sim = simulate_graph(graph, chip, res, configs=configs, watch=watch, depths=depths)
         done = {r: watch[f"{prefix}_r{r}_o"][heads - 1 :: heads] for r in range(regions)}
         got = sum(len(v) for v in done.values())
         if got != B:
