@@ -98,7 +98,8 @@ class Simulator(Transfers):
         self.chip = chip
         #: channel name -> cycle of its first message (-1 until sent), for the channels a
         #: caller asks to watch before ``run`` (e.g. the inputs of an EagerMerge)
-        self.watch: dict[str, int] | None = None
+        #: (``-1`` -> the first message's cycle; a list -> every message's cycle appended)
+        self.watch: dict[str, Any] | None = None
         self.mode = mode
         self.functional = mode == "functional"
         self.core_spec = chip.core

@@ -308,8 +308,12 @@ class Transfers:
         """Start a message on ``chan`` now; returns the cycle its tail has left the sender."""
         now = self.now
         w = self.watch
-        if w is not None and w.get(chan.name) == -1:
-            w[chan.name] = now
+        if w is not None:
+            seen = w.get(chan.name)
+            if seen == -1:
+                w[chan.name] = now
+            elif seen.__class__ is list:  # every message's cycle
+                seen.append(now)
         ends = chan.ends
         k = len(ends)
         payload = (data, shape, dtype, value)

@@ -63,7 +63,12 @@ def compile(  # noqa: A001  (the public name the users asked for)
     Strategies of STeP (arXiv 2511.07776) §5: ``moe_static_tile=N`` tiles each expert's tokens
     statically in tiles of ``N`` rows (default: dynamic tiling, §5.2); ``moe_lanes=R`` shares
     ``R`` expert regions among ``E/R`` consecutive experts each (§5.3; each region's EagerMerge
-    order is decided in simulated time by :func:`torch2step.spatial.dynamic.simulate_decided`).
+    order is decided in simulated time by :func:`torch2step.spatial.dynamic.simulate_decided`);
+    ``attn_regions=R`` spreads decode attention's requests over ``R`` parallel regions (§5.4)
+    by ``attn_assign="coarse"`` (``attn_coarse_chunk`` consecutive requests per region),
+    ``"interleave"`` (round-robin, the default) or ``"dynamic"`` (each request to the first
+    free region; ``report`` decides it in simulated time with
+    :func:`torch2step.spatial.dispatch.simulate_dispatched`).
     Compile for ``chip="step-paper"`` to reproduce the paper's simulator set-up.
     ``execution``: ``"spatial"`` (a STeP program) or ``"kernel"`` (kernel by kernel: an ELK
     schedule and per-core programs, :class:`torch2step.kernel.program.KernelProgram`, whose

@@ -222,6 +222,12 @@ class Program:
 
         lw, res, _, dynamic = self._execute(inputs, routing, timing_only=True, standins=True)
         t0 = time.perf_counter()
+        if lw.options.attn_regions is not None and lw.options.attn_assign == "dynamic":
+            from torch2step.spatial.dispatch import simulate_dispatched  # STeP §5.4
+
+            tensors, env = lw.feed(self._check(inputs))
+            d = simulate_dispatched(lw.program, self.chip, tensors, env=env)
+            res, dynamic["attn_regions_of_requests"] = d.run, d.assignment
         sim = simulate_graph(lw.program, self.chip, res, trace=trace)
         sim_s = time.perf_counter() - t0
         self._last = sim

@@ -51,3 +51,34 @@ def test_ragged_kv_lengths() -> None:
     short[3] = torch.tensor([1, 2, 1, 3])
     long[3] = torch.tensor([60, 64, 50, 64])
     assert prog.report(*short).latency_cycles < prog.report(*long).latency_cycles
+
+
+@pytest.mark.parametrize(
+    "assign", ["coarse", pytest.param("interleave", marks=pytest.mark.slow), "dynamic"]
+)
+def test_attention_regions_compile_option(assign: str) -> None:
+    """STeP §5.4: requests spread over 2 regions run like PyTorch, ragged lengths incl. 1."""
+    module = DecodeStep("qwen3", "sdpa").eval()
+    prog = torch2step.compile(
+        module, decode_inputs(2, 6, 0, lengths=True), attn_regions=2, attn_assign=assign
+    )
+    xs = list(decode_inputs(5, 24, 3, lengths=True))
+    xs[3] = torch.tensor([1, 24, 3, 1, 17])
+    with torch.no_grad():
+        want = module(*xs)
+    for a, b in zip(prog.run(*xs), want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    rep = prog.report(*xs)
+    assert rep.latency_cycles > 0
+    if assign == "dynamic":
+        regions = rep.dynamic["attn_regions_of_requests"]
+        assert regions[:2] == [0, 1] and len(regions) == 5
+
+
+def test_attention_regions_option_is_checked() -> None:
+    from torch2step.lower import LowerOptions
+
+    with pytest.raises(torch2step.Torch2StepError, match="attn_assign"):
+        LowerOptions(attn_regions=2, attn_assign="random")
+    with pytest.raises(torch2step.Torch2StepError, match="attn_regions"):
+        LowerOptions(attn_regions=0)

@@ -35,13 +35,16 @@ Off-chip traffic (bytes, itemsize ``s``): ``q`` and ``out`` ``2 * B*Hq*D*s``, ``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import sympy as sp
 import torch
 
 from torch2step.errors import StepTypeError
-from torch2step.step import Graph, OffChipTensor, Program, dyn, fn
+from torch2step.step import Graph, OffChipTensor, Program, Value, dyn, fn
+
+from .gqa_regions import add_region_attention
 
 __all__ = ["add_gqa_decode", "gqa_decode_graph", "gqa_inputs", "gqa_reference"]
 
@@ -64,9 +67,13 @@ def add_gqa_decode(
     tail_rows: int = 0,
     tile_kv: int = 64,
     prefix: str = "attn",
+    regions: int | None = None,
+    region: OffChipTensor | None = None,
 ) -> None:
     """Add decode GQA to ``g`` (see the module docstring).  ``B`` is ``kv_len``'s row count
-    and ``Lmax = k_cache rows / (B * Hkv)``; both may be symbolic."""
+    and ``Lmax = k_cache rows / (B * Hkv)``; both may be symbolic.  ``regions=R`` with
+    ``region: [B, 1]`` (each request's region) parallelises the requests over ``R`` regions
+    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.examples.gqa_regions`)."""
     Hq, Hkv = num_q_heads, num_kv_heads
     if Hkv < 1 or Hq % Hkv:
         raise StepTypeError(f"add_gqa_decode: num_q_heads={Hq} must be a multiple of {Hkv}")
@@ -99,12 +106,53 @@ def add_gqa_decode(
     cursor = g.scan(
         per_head, "kv_cursor", fn("int_row", values=(-Lmax, 0, Lmax)), 2, name=f"{p}_cursor"
     )  # [1, B, Hkv] of [row_base, n_b, Lmax]
+
+    def load_q() -> Value:
+        return g.linear_load(q, (G, D), out_shape=(B, Hkv), stride=(Hkv, 1), name=f"{p}_q")
+
+    def attend(g: Graph, cursor: Value, q_t: Value | Callable[[], Value], p: str) -> Value:
+        return _attend(
+            g, cursor, q_t, k_cache, v_cache, G=G, D=D, dtype=q.dtype, scale=scale,
+            tail_rows=tail_rows, tile_kv=tile_kv, p=p,
+        )
+
+    if regions is None:
+        g.linear_store(attend(g, cursor, load_q, p), out, name=f"{p}_store")
+        return
+    if region is None or not 1 <= regions:
+        raise StepTypeError(
+            f"add_gqa_decode: regions={regions} needs a positive count and a region tensor"
+        )
+    add_region_attention(
+        g, cursor=cursor, q_tiles=load_q(), region=region, regions=regions, out=out,
+        attend=attend, prefix=p,
+    )
+
+
+def _attend(
+    g: Graph,
+    cursor: Value,
+    q_t: Value | Callable[[], Value],
+    k_cache: OffChipTensor,
+    v_cache: OffChipTensor,
+    *,
+    G: int,
+    D: int,
+    dtype: str,
+    scale: float,
+    tail_rows: int,
+    tile_kv: int,
+    p: str,
+) -> Value:
+    """Steps 1-4 of the module docstring from the request cursors and ``[G, D]`` query tiles
+    (streams of one shape ``[.., Hkv]``; a callable loads them where they are needed) to the
+    ``[G, D]`` results of that shape."""
     one = g.repeat(cursor, 1, name=f"{p}_cursor1")
     addrs = g.flat_map(one, fn("kv_rows", tail=tail_rows), name=f"{p}_addr")  # [.., R]
     chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")  # [.., C, tile_kv]
     kept = g.flat_map(
         g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding", name=f"{p}_kv_addr"
-    )  # [1, B, Hkv, C, r]
+    )  # [.., Hkv, C, r]
     k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
     v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
     kv = g.accum(
@@ -113,21 +161,19 @@ def add_gqa_decode(
         fn("empty_rows_pair", cols=(D, D), dtype=k_cache.dtype),
         1,
         name=f"{p}_kv",
-    )  # [1, B, Hkv, C] of ([r, D], [r, D])
+    )  # [.., Hkv, C] of ([r, D], [r, D])
     k_t = g.map(fn("get", index=0), kv, name=f"{p}_k_tile")
     v_t = g.map(fn("get", index=1), kv, name=f"{p}_v_tile")
-
-    q_t = g.linear_load(q, (G, D), out_shape=(B, Hkv), stride=(Hkv, 1), name=f"{p}_q")
-    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
+    q_v = q_t() if callable(q_t) else q_t
+    q_e = g.expand(g.repeat(q_v, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
     state = g.accum(
         g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
         fn("online_softmax", scale=float(scale)),
-        fn("online_softmax_init", rows=G, cols=D, dtype=q.dtype),
+        fn("online_softmax_init", rows=G, cols=D, dtype=dtype),
         1,
         name=f"{p}_softmax",
-    )  # [1, B, Hkv] of (max, sum, out)
-    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv] of [G, D]
-    g.linear_store(res, out, name=f"{p}_store")
+    )  # [.., Hkv] of (max, sum, out)
+    return g.map("softmax_finalize", state, name=f"{p}_o")  # [.., Hkv] of [G, D]
 
 
 # ---------------------------------------------------------------- convenience
@@ -144,8 +190,9 @@ def gqa_decode_graph(
     **kw: object,
 ) -> Program:
     """A verified program holding only decode GQA; tensors ``q, k_cache, v_cache, kv_len,
-    out``; ``batch`` / ``max_len`` default to the dynamic sizes ``B`` / ``Lmax``; ``scale``
-    defaults to ``1/sqrt(head_dim)``; other ``kw`` go to :func:`add_gqa_decode`."""
+    out`` (and ``region: [B, 1]`` with ``regions=R``); ``batch`` / ``max_len`` default to the
+    dynamic sizes ``B`` / ``Lmax``; ``scale`` defaults to ``1/sqrt(head_dim)``; other ``kw`` go
+    to :func:`add_gqa_decode`."""
     B = dyn("B") if batch is None else batch
     Lmax = dyn("Lmax") if max_len is None else max_len
     Hq, Hkv, D = num_q_heads, num_kv_heads, head_dim
@@ -158,6 +205,8 @@ def gqa_decode_graph(
         "kv_len": g.tensor("kv_len", (B, 1), "int64"),
         "out": g.tensor("out", (B * Hq, D), dtype),
     }
+    if kw.get("regions") is not None:
+        tensors["region"] = g.tensor("region", (B, 1), "int64")
     add_gqa_decode(g, **tensors, num_q_heads=Hq, num_kv_heads=Hkv, **kw)  # type: ignore[arg-type]
     return g.build()
 

@@ -45,7 +45,13 @@ class LowerOptions:
     branch per expert up to ``16`` experts, else ``16`` lanes so large MoEs fit a chip's
     units; ``0``: always one branch per expert); ``moe_static_tile``: static tiling of each
     expert's tokens in tiles of that many rows (STeP (arXiv 2511.07776) §5.2; ``None``: dynamic
-    tiling, one tile of exactly the expert's tokens)."""
+    tiling, one tile of exactly the expert's tokens); ``attn_regions``: decode attention's
+    requests spread over that many parallel regions (STeP §5.4; ``None``: one pipeline) by
+    ``attn_assign``: ``"coarse"`` (``attn_coarse_chunk`` consecutive requests per region,
+    default ``ceil(B / R)``), ``"interleave"`` (round-robin) or ``"dynamic"`` (each request
+    to the first free region, decided in simulated time by
+    :func:`torch2step.spatial.dispatch.simulate_dispatched`; a functional run uses
+    round-robin, which computes the same values)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -55,8 +61,20 @@ class LowerOptions:
     moe_tile_i: int | None = None
     moe_lanes: int | None = None
     moe_static_tile: int | None = None
+    attn_regions: int | None = None
+    attn_assign: str = "interleave"
+    attn_coarse_chunk: int | None = None
 
     def __post_init__(self) -> None:
+        if self.attn_regions is not None and int(self.attn_regions) < 1:
+            raise LoweringError("option attn_regions must be a positive integer or None")
+        if self.attn_assign not in ("coarse", "interleave", "dynamic"):
+            raise LoweringError(
+                f"option attn_assign={self.attn_assign!r}: use 'coarse', 'interleave' or "
+                "'dynamic'"
+            )
+        if self.attn_coarse_chunk is not None and int(self.attn_coarse_chunk) < 1:
+            raise LoweringError("option attn_coarse_chunk must be a positive integer or None")
         for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):
             if int(getattr(self, name)) < 1:
                 raise LoweringError(f"option {name} must be a positive integer")

@@ -96,6 +96,7 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
     the host passes ``kv_len = L - S`` for each request."""
     from torch2step.examples.attention_prefill import add_gqa_prefill
     from torch2step.examples.gqa import add_gqa_decode
+    from torch2step.examples.gqa_regions import assign_coarse, assign_interleave
 
     op = n.op
     assert isinstance(op, L.Attention)
@@ -112,6 +113,25 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
             return np.full((nb, 1), ln, dtype=np.int64)
 
         kv_len = ctx.host_index(ctx.prefix() + "_kv_len", (bsz, 1), uniform)
+    opts, regions = ctx.options, {}
+    if opts.attn_regions is not None:
+        if seq != 1:
+            raise ctx.fail(
+                f"attn_regions applies to decode attention (one query token); this attention "
+                f"has {seq} query tokens: drop attn_regions for prefill"
+            )
+        R, how, chunk = int(opts.attn_regions), opts.attn_assign, opts.attn_coarse_chunk
+
+        def assign(b: dict[str, int]) -> np.ndarray:
+            (nb,) = concrete([bsz], b)
+            if how == "coarse":
+                return assign_coarse(nb, R, chunk)
+            return assign_interleave(nb, R)  # "dynamic": the start simulate_dispatched refines
+
+        regions = {
+            "regions": R,
+            "region": ctx.host_index(ctx.prefix() + "_region", (bsz, 1), assign),
+        }
     kw = dict(
         k_cache=ctx.tensor_as(k, (bsz * hkv * length, dk)),
         v_cache=ctx.tensor_as(v, (bsz * hkv * length, dk)),
@@ -129,6 +149,7 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
             out=ctx.declare(n.outputs[0]),
             tail_rows=1,
             **kw,
+            **regions,
         )
         return
     if not sp.sympify(dq).is_Integer:

@@ -147,7 +147,8 @@ def run_deepening(
     """Simulate ``programs`` (timing mode), deepening FIFOs that deadlock the run (module
     docstring); ``messages`` is the number of messages each channel carries.  Returns the
     result, the programs that ran and the deepened channels (sorted).  ``watch``: channel
-    names whose first-message cycle is written into it (by the run that completes)."""
+    names whose first-message cycle is written into it (by the run that completes); a name
+    mapped to a list gets every message's cycle appended."""
     deep: dict[str, int] = {}
     sim = Simulator(programs, chip)
     if watch is not None:
@@ -160,8 +161,8 @@ def run_deepening(
         current = deepen(programs, deep)
         sim = Simulator(current, chip)
         if watch is not None:
-            for k in watch:
-                watch[k] = -1
+            for k, v in watch.items():
+                watch[k] = [] if isinstance(v, list) else -1
             sim.watch = watch
         try:
             return sim.run(trace=trace, max_cycles=max_cycles), current, tuple(sorted(deep))

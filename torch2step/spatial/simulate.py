@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
@@ -30,7 +31,7 @@ from torch2step.step.graph import Program
 from torch2step.step.interpreter import RunResult
 from torch2step.step.metrics import metrics
 
-from .fifos import run_deepening
+from .fifos import deepen, run_deepening
 from .plan import SpatialPlan, build_plan
 from .result import SpatialResult, UnitRecord
 from .structure import DEFAULT_WIRES
@@ -160,7 +161,8 @@ def simulate_graph(
     fifo_depth: int | None = None,
     check: bool = True,
     max_cycles: int | None = None,
-    watch: dict[str, int] | None = None,
+    watch: dict[str, Any] | None = None,
+    depths: Mapping[str, int] | None = None,
 ) -> SpatialResult:
     """Place ``graph`` spatially on ``chip`` (a :class:`Chip` or preset name), generate the unit
     programs from ``run`` (the reference interpreter's :class:`RunResult` on the real inputs)
@@ -168,13 +170,16 @@ def simulate_graph(
     ``configs``: per-node :class:`UnitConfig`; ``walk``: placement order; ``wires``: operator
     classes that occupy no unit; ``fifo_depth``: channel depth (default the core's; channels
     that deadlock the run are deepened, ``SpatialResult.deep_channels``); ``watch``: channel
-    names -> ``-1``, filled with each channel's first-message cycle.  Raises
+    names -> ``-1``, filled with each channel's first-message cycle (a list: every message's);
+    ``depths``: stream name -> FIFO depth of its channel (e.g. a region's request queue).  Raises
     :class:`~torch2step.errors.ScheduleError` when the chip has fewer cores than units and
     :class:`~runtime.DeadlockError` when no FIFO depth can make the run complete."""
     t0 = time.perf_counter()
     plan = build_plan(
         graph, chip, run, configs=configs, walk=walk, wires=wires, fifo_depth=fifo_depth
     )
+    if depths:
+        plan = dataclasses.replace(plan, programs=deepen(plan.programs, depths))
     plan_s = time.perf_counter() - t0
     return simulate_plan(
         plan, trace=trace, check=check, max_cycles=max_cycles, plan_s=plan_s, watch=watch
