@@ -26,6 +26,12 @@ What an *event* is (for the events/s figure): one operation a sequencer executes
 or a loop's back-edge), one transfer granted by one resource (a link, a port or an HBM channel),
 or one message delivered into a destination FIFO.  Instructions fast-forwarded in closed form are
 counted separately, never as events.
+
+Progress: ``run(progress=fn)`` (or every run inside ``with progress(fn):``) calls
+``fn(cycle, events)`` while the queue advances — at most once per ``PROGRESS_EVENTS`` events and
+once per ``PROGRESS_SECONDS`` of wall time — and once at the end.  It only reads the clock, so the
+cycles and trace are those of a run without it; when off the loop pays one ``None`` test per
+distinct cycle.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from heapq import heappop, heappush
 from pathlib import Path
 from typing import Any
@@ -52,7 +59,27 @@ from runtime.state import Core, Pending
 from runtime.stats import SimResult
 from runtime.transfer import Transfers
 
-__all__ = ["Simulator", "simulate", "DEFAULT_DMA_QUEUE_DEPTH"]
+__all__ = ["Simulator", "simulate", "progress", "DEFAULT_DMA_QUEUE_DEPTH"]
+
+#: ``fn(cycle, events)``: the simulated cycle reached and the events executed so far.
+ProgressFn = Callable[[int, int], None]
+
+#: Progress is checked every this many events and reported at most once per this many seconds.
+PROGRESS_EVENTS = 20_000
+PROGRESS_SECONDS = 1.0
+
+_PROGRESS: ContextVar[ProgressFn | None] = ContextVar("torch2step_sim_progress", default=None)
+
+
+@contextmanager
+def progress(fn: ProgressFn | None) -> Iterator[None]:
+    """Report the progress of every simulation run inside the block to ``fn`` (see the module
+    docstring); for callers several layers above :meth:`Simulator.run` (e.g. a report)."""
+    token = _PROGRESS.set(fn)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 #: Outstanding HBM requests per core when the chip does not say (``CoreSpec.dma_queue_depth``).
 DEFAULT_DMA_QUEUE_DEPTH = 16
@@ -170,9 +197,18 @@ class Simulator(Transfers):
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, *, trace: bool | str | Path = False, max_cycles: int | None = None) -> SimResult:
-        """Simulate to completion; ``trace`` records a Chrome trace (a path also writes it)."""
+    def run(
+        self,
+        *,
+        trace: bool | str | Path = False,
+        max_cycles: int | None = None,
+        progress: ProgressFn | None = None,
+    ) -> SimResult:
+        """Simulate to completion; ``trace`` records a Chrome trace (a path also writes it);
+        ``progress``: ``fn(cycle, events)`` called while running (module docstring; default:
+        the one set by :func:`progress`)."""
         wall = time.perf_counter()
+        self.progress = progress if progress is not None else _PROGRESS.get()
         comp = self._compiled or self._compile()
         self._compiled = None
         self.comp = comp
@@ -232,6 +268,9 @@ class Simulator(Transfers):
         times, buckets = self.times, self.buckets
         limit = math.inf if max_cycles is None else max_cycles
         pops = 0
+        report = getattr(self, "progress", None)
+        check_at = PROGRESS_EVENTS
+        last = time.perf_counter()
         try:
             while times:
                 t = heappop(times)
@@ -255,6 +294,12 @@ class Simulator(Transfers):
                     item[0](item)
                 pops += i + j
                 del buckets[t]
+                if report is not None and pops >= check_at:
+                    check_at = pops + PROGRESS_EVENTS
+                    now = time.perf_counter()
+                    if now - last >= PROGRESS_SECONDS:
+                        last = now
+                        report(t, pops)
         except KeyError as exc:
             core = self.cur_core
             if core is None or not exc.args or not isinstance(exc.args[0], str):
@@ -262,6 +307,8 @@ class Simulator(Transfers):
             raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
         finally:
             self.n_pops = pops
+        if report is not None:
+            report(self.now, pops)
         if self.ndone < len(self.comp.active):
             raise DeadlockError(deadlock_message(self))
         for ch in self.comp.chans.values() if self.unreceived else ():
@@ -345,7 +392,9 @@ def simulate(
     trace: bool | str | Path = False,
     max_cycles: int | None = None,
     dma_queue_depth: int | None = None,
+    progress: ProgressFn | None = None,
 ) -> SimResult:
-    """Run ``programs`` on ``chip`` and return cycles, statistics, HBM contents and trace."""
+    """Run ``programs`` on ``chip`` and return cycles, statistics, HBM contents and trace
+    (``progress``: see :meth:`Simulator.run`)."""
     sim = Simulator(programs, chip, mode=mode, inputs=inputs, dma_queue_depth=dma_queue_depth)
-    return sim.run(trace=trace, max_cycles=max_cycles)
+    return sim.run(trace=trace, max_cycles=max_cycles, progress=progress)

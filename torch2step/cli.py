@@ -197,7 +197,7 @@ def _add_import_onnx(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 def _run_import_onnx(args: argparse.Namespace) -> int:
     import torch2step
     from torch2step.errors import InputError
-    from torch2step.named import resolve_chip
+    from torch2step.named import resolve_chip, simulation_progress
 
     if args.tokens < 1:
         raise InputError(f"--tokens {args.tokens}: must be a positive integer")
@@ -212,7 +212,8 @@ def _run_import_onnx(args: argparse.Namespace) -> int:
     if args.print:
         prog.print()
     log.info("simulating")
-    rep = prog.report(*inputs)
+    with simulation_progress():
+        rep = prog.report(*inputs)
     print(rep.to_json() if args.json else rep)
     return 0
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +33,40 @@ __all__ = [
 ]
 
 log = logging.getLogger("torch2step")
+
+
+@contextmanager
+def simulation_progress() -> Iterator[None]:
+    """While the ``torch2step`` logger is at INFO: a tqdm bar on stderr with the simulated cycles
+    of the run under way (:func:`runtime.engine.progress`; a report may run the simulator more
+    than once, e.g. to deepen FIFOs).  Nothing at all otherwise."""
+    if not log.isEnabledFor(logging.INFO):
+        yield
+        return
+    from tqdm import tqdm
+
+    from runtime.engine import progress
+
+    bar = tqdm(
+        desc="simulating",
+        unit=" cycles",
+        unit_scale=True,
+        leave=False,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
+
+    def update(cycle: int, events: int) -> None:
+        bar.n = cycle
+        bar.set_postfix_str(f"{events:,} events", refresh=False)
+        bar.refresh()
+
+    try:
+        with progress(update):
+            yield
+    finally:
+        bar.close()
 
 #: Compiled programs of the last few (layer, config, chip, options): the program is symbolic in
 #: the batch (tokens / requests / KV lengths are data or dynamic sizes), and the registered
@@ -310,7 +346,8 @@ def report_layer(
         )
     log.info("simulating")
     try:
-        rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)
+        with simulation_progress():
+            rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)
     except ScheduleError as e:
         fixes = fit_suggestions(entry.kind, opts)
         raise ScheduleError(
@@ -343,7 +380,8 @@ def report_config(
     log.info("compiling %s (batch %d, no weights) for %s", config, batch, target.name)
     prog = torch2step.compile_config(config, batch=batch, chip=target, **opts)
     log.info("simulating")
-    rep = prog.report(trace=trace)
+    with simulation_progress():
+        rep = prog.report(trace=trace)
     rep = replace(rep, options={**rep.options, "hf_config": str(config), "batch": batch, **opts})
     log.info("done: %s cycles", f"{rep.latency_cycles:,}")
     return LayerRun(rep, prog, [])

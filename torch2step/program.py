@@ -347,7 +347,7 @@ def _with_context(
 
     dtype = rep.dtype or _layer_dtype(prog.layer)
     tm = TimingModel(prog.chip)
-    all_notes = list(notes)
+    all_notes = [*prog.layer.notes, *notes]
     if dtype not in tm.rates:
         all_notes.append(
             f"{dtype} tiles are timed at the cores' 16-bit rate ({tm.default_rate:,} FLOPs/cycle "

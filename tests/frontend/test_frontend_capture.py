@@ -3,6 +3,8 @@ attention kept whole, aliased example inputs, and the output structure of the ra
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -90,3 +92,56 @@ def test_single_output_structure() -> None:
     graph = from_torch(_Gated(), (_x(5, HIDDEN),))
     assert graph.single_output and graph.inputs == ["x"]
     assert isinstance(evaluate(graph, _x(2, HIDDEN)), torch.Tensor)
+
+
+class _FixesTokens(nn.Module):
+    """Reshapes its tokens into a fixed [2, 2, H]: the default dynamic T contradicts it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(2, 2, x.shape[1]).sum(0)
+
+
+def test_fallback_to_automatic_dims_is_said_and_noted() -> None:
+    # a handler on the logger itself: the CLI's set-up stops "torch2step" records at its logger
+    logger, records = logging.getLogger("torch2step.frontend.capture"), _Records()
+    logger.addHandler(records)
+    try:
+        g = from_torch(_FixesTokens(), (_x(4, 8),))
+    finally:
+        logger.removeHandler(records)
+    (rec,) = [r for r in records.records if "Dim.AUTO" in r.getMessage()]
+    assert "x[0]=T" in rec.getMessage() and "pass dynamic_shapes" in rec.getMessage()
+    assert len(g.notes) == 1 and "Dim.AUTO" in g.notes[0]
+    # with no fallback there is no note
+    assert from_torch(nn.Linear(8, 4), (_x(4, 8),)).notes == []
+
+
+_SEEN: list[object] = []
+
+
+class _SeesStderr(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import sys
+
+        _SEEN.append(sys.stderr)
+        return x * 2
+
+
+def test_capture_leaves_stderr_and_warning_filters_alone() -> None:
+    import sys
+    import warnings
+
+    before = list(warnings.filters)
+    _SEEN.clear()
+    capture(_SeesStderr(), (_x(4, 8),))
+    assert _SEEN and all(s is sys.stderr for s in _SEEN)
+    assert list(warnings.filters) == before
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

@@ -4,6 +4,8 @@ error that lists every unsupported node."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnx
 import pytest
@@ -204,3 +206,32 @@ def test_shape_arithmetic_of_dynamic_dims_is_folded() -> None:
     assert (arange.start, arange.end) == (s, s + 1)
     out, positions = evaluate(g, torch.ones(2, 5, 4))
     assert out.shape == (10, 4) and positions.tolist() == [5]
+
+
+def test_shape_inference_errors_are_reported_not_swallowed() -> None:
+    # y is declared [2, 3] but MatMul([2, 4], [4, 5]) makes it [2, 5]: strict inference fails
+    x = helper.make_tensor_value_info("x", F32, [2, 4])
+    y = helper.make_tensor_value_info("y", F32, [2, 3])
+    w = np.ones((4, 5), dtype=np.float32)
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [("w", w)])
+    # a handler on the logger itself: the CLI's set-up stops "torch2step" records at its logger
+    logger, records = logging.getLogger("torch2step.frontend.onnx_import"), _Records()
+    logger.addHandler(records)
+    try:
+        try:
+            import_onnx(model)
+        except FrontendError:
+            pass  # whether the import then succeeds is not the point: the warning is
+    finally:
+        logger.removeHandler(records)
+    (rec,) = [r for r in records.records if "shape inference" in r.getMessage()]
+    assert "the given ModelProto" in rec.getMessage() and "Error" in rec.getMessage()
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import logging
 import os
 import traceback
@@ -46,6 +45,12 @@ __all__ = [
     "dim_names",
     "eager_experts",
 ]
+
+log = logging.getLogger(__name__)
+
+#: Key of ``ExportedProgram.graph_module.meta`` holding what capture chose for the user (a
+#: fallback the report lists among its notes).
+NOTES_KEY = "torch2step_notes"
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _QUIET = (
@@ -143,14 +148,16 @@ def eager_experts(module: nn.Module) -> list[str]:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
+    """Scope torch.export's own chatter to the export call: its loggers (which print the partial
+    graph on data-dependent errors; the :class:`FrontendError` raised instead names the user
+    line) and its FutureWarnings / UserWarnings, restored on exit.  The process's stderr and
+    its warning filters outside the call are left alone."""
     loggers = [logging.getLogger(n) for n in _QUIET]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        # torch.export prints the partial graph to stderr on data-dependent errors; the
-        # FrontendError raised instead names the user line
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", UserWarning)
             yield
@@ -333,11 +340,32 @@ def capture(
             return _export(module, example_inputs, dynamic_shapes)
         try:
             return _export(module, example_inputs, default_dynamic_shapes(example_inputs))
-        except _ConstraintsViolated:
-            # the module fixes some heuristic dim: let export decide axis by axis
-            return _export(module, example_inputs, default_dynamic_shapes(example_inputs, False))
+        except _ConstraintsViolated as exc:
+            # the module fixes some heuristic dim: let export decide axis by axis, and say so
+            note = (
+                f"capture: the default dynamic dims of {type(module).__name__} "
+                f"({_heuristic_dims(module, example_inputs)}) contradict the module, so "
+                "torch.export chose axis by axis (Dim.AUTO) and may have made some static; "
+                "pass dynamic_shapes to choose ("
+                + (str(exc).splitlines()[0][:300] if str(exc) else "constraints violated")
+                + ")"
+            )
+            log.warning("%s", note)
+            ep = _export(module, example_inputs, default_dynamic_shapes(example_inputs, False))
+            ep.graph_module.meta.setdefault(NOTES_KEY, []).append(note)
+            return ep
     finally:
         module.train(was_training)
+
+
+def _heuristic_dims(module: nn.Module, example_inputs: Sequence[Any]) -> str:
+    names = _arg_names(module, len(example_inputs))
+    return ", ".join(
+        f"{names[i]}[{a}]={n}"
+        for i, x in enumerate(example_inputs)
+        if isinstance(x, torch.Tensor)
+        for a, n in default_dynamic_axes(x).items()
+    )
 
 
 class _ConstraintsViolated(FrontendError):

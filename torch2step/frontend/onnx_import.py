@@ -16,6 +16,7 @@ The pipeline is one readable function of named steps (as torch.fx pass pipelines
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -43,6 +44,8 @@ PATTERNS: tuple[Pattern, ...] = (
     *NORM_PATTERNS,
 )
 
+log = logging.getLogger(__name__)
+
 _TWO_GB = 2**31
 
 #: What to do about op types that commonly remain unsupported.
@@ -58,6 +61,29 @@ _HINTS = {
     "Shape": "the size of a data-dependent tensor (only sizes of inputs are known)",
     "Sin": "trigonometry outside a recognised rotary embedding",
 }
+
+
+def _infer_shapes(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """``model`` with inferred shapes.  Inference runs in strict mode so that a conflict (a
+    declared shape the operators contradict, an op it cannot type) is reported as a warning
+    naming the error; the import then goes on with what non-strict inference (or, failing
+    that, the exporter) recorded, and a value whose shape stays unknown is a FrontendError
+    naming it later."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several unrelated classes here
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        log.warning(
+            "ONNX shape inference reports an error in %s (%s: %s); importing with the shapes "
+            "it could still infer and those the exporter recorded",
+            where,
+            type(exc).__name__,
+            first,
+        )
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - already reported above
+        return model
 
 
 def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
@@ -100,10 +126,7 @@ def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.Mo
                 f"{where} is not a valid ONNX model: {first}; re-export it or repair it so that "
                 "onnx.checker.check_model passes"
             ) from exc
-        try:
-            model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        except Exception:  # noqa: BLE001 - shapes recorded by the exporter are still used
-            pass
+        model = _infer_shapes(model, where)
     return model
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from torch2step.errors import FrontendError
-from torch2step.frontend.capture import capture, dim_names
+from torch2step.frontend.capture import NOTES_KEY, capture, dim_names
 from torch2step.frontend.raise_graph import raise_program
 from torch2step.layers.evaluate import evaluate
 from torch2step.layers.graph import LayerGraph, dtype_name
@@ -65,6 +65,7 @@ def from_exported(
     if single != (len(graph.outputs) == 1) and single:
         raise FrontendError(f"{graph.name}: one output expected, raised {len(graph.outputs)}")
     _check_structure(graph, ep, [x for x in example_inputs if isinstance(x, torch.Tensor)])
+    graph.notes.extend(ep.graph_module.meta.get(NOTES_KEY, ()))
     return graph
 
 

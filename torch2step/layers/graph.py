@@ -67,7 +67,8 @@ class LayerGraph:
     ``outputs``: output names; ``single_output``: the module returns one tensor, not a tuple;
     ``params``: name -> tensor; ``types``: every value's :class:`TensorType`;
     ``dims``: the dynamic dimension symbols (e.g. tokens ``T``, KV length ``L``) and, per symbol,
-    where it is read from (``(input_name, axis)``)."""
+    where it is read from (``(input_name, axis)``); ``notes``: what the frontend chose for the
+    user (a fallback), carried into the report's notes."""
 
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
@@ -77,6 +78,7 @@ class LayerGraph:
     nodes: list[Node] = field(default_factory=list)
     dims: dict[sympy.Symbol, tuple[str, int]] = field(default_factory=dict)
     name: str = "layer"
+    notes: list[str] = field(default_factory=list)
 
     # -- building -----------------------------------------------------------------------------
     def add_input(self, name: str, ty: TensorType) -> str:

@@ -151,7 +151,12 @@ def walk_cores(chip: Chip, walk: str = "hilbert") -> list[int]:
 
 def _chain_order(st: Structure) -> list[int]:
     """Topological order of the units that keeps producer -> consumer chains together: the next
-    unit is a ready one reading from the most recently placed unit (ties: graph order)."""
+    unit is a ready one reading from the most recently placed unit (ties: graph order).
+
+    Hand-written rather than on ``graphlib`` or networkx: unit graphs may be cyclic (below),
+    which ``graphlib`` refuses, the rule's key depends on the units already placed (networkx's
+    ``lexicographical_topological_sort`` takes a fixed key), and the same rule driven by
+    ``graphlib.TopologicalSorter`` is 1.2-3x slower (benchmarks/graph_algorithms.py)."""
     n = len(st.units)
     pos: dict[int, int] = {}
     left = [len(p) for p in st.preds]
