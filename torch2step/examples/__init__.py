@@ -1,4 +1,4 @@
-"""Hand-built STeP graphs of the two layers of seed 000 §5: the SwiGLU Mixture-of-Experts block
+"""Hand-built STeP graphs of the two layers of STeP §5: the SwiGLU Mixture-of-Experts block
 with dynamic tiling of experts (Fig. 2, §5.2) and grouped-query attention in decode with an
 online softmax over ragged KV caches (§5.1, §5.4).
 

@@ -1,5 +1,5 @@
 """Grouped-query attention in decode as a STeP graph: an online softmax over ragged KV caches
-(seed 000 §5.1 "FlashAttention implementation", §5.4; seed 001 §3.1 ragged dimensions).
+(STeP §5.1 "FlashAttention implementation", §5.4; STeP (revised) §3.1 ragged dimensions).
 
 One new query token per request ``b``: ``q: [B*Hq, D]`` (row ``b*Hq + h``), caches
 ``k_cache, v_cache: [B*Hkv*Lmax, D]`` viewed row-major as ``[B, Hkv, Lmax, D]``,
@@ -18,7 +18,7 @@ Structure, per (request, KV head) — the ``G`` query heads of a group share one
    addresses: a ragged dimension ``R[b, kvh] = n_b + tail_rows`` learnt from the data.
 2. **KV tiles of ``tile_kv`` rows.** Reshape splits the addresses into chunks of ``tile_kv``
    (padding the last); FlatMap(FilterPadding) drops the padding *before* anything is loaded
-   (seed 000 Fig. 2's Reshape / FilterPadding pair), so the last tile of a request is a
+   (STeP Fig. 2's Reshape / FilterPadding pair), so the last tile of a request is a
    partial tile: nothing padded is loaded, computed or masked.
 3. **Loads.** RandomOffChipLoad reads one ``[1, D]`` row per address from ``k_cache`` and
    ``v_cache``; Accum(``retile_row_pair``) packs the K and V rows of a chunk into two tiles

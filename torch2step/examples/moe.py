@@ -1,4 +1,4 @@
-"""The SwiGLU Mixture-of-Experts layer as a STeP graph with dynamic tiling (seed 000 Fig. 2, §5.2).
+"""The SwiGLU Mixture-of-Experts layer as a STeP graph with dynamic tiling (STeP Fig. 2, §5.2).
 
 ``out[t] = sum_j topk_w[t, j] * down_e(act(gate_e x_t) * up_e x_t)``, ``e = topk_idx[t, j]``,
 with PyTorch ``Linear`` layouts ``w_gate, w_up: [E, I, H]`` and ``w_down: [E, H, I]``.
@@ -7,22 +7,22 @@ Structure (one graph serves every routing: the router's choices are data read fr
 ``topk_idx`` / ``topk_w``, turned into selectors inside the graph):
 
 1. **Tokens and selectors.** ``x`` is read as one ``[1, H]`` row tile per token (``[1, T]``);
-   ``topk_idx`` rows become k-hot selectors (``to_selector``), seed 000 §3.2.3.
+   ``topk_idx`` rows become k-hot selectors (``to_selector``), STeP §3.2.3.
 2. **Partition** routes every token row to the ``k`` experts it chose (multi-hot, rank 0):
    expert ``e`` gets the stream ``[N_e]`` of its rows, ``N_e = {prefix}_n{e}`` a dynamic
    dimension.  A second Partition with the same selectors and count symbols carries each
    token's ``(ids, weights)`` to the same experts.
 3. **Dynamic tiling** (§5.2: Fig. 2's first Reshape replaced by a Promote).  Promote gives
    ``[P_e, N_e]`` with ``P_e = 1 if N_e > 0 else 0``; Bufferize keeps the expert's rows in one
-   dynamically sized on-chip buffer ``Buf[N_e]`` (seed 001 §3.2.2); for every ``tile_i``
+   dynamically sized on-chip buffer ``Buf[N_e]`` (STeP (revised) §3.2.2); for every ``tile_i``
    block of the intermediate dimension, Streamify reads the rows once and Accum(RetileRow)
    packs them into the expert's tile ``[N_e, H]`` (the tile *is* the set of its tokens),
    split into ``[N_e, tile_h]`` column blocks when ``tile_h < H``.  (Bufferize takes only
-   statically sized tiles, seed 000 Table 3 ``Bufferize<S, ...>``: the buffer holds the
+   statically sized tiles, STeP Table 3 ``Bufferize<S, ...>``: the buffer holds the
    ``[1, H]`` rows and the dynamic tile is packed again for each ``tile_i`` block.)
 4. **Gate / up.** Weight tiles ``[tile_i, tile_h]`` are streamed from HBM by a
    LinearOffChipLoad whose reference is the expert's buffer stream, so an expert without
-   tokens (``P_e = 0``, an empty stream, seed 003 §III-A) loads no weights at all.
+   tokens (``P_e = 0``, an empty stream, Revet §III-A) loads no weights at all.
    Accum(``matmul_t_acc``) sums over the ``H/tile_h`` blocks into ``[N_e, tile_i]``; the
    gated activation (``silu_mul``, ``gelu_mul``...) is a Map.
 5. **Down.** Each ``[N_e, tile_i]`` block is repeated over the ``H/tile_h`` blocks of
@@ -31,7 +31,7 @@ Structure (one graph serves every routing: the router's choices are data read fr
    ``I/tile_i`` partial products (one Accum(``matmul_t_acc``) when ``tile_h = H``).
 6. **Routing weight.** ``pick_weight`` extracts the expert's weight of each token; the
    ``[N_e, 1]`` column (RetileRow) scales the expert's output tile.  The scaling happens
-   inside the expert because Reassemble orders a token's ``k`` rows by arrival (seed 001
+   inside the expert because Reassemble orders a token's ``k`` rows by arrival (STeP (revised)
    §3.2.3), not by choice index.
 7. **Back to tokens.** FlatMap(RetileStreamify) splits the tile into rows; Reassemble with the
    same selectors gathers, for every token, its ``k`` expert rows (``[1, T, k]``); Accum(add)

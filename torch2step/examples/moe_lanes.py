@@ -1,4 +1,4 @@
-"""Time-multiplexed expert regions for the MoE graph (seed 000 §5.3 "configuration
+"""Time-multiplexed expert regions for the MoE graph (STeP §5.3 "configuration
 time-multiplexing").
 
 With ``lanes = P < E`` the graph of :mod:`torch2step.examples.moe` configures ``P`` expert
@@ -7,8 +7,8 @@ consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per l
 
 1. **Merge.** Every expert of the lane wraps its routed rows in one chunk (Promote: ``[P_e,
    N_e]``, ``P_e = 1 if N_e > 0``); EagerMerge interleaves these whole chunks in arrival order
-   (seed 000 Table 5) and its selector says which expert each chunk holds, so one expert's
-   tokens are processed after another's.  The chunk height is a ragged size ``R[i]`` (seed 001
+   (STeP Table 5) and its selector says which expert each chunk holds, so one expert's
+   tokens are processed after another's.  The chunk height is a ragged size ``R[i]`` (STeP (revised)
    §3.1): the token count of the ``i``-th expert served.  An expert without tokens sends no
    chunk, so the lane never serves it.
 2. **Expert id.** ``selector_index`` turns the merge selector into the lane-local index ``j``
@@ -18,7 +18,7 @@ consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per l
    ``e * (I/ti)(H/th) + ...`` are computed in-graph (``affine`` then the flat ``tile_grid``),
    one ``[I/ti, H/th]`` grid per served expert: every weight tile of a used expert is read
    once, none of an unused one.
-4. **Compute** exactly as a dedicated expert (seed 000 Fig. 2, §5.2): Bufferize the chunk's rows,
+4. **Compute** exactly as a dedicated expert (STeP Fig. 2, §5.2): Bufferize the chunk's rows,
    pack them per ``tile_i`` block into a ``[R[i], H]`` tile, gate/up/act/down.
 5. **Routing weight.** The expert id, repeated along the chunk's rows (Repeat + Expand), picks
    each token's weight (``pick_weight_of``) and scales the output tile.
@@ -175,7 +175,7 @@ for _spec in (
         _ragged_rule,
         _ragged,
         doc="x -> the one-element stream [x] of a data-known length: a chunk's row count "
-        "becomes a ragged size (seed 001 §3.1), so chunks of several experts share one type",
+        "becomes a ragged size (STeP (revised) §3.1), so chunks of several experts share one type",
     ),
     FnSpec(
         "tile_rows",

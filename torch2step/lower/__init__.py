@@ -1,4 +1,4 @@
-"""Lowering of the layer graph to one STeP program (seed 000 §3, §5).
+"""Lowering of the layer graph to one STeP program (STeP §3, §5).
 
 ``lower(layer_graph, LowerOptions(...)) -> Lowered``: each layer operator becomes a STeP
 subgraph (:data:`RULES`) between off-chip tensors (:mod:`.context` explains the storage

@@ -7,7 +7,7 @@ or the tensor of the value it is a view of (``Reshape``, a permutation of unit d
 views move no data, as in PyTorch.  A consumer reads a value as a *row stream*
 ``Strm<Tile[1, cols], 1>[1, rows]`` (:meth:`LowerCtx.load_rows`); a producer writes a row
 stream with :meth:`LowerCtx.store_rows`.  Layer operators between two values thus
-communicate through HBM (seed 000 §3.2.1 off-chip operators at the boundaries of each
+communicate through HBM (STeP §3.2.1 off-chip operators at the boundaries of each
 layer operator's STeP subgraph).
 
 Indices a host computes at launch from the dynamic sizes — decode positions (``Arange``),
@@ -41,7 +41,7 @@ class LowerOptions:
     the largest power of two dividing the output size whose ``[tile_cols, in]`` weight tile
     fits ``weight_tile_bytes``); ``tile_kv`` KV rows per attention tile; ``moe_tile_h`` /
     ``moe_tile_i``: the MoE weight tiles (``None``: the example builder's defaults);
-    ``moe_lanes``: expert lanes that time-multiplex the experts (seed 000 §5.3; ``None``: one
+    ``moe_lanes``: expert lanes that time-multiplex the experts (STeP §5.3; ``None``: one
     branch per expert up to ``16`` experts, else ``16`` lanes so large MoEs fit a chip's
     units; ``0``: always one branch per expert); ``moe_static_tile``: static tiling of each
     expert's tokens in tiles of that many rows (STeP (arXiv 2511.07776) §5.2; ``None``: dynamic

@@ -1,4 +1,4 @@
-"""Linear layers as STeP: padded row blocks times streamed weight tiles (seed 000 §3, Fig. 2).
+"""Linear layers as STeP: padded row blocks times streamed weight tiles (STeP §3, Fig. 2).
 
 ``y[R, N] = x[R, K] @ W[N, K]^T (+ b)``:
 

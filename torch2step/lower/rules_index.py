@@ -4,7 +4,7 @@ A layer value is a row-major matrix of rows (:mod:`.context`).  Moving data betw
 dimensions moves whole rows, so these operators lower to a ``RandomOffChipLoad`` (gather:
 the output's rows in order, each read at the source row an index tensor names) or a
 ``RandomOffChipStore`` (scatter: each source row written at its output row) — the
-dynamic-address off-chip operators of seed 000 §3.2.1.  The row indices are pure functions of
+dynamic-address off-chip operators of STeP §3.2.1.  The row indices are pure functions of
 the run's sizes, so the host computes them at launch (:class:`~.context.HostIndex`).
 
 A concatenation whose first operand is a module input and whose result is a module output is

@@ -1,4 +1,4 @@
-"""Spatial execution of STeP graphs on a chip (seed 000 §4.2, §5.1; DESIGN.md "spatial (SDA)").
+"""Spatial execution of STeP graphs on a chip (STeP §4.2, §5.1: the whole graph placed on the fabric at once).
 
 Every STeP operator becomes a *unit* on its own core (:func:`place`); every stream a unit
 produces becomes a channel — a bounded FIFO — to the units that read it.  From the graph and

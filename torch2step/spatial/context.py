@@ -1,7 +1,7 @@
 """What the emitters of unit programs share: the graph's structure, the run's streams, the timing
 model, per-unit configuration and the HBM layout of off-chip tensors.
 
-HBM layout.  A STeP off-chip tensor is addressed in tiles ("a row-major grid of tiles", seed 000
+HBM layout.  A STeP off-chip tensor is addressed in tiles ("a row-major grid of tiles", STeP
 Appendix A table 2).  A tensor that every node accesses with one tile shape is stored tile by
 tile — tile ``t`` is the contiguous elements ``[t * rows * cols, (t + 1) * rows * cols)`` — the
 pre-tiled layout SDAs keep weights in, so one tile access is one contiguous burst spread over

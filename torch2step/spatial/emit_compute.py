@@ -1,4 +1,4 @@
-"""Unit programs of the higher-order operators (seed 000 §3.2.4, timed by §4.2).
+"""Unit programs of the higher-order operators (STeP §3.2.4, timed by §4.2).
 
 Per input element a unit receives the element, spends the roofline cycles of
 :meth:`TimingModel.roofline` (FLOPs of the tile function on the element's actual shapes over the
@@ -7,7 +7,7 @@ unit's compute bandwidth, memory terms when configured) and:
 * **Map** — sends the mapped element;
 * **Accum** — updates its accumulator (one buffer per reduction, two rotating so the previous
   result can still be leaving), and sends it when the reduction ends; an empty reduction emits
-  the initial value after one cycle (seed 003 §III-A);
+  the initial value after one cycle (Revet §III-A);
 * **Scan** — sends the new state after every update;
 * **FlatMap** — then emits the element's expansion, one cycle per produced element: every
   element of the rank-``b`` stream the function returns (``tile_grid``'s ``[rows, cols]``
@@ -172,7 +172,7 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
     spec = op.fn.spec
-    depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (seed 000 table 4)
+    depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (STeP table 4)
     j = 0
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)

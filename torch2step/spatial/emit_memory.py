@@ -1,4 +1,4 @@
-"""Unit programs of the memory operators (seed 000 §3.2.1–3.2.2).
+"""Unit programs of the memory operators (STeP §3.2.1–3.2.2).
 
 * **LinearOffChipLoad** — per ``ref`` element (or once), the tiles of its affine read: ``Load``
   from HBM, then ``Send``.  Loads run ahead of sends by ``d - 1`` tiles over ``d`` rotating
@@ -10,10 +10,10 @@
   ``base + k`` (or the received address); ``d`` rotating buffers keep ``d`` writes in flight.
   RandomOffChipStore answers each write with an acknowledgement when one is read.
 * **Bufferize** (+ the Streamify nodes reading its buffers) — a memory unit: the tiles of each
-  buffer are received into the unit's memory (two buffer sets: double buffering, seed 000 §4.1),
+  buffer are received into the unit's memory (two buffer sets: double buffering, STeP §4.1),
   the next buffer is received while the current one is streamed; once a buffer is complete its
   reference is emitted (one cycle); each Streamify then reads it once per element of its
-  ``ref``, each tile costing ``bytes / on-chip memory BW`` cycles (seed 000 §4.2, §5.1).
+  ``ref``, each tile costing ``bytes / on-chip memory BW`` cycles (STeP §4.2, §5.1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Unit programs of the routing, merging and repeating operators (seed 000 §3.2.3, §3.2.5; timed
+"""Unit programs of the routing, merging and repeating operators (STeP §3.2.3, §3.2.5; timed
 by §4.2: "data in the selector stream is first dequeued.  In the next cycle, data in the chosen
 input stream is dequeued and enqueued to the output stream with a single cycle latency.  The
 selection stream is blocked until the routing for the current selection is finished").
@@ -6,7 +6,7 @@ selection stream is blocked until the routing for the current selection is finis
 * **Partition** — per selector: dequeue it (one cycle), then every element of its chunk: one
   cycle, sent to each output the selector picks (a multi-hot selector copies the chunk).
 * **Reassemble** — per selector: dequeue it, then for each selected input, in the order the run's
-  chunks arrived (seed 001 §3.2.3), every element of that input's next chunk: one cycle each.
+  chunks arrived (STeP (revised) §3.2.3), every element of that input's next chunk: one cycle each.
 * **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
   sent with the chunk, then its elements, one cycle each.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element

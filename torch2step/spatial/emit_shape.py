@@ -1,4 +1,4 @@
-"""Unit programs of the shape operators when they are not wires (seed 000 §3.2.5, timed by
+"""Unit programs of the shape operators when they are not wires (STeP §3.2.5, timed by
 §4.2: "for the remaining operators, we assume a single cycle latency").
 
 By default Flatten, Promote, Zip and Reshape occupy no unit (:mod:`.structure`); with

@@ -1,7 +1,7 @@
 """FIFO depths of the channels between units: bounded, deepened where the run needs buffering.
 
 Streams become bounded FIFOs (``fifo_depth`` messages, default the chip's ``core.fifo_depth``;
-seed 000 §4.2 runs on DAM's bounded channels).  The reference interpreter runs operators one
+STeP §4.2 runs on DAM's bounded channels).  The reference interpreter runs operators one
 after another on unbounded streams; bounded FIFOs can deadlock where a stream *reconverges*
 with a path that must take in many elements before it emits one.  The typical case is a MoE
 layer: the selector stream feeds the Partition at the front and the Reassemble at the back,
@@ -22,7 +22,7 @@ dozens of rounds, one per lane and reconvergence): the deadlocked simulation is 
 the new depths (:func:`discover_deep`), and once it completes, one fresh run with all of them
 deep gives the timing.  Resuming finds exactly the channels restarting would: the unit programs
 make no timing-dependent choices (every receive names its channel, merges follow the run's
-arrival order), so they form a Kahn process network (seed 004 §9.1, DAM's bounded channels),
+arrival order), so they form a Kahn process network (Cyclotron §9.1, DAM's bounded channels),
 whose channel histories — and so where it deadlocks — do not depend on timing; a deeper FIFO
 only removes blocking, so the deadlocked state is a reachable state of the deeper network, and
 its run from there ends where a fresh run would.  The fresh run is still checked: should it

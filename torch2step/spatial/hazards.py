@@ -6,7 +6,7 @@ loads ``t``.  The reference interpreter runs nodes in program order, so the load
 stored data; on the fabric every unit runs at once, so the dependence is made explicit:
 
 * every storing unit that some later load depends on ends its program with a *fence* (a
-  barrier of its own core alone: it waits until all its HBM writes have completed, seed 002 §5
+  barrier of its own core alone: it waits until all its HBM writes have completed, ELK §5
   counts a write done when the data is in HBM) and then sends one *completion token* (a
   control value) on the channel ``<store>.done``, multicast to every unit that loads ``t``
   later in program order;

@@ -1,4 +1,4 @@
-"""Spatial placement: every STeP unit on its own core of the chip (seed 000 §4.2, §5.1).
+"""Spatial placement: every STeP unit on its own core of the chip (STeP §4.2, §5.1).
 
 A unit (one STeP operator, see :mod:`.structure`) gets one core — an SDA compute unit paired
 with its on-chip memory unit.  A unit whose buffers exceed one core's SRAM takes further cores
@@ -208,7 +208,7 @@ def place_structure(
             f"STeP operator: {listing}{mem}) but chip {chip.name!r} has {chip.num_cores} cores; "
             "use a chip with more cores (e.g. hwmodel.with_mesh_shape or a bigger preset), or "
             "give the graph fewer operators: coarser tiles, fewer parallel regions, or "
-            "time-multiplexed expert regions (EagerMerge + RandomOffChipLoad, seed 000 §5.3)"
+            "time-multiplexed expert regions (EagerMerge + RandomOffChipLoad, STeP §5.3)"
         )
     cores = walk_cores(chip, walk)
     slots: dict[int, tuple[int, ...]] = {}

@@ -1,6 +1,6 @@
 """What a spatial simulation reports: :class:`SpatialResult` and its per-unit :class:`UnitRecord`.
 
-Everything a latency report needs (DESIGN.md "Report"; ``torch2step.report.Report``):
+Everything a latency report needs (``torch2step.report.Report``):
 
 * latency: ``cycles`` and ``seconds`` (first instruction to the last unit's end, the last HBM
   write included);

@@ -6,7 +6,7 @@ address, a length, a padding flag, an acknowledgement), a selector (as a bitmask
 reference are control values; a tuple (Zip) is the parts of its members in order.
 
 Stop tokens are not messages: they ride on the element they follow, like the ``ValStop``
-elements of the DAM channels the STeP simulator uses (seed 000 §4.2), so they cost neither a
+elements of the DAM channels the STeP simulator uses (STeP §4.2), so they cost neither a
 message nor a cycle.  The programs take the stream structure (how many elements each dimension
 has, where each reduction ends) from the run.
 

@@ -1,14 +1,14 @@
 """Which STeP operators become units of the fabric, which are wires, and how units connect.
 
-Spatial execution (seed 000 §4.2; DESIGN.md "spatial (SDA)"): every STeP operator is a unit with
+Spatial execution (STeP §4.2): every STeP operator is a unit with
 its own allocated compute bandwidth, and streams are channels between units.  Two refinements:
 
-* **Wires.**  Flatten, Promote, Zip and Reshape only move stop tokens (seed 000 §3.2.5): their
+* **Wires.**  Flatten, Promote, Zip and Reshape only move stop tokens (STeP §3.2.5): their
   output elements are their input elements (Reshape adds constant padding tiles and flags).  By
   default they occupy no unit: their consumers read the underlying streams directly, which is
   what the STeP simulator's free channels amount to.  ``wires=()`` gives them units too (one
   single-cycle hop each).
-* **Memory-unit pairs.**  A Streamify reads the on-chip buffers a Bufferize wrote (seed 000
+* **Memory-unit pairs.**  A Streamify reads the on-chip buffers a Bufferize wrote (STeP
   §3.2.2), so it runs on the unit of that Bufferize: the buffers live in that unit's memory.
 
 Units are listed in graph (topological) order; ``unit_edges`` gives the producer units of every
@@ -84,7 +84,7 @@ def _check_wires(wires: Iterable[str]) -> frozenset[str]:
     if bad:
         raise LoweringError(
             f"operators {bad} cannot be wires; only {sorted(WIREABLE)} move stop tokens without "
-            "computing (seed 000 §3.2.5)"
+            "computing (STeP §3.2.5)"
         )
     return ws
 

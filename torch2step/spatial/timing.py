@@ -1,4 +1,4 @@
-"""The per-unit timing model of the STeP simulator (seed 000 §4.2) on a chip of ``hwmodel``.
+"""The per-unit timing model of the STeP simulator (STeP §4.2) on a chip of ``hwmodel``.
 
 Higher-order operators (Map, Accum, Scan, FlatMap) are allocated a compute bandwidth
 (FLOPs/cycle: the core's rate unless :class:`UnitConfig` says otherwise).  On each input element
@@ -10,7 +10,7 @@ cycles, where the first and last terms are zero when the data streams directly b
 (the default; ``UnitConfig(reads_memory=True / writes_memory=True)`` is the STeP artifact's
 ``read_from_mu`` / ``write_back_mu``).  FLOPs come from the STeP tile function's own count
 (:meth:`FnSpec.flops_of`) on the element's actual tile shapes, so dynamically sized tiles cost
-what they hold.  On-chip memory BW is the core's ``sram_bytes_per_cycle`` (seed 000 §5.1: 64
+what they hold.  On-chip memory BW is the core's ``sram_bytes_per_cycle`` (STeP §5.1: 64
 bytes/cycle per memory unit).  Every unit step takes at least one cycle ("for the remaining
 operators, we assume a single cycle latency").  Off-chip operators are timed by the simulator's
 HBM model; channels by its NoC model.
@@ -76,7 +76,7 @@ if STEP_KERNEL not in KERNELS:
 
 @dataclass(frozen=True, slots=True)
 class UnitConfig:
-    """Parameters of one unit (seed 000 §4.2): ``flops_per_cycle`` is the compute bandwidth
+    """Parameters of one unit (STeP §4.2): ``flops_per_cycle`` is the compute bandwidth
     allocated to it (``None``: the core's rate for the tile dtype); ``reads_memory`` /
     ``writes_memory`` make its inputs / outputs pass through an on-chip memory unit."""
 
@@ -124,7 +124,7 @@ class TimingModel:
     def roofline(
         self, flops: int, in_bytes: int, out_bytes: int, rate: int, cfg: UnitConfig
     ) -> int:
-        """Cycles of one element (seed 000 §4.2), at least 1."""
+        """Cycles of one element (STeP §4.2), at least 1."""
         c = -(-flops // rate) if flops else 0
         if cfg.reads_memory:
             c = max(c, -(-in_bytes // self.mem_bw))
@@ -138,7 +138,7 @@ class TimingModel:
 
     def dma_depth(self, tile_bytes: int, limit: int = 16) -> int:
         """Tiles an off-chip unit keeps in flight so one link's worth of tiles per latency is
-        covered (Little's law), between 2 (double buffering, seed 000 §4.1) and ``limit``."""
+        covered (Little's law), between 2 (double buffering, STeP §4.1) and ``limit``."""
         hbm = self.chip.hbm
         per_tile = max(1.0, tile_bytes / self.link_bw)
         need = math.ceil((hbm.latency_cycles + tile_bytes / hbm.bytes_per_cycle) / per_tile) + 1
