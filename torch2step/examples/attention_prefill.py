@@ -46,11 +46,9 @@ from torch2step.errors import StepTypeError
 from torch2step.step import Graph, OffChipTensor, Program, dyn, fn, zeros
 from torch2step.step import fn_library_prefill as _fn_library_prefill  # noqa: F401
 
+from .gqa import check_attention_tensors
+
 __all__ = ["add_gqa_prefill", "gqa_prefill_graph", "gqa_prefill_reference"]
-
-
-def _same(a: sp.Expr, b: sp.Expr) -> bool:
-    return sp.simplify(a - b) == 0
 
 
 def add_gqa_prefill(
@@ -80,22 +78,18 @@ def add_gqa_prefill(
     G, B = Hq // Hkv, kv_len.shape[0]
     S = sp.simplify(q.shape[0] / (B * Hq))
     Lmax = sp.simplify(k_cache.shape[0] / (B * Hkv))
-    bad = [
-        t
-        for t, shape in (
+    check_attention_tensors(
+        "add_gqa_prefill",
+        (
             (q, (B * Hq * S, D)),
             (out, (B * Hq * S, D)),
             (k_cache, (B * Hkv * Lmax, D)),
             (v_cache, (B * Hkv * Lmax, D)),
             (kv_len, (B, 1)),
-        )
-        if len(t.shape) != 2 or not all(_same(a, b) for a, b in zip(t.shape, shape))
-    ]
-    if bad or kv_len.dtype not in ("int32", "int64"):
-        raise StepTypeError(
-            f"add_gqa_prefill: tensors {', '.join(str(t) for t in bad) or str(kv_len)} do not "
-            "fit q/out [B*Hq*S, D], k_cache/v_cache [B*Hkv*Lmax, D], kv_len [B, 1] integer"
-        )
+        ),
+        kv_len,
+        "q/out [B*Hq*S, D], k_cache/v_cache [B*Hkv*Lmax, D], kv_len [B, 1] integer",
+    )
     p = prefix
 
     lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")

@@ -53,6 +53,25 @@ def _same(a: sp.Expr, b: sp.Expr) -> bool:
     return sp.simplify(a - b) == 0
 
 
+def check_attention_tensors(
+    who: str,
+    expected: tuple[tuple[OffChipTensor, tuple[sp.Expr, ...]], ...],
+    kv_len: OffChipTensor,
+    layout: str,
+) -> None:
+    """Raise :class:`StepTypeError` naming every tensor whose shape is not its expected 2-D
+    ``[rows, cols]`` (symbolically equal), or ``kv_len`` when it is not an integer tensor."""
+    bad = [
+        t
+        for t, shape in expected
+        if len(t.shape) != 2 or not all(_same(a, b) for a, b in zip(t.shape, shape))
+    ]
+    if bad or kv_len.dtype not in ("int32", "int64"):
+        raise StepTypeError(
+            f"{who}: tensors {', '.join(str(t) for t in bad) or str(kv_len)} do not fit {layout}"
+        )
+
+
 def add_gqa_decode(
     g: Graph,
     *,
@@ -83,22 +102,18 @@ def add_gqa_decode(
     if not D.is_Integer:
         raise StepTypeError(f"add_gqa_decode: the head dim of {q} must be static")
     Lmax = sp.simplify(k_cache.shape[0] / (B * Hkv))
-    bad = [
-        t
-        for t, shape in (
+    check_attention_tensors(
+        "add_gqa_decode",
+        (
             (q, (B * Hq, D)),
             (out, (B * Hq, D)),
             (k_cache, (B * Hkv * Lmax, D)),
             (v_cache, (B * Hkv * Lmax, D)),
             (kv_len, (B, 1)),
-        )
-        if len(t.shape) != 2 or not all(_same(a, b) for a, b in zip(t.shape, shape))
-    ]
-    if bad or kv_len.dtype not in ("int32", "int64"):
-        raise StepTypeError(
-            f"add_gqa_decode: tensors {', '.join(str(t) for t in bad) or str(kv_len)} do not "
-            "fit q/out [B*Hq, D], k_cache/v_cache [B*Hkv*Lmax, D], kv_len [B, 1] integer"
-        )
+        ),
+        kv_len,
+        "q/out [B*Hq, D], k_cache/v_cache [B*Hkv*Lmax, D], kv_len [B, 1] integer",
+    )
     p, D = prefix, int(D)
 
     lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
