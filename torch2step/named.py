@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -57,10 +58,17 @@ def simulation_progress() -> Iterator[None]:
         mininterval=0.5,
     )
 
+    # redraw at most every half second on a terminal, every 10 s into a file or pipe
+    every = 0.5 if getattr(sys.stderr, "isatty", lambda: False)() else 10.0
+    last = [float("-inf")]
+
     def update(cycle: int, events: int) -> None:
         bar.n = cycle
         bar.set_postfix_str(f"{events:,} events", refresh=False)
-        bar.refresh()
+        now = time.monotonic()
+        if now - last[0] >= every:
+            last[0] = now
+            bar.refresh()
 
     try:
         with progress(update):
