@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from sim_speed import exchange_programs, ipu_chip, stream_programs  # noqa: E402
 
 import runtime.engine as engine  # noqa: E402
 from hwmodel import load_chip, with_mesh_shape  # noqa: E402
 from lowering import cannon_matmul  # noqa: E402
 from runtime import SimResult, Simulator  # noqa: E402
-from sim_speed import exchange_programs, ipu_chip, stream_programs  # noqa: E402
 
 _RUNS: list[SimResult] = []
 

@@ -22,10 +22,13 @@ Cyclotron §9.1: per-PE interpreters talking over bounded FIFOs, roofline cycles
   blocked on something only another blocked core could provide; :class:`DeadlockError` lists each
   with its instruction and the channel / barrier / buffer it waits on.
 
-What an *event* is (for the events/s figure): one operation a sequencer executes (an instruction,
-or a loop's back-edge), one transfer granted by one resource (a link, a port or an HBM channel),
-or one message delivered into a destination FIFO.  Instructions fast-forwarded in closed form are
-counted separately, never as events.
+What an *event* is (for the events/s figure), counted once, when the engine processes it: one
+operation a sequencer executes (an instruction, or a loop's back-edge), one grant the engine
+computes for a resource (a link, a port, or a class of HBM channels served together, see
+:meth:`Transfers._channels`), or one payload delivered (a message into a destination FIFO, an
+HBM access's data to its core).  Work done in closed form is counted separately and never as
+events: instructions fast-forwarded (``fast_forwarded``) and the per-channel HBM grants a class
+grant stands for (``closed_form_grants``).
 
 Progress: ``run(progress=fn)`` (or every run inside ``with progress(fn):``) calls
 ``fn(cycle, events)`` while the queue advances — at most once per ``PROGRESS_EVENTS`` events and
@@ -240,6 +243,7 @@ class Simulator(Transfers):
         self.cat = 0
         self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
         self.hbm_rd = self.hbm_wr = 0
+        self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
         self.ndone = 0
         self.cur_core: Core | None = None
         self.run_fn = self.run_core  # bound once: queue entries reuse it

@@ -104,6 +104,8 @@ def build_result(sim: Any, wall: float) -> SimResult:
         if r.kind != "hbm":
             link_bytes += sim.rbytes[i]
     stepped = sum(c.stepped for c in comp.cores)
+    # per-channel HBM grants counted in ``rcount`` but computed once per channel class
+    closed = 0 if sim.attached else sum(sim.rcount[r] for r in sim.chan_res) - sim.n_cls
     ff = sum(c.ff for c in comp.cores)
     stats = SimStats(
         cycles,
@@ -117,7 +119,9 @@ def build_result(sim: Any, wall: float) -> SimResult:
             ("noc_messages", sim.msg_bytes),
             ("noc_link_traffic", link_bytes),
         ),
-        EventCounts(stepped + ff, stepped, ff, sum(sim.rcount), sim.n_deliv, sim.n_pops),
+        EventCounts(
+            stepped + ff, stepped, ff, sum(sim.rcount) - closed, sim.n_deliv, sim.n_pops, closed
+        ),
     )
     trace_events: tuple = ()
     if sim.tracing:

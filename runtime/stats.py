@@ -51,14 +51,17 @@ class ResourceStats:
 
 @dataclass(frozen=True, slots=True)
 class EventCounts:
-    """What the simulator processed (see :mod:`runtime.engine` for what an event is)."""
+    """What the simulator processed (see :mod:`runtime.engine` for what an event is).  Each
+    event is counted once, when the engine processes it; work done in closed form is counted
+    separately (``fast_forwarded``, ``closed_form_grants``) and is not an event."""
 
     instructions: int  # instructions simulated, fast-forwarded ones included
     stepped: int  # operations the sequencers executed one by one (incl. loop back-edges)
     fast_forwarded: int  # instructions advanced in closed form
-    reservations: int  # transfers granted by a resource (link, port, HBM channel)
-    deliveries: int  # message deliveries to a destination FIFO
+    reservations: int  # resource grants the engine computed (a link, a port, an HBM channel class)
+    deliveries: int  # payloads delivered: a message into a FIFO, an HBM access's data to its core
     queue_pops: int  # entries taken off the event queue
+    closed_form_grants: int = 0  # per-channel HBM grants served in closed form with their class
 
     @property
     def events(self) -> int:
@@ -173,6 +176,7 @@ class SimResult:
         lines.append(
             f"events: {e.events} ({e.stepped} operations stepped, {e.fast_forwarded} instructions "
             f"fast-forwarded, {e.reservations} reservations, {e.deliveries} deliveries, "
-            f"{e.queue_pops} queue pops)"
+            f"{e.queue_pops} queue pops); {e.closed_form_grants} HBM channel grants served "
+            f"in closed form (not events)"
         )
         return "\n".join(lines)

@@ -22,10 +22,26 @@ from typing import Any
 from runtime.network import RES_DELAY
 from runtime.state import Core, Pending, Post, Slot
 
-__all__ = ["Transfers", "up"]
+__all__ = ["Transfers", "grant", "up"]
 
 
 _EPS = 1e-6
+
+
+def grant(
+    free: list[float], busy: list[float], k: int, arrive: int, tail: float, dur: float
+) -> tuple[float, float]:
+    """Grant resource ``k`` (first come first served, ``free[k]``: when it is free again) to a
+    transfer whose head arrives at ``arrive``, occupying it ``dur`` cycles and ending no earlier
+    than ``tail`` (the tail's arrival from the previous stage); returns ``(start, end)``."""
+    f = free[k]
+    start = arrive if arrive > f else f
+    end = start + dur
+    if tail > end:
+        end = tail
+    free[k] = end
+    busy[k] += end - start
+    return start, end
 
 
 def up(x: float) -> int:
@@ -107,76 +123,22 @@ class Transfers:
         raise NotImplementedError
 
     def _hop(self, item: tuple) -> None:
-        """Queue entry ``(_hop, x, stage, nbytes, prev_end)``: the head reaches resource
-        ``stage`` now.  The body repeats :meth:`_stage` inline for resources (the hot path)."""
-        _, x, stage, nbytes, prev_end = item
-        res, lat, children, delivers = stage
-        if res < 0:
-            self._stage(x, stage, nbytes, self.now, prev_end)
-            return
-        free = self.free
-        f = free[res]
-        now = self.now
-        start = now if now > f else f
-        end = start + nbytes / self.rate[res]
-        tail = prev_end + lat
-        if tail > end:
-            end = tail
-        free[res] = end
-        self.busy[res] += end - start
-        self.rbytes[res] += nbytes
-        self.rcount[res] += 1
-        if self.rtrace is not None:
-            self.rtrace.append((res, start, end, x.label))
-        for ch in children:
-            head = start if start.__class__ is int else math.ceil(start - _EPS)
-            clat = ch[1]
-            if ch[0] >= 0:  # next link: an event when the head gets there
-                t = head + clat
-                b = self.buckets.get(t)
-                if b is None:
-                    b = self.buckets[t] = ([], [])
-                    heappush(self.times, t)
-                b[0].append((self.hop_fn, x, ch, nbytes, end))
-            elif ch[0] == RES_DELAY and not ch[2]:  # last hop's delay: deliver inline
-                e2 = end + clat
-                if head + clat > e2:
-                    e2 = head + clat
-                if e2.__class__ is not int:
-                    e2 = math.ceil(e2 - _EPS)
-                self._land(x, ch[3], e2)
-            else:
-                self._stage(x, ch, nbytes, head + clat, end)
-        if delivers:
-            if end.__class__ is not int:
-                end = math.ceil(end - _EPS)
-            self._land(x, delivers, end)
-
-    def _land(self, x: Any, dsts: Any, t: int) -> None:
-        """The transfer ``x`` arrives at cycle ``t``: a FIFO slot records its arrival (and is
-        consumed if its receive is already posted); a message is delivered to ``dsts``."""
-        if x.__class__ is Slot:
-            x.arrival = t
-            if x.post is not None:
-                self.consume(x)
-        else:
-            for d in dsts:
-                x.deliver(self, d, t)
+        """Queue entry ``(_hop, x, stage, nbytes, prev_end)``: the head reaches ``stage`` now."""
+        self._stage(item[1], item[2], item[3], self.now, item[4])
 
     def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
         """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left
-        the previous stage at ``prev_end``; queue the children; returns the end cycle."""
+        the previous stage at ``prev_end``; returns the end cycle.  The one reservation routine
+        of every transfer: a resource is granted by :func:`grant`, a delay stage ends
+        ``lat`` after the previous stage's tail, the HBM channels are served by
+        :meth:`_channels`.  Children that are resources (or HBM channels) are reserved by an
+        event when the head reaches them; delay children are taken at once (no resource, so
+        nothing can come between); ``delivers`` get the payload when the stage ends."""
         res, lat, children, delivers = stage
         if res >= 0:
-            free = self.free
-            f = free[res]
-            start = arrive if arrive > f else f
-            end = start + nbytes / self.rate[res]
-            tail = prev_end + lat
-            if tail > end:
-                end = tail
-            free[res] = end
-            self.busy[res] += end - start
+            start, end = grant(
+                self.free, self.busy, res, arrive, prev_end + lat, nbytes / self.rate[res]
+            )
             self.rbytes[res] += nbytes
             self.rcount[res] += 1
             if self.rtrace is not None:
@@ -202,8 +164,10 @@ class Transfers:
                     b[0].append((self.hop_fn, x, ch, nbytes, end))
         if end.__class__ is not int:
             end = math.ceil(end - _EPS)
-        for d in delivers:
-            x.deliver(self, d, end)
+        if delivers:
+            self.n_deliv += len(delivers)
+            for d in delivers:
+                x.deliver(self, d, end)
         return end
 
     def _channels(self, x: _Hbm, arrive: int, tail: float) -> tuple[float, float]:
@@ -226,14 +190,9 @@ class Transfers:
         span: dict[int, tuple] = {}
         first = None
         last = arrive if arrive > tail else tail
+        self.n_cls += len(plan[1])
         for k, b in plan[1]:
-            f = cfree[k]
-            start = arrive if arrive > f else f
-            end = start + b / rate
-            if tail > end:
-                end = tail
-            cfree[k] = end
-            cbusy[k] += end - start
+            start, end = grant(cfree, cbusy, k, arrive, tail, b / rate)
             cbytes[k] += b
             ccnt[k] += 1
             if first is None or start < first:
@@ -338,37 +297,10 @@ class Transfers:
                     end.unmatched.append(s)
                 slots.append(s)
             x.slots = slots
-        self.n_deliv += k
         self.msg_bytes += nbytes * k
         self.unreceived += k
-        roots = chan.roots
-        if len(roots) == 1 and roots[0][0] >= 0 and not roots[0][3]:
-            # the usual case: one first link / injection port, reserved inline
-            res, _, children, _ = roots[0]
-            free = self.free
-            f = free[res]
-            start = now if now > f else f
-            end = start + nbytes / self.rate[res]
-            free[res] = end
-            self.busy[res] += end - start
-            self.rbytes[res] += nbytes
-            self.rcount[res] += 1
-            if self.rtrace is not None:
-                self.rtrace.append((res, start, end, x.label))
-            head = start if start.__class__ is int else math.ceil(start - _EPS)
-            for ch in children:
-                if ch[0] < 0:
-                    self._stage(x, ch, nbytes, head + ch[1], end)
-                else:
-                    t = head + ch[1]
-                    b = self.buckets.get(t)
-                    if b is None:
-                        b = self.buckets[t] = ([], [])
-                        heappush(self.times, t)
-                    b[0].append((self.hop_fn, x, ch, nbytes, end))
-            return end if end.__class__ is int else math.ceil(end - _EPS)
         inj = now
-        for root in roots:
+        for root in chan.roots:
             e = self._stage(x, root, nbytes, now, now)
             if e > inj:
                 inj = e
