@@ -57,7 +57,7 @@ from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
 from runtime.program import Compiled, compile_programs, describe
-from runtime.report import build_result, deadlock_message
+from runtime.report import build_result, deadlock_message, wait_for
 from runtime.state import Core, Pending
 from runtime.stats import SimResult
 from runtime.transfer import Transfers
@@ -106,7 +106,9 @@ def _gc_paused() -> Iterator[None]:
 class Simulator(Transfers):
     """Runs a :class:`ProgramSet` on a :class:`Chip` (``mode``: ``"timing"`` — tiles carry shapes,
     control values are real — or ``"functional"`` — tiles carry numpy data).  Construction
-    validates programs and inputs; :meth:`run` may be called any number of times."""
+    validates programs and inputs (``checked``: the programs passed
+    :func:`lowering.validate_programs`, whose checks include the simulator's declaration checks,
+    so they are not repeated); :meth:`run` may be called any number of times."""
 
     def __init__(
         self,
@@ -116,7 +118,9 @@ class Simulator(Transfers):
         mode: str = "timing",
         inputs: Mapping[str, np.ndarray] | None = None,
         dma_queue_depth: int | None = None,
+        checked: bool = False,
     ) -> None:
+        self.checked = checked
         if dma_queue_depth is None:
             dma_queue_depth = getattr(chip.core, "dma_queue_depth", DEFAULT_DMA_QUEUE_DEPTH)
         if dma_queue_depth < 1:
@@ -143,7 +147,12 @@ class Simulator(Transfers):
     def _compile(self) -> Compiled:
         with _gc_paused():
             return compile_programs(
-                self.programs, self.chip, self.fabric, self.layout, fast=not self.functional
+                self.programs,
+                self.chip,
+                self.fabric,
+                self.layout,
+                fast=not self.functional,
+                checked=self.checked,
             )
 
     def _bind(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -259,6 +268,18 @@ class Simulator(Transfers):
         if isinstance(trace, (str, Path)):
             result.write_trace(trace)
         return result
+
+    def resume(self) -> None:
+        """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)
+        until it completes or deadlocks again; its timing is that of the changed network from
+        the stuck state on, so callers use it to explore, not for results."""
+        with _gc_paused():
+            self._loop(None)
+
+    def waits(self) -> dict[int, tuple[int | None, str | None]]:
+        """After a :class:`DeadlockError`: each unfinished core's ``(core it waits on, full
+        channel or None)`` (:func:`runtime.report.wait_for`)."""
+        return wait_for(self)
 
     def push(self, t: int, prio: int, item: tuple) -> None:
         """Queue ``item[0](item)`` at cycle ``t`` (priority 0 before 1; then first come first)."""

@@ -40,7 +40,7 @@ from runtime import ops, ops_comm
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout
 from runtime.network import Fabric
-from runtime.state import Buf, ChanState, Core, Group
+from runtime.state import Buf, ChanState, Core, Group, fifo_depth
 
 __all__ = ["compile_programs", "Compiled", "describe"]
 
@@ -75,15 +75,46 @@ def _expr(v: int | str | Affine) -> ops.Expr:
 
 
 def compile_programs(
-    ps: ProgramSet, chip: Chip, fabric: Fabric, layout: HbmLayout, *, fast: bool
+    ps: ProgramSet,
+    chip: Chip,
+    fabric: Fabric,
+    layout: HbmLayout,
+    *,
+    fast: bool,
+    checked: bool = False,
 ) -> Compiled:
-    """Check ``ps`` against ``chip`` and compile it (``fast``: fast-forward compute-only loops)."""
+    """Check ``ps`` against ``chip`` and compile it (``fast``: fast-forward compute-only loops;
+    ``checked``: the caller validated ``ps`` with :func:`lowering.validate_programs`, whose
+    checks include these declaration checks, so they are not repeated)."""
+    if not checked:
+        _check_declarations(ps, chip)
+    where = f"program set {ps.name!r}"
+    chans = {
+        ch.name: ChanState(
+            ch.name,
+            ch.src,
+            tuple(ch.dsts),
+            fifo_depth(ch.depth, chip),
+            fabric.message_roots(ch.src, tuple(ch.dsts)),
+        )
+        for ch in ps.channels
+    }
+    groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
+    cores = [Core(i) for i in range(chip.num_cores)]
+    for prog in ps.programs:
+        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where).run(prog.body)
+    return Compiled(cores, chans, groups)
+
+
+def _check_declarations(ps: ProgramSet, chip: Chip) -> None:
+    """Channels, barrier groups and programs name cores of the chip, once each."""
     n = chip.num_cores
     where = f"program set {ps.name!r}"
-    chans: dict[str, ChanState] = {}
+    chans: set[str] = set()
     for ch in ps.channels:
         if ch.name in chans:
             raise SimulationError(f"{where}: channel {ch.name!r} is declared twice; rename one")
+        chans.add(ch.name)
         cores = (ch.src, *ch.dsts)
         if any(not 0 <= c < n for c in cores):
             raise SimulationError(
@@ -93,24 +124,20 @@ def compile_programs(
             raise SimulationError(
                 f"{where}: channel {ch.name!r} needs distinct destination cores, got {ch.dsts}"
             )
-        depth = chip.core.fifo_depth if ch.depth is None else ch.depth
+        depth = fifo_depth(ch.depth, chip)
         if depth < 1:
             raise SimulationError(
                 f"{where}: channel {ch.name!r} has FIFO depth {depth}; use at least 1"
             )
-        chans[ch.name] = ChanState(
-            ch.name, ch.src, tuple(ch.dsts), depth, fabric.message_roots(ch.src, tuple(ch.dsts))
-        )
-    groups: dict[str, Group] = {}
+    groups: set[str] = set()
     for name, members in ps.barriers:
         if name in groups:
             raise SimulationError(f"{where}: barrier group {name!r} is declared twice")
+        groups.add(name)
         if not members or any(not 0 <= c < n for c in members) or len(set(members)) != len(members):
             raise SimulationError(
                 f"{where}: barrier group {name!r} has members {members}; use distinct cores 0..{n - 1}"
             )
-        groups[name] = Group(name, tuple(members))
-    cores = [Core(i) for i in range(n)]
     seen: set[int] = set()
     for prog in ps.programs:
         if not 0 <= prog.core < n:
@@ -120,14 +147,12 @@ def compile_programs(
         if prog.core in seen:
             raise SimulationError(f"{where}: core {prog.core} has two programs; merge them")
         seen.add(prog.core)
-        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where).run(prog.body)
-    for g in groups.values():
-        missing = [c for c in g.members if c not in seen]
+    for name, members in ps.barriers:
+        missing = [c for c in members if c not in seen]
         if missing:
             raise SimulationError(
-                f"{where}: barrier group {g.name!r} includes cores {missing} that have no program; drop them from the group"
+                f"{where}: barrier group {name!r} includes cores {missing} that have no program; drop them from the group"
             )
-    return Compiled(cores, chans, groups)
 
 
 class _Compiler:

@@ -10,7 +10,7 @@ from runtime.state import Core, Post
 from runtime.stats import CoreStats, EventCounts, ResourceStats, SimResult, SimStats
 from runtime.trace import build_trace
 
-__all__ = ["core_name", "deadlock_message", "build_result"]
+__all__ = ["core_name", "deadlock_message", "build_result", "wait_for"]
 
 
 def core_name(chip: Chip, cid: int) -> str:
@@ -56,6 +56,27 @@ def _why(core: Core, finished: set[int]) -> str:
         missing = [c for c in g.members if c not in here]
         return f"waits at barrier {g.name!r} for cores {missing}"
     return f"waits for HBM access to {why[1].what!r}"
+
+
+def _waits_on(core: Core) -> tuple[int | None, str | None]:
+    why = core.blocked
+    if why is None or core.done:
+        return None, None
+    if why[0] == "credit":
+        end = why[1]
+        return end.dst, end.chan.name
+    post = why[-1] if why[0] in ("buf", "value") else None
+    end = getattr(post, "end", None)
+    if end is not None:
+        return end.chan.src, None
+    return None, None
+
+
+def wait_for(sim: Any) -> dict[int, tuple[int | None, str | None]]:
+    """The wait-for graph of a stuck simulation: for every unfinished core, the core it waits
+    on and, for a full FIFO, the channel — ``(core, channel)``; ``(None, None)`` for waits on
+    HBM or barriers, which no single core holds up."""
+    return {c.id: _waits_on(c) for c in sim.comp.active if not c.done}
 
 
 def deadlock_message(sim: Any) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "fifo_depth",
     "BUSY",
     "RECV",
     "SEND",
@@ -34,6 +35,13 @@ __all__ = [
 #: Cycle categories of a core (indices into ``Core.st``); idle is whatever is left over.
 BUSY, RECV, SEND, MEM, BAR = range(5)
 CATEGORIES = ("busy", "stall_recv", "stall_send", "stall_mem", "stall_barrier")
+
+
+def fifo_depth(declared: int | None, chip: Any) -> int:
+    """The depth in messages of a channel's FIFOs: its ``declared`` depth, or else the chip's
+    ``core.fifo_depth`` (the one place that decides it; a running simulation changes a
+    channel's depth only through :meth:`runtime.Simulator.deepen`)."""
+    return chip.core.fifo_depth if declared is None else declared
 
 
 class Pending:

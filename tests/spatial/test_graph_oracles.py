@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import networkx as nx
 import pytest
 
+from runtime.report import wait_for
 from torch2step.spatial.fifos import blocked_channels
 from torch2step.spatial.placement import _chain_order
 
@@ -32,7 +33,9 @@ def _fake_sim(rng: random.Random, n: int) -> tuple[SimpleNamespace, dict[int, tu
             why, edge = ("barrier", None), (None, None)
         cores.append(SimpleNamespace(id=k, done=False, blocked=why))
         nxt[k] = edge
-    return SimpleNamespace(comp=SimpleNamespace(active=cores)), nxt
+    sim = SimpleNamespace(comp=SimpleNamespace(active=cores))
+    sim.waits = lambda: wait_for(sim)
+    return sim, nxt
 
 
 def _scc_oracle(nxt: dict[int, tuple]) -> set[str]:

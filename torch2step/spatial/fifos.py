@@ -41,24 +41,9 @@ from typing import Any
 from hwmodel.chip import Chip
 from lowering.isa import ProgramSet
 from runtime import DeadlockError, SimResult, Simulator
+from runtime.state import fifo_depth
 
 __all__ = ["blocked_channels", "deepen", "discover_deep", "run_deepening"]
-
-
-def _waits_on(core: Any) -> tuple[int | None, str | None]:
-    """The core a blocked core waits on and, for a full FIFO, the channel: ``(core, channel)``
-    (``(None, None)`` for waits on HBM or barriers, which no core holds up)."""
-    why = core.blocked
-    if why is None or core.done:
-        return None, None
-    if why[0] == "credit":
-        end = why[1]
-        return end.dst, end.chan.name
-    post = why[-1] if why[0] in ("buf", "value") else None
-    end = getattr(post, "end", None)
-    if end is not None:
-        return end.chan.src, None
-    return None, None
 
 
 def blocked_channels(sim: Simulator) -> set[str]:
@@ -66,9 +51,7 @@ def blocked_channels(sim: Simulator) -> set[str]:
     core waits on one other core: for a message, or for FIFO space).  Deepening them breaks
     every cycle; full FIFOs that merely hang off a cycle are left alone.  Empty when no cycle
     goes through a full FIFO (a deadlock more buffering cannot fix)."""
-    nxt: dict[int, tuple[int | None, str | None]] = {
-        c.id: _waits_on(c) for c in sim.comp.active if not c.done
-    }
+    nxt = sim.waits()
     out: set[str] = set()
     state: dict[int, int] = {}  # 1: on the current path, 2: done
     for start in sorted(nxt):
@@ -98,7 +81,7 @@ def deepen(programs: ProgramSet, depths: Mapping[str, int]) -> ProgramSet:
 
 
 def _depth_of(chip: Chip, messages: Mapping[str, int], ch: str) -> int:
-    base = chip.core.fifo_depth
+    base = fifo_depth(None, chip)
     return max(base, messages.get(ch, base))
 
 
@@ -114,22 +97,15 @@ def discover_deep(
     them (channel -> depth).  Raises the annotated :class:`DeadlockError` when a deadlock has no
     full FIFO on a cycle (more buffering cannot fix it).  The resumed timing is discarded, so
     no cycle limit applies."""
-    chans = sim.comp.chans
     while True:
         full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
         if not full:
             raise _annotated(err, deep) from None
         for name in full:
             deep[name] = _depth_of(chip, messages, name)
-            state = chans[name]
-            state.depth = deep[name]
-            for end in state.ends:  # a sender stopped on this FIFO retries its send now
-                w = end.waiter
-                if w is not None:
-                    end.waiter = None
-                    sim.wake(w, sim.now)
+            sim.deepen(name, deep[name])  # a sender stopped on this FIFO retries its send now
         try:
-            sim._loop(None)  # noqa: SLF001 - continue the event loop where it stopped
+            sim.resume()
             return
         except DeadlockError as again:
             err = again
@@ -143,14 +119,17 @@ def run_deepening(
     trace: bool | str | Path = False,
     max_cycles: int | None = None,
     watch: dict[str, int] | None = None,
+    checked: bool = False,
 ) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
     """Simulate ``programs`` (timing mode), deepening FIFOs that deadlock the run (module
     docstring); ``messages`` is the number of messages each channel carries.  Returns the
     result, the programs that ran and the deepened channels (sorted).  ``watch``: channel
     names whose first-message cycle is written into it (by the run that completes); a name
-    mapped to a list gets every message's cycle appended."""
+    mapped to a list gets every message's cycle appended.  ``checked``: ``programs`` passed
+    :func:`lowering.validate_programs` (deepening changes only FIFO depths, so every run here
+    skips the simulator's own declaration checks)."""
     deep: dict[str, int] = {}
-    sim = Simulator(programs, chip)
+    sim = Simulator(programs, chip, checked=checked)
     if watch is not None:
         sim.watch = watch
     try:
@@ -159,7 +138,7 @@ def run_deepening(
         discover_deep(sim, err, chip, messages, deep)
     while True:
         current = deepen(programs, deep)
-        sim = Simulator(current, chip)
+        sim = Simulator(current, chip, checked=checked)
         if watch is not None:
             for k, v in watch.items():
                 watch[k] = [] if isinstance(v, list) else -1

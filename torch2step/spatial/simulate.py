@@ -85,6 +85,7 @@ def simulate_plan(
             trace=bool(trace),
             max_cycles=max_cycles,
             watch=watch,
+            checked=check,
         )
     finally:
         if enabled:
