@@ -78,27 +78,27 @@ def _slices(starts: tuple, extents: tuple) -> tuple:
 
 def _dma_slot(sim: Any, core: Core) -> bool:
     """True when the core's DMA queue has room for one more HBM request; otherwise the core
-    waits (stall_mem) for the earliest outstanding request to complete."""
+    waits (stall_mem) for the earliest outstanding request to complete.
+
+    ``core.dmaq`` holds the requests in issue order and may keep completed ones until it is
+    full; then one completed request is dropped (it stays completed, so keeping the others
+    changes no later decision), or the core waits when none has completed."""
     q = core.dmaq
     if len(q) < sim.dma_depth:
         return True
     now = sim.now
-    keep = []
     first = None
     unknown = None
-    for d in q:
+    for i, d in enumerate(q):
         t = d if d.__class__ is int else d.time
         if t is None:
-            keep.append(d)
             if unknown is None:
                 unknown = d
-        elif t > now:
-            keep.append(d)
-            if first is None or t < first:
-                first = t
-    core.dmaq = keep
-    if len(keep) < sim.dma_depth:
-        return True
+        elif t <= now:
+            del q[i]
+            return True
+        elif first is None or t < first:
+            first = t
     if first is not None:
         advance(sim, core, first, MEM)
         sim.schedule(core, first)
@@ -115,10 +115,17 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
     if b.wp is not None:
         # Loads complete in order behind earlier Loads still in flight (no wait); any other
         # pending write (a Recv) must land first, so program order decides the contents.
-        pend = [p for p in (b.wq or []) + [b.wp] if p.time is None]
-        if pend and all(p.__class__ is Pending for p in pend):
-            chain = True
-        elif not fold_w(sim, core, b):
+        # (every unresolved entry of ``b.wq`` is a Load's Pending: only those are chained)
+        wp = b.wp
+        if wp.time is None:
+            chain = wp.__class__ is Pending
+        elif b.wq:
+            q, i = b.wq, b.wqi  # entries before ``wqi`` are known to be resolved
+            while i < len(q) and q[i].time is not None:
+                i += 1
+            b.wqi = i
+            chain = i < len(q)
+        if not chain and not fold_w(sim, core, b):
             return False
     rp = b.rp
     if rp:  # write-after-read: wait for Stores / Sends still reading the buffer
@@ -160,7 +167,11 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             core.dma, core.dma_k = done, MEM
     else:
         if chain:
-            b.wq = (b.wq or []) + [b.wp]
+            if b.wq is None:
+                b.wq = [b.wp]
+                b.wqi = 0
+            else:
+                b.wq.append(b.wp)
         b.wp = done
         core.dma_p.append(done)
     b.shape = extents

@@ -157,6 +157,7 @@ class Buf:
         "wk",
         "wp",
         "wq",
+        "wqi",
         "r",
         "rk",
         "rp",
@@ -176,6 +177,7 @@ class Buf:
         self.wk = BUSY
         self.wp: Pending | None = None
         self.wq: list[Pending] | None = None  # earlier Loads still in flight behind ``wp``
+        self.wqi = 0  # ``wq[:wqi]`` are known to be resolved
         self.r = 0
         self.rk = BUSY
         self.rp: list[Pending] | None = None

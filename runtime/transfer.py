@@ -167,8 +167,13 @@ class Transfers:
             end = math.ceil(end - _EPS)
         if delivers:
             self.n_deliv += len(delivers)
-            for d in delivers:
-                x.deliver(self, d, end)
+            if x.__class__ is Slot:  # a unicast message: its only destination
+                x.arrival = end
+                if x.post is not None:
+                    self.consume(x)
+            else:
+                for d in delivers:
+                    x.deliver(self, d, end)
         return end
 
     def _channels(self, x: _Hbm, arrive: int, tail: float) -> tuple[float, float]:
