@@ -12,7 +12,9 @@ Sweeps (the work grows along the first column):
   requests;
 * ``layers``: a Llama-3-8B decode step of 1 -> 32 layers planned by ELK and simulated kernel by
   kernel on the 1472-core ``ipu-hbm`` preset (batch ``--decode-batch``, KV length ``--kv-len``);
-* ``cores``: the ``llama-gqa`` layer kernel by kernel on ``ipu-hbm`` cut to 64 -> 1472 cores.
+* ``cores``: weak scaling kernel by kernel on ``ipu-hbm`` cut to 64 -> 1472 cores: a
+  projection ``[64, 1024] x [1024, 32 n]`` and its activation on ``n`` cores, so the work per
+  core stays the same (a full-size layer's weights do not fit 64 cores' SRAM).
 
 For each point: the simulation's wall time (validation, compilation and the event loop; not
 building the layer or planning) and its events (:mod:`runtime.engine`).  Each sweep ends with
@@ -87,7 +89,7 @@ def main() -> None:
     ap.add_argument("--sweeps", default="moe,gqa,layers,cores")
     ap.add_argument("--full", action="store_true", help="full-size layers for moe and gqa")
     ap.add_argument("--batches", default="16,64,256,1024")
-    ap.add_argument("--layers", default="1,2,4,8,16,32")
+    ap.add_argument("--layers", default="1,2,4,8")
     ap.add_argument("--cores", default="64,184,368,736,1472")
     ap.add_argument("--decode-batch", type=int, default=16)
     ap.add_argument("--kv-len", type=int, default=512)
@@ -123,19 +125,21 @@ def main() -> None:
             "layers",
         )
     if "cores" in todo:
-        from torch2step.kernel.layers import registered_layer_ops
+        from elk.ops import Operator
+
+        def weak(n: int) -> list:
+            return [
+                Operator("proj", "matmul", (64, 1024, 32 * n), slot=0),
+                Operator("act", "vector", (64, 32 * n), slot=1, flops_per_elem=5),
+            ]
 
         sweep(
-            f"llama-gqa layer, kernel by kernel on ipu-hbm cut to n cores (batch "
-            f"{args.decode_batch}, KV {args.kv_len})",
+            "projection [64,1024]x[1024,32n] + activation, kernel by kernel on ipu-hbm cut to "
+            "n cores",
             [int(n) for n in args.cores.split(",")],
-            lambda n: kernel_point(
-                registered_layer_ops("llama-gqa", args.decode_batch, args.kv_len),
-                dataclasses.replace(ipu, num_cores=n),
-            ),
+            lambda n: kernel_point(weak(n), dataclasses.replace(ipu, num_cores=n)),
             "cores",
         )
-
 
 if __name__ == "__main__":
     main()
