@@ -257,9 +257,9 @@ class Simulator(Transfers):
         self.cur_core: Core | None = None
         self.run_fn = self.run_core  # bound once: queue entries reuse it
         self.hop_fn = self._hop
-        for core in comp.active:
-            self.push(0, _PRIO_CORE, (self.run_fn, core))
         with _gc_paused():
+            for core in comp.active:
+                self.push(0, _PRIO_CORE, (self.run_fn, core))
             try:
                 self._loop(max_cycles)
             finally:
