@@ -16,8 +16,11 @@ Sweeps (the work grows along the first column):
   projection ``[64, 1024] x [1024, 32 n]`` and its activation on ``n`` cores, so the work per
   core stays the same (a full-size layer's weights do not fit 64 cores' SRAM).
 
-For each point: the simulation's wall time (validation, compilation and the event loop; not
-building the layer or planning) and its events (:mod:`runtime.engine`).  Each sweep ends with
+For each point: the simulation's wall time and its events (:mod:`runtime.engine`).  For the
+spatial sweeps the time is the report's ``simulation_s``: building the spatial plan for the
+run, validating, compiling and the event loop(s) (FIFO deepening may run the simulator twice);
+for the kernel sweeps it is building the per-core programs, compiling and the event loop (ELK
+planning is not timed).  Each sweep ends with
 the slopes of least-squares fits of ``log(wall)`` and ``log(events)`` against ``log(work)``
 (``numpy.polyfit``): 1.0 means cost proportional to the work, and the slope of ``log(wall)``
 against ``log(events)`` says whether the cost per event stays flat.
@@ -89,7 +92,7 @@ def main() -> None:
     ap.add_argument("--sweeps", default="moe,gqa,layers,cores")
     ap.add_argument("--full", action="store_true", help="full-size layers for moe and gqa")
     ap.add_argument("--batches", default="16,64,256,1024")
-    ap.add_argument("--layers", default="1,2,4,8")
+    ap.add_argument("--layers", default="1,2,4", help="e.g. 1,2,4,8,16,32 (minutes)")
     ap.add_argument("--cores", default="64,184,368,736,1472")
     ap.add_argument("--decode-batch", type=int, default=16)
     ap.add_argument("--kv-len", type=int, default=512)
