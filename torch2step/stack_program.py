@@ -1,4 +1,5 @@
-"""A compiled stack of N identical layers: one body program, run N times in sequence.
+"""A compiled stack of N identical layers: one body program, run N times in sequence
+(``run`` gives each layer its own weights when the stack holds them).
 
 A :class:`~torch2step.layers.stack.Repeat` graph is compiled by compiling its body once
 (spatially: one STeP program placed on the chip; kernel by kernel: one schedule).  The layers
@@ -49,11 +50,6 @@ def compile_stack(
     from torch2step.api import compile as compile_graph
 
     op = stack_node(graph)
-    if op.layer_params:
-        raise FrontendError(
-            f"{graph.name}: layers with their own weights compile one body with layer 0's; "
-            "build the stack with shared weights (layer_params=()) to compile it"
-        )
     body_inputs = _layer_inputs(op, tuple(example_inputs), 0)
     body = compile_graph(op.body, body_inputs, chip=chip, **options)
     return StackProgram(graph, op, body, tuple(example_inputs))
@@ -92,19 +88,30 @@ class StackProgram:
         print(self)
 
     def run(self, *inputs: torch.Tensor) -> Any:
-        """Run the layers one after the other on the body program (shared weights)."""
+        """Run the layers one after the other on the body program, each with its weights."""
         ins = tuple(inputs) or self.example_inputs
         op = self.op
         carried = ins[: op.carried]
         per_layer: list[list[torch.Tensor]] = []
         for i in range(op.count):
             layer_ins = _layer_inputs(op, (*carried, *ins[op.carried :]), i)
-            outs = self.body.run(*layer_ins)
+            outs = self._layer(i).run(*layer_ins)
             outs = outs if isinstance(outs, tuple) else (outs,)
             carried = outs[: op.carried]
             per_layer.append(list(outs[op.carried :]))
         stacked = [torch.stack([p[k] for p in per_layer]) for k in range(len(per_layer[0]))]
         return (*carried, *stacked)
+
+    def _layer(self, i: int) -> Any:
+        """The body program with layer ``i``'s weights (the same STeP program)."""
+        if not self.op.layer_params:
+            return self.body
+        from torch2step.program import Program
+
+        params = dict(self.op.layer_params[i])
+        lw = self.body.lowered
+        lw = replace(lw, layer=replace(lw.layer, params=params))
+        return Program(replace(self.body.layer, params=params), lw, self.chip, ())
 
     def write_trace(self, *args: Any, **kwargs: Any) -> Any:
         """The trace of the body's last simulated report (one layer)."""

@@ -14,10 +14,10 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch2step  # noqa: E402
-from models.decoder import decode_inputs, decoder_step, tiny_config  # noqa: E402
+from models.decoder import DecoderStep, decode_inputs, decoder_step, tiny_config  # noqa: E402
 from torch2step.errors import FrontendError  # noqa: E402
 from torch2step.frontend import from_torch  # noqa: E402
-from torch2step.frontend.hf_config import stack_from_config  # noqa: E402
+from torch2step.frontend.hf_config import stack_from_config, stack_from_model  # noqa: E402
 from torch2step.layers import Repeat, evaluate  # noqa: E402
 from torch2step.layers.stack import stack_graph  # noqa: E402
 
@@ -106,3 +106,22 @@ def test_cli_reports_a_config_of_n_layers(tmp_path, capsys) -> None:
     )
     rep = json.loads(capsys.readouterr().out)
     assert rep["layer"] == "llama_decoder_x6" and rep["dynamic"]["layers"] == 6
+
+
+def test_model_with_weights_compiles_as_a_stack_equal_to_pytorch() -> None:
+    from models.decoder import model_step
+
+    cfg = tiny_config("qwen3_moe", num_hidden_layers=3)
+    model = model_step(cfg, device="cpu", causal_lm=False).model
+    g = stack_from_model(model)
+    (node,) = g.nodes
+    assert node.op.count == 3 and len(node.op.layer_params) == 3
+    base = model
+    steps = [DecoderStep(layer, base.rotary_emb).eval() for layer in base.layers]
+    x, k, v = decode_inputs(cfg, 2, 5, seed=4)
+    ks, vs = torch.stack([k, -k, k * 0.5]), torch.stack([v, v + 1, -v])
+    prog = torch2step.compile(g, (x, ks, vs))
+    want = _reference(steps, x, ks, vs)
+    for got in (evaluate(g, x, ks, vs), prog.run(x, ks, vs)):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)

@@ -16,7 +16,13 @@ from typing import Any
 from torch2step.errors import FrontendError
 from torch2step.layers.graph import LayerGraph
 
-__all__ = ["compile_config", "from_hf_config", "same_structure", "stack_from_config"]
+__all__ = [
+    "compile_config",
+    "from_hf_config",
+    "same_structure",
+    "stack_from_config",
+    "stack_from_model",
+]
 
 
 def _config(config: Any) -> Any:
@@ -99,6 +105,36 @@ def stack_from_config(config: Any, layers: int | None = None, *, check: bool = T
     g = stack_graph(body, count, name=f"{cfg.model_type}_decoder_x{count}")
     g.notes.append(f"{count} identical {cls.__name__}s share one body (no embedding, no LM head)")
     return g
+
+
+def stack_from_model(model: Any, example_past: int = 4) -> LayerGraph:
+    """An HF ``*Model`` / ``*ForCausalLM`` with weights as a decode step of its layers: one
+    :class:`~torch2step.layers.stack.Repeat` whose body is layer 0 raised
+    (:class:`models.decoder.DecoderStep`) and whose ``layer_params`` are every layer's weights
+    as its raise derives them (each layer is raised for its weights: the frontend derives
+    some, e.g. stacked expert matrices);
+    hidden states in and out (embedding, final norm and LM head excluded).  Layers that are not
+    identical are refused naming the first that differs."""
+    from models.decoder import DecoderStep, decode_inputs
+    from torch2step.frontend.torch_import import from_torch
+    from torch2step.layers.stack import check_identical, stack_graph
+
+    base = model.model if hasattr(model, "lm_head") else model
+    layers = list(base.layers)
+    cfg = _config(model.config)
+    check_identical(layers, f"{type(model).__name__} ({len(layers)} layers)")
+    steps = [DecoderStep(layer, base.rotary_emb).eval() for layer in layers]
+    ins = decode_inputs(cfg, 2, example_past)
+    body = from_torch(steps[0], ins, name=f"{cfg.model_type}_decoder")
+    weights = [body.params]
+    for i, step in enumerate(steps[1:], start=1):  # raised: some weights are derived (experts)
+        params = from_torch(step, ins, name=body.name).params
+        if {k: tuple(t.shape) for k, t in params.items()} != {
+            k: tuple(t.shape) for k, t in body.params.items()
+        }:
+            raise FrontendError(f"{body.name}: layer {i} raises to other weights than layer 0")
+        weights.append(params)
+    return stack_graph(body, len(layers), layer_params=weights)
 
 
 def compile_config(
