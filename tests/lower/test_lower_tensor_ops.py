@@ -99,3 +99,29 @@ def test_any_permutation(shape, data) -> None:
     dims = tuple(data.draw(st.permutations(range(len(shape)))))
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)))
     _check([(L.Permute(dims), ["x"])], {"x": x}, [x.permute(dims).contiguous()])
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(1, 3), length=st.integers(2, 9), seed=st.integers(0, 99))
+def test_dynamic_widths_move_elements(rows, length, seed) -> None:
+    """A last dim of run-time size ``L``: concatenation, a slice to ``L - 1`` and a transpose,
+    from one lowering for every ``L``."""
+    import sympy
+
+    L_ = sympy.Symbol("L", positive=True, integer=True)
+    g = LayerGraph(name="dyn")
+    g.add_input("x", TensorType((rows, L_), "fp32"))
+    g.add_input("y", TensorType((rows, 3), "fp32"))
+    (c,) = g.add(L.Concat(-1), ["x", "y"])
+    (s,) = g.add(L.Slice(1, 1, L_), ["x"])
+    (t,) = g.add(L.Permute((1, 0)), ["x"])
+    g.outputs = [c, s, t]
+    lw = lower(g)
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(rows, length, generator=gen), torch.randn(rows, 3, generator=gen)]
+    tensors, env = lw.feed(xs)
+    res = run(lw.program, tensors=tensors, env=env)
+    want = (torch.cat(xs, -1), xs[0][:, 1:], xs[0].T)
+    for a, b in zip(lw.outputs(res.tensors, xs), want):
+        torch.testing.assert_close(a, b)
+    assert metrics(lw.program).evaluate(res.bindings)["offchip_bytes"] == res.offchip_bytes
