@@ -108,6 +108,7 @@ def test_cli_reports_a_config_of_n_layers(tmp_path, capsys) -> None:
     assert rep["layer"] == "llama_decoder_x6" and rep["dynamic"]["layers"] == 6
 
 
+@pytest.mark.slow
 def test_model_with_weights_compiles_as_a_stack_equal_to_pytorch() -> None:
     from models.decoder import model_step
 
