@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from torch2step.errors import FrontendError
+from torch2step.errors import FrontendError, LoweringError
 from torch2step.layers.graph import LayerGraph, format_layer_graph
 from torch2step.layers.stack import Repeat
 
@@ -48,10 +48,18 @@ def compile_stack(
     """Compile a stack graph (see the module docstring); ``options`` as for
     :func:`torch2step.compile`."""
     from torch2step.api import compile as compile_graph
+    from torch2step.program import Program
 
     op = stack_node(graph)
     body_inputs = _layer_inputs(op, tuple(example_inputs), 0)
     body = compile_graph(op.body, body_inputs, chip=chip, **options)
+    if not isinstance(body, Program):
+        raise LoweringError(
+            f"{graph.name}: {op.count} repeated layers compile for spatial execution only; "
+            "kernel-by-kernel execution would preload each next layer's weights during the "
+            "current one (ELK §4), which a body scaled by N cannot show: pass "
+            "execution='spatial', or compile the body (graph.nodes[0].op.body) by itself"
+        )
     return StackProgram(graph, op, body, tuple(example_inputs))
 
 
