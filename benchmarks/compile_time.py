@@ -14,6 +14,12 @@ stand-in (the checks that run numbers), capture and raise at full size, lower, a
 (simulated on stand-in values, :mod:`torch2step.layers.standins`).
 
     python benchmarks/compile_time.py --hf-configs llama-3-8b,mixtral-8x7b --batch 64
+
+A config written ``name:N`` times the decode step of ``N`` identical layers instead
+(``torch2step.compile_config(..., layers=N)``: the layers are checked identical on the meta
+device, one body is raised, lowered and simulated, the report scaled to ``N`` layers):
+
+    python benchmarks/compile_time.py --hf-configs llama-3-8b:32,llama-2-70b:80 --batch 64
 """
 
 from __future__ import annotations
@@ -40,7 +46,10 @@ def config_only(name: str, batch: int, past: int) -> None:
     from torch2step.frontend import from_torch
     from torch2step.frontend.hf_config import same_structure
 
+    name, _, count = name.partition(":")
     cfg = hf_config(models.HF_CONFIGS / f"{name}.json")
+    if count:
+        return stack_only(name, cfg, int(count), batch, past)
     t0 = time.perf_counter()
     tiny = standin_config(cfg)
     small = from_torch(decoder_step(tiny, device="cpu"), decode_inputs(tiny, 2, 4))
@@ -66,13 +75,49 @@ def config_only(name: str, batch: int, past: int) -> None:
     )
 
 
+def stack_only(name: str, cfg: object, count: int, batch: int, past: int) -> None:
+    """One line for a decode step of ``count`` identical layers (run in its own process)."""
+    import torch2step
+    from models.decoder import decode_inputs, decoder_step, standin_config
+    from torch2step.frontend import from_torch
+    from torch2step.frontend.hf_config import same_structure, stack_from_config
+
+    t0 = time.perf_counter()
+    tiny = standin_config(cfg)
+    small = from_torch(decoder_step(tiny, device="cpu"), decode_inputs(tiny, 2, 4))
+    t1 = time.perf_counter()
+    g = stack_from_config(cfg, count, check=False)  # identical-layer check, capture and raise
+    assert same_structure(g.nodes[0].op.body, small) is None
+    t3 = time.perf_counter()
+    x, k, _ = decode_inputs(cfg, batch, past, device="meta")
+    k = torch.empty((count, *k.shape), device="meta")
+    prog = torch2step.compile(g, (x, k, k.clone()), chip="step-sda")
+    t4 = time.perf_counter()
+    peak_compile = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rep = prog.report()
+    t5 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    params = count * sum(t.numel() for t in decoder_step(cfg).parameters()) / 1e9
+    label = f"{name} x{count}"
+    print(
+        f"{label:<16} {params:6.2f}B {t1 - t0:8.2f} {'(with raise)':>8} {t3 - t1:7.2f} "
+        f"{t4 - t3:7.2f} {t5 - t4:8.2f} {peak_compile:7.0f} MB {peak:7.0f} MB "
+        f"{rep.latency_cycles:14,}",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the small test configurations")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--past", type=int, default=1024, help="KV rows per request (config-only)")
-    ap.add_argument("--layers", default="mixtral-moe,qwen3-moe,qwen3-gqa")
-    ap.add_argument("--hf-configs", default=None, help="e.g. llama-3-8b,mixtral-8x7b")
+    ap.add_argument(
+        "--layers", default="mixtral-moe,qwen3-moe,qwen3-gqa,llama-decoder,qwen3-decoder"
+    )
+    ap.add_argument(
+        "--hf-configs", default=None, help="e.g. llama-3-8b,mixtral-8x7b,llama-2-70b:80 (N layers)"
+    )
     ap.add_argument("--one-config", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -101,6 +101,13 @@ def compile(  # noqa: A001  (the public name the users asked for)
         )
     if example_inputs is None:
         example_inputs = example_inputs_for(layer)
+    from torch2step.layers.stack import Repeat
+
+    if any(isinstance(n.op, Repeat) for n in layer.nodes):  # N identical layers, one body
+        from torch2step.stack_program import compile_stack
+
+        opts = {**options, "execution": execution, "design": design}
+        return compile_stack(layer, tuple(example_inputs), chip=target, **opts)
     from torch2step.kernel.layers import ICCA_CHIPS
 
     if execution is None:

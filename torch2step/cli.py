@@ -65,6 +65,13 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="a HuggingFace config.json: its decoder layer at full size, no weights",
     )
     r.add_argument("--batch", type=int, default=64, help="tokens (MoE) or decode requests (GQA)")
+    r.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --hf-config: a decode step of N identical layers (one body, repeated)",
+    )
     _chip_args(r)
     r.add_argument(
         "--option",
@@ -143,6 +150,10 @@ def _run_report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
 
     window = _window(args.trace_window)
+    if args.layers is not None and args.hf_config is None:
+        from torch2step.errors import InputError
+
+        raise InputError("--layers N needs --hf-config (a model's config.json)")
     if args.layer is not None and args.execution != "spatial":
         from torch2step.kernel.layers import ICCA_CHIPS
         from torch2step.named import resolve_chip
@@ -160,6 +171,7 @@ def _run_report(args: argparse.Namespace) -> int:
             sets=args.sets,
             options=args.options,
             trace=args.out is not None,
+            layers=args.layers,
         )
     else:
         run = report_layer(

@@ -376,9 +376,10 @@ def report_config(
     sets: Sequence[str] = (),
     options: Mapping[str, Any] | Sequence[str] = (),
     trace: bool = False,
+    layers: int | None = None,
 ) -> LayerRun:
-    """Compile and simulate layer 0 of a HuggingFace ``config.json`` as a decode step at full
-    size with no weights (:func:`torch2step.compile_config`)."""
+    """Compile and simulate layer 0 of a HuggingFace ``config.json`` (or ``layers`` identical
+    layers) as a decode step at full size with no weights (:func:`torch2step.compile_config`)."""
     import torch2step
 
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -386,7 +387,7 @@ def report_config(
     opts = parse_options(options)
     target = resolve_chip(chip, sets)
     log.info("compiling %s (batch %d, no weights) for %s", config, batch, target.name)
-    prog = torch2step.compile_config(config, batch=batch, chip=target, **opts)
+    prog = torch2step.compile_config(config, batch=batch, chip=target, layers=layers, **opts)
     log.info("simulating")
     with simulation_progress():
         rep = prog.report(trace=trace)

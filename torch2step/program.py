@@ -22,7 +22,7 @@ import sympy as sp
 import torch
 
 from hwmodel.chip import Chip
-from torch2step.errors import FrontendError, Torch2StepError
+from torch2step.errors import FrontendError, ScheduleError, Torch2StepError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, format_layer_graph
 from torch2step.lower import Lowered
@@ -45,6 +45,7 @@ class Program:
         self.example_inputs = tuple(example_inputs)
         self._last: Any = None
         self.trace_stats: dict[str, int] = {}
+        self.split = True  # report: a layer that does not fit runs as sequential configurations
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -228,7 +229,14 @@ class Program:
             tensors, env = lw.feed(self._check(inputs))
             d = simulate_dispatched(lw.program, self.chip, tensors, env=env)
             res, dynamic["attn_regions_of_requests"] = d.run, d.assignment
-        sim = simulate_graph(lw.program, self.chip, res, trace=trace)
+        try:
+            sim = simulate_graph(lw.program, self.chip, res, trace=trace)
+        except ScheduleError:
+            if not self.split or len(self.layer.nodes) < 2:
+                raise
+            from torch2step.configurations import split_report
+
+            return split_report(self, inputs, routing=routing, trace=trace, notes=notes)
         sim_s = time.perf_counter() - t0
         self._last = sim
         m = self.metrics

@@ -16,7 +16,13 @@ from typing import Any
 from torch2step.errors import FrontendError
 from torch2step.layers.graph import LayerGraph
 
-__all__ = ["compile_config", "from_hf_config", "same_structure"]
+__all__ = [
+    "compile_config",
+    "from_hf_config",
+    "same_structure",
+    "stack_from_config",
+    "stack_from_model",
+]
 
 
 def _config(config: Any) -> Any:
@@ -73,6 +79,64 @@ def from_hf_config(
     return graph
 
 
+def stack_from_config(config: Any, layers: int | None = None, *, check: bool = True) -> LayerGraph:
+    """The decode step of ``layers`` decoder layers of ``config`` (default: all of the
+    config's) as one :class:`~torch2step.layers.stack.Repeat` of the raised layer 0, hidden
+    states in and out (the embedding and LM head are excluded)::
+
+        (x [B, 1, H], past_k [N, B, Hkv, L, D], past_v [N, ...]) -> (out, new_k, new_v)
+
+    Every layer is built on the meta device and compared with layer 0
+    (:func:`~torch2step.layers.stack.check_identical`): a config whose layers differ (dense
+    and MoE layers mixed, sliding-window layers) is refused naming the first that differs."""
+    import torch
+
+    from models.decoder import _layer_class
+    from torch2step.layers.stack import check_identical, stack_graph
+
+    cfg = _config(config)
+    count = int(layers if layers is not None else cfg.num_hidden_layers)
+    if count < 1:
+        raise FrontendError(f"layers={count}: a model needs at least one layer")
+    with torch.device("meta"):
+        cls = _layer_class(cfg)
+        check_identical([cls(cfg, i) for i in range(count)], f"{cfg.model_type} ({count} layers)")
+    body = from_hf_config(cfg, check=check)
+    g = stack_graph(body, count, name=f"{cfg.model_type}_decoder_x{count}")
+    g.notes.append(f"{count} identical {cls.__name__}s share one body (no embedding, no LM head)")
+    return g
+
+
+def stack_from_model(model: Any, example_past: int = 4) -> LayerGraph:
+    """An HF ``*Model`` / ``*ForCausalLM`` with weights as a decode step of its layers: one
+    :class:`~torch2step.layers.stack.Repeat` whose body is layer 0 raised
+    (:class:`models.decoder.DecoderStep`) and whose ``layer_params`` are every layer's weights
+    as its raise derives them (each layer is raised for its weights: the frontend derives
+    some, e.g. stacked expert matrices);
+    hidden states in and out (embedding, final norm and LM head excluded).  Layers that are not
+    identical are refused naming the first that differs."""
+    from models.decoder import DecoderStep, decode_inputs
+    from torch2step.frontend.torch_import import from_torch
+    from torch2step.layers.stack import check_identical, stack_graph
+
+    base = model.model if hasattr(model, "lm_head") else model
+    layers = list(base.layers)
+    cfg = _config(model.config)
+    check_identical(layers, f"{type(model).__name__} ({len(layers)} layers)")
+    steps = [DecoderStep(layer, base.rotary_emb).eval() for layer in layers]
+    ins = decode_inputs(cfg, 2, example_past)
+    body = from_torch(steps[0], ins, name=f"{cfg.model_type}_decoder")
+    weights = [body.params]
+    for i, step in enumerate(steps[1:], start=1):  # raised: some weights are derived (experts)
+        params = from_torch(step, ins, name=body.name).params
+        if {k: tuple(t.shape) for k, t in params.items()} != {
+            k: tuple(t.shape) for k, t in body.params.items()
+        }:
+            raise FrontendError(f"{body.name}: layer {i} raises to other weights than layer 0")
+        weights.append(params)
+    return stack_graph(body, len(layers), layer_params=weights)
+
+
 def compile_config(
     config: Any,
     *,
@@ -81,6 +145,7 @@ def compile_config(
     kv_lengths: Any = None,
     chip: Any = "step-sda",
     check: bool = True,
+    layers: int | None = None,
     **options: Any,
 ) -> Any:
     """Compile layer 0 of a HuggingFace config (``config.json`` path, dict or config object)
@@ -90,7 +155,9 @@ def compile_config(
     ``report()`` times it (stand-in values for the weights, see
     :mod:`torch2step.layers.standins`); ``run()`` says it needs weights.  ``kv_lengths``
     (``batch`` lengths) makes the caches ragged (``past`` defaults to their maximum, else
-    1024); ``options`` are compile options as for :func:`torch2step.compile`."""
+    1024); ``options`` are compile options as for :func:`torch2step.compile`.  ``layers=N``
+    compiles the decode step of ``N`` identical layers (:func:`stack_from_config`) into a
+    :class:`~torch2step.stack_program.StackProgram`: one body, lowered once."""
     import numpy as np
     import torch
 
@@ -103,6 +170,15 @@ def compile_config(
         raise FrontendError(f"kv_lengths holds {len(lens)} requests but batch is {batch}")
     p = past if past is not None else (int(lens.max()) if lens is not None else 1024)
     inputs = decode_inputs(cfg, batch, p, device="meta")
+    if layers is not None:
+        if lens is not None:
+            raise FrontendError("layers=N with kv_lengths is not supported; give past instead")
+        from torch2step.stack_program import compile_stack
+
+        stack = stack_from_config(cfg, layers, check=check)
+        x, k, v = inputs
+        k = torch.empty((int(layers), *k.shape), device="meta")
+        return compile_stack(stack, (x, k, k.clone()), chip=chip, **options)
     if lens is None:
         graph = from_hf_config(cfg, check=check)
     else:

@@ -13,13 +13,12 @@ reads; positions computed from the KV-cache length become ``Arange`` in the laye
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from torch2step.frontend.onnx_emit import Emitter, Unsupported
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
 from torch2step.frontend.onnx_patterns import Match, Pattern, scalar_factor
+from torch2step.frontend.raise_rotary import rope_theta
 from torch2step.layers import ops as L
 
 __all__ = ["ROTARY_PATTERNS", "theta_of", "trace_positions"]
@@ -28,17 +27,9 @@ _TABLE_VIEWS = ("Unsqueeze", "Reshape", "Cast", "Identity", "Expand")
 
 
 def theta_of(inv_freq: np.ndarray) -> float:
-    """``theta`` with ``inv_freq[i] == theta ** (-2i / d)``, ``d = 2 * len(inv_freq)``."""
-    f = np.asarray(inv_freq, dtype=np.float64).reshape(-1)
-    d = 2 * f.size
-    if f.size < 2 or not math.isclose(f[0], 1.0, rel_tol=1e-6) or f[1] <= 0:
-        raise Unsupported(f"inverse frequencies {f[:4].tolist()}... do not start at 1")
-    i = np.arange(1, f.size)
-    theta = float(np.exp(np.mean(-np.log(f[1:]) * d / (2 * i))))
-    if np.allclose(f, float(round(theta)) ** (-np.arange(0, d, 2) / d), rtol=2e-6, atol=0):
-        theta = float(round(theta))  # float32 tables of an integer base (10000, 1e6)
-    expect = theta ** (-np.arange(0, d, 2) / d)
-    if not np.allclose(f, expect, rtol=1e-4, atol=0):
+    """``theta`` of the default RoPE (:func:`~torch2step.frontend.raise_rotary.rope_theta`)."""
+    theta = rope_theta(inv_freq)
+    if theta is None:
         raise Unsupported(
             "inverse frequencies are not theta^(-2i/d) (a scaled RoPE variant such as llama3 "
             "or yarn); only the default RoPE has a layer op"

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import sympy
-import torch
 from torch import fx
 
 from torch2step.frontend.fx_emit import FxEmitter
@@ -34,17 +35,17 @@ _HALF = P("cat", [P("neg", P("slice", Cap("x"), Cap("d1"), Cap("h"), Cap("e1")))
 _ROPE = P("add", P("mul", Cap("x"), Cap("cos")), P("mul", _HALF, Cap("sin")))
 
 
-def rope_theta(inv_freq: torch.Tensor, dim: int) -> float | None:
-    """``theta`` with ``inv_freq == theta ** -(arange(0, dim, 2) / dim)``, or None."""
-    f = inv_freq.double().flatten()
-    if f.numel() != dim // 2 or f.numel() < 2 or not bool((f > 0).all()):
+def rope_theta(inv_freq: Any, dim: int | None = None) -> float | None:
+    """``theta`` with ``inv_freq == theta ** -(arange(0, d, 2) / d)``, ``d = 2 * len(inv_freq)``
+    (``dim`` when given), or None (a scaled RoPE variant such as Llama-3's or YaRN's); both
+    frontends fit it here."""
+    f = np.asarray(inv_freq, dtype=np.float64).reshape(-1)
+    if f.size < 2 or (dim is not None and 2 * f.size != dim) or not bool((f > 0).all()):
         return None
-    # least squares in log space: log f_i = -(2i / dim) log theta; fp32 tables round theta
-    expo = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    log_theta = float(-(f.log() * expo).sum() / (expo * expo).sum())
-    theta = float(f"{math.exp(log_theta):.6g}")
-    want = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    return theta if torch.allclose(f, want, rtol=1e-4, atol=0) else None
+    # least squares in log space: log f_i = -(2i / d) log theta; fp32 tables round theta
+    expo = np.arange(0, 2 * f.size, 2) / (2 * f.size)
+    theta = float(f"{math.exp(-(np.log(f) * expo).sum() / (expo * expo).sum()):.6g}")
+    return theta if np.allclose(f, theta**-expo, rtol=1e-4, atol=0) else None
 
 
 def _table(view: ProgramView, node: fx.Node, fn: str) -> tuple[fx.Node, fx.Node, int]:
@@ -66,7 +67,7 @@ def _table(view: ProgramView, node: fx.Node, fn: str) -> tuple[fx.Node, fx.Node,
     return strip_casts(t.args[0]), t, axis
 
 
-def _positions(view: ProgramView, emb: fx.Node) -> tuple[fx.Node, torch.Tensor]:
+def _positions(view: ProgramView, emb: fx.Node) -> tuple[fx.Node, Any]:
     """``(positions, inv_freq)`` from ``emb = cat([f, f], -1)``, ``f = pos[..., None] * inv``."""
     caps = match(P("cat", [Cap("f"), Cap("f")], Cap("dim")), emb)
     if caps is None:

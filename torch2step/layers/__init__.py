@@ -25,8 +25,10 @@ from torch2step.layers.ops import (
     TensorType,
     TopKRouting,
 )
+from torch2step.layers.stack import Repeat
 
 __all__ = [
+    "Repeat",
     "Arange",
     "Attention",
     "Cast",

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch2step.errors import FrontendError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, torch_dtype
+from torch2step.layers.stack import Repeat, evaluate_repeat
 
 __all__ = ["evaluate", "EVALUATORS", "rotary_cos_sin", "attention_mask"]
 
@@ -197,6 +198,8 @@ def evaluate(graph: LayerGraph, *inputs: torch.Tensor) -> torch.Tensor | tuple[t
         elif isinstance(op, L.Slice):
             start, end = _concrete([op.start, op.end], dims)
             outs = (args[0].narrow(op.dim, start, end - start),)
+        elif isinstance(op, Repeat):
+            outs = evaluate_repeat(op, args)
         else:
             outs = EVALUATORS[type(op)](op, args)
         env.update(zip(node.outputs, outs))

@@ -162,7 +162,8 @@ class LayerGraph:
 
 
 def _fmt_attrs(op: LayerOp) -> str:
-    parts = [f"{f.name}={getattr(op, f.name)!r}" for f in dataclasses.fields(op)]  # type: ignore[arg-type]
+    fields = [f for f in dataclasses.fields(op) if f.repr]  # type: ignore[arg-type]
+    parts = [f"{f.name}={getattr(op, f.name)!r}" for f in fields]
     return f"[{', '.join(parts)}]" if parts else ""
 
 
@@ -176,6 +177,9 @@ def format_layer_graph(g: LayerGraph) -> str:
     for n in g.nodes:
         outs = ", ".join(f"{o}: {g.types[o]}" for o in n.outputs)
         lines.append(f"  {outs} = {type(n.op).__name__}{_fmt_attrs(n.op)}({', '.join(n.inputs)})")
+        body = getattr(n.op, "body", None)
+        if isinstance(body, LayerGraph):  # a repeated body, printed once
+            lines += ["    " + line for line in format_layer_graph(body).splitlines()]
     lines.append(f"  return {', '.join(g.outputs)}")
     lines.append("}")
     return "\n".join(lines)

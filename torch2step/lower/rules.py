@@ -23,8 +23,15 @@ from torch2step.step import fn
 from .context import LowerCtx
 from .linear import lower_linear
 from .rules_broadcast import lower_elementwise
-from .rules_index import lower_arange, lower_concat, lower_gather, lower_permute, lower_slice
+from .rules_index import lower_arange, lower_concat, lower_permute, lower_slice
 from .rules_models import lower_attention, lower_moe, lower_topk
+from .rules_tensor import (
+    lower_concat_cols,
+    lower_gather,
+    lower_matmul,
+    lower_slice_elements,
+    lower_transpose,
+)
 
 __all__ = ["RULES"]
 
@@ -60,8 +67,26 @@ def _permute(ctx: LowerCtx, n: Node) -> None:
     shape = ctx.type(n.inputs[0]).shape
     if _unit_permute(shape, op.dims):
         ctx.alias(n.outputs[0], n.inputs[0])
-        return
-    lower_permute(ctx, n)
+    elif op.dims[-1] != len(op.dims) - 1:
+        lower_transpose(ctx, n)
+    else:
+        lower_permute(ctx, n)
+
+
+def _last(ctx: LowerCtx, n: Node, dim: int) -> bool:
+    return dim % len(ctx.shape(n.inputs[0])) == len(ctx.shape(n.inputs[0])) - 1
+
+
+def _concat(ctx: LowerCtx, n: Node) -> None:
+    assert isinstance(n.op, L.Concat)
+    (lower_concat_cols if _last(ctx, n, n.op.dim) else lower_concat)(ctx, n)
+
+
+def _slice(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.Slice)
+    static = ctx.sym(op.start).is_Integer and ctx.sym(op.end).is_Integer
+    (lower_slice_elements if _last(ctx, n, op.dim) and not static else lower_slice)(ctx, n)
 
 
 def _rmsnorm(ctx: LowerCtx, n: Node) -> None:
@@ -126,12 +151,12 @@ RULES: dict[type[L.LayerOp], Callable[[LowerCtx, Node], None]] = {
     L.Cast: _cast,
     L.Rotary: _rotary,
     L.Arange: lower_arange,
-    L.Concat: lower_concat,
-    L.Slice: lower_slice,
+    L.Concat: _concat,
+    L.Slice: _slice,
     L.Gather: lower_gather,
+    L.MatMul: lower_matmul,
     L.TopKRouting: lower_topk,
     L.MoEExperts: lower_moe,
     L.Attention: lower_attention,
 }
-"""Layer operator class -> lowering rule (``MatMul`` has none yet: attention is raised whole
-and projections are ``Linear``)."""
+"""Layer operator class -> lowering rule."""

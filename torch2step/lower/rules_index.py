@@ -1,4 +1,4 @@
-"""Row movement: permutations, slices, concatenations and gathers along leading dimensions.
+"""Row movement: permutations, slices and concatenations along leading dimensions.
 
 A layer value is a row-major matrix of rows (:mod:`.context`).  Moving data between leading
 dimensions moves whole rows, so these operators lower to a ``RandomOffChipLoad`` (gather:
@@ -26,7 +26,7 @@ from torch2step.layers.graph import Node
 
 from .context import LowerCtx, Placed
 
-__all__ = ["lower_arange", "lower_concat", "lower_gather", "lower_permute", "lower_slice"]
+__all__ = ["lower_arange", "lower_concat", "lower_permute", "lower_slice"]
 
 
 def concrete(exprs: Sequence[Any], bindings: dict[str, int]) -> list[int]:
@@ -116,21 +116,6 @@ def lower_slice(ctx: LowerCtx, n: Node) -> None:
         return np.take(ids, np.arange(lo, hi), axis=d).reshape(-1)
 
     _gather_rows(ctx, n, compute)
-
-
-def lower_gather(ctx: LowerCtx, n: Node) -> None:
-    """``x.index_select(0, idx)`` of a matrix: a ``RandomOffChipLoad`` at the index data."""
-    op = n.op
-    assert isinstance(op, L.Gather)
-    x, idx = n.inputs
-    shape = ctx.shape(x)
-    if len(shape) != 2 or op.dim % 2 != 0:
-        raise ctx.fail("only index_select along dim 0 of a matrix is supported")
-    it = ctx.placed[idx].tensor
-    addr = ctx.flat(ctx.graph.linear_load(it, (1, 1)))
-    p = ctx.placed[x]
-    rows = ctx.graph.random_load(addr, p.tensor, (1, int(p.cols)))
-    ctx.store_rows(rows, n.outputs[0])
 
 
 def lower_arange(ctx: LowerCtx, n: Node) -> None:

@@ -1,0 +1,69 @@
+"""A decoder layer that does not fit the chip's cores is reported as sequential spatial
+configurations (the split printed in the notes); the configurations chained compute the layer;
+on a chip it fits, it is placed whole."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch2step  # noqa: E402
+from hwmodel import load_chip  # noqa: E402
+from hwmodel.presets import with_mesh_shape  # noqa: E402
+from models.decoder import decode_inputs, decoder_step, tiny_config  # noqa: E402
+from torch2step.configurations import split_layer, subgraph  # noqa: E402
+from torch2step.lower import LowerOptions, lower  # noqa: E402
+from torch2step.step import run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def layer():
+    cfg = tiny_config("llama")
+    step = decoder_step(cfg, device="cpu")
+    return step, decode_inputs(cfg, 3, 9)
+
+
+def test_decoder_layer_split_into_configurations_that_fit(layer) -> None:
+    step, args = layer
+    chip = with_mesh_shape(load_chip("mesh"), 4, 8)
+    rep = torch2step.compile(step, args, chip=chip, execution="spatial").report(*args)
+    k = rep.dynamic["configurations"]
+    assert k > 1
+    lines = [n for n in rep.notes if n.startswith("configuration ")]
+    assert len(lines) == k and "split into" in str(rep)
+    parts = [int(n.rsplit(", ", 1)[1].split()[0].replace(",", "")) for n in lines]
+    assert sum(parts) == rep.latency_cycles
+    for n in lines:
+        assert int(n.split(" units")[0].rsplit(", ", 1)[1]) <= chip.num_cores
+    assert len({u["configuration"] for u in rep.units}) == k
+
+
+def test_configurations_chained_compute_the_layer(layer) -> None:
+    step, args = layer
+    graph = torch2step.compile(step, args).layer
+    groups = split_layer(graph, 32, LowerOptions())
+    assert len(groups) > 1 and [n for g in groups for n in g] == graph.nodes
+    env = dict(zip(graph.inputs, args))
+    for k, group in enumerate(groups):
+        sub = subgraph(graph, group, f"c{k}")
+        lw = lower(sub)
+        xs = [env[v] for v in sub.inputs]
+        tensors, bindings = lw.feed(xs)
+        res = run(lw.program, tensors=tensors, env=bindings)
+        env.update(zip(sub.outputs, lw.outputs(res.tensors, xs)))
+    with torch.no_grad():
+        want = step(*args)
+    for name, w in zip(graph.outputs, want):
+        torch.testing.assert_close(env[name], w, atol=1e-4, rtol=0)
+
+
+def test_layer_that_fits_is_placed_whole(layer) -> None:
+    step, args = layer
+    rep = torch2step.compile(step, args).report(*args)
+    assert "configurations" not in rep.dynamic
+    assert not any(n.startswith("configuration ") for n in rep.notes)

@@ -1,0 +1,167 @@
+"""A layer too large for the chip, run as sequential spatial configurations.
+
+On a spatial accelerator a layer is placed whole when its STeP units fit the chip's cores
+(STeP (arXiv 2511.07776) §4.2: one unit per operator).  When they do not, the layer is cut, in
+the order of its layer operators, into consecutive groups that each fit — *configurations* the
+chip loads one after another, as SambaNova runs a model that does not fit as a sequence of
+on-chip configurations (ELK §7).  Layer operators already communicate through off-chip memory
+(:mod:`torch2step.lower.context`), so a cut adds no traffic: each configuration reads its
+inputs from HBM where the previous one stored them.
+
+:func:`split_report` groups greedily by the units each layer operator's STeP subgraph needs
+(a configuration that still does not fit once its buffers are counted is halved), compiles
+each group as its own program, simulates them in order on the values the layer computes, and
+returns one report: latency, traffic and FLOPs summed, peak on-chip memory the largest, the
+split printed in the notes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from torch2step.errors import ScheduleError
+from torch2step.layers import ops as L
+from torch2step.layers.graph import LayerGraph, Node
+from torch2step.layers.standins import standin_inputs, standin_params
+
+__all__ = ["split_layer", "split_report", "subgraph"]
+
+_SUMMED = ("latency_cycles", "latency_s", "hbm_bytes", "hbm_bytes_symbolic", "flops",
+           "roofline_cycles", "events", "simulation_s")  # fmt: skip
+
+
+def subgraph(layer: LayerGraph, nodes: Sequence[Node], name: str) -> LayerGraph:
+    """The layer operators ``nodes`` (consecutive in ``layer``) as a graph: inputs are the
+    values they read from earlier operators or the layer's inputs (the inputs that define the
+    dynamic sizes first, so the sizes keep their names), outputs those read later."""
+    g = LayerGraph(name=name)
+    produced = {o for n in nodes for o in n.outputs}
+    needed = [src for src, _ in layer.dims.values()]
+    needed += [i for n in nodes for i in n.inputs if i not in produced]
+    for v in dict.fromkeys(needed):
+        if v in layer.params:
+            g.add_param(v, layer.params[v])
+        else:
+            g.add_input(v, layer.types[v])
+    for n in nodes:
+        for o in n.outputs:
+            g.types[o] = layer.types[o]
+        g.nodes.append(n)
+    later = set(layer.outputs)
+    after = False
+    for n in layer.nodes:
+        if n is nodes[-1]:
+            after = True
+        elif after:
+            later.update(n.inputs)
+    g.outputs = [o for n in nodes for o in n.outputs if o in later]
+    return g
+
+
+def _units(layer: LayerGraph, node: Node, options: Any) -> int:
+    from torch2step.lower import lower
+    from torch2step.spatial.structure import analyse
+
+    return len(analyse(lower(subgraph(layer, [node], "probe"), options).program).units)
+
+
+def split_layer(layer: LayerGraph, cores: int, options: Any) -> list[list[Node]]:
+    """Consecutive groups of ``layer``'s operators whose units fit ``cores`` each."""
+    groups: list[list[Node]] = [[]]
+    used = 0
+    for n in layer.nodes:
+        need = _units(layer, n, options)
+        if need > cores:
+            raise ScheduleError(
+                f"{layer.name}: layer operator {n.name} ({type(n.op).__name__}) alone needs "
+                f"{need} units but the chip has {cores} cores; use a chip with more cores or "
+                "coarser tiles"
+            )
+        if groups[-1] and used + need > cores:
+            groups.append([])
+            used = 0
+        groups[-1].append(n)
+        used += need
+    return groups
+
+
+def _values(layer: LayerGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every value of ``layer`` on ``inputs`` (stand-ins for ``meta`` weights and inputs)."""
+    from torch2step.layers.evaluate import evaluate
+
+    names = [o for n in layer.nodes for o in n.outputs]
+    every = replace(layer, params=standin_params(layer.params), outputs=names, single_output=False)
+    ins = standin_inputs(inputs)
+    return {**dict(zip(layer.inputs, ins)), **dict(zip(names, evaluate(every, *ins)))}
+
+
+def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> Any:
+    """Report ``prog`` (a :class:`~torch2step.program.Program` that does not fit its chip)
+    as sequential configurations (see the module docstring)."""
+    from torch2step.lower import lower
+    from torch2step.program import Program
+
+    layer, chip = prog.layer, prog.chip
+    opts = prog.lowered.options
+    inputs = tuple(inputs) or prog.example_inputs
+    env = {**standin_params(layer.params), **_values(layer, inputs)}
+    pending = split_layer(layer, chip.num_cores, opts)
+    reports, lines = [], []
+    while pending:
+        group = pending.pop(0)
+        k = len(reports) + 1
+        sub = subgraph(layer, group, f"{layer.name}_config{k}")
+        part = Program(sub, lower(sub, opts), chip, tuple(env[v] for v in sub.inputs))
+        part.split = False  # a part that does not fit is halved here, not split again
+        args = dict(kwargs)
+        if not any(isinstance(n.op, L.TopKRouting) for n in group):
+            args.pop("routing", None)
+        try:
+            rep = part.report(**args)
+        except ScheduleError:
+            if len(group) == 1:
+                raise
+            half = len(group) // 2
+            pending[:0] = [group[:half], group[half:]]
+            continue
+        reports.append(rep)
+        kinds = ", ".join(dict.fromkeys(type(n.op).__name__ for n in group))
+        lines.append(
+            f"configuration {k}: {group[0].name} .. {group[-1].name} ({len(group)} operators: "
+            f"{kinds}), {len(rep.units)} units, {rep.latency_cycles:,} cycles"
+        )
+    first = reports[0]
+    summed = {f: sum(getattr(r, f) for r in reports) for f in _SUMMED}
+    breakdown: dict[str, int] = {}
+    for r in reports:
+        for key, v in r.breakdown.items():
+            breakdown[key] = breakdown.get(key, 0) + v
+    total = max(1, summed["latency_cycles"])
+    util = {
+        key: sum(r.utilisation.get(key, 0.0) * r.latency_cycles for r in reports) / total
+        for key in first.utilisation
+    }
+    units = [{**u, "configuration": i + 1} for i, r in enumerate(reports) for u in r.units]
+    note = (
+        f"{layer.name} needs more cores than {chip.name}'s {chip.num_cores}: split into "
+        f"{len(reports)} sequential configurations (each reads its inputs from HBM)"
+    )
+    return replace(
+        first,
+        **summed,
+        layer=layer.name,
+        hbm_bytes_formula=" + ".join(f"({r.hbm_bytes_formula})" for r in reports),
+        peak_onchip_bytes=max(r.peak_onchip_bytes for r in reports),
+        onchip_formula=f"max of {len(reports)} configurations",
+        roofline_fraction=summed["roofline_cycles"] / max(1, summed["latency_cycles"]),
+        breakdown=breakdown,
+        utilisation=util,
+        units=units,
+        simulated_onchip_bytes=max(r.simulated_onchip_bytes for r in reports),
+        dynamic={**first.dynamic, "configurations": len(reports)},
+        notes=[*layer.notes, note, *lines],
+    )
