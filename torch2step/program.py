@@ -234,6 +234,10 @@ class Program:
         m = self.metrics
         at = m.evaluate(res.bindings)
         rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        spans = list(sim.memory_notes)  # units whose bytes exceed one core's SRAM
+        if len(spans) > 3:
+            spans = spans[:3] + [f"{len(spans) - 3} more units span several cores' SRAM"]
+        notes = (*notes, *spans)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
 
     def write_trace(
