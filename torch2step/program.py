@@ -45,6 +45,8 @@ class Program:
         self.example_inputs = tuple(example_inputs)
         self._last: Any = None
         self.trace_stats: dict[str, int] = {}
+        self.strategy_table: str = ""  # the candidates strategy="auto" tried (torch2step.auto)
+        self.strategy_options: dict[str, Any] = {}
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -238,6 +240,8 @@ class Program:
         if len(spans) > 3:
             spans = spans[:3] + [f"{len(spans) - 3} more units span several cores' SRAM"]
         notes = (*notes, *spans)
+        if self.strategy_table:
+            notes = (*notes, self.strategy_table)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
 
     def write_trace(
