@@ -26,9 +26,12 @@ consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per l
    ``filter_padding``) and a per-row selector over the lane's experts (``to_selector`` of the
    local index) go to a Partition whose outputs are the per-expert row streams ``[N_e]``
    (same count symbols as the first Partition).
-6. **Routing weight.** As in the artifact of STeP §5.3, each expert's rows are scaled by its
-   routing weight after the lane, one unit per expert (:func:`torch2step.examples.moe.add_moe`),
-   then the Reassemble of the dedicated-region graph gathers them.
+6. **Routing weight.** By default inside the lane: the expert id, repeated along the chunk's
+   rows (Repeat + Expand), picks each token's weight (``pick_weight_of``) and scales the output
+   tile, so the layer adds no unit per expert.  With ``scale_in_lanes=False`` (the artifact of
+   STeP §5.3, whose figures this reproduces) each expert's rows are scaled after the lane, one
+   unit per expert (:func:`torch2step.examples.moe.add_moe`).  The Reassemble of the
+   dedicated-region graph then gathers them.
 
 The off-chip traffic is that of the dedicated graph; only the unit count changes.
 """
@@ -213,8 +216,9 @@ def add_lanes(
     lanes: int,
 ) -> list[Value]:
     """The lanes of the time-multiplexed layer (module docstring).  ``routed[e]`` is expert
-    ``e``'s stream ``[N_e]`` of token rows ``[1, H]``; returns the per-expert (unscaled)
-    output row streams ``[N_e]`` in expert order."""
+    ``e``'s stream ``[N_e]`` of token rows ``[1, H]`` (with ``plan.scale_in_lanes``: of
+    ``(row, ids [1, k], weights [1, k])``); returns the per-expert output row streams
+    ``[N_e]`` in expert order (scaled by the routing weight when ``plan.scale_in_lanes``)."""
     E = len(routed)
     p = plan.prefix
     tiles: list[Value] = []
@@ -227,9 +231,17 @@ def add_lanes(
                     name=f"{p}_e{e}_chunk",
                 )
             )
-        else:  # static tiles of N rows, the last zero-padded, each its own chunk
-            data, flags = g.reshape(routed[e], 0, plan.static, 0.0, name=f"{p}_e{e}_tile")
-            tiles.append(g.zip(data, flags, name=f"{p}_e{e}_chunk"))
+            continue
+        # static tiles of N rows, the last zero-padded, each its own chunk (Reshape pads tiles:
+        # a (row, ids, weights) element is cut into its parts and zipped again)
+        parts = (
+            [g.map(fn("get", index=i), routed[e], name=f"{p}_e{e}_part{i}") for i in range(3)]
+            if plan.scale_in_lanes
+            else [routed[e]]
+        )
+        cut = [g.reshape(v, 0, plan.static, 0.0, name=f"{p}_e{e}_tile{i}")
+               for i, v in enumerate(parts)]
+        tiles.append(g.zip(*(d for d, _ in cut), cut[0][1], name=f"{p}_e{e}_chunk"))
     out: list[Value | None] = [None] * E
     for lane, experts in enumerate(lane_experts(E, lanes)):
         rows = _lane(g, plan, lane, experts[0], [tiles[e] for e in experts], weights)
@@ -261,11 +273,16 @@ def _lane(
     q = f"{plan.prefix}_l{lane}"
     merged, msel = g.eager_merge(chunks, name=f"{q}_merge")  # [M, R] of rows (+ pad flags)
     local = g.map(fn("selector_index"), msel, name=f"{q}_j")  # [M] lane-local index
-    if plan.static is None:
-        x_rows, flags = merged, None
+    width = (3 if plan.scale_in_lanes else 1) + (plan.static is not None)
+    if width == 1:
+        x_rows = merged
     else:
-        x_rows = g.map(fn("get", index=0), merged, name=f"{q}_x")  # [M, N] of [1, H]
-        flags = g.map(fn("get", index=1), merged, name=f"{q}_pad")  # [M, N] padding flags
+        x_rows = g.map(fn("get", index=0), merged, name=f"{q}_x")  # [M, R] of [1, H]
+    flags = (
+        None
+        if plan.static is None
+        else g.map(fn("get", index=width - 1), merged, name=f"{q}_pad")  # padding flags
+    )
     buf = g.bufferize(x_rows, 1, name=f"{q}_buf")  # [M] Buf[R]
     per_i = g.repeat(buf, ni, name=f"{q}_per_i")
     again = g.streamify(buf, per_i, name=f"{q}_rows")  # [M, I/ti, R] of [1, H]
@@ -307,6 +324,15 @@ def _lane(
         y = g.accum(cols, "add", fn("zeros", shape=(n_r, H), dtype=dt), 1, name=f"{q}_down")
 
     j_rows = g.expand(g.repeat(local, 1, name=f"{q}_j1"), x_rows, 0, name=f"{q}_j_r")
+    if plan.scale_in_lanes:  # each token's routing weight for the served expert first + j
+        e_rows = g.map(fn("affine", scale=1, offset=first), j_rows, name=f"{q}_eid")
+        ids = g.map(fn("get", index=1), merged, name=f"{q}_ids")
+        wts = g.map(fn("get", index=2), merged, name=f"{q}_wts")
+        w_e = g.map(fn("pick_weight_of"), g.zip(ids, wts, e_rows, name=f"{q}_gw_in"),
+                    name=f"{q}_gw")  # [M, R] of [1, 1]
+        info_dt = w_e.type.dtype.dtype  # type: ignore[attr-defined]
+        w_col = g.accum(w_e, "retile_row", zeros(0, 1, info_dt), 1, name=f"{q}_gw_col")
+        y = g.map("mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled")
     rows = g.flat_map(y, fn("tile_rows"), name=f"{q}_out")  # [M, R] of [1, H]
     if flags is not None:  # drop the padding rows of static tiles (Fig. 2 "FilterPadding")
         kept = g.flat_map(
