@@ -156,7 +156,24 @@ def _grid(f: Any, start: np.ndarray) -> list:
     ]
 
 
+def _pad_index_rule(f: Any, args: tuple[DataType, ...]) -> TileType:
+    _int11(f, args[0], "the index")
+    return ADDR
+
+
+def _pad_index(f: Any, j: np.ndarray, pad: np.ndarray) -> np.ndarray:
+    return np.array([[int(f.get("n")) if bool(pad[0, 0]) else int(j[0, 0])]], dtype=np.int64)
+
+
 for _spec in (
+    FnSpec(
+        "pad_index",
+        "map",
+        2,
+        _pad_index_rule,
+        _pad_index,
+        doc="(index [1,1], is_pad) -> n if is_pad else index: padding rows to output n",
+    ),
     FnSpec(
         "selector_index",
         "map",
@@ -246,15 +263,18 @@ def add_lanes(
     for lane, experts in enumerate(lane_experts(E, lanes)):
         rows = _lane(g, plan, lane, experts[0], [tiles[e] for e in experts], weights)
         q = f"{p}_l{lane}"
+        pad = [] if plan.static is None else [f"{q}_padrows"]
         backs = g.partition(
             rows[0],
             rows[1],
-            len(experts),
-            count_names=[counts[e] for e in experts],
+            len(experts) + len(pad),
+            count_names=[counts[e] for e in experts] + pad,
             name=f"{q}_back",
         )
         for e, b in zip(experts, backs):
             out[e] = b
+        if pad:  # the padding rows: dropped, never sent to a unit
+            g.output(pad[0], backs[-1])
     return [v for v in out if v is not None]
 
 
@@ -334,13 +354,12 @@ def _lane(
         w_col = g.accum(w_e, "retile_row", zeros(0, 1, info_dt), 1, name=f"{q}_gw_col")
         y = g.map("mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled")
     rows = g.flat_map(y, fn("tile_rows"), name=f"{q}_out")  # [M, R] of [1, H]
-    if flags is not None:  # drop the padding rows of static tiles (Fig. 2 "FilterPadding")
-        kept = g.flat_map(
-            g.zip(g.zip(rows, j_rows, name=f"{q}_rj"), flags, name=f"{q}_unpad_in"),
-            "filter_padding",
-            name=f"{q}_unpad",
+    n = len(chunks)
+    if flags is not None:  # padding rows of static tiles go to an extra, unread output (Fig. 2
+        # "FilterPadding"): the selector depends on the expert index and the flags, not on data
+        j_rows = g.map(
+            fn("pad_index", n=n), g.zip(j_rows, flags, name=f"{q}_jpad_in"), name=f"{q}_jpad"
         )
-        rows = g.map(fn("get", index=0), kept, name=f"{q}_rows_kept")
-        j_rows = g.map(fn("get", index=1), kept, name=f"{q}_j_kept")
-    sel = g.map(fn("to_selector", n=len(chunks)), j_rows, name=f"{q}_sel")
+        n += 1
+    sel = g.map(fn("to_selector", n=n), j_rows, name=f"{q}_sel")
     return rows, sel
