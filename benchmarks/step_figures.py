@@ -4,12 +4,11 @@
   Mixtral-8x7B and Qwen3-30B-A3B MoE layers at batch 64 (static tiles 16, 64) and batch 1024
   (static tiles 256, 1024), tile 64 along the expert's intermediate dimension.
 * Fig. 8 / 9 — configuration time-multiplexing (§5.3): Qwen3-30B-A3B at batch 64 with 128,
-  64, 32, 16, 8, 4 expert regions (128/R consecutive experts each) with dynamic tiling, tile
-  48 along the intermediate dimension, 1024 FLOPs/cycle per region operator; each region's
-  EagerMerge order is decided in simulated time (:mod:`torch2step.spatial.dynamic`).  The
-  paper's static-tile-32 series needs static tiles inside shared regions, which the builder
-  does not offer yet (static tiling is implemented for dedicated regions only).
-
+  64, 32, 16, 8, 4 expert regions (128/R consecutive experts each), static tiles of 32 tokens
+  (Fig. 9(a)) and dynamic tiling (Fig. 9(b)), tile 48 along the intermediate dimension, 1024
+  FLOPs/cycle per operator; 128 regions is the dedicated-region graph (the paper's baseline);
+  each shared region's EagerMerge order is decided in simulated time
+  (:mod:`torch2step.spatial.dynamic`).  The gains are read at 32 regions as the paper does.
 * Fig. 11 — dynamic parallelization (§5.4): Qwen3-30B-A3B decode attention for one KV head
   over 4 regions, requests assigned coarse (16 consecutive per region), interleaved or
   dynamically (first free region, decided in simulated time by
@@ -28,6 +27,12 @@ unit on the event simulator.
 ``python benchmarks/step_figures.py`` prints one table per figure, the paper's headline ratios
 next to ours and notes on the differences, and writes PNGs (``--png-dir``); ``--json`` prints
 one JSON object per configuration.  ``--figures 6,7`` picks figures.
+
+Metrics as the paper's figures define them (its artifact): on-chip memory counted by
+:mod:`torch2step.step.metrics_artifact` (``onchip_bytes``; the §4.1 text accounting and the
+simulated peak are the extra keys ``onchip_s41_bytes`` and ``onchip_sim_bytes``); allocated
+compute by :func:`allocated_flops_per_cycle`; compute utilisation = FLOPs / (cycles x
+allocated FLOPs/cycle).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from torch2step.spatial.dynamic import simulate_decided  # noqa: E402
 from torch2step.spatial.timing import UnitConfig  # noqa: E402
 from torch2step.step import run  # noqa: E402
 from torch2step.step.metrics import metrics  # noqa: E402
+from torch2step.step.metrics_artifact import onchip_bytes_artifact  # noqa: E402
 from torch2step.step.ops_compute import Accum, FlatMap, Map, Scan  # noqa: E402
 
 CHIP = "step-paper"
@@ -90,6 +96,9 @@ class Row:
     offchip_bw_util: float
     units: int
     wall_s: float
+    onchip_s41_bytes: int = 0
+    onchip_sim_bytes: int = 0
+    sim_rounds: int = 1  # simulations the decisions in simulated time took (fixed point)
 
 
 def _trace(model: str, batch: int) -> tuple[str, np.ndarray]:
@@ -106,8 +115,10 @@ def moe_case(
     tile_f: int,
     flops_per_cycle: int,
     regions: int | None = None,
+    label: str | None = None,
 ) -> Row:
-    """Build, run (timing-only) and simulate one MoE configuration."""
+    """Build, run (timing-only) and simulate one MoE configuration (``label``: its strategy
+    name in the table, default from the tiling and regions)."""
     t0 = time.perf_counter()
     E, k, D, F = MODELS[model]
     trace, sel = _trace(model, batch)
@@ -123,6 +134,7 @@ def moe_case(
         static_tile=static_tile,
         lanes=regions,
         repeat_tile=regions is None,
+        scale_in_lanes=False,  # the artifact scales per expert after the regions
     )
     zero = torch.zeros(())  # weights: zero-stride views (timing-only runs never read them)
     tensors = {
@@ -135,20 +147,18 @@ def moe_case(
     }
     compute = [op.name for op in g.nodes if isinstance(op, (Map, Accum, Scan, FlatMap))]
     cfg = {n: UnitConfig(flops_per_cycle=flops_per_cycle) for n in compute}
+    rounds = 1
     if regions is None:
         res = run(g, tensors=tensors, check=False, timing_only=True)
         sim = simulate_graph(g, CHIP, res, configs=cfg)
     else:  # each region's EagerMerge forwards the expert whose tokens are ready first
         decided = simulate_decided(g, CHIP, tensors, configs=cfg)
-        sim, res = decided.result, decided.run
-    at = metrics(g).evaluate(res.bindings)
-    # allocated compute: the operators that compute (a tile function with a FLOP count),
-    # as the paper's Fig. 8 counts it; routing, selector and address maps allocate none
-    alloc = flops_per_cycle * sum(
-        1 for op in g.nodes if op.name in set(compute) and op.fn.spec.flops is not None
-    )
+        sim, res, rounds = decided.result, decided.run, decided.rounds
+    alloc = allocated_flops_per_cycle(g, flops_per_cycle)
     hbm = 1024
-    if regions is None:
+    if label is not None:
+        strategy = label
+    elif regions is None:
         strategy = "dynamic" if static_tile is None else f"static{static_tile}"
     else:
         strategy = f"regions{regions}" + ("" if static_tile is None else f"_static{static_tile}")
@@ -160,14 +170,42 @@ def moe_case(
         trace,
         int(sim.cycles),
         int(sim.hbm_bytes),
-        int(at["onchip_bytes"]),
+        onchip_bytes_artifact(g, res.bindings),
         alloc,
         int(sim.flops),
         sim.flops / (sim.cycles * alloc),
         sim.hbm_bytes / (sim.cycles * hbm),
         len(sim.units),
         round(time.perf_counter() - t0, 2),
+        int(metrics(g).evaluate(res.bindings)["onchip_bytes"]),
+        int(sim.peak_onchip_bytes),
+        rounds,
     )
+
+
+#: tile functions that compute addresses or pick routing data: the artifact gives the
+#: operators doing this (ExpertAddrGen, the weights' FlatPartition) no compute bandwidth
+ADDRESS_FNS = frozenset(
+    {"affine", "pick_weight", "pick_weight_of", "to_selector", "selector_index", "tile_grid",
+     "iota"}
+)
+#: a gated activation act(gate) * up is the artifact's two operators (activation, multiply)
+GATED_FNS = frozenset({"silu_mul", "gelu_mul", "gelu_tanh_mul", "relu_mul"})
+
+
+def allocated_flops_per_cycle(g, flops_per_cycle: int) -> int:
+    """Compute bandwidth allocated as the paper's artifact allocates it (Fig. 8/9's
+    "allocated compute"): ``flops_per_cycle`` for every operator applying a tile function
+    with a FLOP count, none for address and routing-data functions (:data:`ADDRESS_FNS`),
+    two for a fused gated activation (:data:`GATED_FNS`)."""
+    units = 0
+    for op in g.nodes:
+        if not isinstance(op, (Map, Accum, Scan, FlatMap)) or op.fn.spec.flops is None:
+            continue
+        if op.fn.name in ADDRESS_FNS:
+            continue
+        units += 2 if op.fn.name in GATED_FNS else 1
+    return flops_per_cycle * units
 
 
 def geomean(xs: list[float]) -> float:
@@ -198,30 +236,41 @@ def fig67(emit) -> tuple[list[Row], dict[str, float]]:
     return rows, ratios
 
 
+#: the time-multiplexed point the paper reads its §5.3 gains at (its Fig. 9 marks 32 regions,
+#: 4 experts each, against the 128 dedicated regions: the artifact's ``fig_*_compare_base``)
+TM_POINT = 32
+TM_REGIONS = (128, 64, 32, 16, 8, 4)
+
+
 def fig89(emit) -> tuple[list[Row], dict[str, float]]:
     rows: list[Row] = []
     ratios: dict[str, float] = {}
-    for tile, label in ((None, "dynamic"),):
+    for tile, label in ((32, "static tile 32"), (None, "dynamic")):
         series = []
-        for r in (128, 64, 32, 16, 8, 4):
+        for r in TM_REGIONS:
+            # 128 regions of one expert each are the dedicated-region graph: the paper's
+            # baseline (Revet-expressible; the artifact's run_ws_tile_mn_mk_revet / _dyn_tile)
             row = emit(moe_case("8/9", "qwen3", 64, static_tile=tile, tile_f=48,
-                                flops_per_cycle=REGION_BW, regions=r))
+                                flops_per_cycle=REGION_BW, regions=None if r == 128 else r,
+                                label=f"regions{r}" + ("" if tile is None else f"_static{tile}")))
             rows.append(row)
             series.append(row)
         base = series[0]
+        at = next(s for s in series if s.strategy.startswith(f"regions{TM_POINT}"))
+        ratios[f"5.3 time-multiplexing compute-utilisation gain, {label}"] = (
+            at.compute_util / base.compute_util
+        )
+        ratios[f"5.3 cycle overhead at {TM_POINT} regions, {label} (paper: <1% static, "
+               f"~5% dynamic)"] = at.cycles / base.cycles - 1
+        ratios[f"5.3 allocated-compute ratio 128/{TM_POINT} regions, {label}"] = (
+            base.alloc_flops_per_cycle / at.alloc_flops_per_cycle
+        )
         ok = [s for s in series if s.cycles <= base.cycles * 1.05]
         best = max(ok, key=lambda s: s.compute_util)
-        ratios[f"5.3 time-multiplexing compute-utilisation gain, {label}"] = (
+        ratios[f"5.3 best gain at <5% overhead ({best.strategy}), {label}"] = (
             best.compute_util / base.compute_util
         )
-        ratios[f"5.3 cycle overhead at that point, {label}"] = best.cycles / base.cycles - 1
-        ratios[f"5.3 regions at that point, {label}"] = float(best.strategy.split("regions")[1].split("_")[0])
-        for s in series[1:3]:
-            ratios[f"5.3 compute-utilisation gain at {s.strategy}, {label}"] = (
-                s.compute_util / base.compute_util
-            )
     return rows, ratios
-
 
 
 # ---------------------------------------------------------------- Fig. 11 (§5.4)
@@ -362,7 +411,69 @@ Notes on Fig. 11 (dynamic parallelization, §5.4):
 """
 
 
-FIGURES = {"6,7": fig67, "8,9": fig89, "11": fig11}
+#: the configuration the paper recommends in each figure (per model and batch)
+PAPER_PICKS = {"6": ("dynamic",), "7": ("dynamic",), "8/9": ("regions32_static32", "regions32")}
+
+
+def auto_vs_paper(rows: list[Row]) -> list[str]:
+    """``strategy=auto``'s rule (torch2step.auto: prune by on-chip memory, decide by
+    simulated cycles) applied to the configurations each figure ran, with the paper's pick's
+    on-chip memory as the budget: lines saying where it finds a faster configuration at equal
+    or lower on-chip memory than the paper's hand-picked one."""
+    out = []
+    groups: dict[tuple[str, str, int], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.figure, r.model, r.batch), []).append(r)
+    for (fig, model, batch), rs in groups.items():
+        for pick_name in PAPER_PICKS.get(fig, ()):
+            pick = next((r for r in rs if r.strategy == pick_name), None)
+            if pick is None:
+                continue
+            fit = [r for r in rs if r.onchip_bytes <= pick.onchip_bytes]
+            best = min(fit, key=lambda r: (r.cycles, r.onchip_bytes))
+            if best is pick or best.cycles >= pick.cycles:
+                out.append(f"auto on fig {fig} {model} b{batch}: the paper's pick {pick_name} "
+                           f"is the fastest within its on-chip memory "
+                           f"({pick.onchip_bytes / 1e6:.2f} MB) among {len(rs)} configurations")
+                continue
+            out.append(
+                f"auto beats the paper's pick on fig {fig} {model} b{batch}: {best.strategy} "
+                f"{best.cycles:,} cycles vs {pick_name} {pick.cycles:,} "
+                f"({pick.cycles / best.cycles - 1:+.2%} faster) at {best.onchip_bytes / 1e6:.2f} "
+                f"MB vs {pick.onchip_bytes / 1e6:.2f} MB on chip and "
+                f"{best.alloc_flops_per_cycle:,} vs {pick.alloc_flops_per_cycle:,} FLOPs/cycle"
+            )
+    return out
+
+
+MAIN_JOBS = ("qwen3-moe", "mixtral-moe")
+ROOFLINE_TARGET = 0.80  # the issue's acceptance bar (goal 0.95)
+
+
+def main_jobs(emit) -> tuple[list[Row], dict[str, float]]:
+    """Each shipped MoE layer's full-size report at batch 64 on ``step-sda`` (bf16, the
+    default strategy and the packaged routing trace, as ``torch2step report --layer L
+    --batch 64``): the fraction of the chip's roofline bound it reaches."""
+    from torch2step.named import report_layer
+
+    rows: list[Row] = []
+    ratios: dict[str, float] = {}
+    for layer in MAIN_JOBS:
+        t0 = time.perf_counter()
+        rep = report_layer(layer, 64, "step-sda").report
+        row = Row("main", layer, 64, "default", "packaged", rep.latency_cycles, rep.hbm_bytes,
+                  rep.simulated_onchip_bytes, 0, rep.flops, rep.compute_fraction,
+                  rep.hbm_bandwidth_fraction, len(rep.units),
+                  round(time.perf_counter() - t0, 2), rep.peak_onchip_bytes,
+                  rep.simulated_onchip_bytes)
+        rows.append(emit(row))
+        ratios[f"roofline fraction, {layer} b64 bf16 on step-sda (target {ROOFLINE_TARGET:.0%})"] = (
+            rep.roofline_fraction
+        )
+    return rows, ratios
+
+
+FIGURES = {"6,7": fig67, "8,9": fig89, "11": fig11, "main": main_jobs}
 
 
 def _table(rows: list[Row]) -> str:
@@ -382,11 +493,20 @@ def _table(rows: list[Row]) -> str:
 NOTES = """\
 Notes on differences from the paper (modelling choices):
 - HBM: our HBM is 32 channels x 32 B/cycle with a fixed 160-cycle latency and 256 B
-  interleaving; the paper's simulator uses Ramulator 2.0 timing.  Memory-bound points (batch 64)
-  land on the 1024 B/cycle bound in both, so their ratios are insensitive to it.
-- On-chip memory is our §4.1 accounting: an off-chip load counts two tiles (double buffering),
-  the paper's artifact one; both count a Bufferize's rows and an accumulator's state.  Weight
-  tiles [D, 64] dominate at batch 64, which damps the on-chip ratios of small static tiles.
+  interleaving, each channel first come first served; the paper's simulator uses Ramulator 2.0
+  timing.  Memory-bound points (batch 64) land near the 1024 B/cycle bound in both.
+- On-chip memory (column "onchip MB") is counted as the paper's figures count it
+  (torch2step.step.metrics_artifact): one staging tile per off-chip load, nothing for a Map,
+  the accumulators / repeated tiles of computed values at 4 bytes per element (the artifact's
+  Float32 tiles), weight tiles in bf16, experts without tokens hold nothing.  The §4.1 text
+  (and torch2step's reports) count two staging tiles per load (double buffering) and a
+  matrix product's 16 x in_tile_col + weight tile: with that accounting the geomean saving is
+  ~1.6x, because the weight tiles, the same in both strategies, weigh twice as much.  This
+  accounting reproduces the paper's printed Fig. 7 values (Mixtral b1024 tile 1024: 3.67x vs
+  the paper's 3.7x; Qwen3 b1024 tile 1024: 8.1x vs 8.1x).  Two of the eight pairs are exactly
+  1.0x in the artifact's accounting too (Mixtral b64 tile 16 and b1024 tile 256: the padded
+  tiles hold 8 x 16 = 64 x 2 and 8 x 256 = 1024 x 2 rows, the token totals); the remaining
+  few percent of the geomean we could not attribute from the artifact's code.
 - Compute bandwidth per operator follows the artifact (static 4096, dynamic 6400 FLOPs/cycle);
   at batch 1024 the layer is compute-bound, so this choice is part of the paper's speedup
   (Mixtral b1024: 1024/414 rows x 6400/4096 = 3.87x for tile 1024, as the paper's 3.8x).
@@ -395,14 +515,29 @@ Notes on differences from the paper (modelling choices):
   gets a 1/83 share of the HBM while every used expert loads (its units stall ~690K cycles on
   input); static tiles re-read its weights and spread that wait.  An HBM arbitration that
   favours the longest expert (or the paper's Ramulator FR-FCFS timing) would change this.
-- On-chip memory (Qwen3 b1024 tile 1024: 4.7x vs the paper's 8.1x): every load's two staging
-  tiles and the accumulators are the same in both strategies and dilute the ratio.
-- Time-multiplexing: in our simulation sharing regions costs nothing down to 8 regions (the
-  layer stays on the HBM bound), and 128 dedicated regions are slower than 16-64 shared ones:
-  ~180 weight loads in flight at once reach only ~77% of the HBM bandwidth in our HBM model
-  (channel interleaving of many concurrent streams).  The paper's cycles rise already below
-  ~64 regions, so its gain at <5% overhead is 2.5x where ours runs to the smallest region
-  count; the gains at 64 and 32 regions (2x and 4x less allocated compute) are printed too.
+- Time-multiplexing (Fig. 8/9) is measured as the paper's artifact measures it: the baseline
+  is the dedicated-region graph (128 regions), the gain is read at 32 regions (4 experts
+  each; the artifact's compare point), compute utilisation = FLOPs / (cycles x allocated
+  FLOPs/cycle) and allocated compute counts 1024 FLOPs/cycle for each region's gate, up,
+  activation, multiply and down operators, each expert's routing-weight scaling and the final
+  sum (787,456 FLOPs/cycle at 128 regions, 295,936 at 32: 2.66x less), so a gain is 2.66x
+  times the cycle ratio.  Address computations (expert id -> weight tile addresses) and the
+  routing-weight pick allocate no compute, as in the artifact.
+- Static tile 32: 32 shared regions run as fast as 128 dedicated ones (paper: <1% overhead),
+  so the gain matches (2.67x vs 2.64x).  Dynamic tiling: in ours 32 shared regions are 16%
+  *faster* than the dedicated baseline (paper: ~5% slower), which lifts the gain to 3.17x vs
+  2.51x (NOT within 15%).  The dedicated graph reaches only 84% of the HBM bandwidth (660K
+  cycles, the same as static tile 32, where the paper finds dynamic tiling faster): our
+  per-unit programs are specialised to the run, so an expert knows its token count and starts
+  loading its weights when its last token arrives instead of at the end of routing (the
+  Partition's stop token in the paper's simulator); ~180 weight streams then share the HBM
+  fairly with the token stream, routing the 64 tokens takes 120K cycles (the token load
+  stalls 119K cycles on memory) instead of ~1K, the experts whose tokens come last start
+  late, and at 1024 FLOPs/cycle per operator they cannot pull their weights fast enough
+  alone: the HBM idles at the end.  At 6400 FLOPs/cycle (Fig. 6) the same graph reaches the
+  bound (554,759 cycles).  Shared regions have fewer weight streams in flight and hit the
+  bound (554,580 cycles, 99.8%).  With the dedicated graph at the bound (553.5K cycles) the
+  gain would be 2.66 x 553.5/554.6 = 2.65x; the paper's 2.51x has its 32 regions 6% slower.
 """
 
 
@@ -457,8 +592,9 @@ def _plot(rows: list[Row], out: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--figures", default="6,7;8,9;11",
-                    help="';'-separated groups: 6,7 and 8,9 and 11")
+    ap.add_argument("--figures", default="6,7;8,9;11;main",
+                    help="';'-separated groups: 6,7 and 8,9 and 11 and main (the main jobs' "
+                    "roofline fractions)")
     ap.add_argument("--fig11-files", type=int, default=1,
                     help="Fig. 11 trace files per (batch, spread tier), 1-3 (the paper: 3)")
     ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
@@ -490,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
         p = PAPER.get(k)
         ps = f"{p:7.2f}" if p is not None else "      -"
         print(f"{k:<60} {v:7.2f} {ps}")
+    print()
+    for line in auto_vs_paper(rows):
+        print(line)
     print()
     print(NOTES)
     if any(r.figure == "11" for r in rows):

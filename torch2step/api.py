@@ -70,12 +70,22 @@ def compile(  # noqa: A001  (the public name the users asked for)
     free region; ``report`` decides it in simulated time with
     :func:`torch2step.spatial.dispatch.simulate_dispatched`).
     Compile for ``chip="step-paper"`` to reproduce the paper's simulator set-up.
+    ``strategy="auto"`` searches those strategies (MoE tiling and regions, attention regions
+    and assignment) under ``onchip_budget`` bytes (§4.1) and ``compute_budget`` FLOPs/cycle,
+    pruning with the §4.1 formulas and deciding with the simulator
+    (:mod:`torch2step.auto`); it prints the candidates tried, kept as
+    ``Program.strategy_table``.
     ``execution``: ``"spatial"`` (a STeP program) or ``"kernel"`` (kernel by kernel: an ELK
     schedule and per-core programs, :class:`torch2step.kernel.program.KernelProgram`, whose
     option ``design`` picks one of ``elk.designs.DESIGNS``); default: ``"kernel"`` on the ICCA
     presets (``ipu-hbm``, ``mesh``), else ``"spatial"``.
     """
     design = options.pop("design", "elk_full")
+    strategy = options.pop("strategy", None)
+    onchip_budget = options.pop("onchip_budget", None)
+    compute_budget = options.pop("compute_budget", None)
+    if strategy not in (None, "auto", "default"):
+        raise LoweringError(f"option strategy={strategy!r}: use 'auto' or leave it out")
     bad = sorted(set(options) - set(_OPTIONS))
     if bad:
         raise LoweringError(
@@ -118,6 +128,19 @@ def compile(  # noqa: A001  (the public name the users asked for)
         return KernelProgram(layer, target, tuple(example_inputs), design=design)
     if execution != "spatial":
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
+    if strategy == "auto":  # STeP §5 strategies searched under the budgets
+        from torch2step.auto import search
+
+        prog = search(
+            layer,
+            target,
+            tuple(example_inputs),
+            options,
+            onchip_budget=None if onchip_budget is None else int(onchip_budget),
+            compute_budget=None if compute_budget is None else int(compute_budget),
+        )
+        prog._check(tuple(example_inputs))
+        return prog
     lowered = lower(layer, LowerOptions(**options))
     prog = Program(layer, lowered, target, tuple(example_inputs))
     prog._check(tuple(example_inputs))

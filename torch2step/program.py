@@ -46,6 +46,8 @@ class Program:
         self._last: Any = None
         self.trace_stats: dict[str, int] = {}
         self.split = True  # report: a layer that does not fit runs as sequential configurations
+        self.strategy_table: str = ""  # the candidates strategy="auto" tried (torch2step.auto)
+        self.strategy_options: dict[str, Any] = {}
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -242,6 +244,12 @@ class Program:
         m = self.metrics
         at = m.evaluate(res.bindings)
         rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        spans = list(sim.memory_notes)  # units whose bytes exceed one core's SRAM
+        if len(spans) > 3:
+            spans = spans[:3] + [f"{len(spans) - 3} more units span several cores' SRAM"]
+        notes = (*notes, *spans)
+        if self.strategy_table:
+            notes = (*notes, self.strategy_table)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
 
     def write_trace(

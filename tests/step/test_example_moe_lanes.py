@@ -88,3 +88,26 @@ def test_fewer_spatial_units() -> None:
         for lanes in (None, 3, 2)
     }
     assert units[None] > units[3] > units[2]
+
+
+@pytest.mark.parametrize("scale_in_lanes", [True, False], ids=["scale_in_lane", "per_expert"])
+@pytest.mark.parametrize("static", [3, None])
+@pytest.mark.parametrize("lanes", [2, 3])
+def test_static_tiles_and_scaling_in_lanes_match_pytorch(
+    checked_run: Callable[..., RunResult], lanes: int, static: int | None, scale_in_lanes: bool
+) -> None:
+    """Static tiles of 3 rows inside shared regions (STeP §5.3, Fig. 9(a)): every chunk reads
+    its expert's weights again, padding rows are dropped, the result is PyTorch's; the routing
+    weights scale each lane's output or each expert's rows after it (the artifact's graph)."""
+    prog = moe_graph(num_experts=E, top_k=K, hidden=H, intermediate=I, tile_h=8, tile_i=4,
+                     lanes=lanes, static_tile=static, scale_in_lanes=scale_in_lanes)
+    inp = moe_inputs(num_experts=E, top_k=K, hidden=H, intermediate=I, tokens=7, routing=ROUTING)
+    res = checked_run(prog, tensors=inp)
+    np.testing.assert_allclose(res.tensors["out"], moe_reference(**inp).numpy(), atol=1e-4)
+    counts = np.bincount(ROUTING.ravel(), minlength=E)
+    chunks = int(sum(-(-c // (static or max(c, 1))) for c in counts))  # ceil(N_e / N)
+    weights = sum(
+        res.read_bytes[f"moe_l{j}_{w}_w"] for j in range(lanes) for w in ("gate", "up", "down")
+    )
+    assert weights == chunks * 3 * I * H * 4
+    assert metrics(prog).evaluate(res.bindings)["offchip_bytes"] == res.offchip_bytes

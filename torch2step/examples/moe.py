@@ -139,6 +139,7 @@ def add_moe(
     lanes: int | None = None,
     static_tile: int | None = None,
     repeat_tile: bool = False,
+    scale_in_lanes: bool = True,
 ) -> None:
     """Add the MoE layer to ``g`` (see the module docstring).
 
@@ -154,7 +155,9 @@ def add_moe(
 
     ``lanes=None`` gives every expert its own branch; ``lanes=P`` configures ``P`` branches
     shared in time by ``E/P`` consecutive experts each (STeP (arXiv 2511.07776) §5.3,
-    :mod:`.moe_lanes`).
+    :mod:`.moe_lanes`); ``scale_in_lanes``: the routing weights scale each lane's output
+    (default: no unit per expert) or, ``False``, each expert's rows after its lane (one unit
+    per expert, as the paper's artifact builds its §5.3 graphs).
 
     Every node is named ``{prefix}_...`` (tensors share the graph's namespace: keep their names
     outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}`` (the
@@ -182,8 +185,10 @@ def add_moe(
     ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld")
     wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w_ld")
     sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
-    plan = _Plan(H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile, repeat_tile)
-    if lanes is not None:
+    plan = _Plan(
+        H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile, repeat_tile, scale_in_lanes
+    )
+    if lanes is not None and scale_in_lanes:
         lane_experts(E, lanes)  # checks 1 <= lanes <= E
         packed = g.zip(rows, ids, wts, name=f"{p}_xiw")
         routed = g.partition(packed, sel, E, count_names=counts, name=f"{p}_route")
@@ -193,6 +198,25 @@ def add_moe(
     routed = g.partition(rows, sel, E, count_names=counts, name=f"{p}_route")
     route_info = g.zip(ids, wts, name=f"{p}_idw")
     infos = g.partition(route_info, sel, E, count_names=counts, name=f"{p}_route_w")
+    if lanes is not None:
+        lane_experts(E, lanes)  # checks 1 <= lanes <= E
+        lane_rows = add_lanes(g, plan, routed, counts, (w_gate, w_up, w_down), lanes)
+        # the routing weight scales each expert's rows after its lane, one unit per expert,
+        # as the artifact of STeP (arXiv 2511.07776) §5.3 does (its Stages 13-14)
+        expert_rows = [
+            g.map(
+                "mul",
+                g.zip(
+                    lane_rows[e],
+                    g.map(fn("pick_weight", expert=e), infos[e], name=f"{p}_e{e}_gw"),
+                    name=f"{p}_e{e}_scale_in",
+                ),
+                name=f"{p}_e{e}_scaled",
+            )
+            for e in range(E)
+        ]
+        _combine(g, expert_rows, sel, out, H, p)
+        return
 
     expert_rows = [
         _expert(g, plan, e, routed[e], infos[e], dyn(counts[e]), (w_gate, w_up, w_down))
@@ -221,6 +245,7 @@ class _Plan:
     dtype: str
     static: int | None = None
     repeat_tile: bool = False
+    scale_in_lanes: bool = True
 
 
 def _expert(

@@ -5,27 +5,33 @@ With ``lanes = P < E`` the graph of :mod:`torch2step.examples.moe` configures ``
 branches (*lanes*, the paper's parallel regions) instead of ``E``; lane ``l`` serves ``E/P``
 consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per lane:
 
-1. **Merge.** Every expert of the lane wraps its routed rows in one chunk (Promote: ``[P_e,
-   N_e]``, ``P_e = 1 if N_e > 0``); EagerMerge interleaves these whole chunks in arrival order
-   (STeP Table 5) and its selector says which expert each chunk holds, so one expert's
-   tokens are processed after another's.  The chunk height is a ragged size ``R[i]`` (STeP (revised)
-   §3.1): the token count of the ``i``-th expert served.  An expert without tokens sends no
-   chunk, so the lane never serves it.
+1. **Merge.** Every expert of the lane wraps its routed rows in chunks: with dynamic tiling one
+   chunk of all its rows (Promote: ``[P_e, N_e]``, ``P_e = 1 if N_e > 0``), with static
+   tiling (``static_tile=N``) ``ceil(N_e / N)`` chunks of ``N`` rows, the last zero-padded
+   (Reshape, its padding flags zipped to the rows).  EagerMerge interleaves these chunks in
+   arrival order (STeP Table 5) and its selector says which expert each chunk holds.  With
+   dynamic tiling the chunk height is a ragged size ``R[i]`` (STeP (revised) §3.1): the token
+   count of the ``i``-th expert served.  An expert without tokens sends no chunk, so the lane
+   never serves it.
 2. **Expert id.** ``selector_index`` turns the merge selector into the lane-local index ``j``
    and ``affine(scale=1, offset=first_l)`` into the expert id ``e = first_l + j``.
 3. **Weights.** §5.3 replaces the experts' LinearOffChipLoads by RandomOffChipLoads "which use
    the Selector from EagerMerge to fetch the appropriate tiled weight": the addresses (in tiles)
    ``e * (I/ti)(H/th) + ...`` are computed in-graph (``affine`` then the flat ``tile_grid``),
-   one ``[I/ti, H/th]`` grid per served expert: every weight tile of a used expert is read
-   once, none of an unused one.
+   one ``[I/ti, H/th]`` grid per served chunk: a used expert's weights are read once per
+   chunk (once with dynamic tiling), none of an unused one.
 4. **Compute** exactly as a dedicated expert (STeP Fig. 2, §5.2): Bufferize the chunk's rows,
    pack them per ``tile_i`` block into a ``[R[i], H]`` tile, gate/up/act/down.
-5. **Routing weight.** The expert id, repeated along the chunk's rows (Repeat + Expand), picks
-   each token's weight (``pick_weight_of``) and scales the output tile.
-6. **Back to experts.** The output rows and a per-row selector over the lane's experts
-   (``to_selector`` of the local index) go to a Partition whose outputs are the per-expert row
-   streams ``[N_e]`` (same count symbols as the first Partition), which feed the Reassemble of
-   the dedicated-region graph.
+5. **Back to experts.** The output rows (padding rows of static tiles dropped,
+   ``filter_padding``) and a per-row selector over the lane's experts (``to_selector`` of the
+   local index) go to a Partition whose outputs are the per-expert row streams ``[N_e]``
+   (same count symbols as the first Partition).
+6. **Routing weight.** By default inside the lane: the expert id, repeated along the chunk's
+   rows (Repeat + Expand), picks each token's weight (``pick_weight_of``) and scales the output
+   tile, so the layer adds no unit per expert.  With ``scale_in_lanes=False`` (the artifact of
+   STeP §5.3, whose figures this reproduces) each expert's rows are scaled after the lane, one
+   unit per expert (:func:`torch2step.examples.moe.add_moe`).  The Reassemble of the
+   dedicated-region graph then gathers them.
 
 The off-chip traffic is that of the dedicated graph; only the unit count changes.
 """
@@ -150,7 +156,24 @@ def _grid(f: Any, start: np.ndarray) -> list:
     ]
 
 
+def _pad_index_rule(f: Any, args: tuple[DataType, ...]) -> TileType:
+    _int11(f, args[0], "the index")
+    return ADDR
+
+
+def _pad_index(f: Any, j: np.ndarray, pad: np.ndarray) -> np.ndarray:
+    return np.array([[int(f.get("n")) if bool(pad[0, 0]) else int(j[0, 0])]], dtype=np.int64)
+
+
 for _spec in (
+    FnSpec(
+        "pad_index",
+        "map",
+        2,
+        _pad_index_rule,
+        _pad_index,
+        doc="(index [1,1], is_pad) -> n if is_pad else index: padding rows to output n",
+    ),
     FnSpec(
         "selector_index",
         "map",
@@ -210,29 +233,48 @@ def add_lanes(
     lanes: int,
 ) -> list[Value]:
     """The lanes of the time-multiplexed layer (module docstring).  ``routed[e]`` is expert
-    ``e``'s stream ``[N_e]`` of ``(row [1, H], ids [1, k], weights [1, k])``; returns the
-    per-expert output row streams ``[N_e]`` in expert order, for the Reassemble."""
+    ``e``'s stream ``[N_e]`` of token rows ``[1, H]`` (with ``plan.scale_in_lanes``: of
+    ``(row, ids [1, k], weights [1, k])``); returns the per-expert output row streams
+    ``[N_e]`` in expert order (scaled by the routing weight when ``plan.scale_in_lanes``)."""
     E = len(routed)
     p = plan.prefix
-    tiles = [
-        g.flat_map(
-            g.promote(routed[e], name=f"{p}_e{e}_tile"), fn("as_ragged"), name=f"{p}_e{e}_chunk"
+    tiles: list[Value] = []
+    for e in range(E):
+        if plan.static is None:  # one chunk of exactly the expert's N_e rows (§5.2)
+            tiles.append(
+                g.flat_map(
+                    g.promote(routed[e], name=f"{p}_e{e}_tile"),
+                    fn("as_ragged"),
+                    name=f"{p}_e{e}_chunk",
+                )
+            )
+            continue
+        # static tiles of N rows, the last zero-padded, each its own chunk (Reshape pads tiles:
+        # a (row, ids, weights) element is cut into its parts and zipped again)
+        parts = (
+            [g.map(fn("get", index=i), routed[e], name=f"{p}_e{e}_part{i}") for i in range(3)]
+            if plan.scale_in_lanes
+            else [routed[e]]
         )
-        for e in range(E)
-    ]
+        cut = [g.reshape(v, 0, plan.static, 0.0, name=f"{p}_e{e}_tile{i}")
+               for i, v in enumerate(parts)]
+        tiles.append(g.zip(*(d for d, _ in cut), cut[0][1], name=f"{p}_e{e}_chunk"))
     out: list[Value | None] = [None] * E
     for lane, experts in enumerate(lane_experts(E, lanes)):
         rows = _lane(g, plan, lane, experts[0], [tiles[e] for e in experts], weights)
         q = f"{p}_l{lane}"
+        pad = [] if plan.static is None else [f"{q}_padrows"]
         backs = g.partition(
             rows[0],
             rows[1],
-            len(experts),
-            count_names=[counts[e] for e in experts],
+            len(experts) + len(pad),
+            count_names=[counts[e] for e in experts] + pad,
             name=f"{q}_back",
         )
         for e, b in zip(experts, backs):
             out[e] = b
+        if pad:  # the padding rows: dropped, never sent to a unit
+            g.output(pad[0], backs[-1])
     return [v for v in out if v is not None]
 
 
@@ -249,9 +291,18 @@ def _lane(
     w_gate, w_up, w_down = weights
     nh, ni = H // th, plan.I // ti
     q = f"{plan.prefix}_l{lane}"
-    merged, msel = g.eager_merge(chunks, name=f"{q}_merge")  # [M, R] of (row, ids, w)
+    merged, msel = g.eager_merge(chunks, name=f"{q}_merge")  # [M, R] of rows (+ pad flags)
     local = g.map(fn("selector_index"), msel, name=f"{q}_j")  # [M] lane-local index
-    x_rows = g.map(fn("get", index=0), merged, name=f"{q}_x")  # [M, R] of [1, H]
+    width = (3 if plan.scale_in_lanes else 1) + (plan.static is not None)
+    if width == 1:
+        x_rows = merged
+    else:
+        x_rows = g.map(fn("get", index=0), merged, name=f"{q}_x")  # [M, R] of [1, H]
+    flags = (
+        None
+        if plan.static is None
+        else g.map(fn("get", index=width - 1), merged, name=f"{q}_pad")  # padding flags
+    )
     buf = g.bufferize(x_rows, 1, name=f"{q}_buf")  # [M] Buf[R]
     per_i = g.repeat(buf, ni, name=f"{q}_per_i")
     again = g.streamify(buf, per_i, name=f"{q}_rows")  # [M, I/ti, R] of [1, H]
@@ -293,14 +344,22 @@ def _lane(
         y = g.accum(cols, "add", fn("zeros", shape=(n_r, H), dtype=dt), 1, name=f"{q}_down")
 
     j_rows = g.expand(g.repeat(local, 1, name=f"{q}_j1"), x_rows, 0, name=f"{q}_j_r")
-    e_rows = g.map(fn("affine", scale=1, offset=first), j_rows, name=f"{q}_eid")  # first + j
-    ids = g.map(fn("get", index=1), merged, name=f"{q}_ids")
-    wts = g.map(fn("get", index=2), merged, name=f"{q}_wts")
-    pick_in = g.zip(ids, wts, e_rows, name=f"{q}_gw_in")
-    w_e = g.map(fn("pick_weight_of"), pick_in, name=f"{q}_gw")  # [M, R] of [1, 1]
-    info_dt = w_e.type.dtype.dtype  # type: ignore[attr-defined]
-    w_col = g.accum(w_e, "retile_row", zeros(0, 1, info_dt), 1, name=f"{q}_gw_col")
-    scaled = g.map("mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled")
-    rows = g.flat_map(scaled, fn("tile_rows"), name=f"{q}_out")  # [M, R] of [1, H]
-    sel = g.map(fn("to_selector", n=len(chunks)), j_rows, name=f"{q}_sel")
+    if plan.scale_in_lanes:  # each token's routing weight for the served expert first + j
+        e_rows = g.map(fn("affine", scale=1, offset=first), j_rows, name=f"{q}_eid")
+        ids = g.map(fn("get", index=1), merged, name=f"{q}_ids")
+        wts = g.map(fn("get", index=2), merged, name=f"{q}_wts")
+        w_e = g.map(fn("pick_weight_of"), g.zip(ids, wts, e_rows, name=f"{q}_gw_in"),
+                    name=f"{q}_gw")  # [M, R] of [1, 1]
+        info_dt = w_e.type.dtype.dtype  # type: ignore[attr-defined]
+        w_col = g.accum(w_e, "retile_row", zeros(0, 1, info_dt), 1, name=f"{q}_gw_col")
+        y = g.map("mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled")
+    rows = g.flat_map(y, fn("tile_rows"), name=f"{q}_out")  # [M, R] of [1, H]
+    n = len(chunks)
+    if flags is not None:  # padding rows of static tiles go to an extra, unread output (Fig. 2
+        # "FilterPadding"): the selector depends on the expert index and the flags, not on data
+        j_rows = g.map(
+            fn("pad_index", n=n), g.zip(j_rows, flags, name=f"{q}_jpad_in"), name=f"{q}_jpad"
+        )
+        n += 1
+    sel = g.map(fn("to_selector", n=n), j_rows, name=f"{q}_sel")
     return rows, sel

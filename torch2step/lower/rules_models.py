@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
-from torch2step.errors import LoweringError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import Node
 from torch2step.step import fn
@@ -62,12 +61,7 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
         lanes = 16 if op.num_experts > 16 else 0
     if 0 < lanes < op.num_experts:
         kw["lanes"] = lanes
-    if ctx.options.moe_static_tile is not None:
-        if "lanes" in kw:
-            raise LoweringError(
-                f"{n.name}: moe_static_tile is implemented for one region per expert; "
-                f"set moe_lanes=0 (this MoE has {op.num_experts} experts) or drop moe_static_tile"
-            )
+    if ctx.options.moe_static_tile is not None:  # also inside shared regions (STeP §5.3)
         kw["static_tile"] = int(ctx.options.moe_static_tile)
     add_moe(
         ctx.graph,

@@ -10,6 +10,7 @@ Everything a latency report needs (``torch2step.report.Report``):
   ``roofline_fraction``;
 * memory: ``peak_onchip_bytes`` (SRAM the units' buffers take, summed over units, plus
   ``fifo_bytes``: what FIFOs deepened to let the run complete may hold, ``deep_channels``);
+  ``memory_notes``: the units whose bytes span several cores' SRAM (:mod:`.sram`);
 * where the time goes: ``breakdown`` (unit-cycles by category summed over units),
   ``by_kind`` (the same per STeP operator class), ``units`` (one :class:`UnitRecord` each,
   ``unit_rows()`` as plain dictionaries);
@@ -96,6 +97,7 @@ class SpatialResult:
     sim: SimResult = field(repr=False, compare=False)
     plan: Any = field(repr=False, compare=False)
     deep_channels: tuple[str, ...] = ()
+    memory_notes: tuple[str, ...] = ()
 
     # -- headline numbers --------------------------------------------------------------------
 
@@ -263,6 +265,7 @@ class SpatialResult:
             f"utilisation: HBM {u['hbm']:.1%}, NoC links {u['noc_links']:.1%} (peak "
             f"{u['noc_links_peak']:.1%}), units busy {u['units_busy']:.1%}, compute "
             f"{u['compute']:.1%}",
+            *(f"memory: {n}" for n in self.memory_notes),
             f"simulated {self.events} events in {self.sim_s:.2f} s (plan {self.plan_s:.2f} s)",
             f"  {'operator':<18} {'units':>6} {'busy':>12} {'recv':>12} {'send':>12} {'mem':>12}",
         ]

@@ -34,6 +34,7 @@ from torch2step.step.metrics import metrics
 from .fifos import deepen, run_deepening
 from .plan import SpatialPlan, build_plan
 from .result import SpatialResult, UnitRecord
+from .sram import check_sram
 from .structure import DEFAULT_WIRES
 from .timing import TimingModel, UnitConfig
 
@@ -144,6 +145,7 @@ def simulate_plan(
         sim,
         dataclasses.replace(plan, programs=ran),
         deep,
+        check_sram(tuple(records), chip),
     )
     if isinstance(trace, (str, Path)):
         result.write_trace(trace)
