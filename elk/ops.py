@@ -27,7 +27,8 @@ class Operator:
     ``(R, C)`` rows x columns with ``flops_per_elem`` and ``param_bytes`` read from HBM (every
     core working on it reads the parameters).  ``layer``/``slot``: layer index and position in
     the layer.  ``tensors``: names of the HBM tensors the code generator binds (inputs, preloaded
-    data, outputs); ``node``: the layer-graph node a vector operator evaluates."""
+    data, outputs); ``node``: the layer-graph node a vector operator evaluates (on one core);
+    ``row_reduce``: a vector operator that reduces whole rows (norms, routing)."""
 
     name: str
     kind: Literal["matmul", "attention", "vector"]
@@ -39,6 +40,7 @@ class Operator:
     param_bytes: int = 0
     tensors: tuple[tuple[str, str], ...] = field(default=())
     node: str | None = None
+    row_reduce: bool = False
 
     @property
     def elem(self) -> int:
@@ -107,13 +109,19 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
     h, d = shape.hidden, shape.head_dim
     q, kv = shape.heads * d, shape.kv_heads * d
     ops: list[tuple[str, str, tuple[int, ...], dict]] = [
-        ("attn_norm", "vector", (batch, h), {}),
+        ("attn_norm", "vector", (batch, h), {"row_reduce": True}),
         ("qkv_proj", "matmul", (batch, h, q + 2 * kv), {}),
-        ("rotary", "vector", (batch, q + kv), {"flops_per_elem": 6 if shape.qk_norm else 3}),
+        (
+            "rotary",
+            "vector",
+            (batch, q + kv),
+            # Qwen3 normalises q and k per head before the rotation: a reduction over head_dim
+            {"flops_per_elem": 6, "row_reduce": True} if shape.qk_norm else {"flops_per_elem": 3},
+        ),
         ("attention", "attention", (batch, shape.heads, shape.kv_heads, d, kv_len), {}),
         ("o_proj", "matmul", (batch, q, h), {}),
         ("attn_residual", "vector", (batch, h), {"flops_per_elem": 1}),
-        ("mlp_norm", "vector", (batch, h), {}),
+        ("mlp_norm", "vector", (batch, h), {"row_reduce": True}),
     ]
     if shape.experts:
         # Experts any of the ``batch`` tokens selects, in expectation under uniform routing;
@@ -124,7 +132,7 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
         i = shape.intermediate
         ops += [
             ("router", "matmul", (batch, h, e), {}),
-            ("topk", "vector", (batch, e), {"flops_per_elem": 8}),
+            ("topk", "vector", (batch, e), {"flops_per_elem": 8, "row_reduce": True}),
             ("experts_gate_up", "matmul", (rows, h, 2 * i * active), {}),
             ("experts_act", "vector", (rows * active, i), {"flops_per_elem": 5}),
             ("experts_down", "matmul", (rows, i * active, h), {}),

@@ -81,7 +81,9 @@ def _grid(op: Operator, plan: Plan) -> tuple[int, int]:
     if op.kind == "attention":
         tb, tg, ts = plan.tiles
         return tb * tg, ts
-    return 1, plan.tiles[0]
+    if len(plan.tiles) == 1:
+        return 1, plan.tiles[0]
+    return plan.tiles[0], plan.tiles[1]
 
 
 def _sections(n: int, order: Sequence[int], issued: Sequence[int]) -> list[int]:
@@ -346,13 +348,37 @@ def _vector(
             p.free(buf)
         return True
     rows, cols = op.dims
-    rb = rows // pl.cols
+    rb, cb = rows // pl.rows, cols // pl.cols
     x, y = f"o{j}_x", f"o{j}_y"
-    p.alloc(x, (rb, cols), dt)
-    p.alloc(y, (rb, cols), dt)
-    p.load(x, roles["x"], region((c * rb, 0), (rb, cols)))
+    p.alloc(x, (rb, cb), dt)
+    p.alloc(y, (rb, cb), dt)
+    p.load(x, roles["x"], region((r * rb, c * cb), (rb, cb)))
+    if op.row_reduce and pl.cols > 1:
+        # per-row partial statistics to the grid row's first core, the combined one back
+        s = f"o{j}_s"
+        p.alloc(s, (rb, 1), "fp32")
+        p.compute("elk_vector", s, (s,), {"fpe": op.flops_per_elem * cb}, "fp32")
+        back = f"o{j}_b{r}"
+        if c == 0:
+            if not b.has_channel(back):
+                b.channel(back, pl.core(r, 0), [pl.core(r, k) for k in range(1, pl.cols)])
+            for k in range(1, pl.cols):
+                ch = f"o{j}_g{r}_{k}"
+                if not b.has_channel(ch):
+                    b.channel(ch, pl.core(r, k), pl.core(r, 0))
+                p.recv(ch, s)
+            p.send(back, s)
+        else:
+            ch = f"o{j}_g{r}_{c}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r, c), pl.core(r, 0))
+            p.send(ch, s)
+            if not b.has_channel(back):
+                b.channel(back, pl.core(r, 0), [pl.core(r, k) for k in range(1, pl.cols)])
+            p.recv(back, s)
+        p.free(s)
     p.compute("elk_vector", y, (x,), {"fpe": op.flops_per_elem}, dt)
-    p.store(y, roles["y"], region((c * rb, 0), (rb, cols)))
+    p.store(y, roles["y"], region((r * rb, c * cb), (rb, cb)))
     p.free(x)
     p.free(y)
     return True
