@@ -411,6 +411,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         layer=op.layer,
         slot=op.slot,
         loads=loads,
+        core_spaces=tuple(p.core_space for p in plans),
     )
 
 

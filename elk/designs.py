@@ -2,9 +2,12 @@
 
 * **Basic**: the fastest execute plan for every operator; the remaining space preloads at most
   the next operator.
-* **Static** (T10 extended, as ELK §6.1 builds it): one fixed split of on-chip memory into
-  execute and preload space for the whole model (the best of a sweep of splits); all preloaded
-  operators use either their largest or their smallest preload-state plan, whichever is faster.
+* **Static** (T10 extended, as ELK §6.1 builds it): one fixed split of every core's SRAM into
+  execute and preload space for the whole model (the best of a sweep of splits): every
+  operator runs its fastest plan whose per-core footprint fits the execute space, and the
+  preloads share the preload space of all cores, whatever the executing operator leaves unused;
+  all preloaded operators use either their largest or their smallest preload-state plan,
+  whichever is faster.
 * **ELK-Dyn**: inductive scheduling (§4.2) + cost-aware allocation (§4.3), execution order.
 * **ELK-Full**: ELK-Dyn plus preload order permutation (§4.4).
 * **Ideal**: separate interconnects for preload and execution (no contention), unbounded on-chip
@@ -24,6 +27,9 @@ __all__ = ["DESIGNS", "plan_design"]
 
 DESIGNS = ("basic", "static", "elk_dyn", "elk_full", "ideal")
 
+#: Execute-space shares of each core's SRAM Static tries (the rest is preload space).
+STATIC_SPLITS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+
 
 def plan_design(
     design: str,
@@ -33,17 +39,22 @@ def plan_design(
     window: int | None = None,
     beam: int | None = None,
     max_orders: int = 16,
+    core_bytes: float | None = None,
 ) -> Timeline:
-    """The timeline of ``design`` (one of :data:`DESIGNS`) for ``items`` on ``capacity`` bytes."""
+    """The timeline of ``design`` (one of :data:`DESIGNS`) for ``items`` on ``capacity`` bytes;
+    ``core_bytes``: the share of ``capacity`` on one core (Static splits every core's SRAM;
+    without it the split is of the aggregate capacity)."""
     if design == "basic":
         return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam))
     if design == "static":
         best: Timeline | None = None
-        for frac in (0.2, 0.35, 0.5, 0.65, 0.8):
-            for mode in ("largest", "smallest"):
+        single = all(len(pre) <= 1 for it in items for pre in it.preloads)
+        for frac in STATIC_SPLITS:
+            for mode in ("largest",) if single else ("largest", "smallest"):
                 pol = Policy(
                     capacity,
                     exec_space=frac * capacity,
+                    exec_core=None if core_bytes is None else frac * core_bytes,
                     preload_mode=mode,
                     window=window,
                     beam=beam,

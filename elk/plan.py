@@ -182,5 +182,13 @@ def plan_model(
     costs = chip if isinstance(chip, ChipCosts) else ChipCosts.from_chip(chip, dtype)
     t0 = time.perf_counter()
     items = items_for(costs, list(ops))
-    tl = plan_design(design, items, costs.capacity, window=window, beam=beam, max_orders=max_orders)
+    tl = plan_design(
+        design,
+        items,
+        costs.capacity,
+        window=window,
+        beam=beam,
+        max_orders=max_orders,
+        core_bytes=costs.FILL * costs.sram,
+    )
     return ElkSchedule(design, costs, tuple(ops), tuple(items), tl, time.perf_counter() - t0)

@@ -53,6 +53,11 @@ class Item:
     layer: int = 0
     slot: int = 0
     loads: tuple[float, ...] = ()
+    core_spaces: tuple[int, ...] = ()
+
+    def exec_core_space(self, e: int) -> float:
+        """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
+        return self.core_spaces[e] if self.core_spaces else self.execs[e].space
 
     def load_time(self, e: int) -> float:
         """Preload cycles when the operator will execute with plan ``e``."""
@@ -70,7 +75,9 @@ class Policy:
 
     ``capacity``: on-chip bytes; ``max_ahead``: at most this many operators resident (Basic: 1);
     ``contention``: charge interconnect contention; ``zero_dist``: data distribution is free
-    (Ideal); ``exec_space``: a fixed execute-space size (Static); ``preload_mode``:
+    (Ideal); ``exec_space``: a fixed execute-space size (Static), taken out of ``capacity``
+    whatever the executing operator uses; ``exec_core``: with ``exec_space``, the per-core
+    execute space an exec plan's per-core footprint must fit (Static); ``preload_mode``:
     ``"pareto"`` (allocation chooses), ``"largest"`` or ``"smallest"`` (Static);
     ``fastest_exec``: always the fastest plan (Basic); ``window``: consider at most this many
     preload numbers per operator (K of ELK §4.2; ``None``: all); ``beam``: keep at most this many
@@ -81,6 +88,7 @@ class Policy:
     contention: bool = True
     zero_dist: bool = False
     exec_space: float | None = None
+    exec_core: float | None = None
     preload_mode: str = "pareto"
     fastest_exec: bool = False
     window: int | None = None
@@ -189,7 +197,17 @@ def _step(
     if pol.fastest_exec:
         execs = execs[-1:]
     elif pol.exec_space is not None:
-        fit = tuple(o for o in execs if o.space <= pol.exec_space)
+        fit = tuple(
+            o
+            for o in execs
+            if (
+                item.exec_core_space(int(o.ref)) <= pol.exec_core  # type: ignore[arg-type]
+                if pol.exec_core is not None
+                else o.space <= pol.exec_space
+            )
+        )
+        if not fit and pol.exec_core is not None:
+            return None  # no plan of this operator fits the fixed per-core execute space
         execs = fit[-1:] if fit else execs[:1]
     groups.append(execs)
     nxt_res = (i + 1) in residents
