@@ -28,7 +28,7 @@ __all__ = ["DESIGNS", "plan_design"]
 DESIGNS = ("basic", "static", "elk_dyn", "elk_full", "ideal")
 
 #: Execute-space shares of each core's SRAM Static tries (the rest is preload space).
-STATIC_SPLITS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+STATIC_SPLITS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 0.9, 1.0)
 
 
 def plan_design(

@@ -96,12 +96,7 @@ class ElkSchedule:
         ex = _measure([(s.start, s.end) for s in t.steps])
         pr = _measure(list(zip(t.preload_start, t.preload_end)))
         both = _intersect(ex, pr)
-        stall = 0.0
-        for s in t.steps:
-            it = self.items[s.op]
-            if s.busy:
-                stall += it.exec_time(s.exec_plan, True) - it.exec_time(s.exec_plan, False)
-        stall = min(stall, both)
+        stall = min(sum(s.stall for s in t.steps), both)
         total = t.total
         e, p = _length(ex), _length(pr)
         return {

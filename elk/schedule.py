@@ -63,10 +63,17 @@ class Item:
         """Preload cycles when the operator will execute with plan ``e``."""
         return self.loads[e] if self.loads else self.load
 
-    def exec_time(self, e: int, busy: bool) -> float:
-        if busy and self.contended:
-            return self.contended[e]
-        return self.execs[e].time
+    def exec_time(self, e: int, busy: bool | float) -> float:
+        """Cycles of exec plan ``e``; ``busy``: preloads share the interconnect for the whole
+        execution (``True``) or for ``busy`` cycles of it (ELK §4.3: the contention overhead
+        grows with the preload traffic that overlaps the execution)."""
+        t = self.execs[e].time
+        if not busy or not self.contended:
+            return t
+        extra = self.contended[e] - t
+        if busy is True:
+            return t + extra
+        return t + extra * min(1.0, float(busy) / t) if t > 0 else t
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,7 @@ class Step:
     time: float
     space: int
     busy: bool
+    stall: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +199,14 @@ def _step(
     fixed = sum(res_parent[j][0] for j in residents if j != i + 1)
     if pol.exec_space is not None and fixed > pol.capacity - pol.exec_space:
         return None
-    busy = bool(residents) and pol.contention
+    # Preloads of the resident operators run as late as possible, i.e. up to this step's end:
+    # they overlap it for at most their total preload time (the interconnect is shared then).
+    overlap = 0.0
+    if pol.contention:
+        for j in residents:
+            plan_j = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
+            overlap += items[j].load_time(plan_j)
+    busy: float = overlap
     groups: list[tuple[Option, ...]] = []
     execs = tuple(Option(o.space, item.exec_time(e, busy), e) for e, o in enumerate(item.execs))
     if pol.fastest_exec:
@@ -246,7 +261,8 @@ def _step(
         else:
             sp, bound, qq, ee = res_parent[j]
             res.append((j, sp, bound, qq, ee))
-    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy)
+    stall = item.exec_time(e, busy) - item.execs[e].time
+    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall)
     return step, spre, tuple(res), gate
 
 
@@ -289,6 +305,7 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
             t.time,
             t.space,
             t.busy,
+            t.stall,
         )
         for t in steps
     )

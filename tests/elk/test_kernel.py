@@ -19,8 +19,17 @@ from torch2step.kernel.program import KernelProgram
 
 
 @pytest.mark.parametrize("chip", ["ipu-hbm", "mesh"])
-@pytest.mark.parametrize("layer", ["llama-gqa", "qwen3-moe"])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        "llama-gqa",
+        "qwen3-moe",
+        "llama-decoder",
+        pytest.param("qwen3-moe-decoder", marks=pytest.mark.slow),
+    ],
+)
 def test_kernel_execution_equals_pytorch(layer: str, chip: str) -> None:
+    """Whole decoder layers (norms, rotary, residuals, attention, MLP or MoE) included."""
     m, inp, ds, _ = get_layer(layer, tiny=True, batch=4)
     prog = torch2step.compile(m, inp, chip=chip, dynamic_shapes=ds)
     assert isinstance(prog, KernelProgram)  # ICCA presets default to kernel execution
@@ -35,6 +44,7 @@ def test_kernel_execution_equals_pytorch(layer: str, chip: str) -> None:
         # 4 tokens x top-2 of 8 experts: some experts get no token and still add nothing
         ids = torch.topk(torch.softmax(m.router(inp[0].reshape(4, -1)), -1), 2).indices
         assert len(set(ids.flatten().tolist())) < 8
+
 
 
 def test_schedule_prints_every_operator() -> None:
