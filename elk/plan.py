@@ -118,6 +118,19 @@ class ElkSchedule:
         cap = self.costs.cores * self.costs.port * self.cycles
         return moved / cap if cap else 0.0
 
+    def flop_utilisation(self, cycles: float | None = None) -> float:
+        """FLOPs of the operators over what the worker cores could compute in ``cycles``
+        (default: the predicted time) at their matmul rate (ELK §6.3 Fig. 18 (d))."""
+        t = self.cycles if cycles is None else cycles
+        cap = self.costs.cores * self.costs.flops * t
+        return sum(op.flops for op in self.ops) / cap if cap else 0.0
+
+    def ideal(self) -> ElkSchedule:
+        """The Ideal design (ELK §6.1) of the same operators on the same chip."""
+        if self.design == "ideal":
+            return self
+        return plan_model(self.ops, self.costs, "ideal")
+
     def preload_number(self, i: int) -> int:
         return self.timeline.preload_number(i)
 
@@ -157,6 +170,7 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
         "breakdown: "
         + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items())
         + f"; HBM utilisation {s.hbm_utilisation():.1%}, interconnect {s.noc_utilisation():.1%}"
+        f", FLOP {s.flop_utilisation():.2%}"
     )
     return "\n".join(lines)
 

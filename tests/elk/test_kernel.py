@@ -88,6 +88,7 @@ def test_cli_report_kernel(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "--layer", "llama-gqa", "--batch", "8", "--chip", "ipu-hbm"]) == 0
     out = capsys.readouterr().out
     assert "ELK schedule" in out and "breakdown" in out and "interconnect" in out
+    assert "FLOP utilisation" in out and "of Ideal" in out and "per token" in out
 
 
 def test_execution_choice() -> None:
