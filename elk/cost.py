@@ -18,6 +18,7 @@ partials combined on one core per group); vector operators split rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -416,5 +417,18 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
 
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
-    """:func:`item_for` of every operator."""
-    return [item_for(c, op) for op in ops]
+    """:func:`item_for` of every operator (a routed operator's ``after`` set to the index of
+    the operator named by its ``routed_by``)."""
+    index = {op.name: k for k, op in enumerate(ops)}
+    out = []
+    for op in ops:
+        it = item_for(c, op)
+        if op.routed_by is not None:
+            if op.routed_by not in index:
+                raise ElkError(
+                    f"operator {op.name!r} is routed by {op.routed_by!r}, which is not in the "
+                    "operator list; add the routing operator before it"
+                )
+            it = dataclasses.replace(it, after=index[op.routed_by])
+        out.append(it)
+    return out

@@ -75,9 +75,10 @@ def plan_design(
     if design == "ideal":
         n = len(items)
         pol = Policy(math.inf, contention=False, zero_dist=True, window=1)
-        from elk.schedule import evaluate
+        from elk.schedule import _caps, evaluate
 
-        t = evaluate(items, pol, [n] * n)
+        # every preload as early as allowed (a routed expert: once its routing has executed)
+        t = evaluate(items, pol, _caps(items, list(range(n))))
         assert t is not None
         return t
     raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")

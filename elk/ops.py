@@ -28,7 +28,8 @@ class Operator:
     core working on it reads the parameters).  ``layer``/``slot``: layer index and position in
     the layer.  ``tensors``: names of the HBM tensors the code generator binds (inputs, preloaded
     data, outputs); ``node``: the layer-graph node a vector operator evaluates (on one core);
-    ``row_reduce``: a vector operator that reduces whole rows (norms, routing)."""
+    ``row_reduce``: a vector operator that reduces whole rows (norms, routing);
+    ``routed_by``: the operator whose result selects what this one preloads (dynamic MoE)."""
 
     name: str
     kind: Literal["matmul", "attention", "vector"]
@@ -41,6 +42,7 @@ class Operator:
     tensors: tuple[tuple[str, str], ...] = field(default=())
     node: str | None = None
     row_reduce: bool = False
+    routed_by: str | None = None
 
     @property
     def elem(self) -> int:
@@ -104,8 +106,13 @@ DECODERS: dict[str, DecoderShape] = {
 }
 
 
-def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> list[Operator]:
-    """The operators of one decode-step layer, in execution order."""
+def layer_ops(
+    shape: DecoderShape, batch: int, kv_len: int, layer: int = 0, dynamic: bool = False
+) -> list[Operator]:
+    """The operators of one decode-step layer, in execution order.  ``dynamic``: the experts'
+    weights are preloaded only once the routing (``topk``) has executed (ELK §7 "Apply ELK to
+    MoE"): the planner sees a generic expert group of the expected active size and may not
+    issue its preload earlier; experts no token picks are not in the list, so never loaded."""
     h, d = shape.hidden, shape.head_dim
     q, kv = shape.heads * d, shape.kv_heads * d
     ops: list[tuple[str, str, tuple[int, ...], dict]] = [
@@ -127,15 +134,16 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
         # Experts any of the ``batch`` tokens selects, in expectation under uniform routing;
         # each expert's rows are the tokens routed to it.
         e, k = shape.experts, shape.top_k
+        routed = {"routed_by": f"L{layer}.topk"} if dynamic else {}
         active = max(1, round(e * (1 - (1 - k / e) ** batch)))
         rows = max(1, math.ceil(batch * k / active))
         i = shape.intermediate
         ops += [
             ("router", "matmul", (batch, h, e), {}),
             ("topk", "vector", (batch, e), {"flops_per_elem": 8, "row_reduce": True}),
-            ("experts_gate_up", "matmul", (rows, h, 2 * i * active), {}),
+            ("experts_gate_up", "matmul", (rows, h, 2 * i * active), routed),
             ("experts_act", "vector", (rows * active, i), {"flops_per_elem": 5}),
-            ("experts_down", "matmul", (rows, i * active, h), {}),
+            ("experts_down", "matmul", (rows, i * active, h), routed),
         ]
     else:
         i = shape.intermediate
@@ -152,14 +160,15 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
 
 
 def decode_step_ops(
-    model: str, batch: int, kv_len: int, layers: int | None = None
+    model: str, batch: int, kv_len: int, layers: int | None = None, dynamic: bool = False
 ) -> list[Operator]:
-    """Every operator of one decode step of ``model`` (a key of :data:`DECODERS`)."""
+    """Every operator of one decode step of ``model`` (a key of :data:`DECODERS`);
+    ``dynamic``: routed experts preload after their routing (see :func:`layer_ops`)."""
     if model not in DECODERS:
         raise ElkError(f"unknown model {model!r}; choose one of {', '.join(DECODERS)}")
     shape = DECODERS[model]
     n = shape.layers if layers is None else layers
     out: list[Operator] = []
     for layer in range(n):
-        out += layer_ops(shape, batch, kv_len, layer)
+        out += layer_ops(shape, batch, kv_len, layer, dynamic)
     return out

@@ -41,7 +41,9 @@ class Item:
     ``execs``: execute-state plans, Pareto (space ascending); ``contended[e]``: the time of plan
     ``e`` while preloads share the interconnect (defaults to the plain time); ``preloads[e]``:
     the preload-state plans of exec plan ``e``, Pareto, ``time`` = data-distribution cycles;
-    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
+    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``after``: the index of the
+    operator whose execution decides what this one preloads (a routed expert: its preload is
+    issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
     (identical layers share slots, ELK §4.4)."""
 
     name: str
@@ -54,6 +56,7 @@ class Item:
     slot: int = 0
     loads: tuple[float, ...] = ()
     core_spaces: tuple[int, ...] = ()
+    after: int = -1
 
     def exec_core_space(self, e: int) -> float:
         """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
@@ -323,6 +326,19 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
     )
 
 
+def _caps(items: Sequence[Item], pos: Sequence[int]) -> list[int]:
+    """Most preloads that may be issued before each ``execute``: a routed operator's preload
+    waits until its routing operator (``Item.after``) has executed."""
+    n = len(items)
+    cap = [n] * (n + 1)
+    for j, it in enumerate(items):
+        if it.after >= 0:
+            cap[it.after] = min(cap[it.after], pos[j])
+    for i in range(n - 1, -1, -1):
+        cap[i] = min(cap[i], cap[i + 1])
+    return cap[:n]
+
+
 def _lows(pos: Sequence[int]) -> list[int]:
     lo, m = [], -1
     for p in pos:
@@ -372,6 +388,13 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     order = tuple(range(n)) if order is None else tuple(order)
     pos = _check(items, order)
     lo = _lows(pos)
+    cap = _caps(items, pos)
+    bad = next((i for i in range(n) if lo[i] > cap[i]), None)
+    if bad is not None:
+        raise ElkError(
+            f"preload order puts a routed operator before the operators up to "
+            f"{items[bad].name!r} that decide it; order it after its routing operator"
+        )
     states: dict[int, list[_State]] = {}
     last = _step(items, order, pos, n - 1, n, None, policy)
     if last is None:
@@ -383,7 +406,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     for i in range(n - 2, -1, -1):
         new: dict[int, list[_State]] = {}
         top = n if policy.window is None else min(n, lo[i] + policy.window)
-        for P in range(lo[i], top + 1):
+        for P in range(lo[i], min(top, cap[i]) + 1):
             kept: list[tuple[tuple[float, ...], _State]] = []
             for P2, parents in states.items():
                 if P2 < P:
@@ -415,6 +438,9 @@ def evaluate(
     pos = _check(items, order)
     lo = _lows(pos)
     if len(Ps) != n or Ps[-1] != n or any(Ps[i] < lo[i] for i in range(n)):
+        return None
+    cap = _caps(items, pos)
+    if any(Ps[i] > cap[i] for i in range(n)):
         return None
     if any(Ps[i] > Ps[i + 1] for i in range(n - 1)):
         return None

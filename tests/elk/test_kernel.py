@@ -46,7 +46,6 @@ def test_kernel_execution_equals_pytorch(layer: str, chip: str) -> None:
         assert len(set(ids.flatten().tolist())) < 8
 
 
-
 def test_schedule_prints_every_operator() -> None:
     m, inp, ds, _ = get_layer("llama-gqa", tiny=True, batch=2)
     prog = torch2step.compile(m, inp, chip="ipu-hbm", dynamic_shapes=ds, design="elk_dyn")
