@@ -413,7 +413,18 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         slot=op.slot,
         loads=loads,
         core_spaces=tuple(p.core_space for p in plans),
+        grids=tuple(grid(p) for p in plans),
     )
+
+
+def grid(p: Plan) -> tuple[int, int]:
+    """The core grid (rows, columns) a plan's tiles occupy (as :mod:`lowering.elk_programs`
+    places them)."""
+    if p.kind == "matmul":
+        return p.tiles[1], p.tiles[2]
+    if p.kind == "attention":
+        return p.tiles[0] * p.tiles[1], p.tiles[2]
+    return (1, p.tiles[0]) if len(p.tiles) == 1 else (p.tiles[0], p.tiles[1])
 
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:

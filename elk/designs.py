@@ -40,12 +40,17 @@ def plan_design(
     beam: int | None = None,
     max_orders: int = 16,
     core_bytes: float | None = None,
+    core_sram: float | None = None,
+    workers: int = 0,
+    mesh: tuple[int, int] | None = None,
 ) -> Timeline:
     """The timeline of ``design`` (one of :data:`DESIGNS`) for ``items`` on ``capacity`` bytes;
     ``core_bytes``: the share of ``capacity`` on one core (Static splits every core's SRAM;
-    without it the split is of the aggregate capacity)."""
+    without it the split is of the aggregate capacity); ``core_sram``, ``workers``, ``mesh``:
+    check plans against one core's SRAM where grids must share cores (see :class:`Policy`)."""
+    kw = {"core_sram": core_sram, "workers": workers, "mesh": mesh}
     if design == "basic":
-        return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam))
+        return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam, **kw))
     if design == "static":
         best: Timeline | None = None
         single = all(len(pre) <= 1 for it in items for pre in it.preloads)
@@ -58,6 +63,7 @@ def plan_design(
                     preload_mode=mode,
                     window=window,
                     beam=beam,
+                    **kw,
                 )
                 try:
                     t = schedule(items, pol)
@@ -69,9 +75,9 @@ def plan_design(
             raise ElkError("Static: no fixed execute/preload split fits every operator")
         return best
     if design == "elk_dyn":
-        return schedule(items, Policy(capacity, window=window, beam=beam))
+        return schedule(items, Policy(capacity, window=window, beam=beam, **kw))
     if design == "elk_full":
-        return best_order(items, Policy(capacity, window=window, beam=beam), max_orders)[0]
+        return best_order(items, Policy(capacity, window=window, beam=beam, **kw), max_orders)[0]
     if design == "ideal":
         n = len(items)
         pol = Policy(math.inf, contention=False, zero_dist=True, window=1)

@@ -20,6 +20,10 @@ __all__ = ["Operator", "DecoderShape", "DECODERS", "decode_step_ops", "layer_ops
 
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
+#: Routed experts per operator in a decode step (a layer's active experts become a few
+#: grouped operators, so each fits the chip and can be preloaded on its own).
+EXPERTS_PER_OP = 32
+
 
 @dataclass(frozen=True, slots=True)
 class Operator:
@@ -141,10 +145,18 @@ def layer_ops(
         ops += [
             ("router", "matmul", (batch, h, e), {}),
             ("topk", "vector", (batch, e), {"flops_per_elem": 8, "row_reduce": True}),
-            ("experts_gate_up", "matmul", (rows, h, 2 * i * active), routed),
-            ("experts_act", "vector", (rows * active, i), {"flops_per_elem": 5}),
-            ("experts_down", "matmul", (rows, i * active, h), routed),
         ]
+        # The active experts as operators of at most EXPERTS_PER_OP experts each (grouped
+        # GEMMs: every expert's weights meet the rows routed to it), then the weighted sum.
+        groups = math.ceil(active / EXPERTS_PER_OP)
+        for g in range(groups):
+            ng = active // groups + (1 if g < active % groups else 0)
+            ops += [
+                (f"experts{g}_gate_up", "matmul", (rows, h, 2 * i * ng), routed),
+                (f"experts{g}_act", "vector", (rows * ng, i), {"flops_per_elem": 5}),
+                (f"experts{g}_down", "matmul", (rows, i * ng, h), routed),
+            ]
+        ops.append(("experts_sum", "vector", (batch, h), {"flops_per_elem": 2 * k}))
     else:
         i = shape.intermediate
         ops += [

@@ -41,6 +41,7 @@ class Item:
     ``execs``: execute-state plans, Pareto (space ascending); ``contended[e]``: the time of plan
     ``e`` while preloads share the interconnect (defaults to the plain time); ``preloads[e]``:
     the preload-state plans of exec plan ``e``, Pareto, ``time`` = data-distribution cycles;
+    ``grids[e]``: the core grid (rows, columns) of exec plan ``e`` (for the per-core SRAM check);
     ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``after``: the index of the
     operator whose execution decides what this one preloads (a routed expert: its preload is
     issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
@@ -57,6 +58,7 @@ class Item:
     loads: tuple[float, ...] = ()
     core_spaces: tuple[int, ...] = ()
     after: int = -1
+    grids: tuple[tuple[int, int], ...] = ()
 
     def exec_core_space(self, e: int) -> float:
         """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
@@ -91,7 +93,9 @@ class Policy:
     ``"pareto"`` (allocation chooses), ``"largest"`` or ``"smallest"`` (Static);
     ``fastest_exec``: always the fastest plan (Basic); ``window``: consider at most this many
     preload numbers per operator (K of ELK §4.2; ``None``: all); ``beam``: keep at most this many
-    non-dominated suffixes per ``(operator, P)`` (``None``: all, exact)."""
+    non-dominated suffixes per ``(operator, P)`` (``None``: all, exact); ``core_sram``: one
+    core's SRAM: an exec plan whose grid must share cores with resident operators' grids
+    (``workers`` cores, or a ``mesh`` of rows x columns) has to fit there with all of them."""
 
     capacity: float
     max_ahead: int | None = None
@@ -103,6 +107,17 @@ class Policy:
     fastest_exec: bool = False
     window: int | None = None
     beam: int | None = None
+    core_sram: float | None = None
+    workers: int = 0
+    mesh: tuple[int, int] | None = None
+
+    def must_share(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+        """Whether two core grids necessarily share a core: on an all-to-all chip when they
+        need more cores than there are, on a mesh when they fit side by side neither in rows
+        nor in columns."""
+        if self.mesh is not None:
+            return a[0] + b[0] > self.mesh[0] and a[1] + b[1] > self.mesh[1]
+        return a[0] * a[1] + b[0] * b[1] > self.workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +242,21 @@ def _step(
         if not fit and pol.exec_core is not None:
             return None  # no plan of this operator fits the fixed per-core execute space
         execs = fit[-1:] if fit else execs[:1]
+    if pol.core_sram is not None and item.grids and residents:
+        held = []
+        for j in residents:
+            pj = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
+            if items[j].grids:
+                held.append((items[j].grids[pj], items[j].exec_core_space(pj)))
+
+        def fits(e: int) -> bool:
+            g = item.grids[e]
+            shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
+            return item.exec_core_space(e) + shared <= pol.core_sram  # type: ignore[operator]
+
+        execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
+        if not execs:
+            return None
     groups.append(execs)
     nxt_res = (i + 1) in residents
     if nxt_res:
