@@ -113,3 +113,17 @@ def test_decode_step_plan_orders_designs() -> None:
     assert got["ideal"] <= min(got.values()) + 1e-6
     assert got["elk_full"] <= got["elk_dyn"] + 1e-6
     assert got["elk_full"] <= got["basic"] + 1e-6
+
+
+@pytest.mark.parametrize("chip", ["ipu-hbm", "mesh"])
+def test_placed_plans_fit_every_core(chip: str) -> None:
+    """The planner places its plan and checks every core's peak SRAM (ELK plans are made for
+    the aggregate memory; tiles are whole per core)."""
+    from elk.plan import plan_model
+
+    hw = load_chip(chip)
+    for model in ("llama3-8b", "qwen3-30b-a3b"):
+        ops = decode_step_ops(model, 32, 2048, 2)
+        for design in ("basic", "static", "elk_full"):
+            s = plan_model(ops, hw, design, window=8, beam=2, max_orders=4)
+            assert s.core_peak is not None and 0 < s.core_peak <= hw.core.sram_bytes
