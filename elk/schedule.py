@@ -249,14 +249,20 @@ def _step(
             if items[j].grids:
                 held.append((items[j].grids[pj], items[j].exec_core_space(pj)))
 
+        every = sum(cs for _, cs in held)
+
         def fits(e: int) -> bool:
+            own = item.exec_core_space(e)
+            if own + every <= pol.core_sram:  # type: ignore[operator]
+                return True  # even if every grid shared one core
             g = item.grids[e]
             shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
-            return item.exec_core_space(e) + shared <= pol.core_sram  # type: ignore[operator]
+            return own + shared <= pol.core_sram  # type: ignore[operator]
 
-        execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
-        if not execs:
-            return None
+        if held:
+            execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
+            if not execs:
+                return None
     groups.append(execs)
     nxt_res = (i + 1) in residents
     if nxt_res:
