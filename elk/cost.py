@@ -18,6 +18,7 @@ partials combined on one core per group); vector operators split rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -285,44 +286,89 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
 
 
 def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
+    """Row-wise operators tiled over rows and columns (``<tr, tc>``; ELK §5 slices every
+    dimension).  Each core loads its ``rows/tr x cols/tc`` block, computes and stores it.  An
+    operator that reduces whole rows (``op.row_reduce``: norms, routing) with ``tc > 1`` sends
+    its per-row partial sums to the first core of its grid row, which multicasts the combined
+    statistic back (two small messages per row).  A layer-graph node (``op.node``) runs whole on
+    one core."""
     r, cols = op.dims
     e = op.elem
+    rows_cap = c.mesh[0] if c.mesh else c.cores
+    cols_cap = c.mesh[1] if c.mesh else c.cores
     out = []
-    for tr in _divisors(r, c.cores):
-        rb = r // tr
-        tile = rb * cols * e
-        core_space = 3 * tile + op.param_bytes
-        if core_space > c.sram:
-            continue
-        comp = _kernel(c, op.flops_per_elem * rb * cols, 3 * tile + op.param_bytes)
+    col_tiles = [1] if op.node is not None else _divisors(cols, cols_cap)
+    row_tiles = [1] if op.node is not None else _divisors(r, rows_cap)
+    for tr in row_tiles:
+        for tc in col_tiles:
+            if tr * tc > c.cores or (tc > 1 and cols // tc < MIN_TILE):
+                continue
+            rb, cb = r // tr, cols // tc
+            tile = rb * cb * e
+            params = op.param_bytes // tc
+            core_space = 3 * tile + params + (8 * rb if op.row_reduce else 0)
+            if core_space > c.sram:
+                continue
+            comp = _kernel(c, op.flops_per_elem * rb * cb, 3 * tile + params)
+            every = r * cols * e / c.hbm_bw  # all rows through the HBM (mesh: its edge links)
+            red = op.row_reduce and tc > 1
+            hops = (tc / 2) if c.mesh else 1.0
 
-        every = r * cols * e / c.hbm_bw  # all rows through the HBM (mesh: its edge links)
+            def total(
+                f: float,
+                tile: int = tile,
+                comp: int = comp,
+                every: float = every,
+                red: bool = red,
+                tc: int = tc,
+                rb: int = rb,
+                hops: float = hops,
+            ) -> float:
+                move = max(tile / c.port * f, every)
+                # the store's HBM latency ends the operator (the next one reads the rows)
+                t = move + c.hbm_lat + c.net_lat + comp + move + c.net_lat + c.hbm_lat
+                if red:  # gather the partials on the row's first core, multicast the result
+                    t += (tc - 1) * 4 * rb / c.port * f + 4 * rb / c.port * f + 2 * c.net_lat * hops
+                return t
 
-        def total(f: float, tile: int = tile, comp: int = comp, every: float = every) -> float:
-            move = max(tile / c.port * f, every)
-            return move + c.hbm_lat + c.net_lat + comp + move + c.net_lat
-
-        out.append(
-            Plan(
-                "vector",
-                (tr,),
-                tr,
-                tr * core_space,
-                core_space,
-                total(1.0),
-                total(1.0 / (1.0 - c.rho)),
-                2 * tile * tr,
-                tr * op.param_bytes,
+            cores = tr * tc
+            out.append(
+                Plan(
+                    "vector",
+                    (tr, tc),
+                    cores,
+                    cores * core_space,
+                    core_space,
+                    total(1.0),
+                    total(1.0 / (1.0 - c.rho)),
+                    2 * tile * cores + (2 * (tc - 1) * 4 * rb * tr if red else 0),
+                    op.param_bytes,
+                )
             )
-        )
     return out
 
 
 @lru_cache(maxsize=4096)
 def _plans(
-    c: ChipCosts, kind: str, dims: tuple[int, ...], dtype: str, fpe: int, pbytes: int
+    c: ChipCosts,
+    kind: str,
+    dims: tuple[int, ...],
+    dtype: str,
+    fpe: int,
+    pbytes: int,
+    reduce: bool = False,
+    whole: bool = False,
 ) -> tuple[Plan, ...]:
-    op = Operator("p", kind, dims, dtype, flops_per_elem=fpe, param_bytes=pbytes)  # type: ignore[arg-type]
+    op = Operator(
+        "p",
+        kind,  # type: ignore[arg-type]
+        dims,
+        dtype,
+        flops_per_elem=fpe,
+        param_bytes=pbytes,
+        row_reduce=reduce,
+        node="whole" if whole else None,
+    )
     gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
     plans = gen(c, op)
     if not plans:
@@ -336,7 +382,16 @@ def _plans(
 
 def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
     """The Pareto-optimal execute-state plans of ``op`` (space ascending)."""
-    return _plans(c, op.kind, op.dims, op.dtype, op.flops_per_elem, op.param_bytes)
+    return _plans(
+        c,
+        op.kind,
+        op.dims,
+        op.dtype,
+        op.flops_per_elem,
+        op.param_bytes,
+        op.row_reduce,
+        op.node is not None,
+    )
 
 
 def item_for(c: ChipCosts, op: Operator) -> Item:
@@ -357,9 +412,34 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         layer=op.layer,
         slot=op.slot,
         loads=loads,
+        core_spaces=tuple(p.core_space for p in plans),
+        grids=tuple(grid(p) for p in plans),
     )
 
 
+def grid(p: Plan) -> tuple[int, int]:
+    """The core grid (rows, columns) a plan's tiles occupy (as :mod:`lowering.elk_programs`
+    places them)."""
+    if p.kind == "matmul":
+        return p.tiles[1], p.tiles[2]
+    if p.kind == "attention":
+        return p.tiles[0] * p.tiles[1], p.tiles[2]
+    return (1, p.tiles[0]) if len(p.tiles) == 1 else (p.tiles[0], p.tiles[1])
+
+
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
-    """:func:`item_for` of every operator."""
-    return [item_for(c, op) for op in ops]
+    """:func:`item_for` of every operator (a routed operator's ``after`` set to the index of
+    the operator named by its ``routed_by``)."""
+    index = {op.name: k for k, op in enumerate(ops)}
+    out = []
+    for op in ops:
+        it = item_for(c, op)
+        if op.routed_by is not None:
+            if op.routed_by not in index:
+                raise ElkError(
+                    f"operator {op.name!r} is routed by {op.routed_by!r}, which is not in the "
+                    "operator list; add the routing operator before it"
+                )
+            it = dataclasses.replace(it, after=index[op.routed_by])
+        out.append(it)
+    return out

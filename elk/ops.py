@@ -20,6 +20,10 @@ __all__ = ["Operator", "DecoderShape", "DECODERS", "decode_step_ops", "layer_ops
 
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
+#: Routed experts per operator in a decode step (a layer's active experts become a few
+#: grouped operators, so each fits the chip and can be preloaded on its own).
+EXPERTS_PER_OP = 32
+
 
 @dataclass(frozen=True, slots=True)
 class Operator:
@@ -27,7 +31,9 @@ class Operator:
     ``(R, C)`` rows x columns with ``flops_per_elem`` and ``param_bytes`` read from HBM (every
     core working on it reads the parameters).  ``layer``/``slot``: layer index and position in
     the layer.  ``tensors``: names of the HBM tensors the code generator binds (inputs, preloaded
-    data, outputs); ``node``: the layer-graph node a vector operator evaluates."""
+    data, outputs); ``node``: the layer-graph node a vector operator evaluates (on one core);
+    ``row_reduce``: a vector operator that reduces whole rows (norms, routing);
+    ``routed_by``: the operator whose result selects what this one preloads (dynamic MoE)."""
 
     name: str
     kind: Literal["matmul", "attention", "vector"]
@@ -39,6 +45,8 @@ class Operator:
     param_bytes: int = 0
     tensors: tuple[tuple[str, str], ...] = field(default=())
     node: str | None = None
+    row_reduce: bool = False
+    routed_by: str | None = None
 
     @property
     def elem(self) -> int:
@@ -102,33 +110,53 @@ DECODERS: dict[str, DecoderShape] = {
 }
 
 
-def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> list[Operator]:
-    """The operators of one decode-step layer, in execution order."""
+def layer_ops(
+    shape: DecoderShape, batch: int, kv_len: int, layer: int = 0, dynamic: bool = False
+) -> list[Operator]:
+    """The operators of one decode-step layer, in execution order.  ``dynamic``: the experts'
+    weights are preloaded only once the routing (``topk``) has executed (ELK §7 "Apply ELK to
+    MoE"): the planner sees a generic expert group of the expected active size and may not
+    issue its preload earlier; experts no token picks are not in the list, so never loaded."""
     h, d = shape.hidden, shape.head_dim
     q, kv = shape.heads * d, shape.kv_heads * d
     ops: list[tuple[str, str, tuple[int, ...], dict]] = [
-        ("attn_norm", "vector", (batch, h), {}),
+        ("attn_norm", "vector", (batch, h), {"row_reduce": True}),
         ("qkv_proj", "matmul", (batch, h, q + 2 * kv), {}),
-        ("rotary", "vector", (batch, q + kv), {"flops_per_elem": 6 if shape.qk_norm else 3}),
+        (
+            "rotary",
+            "vector",
+            (batch, q + kv),
+            # Qwen3 normalises q and k per head before the rotation: a reduction over head_dim
+            {"flops_per_elem": 6, "row_reduce": True} if shape.qk_norm else {"flops_per_elem": 3},
+        ),
         ("attention", "attention", (batch, shape.heads, shape.kv_heads, d, kv_len), {}),
         ("o_proj", "matmul", (batch, q, h), {}),
         ("attn_residual", "vector", (batch, h), {"flops_per_elem": 1}),
-        ("mlp_norm", "vector", (batch, h), {}),
+        ("mlp_norm", "vector", (batch, h), {"row_reduce": True}),
     ]
     if shape.experts:
         # Experts any of the ``batch`` tokens selects, in expectation under uniform routing;
         # each expert's rows are the tokens routed to it.
         e, k = shape.experts, shape.top_k
+        routed = {"routed_by": f"L{layer}.topk"} if dynamic else {}
         active = max(1, round(e * (1 - (1 - k / e) ** batch)))
         rows = max(1, math.ceil(batch * k / active))
         i = shape.intermediate
         ops += [
             ("router", "matmul", (batch, h, e), {}),
-            ("topk", "vector", (batch, e), {"flops_per_elem": 8}),
-            ("experts_gate_up", "matmul", (rows, h, 2 * i * active), {}),
-            ("experts_act", "vector", (rows * active, i), {"flops_per_elem": 5}),
-            ("experts_down", "matmul", (rows, i * active, h), {}),
+            ("topk", "vector", (batch, e), {"flops_per_elem": 8, "row_reduce": True}),
         ]
+        # The active experts as operators of at most EXPERTS_PER_OP experts each (grouped
+        # GEMMs: every expert's weights meet the rows routed to it), then the weighted sum.
+        groups = math.ceil(active / EXPERTS_PER_OP)
+        for g in range(groups):
+            ng = active // groups + (1 if g < active % groups else 0)
+            ops += [
+                (f"experts{g}_gate_up", "matmul", (rows, h, 2 * i * ng), routed),
+                (f"experts{g}_act", "vector", (rows * ng, i), {"flops_per_elem": 5}),
+                (f"experts{g}_down", "matmul", (rows, i * ng, h), routed),
+            ]
+        ops.append(("experts_sum", "vector", (batch, h), {"flops_per_elem": 2 * k}))
     else:
         i = shape.intermediate
         ops += [
@@ -144,14 +172,15 @@ def layer_ops(shape: DecoderShape, batch: int, kv_len: int, layer: int = 0) -> l
 
 
 def decode_step_ops(
-    model: str, batch: int, kv_len: int, layers: int | None = None
+    model: str, batch: int, kv_len: int, layers: int | None = None, dynamic: bool = False
 ) -> list[Operator]:
-    """Every operator of one decode step of ``model`` (a key of :data:`DECODERS`)."""
+    """Every operator of one decode step of ``model`` (a key of :data:`DECODERS`);
+    ``dynamic``: routed experts preload after their routing (see :func:`layer_ops`)."""
     if model not in DECODERS:
         raise ElkError(f"unknown model {model!r}; choose one of {', '.join(DECODERS)}")
     shape = DECODERS[model]
     n = shape.layers if layers is None else layers
     out: list[Operator] = []
     for layer in range(n):
-        out += layer_ops(shape, batch, kv_len, layer)
+        out += layer_ops(shape, batch, kv_len, layer, dynamic)
     return out

@@ -9,11 +9,12 @@ overlapped, interconnect stall) and the HBM / interconnect utilisation of ELK §
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elk.cost import ChipCosts, Plan, items_for
+from elk.cost import ChipCosts, Plan, grid, items_for
 from elk.designs import DESIGNS, plan_design
 from elk.errors import ElkError
 from elk.ops import Operator
@@ -61,6 +62,7 @@ class ElkSchedule:
     items: tuple[Item, ...]
     timeline: Timeline
     plan_seconds: float
+    core_peak: int | None = None
 
     @property
     def plans(self) -> tuple[Plan, ...]:
@@ -96,12 +98,7 @@ class ElkSchedule:
         ex = _measure([(s.start, s.end) for s in t.steps])
         pr = _measure(list(zip(t.preload_start, t.preload_end)))
         both = _intersect(ex, pr)
-        stall = 0.0
-        for s in t.steps:
-            it = self.items[s.op]
-            if s.busy:
-                stall += it.exec_time(s.exec_plan, True) - it.exec_time(s.exec_plan, False)
-        stall = min(stall, both)
+        stall = min(sum(s.stall for s in t.steps), both)
         total = t.total
         e, p = _length(ex), _length(pr)
         return {
@@ -118,10 +115,35 @@ class ElkSchedule:
         return tot / (self.costs.hbm_peak * self.cycles) if self.cycles else 0.0
 
     def noc_utilisation(self) -> float:
-        """Bytes crossing core ports (exchange + HBM deliveries) over the ports' capacity."""
-        moved = sum(p.xbytes for p in self.plans) + sum(op.hbm_bytes for op in self.ops)
-        cap = self.costs.cores * self.costs.port * self.cycles
-        return moved / cap if cap else 0.0
+        """Interconnect utilisation (ELK §6.3, Fig. 18 (c) and 21).  All-to-all: bytes crossing
+        core ports (exchange + HBM deliveries) over the ports' capacity.  Mesh: byte-hops over
+        the capacity of every directed link — exchange traffic travels the mean distance within
+        its plan's grid ((rows + columns) / 3 hops), HBM data from the edge routers the mean
+        distance to a core (rows / 3 + columns / 4 hops, dimension-order routing)."""
+        c = self.costs
+        hbm = sum(op.hbm_bytes for op in self.ops)
+        if c.mesh is None:
+            moved = sum(p.xbytes for p in self.plans) + hbm
+            cap = c.cores * c.port * self.cycles
+            return moved / cap if cap else 0.0
+        rows, cols = c.mesh[0] + 1, c.mesh[1]
+        hops = sum(p.xbytes * sum(grid(p)) / 3 for p in self.plans) + hbm * (rows / 3 + cols / 4)
+        links = 2 * (rows * (cols - 1) + cols * (rows - 1))
+        cap = links * c.port * self.cycles
+        return hops / cap if cap else 0.0
+
+    def flop_utilisation(self, cycles: float | None = None) -> float:
+        """FLOPs of the operators over what the worker cores could compute in ``cycles``
+        (default: the predicted time) at their matmul rate (ELK §6.3 Fig. 18 (d))."""
+        t = self.cycles if cycles is None else cycles
+        cap = self.costs.cores * self.costs.flops * t
+        return sum(op.flops for op in self.ops) / cap if cap else 0.0
+
+    def ideal(self) -> ElkSchedule:
+        """The Ideal design (ELK §6.1) of the same operators on the same chip."""
+        if self.design == "ideal":
+            return self
+        return plan_model(self.ops, self.costs, "ideal")
 
     def preload_number(self, i: int) -> int:
         return self.timeline.preload_number(i)
@@ -162,8 +184,13 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
         "breakdown: "
         + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items())
         + f"; HBM utilisation {s.hbm_utilisation():.1%}, interconnect {s.noc_utilisation():.1%}"
+        f", FLOP {s.flop_utilisation():.2%}"
     )
     return "\n".join(lines)
+
+
+#: Re-plans with a smaller aggregate capacity when a core's SRAM overflows before giving up.
+SRAM_RETRIES = 4
 
 
 def plan_model(
@@ -176,11 +203,52 @@ def plan_model(
     beam: int | None = 4,
     max_orders: int = 8,
 ) -> ElkSchedule:
-    """Plan ``ops`` on ``chip`` with ``design`` (one of :data:`elk.designs.DESIGNS`)."""
+    """Plan ``ops`` on ``chip`` with ``design`` (one of :data:`elk.designs.DESIGNS`).
+
+    The scheduler budgets the aggregate on-chip memory; with a :class:`Chip` the plan is then
+    placed tile by tile and every core's peak SRAM checked (``core_peak``).  A plan that
+    overflows a core is made again with the aggregate budget cut by the overflow (at most
+    :data:`SRAM_RETRIES` times).  Ideal assumes unbounded memory and is not checked."""
     if design not in DESIGNS:
         raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
     costs = chip if isinstance(chip, ChipCosts) else ChipCosts.from_chip(chip, dtype)
     t0 = time.perf_counter()
     items = items_for(costs, list(ops))
-    tl = plan_design(design, items, costs.capacity, window=window, beam=beam, max_orders=max_orders)
-    return ElkSchedule(design, costs, tuple(ops), tuple(items), tl, time.perf_counter() - t0)
+    capacity = float(costs.capacity)
+    peak = 0
+    for _ in range(SRAM_RETRIES + 1):
+        tl = plan_design(
+            design,
+            items,
+            capacity,
+            window=window,
+            beam=beam,
+            max_orders=max_orders,
+            core_bytes=costs.sram,
+            core_sram=costs.sram,
+            workers=costs.cores,
+            mesh=costs.mesh,
+        )
+        sched = ElkSchedule(design, costs, tuple(ops), tuple(items), tl, 0.0)
+        if isinstance(chip, ChipCosts) or design == "ideal":
+            break
+        peak = _core_peak(sched, chip)
+        if peak <= costs.sram:
+            break
+        capacity *= 0.98 * costs.sram / peak
+    else:
+        raise ElkError(
+            f"{design} plan of {len(ops)} operators on {costs.name}: a core needs {peak} bytes of "
+            f"SRAM (it has {costs.sram}) even with the on-chip budget cut to "
+            f"{capacity / 2**20:.0f} MiB; use a chip with more cores or SRAM, or fewer layers"
+        )
+    return dataclasses.replace(sched, plan_seconds=time.perf_counter() - t0, core_peak=peak or None)
+
+
+def _core_peak(s: ElkSchedule, chip: Chip) -> int:
+    """Most bytes any core holds at once when ``s`` is placed on ``chip``."""
+    from lowering.elk_programs import core_peaks  # lowering builds on elk: import when used
+
+    n = len(s.ops)
+    peaks = core_peaks(chip, s.ops, s.plans, s.order, s.issued)
+    return int(peaks.max()) if n and peaks.size else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from elk.errors import ElkError
 from elk.schedule import Item, Policy, Timeline, schedule
 
 __all__ = ["heavy_slots", "candidate_orders", "valid_order", "best_order"]
@@ -39,6 +40,10 @@ def heavy_slots(items: Sequence[Item], limit: int = MAX_HEAVY) -> list[int]:
 
 def valid_order(items: Sequence[Item], order: Sequence[int], capacity: float) -> bool:
     """No preload in ``order`` forces more resident data than ``capacity`` (smallest plans)."""
+    pos = {op: k for k, op in enumerate(order)}
+    for j, it in enumerate(items):  # a routed operator is preloaded after what decides it
+        if it.after >= 0 and any(pos[x] > pos[j] for x in range(it.after + 1)):
+            return False
     low = [min(o.space for pre in it.preloads for o in pre) if it.preloads else 0 for it in items]
     exe = [min(o.space for o in it.execs) for it in items]
     seen_max = -1
@@ -92,7 +97,7 @@ def best_order(items: Sequence[Item], policy: Policy, max_orders: int = 16) -> t
     for order in orders:
         try:
             t = schedule(items, policy, order)
-        except ValueError:
+        except (ValueError, ElkError):
             continue
         if best is None or t.total < best.total - 1e-9:
             best = t

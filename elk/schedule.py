@@ -41,7 +41,10 @@ class Item:
     ``execs``: execute-state plans, Pareto (space ascending); ``contended[e]``: the time of plan
     ``e`` while preloads share the interconnect (defaults to the plain time); ``preloads[e]``:
     the preload-state plans of exec plan ``e``, Pareto, ``time`` = data-distribution cycles;
-    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
+    ``grids[e]``: the core grid (rows, columns) of exec plan ``e`` (for the per-core SRAM check);
+    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``after``: the index of the
+    operator whose execution decides what this one preloads (a routed expert: its preload is
+    issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
     (identical layers share slots, ELK §4.4)."""
 
     name: str
@@ -53,15 +56,29 @@ class Item:
     layer: int = 0
     slot: int = 0
     loads: tuple[float, ...] = ()
+    core_spaces: tuple[int, ...] = ()
+    after: int = -1
+    grids: tuple[tuple[int, int], ...] = ()
+
+    def exec_core_space(self, e: int) -> float:
+        """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
+        return self.core_spaces[e] if self.core_spaces else self.execs[e].space
 
     def load_time(self, e: int) -> float:
         """Preload cycles when the operator will execute with plan ``e``."""
         return self.loads[e] if self.loads else self.load
 
-    def exec_time(self, e: int, busy: bool) -> float:
-        if busy and self.contended:
-            return self.contended[e]
-        return self.execs[e].time
+    def exec_time(self, e: int, busy: bool | float) -> float:
+        """Cycles of exec plan ``e``; ``busy``: preloads share the interconnect for the whole
+        execution (``True``) or for ``busy`` cycles of it (ELK §4.3: the contention overhead
+        grows with the preload traffic that overlaps the execution)."""
+        t = self.execs[e].time
+        if not busy or not self.contended:
+            return t
+        extra = self.contended[e] - t
+        if busy is True:
+            return t + extra
+        return t + extra * min(1.0, float(busy) / t) if t > 0 else t
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,21 +87,37 @@ class Policy:
 
     ``capacity``: on-chip bytes; ``max_ahead``: at most this many operators resident (Basic: 1);
     ``contention``: charge interconnect contention; ``zero_dist``: data distribution is free
-    (Ideal); ``exec_space``: a fixed execute-space size (Static); ``preload_mode``:
+    (Ideal); ``exec_space``: a fixed execute-space size (Static), taken out of ``capacity``
+    whatever the executing operator uses; ``exec_core``: with ``exec_space``, the per-core
+    execute space an exec plan's per-core footprint must fit (Static); ``preload_mode``:
     ``"pareto"`` (allocation chooses), ``"largest"`` or ``"smallest"`` (Static);
     ``fastest_exec``: always the fastest plan (Basic); ``window``: consider at most this many
     preload numbers per operator (K of ELK §4.2; ``None``: all); ``beam``: keep at most this many
-    non-dominated suffixes per ``(operator, P)`` (``None``: all, exact)."""
+    non-dominated suffixes per ``(operator, P)`` (``None``: all, exact); ``core_sram``: one
+    core's SRAM: an exec plan whose grid must share cores with resident operators' grids
+    (``workers`` cores, or a ``mesh`` of rows x columns) has to fit there with all of them."""
 
     capacity: float
     max_ahead: int | None = None
     contention: bool = True
     zero_dist: bool = False
     exec_space: float | None = None
+    exec_core: float | None = None
     preload_mode: str = "pareto"
     fastest_exec: bool = False
     window: int | None = None
     beam: int | None = None
+    core_sram: float | None = None
+    workers: int = 0
+    mesh: tuple[int, int] | None = None
+
+    def must_share(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+        """Whether two core grids necessarily share a core: on an all-to-all chip when they
+        need more cores than there are, on a mesh when they fit side by side neither in rows
+        nor in columns."""
+        if self.mesh is not None:
+            return a[0] + b[0] > self.mesh[0] and a[1] + b[1] > self.mesh[1]
+        return a[0] * a[1] + b[0] * b[1] > self.workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +134,7 @@ class Step:
     time: float
     space: int
     busy: bool
+    stall: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,14 +217,52 @@ def _step(
     fixed = sum(res_parent[j][0] for j in residents if j != i + 1)
     if pol.exec_space is not None and fixed > pol.capacity - pol.exec_space:
         return None
-    busy = bool(residents) and pol.contention
+    # Preloads of the resident operators run as late as possible, i.e. up to this step's end:
+    # they overlap it for at most their total preload time (the interconnect is shared then).
+    overlap = 0.0
+    if pol.contention:
+        for j in residents:
+            plan_j = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
+            overlap += items[j].load_time(plan_j)
+    busy: float = overlap
     groups: list[tuple[Option, ...]] = []
     execs = tuple(Option(o.space, item.exec_time(e, busy), e) for e, o in enumerate(item.execs))
     if pol.fastest_exec:
         execs = execs[-1:]
     elif pol.exec_space is not None:
-        fit = tuple(o for o in execs if o.space <= pol.exec_space)
+        fit = tuple(
+            o
+            for o in execs
+            if (
+                item.exec_core_space(int(o.ref)) <= pol.exec_core  # type: ignore[arg-type]
+                if pol.exec_core is not None
+                else o.space <= pol.exec_space
+            )
+        )
+        if not fit and pol.exec_core is not None:
+            return None  # no plan of this operator fits the fixed per-core execute space
         execs = fit[-1:] if fit else execs[:1]
+    if pol.core_sram is not None and item.grids and residents:
+        held = []
+        for j in residents:
+            pj = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
+            if items[j].grids:
+                held.append((items[j].grids[pj], items[j].exec_core_space(pj)))
+
+        every = sum(cs for _, cs in held)
+
+        def fits(e: int) -> bool:
+            own = item.exec_core_space(e)
+            if own + every <= pol.core_sram:  # type: ignore[operator]
+                return True  # even if every grid shared one core
+            g = item.grids[e]
+            shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
+            return own + shared <= pol.core_sram  # type: ignore[operator]
+
+        if held:
+            execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
+            if not execs:
+                return None
     groups.append(execs)
     nxt_res = (i + 1) in residents
     if nxt_res:
@@ -228,7 +300,8 @@ def _step(
         else:
             sp, bound, qq, ee = res_parent[j]
             res.append((j, sp, bound, qq, ee))
-    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy)
+    stall = item.exec_time(e, busy) - item.execs[e].time
+    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall)
     return step, spre, tuple(res), gate
 
 
@@ -271,6 +344,7 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
             t.time,
             t.space,
             t.busy,
+            t.stall,
         )
         for t in steps
     )
@@ -286,6 +360,19 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
         shift,
         tuple(preload_plan),
     )
+
+
+def _caps(items: Sequence[Item], pos: Sequence[int]) -> list[int]:
+    """Most preloads that may be issued before each ``execute``: a routed operator's preload
+    waits until its routing operator (``Item.after``) has executed."""
+    n = len(items)
+    cap = [n] * (n + 1)
+    for j, it in enumerate(items):
+        if it.after >= 0:
+            cap[it.after] = min(cap[it.after], pos[j])
+    for i in range(n - 1, -1, -1):
+        cap[i] = min(cap[i], cap[i + 1])
+    return cap[:n]
 
 
 def _lows(pos: Sequence[int]) -> list[int]:
@@ -337,6 +424,13 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     order = tuple(range(n)) if order is None else tuple(order)
     pos = _check(items, order)
     lo = _lows(pos)
+    cap = _caps(items, pos)
+    bad = next((i for i in range(n) if lo[i] > cap[i]), None)
+    if bad is not None:
+        raise ElkError(
+            f"preload order puts a routed operator before the operators up to "
+            f"{items[bad].name!r} that decide it; order it after its routing operator"
+        )
     states: dict[int, list[_State]] = {}
     last = _step(items, order, pos, n - 1, n, None, policy)
     if last is None:
@@ -348,7 +442,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     for i in range(n - 2, -1, -1):
         new: dict[int, list[_State]] = {}
         top = n if policy.window is None else min(n, lo[i] + policy.window)
-        for P in range(lo[i], top + 1):
+        for P in range(lo[i], min(top, cap[i]) + 1):
             kept: list[tuple[tuple[float, ...], _State]] = []
             for P2, parents in states.items():
                 if P2 < P:
@@ -380,6 +474,9 @@ def evaluate(
     pos = _check(items, order)
     lo = _lows(pos)
     if len(Ps) != n or Ps[-1] != n or any(Ps[i] < lo[i] for i in range(n)):
+        return None
+    cap = _caps(items, pos)
+    if any(Ps[i] > cap[i] for i in range(n)):
         return None
     if any(Ps[i] > Ps[i + 1] for i in range(n - 1)):
         return None

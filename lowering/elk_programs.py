@@ -32,14 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import lowering.elk_kernels  # noqa: F401  (registers the kernels)
-from elk.cost import Plan
+from elk.cost import Plan, grid
 from elk.ops import Operator
 from hwmodel.chip import Chip, MeshNoC
 from lowering.builder import CoreBuilder, ProgramBuilder, region
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
 
-__all__ = ["Placed", "place", "elk_programs", "tile_major", "weight_shape"]
+__all__ = ["Placed", "place", "core_peaks", "elk_programs", "tile_major", "weight_shape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +76,7 @@ def tile_major(w: np.ndarray, plan: Plan) -> np.ndarray:
 
 
 def _grid(op: Operator, plan: Plan) -> tuple[int, int]:
-    if op.kind == "matmul":
-        return plan.tiles[1], plan.tiles[2]
-    if op.kind == "attention":
-        tb, tg, ts = plan.tiles
-        return tb * tg, ts
-    return 1, plan.tiles[0]
+    return grid(plan)
 
 
 def _sections(n: int, order: Sequence[int], issued: Sequence[int]) -> list[int]:
@@ -106,6 +101,29 @@ def place(
     preload order on the cores with the most free SRAM over the sections they stay resident
     (all-to-all: any cores, ELK §5 maps tiles in order because location does not matter; mesh:
     the grid's row offset with the most free SRAM)."""
+    return _place(chip, ops, plans, order, issued)[0]
+
+
+def core_peaks(
+    chip: Chip,
+    ops: Sequence[Operator],
+    plans: Sequence[Plan],
+    order: Sequence[int] | None = None,
+    issued: Sequence[int] | None = None,
+) -> np.ndarray:
+    """Most bytes each worker core holds at once under :func:`place` (execute-state tiles of
+    the executing operator and of every operator preloaded and not yet executed)."""
+    load = _place(chip, ops, plans, order, issued)[1]
+    return load.max(axis=1) if load.size else np.zeros(load.shape[0], dtype=np.int64)
+
+
+def _place(
+    chip: Chip,
+    ops: Sequence[Operator],
+    plans: Sequence[Plan],
+    order: Sequence[int] | None,
+    issued: Sequence[int] | None,
+) -> tuple[list[Placed], np.ndarray]:
     n = len(ops)
     order = tuple(range(n)) if order is None else tuple(order)
     issued = tuple(range(1, n + 1)) if issued is None else tuple(issued)
@@ -128,8 +146,11 @@ def place(
                     f"{usable_rows}x{noc.cols} worker cores"
                 )
             else:
+                # every row offset, at the west edge, the east edge and in the middle
+                c0s = sorted({0, (noc.cols - cols) // 2, noc.cols - cols})
                 cands = [
-                    tuple(chip.core_at(r0 + r, c) for r in range(rows) for c in range(cols))
+                    tuple(chip.core_at(r0 + r, c0 + c) for r in range(rows) for c in range(cols))
+                    for c0 in c0s
                     for r0 in range(usable_rows - rows + 1)
                 ]
             peak = [int(load[list(cs), span].max(initial=0)) for cs in cands]
@@ -142,7 +163,7 @@ def place(
             cores = tuple(int(x) for x in sorted(pick))
         load[list(cores), span] += plan.core_space
         out[j] = Placed(op, plan, rows, cols, cores)
-    return [out[j] for j in range(n)]
+    return [out[j] for j in range(n)], load
 
 
 #: Loads a core's preload share is split into: HBM requests of one core are paced by its port,
@@ -346,13 +367,37 @@ def _vector(
             p.free(buf)
         return True
     rows, cols = op.dims
-    rb = rows // pl.cols
+    rb, cb = rows // pl.rows, cols // pl.cols
     x, y = f"o{j}_x", f"o{j}_y"
-    p.alloc(x, (rb, cols), dt)
-    p.alloc(y, (rb, cols), dt)
-    p.load(x, roles["x"], region((c * rb, 0), (rb, cols)))
+    p.alloc(x, (rb, cb), dt)
+    p.alloc(y, (rb, cb), dt)
+    p.load(x, roles["x"], region((r * rb, c * cb), (rb, cb)))
+    if op.row_reduce and pl.cols > 1:
+        # per-row partial statistics to the grid row's first core, the combined one back
+        s = f"o{j}_s"
+        p.alloc(s, (rb, 1), "fp32")
+        p.compute("elk_vector", s, (s,), {"fpe": op.flops_per_elem * cb}, "fp32")
+        back = f"o{j}_b{r}"
+        if c == 0:
+            if not b.has_channel(back):
+                b.channel(back, pl.core(r, 0), [pl.core(r, k) for k in range(1, pl.cols)])
+            for k in range(1, pl.cols):
+                ch = f"o{j}_g{r}_{k}"
+                if not b.has_channel(ch):
+                    b.channel(ch, pl.core(r, k), pl.core(r, 0))
+                p.recv(ch, s)
+            p.send(back, s)
+        else:
+            ch = f"o{j}_g{r}_{c}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r, c), pl.core(r, 0))
+            p.send(ch, s)
+            if not b.has_channel(back):
+                b.channel(back, pl.core(r, 0), [pl.core(r, k) for k in range(1, pl.cols)])
+            p.recv(back, s)
+        p.free(s)
     p.compute("elk_vector", y, (x,), {"fpe": op.flops_per_elem}, dt)
-    p.store(y, roles["y"], region((c * rb, 0), (rb, cols)))
+    p.store(y, roles["y"], region((r * rb, c * cb), (rb, cb)))
     p.free(x)
     p.free(y)
     return True

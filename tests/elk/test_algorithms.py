@@ -157,3 +157,31 @@ def test_design_ordering_on_a_preload_bound_list() -> None:
     totals = {d: plan_design(d, items, 40).total for d in DESIGNS}
     assert totals["ideal"] <= totals["elk_full"] + 1e-9
     assert totals["elk_full"] <= totals["elk_dyn"] + 1e-9
+
+
+def test_per_core_sram_keeps_grids_that_must_share_cores_apart() -> None:
+    """Two operators whose grids need more cores than the chip has share cores: they may be
+    on chip together only if their per-core tiles fit one core's SRAM together."""
+    ex = (Option(60, 5.0, None),)
+    items = [
+        Item(
+            f"op{k}",
+            ex,
+            ((Option(60, 0.0),),),
+            5.0,
+            hbm_bytes=60,
+            core_spaces=(7,),
+            grids=((2, 3),),
+        )
+        for k in range(3)
+    ]
+    roomy = schedule(items, Policy(capacity=1000, core_sram=14, workers=8))
+    tight = schedule(items, Policy(capacity=1000, core_sram=13, workers=8))
+    assert any(roomy.preload_number(i) > 0 for i in range(3))
+    assert all(tight.preload_number(i) == 0 for i in range(3))
+    assert tight.total > roomy.total
+    # enough cores for both grids side by side: no constraint
+    apart = schedule(items, Policy(capacity=1000, core_sram=13, workers=12))
+    assert apart.total == pytest.approx(roomy.total)
+    mesh = Policy(capacity=1000, core_sram=13, mesh=(3, 5))
+    assert mesh.must_share((2, 3), (2, 3)) and not mesh.must_share((1, 3), (2, 3))

@@ -19,8 +19,17 @@ from torch2step.kernel.program import KernelProgram
 
 
 @pytest.mark.parametrize("chip", ["ipu-hbm", "mesh"])
-@pytest.mark.parametrize("layer", ["llama-gqa", "qwen3-moe"])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        "llama-gqa",
+        "qwen3-moe",
+        "llama-decoder",
+        pytest.param("qwen3-moe-decoder", marks=pytest.mark.slow),
+    ],
+)
 def test_kernel_execution_equals_pytorch(layer: str, chip: str) -> None:
+    """Whole decoder layers (norms, rotary, residuals, attention, MLP or MoE) included."""
     m, inp, ds, _ = get_layer(layer, tiny=True, batch=4)
     prog = torch2step.compile(m, inp, chip=chip, dynamic_shapes=ds)
     assert isinstance(prog, KernelProgram)  # ICCA presets default to kernel execution
@@ -78,6 +87,7 @@ def test_cli_report_kernel(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "--layer", "llama-gqa", "--batch", "8", "--chip", "ipu-hbm"]) == 0
     out = capsys.readouterr().out
     assert "ELK schedule" in out and "breakdown" in out and "interconnect" in out
+    assert "FLOP utilisation" in out and "of Ideal" in out and "per token" in out
 
 
 def test_execution_choice() -> None:
@@ -103,3 +113,17 @@ def test_decode_step_plan_orders_designs() -> None:
     assert got["ideal"] <= min(got.values()) + 1e-6
     assert got["elk_full"] <= got["elk_dyn"] + 1e-6
     assert got["elk_full"] <= got["basic"] + 1e-6
+
+
+@pytest.mark.parametrize("chip", ["ipu-hbm", "mesh"])
+def test_placed_plans_fit_every_core(chip: str) -> None:
+    """The planner places its plan and checks every core's peak SRAM (ELK plans are made for
+    the aggregate memory; tiles are whole per core)."""
+    from elk.plan import plan_model
+
+    hw = load_chip(chip)
+    for model in ("llama3-8b", "qwen3-30b-a3b"):
+        ops = decode_step_ops(model, 32, 2048, 2)
+        for design in ("basic", "static", "elk_full"):
+            s = plan_model(ops, hw, design, window=8, beam=2, max_orders=4)
+            assert s.core_peak is not None and 0 < s.core_peak <= hw.core.sram_bytes

@@ -38,6 +38,16 @@ class KernelReport:
         """Relative difference of the plan's prediction from the simulation."""
         return self.predicted / self.cycles - 1.0 if self.cycles else 0.0
 
+    @property
+    def ideal_cycles(self) -> float:
+        """Predicted cycles of the Ideal design (ELK §6.1) for the same operators."""
+        return self.schedule.ideal().cycles
+
+    @property
+    def flop_util(self) -> float:
+        """FLOP utilisation of the simulated run (ELK §6.3)."""
+        return self.schedule.flop_utilisation(self.cycles)
+
     def to_dict(self) -> dict[str, Any]:
         s = self.schedule
         return {
@@ -49,6 +59,9 @@ class KernelReport:
             "latency_us": self.cycles / (s.costs.clock_ghz * 1e3),
             "hbm_util": round(self.hbm_util, 4),
             "noc_util": round(self.noc_util, 4),
+            "flop_util": round(self.flop_util, 5),
+            "ideal_cycles": round(self.ideal_cycles),
+            "of_ideal": round(self.ideal_cycles / self.cycles, 4) if self.cycles else None,
             "plan_s": round(s.plan_seconds, 3),
             "sim_s": round(self.sim_seconds, 3),
             "breakdown": {k: round(v / max(s.cycles, 1e-9), 4) for k, v in s.breakdown().items()},
@@ -59,6 +72,7 @@ class KernelReport:
         us = self.cycles / (s.costs.clock_ghz * 1e3)
         b = s.breakdown()
         tot = max(s.cycles, 1e-9)
+        ideal = self.ideal_cycles
         return "\n".join(
             [
                 f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.cycles} cycles simulated "
@@ -66,8 +80,10 @@ class KernelReport:
                 f"plan predicted {self.predicted:.0f} ({self.error:+.1%})",
                 "ELK breakdown (plan): " + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
                 f"HBM utilisation {self.hbm_util:.1%}  interconnect utilisation "
-                f"{self.noc_util:.1%}  plan {s.plan_seconds:.2f} s  simulation "
-                f"{self.sim_seconds:.2f} s",
+                f"{self.noc_util:.1%}  FLOP utilisation {self.flop_util:.2%}",
+                f"Ideal (ELK §6.1) predicts {ideal:.0f} cycles: simulated run at "
+                f"{ideal / max(1, self.cycles):.1%} of Ideal (plan {ideal / tot:.1%})",
+                f"plan {s.plan_seconds:.2f} s  simulation {self.sim_seconds:.2f} s",
             ]
         )
 
