@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lowering.isa import Cond, If, Send
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
@@ -42,7 +43,29 @@ def _forward(b: UnitBuilder, src: StreamInfo, k: int, outs: list[tuple[StreamInf
     b.step()
 
 
+def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[StreamInfo]) -> bool:
+    """One element sent to the outputs whose bit is set in the selector register ``reg`` at
+    run time (``If`` per output): the instructions do not depend on the routing.  ``False``
+    (nothing emitted) when the element is not all received data (then :func:`_forward`)."""
+    parts = src.parts(k)
+    if any(p.kind != "data" for p in parts):
+        return False
+    e = b.recv(src, k, rotation=2)
+    if any(buf is None for _, buf in e):
+        return False  # pragma: no cover - a data part generated locally
+    b.compute(1, (e,))
+    for i, out in enumerate(outs):
+        if out.channel is not None and b.has_dsts(out.channel):
+            sends = tuple(Send(out.channel, buf) for _, buf in e if buf is not None)
+            b.emit(If(Cond(reg, "&", 1 << i), sends))
+    b.step()
+    return True
+
+
 def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    """Per selector, its register decides the outputs at run time (:func:`_routed`), so the
+    program is the same for every routing of the same number of elements (STeP §3.2.3:
+    Partition routes by the selector it dequeues)."""
     op = ops[0]
     assert isinstance(op, Partition)
     x, s = ctx.stream(op.input), ctx.stream(op.sel)
@@ -52,13 +75,21 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cursor = [0] * len(outs)
     k = 0
     for si, (selv, chunk) in enumerate(zip(s.flat, chunks)):
-        b.consume(b.recv(s, si))
+        sel = b.recv(s, si)
+        b.consume(sel)
+        reg = sel[0][1] if len(sel) == 1 and sel[0][0].kind == "value" else None
         for _ in leaves(chunk, depth):
             targets = []
             for i in selv.indices:
                 targets.append((outs[i], cursor[i]))
                 cursor[i] += 1
-            _forward(b, x, k, targets)
+            if reg is not None and _routed(b, x, k, reg, outs):
+                for out, j in targets:  # the messages this run sends (checked by the plan)
+                    if out.channel is not None and b.has_dsts(out.channel):
+                        b.sent_seq[out.channel] += len(out.parts(j))
+                        b.sent += 1
+            else:
+                _forward(b, x, k, targets)
             k += 1
 
 
