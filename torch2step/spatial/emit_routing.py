@@ -4,7 +4,10 @@ input stream is dequeued and enqueued to the output stream with a single cycle l
 selection stream is blocked until the routing for the current selection is finished").
 
 * **Partition** — per selector: dequeue it (one cycle), then every element of its chunk: one
-  cycle, sent to each output the selector picks (a multi-hot selector copies the chunk).
+  cycle, sent to each output the selector picks (a multi-hot selector copies the chunk); the
+  selector is a register read at run time, so the program does not depend on the routing.  At
+  the end every output gets its stop token, carrying how many elements it received (STeP
+  §3.2.3): an output's reader learns the routing ended from it, even when it got no element.
 * **Reassemble** — per selector: dequeue it, then for each selected input, in the order the run's
   chunks arrived (STeP (revised) §3.2.3), every element of that input's next chunk: one cycle each.
 * **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lowering.isa import Cond, If, Send
+from lowering.isa import Affine, Cond, If, Send, SendValue, Set
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
@@ -57,9 +60,15 @@ def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[Stream
     for i, out in enumerate(outs):
         if out.channel is not None and b.has_dsts(out.channel):
             sends = tuple(Send(out.channel, buf) for _, buf in e if buf is not None)
-            b.emit(If(Cond(reg, "&", 1 << i), sends))
+            n = _counter(i)
+            b.emit(If(Cond(reg, "&", 1 << i), (*sends, Set(n, Affine(1, ((n, 1),))))))
     b.step()
     return True
+
+
+def _counter(i: int) -> str:
+    """Register counting the elements a Partition sent to output ``i`` (its stop token)."""
+    return f"sent.{i}"
 
 
 def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
@@ -73,6 +82,9 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     chunks = iter_nodes(x.value.data, s.value.rank + 1)
     depth = x.value.rank - s.value.rank
     cursor = [0] * len(outs)
+    live = [i for i, o in enumerate(outs) if o.channel is not None and b.has_dsts(o.channel)]
+    b.emit(*(Set(_counter(i), 0) for i in live))
+    guarded = False
     k = 0
     for si, (selv, chunk) in enumerate(zip(s.flat, chunks)):
         sel = b.recv(s, si)
@@ -84,6 +96,7 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
                 targets.append((outs[i], cursor[i]))
                 cursor[i] += 1
             if reg is not None and _routed(b, x, k, reg, outs):
+                guarded = True
                 for out, j in targets:  # the messages this run sends (checked by the plan)
                     if out.channel is not None and b.has_dsts(out.channel):
                         b.sent_seq[out.channel] += len(out.parts(j))
@@ -91,6 +104,12 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             else:
                 _forward(b, x, k, targets)
             k += 1
+    for i in live:  # the stop token: how many elements the output received
+        chan = outs[i].channel
+        assert chan is not None
+        b.emit(SendValue(chan, _counter(i) if guarded else cursor[i]))
+        b.sent_seq[chan] += 1
+    b.step()
 
 
 def _match(op: Op, chunk: Any, cands: list[int], chunks: list[list[Any]], nxt: list[int]) -> int:

@@ -38,6 +38,7 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
+from torch2step.step.ops_routing import Partition
 
 from .context import EmitCtx, tensor_layouts
 from .emit_compute import EMITTERS as _COMPUTE
@@ -98,9 +99,11 @@ def _channels_of(info: StreamInfo) -> set[str]:
     return {ch for pcs in info.pieces for ch, _, _ in pcs if ch is not None}
 
 
-def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> None:
+def _check_unit_inputs(
+    b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str], stops: set[str] = frozenset()
+) -> None:
     for ch in reads:
-        want = ctx.streams[ch].messages
+        want = ctx.streams[ch].messages + (ch in stops)
         if b.next_seq.get(ch, 0) != want:  # pragma: no cover - emitters read whole streams
             raise LoweringError(
                 f"unit %{b.name} received {b.next_seq.get(ch, 0)} of the {want} messages of "
@@ -108,9 +111,11 @@ def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> No
             )
 
 
-def _check_unit_outputs(b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str]) -> None:
+def _check_unit_outputs(
+    b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str], stops: set[str] = frozenset()
+) -> None:
     for ch in sends:
-        want = ctx.streams[ch].messages
+        want = ctx.streams[ch].messages + (ch in stops)
         if b.sent_seq.get(ch, 0) != want:
             raise LoweringError(
                 f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
@@ -158,6 +163,13 @@ def _build_plan(
     unit_of_chan = {
         name: st.unit_index(op.name) for name, op in st.producer.items() if op.name in st.owner
     }
+    # a Partition's outputs end with a stop token (STeP §3.2.3): their channels exist, and
+    # are read, whether or not this run routes an element to them
+    stops = {
+        name
+        for name, op in st.producer.items()
+        if isinstance(op, Partition) and op.name in st.owner
+    }
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
@@ -166,7 +178,9 @@ def _build_plan(
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are
                 # made where they are used, so they are no read of the Reshape's input)
-                for ch in _channels_of(streams[v.name]):
+                info = streams[v.name]
+                empty = st.sources(v.name) & stops if not info.pieces else set()
+                for ch in _channels_of(info) | empty:
                     if unit_of_chan[ch] != k:
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
@@ -202,10 +216,11 @@ def _build_plan(
             lambda ch, k=k: unit_of_chan.get(ch) == k,
             waits[k],
             notify.get(k),
+            {ch: streams[ch].messages for ch in reads[k] & stops},
         )
         emit(ctx, b, ops)
-        _check_unit_inputs(b, ctx, reads[k])
-        _check_unit_outputs(b, ctx, sends.get(k, ()))
+        _check_unit_inputs(b, ctx, reads[k], stops)
+        _check_unit_outputs(b, ctx, sends.get(k, ()), stops)
         bodies.append(b.body())
         infos.append(
             UnitInfo(
@@ -228,9 +243,12 @@ def _build_plan(
         Channel(ch, core[src], tuple(sorted(core[d] for d in token_dsts[ch])), fifo_depth)
         for src, ch in sorted(notify.items())
     )
-    messages = {ch: streams[ch].messages for ch in dsts} | {ch: 1 for ch in token_dsts}
+    messages = {ch: streams[ch].messages + (ch in stops) for ch in dsts} | {
+        ch: 1 for ch in token_dsts
+    }
     message_bytes = {
         ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
+        + 4 * (ch in stops)
         for ch in dsts
     } | {ch: 4 for ch in token_dsts}
     fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))
