@@ -19,11 +19,13 @@ The programs are the graph's operators specialised to this run's control values 
 tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
 different routing give different programs — and latencies — from the same graph.  The
 exception is Partition (:mod:`.emit_routing`): it reads each selector into a register and
-decides its outputs at run time, so its program is the same for every routing that gives each
-output an element.  What is still baked from the run: the selectors' values (sent as constants by
-the unit that makes them, since timing-mode messages carry no tile contents), each expert's
-token count (tile shapes, loop trip counts, compute cycles), the set of channels (an empty
-stream has none), Reassemble's and EagerMerge's chunk order, and each request's KV length.
+decides its outputs at run time, and ends every output with a stop token carrying the count it
+sent (STeP §3.2.3), so its program is the same for every routing of the same tokens, and its
+outputs' channels exist (and are read) even when a run routes nothing to them.  What is still
+baked from the run: the selectors' values (sent as constants by the unit that makes them, since
+timing-mode messages carry no tile contents), each expert's token count in the units after the
+Partition (tile shapes, loop trip counts, compute cycles: they do not yet read the stop token's
+count), Reassemble's and EagerMerge's chunk order, and each request's KV length.
 """
 
 from __future__ import annotations
