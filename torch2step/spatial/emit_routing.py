@@ -4,7 +4,10 @@ input stream is dequeued and enqueued to the output stream with a single cycle l
 selection stream is blocked until the routing for the current selection is finished").
 
 * **Partition** — per selector: dequeue it (one cycle), then every element of its chunk: one
-  cycle, sent to each output the selector picks (a multi-hot selector copies the chunk).
+  cycle, sent to each output the selector picks (a multi-hot selector copies the chunk); the
+  selector is a register read at run time, so the program does not depend on the routing.  At
+  the end every output gets its stop token, carrying how many elements it received (STeP
+  §3.2.3): an output's reader learns the routing ended from it, even when it got no element.
 * **Reassemble** — per selector: dequeue it, then for each selected input, in the order the run's
   chunks arrived (STeP (revised) §3.2.3), every element of that input's next chunk: one cycle each.
 * **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lowering.isa import Affine, Cond, If, Send, SendValue, Set
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
@@ -42,7 +46,35 @@ def _forward(b: UnitBuilder, src: StreamInfo, k: int, outs: list[tuple[StreamInf
     b.step()
 
 
+def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[StreamInfo]) -> bool:
+    """One element sent to the outputs whose bit is set in the selector register ``reg`` at
+    run time (``If`` per output): the instructions do not depend on the routing.  ``False``
+    (nothing emitted) when the element is not all received data (then :func:`_forward`)."""
+    parts = src.parts(k)
+    if any(p.kind != "data" for p in parts):
+        return False
+    e = b.recv(src, k, rotation=2)
+    if any(buf is None for _, buf in e):
+        return False  # pragma: no cover - a data part generated locally
+    b.compute(1, (e,))
+    for i, out in enumerate(outs):
+        if out.channel is not None and b.has_dsts(out.channel):
+            sends = tuple(Send(out.channel, buf) for _, buf in e if buf is not None)
+            n = _counter(i)
+            b.emit(If(Cond(reg, "&", 1 << i), (*sends, Set(n, Affine(1, ((n, 1),))))))
+    b.step()
+    return True
+
+
+def _counter(i: int) -> str:
+    """Register counting the elements a Partition sent to output ``i`` (its stop token)."""
+    return f"sent.{i}"
+
+
 def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    """Per selector, its register decides the outputs at run time (:func:`_routed`), so the
+    program is the same for every routing of the same number of elements (STeP §3.2.3:
+    Partition routes by the selector it dequeues)."""
     op = ops[0]
     assert isinstance(op, Partition)
     x, s = ctx.stream(op.input), ctx.stream(op.sel)
@@ -50,16 +82,34 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     chunks = iter_nodes(x.value.data, s.value.rank + 1)
     depth = x.value.rank - s.value.rank
     cursor = [0] * len(outs)
+    live = [i for i, o in enumerate(outs) if o.channel is not None and b.has_dsts(o.channel)]
+    b.emit(*(Set(_counter(i), 0) for i in live))
+    guarded = False
     k = 0
     for si, (selv, chunk) in enumerate(zip(s.flat, chunks)):
-        b.consume(b.recv(s, si))
+        sel = b.recv(s, si)
+        b.consume(sel)
+        reg = sel[0][1] if len(sel) == 1 and sel[0][0].kind == "value" else None
         for _ in leaves(chunk, depth):
             targets = []
             for i in selv.indices:
                 targets.append((outs[i], cursor[i]))
                 cursor[i] += 1
-            _forward(b, x, k, targets)
+            if reg is not None and _routed(b, x, k, reg, outs):
+                guarded = True
+                for out, j in targets:  # the messages this run sends (checked by the plan)
+                    if out.channel is not None and b.has_dsts(out.channel):
+                        b.sent_seq[out.channel] += len(out.parts(j))
+                        b.sent += 1
+            else:
+                _forward(b, x, k, targets)
             k += 1
+    for i in live:  # the stop token: how many elements the output received
+        chan = outs[i].channel
+        assert chan is not None
+        b.emit(SendValue(chan, _counter(i) if guarded else cursor[i]))
+        b.sent_seq[chan] += 1
+    b.step()
 
 
 def _match(op: Op, chunk: Any, cands: list[int], chunks: list[list[Any]], nxt: list[int]) -> int:

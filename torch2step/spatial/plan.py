@@ -17,7 +17,15 @@
 
 The programs are the graph's operators specialised to this run's control values (how many
 tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
-different routing give different programs — and latencies — from the same graph.
+different routing give different programs — and latencies — from the same graph.  The
+exception is Partition (:mod:`.emit_routing`): it reads each selector into a register and
+decides its outputs at run time, and ends every output with a stop token carrying the count it
+sent (STeP §3.2.3), so its program is the same for every routing of the same tokens, and its
+outputs' channels exist (and are read) even when a run routes nothing to them.  What is still
+baked from the run: the selectors' values (sent as constants by the unit that makes them, since
+timing-mode messages carry no tile contents), each expert's token count in the units after the
+Partition (tile shapes, loop trip counts, compute cycles: they do not yet read the stop token's
+count), Reassemble's and EagerMerge's chunk order, and each request's KV length.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
+from torch2step.step.ops_routing import Partition
 
 from .context import EmitCtx, tensor_layouts
 from .emit_compute import EMITTERS as _COMPUTE
@@ -92,9 +101,11 @@ def _channels_of(info: StreamInfo) -> set[str]:
     return {ch for pcs in info.pieces for ch, _, _ in pcs if ch is not None}
 
 
-def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> None:
+def _check_unit_inputs(
+    b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str], stops: set[str] = frozenset()
+) -> None:
     for ch in reads:
-        want = ctx.streams[ch].messages
+        want = ctx.streams[ch].messages + (ch in stops)
         if b.next_seq.get(ch, 0) != want:  # pragma: no cover - emitters read whole streams
             raise LoweringError(
                 f"unit %{b.name} received {b.next_seq.get(ch, 0)} of the {want} messages of "
@@ -102,9 +113,11 @@ def _check_unit_inputs(b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str]) -> No
             )
 
 
-def _check_unit_outputs(b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str]) -> None:
+def _check_unit_outputs(
+    b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str], stops: set[str] = frozenset()
+) -> None:
     for ch in sends:
-        want = ctx.streams[ch].messages
+        want = ctx.streams[ch].messages + (ch in stops)
         if b.sent_seq.get(ch, 0) != want:
             raise LoweringError(
                 f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
@@ -152,6 +165,13 @@ def _build_plan(
     unit_of_chan = {
         name: st.unit_index(op.name) for name, op in st.producer.items() if op.name in st.owner
     }
+    # a Partition's outputs end with a stop token (STeP §3.2.3): their channels exist, and
+    # are read, whether or not this run routes an element to them
+    stops = {
+        name
+        for name, op in st.producer.items()
+        if isinstance(op, Partition) and op.name in st.owner
+    }
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
@@ -160,7 +180,9 @@ def _build_plan(
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are
                 # made where they are used, so they are no read of the Reshape's input)
-                for ch in _channels_of(streams[v.name]):
+                info = streams[v.name]
+                empty = st.sources(v.name) & stops if not info.pieces else set()
+                for ch in _channels_of(info) | empty:
                     if unit_of_chan[ch] != k:
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
@@ -196,10 +218,11 @@ def _build_plan(
             lambda ch, k=k: unit_of_chan.get(ch) == k,
             waits[k],
             notify.get(k),
+            {ch: streams[ch].messages for ch in reads[k] & stops},
         )
         emit(ctx, b, ops)
-        _check_unit_inputs(b, ctx, reads[k])
-        _check_unit_outputs(b, ctx, sends.get(k, ()))
+        _check_unit_inputs(b, ctx, reads[k], stops)
+        _check_unit_outputs(b, ctx, sends.get(k, ()), stops)
         bodies.append(b.body())
         infos.append(
             UnitInfo(
@@ -222,9 +245,12 @@ def _build_plan(
         Channel(ch, core[src], tuple(sorted(core[d] for d in token_dsts[ch])), fifo_depth)
         for src, ch in sorted(notify.items())
     )
-    messages = {ch: streams[ch].messages for ch in dsts} | {ch: 1 for ch in token_dsts}
+    messages = {ch: streams[ch].messages + (ch in stops) for ch in dsts} | {
+        ch: 1 for ch in token_dsts
+    }
     message_bytes = {
         ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
+        + 4 * (ch in stops)
         for ch in dsts
     } | {ch: 4 for ch in token_dsts}
     fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))

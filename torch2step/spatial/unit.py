@@ -13,6 +13,9 @@ instructions of :mod:`lowering.isa`:
 * ``send(stream, k, elem)`` sends element ``k`` of an output stream (nothing if no unit reads
   the stream); control values carry the run's values.
 * ``load`` / ``store`` access an HBM tensor at an element offset held in an address register.
+* ``stops`` maps a channel carrying a stop token (a Partition's output, STeP §3.2.3) to its
+  element messages: the token is received right after the last of them (at the program's start
+  when the stream is empty this run).
 * Off-chip dependences (:mod:`.hazards`): ``waits`` maps a tensor to the completion-token
   channels its first ``load`` receives from first; ``notify`` is the token channel a storing
   unit sends on after a fence at its end.
@@ -85,6 +88,7 @@ class UnitBuilder:
         own: Callable[[str], bool],
         waits: dict[str, list[str]] | None = None,
         notify: str | None = None,
+        stops: dict[str, int] | None = None,
     ) -> None:
         self.name = name
         self.timing = timing
@@ -92,11 +96,15 @@ class UnitBuilder:
         self.own = own
         self.waits = {t: list(chs) for t, chs in (waits or {}).items()}
         self.notify = notify
+        self.stops = dict(stops or {})
         self.steps: list[tuple[Instr, ...]] = []
         self.cur: list[Instr] = []
         self.pools: dict[tuple, _Pool] = {}
         self.next_seq: dict[str, int] = defaultdict(int)
         self.sent_seq: dict[str, int] = defaultdict(int)  # messages sent per channel
+        for ch, n in self.stops.items():
+            if n == 0:  # the stop token of an empty stream: received at the start (body)
+                self.next_seq[ch] = 1
         self.held: dict[tuple[str, int], str] = {}
         self.content: dict[str, tuple[str, int]] = {}
         self.regs: dict[str, int] = {}
@@ -168,6 +176,9 @@ class UnitBuilder:
             self.held[(chan, seq)] = b
             self.content[b] = (chan, seq)
             slots.append((part, b))
+            if self.stops.get(chan) == seq + 1:  # the stream's stop token follows its last
+                self.emit(RecvValue(chan, f"stop.{chan}"))
+                self.next_seq[chan] = seq + 2
         self.received += 1
         return tuple(slots)
 
@@ -330,6 +341,9 @@ class UnitBuilder:
         """The program: allocations, then the steps with repetitions folded into loops, then
         the tokens of off-chip dependences (leftover waits; the fence and the notification)."""
         self.step()
+        empty = [RecvValue(ch, f"stop.{ch}") for ch, n in sorted(self.stops.items()) if n == 0]
+        if empty:  # streams with no element this run: only their stop tokens arrive
+            self.steps.insert(0, tuple(empty))
         for tensor in sorted(self.waits):
             self._await(tensor)
         if self.notify is not None:
