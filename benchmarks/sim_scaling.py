@@ -20,7 +20,8 @@ For each point: the simulation's wall time and its events (:mod:`runtime.engine`
 spatial sweeps the time is the report's ``simulation_s``: building the spatial plan for the
 run, validating, compiling and the event loop(s) (FIFO deepening may run the simulator twice);
 for the kernel sweeps it is building the per-core programs, compiling and the event loop (ELK
-planning is not timed).  Each sweep ends with
+planning is not timed), also in CPU seconds of this process (on a shared machine the wall time
+includes other processes' work; the CPU time is the simulator's own).  Each sweep ends with
 the slopes of least-squares fits of ``log(wall)`` and ``log(events)`` against ``log(work)``
 (``numpy.polyfit``): 1.0 means cost proportional to the work, and the slope of ``log(wall)``
 against ``log(events)`` says whether the cost per event stays flat.
@@ -42,8 +43,9 @@ import numpy as np  # noqa: E402
 
 from hwmodel.presets import load_chip  # noqa: E402
 
-#: One point: (wall seconds of simulation, events).
-Point = tuple[float, int]
+#: One point: (wall seconds of simulation, events, CPU seconds of this process over the same
+#: span or None where the span is not timed here).
+Point = tuple[float, int, float | None]
 
 
 def spatial_point(layer: str, batch: int, full: bool) -> Point:
@@ -52,7 +54,7 @@ def spatial_point(layer: str, batch: int, full: bool) -> Point:
 
     kw = {"routing_trace": "router"} if "moe" in layer else {}
     run = report_layer(layer, batch, "step-sda", tiny=not full, **kw)
-    return run.report.simulation_s, run.report.events
+    return run.report.simulation_s, run.report.events, None
 
 
 def kernel_point(ops: list, chip: object) -> Point:
@@ -62,29 +64,39 @@ def kernel_point(ops: list, chip: object) -> Point:
     from torch2step.kernel.build import build_programs
 
     sched = plan_model(ops, chip)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rep = simulate_schedule(sched, chip, programs=build_programs(sched, chip))
-    wall = time.perf_counter() - t0
-    return wall, rep.result.stats.events.events
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall, rep.result.stats.events.events, cpu
 
 
 def sweep(name: str, xs: list[int], point: Callable[[int], Point], unit: str) -> None:
     """Run ``point`` at every ``x`` and print the table and the log-log slopes."""
     print(f"\n{name}")
-    print(f"  {unit:>8} {'wall s':>9} {'events':>11} {'events/s':>11}")
-    walls, events = [], []
+    print(f"  {unit:>8} {'wall s':>9} {'CPU s':>9} {'events':>11} {'events/s':>11}")
+    walls, events, cpus = [], [], []
     for x in xs:
         gc.collect()
-        wall, ev = point(x)
+        wall, ev, cpu = point(x)
         walls.append(wall)
         events.append(ev)
-        print(f"  {x:>8} {wall:>9.3f} {ev:>11} {ev / wall if wall else 0:>11,.0f}", flush=True)
+        cpus.append(cpu)
+        c = "-" if cpu is None else f"{cpu:.3f}"
+        print(
+            f"  {x:>8} {wall:>9.3f} {c:>9} {ev:>11} {ev / wall if wall else 0:>11,.0f}", flush=True
+        )
     lx, lw, le = np.log(xs), np.log(walls), np.log(events)
     print(
         f"  slopes (log-log fit): wall vs {unit} {np.polyfit(lx, lw, 1)[0]:.2f}, "
         f"events vs {unit} {np.polyfit(lx, le, 1)[0]:.2f}, wall vs events "
         f"{np.polyfit(le, lw, 1)[0]:.2f}"
     )
+    if None not in cpus:  # on a shared machine CPU seconds are the simulator's own cost
+        lc = np.log(cpus)
+        print(
+            f"  CPU slopes: CPU vs {unit} {np.polyfit(lx, lc, 1)[0]:.2f}, CPU vs events "
+            f"{np.polyfit(le, lc, 1)[0]:.2f}"
+        )
 
 
 def main() -> None:
@@ -143,6 +155,7 @@ def main() -> None:
             lambda n: kernel_point(weak(n), dataclasses.replace(ipu, num_cores=n)),
             "cores",
         )
+
 
 if __name__ == "__main__":
     main()

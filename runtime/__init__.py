@@ -8,12 +8,13 @@ instruction costs), :mod:`runtime.network` (links, ports, routes) and :mod:`runt
 placement and channel interleaving).
 """
 
-from runtime.engine import Simulator, simulate
+from runtime.engine import Simulator, gc_paused, simulate
 from runtime.errors import DeadlockError, SimulationError
 from runtime.stats import CoreStats, EventCounts, ResourceStats, SimResult, SimStats
 
 __all__ = [
     "simulate",
+    "gc_paused",
     "Simulator",
     "SimResult",
     "SimStats",

@@ -91,9 +91,14 @@ _PRIO_CORE = 1
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: compiling and running allocate many acyclic objects,
-    and each collection would rescan the large, long-lived compiled programs."""
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector inside the block (nested blocks are fine; the
+    outermost one restores the collector's state).  Building per-core programs, compiling and
+    running them allocate millions of acyclic objects (instructions, operations, queue entries)
+    that reference counting frees; with the collector on, every full collection re-walks all of
+    them, and on a 1472-core chip that costs more than the work itself and grows faster than
+    linearly with the program.  Callers that build and simulate in one go (e.g.
+    :func:`torch2step.kernel.simulate_schedule`) hold it across both steps."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -145,7 +150,7 @@ class Simulator(Transfers):
     # -- set-up -------------------------------------------------------------------------------
 
     def _compile(self) -> Compiled:
-        with _gc_paused():
+        with gc_paused():
             return compile_programs(
                 self.programs,
                 self.chip,
@@ -257,7 +262,7 @@ class Simulator(Transfers):
         self.cur_core: Core | None = None
         self.run_fn = self.run_core  # bound once: queue entries reuse it
         self.hop_fn = self._hop
-        with _gc_paused():
+        with gc_paused():
             for core in comp.active:
                 self.push(0, _PRIO_CORE, (self.run_fn, core))
             try:
@@ -265,15 +270,30 @@ class Simulator(Transfers):
             finally:
                 self.hbm_flush()
             result = build_result(self, time.perf_counter() - wall)
+            self._release()
         if isinstance(trace, (str, Path)):
             result.write_trace(trace)
         return result
+
+    def _release(self) -> None:
+        """After a completed run: break the reference cycles of the run's working state (the
+        simulator's bound handlers, cores <-> operations <-> channel ends <-> posts) so that
+        reference counting frees the compiled program at once, rather than a cyclic collection
+        walking its millions of objects later.  What stays readable: ``comp.active`` and each
+        core's statistics, ``comp.chans`` (names, depths) and ``comp.groups``."""
+        del self.run_fn, self.hop_fn
+        for core in self.comp.cores:
+            core.code = []
+            core.bufs = {}
+        for ch in self.comp.chans.values():
+            for end in ch.ends:
+                end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)
         until it completes or deadlocks again; its timing is that of the changed network from
         the stuck state on, so callers use it to explore, not for results."""
-        with _gc_paused():
+        with gc_paused():
             self._loop(None)
 
     def waits(self) -> dict[int, tuple[int | None, str | None]]:
@@ -421,5 +441,6 @@ def simulate(
 ) -> SimResult:
     """Run ``programs`` on ``chip`` and return cycles, statistics, HBM contents and trace
     (``progress``: see :meth:`Simulator.run`)."""
-    sim = Simulator(programs, chip, mode=mode, inputs=inputs, dma_queue_depth=dma_queue_depth)
-    return sim.run(trace=trace, max_cycles=max_cycles, progress=progress)
+    with gc_paused():  # one pause across compiling and running
+        sim = Simulator(programs, chip, mode=mode, inputs=inputs, dma_queue_depth=dma_queue_depth)
+        return sim.run(trace=trace, max_cycles=max_cycles, progress=progress)

@@ -420,10 +420,25 @@ def h_end(sim: Any, core: Core, op: Op) -> bool:
 
 
 def make(cls: type, fn: Any, src: Any, **fields: Any) -> Any:
-    """A compiled operation of class ``cls`` running ``fn``."""
-    op = cls()
-    op.fn = fn
-    op.src = src
-    for k, v in fields.items():
-        setattr(op, k, v)
-    return op
+    """A compiled operation of class ``cls`` running ``fn``; ``fields`` sets every other slot of
+    ``cls`` (a missing or unknown one is a ``TypeError``)."""
+    build = _BUILDERS.get(cls)
+    if build is None:
+        build = _BUILDERS[cls] = _builder(cls)
+    return build(fn, src, **fields)
+
+
+#: operation class -> its constructor (:func:`_builder`)
+_BUILDERS: dict[type, Any] = {}
+
+
+def _builder(cls: type) -> Any:
+    """A constructor for ``cls`` that assigns each slot with one attribute store, as
+    :mod:`dataclasses` generates ``__init__`` (compiling a large chip builds millions of
+    operations; a ``setattr`` call per field was most of that cost)."""
+    names = [n for k in reversed(cls.__mro__) for n in getattr(k, "__slots__", ())]
+    body = "".join(f"    op.{n} = {n}\n" for n in names)
+    code = f"def build({', '.join(names)}):\n    op = new(cls)\n{body}    return op\n"
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    exec(code, scope)  # noqa: S102 - names are the class's own slot identifiers
+    return scope["build"]

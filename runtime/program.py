@@ -223,181 +223,207 @@ class _Compiler:
         return info
 
     def block(self, body: Sequence[Instr]) -> None:
+        handlers = _HANDLERS
         for ins in body:
-            self.one(ins)
+            handler = handlers.get(type(ins))
+            if handler is None:
+                self.one(ins)  # raises
+            handler(self, ins)
 
     def one(self, ins: Instr) -> None:
+        """Compile one instruction (dispatch on its exact type: the ISA's instruction classes are
+        final frozen dataclasses)."""
+        handler = _HANDLERS.get(type(ins))
+        if handler is None:
+            raise self.fail(ins, f"{type(ins).__name__} is not an instruction of lowering.isa")
+        handler(self, ins)
+
+    def _compute(self, ins: Compute) -> None:
+        self.code.append(self.compute(ins))
+
+    def _mem(self, ins: Load | Store) -> None:
         code, make = self.code, ops.make
-        if isinstance(ins, Compute):
-            code.append(self.compute(ins))
-        elif isinstance(ins, (Load, Store)):
-            info = self.tensor(ins, ins.tensor)
-            buf = self.buf(ins.dst if isinstance(ins, Load) else ins.src)
-            if ins.region is None:
-                starts, extents, fixed = None, None, ((0,) * len(info.shape), info.shape)
-            else:
-                r = ins.region
-                if len(r.starts) != len(info.shape) or len(r.extents) != len(info.shape):
+        info = self.tensor(ins, ins.tensor)
+        buf = self.buf(ins.dst if isinstance(ins, Load) else ins.src)
+        if ins.region is None:
+            starts, extents, fixed = None, None, ((0,) * len(info.shape), info.shape)
+        else:
+            r = ins.region
+            if len(r.starts) != len(info.shape) or len(r.extents) != len(info.shape):
+                raise self.fail(
+                    ins,
+                    f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
+                )
+            starts = tuple(_expr(s) for s in r.starts)
+            extents = tuple(_expr(e) for e in r.extents)
+            fixed = None
+            if all(not e[1] for e in starts + extents):
+                s = tuple(e[0] for e in starts)
+                x = tuple(e[0] for e in extents)
+                if any(a < 0 or b < 0 or a + b > d for a, b, d in zip(s, x, info.shape)):
                     raise self.fail(
                         ins,
-                        f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
+                        f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
                     )
-                starts = tuple(_expr(s) for s in r.starts)
-                extents = tuple(_expr(e) for e in r.extents)
-                fixed = None
-                if all(not e[1] for e in starts + extents):
-                    s = tuple(e[0] for e in starts)
-                    x = tuple(e[0] for e in extents)
-                    if any(a < 0 or b < 0 or a + b > d for a, b, d in zip(s, x, info.shape)):
-                        raise self.fail(
-                            ins,
-                            f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
-                        )
-                    fixed = (s, x)
-            fn = ops_comm.h_load if isinstance(ins, Load) else ops_comm.h_store
-            self.routes(isinstance(ins, Load))
-            acc = isinstance(ins, Store) and ins.accumulate
-            code.append(
-                make(
-                    ops_comm.OpMem,
-                    fn,
-                    ins,
-                    buf=buf,
-                    info=info,
-                    starts=starts,
-                    extents=extents,
-                    fixed=fixed,
-                    accumulate=acc,
-                )
-            )
-        elif isinstance(ins, Send):
-            code.append(
-                make(
-                    ops_comm.OpSend,
-                    ops_comm.h_send,
-                    ins,
-                    chan=self.chan(ins, ins.channel, True),
-                    buf=self.buf(ins.src),
-                    value=None,
-                )
-            )
-        elif isinstance(ins, SendValue):
-            code.append(
-                make(
-                    ops_comm.OpSend,
-                    ops_comm.h_send,
-                    ins,
-                    chan=self.chan(ins, ins.channel, True),
-                    buf=None,
-                    value=_expr(ins.value),
-                )
-            )
-        elif isinstance(ins, (Recv, RecvValue)):
-            ch = self.chan(ins, ins.channel, False)
-            end = ch.ends[ch.dsts.index(self.core.id)]
-            if isinstance(ins, Recv):
-                code.append(
-                    make(
-                        ops_comm.OpRecv,
-                        ops_comm.h_recv,
-                        ins,
-                        end=end,
-                        buf=self.buf(ins.dst),
-                        reg=None,
-                    )
-                )
-            else:
-                code.append(
-                    make(ops_comm.OpRecv, ops_comm.h_recvvalue, ins, end=end, buf=None, reg=ins.reg)
-                )
-        elif isinstance(ins, LoadValue):
-            info = self.tensor(ins, ins.tensor)
-            if not info.is_int:
-                raise self.fail(
-                    ins,
-                    f"tensor {info.name!r} is {info.dtype}; LoadValue reads integer tensors only",
-                )
-            if len(ins.index) != len(info.shape):
-                raise self.fail(
-                    ins, f"index has {len(ins.index)} entries for a {len(info.shape)}-d tensor"
-                )
-            self.routes(True)
-            code.append(
-                make(
-                    ops_comm.OpLoadValue,
-                    ops_comm.h_loadvalue,
-                    ins,
-                    reg=ins.reg,
-                    info=info,
-                    index=tuple(_expr(i) for i in ins.index),
-                )
-            )
-        elif isinstance(ins, Set):
-            code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=_expr(ins.value)))
-        elif isinstance(ins, Alloc):
-            if ins.dtype not in DTYPE_BYTES:
-                raise self.fail(
-                    ins, f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}"
-                )
-            if any(d < 0 for d in ins.shape):
-                raise self.fail(ins, "negative buffer extent")
-            eb = DTYPE_BYTES[ins.dtype]
-            nbytes = eb
-            for d in ins.shape:
-                nbytes *= d
-            code.append(
-                make(
-                    ops.OpAlloc,
-                    ops.h_alloc,
-                    ins,
-                    buf=self.buf(ins.buf),
-                    shape=tuple(ins.shape),
-                    dtype=ins.dtype,
-                    eb=eb,
-                    nbytes=nbytes,
-                )
-            )
-        elif isinstance(ins, Free):
-            code.append(make(ops.OpFree, ops.h_free, ins, buf=self.buf(ins.buf)))
-        elif isinstance(ins, Barrier):
-            g = self.groups.get(ins.group)
-            if g is None:
-                raise self.fail(
-                    ins, f"barrier group {ins.group!r} is not declared in ProgramSet.barriers"
-                )
-            if self.core.id not in g.members:
-                raise self.fail(
-                    ins,
-                    f"core {self.core.id} is not a member of barrier group {ins.group!r} {g.members}",
-                )
-            code.append(make(ops_comm.OpBarrier, ops_comm.h_barrier, ins, group=g))
-        elif isinstance(ins, Loop):
-            self.loop(ins)
-        elif isinstance(ins, If):
-            c = ins.cond
-            if c.op not in ops.CMP:
-                raise self.fail(ins, f"unknown comparison {c.op!r}; use one of {' '.join(ops.CMP)}")
-            br = make(
-                ops.OpIf,
-                ops.h_if,
+                fixed = (s, x)
+        fn = ops_comm.h_load if isinstance(ins, Load) else ops_comm.h_store
+        self.routes(isinstance(ins, Load))
+        acc = isinstance(ins, Store) and ins.accumulate
+        code.append(
+            make(
+                ops_comm.OpMem,
+                fn,
                 ins,
-                lhs=_expr(c.lhs),
-                cmp=ops.CMP[c.op],
-                rhs=_expr(c.rhs),
-                else_pc=0,
+                buf=buf,
+                info=info,
+                starts=starts,
+                extents=extents,
+                fixed=fixed,
+                accumulate=acc,
             )
-            code.append(br)
-            self.block(ins.then)
-            if ins.orelse:
-                jump = make(ops.OpJump, ops.h_jump, ins, target=0)
-                code.append(jump)
-                br.else_pc = len(code)
-                self.block(ins.orelse)
-                jump.target = len(code)
-            else:
-                br.else_pc = len(code)
+        )
+
+    def _send(self, ins: Send) -> None:
+        code, make = self.code, ops.make
+        code.append(
+            make(
+                ops_comm.OpSend,
+                ops_comm.h_send,
+                ins,
+                chan=self.chan(ins, ins.channel, True),
+                buf=self.buf(ins.src),
+                value=None,
+            )
+        )
+
+    def _sendvalue(self, ins: SendValue) -> None:
+        code, make = self.code, ops.make
+        code.append(
+            make(
+                ops_comm.OpSend,
+                ops_comm.h_send,
+                ins,
+                chan=self.chan(ins, ins.channel, True),
+                buf=None,
+                value=_expr(ins.value),
+            )
+        )
+
+    def _recv(self, ins: Recv | RecvValue) -> None:
+        code, make = self.code, ops.make
+        ch = self.chan(ins, ins.channel, False)
+        end = ch.ends[ch.dsts.index(self.core.id)]
+        if isinstance(ins, Recv):
+            code.append(
+                make(
+                    ops_comm.OpRecv,
+                    ops_comm.h_recv,
+                    ins,
+                    end=end,
+                    buf=self.buf(ins.dst),
+                    reg=None,
+                )
+            )
         else:
-            raise self.fail(ins, f"{type(ins).__name__} is not an instruction of lowering.isa")
+            code.append(
+                make(ops_comm.OpRecv, ops_comm.h_recvvalue, ins, end=end, buf=None, reg=ins.reg)
+            )
+
+    def _loadvalue(self, ins: LoadValue) -> None:
+        code, make = self.code, ops.make
+        info = self.tensor(ins, ins.tensor)
+        if not info.is_int:
+            raise self.fail(
+                ins,
+                f"tensor {info.name!r} is {info.dtype}; LoadValue reads integer tensors only",
+            )
+        if len(ins.index) != len(info.shape):
+            raise self.fail(
+                ins, f"index has {len(ins.index)} entries for a {len(info.shape)}-d tensor"
+            )
+        self.routes(True)
+        code.append(
+            make(
+                ops_comm.OpLoadValue,
+                ops_comm.h_loadvalue,
+                ins,
+                reg=ins.reg,
+                info=info,
+                index=tuple(_expr(i) for i in ins.index),
+            )
+        )
+
+    def _set(self, ins: Set) -> None:
+        code, make = self.code, ops.make
+        code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=_expr(ins.value)))
+
+    def _alloc(self, ins: Alloc) -> None:
+        code, make = self.code, ops.make
+        if ins.dtype not in DTYPE_BYTES:
+            raise self.fail(
+                ins, f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}"
+            )
+        if any(d < 0 for d in ins.shape):
+            raise self.fail(ins, "negative buffer extent")
+        eb = DTYPE_BYTES[ins.dtype]
+        nbytes = eb
+        for d in ins.shape:
+            nbytes *= d
+        code.append(
+            make(
+                ops.OpAlloc,
+                ops.h_alloc,
+                ins,
+                buf=self.buf(ins.buf),
+                shape=tuple(ins.shape),
+                dtype=ins.dtype,
+                eb=eb,
+                nbytes=nbytes,
+            )
+        )
+
+    def _free(self, ins: Free) -> None:
+        code, make = self.code, ops.make
+        code.append(make(ops.OpFree, ops.h_free, ins, buf=self.buf(ins.buf)))
+
+    def _barrier(self, ins: Barrier) -> None:
+        code, make = self.code, ops.make
+        g = self.groups.get(ins.group)
+        if g is None:
+            raise self.fail(
+                ins, f"barrier group {ins.group!r} is not declared in ProgramSet.barriers"
+            )
+        if self.core.id not in g.members:
+            raise self.fail(
+                ins,
+                f"core {self.core.id} is not a member of barrier group {ins.group!r} {g.members}",
+            )
+        code.append(make(ops_comm.OpBarrier, ops_comm.h_barrier, ins, group=g))
+
+    def _if(self, ins: If) -> None:
+        code, make = self.code, ops.make
+        c = ins.cond
+        if c.op not in ops.CMP:
+            raise self.fail(ins, f"unknown comparison {c.op!r}; use one of {' '.join(ops.CMP)}")
+        br = make(
+            ops.OpIf,
+            ops.h_if,
+            ins,
+            lhs=_expr(c.lhs),
+            cmp=ops.CMP[c.op],
+            rhs=_expr(c.rhs),
+            else_pc=0,
+        )
+        code.append(br)
+        self.block(ins.then)
+        if ins.orelse:
+            jump = make(ops.OpJump, ops.h_jump, ins, target=0)
+            code.append(jump)
+            br.else_pc = len(code)
+            self.block(ins.orelse)
+            jump.target = len(code)
+        else:
+            br.else_pc = len(code)
 
     def compute(self, ins: Compute) -> ops.Op:
         try:
@@ -446,3 +472,21 @@ class _Compiler:
         head.exit_pc = len(code)
         if fastop is not None:
             fastop.exit_pc = len(code)
+
+
+_HANDLERS = {
+    Compute: _Compiler._compute,
+    Load: _Compiler._mem,
+    Store: _Compiler._mem,
+    Send: _Compiler._send,
+    SendValue: _Compiler._sendvalue,
+    Recv: _Compiler._recv,
+    RecvValue: _Compiler._recv,
+    LoadValue: _Compiler._loadvalue,
+    Set: _Compiler._set,
+    Alloc: _Compiler._alloc,
+    Free: _Compiler._free,
+    Barrier: _Compiler._barrier,
+    Loop: _Compiler.loop,
+    If: _Compiler._if,
+}

@@ -17,6 +17,7 @@ from elk.plan import ElkSchedule
 from hwmodel.chip import Chip
 from lowering.elk_programs import elk_programs, weight_shape
 from lowering.isa import ProgramSet
+from runtime import gc_paused
 
 __all__ = ["bind_timing", "build_programs", "Tensors"]
 
@@ -61,6 +62,7 @@ def build_programs(
     """The per-core programs of ``sched`` (operators bound to tensors, or bound for timing)."""
     if ops is None or tensors is None:
         ops, tensors = bind_timing(sched.ops, sched.plans)
-    return elk_programs(
-        chip, ops, sched.plans, sched.order, sched.issued, tensors, name=f"elk_{sched.design}"
-    )
+    with gc_paused():  # millions of acyclic instructions on a large chip
+        return elk_programs(
+            chip, ops, sched.plans, sched.order, sched.issued, tensors, name=f"elk_{sched.design}"
+        )

@@ -11,7 +11,7 @@ import numpy as np
 
 from elk.plan import ElkSchedule
 from hwmodel.chip import Chip
-from runtime import SimResult, simulate
+from runtime import SimResult, gc_paused, simulate
 from torch2step.kernel.build import build_programs
 
 __all__ = ["KernelReport", "simulate_schedule"]
@@ -105,8 +105,9 @@ def simulate_schedule(
     tokens: int = 1,
 ) -> KernelReport:
     """Simulate ``sched`` on ``chip`` (its programs built for timing unless given)."""
-    ps = programs if programs is not None else build_programs(sched, chip)
-    t0 = time.perf_counter()
-    res = simulate(ps, chip, mode=mode, inputs=dict(inputs or {}))
-    wall = time.perf_counter() - t0
+    with gc_paused():  # one pause across building, compiling and running (runtime.gc_paused)
+        ps = programs if programs is not None else build_programs(sched, chip)
+        t0 = time.perf_counter()
+        res = simulate(ps, chip, mode=mode, inputs=dict(inputs or {}))
+        wall = time.perf_counter() - t0
     return KernelReport(sched, res.cycles, wall, res.stats.hbm_utilisation, _noc(res), tokens, res)
