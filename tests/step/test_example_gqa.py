@@ -92,11 +92,24 @@ def test_seeded_random_lengths(checked_run: Callable[..., RunResult]) -> None:
 
 
 def test_kv_tiles_are_partial_at_the_end(checked_run: Callable[..., RunResult]) -> None:
-    """A request of 9 + 1 rows gives KV tiles of 4, 4 and 2 rows: nothing padded is loaded."""
+    """A request of 9 + 1 rows gives KV tiles of 4, 4, 1 rows and 1 tail row (a tile never
+    crosses from the request's rows to its tail rows): nothing padded is loaded, and each tile
+    is one off-chip access of its rows."""
     res = _run(checked_run, hq=4, hkv=2, lens=[9, 2], max_len=11, tail=1)
-    tiles = res.values["attn_k_tile"].data[0]
-    assert [[t.shape[0] for t in head] for head in tiles[0]] == [[4, 4, 2]] * 2
-    assert [[t.shape[0] for t in head] for head in tiles[1]] == [[3]] * 2
+    tiles = res.values["attn_k"].data[0]
+    assert [[t.shape[0] for t in head] for head in tiles[0]] == [[4, 4, 1, 1]] * 2
+    assert [[t.shape[0] for t in head] for head in tiles[1]] == [[2, 1]] * 2
+    spans = [(int(a[0, 0]), int(r[0, 0])) for a, r in res.values["attn_kv_addr"].elements()]
+    assert spans[:4] == [(0, 4), (4, 4), (8, 1), (10, 1)]  # request 0, KV head 0 (Lmax 11)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 5])  # empty, one row, exactly tile_kv, tile_kv + 1
+@pytest.mark.parametrize("tail", [0, 2])
+def test_kv_tile_edges(checked_run: Callable[..., RunResult], n: int, tail: int) -> None:
+    res = _run(checked_run, hq=4, hkv=2, lens=[n, 3], max_len=8, tail=tail)
+    tiles = res.values["attn_k"].data[0][0][0]
+    expect = [4] * (n // 4) + [n % 4] * (n % 4 > 0) + [tail] * (tail > 0)
+    assert [t.shape[0] for t in tiles] == expect
 
 
 def test_one_program_many_batches(checked_run: Callable[..., RunResult]) -> None:

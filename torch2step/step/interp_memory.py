@@ -20,6 +20,7 @@ from .ops_memory import (
     LinearOffChipLoad,
     LinearOffChipStore,
     RandomOffChipLoad,
+    RandomOffChipLoadRows,
     RandomOffChipStore,
     Streamify,
 )
@@ -113,6 +114,31 @@ def _random_load(op: RandomOffChipLoad, ctx: Ctx, ins: tuple[StreamValue, ...]) 
     return (StreamValue(a.rank, map_at(a.data, a.rank + 1, read)),)
 
 
+def _random_load_rows(
+    op: RandomOffChipLoadRows, ctx: Ctx, ins: tuple[StreamValue, ...]
+) -> tuple:
+    arr = ctx.memory[op.tensor.name]
+    n_rows, most = int(arr.shape[0]), int(op.tile.shape[0])
+    isz = op.tile.itemsize
+    ctx.read.setdefault(op.name, 0)
+    what = f"RandomOffChipLoadRows %{op.name}"
+
+    def read(addr: tuple) -> np.ndarray:
+        row, r = op.base + int(addr[0][0, 0]), int(addr[1][0, 0])
+        if not 1 <= r <= most or not 0 <= row <= n_rows - r:
+            raise StepRuntimeError(
+                f"{what}: rows {row}..{row + r - 1} of {op.tensor.name} ({n_rows} rows) in a "
+                f"tile of at most {most} rows; addresses give 1..{most} rows inside the tensor"
+            )
+        tile = ctx.tile(op.tensor.name, (slice(row, row + r), slice(None)))
+        ctx.count_read(op.name, tile.size * isz)
+        ctx.alloc(op.name, "staging", 2 * most * tile.shape[1] * isz)
+        return tile
+
+    a = ins[0]
+    return (StreamValue(a.rank, map_at(a.data, a.rank + 1, read)),)
+
+
 def _random_store(op: RandomOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:
     t = op.wdata.type.dtype
     assert isinstance(t, TileType)
@@ -177,6 +203,7 @@ IMPLS: dict[type, Callable[..., tuple]] = {
     LinearOffChipLoad: _linear_load,
     LinearOffChipStore: _linear_store,
     RandomOffChipLoad: _random_load,
+    RandomOffChipLoadRows: _random_load_rows,
     RandomOffChipStore: _random_store,
     Bufferize: _bufferize,
     Streamify: _streamify,
