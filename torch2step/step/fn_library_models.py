@@ -47,6 +47,9 @@ from .dims import as_dim
 from .fn_library import _elems, _eq, _tile, np_dtype
 from .functions import Fn, FnSpec, register_fn, registered_fns
 from .types import ADDR, DataType, SelectorType, TileType, TupleType
+from .values import SelectorValue, StepRuntimeError
+
+__all__ = ["MODEL_FNS", "ROW_SPAN", "row_spans"]
 
 ROW_SPAN = TupleType((ADDR, ADDR))
 """A ``(row, r)`` pair of ``[1, 1]`` integer tiles: ``r`` consecutive rows from ``row``."""
@@ -61,9 +64,7 @@ def row_spans(segments: list[tuple[int, int]], tile: int) -> list[tuple[np.ndarr
             r = min(tile, count - j)
             out.append((np.array([[start + j]], np.int64), np.array([[r]], np.int64)))
     return out
-from .values import SelectorValue, StepRuntimeError
 
-__all__ = ["MODEL_FNS"]
 
 _INT = ("int32", "int64")
 
