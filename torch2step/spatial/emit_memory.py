@@ -134,9 +134,7 @@ def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None
             else Affine(op.base * cols, ((reg_row, cols),))
         )
         extent = p_n.value * cols if reg_n is None else Affine(0, ((reg_n, cols),))
-        loaded[t] = b.load(
-            lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols
-        )
+        loaded[t] = b.load(lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols)
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
 

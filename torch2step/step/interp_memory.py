@@ -114,9 +114,7 @@ def _random_load(op: RandomOffChipLoad, ctx: Ctx, ins: tuple[StreamValue, ...]) 
     return (StreamValue(a.rank, map_at(a.data, a.rank + 1, read)),)
 
 
-def _random_load_rows(
-    op: RandomOffChipLoadRows, ctx: Ctx, ins: tuple[StreamValue, ...]
-) -> tuple:
+def _random_load_rows(op: RandomOffChipLoadRows, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:
     arr = ctx.memory[op.tensor.name]
     n_rows, most = int(arr.shape[0]), int(op.tile.shape[0])
     isz = op.tile.itemsize
