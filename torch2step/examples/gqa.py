@@ -43,7 +43,7 @@ import torch
 from torch2step.errors import StepTypeError
 from torch2step.step import Graph, OffChipTensor, Program, Value, dyn, fn
 
-from .gqa_regions import add_region_attention
+from .gqa_regions import add_lane_attention, add_region_attention
 
 __all__ = ["add_gqa_decode", "gqa_decode_graph", "gqa_inputs", "gqa_reference"]
 
@@ -87,16 +87,22 @@ def add_gqa_decode(
     prefix: str = "attn",
     regions: int | None = None,
     region: OffChipTensor | None = None,
+    lanes: int = 1,
 ) -> None:
     """Add decode GQA to ``g`` (see the module docstring).  ``B`` is ``kv_len``'s row count
     and ``Lmax = k_cache rows / (B * Hkv)``; both may be symbolic.  ``regions=R`` with
     ``region: [B, 1]`` (each request's region) parallelises the requests over ``R`` regions
-    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.examples.gqa_regions`)."""
+    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.examples.gqa_regions`); otherwise
+    ``lanes=P > 1`` spreads the (request, KV head) items over ``P`` pipelines, balanced by
+    their KV rows (:func:`~torch2step.examples.gqa_regions.add_lane_attention`)."""
     Hq, Hkv = num_q_heads, num_kv_heads
     if Hkv < 1 or Hq % Hkv:
         raise StepTypeError(f"add_gqa_decode: num_q_heads={Hq} must be a multiple of {Hkv}")
-    if tile_kv < 1 or tail_rows < 0:
-        raise StepTypeError(f"add_gqa_decode: tile_kv={tile_kv} >= 1, tail_rows={tail_rows} >= 0")
+    if tile_kv < 1 or tail_rows < 0 or lanes < 1:
+        raise StepTypeError(
+            f"add_gqa_decode: needs tile_kv={tile_kv} >= 1, tail_rows={tail_rows} >= 0 and "
+            f"lanes={lanes} >= 1"
+        )
     G, B, D = Hq // Hkv, kv_len.shape[0], q.shape[1]
     if not D.is_Integer:
         raise StepTypeError(f"add_gqa_decode: the head dim of {q} must be static")
@@ -115,11 +121,11 @@ def add_gqa_decode(
     )
     p, D = prefix, int(D)
 
-    lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
-    per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
-    cursor = g.scan(
-        per_head, "kv_cursor", fn("int_row", values=(-Lmax, 0, Lmax)), 2, name=f"{p}_cursor"
-    )  # [1, B, Hkv] of [row_base, n_b, Lmax]
+    def cursors(p: str) -> Value:  # [1, B, Hkv] of [row_base, n_b, Lmax]
+        lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
+        per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
+        init = fn("int_row", values=(-Lmax, 0, Lmax))
+        return g.scan(per_head, "kv_cursor", init, 2, name=f"{p}_cursor")
 
     def load_q() -> Value:
         return g.linear_load(q, (G, D), out_shape=(B, Hkv), stride=(Hkv, 1), name=f"{p}_q")
@@ -130,6 +136,13 @@ def add_gqa_decode(
             tail_rows=tail_rows, tile_kv=tile_kv, p=p,
         )
 
+    if regions is None and lanes > 1:
+        add_lane_attention(
+            g, cursors=cursors, q=q, group=G, lanes=lanes, tail_rows=tail_rows, out=out,
+            attend=attend, prefix=p,
+        )
+        return
+    cursor = cursors(p)
     if regions is None:
         g.linear_store(attend(g, cursor, load_q, p), out, name=f"{p}_store")
         return
@@ -168,7 +181,8 @@ def _attend(
     k_t = g.random_load_rows(spans, k_cache, tile_kv, name=f"{p}_k")  # [r, D]
     v_t = g.random_load_rows(spans, v_cache, tile_kv, name=f"{p}_v")
     q_v = q_t() if callable(q_t) else q_t
-    q_e = g.expand(g.repeat(q_v, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
+    # expanded along the (small) tile addresses, not the K tiles: no second copy of K moves
+    q_e = g.expand(g.repeat(q_v, 1, name=f"{p}_q1"), spans, 0, name=f"{p}_q_kv")
     state = g.accum(
         g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
         fn("online_softmax", scale=float(scale)),
