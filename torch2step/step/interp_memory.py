@@ -90,7 +90,8 @@ def _linear_store(op: LinearOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
         where = tile_slice(arr, tiled, op.base + k, shape, f"LinearOffChipStore %{op.name}")
         if given is not None:  # the value written is replaced, the write itself is not
             tile = given[where]
-        ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
+        if op.tensor.name not in ctx.inert:  # timing-only: values nobody reads are dropped
+            ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)
     return ()
@@ -148,7 +149,8 @@ def _random_store(op: RandomOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
     def write(addr: np.ndarray, tile: np.ndarray) -> np.ndarray:
         lin = op.base + int(addr[0, 0])
         where = tile_slice(arr, tiled, lin, shape, f"RandomOffChipStore %{op.name}")
-        ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
+        if op.tensor.name not in ctx.inert:  # timing-only: values nobody reads are dropped
+            ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)
         return np.ones((1, 1), dtype=np.bool_)
