@@ -94,48 +94,40 @@ def add_gqa_prefill(
 
     lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
     per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
-    per_token = g.repeat(per_head, S, name=f"{p}_len_t")  # [1, B, Hkv, S]
     cursor = g.scan(
-        per_token,
-        "prefill_cursor",
-        fn("int_row", values=(-Lmax, 0, Lmax, S, S)),
-        3,
+        per_head,
+        "prefill_kv_cursor",
+        fn("int_row", values=(-Lmax, 0, Lmax, S)),
+        2,
         name=f"{p}_cursor",
-    )  # [1, B, Hkv, S] of [row_base, n_b, Lmax, S, i + 1]
+    )  # [1, B, Hkv] of [row_base, n_b, Lmax, S]
     one = g.repeat(cursor, 1, name=f"{p}_cursor1")
-    addrs = g.flat_map(one, fn("kv_rows_causal", causal=causal), name=f"{p}_addr")
-    chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")
-    kept = g.flat_map(
-        g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding", name=f"{p}_kv_addr"
-    )  # [1, B, Hkv, S, C, r]
-    k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
-    v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
-    kv = g.accum(
-        g.zip(k_rows, v_rows, name=f"{p}_kv_rows"),
-        "retile_row_pair",
-        fn("empty_rows_pair", cols=(D, D), dtype=k_cache.dtype),
-        1,
-        name=f"{p}_kv",
-    )  # [1, B, Hkv, S, C] of ([r, D], [r, D])
-    k_t = g.map(fn("get", index=0), kv, name=f"{p}_k_tile")
-    v_t = g.map(fn("get", index=1), kv, name=f"{p}_v_tile")
+    tiles = g.flat_map(one, fn("kv_tiles_prefill", tile=tile_kv), name=f"{p}_tiles")
+    spans = g.zip(
+        g.map(fn("get", index=0), tiles, name=f"{p}_tile_row"),
+        g.map(fn("get", index=1), tiles, name=f"{p}_tile_rows"),
+        name=f"{p}_kv_addr",
+    )  # [1, B, Hkv, C] of (row, r)
+    k_t = g.random_load_rows(spans, k_cache, tile_kv, name=f"{p}_k")  # [r, D]
+    v_t = g.random_load_rows(spans, v_cache, tile_kv, name=f"{p}_v")
 
     q_rows = g.linear_load(
-        q, (1, D), out_shape=(B, Hkv, S, G), stride=(Hkv * G * S, G * S, 1, S), name=f"{p}_q"
-    )  # [1, B, Hkv, S, G] of [1, D]
+        q, (1, D), out_shape=(B, Hkv, G * S), stride=(Hkv * G * S, G * S, 1), name=f"{p}_q"
+    )  # [1, B, Hkv, G*S] of [1, D]: heads kvh*G.., every token (contiguous rows)
     q_t = g.accum(q_rows, "retile_row", zeros(0, D, q.dtype), 1, name=f"{p}_q_tile")
-    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
-    state = g.accum(
-        g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
-        fn("online_softmax", scale=float(scale)),
-        fn("online_softmax_init", rows=G, cols=D, dtype=q.dtype),
-        1,
-        name=f"{p}_softmax",
-    )
-    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv, S] of [G, D]
+    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), spans, 0, name=f"{p}_q_kv")
+    init = fn("online_softmax_init", rows=G * S, cols=D, dtype=q.dtype)
+    if causal:
+        meta = g.map(fn("get", index=2), tiles, name=f"{p}_tile_mask")
+        qkv = g.zip(q_e, k_t, v_t, meta, name=f"{p}_qkv")
+        step = fn("online_softmax_causal", scale=float(scale))
+    else:
+        qkv = g.zip(q_e, k_t, v_t, name=f"{p}_qkv")
+        step = fn("online_softmax", scale=float(scale))
+    state = g.accum(qkv, step, init, 1, name=f"{p}_softmax")
+    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv] of [G*S, D]
     rows = g.flat_map(res, fn("retile_streamify", rows=1), name=f"{p}_o_rows")
-    waddr = g.flat_map(cursor, fn("query_rows", group=G), name=f"{p}_o_addr")
-    g.random_store(waddr, rows, out, name=f"{p}_store")  # [1, B, Hkv, S, G] rows
+    g.linear_store(rows, out, name=f"{p}_store")  # rows in the order of out
 
 
 def gqa_prefill_graph(
