@@ -9,30 +9,28 @@ of request ``b`` and head ``h`` sees KV head ``h // G`` rows ``j < n_b`` (its ca
 prefix) and the new rows ``Lmax - S + u`` for ``u <= i`` (causal; every ``u < S`` when
 ``causal=False``).  A query that sees no key gives 0.
 
-Structure, per (request, KV head, query token) — the ``G = Hq/Hkv`` query heads of a group
-share each KV load, as in decode:
+Structure, per (request, KV head) — the ``G = Hq/Hkv`` query heads and all ``S`` query
+tokens of a group share each KV load, so every KV row is read once:
 
-1. **Addresses in the graph.** ``kv_len`` is read once and repeated per KV head and per
-   query token (``[1, B, Hkv, S]``); a Scan(``prefill_cursor``) turns it into
-   ``[row_base, n_b, Lmax, S, i + 1]`` and FlatMap(``kv_rows_causal``) emits the visible row
-   addresses: a ragged dimension ``R[b, kvh, i] = n_b + i + 1`` learnt from the data.  The
-   causal mask is the address set, so nothing masked is loaded or computed.
-2. **KV tiles of ``tile_kv`` rows.** Reshape + FlatMap(FilterPadding) cut the addresses into
-   tiles, the last one partial (STeP Fig. 2's Reshape / FilterPadding pair).
-3. **Loads.** RandomOffChipLoad per row of ``k_cache`` / ``v_cache``; Accum(``retile_row_pair``)
-   packs them into ``[r, D]`` tiles.
-4. **Online softmax.** The ``[G, D]`` query tile (heads ``kvh*G .. kvh*G+G-1`` of token
-   ``i``: rows ``((b*Hkv + kvh)*G + g)*S + i``, a strided LinearOffChipLoad of ``[1, D]`` rows
-   packed by Accum(``retile_row``)) is expanded along its KV tiles; Accum(``online_softmax``) keeps the running (max, sum, output) and
-   Map(``softmax_finalize``) divides; FlatMap(``retile_streamify``) splits each ``[G, D]``
-   result into rows and RandomOffChipStore writes them at the rows FlatMap(``query_rows``)
-   computes from the cursor (every tensor is accessed in ``[1, D]`` rows).
+1. **Tile addresses in the graph.** ``kv_len`` is read once and repeated per KV head
+   (``[1, B, Hkv]``); a Scan(``prefill_kv_cursor``) turns it into ``[row_base, n_b, Lmax, S]``
+   and FlatMap(``kv_tiles_prefill``) cuts the cached prefix (``n_b`` rows) and the ``S`` new
+   rows into ``(row, r, [u0, S])`` tiles of at most ``tile_kv`` rows, never across the
+   segment boundary (``u0``: the tile's first new-token index, ``-1`` in the prefix).
+2. **Tile loads.** RandomOffChipLoadRows reads each ``[r, D]`` K and V tile in one
+   contiguous off-chip access.
+3. **Online softmax.** The ``[G*S, D]`` query tile (heads ``kvh*G ..`` of every token: rows
+   ``(b*Hkv + kvh)*G*S + g*S + i``, contiguous ``[1, D]`` rows packed by
+   Accum(``retile_row``)) is expanded along the KV tiles; Accum(``online_softmax_causal``)
+   keeps the running (max, sum, output), masking inside a tile of new rows the rows
+   ``u0 + j > i`` token ``i`` may not see (plain ``online_softmax`` when not causal);
+   Map(``softmax_finalize``) divides and FlatMap(``retile_streamify``) splits the result
+   into rows, stored linearly (they are in ``out``'s row order).
 
 Off-chip traffic (bytes, itemsize ``s``): ``q`` and ``out`` ``2 * B*Hq*S*D*s``, ``kv_len``
-``8B``, and ``K`` + ``V`` ``2 * D*s * Hkv * sum_b sum_i (n_b + i + 1)`` (``n_b + S`` per token
-when not causal).  Each query tile re-reads its KV rows: with one token per query tile
-the KV traffic is ``S`` times that of a query tile spanning all ``S`` tokens, the price of
-a mask-free causal softmax (the masked, multi-token query tile is not built).
+``8B``, and ``K`` + ``V`` ``2 * D*s * Hkv * sum_b (n_b + S)``: each row once per KV head.
+The masked part of a tile of new rows is computed and discarded (the FLOPs count the whole
+tile), the price of reading KV once.
 """
 
 from __future__ import annotations
