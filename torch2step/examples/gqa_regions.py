@@ -11,8 +11,11 @@ per-request part replicated ``R`` times:
 2. ``region: [B, 1]`` holds the region of each request.  ``to_selector`` makes it a one-hot
    selector and two Partitions (sharing the count symbols ``{prefix}_n{r}``) route each
    request's cursors and query tiles to its region: region ``r`` sees a stream ``[N_r, Hkv]``.
-3. Each region builds its KV row addresses, loads and retiles K/V, and runs the online softmax
+3. Each region cuts its KV tile addresses, loads the K/V tiles, and runs the online softmax
    exactly as the single-region graph does, on its own units.
+
+Without regions, :func:`add_lane_attention` spreads the (request, KV head) items over
+independent lanes, balanced by their KV rows (the default of the lowering).
 4. Each region stores its results with a RandomOffChipStore at the row block of the request
    (``cursor_block``: ``row_base // Lmax = b*Hkv + kvh``), so no region waits for another.
 
