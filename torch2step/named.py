@@ -315,8 +315,11 @@ def report_layer(
         kv, note = _kv(kv_trace, batch, tiny)
         notes.append(note)
     log.info("building %s (batch %d%s)", layer, batch, ", tiny" if tiny else "")
-    # a full-size decoder layer is built on the meta device and timed on stand-in values
-    device = "meta" if entry.kind == "decoder" and not tiny else "cpu"
+    # a full-size layer is built on the meta device (shapes only) and timed on stand-in
+    # values: a timing report reads no weight or cache value, only what steers control (the
+    # KV lengths and the routing trace are real inputs); the layer's own router needs weights
+    own_router = entry.kind == "moe" and routing_trace == "router"
+    device = "meta" if not tiny and not own_router else "cpu"
     spec = get_layer(
         layer,
         tiny=tiny,
@@ -326,6 +329,15 @@ def report_layer(
         device=device,
         dtype=dtypes[dtype],
     )
+    timed = tuple(spec.example_inputs)
+    lens = spec.metadata.get("kv_lengths")
+    if device == "meta" and lens is not None:  # the KV lengths steer the run: real values
+        timed = tuple(
+            torch.as_tensor(np.asarray(lens), dtype=x.dtype)
+            if x.is_meta and not x.dtype.is_floating_point and tuple(x.shape) == (len(lens),)
+            else x
+            for x in timed
+        )
     routing = None
     if entry.kind == "moe":
         routing, note = _routing(entry, spec.metadata, routing_trace)
@@ -355,7 +367,7 @@ def report_layer(
     log.info("simulating")
     try:
         with simulation_progress():
-            rep = prog.report(*spec.example_inputs, routing=routing, trace=trace, notes=notes)
+            rep = prog.report(*timed, routing=routing, trace=trace, notes=notes)
     except ScheduleError as e:
         fixes = fit_suggestions(entry.kind, opts)
         raise ScheduleError(

@@ -144,7 +144,12 @@ class Program:
             lw = copy.copy(lw)
             lw.layer = dataclasses.replace(lw.layer, params=standin_params(lw.layer.params))
             xs = standin_inputs(xs)
-        tensors, env = lw.feed(xs)
+        inert: frozenset[str] = frozenset()
+        if timing_only:  # tensors whose values steer nothing are neither converted nor held
+            from torch2step.step.timing_only import inert_tensors
+
+            inert = inert_tensors(lw.program)
+        tensors, env = lw.feed(xs, placeholders=inert)
         res = run(
             lw.program,
             tensors=tensors,
@@ -162,7 +167,8 @@ class Program:
             if len(n.inputs) > 3 and n.inputs[3] in self.layer.inputs:
                 lens = xs[self.layer.inputs.index(n.inputs[3])]
                 dynamic["kv_lengths"] = [int(v) for v in lens.reshape(-1)]
-        return lw, res, lw.outputs(res.tensors, xs), dynamic
+        outs = () if timing_only else lw.outputs(res.tensors, xs)  # a timing run has no values
+        return lw, res, outs, dynamic
 
     def _routing_override(self, routing: Any) -> dict[str, np.ndarray]:
         """The router's top-k ids tensor -> the trace's ids: the router still runs and is

@@ -34,7 +34,8 @@ def test_one_program_serves_every_kv_length(case: str, compiled: dict) -> None:
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
         latencies.append(prog.report(*xs).latency_cycles)
-    assert latencies[0] < latencies[1] < latencies[2], latencies
+    # KV is loaded in tiles of 64 rows: 1 and 17 rows are one tile each, 300 rows are five
+    assert latencies[0] <= latencies[1] < latencies[2], latencies
 
 
 def test_ragged_kv_lengths() -> None:

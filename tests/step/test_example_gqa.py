@@ -92,11 +92,24 @@ def test_seeded_random_lengths(checked_run: Callable[..., RunResult]) -> None:
 
 
 def test_kv_tiles_are_partial_at_the_end(checked_run: Callable[..., RunResult]) -> None:
-    """A request of 9 + 1 rows gives KV tiles of 4, 4 and 2 rows: nothing padded is loaded."""
+    """A request of 9 + 1 rows gives KV tiles of 4, 4, 1 rows and 1 tail row (a tile never
+    crosses from the request's rows to its tail rows): nothing padded is loaded, and each tile
+    is one off-chip access of its rows."""
     res = _run(checked_run, hq=4, hkv=2, lens=[9, 2], max_len=11, tail=1)
-    tiles = res.values["attn_k_tile"].data[0]
-    assert [[t.shape[0] for t in head] for head in tiles[0]] == [[4, 4, 2]] * 2
-    assert [[t.shape[0] for t in head] for head in tiles[1]] == [[3]] * 2
+    tiles = res.values["attn_k"].data[0]
+    assert [[t.shape[0] for t in head] for head in tiles[0]] == [[4, 4, 1, 1]] * 2
+    assert [[t.shape[0] for t in head] for head in tiles[1]] == [[2, 1]] * 2
+    spans = [(int(a[0, 0]), int(r[0, 0])) for a, r in res.values["attn_kv_addr"].elements()]
+    assert spans[:4] == [(0, 4), (4, 4), (8, 1), (10, 1)]  # request 0, KV head 0 (Lmax 11)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 5])  # empty, one row, exactly tile_kv, tile_kv + 1
+@pytest.mark.parametrize("tail", [0, 2])
+def test_kv_tile_edges(checked_run: Callable[..., RunResult], n: int, tail: int) -> None:
+    res = _run(checked_run, hq=4, hkv=2, lens=[n, 3], max_len=8, tail=tail)
+    tiles = res.values["attn_k"].data[0][0][0]
+    expect = [4] * (n // 4) + [n % 4] * (n % 4 > 0) + [tail] * (tail > 0)
+    assert [t.shape[0] for t in tiles] == expect
 
 
 def test_one_program_many_batches(checked_run: Callable[..., RunResult]) -> None:
@@ -160,3 +173,51 @@ def test_golden_printed_graph() -> None:
         num_q_heads=2, num_kv_heads=2, head_dim=4, batch=2, max_len=6, scale=0.5, prefix="dec"
     )
     check_golden("gqa_hq2_hkv2_d4_b2_l6.txt", str(static))
+
+
+@pytest.mark.parametrize("lanes", [2, 3, 9])  # 9 lanes > 4 (request, KV head) items: some idle
+def test_lanes_match_pytorch(checked_run: Callable[..., RunResult], lanes: int) -> None:
+    """Items spread over lanes (balanced by KV rows) compute the same as one pipeline."""
+    lens, hq, hkv, tail = [7, 0], 4, 2, 1
+    prog = gqa_decode_graph(
+        num_q_heads=hq, num_kv_heads=hkv, head_dim=D, tail_rows=tail, tile_kv=4, lanes=lanes
+    )
+    inp = gqa_inputs(
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=D,
+        batch=2,
+        max_len=9,
+        kv_lens=lens,
+        tail_rows=tail,
+    )
+    res = checked_run(prog, tensors=inp)
+    ref = gqa_reference(
+        **inp, num_q_heads=hq, num_kv_heads=hkv, scale=1 / math.sqrt(D), tail_rows=tail
+    )
+    np.testing.assert_allclose(res.tensors["out"], ref.numpy(), atol=1e-4, rtol=0)
+    kv = sum(v for k, v in res.read_bytes.items() if k.endswith(("_k", "_v")) and "_l" in k)
+    assert kv == 2 * hkv * sum(n + tail for n in lens) * D * 4  # each row once, in some lane
+    # list scheduling: the first items go to distinct lanes, the 8-row items before the 1-row
+    per_lane = [sum(1 for _ in res.values[f"attn_l{r}_items"].elements()) for r in range(lanes)]
+    assert sum(per_lane) == 4 and max(per_lane) <= -(-4 // lanes) + 1
+
+
+def test_timing_only_holds_no_kv_values() -> None:
+    """A timing-only run keeps the KV caches as zero-stride placeholders (their values steer
+    nothing) and counts the same bytes as a full run."""
+    prog = gqa_decode_graph(num_q_heads=4, num_kv_heads=2, head_dim=D, tile_kv=4, tail_rows=1)
+    inp = gqa_inputs(
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=D,
+        batch=3,
+        max_len=9,
+        kv_lens=[8, 0, 5],
+        tail_rows=1,
+    )
+    full = run(prog, tensors=inp)
+    timed = run(prog, tensors=inp, timing_only=True)
+    assert timed.tensors["k_cache"].strides == (0, 0)
+    assert timed.tensors["kv_len"].strides != (0, 0)  # steers the addresses: real values
+    assert timed.read_bytes == full.read_bytes and timed.write_bytes == full.write_bytes

@@ -61,9 +61,9 @@ def test_prefill_matches_pytorch(prog, b: int, s: int, extra: int, seed: int) ->
         q, k, v, lens, num_kv_heads=HKV, scale=1 / math.sqrt(D), causal=causal
     )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # §4.1 traffic: q and out, the lengths, and each visible K and V row once per query tile
-    new = s * (s + 1) // 2 if causal else s * s
-    rows = HKV * sum(s * int(n) + new for n in lens)
+    # §4.1 traffic: q and out, the lengths, and each K and V row a request sees (its prefix
+    # and the s new rows) once per KV head: every query token of the group shares the tiles
+    rows = HKV * sum(int(n) + s for n in lens)
     assert res.offchip_bytes == 2 * b * HQ * s * D * 4 + 8 * b + 2 * rows * D * 4
     assert metrics(program).evaluate(res.bindings)["offchip_bytes"] == res.offchip_bytes
 

@@ -16,7 +16,9 @@ from torch2step.step import (
     StepRuntimeError,
     StreamType,
     TileType,
+    TupleType,
     dyn,
+    metrics,
     run,
 )
 
@@ -149,6 +151,37 @@ def test_random_load_rejects_non_address_stream() -> None:
     bad = g.input("bad", TileType((1, 1)), (1, 3))
     with pytest.raises(StepTypeError, match=r"RandomOffChipLoad %r: raddr carries \[1,1\] integer"):
         g.random_load(bad, kv, (2, 4), name="r")
+
+
+def test_random_load_rows_reads_runs_of_rows(rng: np.random.Generator) -> None:
+    """RandomOffChipLoadRows: per (row, r) address one [r, 4] tile, exactly the rows used."""
+    g = Graph()
+    kv = g.tensor("kv", (10, 4))
+    span = TupleType((ADDR, ADDR))
+    addr = g.input("addr", span, (1, 3))
+    t = g.random_load_rows(addr, kv, 3, name="rows")
+    assert t.type.shape == (1, 3) and t.type.dtype.shape[1] == 4
+    g.output("t", t)
+    prog = g.build()
+    KV = rng.standard_normal((10, 4)).astype(np.float32)
+
+    def pair(row: int, r: int) -> tuple:
+        return (np.array([[row]]), np.array([[r]]))
+
+    res = run(prog, tensors={"kv": KV}, streams={"addr": [[pair(0, 3), pair(5, 2), pair(9, 1)]]})
+    out = res.outputs["t"].data[0]
+    assert [o.shape for o in out] == [(3, 4), (2, 4), (1, 4)]
+    assert np.array_equal(out[1], KV[5:7]) and np.array_equal(out[2], KV[9:10])
+    assert res.read_bytes["rows"] == 6 * 4 * 4  # the rows used, not three full tiles
+    assert metrics(prog).evaluate(res.bindings)["offchip_bytes"] == 6 * 4 * 4
+    assert res.onchip_bytes["rows"] == 2 * 3 * 4 * 4  # the largest tile, double-buffered
+    for bad in (pair(8, 3), pair(0, 4), pair(0, 0)):  # past the end, above the cap, empty
+        with pytest.raises(StepRuntimeError, match="addresses give 1..3 rows"):
+            run(prog, tensors={"kv": KV}, streams={"addr": [[bad, pair(0, 1), pair(1, 1)]]})
+    with pytest.raises(StepTypeError, match=r"raddr carries \(row, row count\) pairs"):
+        g.random_load_rows(g.input("a1", ADDR, (1, 2)), kv, 3)
+    with pytest.raises(StepTypeError, match="tiles are whole rows"):
+        g.random_load_rows(addr, g.tensor("wide", (10, 4, 2)), 3)
 
 
 def test_random_store_scatter_and_errors() -> None:

@@ -9,30 +9,28 @@ of request ``b`` and head ``h`` sees KV head ``h // G`` rows ``j < n_b`` (its ca
 prefix) and the new rows ``Lmax - S + u`` for ``u <= i`` (causal; every ``u < S`` when
 ``causal=False``).  A query that sees no key gives 0.
 
-Structure, per (request, KV head, query token) — the ``G = Hq/Hkv`` query heads of a group
-share each KV load, as in decode:
+Structure, per (request, KV head) — the ``G = Hq/Hkv`` query heads and all ``S`` query
+tokens of a group share each KV load, so every KV row is read once:
 
-1. **Addresses in the graph.** ``kv_len`` is read once and repeated per KV head and per
-   query token (``[1, B, Hkv, S]``); a Scan(``prefill_cursor``) turns it into
-   ``[row_base, n_b, Lmax, S, i + 1]`` and FlatMap(``kv_rows_causal``) emits the visible row
-   addresses: a ragged dimension ``R[b, kvh, i] = n_b + i + 1`` learnt from the data.  The
-   causal mask is the address set, so nothing masked is loaded or computed.
-2. **KV tiles of ``tile_kv`` rows.** Reshape + FlatMap(FilterPadding) cut the addresses into
-   tiles, the last one partial (STeP Fig. 2's Reshape / FilterPadding pair).
-3. **Loads.** RandomOffChipLoad per row of ``k_cache`` / ``v_cache``; Accum(``retile_row_pair``)
-   packs them into ``[r, D]`` tiles.
-4. **Online softmax.** The ``[G, D]`` query tile (heads ``kvh*G .. kvh*G+G-1`` of token
-   ``i``: rows ``((b*Hkv + kvh)*G + g)*S + i``, a strided LinearOffChipLoad of ``[1, D]`` rows
-   packed by Accum(``retile_row``)) is expanded along its KV tiles; Accum(``online_softmax``) keeps the running (max, sum, output) and
-   Map(``softmax_finalize``) divides; FlatMap(``retile_streamify``) splits each ``[G, D]``
-   result into rows and RandomOffChipStore writes them at the rows FlatMap(``query_rows``)
-   computes from the cursor (every tensor is accessed in ``[1, D]`` rows).
+1. **Tile addresses in the graph.** ``kv_len`` is read once and repeated per KV head
+   (``[1, B, Hkv]``); a Scan(``prefill_kv_cursor``) turns it into ``[row_base, n_b, Lmax, S]``
+   and FlatMap(``kv_tiles_prefill``) cuts the cached prefix (``n_b`` rows) and the ``S`` new
+   rows into ``(row, r, [u0, S])`` tiles of at most ``tile_kv`` rows, never across the
+   segment boundary (``u0``: the tile's first new-token index, ``-1`` in the prefix).
+2. **Tile loads.** RandomOffChipLoadRows reads each ``[r, D]`` K and V tile in one
+   contiguous off-chip access.
+3. **Online softmax.** The ``[G*S, D]`` query tile (heads ``kvh*G ..`` of every token: rows
+   ``(b*Hkv + kvh)*G*S + g*S + i``, contiguous ``[1, D]`` rows packed by
+   Accum(``retile_row``)) is expanded along the KV tiles; Accum(``online_softmax_causal``)
+   keeps the running (max, sum, output), masking inside a tile of new rows the rows
+   ``u0 + j > i`` token ``i`` may not see (plain ``online_softmax`` when not causal);
+   Map(``softmax_finalize``) divides and FlatMap(``retile_streamify``) splits the result
+   into rows, stored linearly (they are in ``out``'s row order).
 
 Off-chip traffic (bytes, itemsize ``s``): ``q`` and ``out`` ``2 * B*Hq*S*D*s``, ``kv_len``
-``8B``, and ``K`` + ``V`` ``2 * D*s * Hkv * sum_b sum_i (n_b + i + 1)`` (``n_b + S`` per token
-when not causal).  Each query tile re-reads its KV rows: with one token per query tile
-the KV traffic is ``S`` times that of a query tile spanning all ``S`` tokens, the price of
-a mask-free causal softmax (the masked, multi-token query tile is not built).
+``8B``, and ``K`` + ``V`` ``2 * D*s * Hkv * sum_b (n_b + S)``: each row once per KV head.
+The masked part of a tile of new rows is computed and discarded (the FLOPs count the whole
+tile), the price of reading KV once.
 """
 
 from __future__ import annotations
@@ -94,48 +92,40 @@ def add_gqa_prefill(
 
     lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
     per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
-    per_token = g.repeat(per_head, S, name=f"{p}_len_t")  # [1, B, Hkv, S]
     cursor = g.scan(
-        per_token,
-        "prefill_cursor",
-        fn("int_row", values=(-Lmax, 0, Lmax, S, S)),
-        3,
+        per_head,
+        "prefill_kv_cursor",
+        fn("int_row", values=(-Lmax, 0, Lmax, S)),
+        2,
         name=f"{p}_cursor",
-    )  # [1, B, Hkv, S] of [row_base, n_b, Lmax, S, i + 1]
+    )  # [1, B, Hkv] of [row_base, n_b, Lmax, S]
     one = g.repeat(cursor, 1, name=f"{p}_cursor1")
-    addrs = g.flat_map(one, fn("kv_rows_causal", causal=causal), name=f"{p}_addr")
-    chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")
-    kept = g.flat_map(
-        g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding", name=f"{p}_kv_addr"
-    )  # [1, B, Hkv, S, C, r]
-    k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
-    v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
-    kv = g.accum(
-        g.zip(k_rows, v_rows, name=f"{p}_kv_rows"),
-        "retile_row_pair",
-        fn("empty_rows_pair", cols=(D, D), dtype=k_cache.dtype),
-        1,
-        name=f"{p}_kv",
-    )  # [1, B, Hkv, S, C] of ([r, D], [r, D])
-    k_t = g.map(fn("get", index=0), kv, name=f"{p}_k_tile")
-    v_t = g.map(fn("get", index=1), kv, name=f"{p}_v_tile")
+    tiles = g.flat_map(one, fn("kv_tiles_prefill", tile=tile_kv), name=f"{p}_tiles")
+    spans = g.zip(
+        g.map(fn("get", index=0), tiles, name=f"{p}_tile_row"),
+        g.map(fn("get", index=1), tiles, name=f"{p}_tile_rows"),
+        name=f"{p}_kv_addr",
+    )  # [1, B, Hkv, C] of (row, r)
+    k_t = g.random_load_rows(spans, k_cache, tile_kv, name=f"{p}_k")  # [r, D]
+    v_t = g.random_load_rows(spans, v_cache, tile_kv, name=f"{p}_v")
 
     q_rows = g.linear_load(
-        q, (1, D), out_shape=(B, Hkv, S, G), stride=(Hkv * G * S, G * S, 1, S), name=f"{p}_q"
-    )  # [1, B, Hkv, S, G] of [1, D]
+        q, (1, D), out_shape=(B, Hkv, G * S), stride=(Hkv * G * S, G * S, 1), name=f"{p}_q"
+    )  # [1, B, Hkv, G*S] of [1, D]: heads kvh*G.., every token (contiguous rows)
     q_t = g.accum(q_rows, "retile_row", zeros(0, D, q.dtype), 1, name=f"{p}_q_tile")
-    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
-    state = g.accum(
-        g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
-        fn("online_softmax", scale=float(scale)),
-        fn("online_softmax_init", rows=G, cols=D, dtype=q.dtype),
-        1,
-        name=f"{p}_softmax",
-    )
-    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv, S] of [G, D]
+    q_e = g.expand(g.repeat(q_t, 1, name=f"{p}_q1"), spans, 0, name=f"{p}_q_kv")
+    init = fn("online_softmax_init", rows=G * S, cols=D, dtype=q.dtype)
+    if causal:
+        meta = g.map(fn("get", index=2), tiles, name=f"{p}_tile_mask")
+        qkv = g.zip(q_e, k_t, v_t, meta, name=f"{p}_qkv")
+        step = fn("online_softmax_causal", scale=float(scale))
+    else:
+        qkv = g.zip(q_e, k_t, v_t, name=f"{p}_qkv")
+        step = fn("online_softmax", scale=float(scale))
+    state = g.accum(qkv, step, init, 1, name=f"{p}_softmax")
+    res = g.map("softmax_finalize", state, name=f"{p}_o")  # [1, B, Hkv] of [G*S, D]
     rows = g.flat_map(res, fn("retile_streamify", rows=1), name=f"{p}_o_rows")
-    waddr = g.flat_map(cursor, fn("query_rows", group=G), name=f"{p}_o_addr")
-    g.random_store(waddr, rows, out, name=f"{p}_store")  # [1, B, Hkv, S, G] rows
+    g.linear_store(rows, out, name=f"{p}_store")  # rows in the order of out
 
 
 def gqa_prefill_graph(

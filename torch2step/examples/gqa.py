@@ -11,19 +11,18 @@ One new query token per request ``b``: ``q: [B*Hq, D]`` (row ``b*Hq + h``), cach
 Structure, per (request, KV head) — the ``G`` query heads of a group share one KV load
 (that is what GQA saves):
 
-1. **Addresses in the graph.** ``kv_len`` is read once (``[1, B]``) and repeated per KV head
-   (``[1, B, Hkv]``).  A Scan (``kv_cursor``, initial state ``int_row(-Lmax, 0, Lmax)``) turns
-   the lengths into ``[row_base, n_b, Lmax]`` with ``row_base = (b*Hkv + kvh) * Lmax``;
-   FlatMap(``kv_rows``, an iota over the request's rows plus its tail rows) emits the row
-   addresses: a ragged dimension ``R[b, kvh] = n_b + tail_rows`` learnt from the data.
-2. **KV tiles of ``tile_kv`` rows.** Reshape splits the addresses into chunks of ``tile_kv``
-   (padding the last); FlatMap(FilterPadding) drops the padding *before* anything is loaded
-   (STeP Fig. 2's Reshape / FilterPadding pair), so the last tile of a request is a
-   partial tile: nothing padded is loaded, computed or masked.
-3. **Loads.** RandomOffChipLoad reads one ``[1, D]`` row per address from ``k_cache`` and
-   ``v_cache``; Accum(``retile_row_pair``) packs the K and V rows of a chunk into two tiles
-   ``[r, D]`` with one shared dynamic row count ``r <= tile_kv``.
-4. **Online softmax.** The ``[G, D]`` query tile of the group (one LinearOffChipLoad) is
+1. **Tile addresses in the graph.** ``kv_len`` is read once (``[1, B]``) and repeated per
+   KV head (``[1, B, Hkv]``).  A Scan (``kv_cursor``, initial state ``int_row(-Lmax, 0,
+   Lmax)``) turns the lengths into ``[row_base, n_b, Lmax]`` with
+   ``row_base = (b*Hkv + kvh) * Lmax``; FlatMap(``kv_tiles``) cuts the request's two row
+   segments (rows ``[0, n_b)`` and its ``tail_rows`` last rows) into ``(row, r)`` runs of at
+   most ``tile_kv`` consecutive rows, never across a segment boundary: a ragged dimension
+   ``C[b, kvh]`` of KV tiles learnt from the data.  Nothing padded exists.
+2. **Tile loads.** RandomOffChipLoadRows reads each run as one ``[r, D]`` tile of ``k_cache``
+   and of ``v_cache`` (one contiguous ``r*D*itemsize``-byte access each); both tiles carry
+   the row count of their shared address, so the last, partial tile of a segment is
+   neither padded nor masked.
+3. **Online softmax.** The ``[G, D]`` query tile of the group (one LinearOffChipLoad) is
    expanded along the request's KV tiles; Accum(``online_softmax``) keeps the running
    (max, sum, output) state (FlashAttention) and Map(``softmax_finalize``) divides; the
    ``[G, D]`` results are stored row-block by row-block into ``out``.
@@ -44,7 +43,7 @@ import torch
 from torch2step.errors import StepTypeError
 from torch2step.step import Graph, OffChipTensor, Program, Value, dyn, fn
 
-from .gqa_regions import add_region_attention
+from .gqa_regions import add_lane_attention, add_region_attention
 
 __all__ = ["add_gqa_decode", "gqa_decode_graph", "gqa_inputs", "gqa_reference"]
 
@@ -88,16 +87,22 @@ def add_gqa_decode(
     prefix: str = "attn",
     regions: int | None = None,
     region: OffChipTensor | None = None,
+    lanes: int = 1,
 ) -> None:
     """Add decode GQA to ``g`` (see the module docstring).  ``B`` is ``kv_len``'s row count
     and ``Lmax = k_cache rows / (B * Hkv)``; both may be symbolic.  ``regions=R`` with
     ``region: [B, 1]`` (each request's region) parallelises the requests over ``R`` regions
-    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.examples.gqa_regions`)."""
+    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.examples.gqa_regions`); otherwise
+    ``lanes=P > 1`` spreads the (request, KV head) items over ``P`` pipelines, balanced by
+    their KV rows (:func:`~torch2step.examples.gqa_regions.add_lane_attention`)."""
     Hq, Hkv = num_q_heads, num_kv_heads
     if Hkv < 1 or Hq % Hkv:
         raise StepTypeError(f"add_gqa_decode: num_q_heads={Hq} must be a multiple of {Hkv}")
-    if tile_kv < 1 or tail_rows < 0:
-        raise StepTypeError(f"add_gqa_decode: tile_kv={tile_kv} >= 1, tail_rows={tail_rows} >= 0")
+    if tile_kv < 1 or tail_rows < 0 or lanes < 1:
+        raise StepTypeError(
+            f"add_gqa_decode: needs tile_kv={tile_kv} >= 1, tail_rows={tail_rows} >= 0 and "
+            f"lanes={lanes} >= 1"
+        )
     G, B, D = Hq // Hkv, kv_len.shape[0], q.shape[1]
     if not D.is_Integer:
         raise StepTypeError(f"add_gqa_decode: the head dim of {q} must be static")
@@ -116,11 +121,11 @@ def add_gqa_decode(
     )
     p, D = prefix, int(D)
 
-    lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
-    per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
-    cursor = g.scan(
-        per_head, "kv_cursor", fn("int_row", values=(-Lmax, 0, Lmax)), 2, name=f"{p}_cursor"
-    )  # [1, B, Hkv] of [row_base, n_b, Lmax]
+    def cursors(p: str) -> Value:  # [1, B, Hkv] of [row_base, n_b, Lmax]
+        lens = g.linear_load(kv_len, (1, 1), out_shape=(B,), stride=(1,), name=f"{p}_len")
+        per_head = g.repeat(lens, Hkv, name=f"{p}_len_h")  # [1, B, Hkv]
+        init = fn("int_row", values=(-Lmax, 0, Lmax))
+        return g.scan(per_head, "kv_cursor", init, 2, name=f"{p}_cursor")
 
     def load_q() -> Value:
         return g.linear_load(q, (G, D), out_shape=(B, Hkv), stride=(Hkv, 1), name=f"{p}_q")
@@ -131,6 +136,13 @@ def add_gqa_decode(
             tail_rows=tail_rows, tile_kv=tile_kv, p=p,
         )
 
+    if regions is None and lanes > 1:
+        add_lane_attention(
+            g, cursors=cursors, q=q, group=G, lanes=lanes, tail_rows=tail_rows, out=out,
+            attend=attend, prefix=p,
+        )
+        return
+    cursor = cursors(p)
     if regions is None:
         g.linear_store(attend(g, cursor, load_q, p), out, name=f"{p}_store")
         return
@@ -163,24 +175,14 @@ def _attend(
     (streams of one shape ``[.., Hkv]``; a callable loads them where they are needed) to the
     ``[G, D]`` results of that shape."""
     one = g.repeat(cursor, 1, name=f"{p}_cursor1")
-    addrs = g.flat_map(one, fn("kv_rows", tail=tail_rows), name=f"{p}_addr")  # [.., R]
-    chunks, pad = g.reshape(addrs, 0, tile_kv, 0.0, name=f"{p}_chunk")  # [.., C, tile_kv]
-    kept = g.flat_map(
-        g.zip(chunks, pad, name=f"{p}_chunk_pad"), "filter_padding", name=f"{p}_kv_addr"
-    )  # [.., Hkv, C, r]
-    k_rows = g.random_load(kept, k_cache, (1, D), name=f"{p}_k")
-    v_rows = g.random_load(kept, v_cache, (1, D), name=f"{p}_v")
-    kv = g.accum(
-        g.zip(k_rows, v_rows, name=f"{p}_kv_rows"),
-        "retile_row_pair",
-        fn("empty_rows_pair", cols=(D, D), dtype=k_cache.dtype),
-        1,
-        name=f"{p}_kv",
-    )  # [.., Hkv, C] of ([r, D], [r, D])
-    k_t = g.map(fn("get", index=0), kv, name=f"{p}_k_tile")
-    v_t = g.map(fn("get", index=1), kv, name=f"{p}_v_tile")
+    spans = g.flat_map(
+        one, fn("kv_tiles", tail=tail_rows, tile=tile_kv), name=f"{p}_kv_addr"
+    )  # [.., Hkv, C] of (row, r)
+    k_t = g.random_load_rows(spans, k_cache, tile_kv, name=f"{p}_k")  # [r, D]
+    v_t = g.random_load_rows(spans, v_cache, tile_kv, name=f"{p}_v")
     q_v = q_t() if callable(q_t) else q_t
-    q_e = g.expand(g.repeat(q_v, 1, name=f"{p}_q1"), k_t, 0, name=f"{p}_q_kv")
+    # expanded along the (small) tile addresses, not the K tiles: no second copy of K moves
+    q_e = g.expand(g.repeat(q_v, 1, name=f"{p}_q1"), spans, 0, name=f"{p}_q_kv")
     state = g.accum(
         g.zip(q_e, k_t, v_t, name=f"{p}_qkv"),
         fn("online_softmax", scale=float(scale)),

@@ -11,8 +11,11 @@ per-request part replicated ``R`` times:
 2. ``region: [B, 1]`` holds the region of each request.  ``to_selector`` makes it a one-hot
    selector and two Partitions (sharing the count symbols ``{prefix}_n{r}``) route each
    request's cursors and query tiles to its region: region ``r`` sees a stream ``[N_r, Hkv]``.
-3. Each region builds its KV row addresses, loads and retiles K/V, and runs the online softmax
+3. Each region cuts its KV tile addresses, loads the K/V tiles, and runs the online softmax
    exactly as the single-region graph does, on its own units.
+
+Without regions, :func:`add_lane_attention` spreads the (request, KV head) items over
+independent lanes, balanced by their KV rows (the default of the lowering).
 4. Each region stores its results with a RandomOffChipStore at the row block of the request
    (``cursor_block``: ``row_base // Lmax = b*Hkv + kvh``), so no region waits for another.
 
@@ -31,12 +34,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torch2step.errors import StepTypeError
-from torch2step.step import ADDR, DataType, FnSpec, TileType, fn, register_fn, registered_fns
+from torch2step.step import (
+    ADDR,
+    DataType,
+    FnSpec,
+    TileType,
+    fn,
+    register_fn,
+    registered_fns,
+)
 
 if TYPE_CHECKING:
     from torch2step.step import Graph, OffChipTensor, Value
 
-__all__ = ["ASSIGNMENTS", "add_region_attention", "assign_coarse", "assign_interleave"]
+__all__ = [
+    "ASSIGNMENTS",
+    "add_lane_attention",
+    "add_region_attention",
+    "assign_coarse",
+    "assign_interleave",
+]
 
 ASSIGNMENTS = ("coarse", "interleave", "dynamic")
 
@@ -91,7 +108,95 @@ if "cursor_block" not in registered_fns():
     )
 
 
+def _pick_rule(f: Any, args: tuple[DataType, ...], acc: DataType) -> DataType:
+    t, lanes = args[0], f.get("lanes", 0)
+    if not isinstance(t, TileType) or t.shape != (1, 3) or t.dtype not in ("int32", "int64"):
+        raise StepTypeError(f"function {f}: needs a [1, 3] [row_base, n, stride] tile, got {t}")
+    if not isinstance(lanes, int) or lanes < 1 or not isinstance(acc, TileType):
+        raise StepTypeError(f"function {f}: lane_pick(lanes=P, tail=t) with P >= 1")
+    if acc.shape != (1, lanes + 1):
+        raise StepTypeError(f"function {f}: the state is [1, {lanes + 1}], got {acc}")
+    return acc
+
+
+def _pick(f: Any, x: np.ndarray, state: np.ndarray) -> np.ndarray:
+    lanes = int(f.get("lanes"))
+    load = state[0, :lanes].copy()
+    lane = int(np.argmin(load))  # the least loaded lane; ties to the lowest
+    load[lane] += int(x[0, 1]) + int(f.get("tail", 0)) + 1  # its rows (+1: per-item work)
+    return np.array([[*load, lane]], dtype=state.dtype)
+
+
+def _keep_rule(f: Any, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
+    if len(args) != 2 or not isinstance(f.get("lane"), int):
+        raise StepTypeError(f"function {f}: lane_keep(lane=r) reads (cursor, lane state)")
+    return args[0], (None,)
+
+
+def _keep(f: Any, cursor: np.ndarray, state: np.ndarray) -> list:
+    return [cursor] if int(state[0, -1]) == int(f.get("lane")) else []
+
+
+for _spec in (
+    FnSpec(
+        "lane_pick",
+        "update",
+        1,
+        _pick_rule,
+        _pick,
+        doc="[base, n, stride] x [loads.., lane] -> the least loaded lane takes n + tail rows",
+    ),
+    FnSpec(
+        "lane_keep",
+        "flat",
+        2,
+        _keep_rule,
+        _keep,
+        doc="(cursor, [loads.., lane]) -> the cursor if the item went to lane r, else nothing",
+    ),
+):
+    if _spec.name not in registered_fns():
+        register_fn(_spec)
+
+
 # ---------------------------------------------------------------- graph
+
+
+def add_lane_attention(
+    g: Graph,
+    *,
+    cursors: Any,
+    q: OffChipTensor,
+    group: int,
+    lanes: int,
+    tail_rows: int,
+    out: OffChipTensor,
+    attend: Any,
+    prefix: str,
+) -> None:
+    """Spread the (request, KV head) work items over ``lanes`` attention pipelines, each item
+    to the lane with the fewest KV rows so far (list scheduling with the rows as the work, a
+    static parallelization in the sense of STeP (arXiv 2511.07776) §5.4, balanced by the
+    data), and run ``attend(g, cursor, q, prefix) -> results`` in each lane.
+
+    Lanes share no unit: each builds its own request cursors (``cursors(prefix)``, the cheap
+    ``[1, B, Hkv]`` Scan over ``kv_len``), makes the same lane decisions (Scan
+    ``lane_pick``) and keeps its items (FlatMap ``lane_keep``), loads its ``[group, D]``
+    query tiles and KV tiles at the items' addresses and stores its results at their row
+    blocks of ``out``.  So no lane waits for another (a shared router would stall every lane
+    behind the one whose queue is full), and ``lanes`` KV streams share the HBM bandwidth."""
+    for r in range(lanes):
+        p = f"{prefix}_l{r}"
+        cursor = cursors(p)
+        init = fn("int_row", values=(0,) * (lanes + 1))
+        pick = fn("lane_pick", lanes=lanes, tail=tail_rows)
+        state = g.scan(cursor, pick, init, 2, name=f"{p}_lane")
+        both = g.zip(cursor, state, name=f"{p}_cursor_lane")
+        mine = g.flat_map(both, fn("lane_keep", lane=r), name=f"{p}_items")  # [1, B, M_b]
+        block = g.map("cursor_block", mine, name=f"{p}_out_addr")  # b * Hkv + kvh
+        q_t = g.random_load(block, q, (group, q.shape[1]), name=f"{p}_q")
+        res = attend(g, mine, q_t, p)
+        g.random_store(block, res, out, name=f"{p}_store")
 
 
 def add_region_attention(

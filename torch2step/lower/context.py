@@ -31,7 +31,12 @@ from torch2step.layers.graph import LayerGraph, Node
 from torch2step.layers.ops import TensorType
 from torch2step.step import Graph, OffChipTensor, Value, dyn, fn
 
-__all__ = ["HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
+__all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
+
+ATTN_LANES = 16
+"""Default decode-attention pipelines: each moves one K and one V stream of at most a NoC
+link's bandwidth (64 B/cycle on the STeP chips), so 16 lanes can draw 2 KB/cycle — twice a
+1 KB/cycle HBM (STeP (arXiv 2511.07776) §5.1), leaving room for uneven KV lengths."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,9 @@ class LowerOptions:
     default ``ceil(B / R)``), ``"interleave"`` (round-robin) or ``"dynamic"`` (each request
     to the first free region, decided in simulated time by
     :func:`torch2step.spatial.dispatch.simulate_dispatched`; a functional run uses
-    round-robin, which computes the same values)."""
+    round-robin, which computes the same values); ``attn_lanes``: without regions, decode
+    attention's (request, KV head) items spread over that many pipelines, balanced by their KV
+    rows (``None``: :data:`ATTN_LANES`, at most one per item; ``1``: one pipeline)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -64,8 +71,11 @@ class LowerOptions:
     attn_regions: int | None = None
     attn_assign: str = "interleave"
     attn_coarse_chunk: int | None = None
+    attn_lanes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.attn_lanes is not None and int(self.attn_lanes) < 1:
+            raise LoweringError("option attn_lanes must be a positive integer or None")
         if self.attn_regions is not None and int(self.attn_regions) < 1:
             raise LoweringError("option attn_regions must be a positive integer or None")
         if self.attn_assign not in ("coarse", "interleave", "dynamic"):

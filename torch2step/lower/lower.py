@@ -14,7 +14,7 @@ of the captured shapes' family.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,12 +58,18 @@ class Lowered:
         return out
 
     def feed(
-        self, inputs: Sequence[torch.Tensor], overrides: Mapping[str, torch.Tensor] | None = None
+        self,
+        inputs: Sequence[torch.Tensor],
+        overrides: Mapping[str, torch.Tensor] | None = None,
+        *,
+        placeholders: Collection[str] = (),
     ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """Off-chip tensors (name -> array) and size bindings for ``step.run``.
 
         ``overrides`` gives the values of the ``external`` layer values (e.g. a routing
-        read from a trace instead of computed by the router)."""
+        read from a trace instead of computed by the router); the tensors named in
+        ``placeholders`` (a timing-only run's inert tensors, whose values steer nothing) get
+        a zero-stride array of their shape instead of a converted copy of their data."""
         b = self.bindings(inputs)
         given: dict[str, torch.Tensor] = dict(self.layer.params)
         given.update(zip(self.layer.inputs, inputs))
@@ -77,6 +83,10 @@ class Lowered:
             if p is None or p.tensor.name in tensors:
                 continue
             shape = concrete(p.tensor.shape, b)
+            if p.tensor.name in placeholders:
+                zero = np.zeros((), np_dtype(p.tensor.dtype))
+                tensors[p.tensor.name] = np.broadcast_to(zero, tuple(shape))
+                continue
             arr = value.detach().to("cpu")
             arr = arr.float() if arr.is_floating_point() else arr.long()
             tensors[p.tensor.name] = (
@@ -86,6 +96,10 @@ class Lowered:
             tensors[h.tensor.name] = h.compute(b).reshape(concrete(h.tensor.shape, b))
         for tname, (src, rows_of) in self.prefill.items():
             t = next(t for t in self.program.tensors if t.name == tname)
+            if tname in placeholders:
+                zero = np.zeros((), np_dtype(t.dtype))
+                tensors[tname] = np.broadcast_to(zero, tuple(concrete(t.shape, b)))
+                continue
             buf = np.zeros(concrete(t.shape, b), np_dtype(t.dtype))
             srcv = tensors[self.placed[src].tensor.name]
             buf[rows_of(b)] = srcv.reshape(-1, buf.shape[-1])

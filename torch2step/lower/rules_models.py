@@ -16,7 +16,7 @@ from torch2step.layers import ops as L
 from torch2step.layers.graph import Node
 from torch2step.step import fn
 
-from .context import LowerCtx
+from .context import ATTN_LANES, LowerCtx
 from .rules_index import concrete
 
 __all__ = ["lower_attention", "lower_moe", "lower_topk"]
@@ -137,6 +137,10 @@ def lower_attention(ctx: LowerCtx, n: Node) -> None:
         prefix=ctx.prefix(),
     )
     if seq == 1:  # decode: the one new row is the last of the cache
+        if not regions:
+            lanes = opts.attn_lanes if opts.attn_lanes is not None else ATTN_LANES
+            items = sp.sympify(bsz * hkv)
+            regions = {"lanes": int(min(lanes, items)) if items.is_Integer else int(lanes)}
         add_gqa_decode(
             ctx.graph,
             q=ctx.tensor_as(q, (bsz * hq, dq)),

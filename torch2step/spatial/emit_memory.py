@@ -6,6 +6,9 @@
   overlaps the stream.  A ``ref`` element is dequeued in one cycle before its tiles.
 * **RandomOffChipLoad** — per address: ``RecvValue`` the address, ``Load`` the tile at
   ``base + address`` (an expression of the received register), ``Send``; pipelined likewise.
+* **RandomOffChipLoadRows** — per ``(row, r)`` address: ``RecvValue`` both, ``Load`` the
+  ``r * cols`` contiguous elements from row ``base + row`` (start and extent expressions of
+  the received registers: one HBM request per tile), ``Send``; pipelined likewise.
 * **LinearOffChipStore** / **RandomOffChipStore** — per tile: ``Recv``, ``Store`` at
   ``base + k`` (or the received address); ``d`` rotating buffers keep ``d`` writes in flight.
   RandomOffChipStore answers each write with an acknowledgement when one is read.
@@ -22,7 +25,7 @@ import itertools
 import math
 from collections.abc import Callable
 
-from lowering.isa import DTYPE_BYTES
+from lowering.isa import DTYPE_BYTES, Affine
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_memory import (
@@ -30,6 +33,7 @@ from torch2step.step.ops_memory import (
     LinearOffChipLoad,
     LinearOffChipStore,
     RandomOffChipLoad,
+    RandomOffChipLoadRows,
     RandomOffChipStore,
     Streamify,
 )
@@ -108,6 +112,29 @@ def _random_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             else lay.region_at(op.base, reg, tile, what)
         )
         loaded[t] = b.load(lay.name, *where, lay.dtype, depth)
+
+    _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
+
+
+def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+    op = ops[0]
+    assert isinstance(op, RandomOffChipLoadRows)
+    out, addrs = ctx.stream(op.name), ctx.stream(op.raddr)
+    lay = ctx.layouts[op.tensor.name]
+    most, cols = tile_shape(op)
+    depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[lay.dtype])
+    loaded: dict[int, Elem] = {}
+
+    def front(t: int) -> None:
+        (p_row, reg_row), (p_n, reg_n) = b.recv(addrs, t)
+        # whole rows of a row-major (or full-width-tiled) tensor: row k starts at k * cols
+        start = (
+            (op.base + p_row.value) * cols
+            if reg_row is None
+            else Affine(op.base * cols, ((reg_row, cols),))
+        )
+        extent = p_n.value * cols if reg_n is None else Affine(0, ((reg_n, cols),))
+        loaded[t] = b.load(lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols)
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
 
@@ -213,6 +240,7 @@ def _bufferize(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 EMITTERS: dict[type, Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]] = {
     LinearOffChipLoad: _linear_load,
     RandomOffChipLoad: _random_load,
+    RandomOffChipLoadRows: _random_load_rows,
     LinearOffChipStore: _linear_store,
     RandomOffChipStore: _random_store,
     Bufferize: _bufferize,

@@ -269,7 +269,9 @@ class UnitBuilder:
         self.regs[reg] = value
         return Affine(0, ((reg, 1),))
 
-    def _region(self, starts: Sequence[int | Affine], extents: Sequence[int], reg: str) -> Region:
+    def _region(
+        self, starts: Sequence[int | Affine], extents: Sequence[int | Affine], reg: str
+    ) -> Region:
         """A region whose literal starts are kept in address registers (``reg``, or ``reg0``,
         ``reg1``... per dimension), so regular address sequences fold into loops."""
         many = len(starts) > 1
@@ -283,15 +285,18 @@ class UnitBuilder:
         self,
         tensor: str,
         starts: Sequence[int | Affine],
-        extents: Sequence[int],
+        extents: Sequence[int | Affine],
         dtype: str,
         rotation: int,
         reg: str = "ld",
+        elems: int | None = None,
     ) -> Elem:
         """Load the region ``starts`` / ``extents`` of ``tensor`` (literal starts, kept in
-        address registers, or expressions of a received register) into the next buffer."""
+        address registers, or expressions of a received register) into the next buffer.
+        ``elems``: the element count of a region whose extents are run-time expressions."""
         self._await(tensor)
-        part = Part("data", dtype, math.prod(extents))
+        n = math.prod(extents) if elems is None else elems  # type: ignore[arg-type]
+        part = Part("data", dtype, n)
         region = self._region(starts, extents, reg)
         b = self.buffer(("ld",), part.dtype, part.elems, rotation)
         self.content.pop(b, None)

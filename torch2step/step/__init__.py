@@ -9,7 +9,7 @@ and on-chip allocations; and the §4.1 metric formulas.
 Operators (STeP Appendix A tables 2–6, plus Repeat from Fig. 12):
 
 * off-chip memory: LinearOffChipLoad, LinearOffChipStore, RandomOffChipLoad,
-  RandomOffChipStore;
+  RandomOffChipLoadRows (a dynamic run of rows per address), RandomOffChipStore;
 * on-chip memory: Bufferize, Streamify;
 * routing and merging: Partition, Reassemble, EagerMerge;
 * higher-order: Map, Accum, Scan, FlatMap, applying named tile functions from a registry
@@ -65,6 +65,7 @@ from .ops_memory import (
     LinearOffChipLoad,
     LinearOffChipStore,
     RandomOffChipLoad,
+    RandomOffChipLoadRows,
     RandomOffChipStore,
     Streamify,
 )
@@ -100,6 +101,7 @@ OPERATORS: tuple[type[Op], ...] = (
     LinearOffChipLoad,
     LinearOffChipStore,
     RandomOffChipLoad,
+    RandomOffChipLoadRows,
     RandomOffChipStore,
     Bufferize,
     Streamify,
@@ -150,6 +152,7 @@ __all__ = [
     "Promote",
     "RaggedDim",
     "RandomOffChipLoad",
+    "RandomOffChipLoadRows",
     "RandomOffChipStore",
     "Reassemble",
     "Repeat",

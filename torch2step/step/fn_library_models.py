@@ -23,6 +23,10 @@ Init:   int_row(values, dtype)   a ``[1, len(values)]`` integer tile; values may
 Flat:   kv_rows(tail)            ``[row_base, n, stride]`` -> the row addresses
                                  ``row_base + j`` (``j < n``) then the last ``tail`` rows
                                  ``row_base + stride - tail + t`` of that request's cache.
+        kv_tiles(tail, tile)     the same rows as ``(row, r)`` pairs: runs of at most
+                                 ``tile`` consecutive rows, cut separately in the two
+                                 segments (the ``n`` rows, then the ``tail`` rows), for
+                                 RandomOffChipLoadRows.
 
 FLOP counts follow :mod:`~torch2step.step.fn_library`: GELU(erf) 8 per element, GELU(tanh)
 9, ReLU 1, plus 1 for the product; ``pick_weight`` ``2k`` (compare and select per choice).
@@ -45,7 +49,22 @@ from .functions import Fn, FnSpec, register_fn, registered_fns
 from .types import ADDR, DataType, SelectorType, TileType, TupleType
 from .values import SelectorValue, StepRuntimeError
 
-__all__ = ["MODEL_FNS"]
+__all__ = ["MODEL_FNS", "ROW_SPAN", "row_spans"]
+
+ROW_SPAN = TupleType((ADDR, ADDR))
+"""A ``(row, r)`` pair of ``[1, 1]`` integer tiles: ``r`` consecutive rows from ``row``."""
+
+
+def row_spans(segments: list[tuple[int, int]], tile: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(row, r)`` pairs covering each ``(start, count)`` segment in runs of ``<= tile`` rows
+    (a run never crosses a segment boundary; an empty segment gives none)."""
+    out = []
+    for start, count in segments:
+        for j in range(0, count, tile):
+            r = min(tile, count - j)
+            out.append((np.array([[start + j]], np.int64), np.array([[r]], np.int64)))
+    return out
+
 
 _INT = ("int32", "int64")
 
@@ -241,6 +260,25 @@ def _kv_rows(f: Fn, x: np.ndarray) -> list:
     return [np.array([[r]], dtype=np.int64) for r in rows]
 
 
+def _kv_tiles_rule(f: Fn, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
+    _kv_rows_rule(f, args)
+    tile = f.get("tile", 0)
+    if not isinstance(tile, int) or tile < 1:
+        raise StepTypeError(f"function {f}: give the tile rows, kv_tiles(tail=t, tile=64)")
+    return ROW_SPAN, (None,)
+
+
+def _kv_tiles(f: Fn, x: np.ndarray) -> list:
+    base, n, stride = (int(v) for v in x[0])
+    tail = int(f.get("tail", 0))
+    if not 0 <= n <= stride - tail:
+        raise StepRuntimeError(
+            f"{f}: KV length {n} must lie in 0..{stride - tail} (cache rows {stride} minus "
+            f"{tail} tail rows); grow the cache or clip kv_len"
+        )
+    return row_spans([(base, n), (base + stride - tail, tail)], int(f.get("tile")))
+
+
 # ---------------------------------------------------------------- registration
 
 MODEL_FNS: tuple[FnSpec, ...] = (
@@ -311,6 +349,14 @@ MODEL_FNS: tuple[FnSpec, ...] = (
         _kv_rows_rule,
         _kv_rows,
         doc="[base, n, stride] -> base .. base+n-1, then the last `tail` rows of the stride",
+    ),
+    FnSpec(
+        "kv_tiles",
+        "flat",
+        1,
+        _kv_tiles_rule,
+        _kv_tiles,
+        doc="[base, n, stride] -> (row, r) runs of <= tile rows of kv_rows' two segments",
     ),
 )
 """The specs this module registers."""

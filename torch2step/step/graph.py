@@ -24,6 +24,7 @@ from .ops_memory import (
     LinearOffChipLoad,
     LinearOffChipStore,
     RandomOffChipLoad,
+    RandomOffChipLoadRows,
     RandomOffChipStore,
     Streamify,
     row_major_strides,
@@ -201,6 +202,21 @@ class Graph:
         """RandomOffChipLoad: one tile per address (tile index) of ``raddr``."""
         tt = tile if isinstance(tile, TileType) else TileType(tuple(tile), tensor.dtype)
         return self._one(RandomOffChipLoad(self._auto("rload", name), raddr, tensor, tt, base))
+
+    def random_load_rows(
+        self,
+        raddr: Value,
+        tensor: OffChipTensor,
+        max_rows: int,
+        *,
+        base: int = 0,
+        name: str | None = None,
+    ) -> Value:
+        """RandomOffChipLoadRows: per ``(row, r)`` address, rows ``base + row ..`` ``+ r - 1``
+        of ``tensor`` (``r <= max_rows``) as one ``[r, cols]`` tile."""
+        tt = TileType((max_rows, tensor.shape[-1]), tensor.dtype)
+        op = RandomOffChipLoadRows(self._auto("rload", name), raddr, tensor, tt, base)
+        return self._one(op)
 
     def random_store(
         self,

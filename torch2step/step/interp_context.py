@@ -89,6 +89,7 @@ class Ctx:
     shared: set[str] = field(default_factory=set)
     shape_only: frozenset[str] = frozenset()
     store_overrides: dict[str, np.ndarray] = field(default_factory=dict)
+    inert: frozenset[str] = frozenset()  # timing-only: tensors whose values are never read
 
     def impl(self, node: str, spec: Any) -> Any:
         """The implementation of ``spec`` at ``node``: shape-only in a timing-only run when

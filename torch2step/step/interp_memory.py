@@ -20,6 +20,7 @@ from .ops_memory import (
     LinearOffChipLoad,
     LinearOffChipStore,
     RandomOffChipLoad,
+    RandomOffChipLoadRows,
     RandomOffChipStore,
     Streamify,
 )
@@ -89,7 +90,8 @@ def _linear_store(op: LinearOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
         where = tile_slice(arr, tiled, op.base + k, shape, f"LinearOffChipStore %{op.name}")
         if given is not None:  # the value written is replaced, the write itself is not
             tile = given[where]
-        ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
+        if op.tensor.name not in ctx.inert:  # timing-only: values nobody reads are dropped
+            ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)
     return ()
@@ -113,6 +115,29 @@ def _random_load(op: RandomOffChipLoad, ctx: Ctx, ins: tuple[StreamValue, ...]) 
     return (StreamValue(a.rank, map_at(a.data, a.rank + 1, read)),)
 
 
+def _random_load_rows(op: RandomOffChipLoadRows, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:
+    arr = ctx.memory[op.tensor.name]
+    n_rows, most = int(arr.shape[0]), int(op.tile.shape[0])
+    isz = op.tile.itemsize
+    ctx.read.setdefault(op.name, 0)
+    what = f"RandomOffChipLoadRows %{op.name}"
+
+    def read(addr: tuple) -> np.ndarray:
+        row, r = op.base + int(addr[0][0, 0]), int(addr[1][0, 0])
+        if not 1 <= r <= most or not 0 <= row <= n_rows - r:
+            raise StepRuntimeError(
+                f"{what}: rows {row}..{row + r - 1} of {op.tensor.name} ({n_rows} rows) in a "
+                f"tile of at most {most} rows; addresses give 1..{most} rows inside the tensor"
+            )
+        tile = ctx.tile(op.tensor.name, (slice(row, row + r), slice(None)))
+        ctx.count_read(op.name, tile.size * isz)
+        ctx.alloc(op.name, "staging", 2 * most * tile.shape[1] * isz)
+        return tile
+
+    a = ins[0]
+    return (StreamValue(a.rank, map_at(a.data, a.rank + 1, read)),)
+
+
 def _random_store(op: RandomOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]) -> tuple:
     t = op.wdata.type.dtype
     assert isinstance(t, TileType)
@@ -124,7 +149,8 @@ def _random_store(op: RandomOffChipStore, ctx: Ctx, ins: tuple[StreamValue, ...]
     def write(addr: np.ndarray, tile: np.ndarray) -> np.ndarray:
         lin = op.base + int(addr[0, 0])
         where = tile_slice(arr, tiled, lin, shape, f"RandomOffChipStore %{op.name}")
-        ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's array
+        if op.tensor.name not in ctx.inert:  # timing-only: values nobody reads are dropped
+            ctx.writable(op.tensor.name)[where] = tile  # copy-on-write: never the caller's
         ctx.count_write(op.name, tile.size * t.itemsize)
         ctx.alloc(op.name, "staging", 2 * tile.size * t.itemsize)
         return np.ones((1, 1), dtype=np.bool_)
@@ -177,6 +203,7 @@ IMPLS: dict[type, Callable[..., tuple]] = {
     LinearOffChipLoad: _linear_load,
     LinearOffChipStore: _linear_store,
     RandomOffChipLoad: _random_load,
+    RandomOffChipLoadRows: _random_load_rows,
     RandomOffChipStore: _random_store,
     Bufferize: _bufferize,
     Streamify: _streamify,

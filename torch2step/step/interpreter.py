@@ -135,10 +135,16 @@ def _borrow(x: Any, dtype: Any) -> tuple[np.ndarray, bool]:
     return view, True
 
 
+def _placeholder(x: Any, dtype: Any) -> np.ndarray:
+    """A zero-stride zero array of ``x``'s shape: an inert tensor's data (no memory)."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(int(d) for d in x.shape))
+
+
 def _memory(
-    program: Program, tensors: Mapping[str, Any], env: Bindings
+    program: Program, tensors: Mapping[str, Any], env: Bindings, inert: frozenset[str]
 ) -> tuple[dict[str, np.ndarray], set[str]]:
-    """Off-chip memory at the start of a run and the names of the caller's arrays in it."""
+    """Off-chip memory at the start of a run and the names of the caller's arrays in it;
+    the ``inert`` tensors (timing-only runs) get zero-stride placeholders of their shape."""
     known = {t.name for t in program.tensors}
     extra = set(tensors) - known
     if extra:
@@ -147,7 +153,11 @@ def _memory(
     for t in program.tensors:
         where = f"tensor {t.name}"
         if t.name in tensors:
-            arr, shared = _borrow(tensors[t.name], np_dtype(t.dtype))
+            given = tensors[t.name]
+            if t.name in inert and hasattr(given, "shape"):
+                arr, shared = _placeholder(given, np_dtype(t.dtype)), True
+            else:
+                arr, shared = _borrow(given, np_dtype(t.dtype))
             if arr.ndim != len(t.shape):
                 raise StepRuntimeError(f"{where}: {arr.ndim}-D data for {t}")
             for d, n in zip(t.shape, arr.shape):
@@ -161,6 +171,8 @@ def _memory(
                     f"{where}: give its data or the values of {sp.sstr(t.shape)} in env"
                 )
             arr = np.zeros([int(d) for d in dims], dtype=np_dtype(t.dtype))  # type: ignore[arg-type]
+            if t.name in inert:
+                arr = _placeholder(arr, arr.dtype)
         memory[t.name] = arr
     return memory, borrowed
 
@@ -215,7 +227,12 @@ def run(
     """
     tensors, streams = dict(tensors or {}), dict(streams or {})
     bindings = normalise_env(env)
-    memory, borrowed = _memory(program, tensors, bindings)
+    inert: frozenset[str] = frozenset()
+    if timing_only:
+        from .timing_only import inert_tensors
+
+        inert = inert_tensors(program)
+    memory, borrowed = _memory(program, tensors, bindings, inert)
     values: dict[str, StreamValue] = {}
     names = {v.name for v in program.inputs}
     if set(streams) - names:
@@ -227,6 +244,7 @@ def run(
         check_stream(v.type, sv, bindings, f"input %{v.name}")
         values[v.name] = sv
     ctx = Ctx(memory, bindings, {k: list(s) for k, s in (arrival or {}).items()}, shared=borrowed)
+    ctx.inert = inert
     if store_overrides:
         ctx.store_overrides = {k: np.asarray(v) for k, v in store_overrides.items()}
     if timing_only:

@@ -15,7 +15,7 @@ import sympy as sp
 
 from torch2step.errors import StepTypeError
 
-from .dims import as_dim, free_indices
+from .dims import Index, as_dim, free_indices
 from .op_base import (
     OffChipTensor,
     Op,
@@ -25,13 +25,14 @@ from .op_base import (
     require,
     rule_error,
 )
-from .types import BOOL, BufferType, StreamType, TileType
+from .types import BOOL, BufferType, StreamType, TileType, TupleType, absorb_ragged
 
 __all__ = [
     "Bufferize",
     "LinearOffChipLoad",
     "LinearOffChipStore",
     "RandomOffChipLoad",
+    "RandomOffChipLoadRows",
     "RandomOffChipStore",
     "Streamify",
     "row_major_strides",
@@ -211,6 +212,54 @@ class RandomOffChipLoad(Op):
 
     def onchip_bytes(self) -> sp.Expr:
         return self.out_types()[0].peak(self.tile.nbytes()) * 2
+
+
+@dataclass(frozen=True, slots=True)
+class RandomOffChipLoadRows(RandomOffChipLoad):
+    """RandomOffChipLoad of a run of consecutive rows whose count comes with the address.
+
+    ``raddr: Strm<(I, I),a> [D_a..D_0]`` of ``(row, r)`` pairs -> ``Strm<Tile[R, C],a>``: rows
+    ``base + row .. base + row + r - 1`` of ``tensor`` (``C`` = its column count, so the
+    ``r * C`` elements are one contiguous off-chip access), ``1 <= r <= tile rows``.  The
+    row count ``R`` is a ragged size learnt from the data, one per address; it is named after
+    the address stream, so loads sharing an address stream (the K and V tiles of one KV
+    block) carry the same row count.  This is STeP (arXiv 2511.07776) §3.2.1's random-access
+    load with a dynamically sized tile (the §3.1 dynamic tile dimension) instead of a
+    ``[1, C]`` row per address followed by a RetileRow (Fig. 2): §4.1's off-chip traffic is
+    still exactly the rows used, in one request per tile.  ``tile`` is the largest tile
+    (``[rows, C]``); the on-chip requirement is its double buffer.
+    """
+
+    def out_types(self) -> tuple[StreamType, ...]:
+        a = self.raddr.type
+        t = a.dtype
+        ok = (
+            isinstance(t, TupleType)
+            and len(t.elems) == 2
+            and all(
+                isinstance(e, TileType) and e.dtype in ("int32", "int64") and e.shape == (1, 1)
+                for e in t.elems
+            )
+        )
+        require(ok, self, "raddr carries (row, row count) pairs of [1,1] integer tiles", got=t)
+        cols = self.tensor.shape[-1] if self.tensor.shape else None
+        require(
+            len(self.tensor.shape) == 2
+            and self.tile.shape[1] == cols
+            and self.tile.shape[0].is_Integer
+            and int(self.tile.shape[0]) >= 1,
+            self,
+            "tiles are whole rows of the 2-D tensor (tile cols = tensor cols, static rows >= 1)",
+            tile=self.tile,
+            tensor=self.tensor,
+        )
+        rows = Index(f"{self.raddr.name}_rows_data")  # known only from the data
+        tile = TileType((rows, self.tile.shape[1]), self.tile.dtype)
+        shape, index, dtype = absorb_ragged(a.shape, a.index, tile, f"{self.raddr.name}_rows")
+        return (StreamType(dtype, shape, index),)
+
+    def onchip_bytes(self) -> sp.Expr:
+        return self.out_types()[0].peak(self.tile.nbytes() * 2)
 
 
 @dataclass(frozen=True, slots=True)

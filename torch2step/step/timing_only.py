@@ -10,7 +10,10 @@ a RandomOffChipLoad / RandomOffChipStore address — through streams and through
 set returns a zero-stride array of its result's shape (no FLOPs executed, no memory held:
 :data:`SHAPE_ONLY`); its FLOPs, bytes and tile
 shapes are counted exactly as in a full run, so the spatial plan and every metric are
-unchanged.  ``Program.run`` stays the functional path.
+unchanged.  An off-chip tensor that no such node reads (:func:`inert_tensors`: a KV cache, a
+weight) holds no values in a timing-only run — a zero-stride array of its shape, never
+written — so a full-size timing run does not hold (or copy on a store) gigabytes of data it
+never looks at.  ``Program.run`` stays the functional path.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from .graph import Program
 from .ops_memory import RandomOffChipLoad, RandomOffChipStore
 from .ops_routing import Partition, Reassemble
 
-__all__ = ["SHAPE_ONLY", "control_nodes", "shape_only_impl"]
+__all__ = ["SHAPE_ONLY", "control_nodes", "inert_tensors", "shape_only_impl"]
 
 
 def _zeros(shape: tuple[int, ...], *like: Any) -> np.ndarray:
@@ -115,3 +118,16 @@ def control_nodes(program: Program) -> frozenset[str]:
             for t in op.tensors():
                 todo_ops.extend(writers.get(t.name, ()))
     return frozenset(seen)
+
+
+def inert_tensors(program: Program) -> frozenset[str]:
+    """Off-chip tensors whose values steer no control: read by no load in
+    :func:`control_nodes` (their bytes are still moved and counted; only values are dropped)."""
+    keep = control_nodes(program)
+    read = {
+        t.name
+        for op in program.nodes
+        if op.name in keep and type(op).__name__.endswith("Load")
+        for t in op.tensors()
+    }
+    return frozenset(t.name for t in program.tensors if t.name not in read)
