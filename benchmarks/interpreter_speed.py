@@ -4,11 +4,11 @@
     python benchmarks/interpreter_speed.py --config mixtral-quarter
     python benchmarks/interpreter_speed.py --profile          # where step.run spends its time
 
-The graph is :func:`torch2step.examples.moe_graph` (dynamic tiling, STeP §5.2) at full
+The graph is :func:`torch2step.lower.blocks.moe_graph` (dynamic tiling, STeP §5.2) at full
 size; the routing is the real trace of the STeP evaluation (``models.traces``: ``qwen_b64`` or
 ``mixtral_b64``, 64 tokens), routing weights and activations random (fp32).  Timed separately:
 building + verifying the graph, the symbolic §4.1 metrics, ``step.run`` (with its shape checks)
-and :func:`torch2step.examples.moe_reference` (PyTorch, a loop over the experts that have
+and :func:`torch2step.lower.blocks.moe_reference` (PyTorch, a loop over the experts that have
 tokens; best of ``--repeat`` runs after a warm-up).  The ratio is ``step.run`` time / PyTorch
 time, both on one thread (BLAS and torch limited to one thread unless the environment says
 otherwise).
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.traces import routing as routing_trace  # noqa: E402
-from torch2step.examples import moe_graph, moe_inputs, moe_reference  # noqa: E402
+from torch2step.lower.blocks import moe_graph, moe_inputs, moe_reference  # noqa: E402
 from torch2step.step import metrics, run  # noqa: E402
 
 CONFIGS: dict[str, dict[str, object]] = {

@@ -52,9 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.traces import FIGURE_GROUPS, kv_lengths  # noqa: E402
 from models.traces import routing as load_routing  # noqa: E402
-from torch2step.examples.gqa import gqa_decode_graph  # noqa: E402
-from torch2step.examples.gqa_regions import assign_coarse, assign_interleave  # noqa: E402
-from torch2step.examples.moe import moe_graph  # noqa: E402
+from torch2step.lower.blocks.gqa import gqa_decode_graph  # noqa: E402
+from torch2step.lower.blocks.gqa_regions import assign_coarse, assign_interleave  # noqa: E402
+from torch2step.lower.blocks.moe import moe_graph  # noqa: E402
 from torch2step.spatial import simulate_graph  # noqa: E402
 from torch2step.spatial.dispatch import list_schedule, simulate_dispatched  # noqa: E402
 from torch2step.spatial.dynamic import simulate_decided  # noqa: E402

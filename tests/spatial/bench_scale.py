@@ -7,7 +7,7 @@ simulation of large STeP graphs (not a test; run by hand)::
 
 Cases: ``matmul`` (a tiled matmul with thousands of tile products), ``moe`` (the SwiGLU MoE
 block of :func:`spatial_graphs.moe` at Qwen3-30B-A3B size: hidden 2048, intermediate 768, 128
-experts, top-8, 64 tokens, bf16), ``moe-example`` (``torch2step.examples.moe_graph``, fp32, at the
+experts, top-8, 64 tokens, bf16), ``moe-example`` (``torch2step.lower.blocks.moe_graph``, fp32, at the
 same size).  Both MoE graphs give every expert a dedicated region, so they run on a 50x50 mesh
 of step-sda cores (the 1040-core preset is too small for ~2400 units).
 """
@@ -54,7 +54,7 @@ def _measure(name: str, make, chip, profile: bool) -> None:  # type: ignore[no-u
 
 
 def _example_moe(tokens: int, experts: int) -> tuple:
-    from torch2step.examples import moe_graph, moe_inputs
+    from torch2step.lower.blocks import moe_graph, moe_inputs
     from torch2step.step import run
 
     kw = dict(num_experts=experts, top_k=min(8, experts), hidden=2048, intermediate=768)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowering.isa import If, Loop, RecvValue, SendValue
-from torch2step.examples.moe import moe_graph, moe_inputs
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph
 from torch2step.spatial.plan import build_plan
 from torch2step.step import run

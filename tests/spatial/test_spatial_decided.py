@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 from hwmodel import load_chip
-from torch2step.examples.moe import moe_graph, moe_inputs
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial.dynamic import simulate_decided
 from torch2step.spatial.timing import UnitConfig
 from torch2step.step import Graph, run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torch2step.examples.gqa import gqa_decode_graph, gqa_inputs
+from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs
 from torch2step.spatial import simulate_graph
 from torch2step.step import run
 

@@ -12,8 +12,8 @@ import pytest
 from hwmodel import load_chip
 from runtime import DeadlockError, Simulator
 from torch2step.errors import LoweringError
-from torch2step.examples.moe import moe_graph, moe_inputs
-from torch2step.examples.moe_lanes import lane_experts
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs
+from torch2step.lower.blocks.moe_lanes import lane_experts
 from torch2step.spatial import (
     EMITTERS,
     SpatialPlan,

@@ -8,7 +8,7 @@ import pytest
 
 from hwmodel import load_chip, with_overrides
 from torch2step.errors import ScheduleError
-from torch2step.examples.moe import moe_graph, moe_inputs
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph
 from torch2step.spatial.result import UnitRecord
 from torch2step.spatial.sram import check_sram, sram_spans

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from torch2step.errors import ScheduleError, StepTypeError
-from torch2step.examples.gqa import gqa_decode_graph, gqa_inputs, gqa_reference
-from torch2step.examples.gqa_regions import assign_coarse, assign_interleave
+from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs, gqa_reference
+from torch2step.lower.blocks.gqa_regions import assign_coarse, assign_interleave
 from torch2step.spatial.dispatch import greedy_assignment, list_schedule, simulate_dispatched
 from torch2step.spatial.timing import UnitConfig
 from torch2step.step import run
@@ -85,7 +85,7 @@ def test_dynamic_assignment_follows_simulated_time() -> None:
 
 
 def test_regions_need_a_region_tensor() -> None:
-    from torch2step.examples.gqa import add_gqa_decode
+    from torch2step.lower.blocks.gqa import add_gqa_decode
     from torch2step.step import Graph
 
     g = Graph("x")

@@ -13,7 +13,7 @@ import pytest
 import sympy as sp
 
 from torch2step.errors import StepTypeError
-from torch2step.examples import add_gqa_decode, gqa_decode_graph, gqa_inputs, gqa_reference
+from torch2step.lower.blocks import add_gqa_decode, gqa_decode_graph, gqa_inputs, gqa_reference
 from torch2step.step import Graph, RunResult, StepRuntimeError, dyn, metrics, run
 
 GOLDEN = Path(__file__).parent / "golden"

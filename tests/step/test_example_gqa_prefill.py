@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch2step.examples.attention_prefill import gqa_prefill_graph, gqa_prefill_reference
+from torch2step.lower.blocks.attention_prefill import gqa_prefill_graph, gqa_prefill_reference
 from torch2step.step import StepRuntimeError, metrics, run
 
 HQ, HKV, D = 4, 2, 8

@@ -15,7 +15,7 @@ import sympy as sp
 import torch
 
 from torch2step.errors import StepTypeError
-from torch2step.examples import add_moe, default_tile, moe_graph, moe_inputs, moe_reference
+from torch2step.lower.blocks import add_moe, default_tile, moe_graph, moe_inputs, moe_reference
 from torch2step.step import Graph, RunResult, StepRuntimeError, dyn, metrics, run
 
 GOLDEN = Path(__file__).parent / "golden"

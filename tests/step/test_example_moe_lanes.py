@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from torch2step.errors import StepTypeError
-from torch2step.examples import moe_graph, moe_inputs, moe_reference
-from torch2step.examples.moe_lanes import lane_experts
+from torch2step.lower.blocks import moe_graph, moe_inputs, moe_reference
+from torch2step.lower.blocks.moe_lanes import lane_experts
 from torch2step.spatial import place
 from torch2step.step import RunResult, metrics
 

@@ -16,7 +16,7 @@ import pytest
 import sympy as sp
 import torch
 
-from torch2step.examples import moe_graph, moe_inputs
+from torch2step.lower.blocks import moe_graph, moe_inputs
 from torch2step.step import (
     FnSpec,
     Graph,

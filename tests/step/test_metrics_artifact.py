@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torch2step.examples.moe import moe_graph
+from torch2step.lower.blocks.moe import moe_graph
 from torch2step.step import Graph, metrics, run, zeros
 from torch2step.step.metrics_artifact import onchip_bytes_artifact, onchip_rule_artifact
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch2step.examples.moe import moe_graph, moe_inputs, moe_reference
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_graph
 from torch2step.step import run
 from torch2step.step.ops_compute import Accum, Map

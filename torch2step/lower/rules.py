@@ -4,7 +4,7 @@ Each rule reads its inputs' row streams from HBM (:mod:`.context`), applies STeP
 stores its outputs.  Row-wise operators (RMSNorm, Rotary, Softmax, elementwise, reductions)
 are ``Map`` s over row tiles (STeP §3.2.4); Linear is :mod:`.linear`; the router is a
 ``Map(topk_route)`` per token; the routed experts and decode attention are the STeP example
-graphs of :mod:`torch2step.examples` (STeP §5: dynamic tiling of experts by a
+graphs of :mod:`torch2step.lower.blocks` (STeP §5: dynamic tiling of experts by a
 ``Partition`` on data selectors; online-softmax attention over ragged KV).  Data movement
 between rows (permutations, slices and concatenations along a non-last dimension) is a
 ``RandomOffChipStore`` of each source row at the row a host-computed index tensor names.

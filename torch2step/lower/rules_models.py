@@ -34,8 +34,8 @@ def lower_topk(ctx: LowerCtx, n: Node) -> None:
 
 
 def lower_moe(ctx: LowerCtx, n: Node) -> None:
-    """Routed SwiGLU experts via :func:`torch2step.examples.moe.add_moe`."""
-    from torch2step.examples.moe import add_moe
+    """Routed SwiGLU experts via :func:`torch2step.lower.blocks.moe.add_moe`."""
+    from torch2step.lower.blocks.moe import add_moe
 
     op = n.op
     assert isinstance(op, L.MoEExperts)
@@ -81,16 +81,16 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
 
 
 def lower_attention(ctx: LowerCtx, n: Node) -> None:
-    """GQA: one query token via :func:`torch2step.examples.gqa.add_gqa_decode`, several
+    """GQA: one query token via :func:`torch2step.lower.blocks.gqa.add_gqa_decode`, several
     (prefill, causal or not, any number of tokens fixed at run time) via
-    :func:`torch2step.examples.attention_prefill.add_gqa_prefill`.
+    :func:`torch2step.lower.blocks.attention_prefill.add_gqa_prefill`.
 
     Key ``j`` of request ``b`` is visible iff ``j < kv_lengths[b]`` or ``j >= L - S`` (the
     layer operator's rule); without ``kv_lengths`` every request sees all ``L`` keys, i.e.
     the host passes ``kv_len = L - S`` for each request."""
-    from torch2step.examples.attention_prefill import add_gqa_prefill
-    from torch2step.examples.gqa import add_gqa_decode
-    from torch2step.examples.gqa_regions import assign_coarse, assign_interleave
+    from torch2step.lower.blocks.attention_prefill import add_gqa_prefill
+    from torch2step.lower.blocks.gqa import add_gqa_decode
+    from torch2step.lower.blocks.gqa_regions import assign_coarse, assign_interleave
 
     op = n.op
     assert isinstance(op, L.Attention)

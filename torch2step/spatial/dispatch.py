@@ -6,7 +6,7 @@ goes to the region that signals the ``j``-th completion (an EagerMerge over the 
 completion signals feeds the Partition that routes the requests).  Which region that is depends
 on the simulated timing of the regions, not on data.
 
-The graph of :mod:`torch2step.examples.gqa_regions` routes requests by a ``region`` tensor;
+The graph of :mod:`torch2step.lower.blocks.gqa_regions` routes requests by a ``region`` tensor;
 :func:`simulate_dispatched` decides it: starting from the round-robin assignment it simulates,
 reads from the simulation the cycle at which each region emitted each request's last result
 (every message of the regions' result streams is watched), lists these completions in

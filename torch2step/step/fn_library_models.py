@@ -1,4 +1,4 @@
-"""Tile functions used by the model graphs of :mod:`torch2step.examples` (registered on import).
+"""Tile functions used by the model graphs of :mod:`torch2step.lower.blocks` (registered on import).
 
 They complete the built-in library (:mod:`torch2step.step.fn_library`) with what the MoE and
 decode-attention graphs of STeP §5 need and the paper names only in passing ("a function

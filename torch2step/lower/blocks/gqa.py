@@ -92,9 +92,9 @@ def add_gqa_decode(
     """Add decode GQA to ``g`` (see the module docstring).  ``B`` is ``kv_len``'s row count
     and ``Lmax = k_cache rows / (B * Hkv)``; both may be symbolic.  ``regions=R`` with
     ``region: [B, 1]`` (each request's region) parallelises the requests over ``R`` regions
-    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.examples.gqa_regions`); otherwise
+    (STeP (arXiv 2511.07776) §5.4, :mod:`torch2step.lower.blocks.gqa_regions`); otherwise
     ``lanes=P > 1`` spreads the (request, KV head) items over ``P`` pipelines, balanced by
-    their KV rows (:func:`~torch2step.examples.gqa_regions.add_lane_attention`)."""
+    their KV rows (:func:`~torch2step.lower.blocks.gqa_regions.add_lane_attention`)."""
     Hq, Hkv = num_q_heads, num_kv_heads
     if Hkv < 1 or Hq % Hkv:
         raise StepTypeError(f"add_gqa_decode: num_q_heads={Hq} must be a multiple of {Hkv}")

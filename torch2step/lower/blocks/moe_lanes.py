@@ -1,7 +1,7 @@
 """Time-multiplexed expert regions for the MoE graph (STeP §5.3 "configuration
 time-multiplexing").
 
-With ``lanes = P < E`` the graph of :mod:`torch2step.examples.moe` configures ``P`` expert
+With ``lanes = P < E`` the graph of :mod:`torch2step.lower.blocks.moe` configures ``P`` expert
 branches (*lanes*, the paper's parallel regions) instead of ``E``; lane ``l`` serves ``E/P``
 consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per lane:
 
@@ -30,7 +30,7 @@ consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per l
    rows (Repeat + Expand), picks each token's weight (``pick_weight_of``) and scales the output
    tile, so the layer adds no unit per expert.  With ``scale_in_lanes=False`` (the artifact of
    STeP §5.3, whose figures this reproduces) each expert's rows are scaled after the lane, one
-   unit per expert (:func:`torch2step.examples.moe.add_moe`).  The Reassemble of the
+   unit per expert (:func:`torch2step.lower.blocks.moe.add_moe`).  The Reassemble of the
    dedicated-region graph then gathers them.
 
 The off-chip traffic is that of the dedicated graph; only the unit count changes.

@@ -3,7 +3,7 @@ parallelization").
 
 The requests of a ragged decode batch have very different KV lengths, so how they are spread
 over ``R`` spatially parallel copies of the attention pipeline (*regions*) decides how evenly
-the regions are loaded.  The graph is the one of :mod:`torch2step.examples.gqa` with its
+the regions are loaded.  The graph is the one of :mod:`torch2step.lower.blocks.gqa` with its
 per-request part replicated ``R`` times:
 
 1. ``kv_len`` is read and turned into the request cursors ``[row_base, n_b, Lmax]`` once (the
