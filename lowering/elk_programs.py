@@ -7,7 +7,8 @@ Every core's program is the chip-wide ELK program restricted to that core:
   ``done_preload_op_j`` tag: the first instruction that reads the buffer waits for it.
 * ``execute(op=i)``: the core waits for the one-way synchronisation token ``go_i`` (every core
   that wrote ``i-1``'s output has reported to the controller core), then runs its tile of
-  ``i``'s execute-state plan: input activations from HBM (multicast along grid rows), the local
+  ``i``'s execute-state plan: input activations gathered from the cores that produced them
+(:mod:`lowering.elk_flow`; HBM only for the layer's inputs) and multicast along grid rows, the local
   kernel on the preloaded data, partial results combined between cores, outputs stored, and a
   ``done`` token to the controller.
 
