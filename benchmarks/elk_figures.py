@@ -15,11 +15,12 @@ Chip set-ups: ``ipu-hbm-x4`` is ELK §6.1's emulated IPU-POD4 (4 x 1472 cores, 3
     python benchmarks/elk_figures.py --sim-layers 1   # also simulate one layer per design
     python benchmarks/elk_figures.py --moe            # dynamic MoE (ELK §7) vs a dense MLP
 
-Simulated figures run this project's per-core programs, whose operators read their input
-activations from HBM and write their outputs back; the plan (like ELK's set-up) keeps HBM for
-preloads.  The simulator's HBM channels serve requests first come first served, so an
-execute's activation load waits behind every preload already issued: the simulated overlap
-is smaller than planned (see ``sim_cycles`` against ``sim_predicted``).
+Simulated figures run this project's per-core programs.  Activations stay on chip between
+operators (ELK §4.5: output tiles stay in the producing cores' SRAM, the next operator gathers
+them over the interconnect), so HBM carries the preloads, the layer's input and its results.
+The simulator's HBM channels serve requests first come first served and the one-way
+synchronisation and tile-to-core mapping differ from the plan's cost model, so simulated and
+planned cycles differ (see ``sim_cycles`` against ``sim_predicted``).
 """
 
 from __future__ import annotations

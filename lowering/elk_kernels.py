@@ -118,3 +118,48 @@ if "attn_partial" not in KERNELS:
             lambda x, p: _node(p)[1](x),
         )
     )
+
+
+def _ints(s: object) -> tuple[int, ...]:
+    return tuple(int(v) for v in str(s).split(",") if v != "")
+
+
+def _view2d(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], -1) if a.ndim >= 2 else a.reshape(1, -1)
+
+
+def _slice_run(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    (r, c), (er, ec) = _ints(p["at"]), _ints(p["ext"])
+    return (_view2d(x[0])[r : r + er, c : c + ec].copy(),)
+
+
+def _place_run(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    shape = _ints(p["shape"])
+    out = np.zeros(shape, dtype=np.result_type(*x) if len(x) else np.float32)
+    flat = _view2d(out)
+    for piece, at in zip(x, str(p["at"]).split(";")):
+        r, c = _ints(at)
+        piece = _view2d(piece)
+        if flat[r : r + piece.shape[0], c : c + piece.shape[1]].shape != piece.shape:
+            raise ProgramError(f"elk_place: {piece.shape} at {at} into {shape} {p}")
+        flat[r : r + piece.shape[0], c : c + piece.shape[1]] = piece
+    return (out,)
+
+
+if "elk_slice" not in KERNELS:
+    register_kernel(
+        Kernel(  # params: at, ext ("row,col" in the 2-D view ``(dim0, rest)`` of the input)
+            "elk_slice",
+            lambda s, p: (_ints(p["ext"]),),
+            lambda s, p: 0,
+            _slice_run,
+        )
+    )
+    register_kernel(
+        Kernel(  # params: shape ("d0,d1,..") and at (the 2-D offset of every input, ";"-joined)
+            "elk_place",
+            lambda s, p: (_ints(p["shape"]),),
+            lambda s, p: 0,
+            _place_run,
+        )
+    )

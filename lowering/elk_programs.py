@@ -7,7 +7,8 @@ Every core's program is the chip-wide ELK program restricted to that core:
   ``done_preload_op_j`` tag: the first instruction that reads the buffer waits for it.
 * ``execute(op=i)``: the core waits for the one-way synchronisation token ``go_i`` (every core
   that wrote ``i-1``'s output has reported to the controller core), then runs its tile of
-  ``i``'s execute-state plan: input activations from HBM (multicast along grid rows), the local
+  ``i``'s execute-state plan: input activations gathered from the cores that produced them
+(:mod:`lowering.elk_flow`; HBM only for the layer's inputs) and multicast along grid rows, the local
   kernel on the preloaded data, partial results combined between cores, outputs stored, and a
   ``done`` token to the controller.
 
@@ -26,7 +27,7 @@ from operator to operator so that resident operators spread over the chip).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ from elk.cost import Plan, grid
 from elk.ops import Operator
 from hwmodel.chip import Chip, MeshNoC
 from lowering.builder import CoreBuilder, ProgramBuilder, region
+from lowering.elk_flow import Flow
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
 
@@ -212,7 +214,9 @@ def _preload(p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dtype: str) -> 
         p.load(buf, tensor, region(st, ex))
 
 
-def _matmul(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str) -> bool:
+def _matmul(
+    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str, flow: Flow
+) -> bool:
     m, k, n = pl.op.dims
     kb, nb = k // pl.rows, n // pl.cols
     nc = chunks(kb)
@@ -229,7 +233,7 @@ def _matmul(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: in
         a = f"o{j}_a{q}"
         p.alloc(a, (m, rb), dt)
         if c == 0:
-            p.load(a, pl.op.tensor("x"), region((0, r * kb + q * rb), (m, rb)))
+            flow.get(p, j, a, pl.op.tensor("x"), (0, r * kb + q * rb), (m, rb))
             if pl.cols > 1:
                 p.send(chan, a)
         else:
@@ -259,7 +263,7 @@ def _matmul(b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: in
             p.compute("add", acc, (acc, tmp), dtype=dt)
         step *= 2
     if finisher:
-        p.store(acc, pl.op.tensor("y"), region((0, c * nb), (m, nb)))
+        flow.put(p, j, acc, pl.op.tensor("y"), (0, c * nb), (m, nb))
     p.free(acc)
     if _has_tmp(pl.rows, r):
         p.free(tmp)
@@ -272,7 +276,7 @@ def _has_tmp(rows: int, r: int) -> bool:
 
 
 def _attention(
-    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str
+    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str, flow: Flow
 ) -> bool:
     op = pl.op
     bsz, hq, hkv, d, length = op.dims
@@ -283,7 +287,7 @@ def _attention(
     q, part, tmp = f"o{j}_q", f"o{j}_s", f"o{j}_u"
     p.alloc(q, (bb, hb * g, d), dt)
     p.alloc(part, (bb, hb * g, d + 2), "fp32")
-    p.load(q, op.tensor("q"), region((ib * bb, ig * hb * g, 0), (bb, hb * g, d)))
+    flow.get(p, j, q, op.tensor("q"), (ib * bb, ig * hb * g, 0), (bb, hb * g, d))
     params = {"group": g, "scale": 1.0 / math.sqrt(d)}
     nc = chunks(length // ts)
     p.compute("attn_partial", part, (q, f"o{j}_k0", f"o{j}_v0"), params, dt)
@@ -301,8 +305,8 @@ def _attention(
             p.alloc(kn, (bb, hb, 1, d), dt)
             p.alloc(vn, (bb, hb, 1, d), dt)
             p.alloc(tmp, (bb, hb * g, d + 2), "fp32")
-            p.load(kn, roles["kn"], region((ib * bb, ig * hb, 0, 0), (bb, hb, 1, d)))
-            p.load(vn, roles["vn"], region((ib * bb, ig * hb, 0, 0), (bb, hb, 1, d)))
+            flow.get(p, j, kn, roles["kn"], (ib * bb, ig * hb, 0, 0), (bb, hb, 1, d))
+            flow.get(p, j, vn, roles["vn"], (ib * bb, ig * hb, 0, 0), (bb, hb, 1, d))
             p.compute("attn_partial", tmp, (q, kn, vn), params, dt)
             p.compute("attn_merge", part, (part, tmp), dtype="fp32")
             p.free(kn)
@@ -318,7 +322,7 @@ def _attention(
         out = f"o{j}_o"
         p.alloc(out, (bb, hb * g, d), dt)
         p.compute("attn_finish", out, (part,), dtype="fp32")
-        p.store(out, op.tensor("o"), region((ib * bb, ig * hb * g, 0), (bb, hb * g, d)))
+        flow.put(p, j, out, op.tensor("o"), (ib * bb, ig * hb * g, 0), (bb, hb * g, d))
         p.free(out)
         if "kn" in roles or ts > 1:
             p.free(tmp)
@@ -344,6 +348,7 @@ def _vector(
     c: int,
     dt: str,
     shapes: Mapping[str, tuple[tuple[int, ...], str]],
+    flow: Flow,
 ) -> bool:
     op = pl.op
     roles = dict(op.tensors)
@@ -354,7 +359,7 @@ def _vector(
         for k, t in enumerate(ins):
             buf = f"o{j}_i{k}"
             p.alloc(buf, shapes[t][0], shapes[t][1])
-            p.load(buf, t)
+            flow.get(p, j, buf, t)
             bufs_in.append(buf)
         for k, t in enumerate(outs):
             buf = f"o{j}_x{k}"
@@ -362,7 +367,7 @@ def _vector(
             bufs_out.append(buf)
         p.compute("layer_node", bufs_out, bufs_in, {"node": op.node}, dt)
         for buf, t in zip(bufs_out, outs):
-            p.store(buf, t)
+            flow.put(p, j, buf, t)
         for buf in bufs_in + bufs_out:
             p.free(buf)
         return True
@@ -371,7 +376,7 @@ def _vector(
     x, y = f"o{j}_x", f"o{j}_y"
     p.alloc(x, (rb, cb), dt)
     p.alloc(y, (rb, cb), dt)
-    p.load(x, roles["x"], region((r * rb, c * cb), (rb, cb)))
+    flow.get(p, j, x, roles["x"], (r * rb, c * cb), (rb, cb))
     if op.row_reduce and pl.cols > 1:
         # per-row partial statistics to the grid row's first core, the combined one back
         s = f"o{j}_s"
@@ -397,7 +402,7 @@ def _vector(
             p.recv(back, s)
         p.free(s)
     p.compute("elk_vector", y, (x,), {"fpe": op.flops_per_elem}, dt)
-    p.store(y, roles["y"], region((r * rb, c * cb), (rb, cb)))
+    flow.put(p, j, y, roles["y"], (r * rb, c * cb), (rb, cb))
     p.free(x)
     p.free(y)
     return True
@@ -412,15 +417,40 @@ def elk_programs(
     tensors: Mapping[str, tuple[tuple[int, ...], str]],
     *,
     name: str = "elk",
+    links: Mapping[str, str] | None = None,
+    results: Collection[str] = (),
 ) -> ProgramSet:
     """Per-core programs of an ELK plan: ``plans[i]`` executes ``ops[i]``; ``order`` is the
-    preload order and ``issued[i]`` the number of preloads issued before ``execute(i)``."""
+    preload order and ``issued[i]`` the number of preloads issued before ``execute(i)``.
+    Activations stay on chip between operators (:mod:`lowering.elk_flow`); ``results`` are
+    tensors stored to HBM even when a later operator reads them on chip, ``links`` consumer
+    tensors that are the leading columns of a producer tensor."""
     n = len(ops)
     if not (len(plans) == len(issued) == len(order) == n):
         raise ProgramError("elk_programs: ops, plans, order and issued must have equal lengths")
     placed = place(chip, ops, plans, order, issued)
-    ctrl = chip.num_cores - 1
+    flow = Flow(tensors, dict(links or {}), frozenset(results))
+    _emit(ProgramBuilder(name), chip, ops, placed, order, issued, tensors, flow)
     b = ProgramBuilder(name)
+    flow.plan(b)
+    _emit(b, chip, ops, placed, order, issued, tensors, flow)
+    b.meta("order", " ".join(str(o) for o in order))
+    b.meta("issued", " ".join(str(x) for x in issued))
+    return b.build()
+
+
+def _emit(
+    b: ProgramBuilder,
+    chip: Chip,
+    ops: Sequence[Operator],
+    placed: Sequence[Placed],
+    order: Sequence[int],
+    issued: Sequence[int],
+    tensors: Mapping[str, tuple[tuple[int, ...], str]],
+    flow: Flow,
+) -> None:
+    n = len(ops)
+    ctrl = chip.num_cores - 1
     for t, (shape, dtype) in tensors.items():
         b.tensor(t, shape, dtype)
     tiles: dict[int, list[tuple[int, int, int]]] = {}
@@ -471,11 +501,11 @@ def elk_programs(
                 pl = placed[i]
                 dt = ops[i].dtype
                 if pl.op.kind == "matmul":
-                    fin = _matmul(b, p, i, pl, r, c, dt)
+                    fin = _matmul(b, p, i, pl, r, c, dt, flow)
                 elif pl.op.kind == "attention":
-                    fin = _attention(b, p, i, pl, r, c, dt)
+                    fin = _attention(b, p, i, pl, r, c, dt, flow)
                 else:
-                    fin = _vector(b, p, i, pl, r, c, dt, tensors)
+                    fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
                 if fin and i < n - 1:
                     ch = f"done{i}_{core}"
                     b.channel(ch, core, ctrl)
@@ -487,6 +517,3 @@ def elk_programs(
             cp.recv_value(f"done{i}_{core}", "d")
         if listeners[i + 1]:
             cp.send_value(f"go{i + 1}", i + 1)
-    b.meta("order", " ".join(str(o) for o in order))
-    b.meta("issued", " ".join(str(x) for x in issued))
-    return b.build()

@@ -127,3 +127,25 @@ def test_placed_plans_fit_every_core(chip: str) -> None:
         for design in ("basic", "static", "elk_full"):
             s = plan_model(ops, hw, design, window=8, beam=2, max_orders=4)
             assert s.core_peak is not None and 0 < s.core_peak <= hw.core.sram_bytes
+
+
+def test_activations_stay_on_chip_between_operators() -> None:
+    """ELK §4.5: only the layer's inputs, preloads and results touch HBM; every tensor an
+    operator produces and a later one reads travels core to core (no HBM load of it)."""
+    from lowering.isa import Compute, Load, Store
+
+    m, inp, ds, _ = get_layer("llama-gqa", tiny=True, batch=2)
+    prog = torch2step.compile(m, inp, chip="ipu-hbm", dynamic_shapes=ds)
+    produced = {
+        t
+        for op in prog.graph.ops
+        for role, t in op.tensors
+        if role in ("y", "o") or role.startswith("out")
+    }
+    results = {t for t, _ in prog.graph.outputs}
+    body = [ins for p in prog.programs.programs for ins in p.body]
+    loaded = {ins.tensor for ins in body if isinstance(ins, Load)}
+    stored = {ins.tensor for ins in body if isinstance(ins, Store)}
+    assert not loaded & produced
+    assert stored == results
+    assert any(isinstance(ins, Compute) and ins.kernel == "elk_place" for ins in body)

@@ -9,6 +9,7 @@ real values instead.  Matrix weights are declared in the tile-major layout of th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from elk.cost import Plan
@@ -19,7 +20,7 @@ from lowering.elk_programs import elk_programs, weight_shape
 from lowering.isa import ProgramSet
 from runtime import gc_paused
 
-__all__ = ["bind_timing", "build_programs", "Tensors"]
+__all__ = ["bind_timing", "build_programs", "timing_links", "Tensors"]
 
 Tensors = dict[str, tuple[tuple[int, ...], str]]
 
@@ -53,16 +54,54 @@ def bind_timing(ops: Sequence[Operator], plans: Sequence[Plan]) -> tuple[list[Op
     return out, tensors
 
 
+_IN = {"matmul": "x", "attention": "q", "vector": "x"}
+_OUT = {"matmul": "y", "attention": "o", "vector": "y"}
+
+
+def _flat(shape: Sequence[int]) -> tuple[int, int]:
+    return (shape[0], math.prod(shape[1:]))
+
+
+def timing_links(
+    ops: Sequence[Operator], tensors: Mapping[str, tuple[tuple[int, ...], str]]
+) -> dict[str, str]:
+    """Operator ``i``'s input activation is operator ``i-1``'s output (ELK §4.5: activations
+    stay on chip) when, seen as ``(rows, columns)`` matrices, it is the output's leading
+    columns (the rotary step reads the query and key columns of the QKV projection)."""
+    links: dict[str, str] = {}
+    for prev, op in zip(ops, ops[1:]):
+        roles, before = dict(op.tensors), dict(prev.tensors)
+        src, dst = before.get(_OUT[prev.kind]), roles.get(_IN[op.kind])
+        if src is None or dst is None:
+            continue
+        (r0, c0), (r1, c1) = _flat(tensors[src][0]), _flat(tensors[dst][0])
+        if r0 == r1 and c1 <= c0 and tensors[src][1] == tensors[dst][1]:
+            links[dst] = src
+    return links
+
+
 def build_programs(
     sched: ElkSchedule,
     chip: Chip,
     ops: Sequence[Operator] | None = None,
     tensors: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
+    results: Sequence[str] = (),
 ) -> ProgramSet:
-    """The per-core programs of ``sched`` (operators bound to tensors, or bound for timing)."""
+    """The per-core programs of ``sched`` (operators bound to tensors, or bound for timing);
+    ``results`` are stored to HBM even when a later operator reads them on chip."""
+    links: dict[str, str] = {}
     if ops is None or tensors is None:
         ops, tensors = bind_timing(sched.ops, sched.plans)
+        links = timing_links(ops, tensors)
     with gc_paused():  # millions of acyclic instructions on a large chip
         return elk_programs(
-            chip, ops, sched.plans, sched.order, sched.issued, tensors, name=f"elk_{sched.design}"
+            chip,
+            ops,
+            sched.plans,
+            sched.order,
+            sched.issued,
+            tensors,
+            name=f"elk_{sched.design}",
+            links=links,
+            results=results,
         )

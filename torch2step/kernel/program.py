@@ -54,7 +54,8 @@ class KernelProgram:
             plan = self.schedule.plans[i]
             k, n = tensors[wname][0]
             tensors[wname] = ((k * plan.tiles[2], n // plan.tiles[2]), "fp32")
-        return build_programs(self.schedule, self.chip, self.graph.ops, tensors)
+        results = [t for t, _ in self.graph.outputs]
+        return build_programs(self.schedule, self.chip, self.graph.ops, tensors, results)
 
     def _bound(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
         gops = graph_ops(self.layer, inputs) if inputs else self.graph

@@ -1,0 +1,186 @@
+"""On-chip activations between ELK operators (ELK §4.5 "execute"): an operator's output tiles
+stay in the SRAM of the cores that produced them and the next operators' execute phases gather
+their input tiles from those cores over the interconnect; HBM carries the preloads, the
+inputs no earlier operator produced and the outputs no later operator reads (or that the caller
+names as results).
+
+Every activation region is seen in the 2-D view ``(dim0, product of the other dims)`` of its
+tensor, so an attention output ``(B, H, D)`` read as a ``(B, H*D)`` matrix is still one
+rectangle.  ``links`` name a consumer tensor whose 2-D view is the leading columns of a
+producer tensor (a timing-only operator list gives every operator its own tensors).
+
+Lowering runs twice: a recording pass collects every activation load and store of every core
+(:meth:`Flow.get` / :meth:`Flow.put` fall back to HBM), then :meth:`Flow.plan` pairs each load
+with the stored pieces it overlaps and the emitting pass sends / receives those pieces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from lowering.builder import CoreBuilder, ProgramBuilder, region
+
+__all__ = ["Flow"]
+
+Rect = tuple[int, int, int, int]  # row, col, rows, cols of a 2-D view
+
+
+def _rect(shape: Sequence[int], st: Sequence[int] | None, ex: Sequence[int] | None) -> Rect | None:
+    """The 2-D view of a region, or None when it is not one rectangle there."""
+    if st is None or ex is None:
+        st, ex = (0,) * len(shape), tuple(shape)
+    if len(shape) == 1:
+        return (0, st[0], 1, ex[0])
+    inner = math.prod(shape[2:])
+    if any(s != 0 or e != d for s, e, d in zip(st[2:], ex[2:], shape[2:])):
+        return None
+    return (st[0], st[1] * inner, ex[0], ex[1] * inner)
+
+
+def _meet(a: Rect, b: Rect) -> Rect | None:
+    r0, c0 = max(a[0], b[0]), max(a[1], b[1])
+    r1, c1 = min(a[0] + a[2], b[0] + b[2]), min(a[1] + a[3], b[1] + b[3])
+    return (r0, c0, r1 - r0, c1 - c0) if r1 > r0 and c1 > c0 else None
+
+
+@dataclass
+class _Put:
+    op: int
+    core: int
+    buf: str
+    rect: Rect
+    dtype: str
+    sends: list[tuple[str, Rect, int]] = field(default_factory=list)  # channel/keep, piece, dst
+
+
+@dataclass
+class Flow:
+    """Which activation pieces travel core to core (see the module docstring)."""
+
+    tensors: Mapping[str, tuple[tuple[int, ...], str]]
+    links: Mapping[str, str] = field(default_factory=dict)
+    results: Collection[str] = ()
+    recording: bool = True
+    _puts: dict[str, list[_Put]] = field(default_factory=dict)
+    _gets: list[tuple[int, int, str, Rect | None]] = field(default_factory=list)
+    _gathers: dict[tuple[int, int, str, Rect], list[list[tuple[str, Rect, int]]]] = field(
+        default_factory=dict
+    )
+    _sends: dict[tuple[int, int, str], list[tuple[str, Rect, int]]] = field(default_factory=dict)
+    _stored: set[str] = field(default_factory=set)
+    held: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+
+    def _source(self, tensor: str) -> str:
+        return self.links.get(tensor, tensor)
+
+    # -- the two calls the operator emitters make ----------------------------------------------
+    def get(
+        self,
+        p: CoreBuilder,
+        op: int,
+        buf: str,
+        tensor: str,
+        st: Sequence[int] | None = None,
+        ex: Sequence[int] | None = None,
+    ) -> None:
+        """Fill ``buf`` with region ``(st, ex)`` of ``tensor``: from the producing cores when
+        every element was produced on chip, otherwise from HBM."""
+        rect = _rect(self.tensors[tensor][0], st, ex)
+        if self.recording:
+            self._gets.append((op, p.core, tensor, rect))
+        queue = None if rect is None else self._gathers.get((op, p.core, tensor, rect))
+        pieces = queue.pop(0) if queue else None
+        if not pieces:
+            p.load(buf, tensor, None if st is None else region(st, ex))
+            return
+        shape = tuple(ex) if ex is not None else self.tensors[tensor][0]
+        dtype = self.tensors[tensor][1]
+        names = []
+        for k, (chan, piece, src) in enumerate(pieces):
+            if src == p.core:  # kept on this core since the producer ran
+                names.append(chan)
+                continue
+            name = f"{buf}_g{k}"
+            p.alloc(name, (piece[2], piece[3]), dtype)
+            p.recv(chan, name)
+            names.append(name)
+        at = ";".join(f"{pc[0] - rect[0]},{pc[1] - rect[1]}" for _, pc, _ in pieces)
+        p.compute("elk_place", buf, names, {"shape": ",".join(map(str, shape)), "at": at}, dtype)
+        for name in names:
+            p.free(name)
+
+    def put(
+        self,
+        p: CoreBuilder,
+        op: int,
+        buf: str,
+        tensor: str,
+        st: Sequence[int] | None = None,
+        ex: Sequence[int] | None = None,
+    ) -> None:
+        """``buf`` holds region ``(st, ex)`` of ``tensor``: send its pieces to the cores that
+        read them (or keep them here), and store it to HBM when it is a result."""
+        rect = _rect(self.tensors[tensor][0], st, ex)
+        if self.recording:
+            if rect is not None:
+                self._puts.setdefault(tensor, []).append(
+                    _Put(op, p.core, buf, rect, self.tensors[tensor][1])
+                )
+            p.store(buf, tensor, None if st is None else region(st, ex))
+            return
+        if tensor in self._stored or rect is None:
+            p.store(buf, tensor, None if st is None else region(st, ex))
+        dtype = self.tensors[tensor][1]
+        for chan, piece, dst in self._sends.get((op, p.core, buf), []):
+            whole = piece == rect
+            params = {
+                "at": f"{piece[0] - rect[0]},{piece[1] - rect[1]}",
+                "ext": f"{piece[2]},{piece[3]}",
+            }
+            if dst == p.core:
+                p.alloc(chan, (piece[2], piece[3]), dtype)
+                p.compute("elk_slice", chan, buf, params, dtype)
+                continue
+            src = buf
+            if not whole:
+                src = f"{buf}_cut"
+                p.alloc(src, (piece[2], piece[3]), dtype)
+                p.compute("elk_slice", src, buf, params, dtype)
+            p.send(chan, src)
+            if not whole:
+                p.free(src)
+
+    # -- between the two passes ----------------------------------------------------------------
+    def plan(self, b: ProgramBuilder) -> None:
+        """Pair the recorded loads with the stored pieces they overlap and declare a channel per
+        piece; decide which tensors still reach HBM."""
+        read_on_chip: set[str] = set()
+        from_hbm: set[str] = set()
+        for op, core, tensor, rect in self._gets:
+            src = self._source(tensor)
+            puts = self._puts.get(src)
+            if not puts:
+                continue
+            if rect is None or len({q.op for q in puts}) != 1 or puts[0].op >= op:
+                from_hbm.add(src)
+                continue
+            found = [(q, m) for q in puts if (m := _meet(q.rect, rect)) is not None]
+            if sum(m[2] * m[3] for _, m in found) != rect[2] * rect[3]:
+                from_hbm.add(src)  # not every element was produced on chip
+                continue
+            read_on_chip.add(src)
+            pieces = []
+            for q, m in found:
+                name = f"a{q.op}_{op}_{q.core}_{core}_{len(self.held.get(q.core, []))}"
+                if q.core != core:
+                    b.channel(name, q.core, core, depth=1)
+                self._sends.setdefault((q.op, q.core, q.buf), []).append((name, m, core))
+                pieces.append((name, m, q.core))
+                self.held.setdefault(q.core, []).append((q.op, op, m[2] * m[3]))
+            self._gathers.setdefault((op, core, tensor, rect), []).append(pieces)
+        self._stored = {
+            t for t in self._puts if t not in read_on_chip or t in self.results or t in from_hbm
+        }
+        self.recording = False
