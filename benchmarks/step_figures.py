@@ -389,25 +389,23 @@ Notes on Fig. 11 (dynamic parallelization, §5.4):
   run that used that assignment), not by a feedback EagerMerge inside one run: a region may
   prefetch its next request's KV rows before it finishes the current one, which the paper's
   feedback loop does not allow; this favours dynamic slightly.
-- KV rows are loaded one row per address (RandomOffChipLoad of [1, 64]), exactly the rows
-  used, where the artifact loads whole 32-row tiles; per-request cost is then dominated by
-  row-load issue rather than HBM bandwidth.  Every strategy reads the same bytes, so the
-  ratios compare load balance, which is what §5.4 measures.
+- KV rows are read in tiles of up to 32 consecutive rows per (request, KV head)
+  (RandomOffChipLoadRows: one contiguous access per tile), as the artifact reads its 32-row
+  tiles, but only the rows used (the artifact pads the last tile).  Every strategy reads the
+  same bytes, so the ratios compare load balance, which is what §5.4 measures; with tile
+  loads a request's cost follows HBM bandwidth, shared by the 4 regions.
 - Coarse at B=16 uses one of four regions, so it is ~3-4x slower at every spread.
 - Each region's request queue (the Partition's outputs) holds 16 requests, the artifact's
-  metadata FIFO depth.  With the default 2-deep FIFOs, coarse at B=64 is ~2.8x slower than
-  dynamic (b64/high0: 681,712 vs 247,121 cycles): requests are routed in order, so region 1
-  would get its first request only after region 0 took nearly all of its 16 (simulated: first
-  results at 2.3K, 106K, 353K, 405K cycles).  With 16-deep queues all regions start at once
-  and coarse pays only the imbalance of the regions' KV totals (b64/high0: 373,335 cycles,
-  region totals 14007 / 36137 / 11406 / 27187 rows).
+  metadata FIFO depth.  With 2-deep queues requests routed in order would starve the later
+  regions under coarse assignment (region 1 gets its first request only after region 0 took
+  nearly all of its 16); with 16-deep queues all regions start at once and coarse pays only
+  the imbalance of the regions' KV totals.
 - At B=64 the paper finds coarse better than interleave (interleave blocked by a long request
-  in front of a region); in ours interleave stays ahead: at ~10 cycles per KV row for every
-  region, the cycles follow the largest region's KV total (b64/high0: coarse 36137, interleave
-  26499, dynamic 23907 rows) and the 16-deep queues keep interleave from blocking.
-- Dynamic is a greedy list schedule, not an optimal one: on b80/high0 interleave is 1.4%
-  faster (310,199 vs 314,517 cycles).  Measured (1 file per tier): geomean 1.46x over both
-  static strategies (paper 1.5x), 1.93x over coarse, 1.11x over interleave.
+  in front of a region); in ours interleave stays ahead at every B=64 point: the cycles
+  follow the largest region's KV total and the 16-deep queues keep interleave from blocking.
+- Dynamic is a greedy list schedule, not an optimal one: interleave is faster on 2 of the 9
+  points (up to 12%), which pulls the geomean over interleave down to ~1.05x; over coarse
+  dynamic is ~1.8x, and over both static strategies ~1.37x (paper 1.5x).
 """
 
 
