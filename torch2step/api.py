@@ -133,7 +133,8 @@ def compile(  # noqa: A001  (the public name the users asked for)
     if execution != "spatial":
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
     if options.get("linear_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
-        options["linear_lanes"] = LINEAR_LANES  # a large chip runs each Linear on lanes
+        options["linear_lanes"] = LINEAR_LANES  # a large chip runs each large Linear on lanes
+        options["linear_lanes_auto"] = True
     if strategy == "auto":  # STeP §5 strategies searched under the budgets
         from torch2step.auto import search
 

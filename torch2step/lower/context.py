@@ -62,7 +62,8 @@ class LowerOptions:
     ``linear_lanes``: a Linear's weight tiles split over that many parallel load + matmul
     lanes (STeP (arXiv 2511.07776) §5; at most one per weight tile; ``None``: one lane, which
     ``torch2step.compile`` raises to ``LINEAR_LANES`` of :mod:`torch2step.lower.linear` on
-    chips of at least 256 cores)."""
+    chips of at least 256 cores, setting ``linear_lanes_auto``: lanes only where each gets at
+    least ``LANE_MIN_TILES`` weight tiles)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -77,6 +78,7 @@ class LowerOptions:
     attn_coarse_chunk: int | None = None
     attn_lanes: int | None = None
     linear_lanes: int | None = None
+    linear_lanes_auto: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:

@@ -33,7 +33,7 @@ from torch2step.step import Value, fn, zeros
 
 from .context import LowerCtx
 
-__all__ = ["LINEAR_LANES", "linear_lanes", "lower_linear", "row_tile", "weight_tile"]
+__all__ = ["LANE_MIN_TILES", "LINEAR_LANES", "linear_lanes", "lower_linear", "row_tile", "weight_tile"]
 
 LINEAR_LANES = 8
 """Parallel lanes of a Linear that ``compile`` asks for on a large chip (fewer when the Linear
@@ -60,11 +60,19 @@ def weight_tile(ctx: LowerCtx, n: int, k: int, itemsize: int = 4) -> int:
     return tn
 
 
+LANE_MIN_TILES = 16
+"""Weight tiles per lane below which ``compile``'s automatic lanes are not used: a small Linear
+(an MoE router) gains nothing from lanes and its extra units only lengthen the NoC routes."""
+
+
 def linear_lanes(ctx: LowerCtx, tiles: int) -> int:
     """Lanes of a Linear with ``tiles`` weight tiles: the largest divisor of ``tiles`` that is at
-    most ``linear_lanes`` (``None``: one lane)."""
+    most ``linear_lanes`` (``None``: one lane) and, when ``linear_lanes_auto``, leaves each lane
+    at least :data:`LANE_MIN_TILES` tiles."""
     want = ctx.options.linear_lanes
     want = 1 if want is None else int(want)
+    if ctx.options.linear_lanes_auto:
+        want = min(want, max(1, tiles // LANE_MIN_TILES))
     p = max(1, min(want, tiles))
     while tiles % p:
         p -= 1
