@@ -21,10 +21,14 @@ from hwmodel.presets import load_chip
 from torch2step.errors import FrontendError, LoweringError
 from torch2step.layers.graph import LayerGraph, torch_dtype
 from torch2step.lower import LowerOptions, lower
+from torch2step.lower.linear import LINEAR_LANES
 from torch2step.program import Program
 
 __all__ = ["compile", "example_inputs_for", "import_onnx"]
 
+LINEAR_LANES_MIN_CORES = 256
+"""Chips with at least this many cores split each Linear over ``LINEAR_LANES`` parallel lanes
+unless ``linear_lanes`` is given (STeP (arXiv 2511.07776) §5); smaller chips keep one lane."""
 _OPTIONS = tuple(f.name for f in dataclasses.fields(LowerOptions))
 
 
@@ -128,6 +132,9 @@ def compile(  # noqa: A001  (the public name the users asked for)
         return KernelProgram(layer, target, tuple(example_inputs), design=design)
     if execution != "spatial":
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
+    if options.get("linear_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
+        options["linear_lanes"] = LINEAR_LANES  # a large chip runs each large Linear on lanes
+        options["linear_lanes_auto"] = True
     if strategy == "auto":  # STeP §5 strategies searched under the budgets
         from torch2step.auto import search
 

@@ -58,7 +58,12 @@ class LowerOptions:
     :func:`torch2step.spatial.dispatch.simulate_dispatched`; a functional run uses
     round-robin, which computes the same values); ``attn_lanes``: without regions, decode
     attention's (request, KV head) items spread over that many pipelines, balanced by their KV
-    rows (``None``: :data:`ATTN_LANES`, at most one per item; ``1``: one pipeline)."""
+    rows (``None``: :data:`ATTN_LANES`, at most one per item; ``1``: one pipeline);
+    ``linear_lanes``: a Linear's weight tiles split over that many parallel load + matmul
+    lanes (STeP (arXiv 2511.07776) §5; at most one per weight tile; ``None``: one lane, which
+    ``torch2step.compile`` raises to ``LINEAR_LANES`` of :mod:`torch2step.lower.linear` on
+    chips of at least 256 cores, setting ``linear_lanes_auto``: lanes only where each gets at
+    least ``LANE_MIN_TILES`` weight tiles)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -72,10 +77,14 @@ class LowerOptions:
     attn_assign: str = "interleave"
     attn_coarse_chunk: int | None = None
     attn_lanes: int | None = None
+    linear_lanes: int | None = None
+    linear_lanes_auto: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:
             raise LoweringError("option attn_lanes must be a positive integer or None")
+        if self.linear_lanes is not None and int(self.linear_lanes) < 1:
+            raise LoweringError("option linear_lanes must be a positive integer or None")
         if self.attn_regions is not None and int(self.attn_regions) < 1:
             raise LoweringError("option attn_regions must be a positive integer or None")
         if self.attn_assign not in ("coarse", "interleave", "dynamic"):
