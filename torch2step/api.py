@@ -28,7 +28,8 @@ __all__ = ["compile", "example_inputs_for", "import_onnx"]
 
 LINEAR_LANES_MIN_CORES = 256
 """Chips with at least this many cores split each Linear over ``LINEAR_LANES`` parallel lanes
-unless ``linear_lanes`` is given (STeP (arXiv 2511.07776) §5); smaller chips keep one lane."""
+unless ``linear_lanes`` is given (STeP (arXiv 2511.07776) §5); smaller chips keep one lane, and
+one decode-attention pipeline unless ``attn_lanes`` is given."""
 _OPTIONS = tuple(f.name for f in dataclasses.fields(LowerOptions))
 
 
@@ -135,6 +136,8 @@ def compile(  # noqa: A001  (the public name the users asked for)
     if options.get("linear_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
         options["linear_lanes"] = LINEAR_LANES  # a large chip runs each large Linear on lanes
         options["linear_lanes_auto"] = True
+    if options.get("attn_lanes") is None and target.num_cores < LINEAR_LANES_MIN_CORES:
+        options["attn_lanes"] = 1  # a small chip keeps one attention pipeline (it fits)
     if strategy == "auto":  # STeP §5 strategies searched under the budgets
         from torch2step.auto import search
 
