@@ -248,7 +248,8 @@ def _kv_rows_rule(f: Fn, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
     return ADDR, (None,)
 
 
-def _kv_rows(f: Fn, x: np.ndarray) -> list:
+def _kv_cursor(f: Fn, x: np.ndarray) -> tuple[int, int, int, int]:
+    """``(row_base, n, stride, tail)`` of a ``[row_base, n, stride]`` cursor, ``n`` checked."""
     base, n, stride = (int(v) for v in x[0])
     tail = int(f.get("tail", 0))
     if not 0 <= n <= stride - tail:
@@ -256,6 +257,11 @@ def _kv_rows(f: Fn, x: np.ndarray) -> list:
             f"{f}: KV length {n} must lie in 0..{stride - tail} (cache rows {stride} minus "
             f"{tail} tail rows); grow the cache or clip kv_len"
         )
+    return base, n, stride, tail
+
+
+def _kv_rows(f: Fn, x: np.ndarray) -> list:
+    base, n, stride, tail = _kv_cursor(f, x)
     rows = [*range(base, base + n), *range(base + stride - tail, base + stride)]
     return [np.array([[r]], dtype=np.int64) for r in rows]
 
@@ -269,13 +275,7 @@ def _kv_tiles_rule(f: Fn, args: tuple[DataType, ...]) -> tuple[DataType, tuple]:
 
 
 def _kv_tiles(f: Fn, x: np.ndarray) -> list:
-    base, n, stride = (int(v) for v in x[0])
-    tail = int(f.get("tail", 0))
-    if not 0 <= n <= stride - tail:
-        raise StepRuntimeError(
-            f"{f}: KV length {n} must lie in 0..{stride - tail} (cache rows {stride} minus "
-            f"{tail} tail rows); grow the cache or clip kv_len"
-        )
+    base, n, stride, tail = _kv_cursor(f, x)
     return row_spans([(base, n), (base + stride - tail, tail)], int(f.get("tile")))
 
 
