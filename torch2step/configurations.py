@@ -110,7 +110,7 @@ def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> An
     inputs = tuple(inputs) or prog.example_inputs
     env = {**standin_params(layer.params), **_values(layer, inputs)}
     pending = split_layer(layer, chip.num_cores, opts)
-    reports, lines = [], []
+    reports, lines, parts = [], [], []
     while pending:
         group = pending.pop(0)
         k = len(reports) + 1
@@ -128,12 +128,15 @@ def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> An
             half = len(group) // 2
             pending[:0] = [group[:half], group[half:]]
             continue
+        start = sum(r.latency_cycles for r in reports)
+        parts.append((start, f"configuration {k}: ", part._last))
         reports.append(rep)
         kinds = ", ".join(dict.fromkeys(type(n.op).__name__ for n in group))
         lines.append(
             f"configuration {k}: {group[0].name} .. {group[-1].name} ({len(group)} operators: "
             f"{kinds}), {len(rep.units)} units, {rep.latency_cycles:,} cycles"
         )
+    prog._last, prog._split_parts = None, parts  # write_trace: one timeline, in order
     first = reports[0]
     summed = {f: sum(getattr(r, f) for r in reports) for f in _SUMMED}
     breakdown: dict[str, int] = {}

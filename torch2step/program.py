@@ -44,6 +44,8 @@ class Program:
         self.chip = chip
         self.example_inputs = tuple(example_inputs)
         self._last: Any = None
+        # a report split into sequential configurations: (start cycle, label, simulation)
+        self._split_parts: list[tuple[int, str, Any]] = []
         self.trace_stats: dict[str, int] = {}
         self.split = True  # report: a layer that does not fit runs as sequential configurations
         self.strategy_table: str = ""  # the candidates strategy="auto" tried (torch2step.auto)
@@ -246,7 +248,7 @@ class Program:
 
             return split_report(self, inputs, routing=routing, trace=trace, notes=notes)
         sim_s = time.perf_counter() - t0
-        self._last = sim
+        self._last, self._split_parts = sim, []
         m = self.metrics
         at = m.evaluate(res.bindings)
         rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
@@ -271,31 +273,38 @@ class Program:
         utilisation tracks are kept).  Core tracks are named after the units on them."""
         from runtime.trace import write_trace_json
 
-        last = self._last
-        if last is None or not last.sim.trace_events:
+        parts = self._split_parts or ([(0, "", self._last)] if self._last is not None else [])
+        if not parts or not all(last.sim.trace_events for _, _, last in parts):
             raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
-        names = {c: u for u in last.placement.units for c in u.cores}
         cores = None
-        if units is not None:
-            busiest = sorted(last.units, key=lambda r: (-r.busy, r.name))[: max(0, units)]
-            cores = {c for r in busiest for c in r.cores}
+        if units is not None:  # the busiest units of every configuration
+            cores = set()
+            for _, _, last in parts:
+                busiest = sorted(last.units, key=lambda r: (-r.busy, r.name))[: max(0, units)]
+                cores |= {c for r in busiest for c in r.cores}
 
         def events():  # type: ignore[no-untyped-def]
-            for ev in last.sim.trace_events:
-                if ev.get("ph") == "M" and ev.get("name") == "thread_name" and ev["pid"] == 1:
-                    u = names.get(ev["tid"])
-                    if u is not None:
-                        role = " ".join(f"{k} %{n}" for n, k in zip(u.ops, u.kinds))
-                        if ev["tid"] != u.core:
-                            role = f"memory of %{u.name}"
-                        ev = {**ev, "args": {"name": f"{ev['args']['name']}: {role}"}}
-                yield ev
+            for offset, label, last in parts:  # configurations run one after another
+                names = {c: u for u in last.placement.units for c in u.cores}
+                for ev in last.sim.trace_events:
+                    if ev.get("ph") == "M" and ev.get("name") == "thread_name" and ev["pid"] == 1:
+                        u = names.get(ev["tid"])
+                        if u is not None:
+                            role = " ".join(f"{k} %{n}" for n, k in zip(u.ops, u.kinds))
+                            if ev["tid"] != u.core:
+                                role = f"memory of %{u.name}"
+                            ev = {**ev, "args": {"name": f"{ev['args']['name']}: {label}{role}"}}
+                    elif offset and "ts" in ev:
+                        ev = {**ev, "ts": ev["ts"] + offset}
+                    yield ev
 
+        first, last = parts[0][2], parts[-1][2]
         other = {
-            "graph": last.graph,
-            "chip": last.chip,
+            "graph": first.graph if len(parts) == 1 else self.layer.name,
+            "chip": first.chip,
             "time_unit": "1 trace microsecond = 1 cycle",
-            "cycles": last.cycles,
+            "cycles": parts[-1][0] + last.cycles,
+            "configurations": len(parts) if len(parts) > 1 else None,
             "window_cycles": list(window) if window else None,
             "units_kept": units,
         }

@@ -67,3 +67,26 @@ def test_layer_that_fits_is_placed_whole(layer) -> None:
     rep = torch2step.compile(step, args).report(*args)
     assert "configurations" not in rep.dynamic
     assert not any(n.startswith("configuration ") for n in rep.notes)
+
+
+def test_split_report_writes_one_timeline_of_its_configurations(layer, tmp_path) -> None:
+    import json
+
+    from runtime.trace import trace_problems
+
+    step, args = layer
+    chip = with_mesh_shape(load_chip("mesh"), 4, 8)
+    prog = torch2step.compile(step, args, chip=chip, execution="spatial")
+    rep = prog.report(*args, trace=True)
+    k = rep.dynamic["configurations"]
+    rep.save(tmp_path / "run", trace=prog)
+    doc = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert trace_problems(doc) == []
+    names = [e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"]
+    assert all(any(f"configuration {i}: " in n for n in names) for i in range(1, k + 1))
+    ends = [e["ts"] + e.get("dur", 0) for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert max(ends) <= rep.latency_cycles
+    lines = [n for n in rep.notes if n.startswith("configuration ")]
+    cycles = [int(n.rsplit(", ", 1)[1].split()[0].replace(",", "")) for n in lines]
+    # the configurations run one after another: the last one's events end after the others'
+    assert max(ends) > sum(cycles[:-1])

@@ -120,7 +120,7 @@ class Lowered:
             ty = self.layer.types[name]
             shape = concrete(ty.shape, b)
             arr = tensors[self.placed[name].tensor.name].reshape(shape)
-            outs.append(torch.from_numpy(np.ascontiguousarray(arr)).to(torch_dtype(ty.dtype)))
+            outs.append(torch.from_numpy(np.array(arr, order="C")).to(torch_dtype(ty.dtype)))
         return tuple(outs)
 
 
