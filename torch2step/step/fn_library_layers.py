@@ -218,13 +218,19 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype, copy=False)
 
 
+def _inverse(x: np.ndarray, root: bool) -> np.ndarray:
+    """``1/sqrt(x)`` or ``1/x`` with PyTorch's semantics: a zero gives ``inf`` silently."""
+    with np.errstate(divide="ignore"):
+        return (1.0 / (np.sqrt(x) if root else x)).astype(x.dtype, copy=False)
+
+
 _UNARY: dict[str, tuple[Any, int]] = {
     "neg": (lambda f, x: -x, 1),
     "sigmoid": (lambda f, x: _sigmoid(x), 4),
     "gelu": (lambda f, x: _gelu(x), 8),
-    "rsqrt": (lambda f, x: (1.0 / np.sqrt(x)).astype(x.dtype, copy=False), 2),
+    "rsqrt": (lambda f, x: _inverse(x, True), 2),
     "sqrt": (lambda f, x: np.sqrt(x), 1),
-    "reciprocal": (lambda f, x: (1.0 / x).astype(x.dtype, copy=False), 1),
+    "reciprocal": (lambda f, x: _inverse(x, False), 1),
     "square": (lambda f, x: x * x, 1),
     "add_scalar": (lambda f, x: (x + float(f.get("value", 0.0))).astype(x.dtype), 1),
     "mul_scalar": (lambda f, x: (x * float(f.get("value", 1.0))).astype(x.dtype), 1),
