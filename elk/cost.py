@@ -402,6 +402,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
     execs = tuple(Option(p.space, p.time, p) for p in plans)
     preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
     loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
+    ports = tuple(p.preload_space / max(1, p.cores) / c.port for p in plans)
     return Item(
         op.name,
         execs,
@@ -414,6 +415,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         loads=loads,
         core_spaces=tuple(p.core_space for p in plans),
         grids=tuple(grid(p) for p in plans),
+        ports=ports,
     )
 
 

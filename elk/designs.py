@@ -1,13 +1,16 @@
 """The designs compared in ELK §6.1: Basic, Static, ELK-Dyn, ELK-Full and Ideal.
 
-* **Basic**: the fastest execute plan for every operator; the remaining space preloads at most
-  the next operator.
+* **Basic**: the fastest execute plan for every operator; the remaining space preloads the
+  next operator whenever it fits (no search over preload numbers).
 * **Static** (T10 extended, as ELK §6.1 builds it): one fixed split of every core's SRAM into
   execute and preload space for the whole model (the best of a sweep of splits): every
   operator runs its fastest plan whose per-core footprint fits the execute space, and the
   preloads share the preload space of all cores, whatever the executing operator leaves unused;
   all preloaded operators use either their largest or their smallest preload-state plan,
-  whichever is faster.
+  whichever is faster.  Operators are preloaded in advance as SambaNova does, i.e. greedily:
+  before each ``execute`` every next operator whose preload space still fits is issued (the
+  best of a sweep of caps on how many are held); the preload numbers are not searched (that is
+  ELK's inductive scheduling, §4.2).
 * **ELK-Dyn**: inductive scheduling (§4.2) + cost-aware allocation (§4.3), execution order.
 * **ELK-Full**: ELK-Dyn plus preload order permutation (§4.4).
 * **Ideal**: separate interconnects for preload and execution (no contention), unbounded on-chip
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 
 from elk.errors import ElkError
 from elk.reorder import best_order
-from elk.schedule import Item, Policy, Timeline, schedule
+from elk.schedule import Item, Policy, Timeline, _caps, _lows, evaluate, schedule
 
 __all__ = ["DESIGNS", "plan_design"]
 
@@ -50,7 +53,9 @@ def plan_design(
     check plans against one core's SRAM where grids must share cores (see :class:`Policy`)."""
     kw = {"core_sram": core_sram, "workers": workers, "mesh": mesh}
     if design == "basic":
-        return schedule(items, Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam, **kw))
+        pol = Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam, **kw)
+        t = greedy(items, pol, capacity, 1)
+        return t if t is not None else schedule(items, pol)
     if design == "static":
         best: Timeline | None = None
         single = all(len(pre) <= 1 for it in items for pre in it.preloads)
@@ -65,12 +70,10 @@ def plan_design(
                     beam=beam,
                     **kw,
                 )
-                try:
-                    t = schedule(items, pol)
-                except ElkError:
-                    continue
-                if best is None or t.total < best.total:
-                    best = t
+                for ahead in STATIC_AHEAD:
+                    t = greedy(items, pol, (1 - frac) * capacity, ahead)
+                    if t is not None and (best is None or t.total < best.total):
+                        best = t
         if best is None:
             raise ElkError("Static: no fixed execute/preload split fits every operator")
         return best
@@ -81,10 +84,61 @@ def plan_design(
     if design == "ideal":
         n = len(items)
         pol = Policy(math.inf, contention=False, zero_dist=True, window=1)
-        from elk.schedule import _caps, evaluate
-
         # every preload as early as allowed (a routed expert: once its routing has executed)
         t = evaluate(items, pol, _caps(items, list(range(n))))
         assert t is not None
         return t
     raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
+
+
+#: Caps on how many preloaded operators Static holds at once (it takes the best).
+STATIC_AHEAD = (1, 2, 4, 8, None)
+
+
+def _static_plan(it: Item, pol: Policy) -> int:
+    """The exec plan a fixed execute space gives an operator (its fastest that fits)."""
+    if pol.fastest_exec or pol.exec_space is None:
+        return len(it.execs) - 1
+    fit = [
+        e
+        for e in range(len(it.execs))
+        if (
+            it.exec_core_space(e) <= pol.exec_core
+            if pol.exec_core is not None
+            else it.execs[e].space <= pol.exec_space
+        )
+    ]
+    return fit[-1] if fit else 0
+
+
+def greedy(items: Sequence[Item], pol: Policy, room: float, ahead: int | None) -> Timeline | None:
+    """Preloads issued greedily in execution order (ELK §6.1 Basic and Static): before each
+    ``execute(i)`` the next operators are issued while their preload spaces fit ``room`` with
+    those still held (at most ``ahead`` held); ``None`` when the resulting schedule does not
+    fit (:func:`elk.schedule.evaluate`)."""
+    n = len(items)
+    pos = list(range(n))
+    lo, cap = _lows(pos), _caps(items, pos)
+    space = []
+    for it in items:
+        pre = it.preloads[_static_plan(it, pol)] if it.preloads else ()
+        if not pre:
+            space.append(0.0)
+        elif pol.preload_mode == "smallest":
+            space.append(float(pre[0].space))
+        else:
+            space.append(float(pre[-1].space))
+    Ps: list[int] = []
+    P = 0
+    for i in range(n):
+        P = max(P, lo[i])
+        while P < min(n, cap[i]):
+            held = [j for j in range(i + 1, P + 1)]
+            if ahead is not None and len(held) > ahead:
+                break
+            if sum(space[j] for j in held) > room:
+                break
+            P += 1
+        Ps.append(P)
+    Ps[-1] = n
+    return evaluate(items, pol, Ps)

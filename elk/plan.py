@@ -208,13 +208,16 @@ def plan_model(
     The scheduler budgets the aggregate on-chip memory; with a :class:`Chip` the plan is then
     placed tile by tile and every core's peak SRAM checked (``core_peak``).  A plan that
     overflows a core is made again with the aggregate budget cut by the overflow (at most
-    :data:`SRAM_RETRIES` times).  Ideal assumes unbounded memory and is not checked."""
+    :data:`SRAM_RETRIES` times; the per-core budget of the plans' grids is cut by it as well,
+    since output tiles held for the next operator also occupy cores).  Ideal assumes unbounded
+    memory and is not checked."""
     if design not in DESIGNS:
         raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
     costs = chip if isinstance(chip, ChipCosts) else ChipCosts.from_chip(chip, dtype)
     t0 = time.perf_counter()
     items = items_for(costs, list(ops))
     capacity = float(costs.capacity)
+    core = float(costs.sram)
     peak = 0
     for _ in range(SRAM_RETRIES + 1):
         tl = plan_design(
@@ -224,8 +227,8 @@ def plan_model(
             window=window,
             beam=beam,
             max_orders=max_orders,
-            core_bytes=costs.sram,
-            core_sram=costs.sram,
+            core_bytes=core,
+            core_sram=core,
             workers=costs.cores,
             mesh=costs.mesh,
         )
@@ -236,6 +239,9 @@ def plan_model(
         if peak <= costs.sram:
             break
         capacity *= 0.98 * costs.sram / peak
+        # what one core holds beside the plans (output tiles awaiting their consumer) comes
+        # out of every core's budget too
+        core -= peak - costs.sram
     else:
         raise ElkError(
             f"{design} plan of {len(ops)} operators on {costs.name}: a core needs {peak} bytes of "

@@ -44,8 +44,10 @@ class Item:
     ``grids[e]``: the core grid (rows, columns) of exec plan ``e`` (for the per-core SRAM check);
     ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``after``: the index of the
     operator whose execution decides what this one preloads (a routed expert: its preload is
-    issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes read from HBM; ``layer``/``slot``: which layer and position in it
-    (identical layers share slots, ELK §4.4)."""
+    issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes
+    read from HBM; ``layer``/``slot``: which layer and position in it (identical layers share
+    slots, ELK §4.4); ``ports[e]``: cycles one core's network port spends receiving its share
+    of the preload when the operator will execute with plan ``e`` (see :func:`_queued`)."""
 
     name: str
     execs: tuple[Option, ...]
@@ -59,6 +61,7 @@ class Item:
     core_spaces: tuple[int, ...] = ()
     after: int = -1
     grids: tuple[tuple[int, int], ...] = ()
+    ports: tuple[float, ...] = ()
 
     def exec_core_space(self, e: int) -> float:
         """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
@@ -135,6 +138,7 @@ class Step:
     space: int
     busy: bool
     stall: float = 0.0
+    lead: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +194,15 @@ def _step(
     if parent is None:
         nxt_start, spre_tail, tail_from = 0.0, (), n
         res_parent: dict[int, tuple[int, float, int, int]] = {}
+        lead = 0.0
     else:
-        nxt_start, spre_tail, tail_from = parent.step.start, parent.spre, parent.step.P
+        spre_tail, tail_from = parent.spre, parent.step.P
         res_parent = {op: (sp, bound, q, e) for op, sp, bound, q, e in parent.res}
+        # the preloads issued between execute(i) and execute(i+1) delay execute(i+1)
+        lead = _lead(
+            items, order, range(P, tail_from), i + 1, parent.step.exec_plan, res_parent, pol
+        )
+        nxt_start = parent.step.start - lead
     # Preload starts of positions P .. tail_from-1 (as late as possible).
     head: list[float] = []
     later = spre_tail[0] if spre_tail else math.inf
@@ -225,8 +235,13 @@ def _step(
             plan_j = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
             overlap += items[j].load_time(plan_j)
     busy: float = overlap
+
+    def cost(e: int) -> float:
+        # with per-core port times, contention is charged per section (see :func:`_lead`)
+        return item.execs[e].time if item.ports else item.exec_time(e, busy)
+
     groups: list[tuple[Option, ...]] = []
-    execs = tuple(Option(o.space, item.exec_time(e, busy), e) for e, o in enumerate(item.execs))
+    execs = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
     if pol.fastest_exec:
         execs = execs[-1:]
     elif pol.exec_space is not None:
@@ -300,12 +315,48 @@ def _step(
         else:
             sp, bound, qq, ee = res_parent[j]
             res.append((j, sp, bound, qq, ee))
-    stall = item.exec_time(e, busy) - item.execs[e].time
-    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall)
+    stall = cost(e) - item.execs[e].time
+    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall, lead)
     return step, spre, tuple(res), gate
 
 
-def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timeline:
+def _lead(
+    items: Sequence[Item],
+    order: Sequence[int],
+    positions: Sequence[int],
+    i: int,
+    e: int,
+    res: dict[int, tuple[int, float, int, int]],
+    pol: Policy,
+) -> float:
+    """Cycles ``execute(i)`` (exec plan ``e``) waits behind the preloads at ``positions`` of the
+    preload order, issued just before it.  ELK §4.3 estimates the contention on a link by
+    dividing its total traffic by its bandwidth, and a link serves the messages sharing it one
+    after another (ELK §6.1): a ``preload_async`` issued before an ``execute`` queues its pieces
+    on the receiving cores' ports ahead of the execution's activations, partial sums and
+    results, so an execution whose cores also receive a preload waits for that core's share of
+    it (``Item.ports``).  Grids that need not share a core (:meth:`Policy.must_share`: placement
+    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``."""
+    it = items[i]
+    if not pol.contention or not it.ports:
+        return 0.0
+    g = it.grids[e] if it.grids else None
+    tot = 0.0
+    for k in positions:
+        j = order[k]
+        pj = items[j]
+        if not pj.ports:
+            continue
+        if j == i or j not in res:  # its own preload: execute(i) waits for it anyway
+            continue
+        plan = res[j][3]
+        gj = pj.grids[plan] if pj.grids else None
+        if g is None or gj is None or pol.must_share(g, gj):
+            tot += pj.ports[plan]
+    return tot
+
+
+def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Policy) -> Timeline:
     n = len(items)
     steps: list[Step] = []
     s: _State | None = state
@@ -315,11 +366,28 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
     # preload starts of positions 0 .. P0-1, as late as possible
     first = state.step
     res = {op: (bound, e) for op, _, bound, _, e in state.res}
+    lead0 = _lead(
+        items,
+        order,
+        range(first.P),
+        0,
+        first.exec_plan,
+        {op: (sp, b, q, e) for op, sp, b, q, e in state.res},
+        pol,
+    )
+    # the first operator reads its input from HBM, whose channels serve requests first come
+    # first served: it waits behind the preloads issued before it
+    hbm0 = sum(
+        items[order[k]].load_time(res[order[k]][1])
+        for k in range(first.P)
+        if pol.contention and order[k] != 0 and order[k] in res and items[order[k]].ports
+    )
+    start0 = first.start - max(lead0, hbm0)
     later = state.spre[0] if state.spre else math.inf
     head: list[float] = []
     for k in range(first.P - 1, -1, -1):
         op = order[k]
-        bound, plan = (first.start, first.exec_plan) if op == 0 else res[op]
+        bound, plan = (start0, first.exec_plan) if op == 0 else res[op]
         v = min(bound, later) - items[op].load_time(plan)
         head.append(v)
         later = v
@@ -331,22 +399,25 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State) -> Timel
     for k, op in enumerate(order):
         pstart[op] = spre[k]
         pend[op] = spre[k] + items[op].load_time(plan_of[op])
-    begin = min(min(pstart), first.start) if n else 0.0
+    begin = min(min(pstart), start0) if n else 0.0
     shift = -begin
+    # the wait behind the preloads issued just before an execute belongs to that step
+    leads = [first.start - start0] + [t.lead for t in steps[:-1]]
     steps_shifted = tuple(
         Step(
             t.op,
             t.P,
             t.exec_plan,
             t.next_preload,
-            t.start + shift,
+            t.start - w + shift,
             t.end + shift,
-            t.time,
+            t.time + w,
             t.space,
-            t.busy,
-            t.stall,
+            t.busy or w > 0,
+            t.stall + w,
+            w,
         )
-        for t in steps
+        for t, w in zip(steps, leads)
     )
     preload_plan = [-1] * n
     for t in steps_shifted:
@@ -383,15 +454,23 @@ def _lows(pos: Sequence[int]) -> list[int]:
     return lo
 
 
-def _vector(st: _State) -> tuple[float, ...]:
+def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]:
     """What the operators before this step see of it (all larger is better): its start, the
-    preload starts from its ``P`` on, and its residents' end bounds and (negated) spaces."""
+    preload starts from its ``P`` on, its residents' end bounds and (negated) spaces, and
+    (negated) the size of its core grid, which decides the preloads it waits behind
+    (:func:`_lead`: a grid no larger in any dimension shares cores in no more cases)."""
     res = st.res
+    it = items[st.step.op]
+    grid: tuple[float, ...] = ()
+    if it.ports and it.grids:
+        r, c = it.grids[st.step.exec_plan]
+        grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
     return (
         st.step.start,
         *st.spre,
         *(bound for _, _, bound, _, _ in res),
         *(-float(sp) for _, sp, _, _, _ in res),
+        *grid,
     )
 
 
@@ -452,7 +531,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
                     if got is None:
                         continue
                     st = _State(got[0], got[1], got[2], parent)
-                    kept = _keep(kept, _vector(st), st, policy.beam)
+                    kept = _keep(kept, _vector(st, items, policy), st, policy.beam)
             if kept:
                 new[P] = [st for _, st in kept]
         if not new:
@@ -461,7 +540,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
                 "plus the operators that must stay resident exceed on-chip memory"
             )
         states = new
-    final = [_finish(items, order, st) for sts in states.values() for st in sts]
+    final = [_finish(items, order, st, policy) for sts in states.values() for st in sts]
     return min(final, key=lambda t: (t.total, t.steps[0].P))
 
 
@@ -487,7 +566,7 @@ def evaluate(
             return None
         state = _State(got[0], got[1], got[2], state)
     assert state is not None
-    return _finish(items, order, state)
+    return _finish(items, order, state, policy)
 
 
 def exhaustive(

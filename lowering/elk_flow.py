@@ -133,24 +133,50 @@ class Flow:
         if tensor in self._stored or rect is None:
             p.store(buf, tensor, None if st is None else region(st, ex))
         dtype = self.tensors[tensor][1]
-        for chan, piece, dst in self._sends.get((op, p.core, buf), []):
-            whole = piece == rect
-            params = {
-                "at": f"{piece[0] - rect[0]},{piece[1] - rect[1]}",
-                "ext": f"{piece[2]},{piece[3]}",
-            }
-            if dst == p.core:
-                p.alloc(chan, (piece[2], piece[3]), dtype)
-                p.compute("elk_slice", chan, buf, params, dtype)
-                continue
-            src = buf
-            if not whole:
-                src = f"{buf}_cut"
-                p.alloc(src, (piece[2], piece[3]), dtype)
-                p.compute("elk_slice", src, buf, params, dtype)
-            p.send(chan, src)
-            if not whole:
+        # Pieces sharing a band of rows are cut from a copy of that band, so a tile re-cut for a
+        # consumer with many small tiles reads the tile once per band, not once per piece.
+        bands: dict[tuple[int, int], list[tuple[str, Rect, int]]] = {}
+        for send in self._sends.get((op, p.core, buf), []):
+            bands.setdefault((send[1][0], send[1][2]), []).append(send)
+        for (r0, nr), group in bands.items():
+            src, base = buf, rect
+            if len(group) > 1 and nr < rect[2]:
+                src, base = f"{buf}_band", (r0, rect[1], nr, rect[3])
+                p.alloc(src, (nr, rect[3]), dtype)
+                p.compute(
+                    "elk_slice",
+                    src,
+                    buf,
+                    {"at": f"{r0 - rect[0]},0", "ext": f"{nr},{rect[3]}"},
+                    dtype,
+                )
+            for chan, piece, dst in group:
+                self._emit_piece(p, chan, piece, dst, src, base, dtype)
+            if src != buf:
                 p.free(src)
+
+    @staticmethod
+    def _emit_piece(
+        p: CoreBuilder, chan: str, piece: Rect, dst: int, src: str, base: Rect, dtype: str
+    ) -> None:
+        """Keep ``piece`` of buffer ``src`` (holding region ``base``) on this core or send it."""
+        whole = piece == base
+        params = {
+            "at": f"{piece[0] - base[0]},{piece[1] - base[1]}",
+            "ext": f"{piece[2]},{piece[3]}",
+        }
+        if dst == p.core:
+            p.alloc(chan, (piece[2], piece[3]), dtype)
+            p.compute("elk_slice", chan, src, params, dtype)
+            return
+        cut = src
+        if not whole:
+            cut = f"{src}_cut"
+            p.alloc(cut, (piece[2], piece[3]), dtype)
+            p.compute("elk_slice", cut, src, params, dtype)
+        p.send(chan, cut)
+        if not whole:
+            p.free(cut)
 
     # -- between the two passes ----------------------------------------------------------------
     def plan(self, b: ProgramBuilder) -> None:

@@ -41,7 +41,15 @@ from lowering.elk_flow import Flow
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
 
-__all__ = ["Placed", "place", "core_peaks", "elk_programs", "tile_major", "weight_shape"]
+__all__ = [
+    "Placed",
+    "place",
+    "core_peaks",
+    "held_output",
+    "elk_programs",
+    "tile_major",
+    "weight_shape",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +122,8 @@ def core_peaks(
     issued: Sequence[int] | None = None,
 ) -> np.ndarray:
     """Most bytes each worker core holds at once under :func:`place` (execute-state tiles of
-    the executing operator and of every operator preloaded and not yet executed)."""
+    the executing operator and of every operator preloaded and not yet executed, and the
+    output tiles of the previous operator, :func:`held_output`)."""
     load = _place(chip, ops, plans, order, issued)[1]
     return load.max(axis=1) if load.size else np.zeros(load.shape[0], dtype=np.int64)
 
@@ -164,8 +173,29 @@ def _place(
             pick = np.argsort(busy, kind="stable")[: rows * cols]
             cores = tuple(int(x) for x in sorted(pick))
         load[list(cores), span] += plan.core_space
-        out[j] = Placed(op, plan, rows, cols, cores)
+        placed = Placed(op, plan, rows, cols, cores)
+        if j + 1 < n:  # its output tiles stay until the next operator has gathered them
+            for core, nbytes in held_output(placed):
+                load[core, j + 1] += nbytes
+        out[j] = placed
     return [out[j] for j in range(n)], load
+
+
+def held_output(pl: Placed) -> list[tuple[int, int]]:
+    """(core, bytes) of the output tiles ``pl`` leaves on its cores (ELK §4.5: activations
+    stay in the producing cores' SRAM until the next operators gather them): a matmul's top
+    grid row, an attention's first grid column, every core of a vector operator."""
+    op, e = pl.op, pl.op.elem
+    if op.kind == "matmul":
+        m, _, n = op.dims
+        return [(pl.core(0, c), m * (n // pl.cols) * e) for c in range(pl.cols)]
+    if op.kind == "attention":
+        b, hq, _, d, _ = op.dims
+        tb, tg, _ = pl.plan.tiles
+        return [(pl.core(r, 0), (b // tb) * (hq // tg) * d * e) for r in range(pl.rows)]
+    r, c = op.dims
+    per = (r // pl.rows) * (c // pl.cols) * e if op.node is None else r * c * e
+    return [(core, per) for core in pl.cores]
 
 
 #: Loads a core's preload share is split into: HBM requests of one core are paced by its port,

@@ -149,3 +149,22 @@ def test_activations_stay_on_chip_between_operators() -> None:
     assert not loaded & produced
     assert stored == results
     assert any(isinstance(ins, Compute) and ins.kernel == "elk_place" for ins in body)
+
+
+def test_held_output_tiles_count_in_core_peaks() -> None:
+    """ELK §4.5: an operator's output tiles stay on its cores until the next operator has
+    gathered them, so the per-core SRAM check counts them in the next section."""
+    from lowering.elk_programs import _place, held_output
+
+    chip = load_chip("ipu-hbm")
+    costs = ChipCosts.from_chip(chip)
+    ops = decode_step_ops("llama3-8b", 32, 2048, 1)[1:3]  # qkv_proj, rotary
+    plans = [item_for(costs, op).execs[-1].ref for op in ops]
+    placed, load = _place(chip, ops, plans, (0, 1), (1, 2))
+    held = held_output(placed[0])
+    m, _, n = ops[0].dims
+    assert sum(b for _, b in held) == m * n * ops[0].elem
+    assert {c for c, _ in held} <= set(placed[0].cores)
+    for core, nbytes in held:
+        on_rotary = plans[1].core_space if core in placed[1].cores else 0
+        assert load[core, 1] == nbytes + on_rotary
