@@ -63,7 +63,12 @@ class LowerOptions:
     lanes (STeP (arXiv 2511.07776) §5; at most one per weight tile; ``None``: one lane, which
     ``torch2step.compile`` raises to ``LINEAR_LANES`` of :mod:`torch2step.lower.linear` on
     chips of at least 256 cores, setting ``linear_lanes_auto``: lanes only where each gets at
-    least ``LANE_MIN_TILES`` weight tiles)."""
+    least ``LANE_MIN_TILES`` weight tiles); ``linear_k_lanes``: a Linear's input features split
+    over that many parallel lanes whose partial products are summed (split-K, see
+    :mod:`torch2step.lower.linear`; ``None``: none, which ``torch2step.compile`` raises to
+    ``LINEAR_K_LANES`` on chips of at least 256 cores, with ``linear_lanes_auto``: at least
+    ``K_LANE_MIN_BYTES`` of weights per lane; a Linear with split-K lanes has no
+    ``linear_lanes``)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -79,12 +84,15 @@ class LowerOptions:
     attn_lanes: int | None = None
     linear_lanes: int | None = None
     linear_lanes_auto: bool = False
+    linear_k_lanes: int | None = None
 
     def __post_init__(self) -> None:
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:
             raise LoweringError("option attn_lanes must be a positive integer or None")
         if self.linear_lanes is not None and int(self.linear_lanes) < 1:
             raise LoweringError("option linear_lanes must be a positive integer or None")
+        if self.linear_k_lanes is not None and int(self.linear_k_lanes) < 1:
+            raise LoweringError("option linear_k_lanes must be a positive integer or None")
         if self.attn_regions is not None and int(self.attn_regions) < 1:
             raise LoweringError("option attn_regions must be a positive integer or None")
         if self.attn_assign not in ("coarse", "interleave", "dynamic"):
