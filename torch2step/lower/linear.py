@@ -218,9 +218,25 @@ def _lower_split_k(
         bias = ctx.placed[b].tensor
         b_tiles = g.flatten(g.linear_load(bias, (1, tn), first, out_shape=(1, nt)), 0, 1)
         y = g.map("add", y, b_tiles)
-    full = g.accum(y, "retile_col", zeros(tm, 0, dt), 1)  # [1, Rb] of [tm, N]
     assert pad is not None
-    _store_blocks(ctx, full, pad, out)
+    _store_tiles(ctx, y, pad, tm, nt, dt, out)
+
+
+def _store_tiles(
+    ctx: LowerCtx, y: Value, pad: Value, tm: int, nt: int, dt: str, out: str
+) -> None:
+    """``[1, Rb, nt]`` of ``[tm, tn]`` output tiles -> rows -> ``out``, pipelined row by row:
+    each tile is cut into its ``tm`` row pieces as it arrives and held in an on-chip buffer
+    per row block (``Bufferize``), which is read back row-major (``Streamify`` with an affine
+    transposing read, STeP §3.2.2) and joined into ``[1, N]`` rows (``Accum(retile_col)``), so
+    no message carries a whole ``[tm, N]`` block."""
+    g = ctx.graph
+    pieces = g.flat_map(y, fn("retile_streamify", rows=1))  # [1, Rb, nt*tm] of [1, tn]
+    buf = g.bufferize(pieces, 1)  # [1, Rb] of Buf[nt*tm]
+    again = g.streamify(buf, buf, stride=(1, tm), out_shape=(tm, nt))  # [1, Rb, tm, nt]
+    rows = g.accum(again, "retile_col", zeros(1, 0, dt), 1)  # [1, Rb, tm] of [1, N]
+    kept = _drop_padding(ctx, ctx.flat(rows), pad)
+    ctx.store_rows(kept, out)
 
 
 def _x_slices(
