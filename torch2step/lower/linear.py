@@ -202,11 +202,13 @@ def _lower_split_k(
         data, flags = g.reshape(xr, 0, tm, 0.0)  # [1, Rb, tm] of [1, kp]
         pad = flags if pad is None else pad
         blk = g.accum(data, "retile_row", zeros(0, kp, dt), 1)  # [1, Rb] of [tm, kp]
-        one, _ = g.reshape(blk, 0, 1, 0.0)  # [1, Rb, 1] (chunks of 1 never pad)
+        one, tick = g.reshape(blk, 0, 1, 0.0)  # [1, Rb, 1] (chunks of 1 never pad)
         buf = g.bufferize(one, 1)  # [1, Rb] of Buf[1] of [tm, kp]: the block, on chip
-        first = buf if first is None else first
-        w_tiles = g.linear_load(
-            wt, (tn, kp), buf, out_shape=(nt,), stride=(lanes,), base=p
+        # the weight reads follow the blocks, not the buffer: a load running ahead into the
+        # next block must not wait for a buffer that waits for this block's weight tiles
+        first = tick if first is None else first
+        w_tiles = g.flatten(
+            g.linear_load(wt, (tn, kp), tick, out_shape=(nt,), stride=(lanes,), base=p), 0, 1
         )  # [1, Rb, nt] of [tn, kp]: column block p of every weight row block
         x_again = g.flatten(g.streamify(buf, w_tiles), 0, 1)  # [1, Rb, nt] of [tm, kp]
         parts.append(g.map("matmul_t", x_again, w_tiles))  # [1, Rb, nt] of [tm, tn]
@@ -216,7 +218,7 @@ def _lower_split_k(
     y = parts[0]
     if b is not None:
         bias = ctx.placed[b].tensor
-        b_tiles = g.flatten(g.linear_load(bias, (1, tn), first, out_shape=(1, nt)), 0, 1)
+        b_tiles = g.flatten(g.linear_load(bias, (1, tn), first, out_shape=(nt,)), 0, 1)
         y = g.map("add", y, b_tiles)
     assert pad is not None
     _store_tiles(ctx, y, pad, tm, nt, dt, out)
