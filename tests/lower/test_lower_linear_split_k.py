@@ -88,3 +88,25 @@ def test_split_k_lanes_automatic_rule() -> None:
     assert linear_k_lanes(ctx, 256, 32 << 20) == 2  # type: ignore[arg-type]  # K/P >= 128
     manual = SimpleNamespace(options=LowerOptions(linear_k_lanes=4))
     assert linear_k_lanes(manual, 512, 1) == 4  # type: ignore[arg-type]
+
+
+class _Viewed(nn.Module):
+    """A Linear whose input is stored as narrower rows (``[R, 8, 64]`` viewed as ``[R, 512]``),
+    as the attention output feeds the output projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(K_IN, N_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj((x * 2).reshape(x.shape[0], K_IN))
+
+
+def test_split_k_reads_slices_of_a_viewed_input_straight_from_hbm() -> None:
+    torch.manual_seed(1)
+    model, x = _Viewed(), torch.randn(5, 8, 64)
+    lw, res, y = _run(model, x, 4)
+    torch.testing.assert_close(y, model(x), atol=1e-4, rtol=1e-4)
+    names = [op.fn.name for op in lw.program.nodes if isinstance(op, Map)]
+    assert "slice_cols" not in names  # no lane receives the whole row
+    assert res.offchip_bytes == _run(model, x, 1)[1].offchip_bytes

@@ -250,11 +250,17 @@ def _x_slices(
     g = ctx.graph
     t = ctx.placed[x].tensor
     shp = tuple(sp.sympify(d) for d in t.shape)
-    if shp and shp[-1] == k and sp.simplify(sp.Mul(*shp[:-1]) - sp.sympify(rows_n)) == 0:
-        return [
-            ctx.flat(g.linear_load(t, (1, kp), None, out_shape=(rows_n,), stride=(lanes,), base=p))
-            for p in range(lanes)
-        ]
+    tile = _slice_tile(shp, rows_n, k, kp)
+    if tile is not None:
+        # the tensor's elements are x's rows in order, so slice p of row r is chunk
+        # r * lanes + p of kp consecutive elements: one tile of ``tile``
+        out: list[Value] = []
+        for p in range(lanes):
+            v = g.linear_load(t, tile, None, out_shape=(rows_n,), stride=(lanes,), base=p)
+            if tile[0] > 1:
+                v = g.map(fn("tile_reshape", rows=1, cols=kp), v)
+            out.append(ctx.flat(v))
+        return out
     rows = ctx.load_rows(x)
     return [g.map(fn("slice_cols", start=p * kp, end=(p + 1) * kp), rows) for p in range(lanes)]
 
@@ -291,3 +297,22 @@ def _drop_padding(ctx: LowerCtx, rows: Value, pad: Value) -> Value:
     g = ctx.graph
     flags = ctx.flat(pad)
     return g.flat_map(g.zip(rows, flags), "filter_padding")
+
+
+def _slice_tile(
+    shp: tuple[sp.Expr, ...], rows_n: sp.Expr, k: int, kp: int
+) -> tuple[int, int] | None:
+    """A tile of ``kp`` consecutive elements of a tensor of shape ``shp`` holding ``rows_n``
+    rows of ``k`` (``(1, kp)`` when ``kp`` divides its rows, ``(kp/D, D)`` when its rows of
+    ``D`` divide ``kp``), or ``None``."""
+    if len(shp) < 2 or sp.simplify(sp.Mul(*shp) - sp.sympify(rows_n) * k) != 0:
+        return None
+    d = shp[-1]
+    if not d.is_Integer:
+        return None
+    d = int(d)
+    if d % kp == 0:
+        return (1, kp)
+    if kp % d == 0 and sp.simplify(sp.Mod(shp[-2], kp // d)) == 0:
+        return (kp // d, d)
+    return None
