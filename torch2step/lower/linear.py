@@ -40,6 +40,9 @@ whole block to it per weight tile, and ``P`` matmul units keep up with the HBM w
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import sympy as sp
 
 from torch2step.step import Value, fn, zeros
@@ -50,6 +53,7 @@ from .context import LowerCtx
 __all__ = [
     "K_LANE_MIN_BYTES",
     "K_LANE_MIN_COLS",
+    "K_LANE_TILE_BYTES",
     "LANE_MIN_TILES",
     "LINEAR_K_LANES",
     "LINEAR_LANES",
@@ -72,6 +76,10 @@ B/cycle of HBM (fewer for small Linears, see :func:`linear_k_lanes`)."""
 K_LANE_MIN_BYTES = 1 << 20
 """Weight bytes per split-K lane below which automatic lanes are not used (an MoE router stays
 one lane)."""
+
+K_LANE_TILE_BYTES = 32 * 1024
+"""Weight tile budget of a split-K lane: small tiles interleave the lanes' HBM reads finely (no
+lane starves while others run ahead) and shorten each hop of the add tree."""
 
 K_LANE_MIN_COLS = 128
 """Input features per split-K lane at least (16x16 compute tiles, 256-byte bf16 HBM rows)."""
@@ -192,7 +200,10 @@ def _lower_split_k(
     g = ctx.graph
     kp = k // lanes
     wt = ctx.placed[w].tensor
-    tn = weight_tile(ctx, n, kp, _itemsize(wt.dtype))
+    small = dataclasses.replace(
+        ctx.options, weight_tile_bytes=min(ctx.options.weight_tile_bytes, K_LANE_TILE_BYTES)
+    )
+    tn = weight_tile(SimpleNamespace(options=small), n, kp, _itemsize(wt.dtype))  # type: ignore[arg-type]
     nt = n // tn
     xs = _x_slices(ctx, x, rows_n, k, kp, lanes)
     pad: Value | None = None
@@ -202,13 +213,13 @@ def _lower_split_k(
         data, flags = g.reshape(xr, 0, tm, 0.0)  # [1, Rb, tm] of [1, kp]
         pad = flags if pad is None else pad
         blk = g.accum(data, "retile_row", zeros(0, kp, dt), 1)  # [1, Rb] of [tm, kp]
-        one, tick = g.reshape(blk, 0, 1, 0.0)  # [1, Rb, 1] (chunks of 1 never pad)
+        one, _ = g.reshape(blk, 0, 1, 0.0)  # [1, Rb, 1] (chunks of 1 never pad)
         buf = g.bufferize(one, 1)  # [1, Rb] of Buf[1] of [tm, kp]: the block, on chip
         # the weight reads follow the blocks, not the buffer: a load running ahead into the
         # next block must not wait for a buffer that waits for this block's weight tiles
-        first = tick if first is None else first
+        first = one if first is None else first
         w_tiles = g.flatten(
-            g.linear_load(wt, (tn, kp), tick, out_shape=(nt,), stride=(lanes,), base=p), 0, 1
+            g.linear_load(wt, (tn, kp), one, out_shape=(nt,), stride=(lanes,), base=p), 0, 1
         )  # [1, Rb, nt] of [tn, kp]: column block p of every weight row block
         x_again = g.flatten(g.streamify(buf, w_tiles), 0, 1)  # [1, Rb, nt] of [tm, kp]
         parts.append(g.map("matmul_t", x_again, w_tiles))  # [1, Rb, nt] of [tm, tn]
