@@ -53,6 +53,7 @@ from .context import LowerCtx
 __all__ = [
     "K_LANE_MIN_BYTES",
     "K_LANE_MIN_COLS",
+    "K_LANE_MIN_TILE_COLS",
     "K_LANE_TILE_BYTES",
     "LANE_MIN_TILES",
     "LINEAR_K_LANES",
@@ -80,6 +81,11 @@ one lane)."""
 K_LANE_TILE_BYTES = 32 * 1024
 """Weight tile budget of a split-K lane: small tiles interleave the lanes' HBM reads finely (no
 lane starves while others run ahead) and shorten each hop of the add tree."""
+
+K_LANE_MIN_TILE_COLS = 64
+"""Output features per split-K weight tile at least: a tile's matmul (``2 tm kp tn`` FLOPs at
+2048 FLOPs/cycle) then lasts at least as long as re-reading the ``tm x kp`` block from the
+lane's buffer at 64 B/cycle (``tn >= 32`` for bf16), with slack."""
 
 K_LANE_MIN_COLS = 128
 """Input features per split-K lane at least (16x16 compute tiles, 256-byte bf16 HBM rows)."""
@@ -200,10 +206,10 @@ def _lower_split_k(
     g = ctx.graph
     kp = k // lanes
     wt = ctx.placed[w].tensor
-    small = dataclasses.replace(
-        ctx.options, weight_tile_bytes=min(ctx.options.weight_tile_bytes, K_LANE_TILE_BYTES)
-    )
-    tn = weight_tile(SimpleNamespace(options=small), n, kp, _itemsize(wt.dtype))  # type: ignore[arg-type]
+    s = _itemsize(wt.dtype)
+    budget = max(min(ctx.options.weight_tile_bytes, K_LANE_TILE_BYTES), K_LANE_MIN_TILE_COLS * kp * s)
+    small = dataclasses.replace(ctx.options, weight_tile_bytes=budget)
+    tn = weight_tile(SimpleNamespace(options=small), n, kp, s)  # type: ignore[arg-type]
     nt = n // tn
     xs = _x_slices(ctx, x, rows_n, k, kp, lanes)
     pad: Value | None = None

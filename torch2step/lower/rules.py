@@ -133,10 +133,12 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
         raise ctx.fail(f"positions {[pb, ps]} do not match x's batch and sequence")
     rows = ctx.load_rows(x)
     pt = ctx.placed[pos].tensor
-    p = ctx.graph.linear_load(
-        pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
-    )
-    y = ctx.graph.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p))
+    g = ctx.graph
+    # each request's positions are read once and held on chip for all its heads
+    p = g.linear_load(pt, (1, 1), out_shape=(bsz, seq), stride=(0 if pb == 1 else seq, 1))
+    buf = g.bufferize(p, 1)  # [1, B] of Buf[S]
+    per_head = g.streamify(buf, g.repeat(buf, heads))  # [1, B, H, S]
+    y = g.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(per_head))
     ctx.store_rows(y, n.outputs[0])
 
 
