@@ -83,9 +83,9 @@ def test_weight_tile_sized_at_the_served_dtype() -> None:
 def test_split_k_lanes_automatic_rule() -> None:
     ctx = SimpleNamespace(options=LowerOptions(linear_k_lanes=32, linear_lanes_auto=True))
     assert linear_k_lanes(ctx, 4096, 32 << 20) == 32  # type: ignore[arg-type]
-    assert linear_k_lanes(ctx, 4096, 8 << 20) == 8  # type: ignore[arg-type]
+    assert linear_k_lanes(ctx, 4096, 8 << 20) == 16  # type: ignore[arg-type]
     assert linear_k_lanes(ctx, 4096, K_LANE_MIN_BYTES - 1) == 1  # type: ignore[arg-type]
-    assert linear_k_lanes(ctx, 256, 32 << 20) == 2  # type: ignore[arg-type]  # K/P >= 128
+    assert linear_k_lanes(ctx, 256, 32 << 20) == 4  # type: ignore[arg-type]  # K/P >= 64
     manual = SimpleNamespace(options=LowerOptions(linear_k_lanes=4))
     assert linear_k_lanes(manual, 512, 1) == 4  # type: ignore[arg-type]
 

@@ -74,7 +74,7 @@ LINEAR_K_LANES = 32
 bf16 Linear, each weight byte carries 64 FLOPs, so 32 units of 2048 FLOPs/cycle match 1024
 B/cycle of HBM (fewer for small Linears, see :func:`linear_k_lanes`)."""
 
-K_LANE_MIN_BYTES = 1 << 20
+K_LANE_MIN_BYTES = 1 << 19
 """Weight bytes per split-K lane below which automatic lanes are not used (an MoE router stays
 one lane)."""
 
@@ -87,8 +87,8 @@ K_LANE_MIN_TILE_COLS = 64
 2048 FLOPs/cycle) then lasts at least as long as re-reading the ``tm x kp`` block from the
 lane's buffer at 64 B/cycle (``tn >= 32`` for bf16), with slack."""
 
-K_LANE_MIN_COLS = 128
-"""Input features per split-K lane at least (16x16 compute tiles, 256-byte bf16 HBM rows)."""
+K_LANE_MIN_COLS = 64
+"""Input features per split-K lane at least (whole 16x16 compute tiles, 128-byte bf16 rows)."""
 
 
 def row_tile(ctx: LowerCtx, rows: sp.Expr) -> int:

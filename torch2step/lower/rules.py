@@ -134,11 +134,13 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
     rows = ctx.load_rows(x)
     pt = ctx.placed[pos].tensor
     g = ctx.graph
-    # each request's positions are read once and held on chip for all its heads
-    p = g.linear_load(pt, (1, 1), out_shape=(bsz, seq), stride=(0 if pb == 1 else seq, 1))
-    buf = g.bufferize(p, 1)  # [1, B] of Buf[S]
-    per_head = g.streamify(buf, g.repeat(buf, heads))  # [1, B, H, S]
-    y = g.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(per_head))
+    if sp.sympify(seq) == 1:  # decode: each request's position read once, repeated per head
+        p = g.repeat(g.linear_load(pt, (1, 1), out_shape=(bsz,), stride=(0 if pb == 1 else 1,)), heads)
+    else:
+        p = g.linear_load(
+            pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
+        )
+    y = g.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p))
     ctx.store_rows(y, n.outputs[0])
 
 
