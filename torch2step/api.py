@@ -21,7 +21,7 @@ from hwmodel.presets import load_chip
 from torch2step.errors import FrontendError, LoweringError
 from torch2step.layers.graph import LayerGraph, torch_dtype
 from torch2step.lower import LowerOptions, lower
-from torch2step.lower.linear import LINEAR_LANES
+from torch2step.lower.linear import LINEAR_K_LANES, LINEAR_LANES
 from torch2step.program import Program
 
 __all__ = ["compile", "example_inputs_for", "import_onnx"]
@@ -135,6 +135,9 @@ def compile(  # noqa: A001  (the public name the users asked for)
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
     if options.get("linear_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
         options["linear_lanes"] = LINEAR_LANES  # a large chip runs each large Linear on lanes
+        options["linear_lanes_auto"] = True
+    if options.get("linear_k_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
+        options["linear_k_lanes"] = LINEAR_K_LANES  # and splits large Linears over K
         options["linear_lanes_auto"] = True
     if options.get("attn_lanes") is None and target.num_cores < LINEAR_LANES_MIN_CORES:
         options["attn_lanes"] = 1  # a small chip keeps one attention pipeline (it fits)

@@ -30,6 +30,7 @@ from torch2step.errors import LoweringError
 from torch2step.layers.graph import LayerGraph, Node
 from torch2step.layers.ops import TensorType
 from torch2step.step import Graph, OffChipTensor, Value, dyn, fn
+from torch2step.step.types import TileType
 
 __all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
 
@@ -63,7 +64,14 @@ class LowerOptions:
     lanes (STeP (arXiv 2511.07776) §5; at most one per weight tile; ``None``: one lane, which
     ``torch2step.compile`` raises to ``LINEAR_LANES`` of :mod:`torch2step.lower.linear` on
     chips of at least 256 cores, setting ``linear_lanes_auto``: lanes only where each gets at
-    least ``LANE_MIN_TILES`` weight tiles)."""
+    least ``LANE_MIN_TILES`` weight tiles); ``linear_k_lanes``: a Linear's input features split
+    over that many parallel lanes whose partial products are summed (split-K, see
+    :mod:`torch2step.lower.linear`; ``None``: none, which ``torch2step.compile`` raises to
+    ``LINEAR_K_LANES`` on chips of at least 256 cores, with ``linear_lanes_auto``: at least
+    ``K_LANE_MIN_BYTES`` of weights per lane; a Linear with split-K lanes has no
+    ``linear_lanes``); ``stream_rows``: an operator reading a value another operator stored
+    as rows reads that row stream directly instead of loading it back from HBM (``False``:
+    every operator round-trips through HBM)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -79,12 +87,16 @@ class LowerOptions:
     attn_lanes: int | None = None
     linear_lanes: int | None = None
     linear_lanes_auto: bool = False
+    linear_k_lanes: int | None = None
+    stream_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:
             raise LoweringError("option attn_lanes must be a positive integer or None")
         if self.linear_lanes is not None and int(self.linear_lanes) < 1:
             raise LoweringError("option linear_lanes must be a positive integer or None")
+        if self.linear_k_lanes is not None and int(self.linear_k_lanes) < 1:
+            raise LoweringError("option linear_k_lanes must be a positive integer or None")
         if self.attn_regions is not None and int(self.attn_regions) < 1:
             raise LoweringError("option attn_regions must be a positive integer or None")
         if self.attn_assign not in ("coarse", "interleave", "dynamic"):
@@ -153,6 +165,7 @@ class LowerCtx:
         default_factory=dict
     )
     syms: dict[sp.Symbol, sp.Symbol] = field(default_factory=dict)
+    streamed: dict[str, Value] = field(default_factory=dict)
     node: Node | None = None
     _names: set[str] = field(default_factory=set)
 
@@ -230,6 +243,10 @@ class LowerCtx:
         t = p.tensor
         scols = t.shape[-1]
         cols = p.cols
+        if ref is None:
+            fwd = self._forwarded(t, p.rows, cols)
+            if fwd is not None:
+                return fwd
         if sp.simplify(sp.Mod(scols, cols)) == 0:
             v = self.graph.linear_load(t, (1, int(cols)), ref)
         elif sp.simplify(sp.Mod(cols, scols)) == 0:
@@ -243,6 +260,28 @@ class LowerCtx:
             )
         return self.flat(v)
 
+    def _forwarded(self, t: OffChipTensor, rows: sp.Expr, cols: sp.Expr) -> Value | None:
+        """The row stream an earlier operator stored into ``t``, as ``[1, rows]`` of
+        ``[1, cols]`` (its rows split on chip when they are wider), or ``None``: consecutive
+        row-wise operators stream into each other instead of round-tripping through HBM
+        (STeP §3: a stream may feed several consumers; the store stays for any reader of the
+        tensor)."""
+        if not self.options.stream_rows or t.name not in self.streamed:
+            return None
+        v = self.streamed[t.name]
+        tile = v.type.dtype
+        if not isinstance(tile, TileType) or tile.dtype != t.dtype or tile.shape[0] != 1:
+            return None
+        width, c = sp.sympify(tile.shape[1]), sp.sympify(cols)
+        if not (width.is_Integer and c.is_Integer) or int(width) % int(c):
+            return None
+        per = int(width) // int(c)
+        if v.type.rank != 1 or sp.simplify(v.type.shape[1] * per - sp.sympify(rows)) != 0:
+            return None
+        if per > 1:
+            v = self.flat(self.graph.flat_map(v, fn("split_cols", cols=int(c))))
+        return v
+
     def flat(self, v: Value) -> Value:
         """Flatten all dims below the outermost one: ``[1, a, b, ..] -> [1, a*b*..]``."""
         r = v.type.rank
@@ -252,6 +291,7 @@ class LowerCtx:
         """Write the row stream ``rows`` as ``value``'s fresh ``[rows, cols]`` tensor."""
         t = self.declare(value)
         self.graph.linear_store(rows, t)
+        self.streamed[t.name] = rows
         return t
 
     def tensor_as(self, value: str, shape: tuple[Any, ...]) -> OffChipTensor:

@@ -23,21 +23,72 @@ own ``LinearOffChipLoad`` (a ``base`` offset into the same weight tensor), ``Rep
 links in parallel. Each lane packs its ``[tm, N/P]`` slice; ``Map(concat_cols)`` over zipped
 lanes reassembles the row-major ``[tm, N]`` block. Every weight byte is still read once per row
 block, so the off-chip traffic does not depend on ``P``.
+
+Split-K lanes (``linear_k_lanes``; what ``compile`` uses on a large chip): the ``K`` input
+features are split into ``P`` slices of ``kp = K/P``. Lane ``p`` reads its own column slice
+``x[:, p*kp:(p+1)*kp]`` from HBM (the input is read once in all), packs each row block into one
+``[tm, kp]`` tile and holds it in an on-chip buffer (``Bufferize``, STeP §3.2.2) that is read
+once per weight tile (``Streamify``): the block crosses the NoC once per row block, and each
+weight tile re-reads it from the lane's memory unit at on-chip memory bandwidth (STeP §4.2).
+The lane's weight tiles ``[tn, kp]`` (column block ``p`` of every row block of ``W``) stream
+from HBM once per row block into its ``Map(matmul_t)``; the ``P`` partial ``[tm, tn]`` products
+are summed by a binary tree of ``Map(add)`` units and packed into rows as above. A lane holds a
+``tm x kp`` block rather than ``tm x K``, so a matmul unit is not starved by the NoC carrying the
+whole block to it per weight tile, and ``P`` matmul units keep up with the HBM weight stream
+(STeP §5: the compute allocated to an operator is matched to its off-chip bandwidth).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import sympy as sp
 
 from torch2step.step import Value, fn, zeros
+from torch2step.step.types import DTYPE_BYTES
 
 from .context import LowerCtx
 
-__all__ = ["LANE_MIN_TILES", "LINEAR_LANES", "linear_lanes", "lower_linear", "row_tile", "weight_tile"]
+__all__ = [
+    "K_LANE_MIN_BYTES",
+    "K_LANE_MIN_COLS",
+    "K_LANE_MIN_TILE_COLS",
+    "K_LANE_TILE_BYTES",
+    "LANE_MIN_TILES",
+    "LINEAR_K_LANES",
+    "LINEAR_LANES",
+    "linear_k_lanes",
+    "linear_lanes",
+    "lower_linear",
+    "row_tile",
+    "weight_tile",
+]
 
 LINEAR_LANES = 8
 """Parallel lanes of a Linear that ``compile`` asks for on a large chip (fewer when the Linear
 has fewer weight tiles)."""
+
+LINEAR_K_LANES = 32
+"""Split-K lanes of a Linear that ``compile`` asks for on a large chip: with 64-row blocks of a
+bf16 Linear, each weight byte carries 64 FLOPs, so 32 units of 2048 FLOPs/cycle match 1024
+B/cycle of HBM (fewer for small Linears, see :func:`linear_k_lanes`)."""
+
+K_LANE_MIN_BYTES = 1 << 19
+"""Weight bytes per split-K lane below which automatic lanes are not used (an MoE router stays
+one lane)."""
+
+K_LANE_TILE_BYTES = 32 * 1024
+"""Weight tile budget of a split-K lane: small tiles interleave the lanes' HBM reads finely (no
+lane starves while others run ahead) and shorten each hop of the add tree."""
+
+K_LANE_MIN_TILE_COLS = 64
+"""Output features per split-K weight tile at least: a tile's matmul (``2 tm kp tn`` FLOPs at
+2048 FLOPs/cycle) then lasts at least as long as re-reading the ``tm x kp`` block from the
+lane's buffer at 64 B/cycle (``tn >= 32`` for bf16), with slack."""
+
+K_LANE_MIN_COLS = 64
+"""Input features per split-K lane at least (whole 16x16 compute tiles, 128-byte bf16 rows)."""
 
 
 def row_tile(ctx: LowerCtx, rows: sp.Expr) -> int:
@@ -79,6 +130,21 @@ def linear_lanes(ctx: LowerCtx, tiles: int) -> int:
     return p
 
 
+def linear_k_lanes(ctx: LowerCtx, k: int, weight_bytes: int) -> int:
+    """Split-K lanes of a Linear with ``k`` input features and ``weight_bytes`` of weights: the
+    largest power of two ``P <= linear_k_lanes`` dividing ``k`` with ``k/P >=``
+    :data:`K_LANE_MIN_COLS` (``None``: one lane) and, when ``linear_lanes_auto``, at least
+    :data:`K_LANE_MIN_BYTES` of weights per lane."""
+    want = ctx.options.linear_k_lanes
+    want = 1 if want is None else int(want)
+    if ctx.options.linear_lanes_auto:
+        want = min(want, max(1, weight_bytes // K_LANE_MIN_BYTES))
+    p = 1
+    while p * 2 <= want and k % (p * 2) == 0 and k // (p * 2) >= min(K_LANE_MIN_COLS, k):
+        p *= 2
+    return p
+
+
 def lower_linear(ctx: LowerCtx, x: str, w: str, b: str | None, out: str) -> None:
     """Lower ``out = Linear(x, w[, b])``; see the module docstring."""
     g = ctx.graph
@@ -88,13 +154,18 @@ def lower_linear(ctx: LowerCtx, x: str, w: str, b: str | None, out: str) -> None
         raise ctx.fail("Linear needs static feature sizes")
     k, n = int(k_dim), int(n_dim)
     tm = row_tile(ctx, rows_n)
-    tn = weight_tile(ctx, n, k)
     dt = ctx.dtype(x)
+    wt = ctx.placed[w].tensor
+    itemsize = _itemsize(wt.dtype)
+    ksplit = linear_k_lanes(ctx, k, n * k * itemsize)
+    if ksplit > 1:
+        _lower_split_k(ctx, x, w, b, out, rows_n, tm, k, n, ksplit, dt)
+        return
+    tn = weight_tile(ctx, n, k, itemsize)
 
     rows = ctx.load_rows(x)  # [1, R] of [1, K]
     data, pad = g.reshape(rows, 0, tm, 0.0)  # [1, Rb, tm]
     blocks = g.accum(data, "retile_row", zeros(0, k, dt), 1)  # [1, Rb] of [tm, K]
-    wt = ctx.placed[w].tensor
     bias = ctx.placed[b].tensor if b is not None else None
     tiles = n // tn
     lanes = linear_lanes(ctx, tiles)
@@ -103,9 +174,112 @@ def lower_linear(ctx: LowerCtx, x: str, w: str, b: str | None, out: str) -> None
     full = parts[0]
     for part in parts[1:]:
         full = g.map("concat_cols", full, part)  # [1, Rb] of [tm, N]
+    _store_blocks(ctx, full, pad, out)
+
+
+def _store_blocks(ctx: LowerCtx, full: Value, pad: Value, out: str) -> None:
+    """``[1, Rb]`` of ``[tm, N]`` output blocks -> rows without the padding -> ``out``."""
+    g = ctx.graph
     out_rows = g.flat_map(full, fn("retile_streamify", rows=1))  # [1, Rb*tm] of [1, N]
     kept = _drop_padding(ctx, out_rows, pad)
     ctx.store_rows(kept, out)
+
+
+def _itemsize(dtype: str) -> int:
+    return DTYPE_BYTES[dtype]
+
+
+def _lower_split_k(
+    ctx: LowerCtx,
+    x: str,
+    w: str,
+    b: str | None,
+    out: str,
+    rows_n: sp.Expr,
+    tm: int,
+    k: int,
+    n: int,
+    lanes: int,
+    dt: str,
+) -> None:
+    """Split-K lanes (see the module docstring)."""
+    g = ctx.graph
+    kp = k // lanes
+    wt = ctx.placed[w].tensor
+    s = _itemsize(wt.dtype)
+    budget = max(min(ctx.options.weight_tile_bytes, K_LANE_TILE_BYTES), K_LANE_MIN_TILE_COLS * kp * s)
+    small = dataclasses.replace(ctx.options, weight_tile_bytes=budget)
+    tn = weight_tile(SimpleNamespace(options=small), n, kp, s)  # type: ignore[arg-type]
+    nt = n // tn
+    xs = _x_slices(ctx, x, rows_n, k, kp, lanes)
+    pad: Value | None = None
+    parts: list[Value] = []
+    first: Value | None = None
+    for p, xr in enumerate(xs):
+        data, flags = g.reshape(xr, 0, tm, 0.0)  # [1, Rb, tm] of [1, kp]
+        pad = flags if pad is None else pad
+        blk = g.accum(data, "retile_row", zeros(0, kp, dt), 1)  # [1, Rb] of [tm, kp]
+        one, _ = g.reshape(blk, 0, 1, 0.0)  # [1, Rb, 1] (chunks of 1 never pad)
+        buf = g.bufferize(one, 1)  # [1, Rb] of Buf[1] of [tm, kp]: the block, on chip
+        # the weight reads follow the blocks, not the buffer: a load running ahead into the
+        # next block must not wait for a buffer that waits for this block's weight tiles
+        first = one if first is None else first
+        w_tiles = g.flatten(
+            g.linear_load(wt, (tn, kp), one, out_shape=(nt,), stride=(lanes,), base=p), 0, 1
+        )  # [1, Rb, nt] of [tn, kp]: column block p of every weight row block
+        x_again = g.flatten(g.streamify(buf, w_tiles), 0, 1)  # [1, Rb, nt] of [tm, kp]
+        parts.append(g.map("matmul_t", x_again, w_tiles))  # [1, Rb, nt] of [tm, tn]
+    while len(parts) > 1:  # binary tree of partial sums
+        nxt = [g.map("add", parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        parts = nxt + ([parts[-1]] if len(parts) % 2 else [])
+    y = parts[0]
+    if b is not None:
+        bias = ctx.placed[b].tensor
+        b_tiles = g.flatten(g.linear_load(bias, (1, tn), first, out_shape=(nt,)), 0, 1)
+        y = g.map("add", y, b_tiles)
+    assert pad is not None
+    _store_tiles(ctx, y, pad, tm, nt, dt, out)
+
+
+def _store_tiles(
+    ctx: LowerCtx, y: Value, pad: Value, tm: int, nt: int, dt: str, out: str
+) -> None:
+    """``[1, Rb, nt]`` of ``[tm, tn]`` output tiles -> rows -> ``out``, pipelined row by row:
+    each tile is cut into its ``tm`` row pieces as it arrives and held in an on-chip buffer
+    per row block (``Bufferize``), which is read back row-major (``Streamify`` with an affine
+    transposing read, STeP §3.2.2) and joined into ``[1, N]`` rows (``Accum(retile_col)``), so
+    no message carries a whole ``[tm, N]`` block."""
+    g = ctx.graph
+    pieces = g.flat_map(y, fn("retile_streamify", rows=1))  # [1, Rb, nt*tm] of [1, tn]
+    buf = g.bufferize(pieces, 1)  # [1, Rb] of Buf[nt*tm]
+    again = g.streamify(buf, buf, stride=(1, tm), out_shape=(tm, nt))  # [1, Rb, tm, nt]
+    rows = g.accum(again, "retile_col", zeros(1, 0, dt), 1)  # [1, Rb, tm] of [1, N]
+    kept = _drop_padding(ctx, ctx.flat(rows), pad)
+    ctx.store_rows(kept, out)
+
+
+def _x_slices(
+    ctx: LowerCtx, x: str, rows_n: sp.Expr, k: int, kp: int, lanes: int
+) -> list[Value]:
+    """Per lane, the row stream ``[1, R]`` of ``[1, kp]`` column slices of ``x``: read straight
+    from HBM when ``x`` is stored as ``[.., K]`` rows (every byte once), else its rows read once
+    and sliced on chip."""
+    g = ctx.graph
+    t = ctx.placed[x].tensor
+    shp = tuple(sp.sympify(d) for d in t.shape)
+    tile = _slice_tile(shp, rows_n, k, kp)
+    if tile is not None:
+        # the tensor's elements are x's rows in order, so slice p of row r is chunk
+        # r * lanes + p of kp consecutive elements: one tile of ``tile``
+        out: list[Value] = []
+        for p in range(lanes):
+            v = g.linear_load(t, tile, None, out_shape=(rows_n,), stride=(lanes,), base=p)
+            if tile[0] > 1:
+                v = g.map(fn("tile_reshape", rows=1, cols=kp), v)
+            out.append(ctx.flat(v))
+        return out
+    rows = ctx.load_rows(x)
+    return [g.map(fn("slice_cols", start=p * kp, end=(p + 1) * kp), rows) for p in range(lanes)]
 
 
 def _lane(
@@ -140,3 +314,22 @@ def _drop_padding(ctx: LowerCtx, rows: Value, pad: Value) -> Value:
     g = ctx.graph
     flags = ctx.flat(pad)
     return g.flat_map(g.zip(rows, flags), "filter_padding")
+
+
+def _slice_tile(
+    shp: tuple[sp.Expr, ...], rows_n: sp.Expr, k: int, kp: int
+) -> tuple[int, int] | None:
+    """A tile of ``kp`` consecutive elements of a tensor of shape ``shp`` holding ``rows_n``
+    rows of ``k`` (``(1, kp)`` when ``kp`` divides its rows, ``(kp/D, D)`` when its rows of
+    ``D`` divide ``kp``), or ``None``."""
+    if len(shp) < 2 or sp.simplify(sp.Mul(*shp) - sp.sympify(rows_n) * k) != 0:
+        return None
+    d = shp[-1]
+    if not d.is_Integer:
+        return None
+    d = int(d)
+    if d % kp == 0:
+        return (1, kp)
+    if kp % d == 0 and sp.simplify(sp.Mod(shp[-2], kp // d)) == 0:
+        return (kp // d, d)
+    return None

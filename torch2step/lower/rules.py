@@ -133,10 +133,14 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
         raise ctx.fail(f"positions {[pb, ps]} do not match x's batch and sequence")
     rows = ctx.load_rows(x)
     pt = ctx.placed[pos].tensor
-    p = ctx.graph.linear_load(
-        pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
-    )
-    y = ctx.graph.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p))
+    g = ctx.graph
+    if sp.sympify(seq) == 1:  # decode: each request's position read once, repeated per head
+        p = g.repeat(g.linear_load(pt, (1, 1), out_shape=(bsz,), stride=(0 if pb == 1 else 1,)), heads)
+    else:
+        p = g.linear_load(
+            pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
+        )
+    y = g.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p))
     ctx.store_rows(y, n.outputs[0])
 
 
