@@ -23,11 +23,11 @@ from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock  # noqa: E402
 
 from torch2step.errors import UnsupportedOperatorError  # noqa: E402
+from torch2step.frontend.engine import find_matches  # noqa: E402
 from torch2step.frontend.onnx_export import grouped_mm_translation_table  # noqa: E402
 from torch2step.frontend.onnx_fold import fold_constants  # noqa: E402
 from torch2step.frontend.onnx_graph import OnnxView  # noqa: E402
 from torch2step.frontend.onnx_import import PATTERNS, import_onnx, load_onnx_model  # noqa: E402
-from torch2step.frontend.onnx_patterns import raise_patterns  # noqa: E402
 from torch2step.layers import Linear, MoEExperts, Reshape, TopKRouting, evaluate  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K = 64, 32, 8, 2
@@ -192,7 +192,8 @@ def test_moe_spelling_is_recognised_and_verified(case: str, exported: dict) -> N
     _, path = exported[case]
     view = OnnxView.build(load_onnx_model(path))
     fold_constants(view)
-    (match,) = [m for m in raise_patterns(view, PATTERNS).matches if m.pattern.startswith("moe_")]
+    matches, _ = find_matches(view.node_view(), PATTERNS)
+    (match,) = {id(m): m for m in matches.values() if m.pattern.startswith("moe_")}.values()
     assert match.pattern == f"moe_experts_{SPELLING[CASES[case][1]]}"
     assert match.info["verified"] is True
 

@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 from torch2step.errors import UnsupportedOperatorError
 from torch2step.frontend.onnx_emit import Unsupported
 from torch2step.frontend.onnx_import import import_onnx
-from torch2step.frontend.onnx_rotary import theta_of
+from torch2step.frontend.raise_rotary import theta_of
 from torch2step.layers import Attention, Linear, RMSNorm, Rotary, TopKRouting, evaluate
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64

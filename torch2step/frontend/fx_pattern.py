@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from torch2step.frontend.fx_view import ProgramView, op_name, strip
+from torch2step.frontend.fx_view import ProgramView, is_node, op_name, strip
 
 if TYPE_CHECKING:
     from torch2step.frontend.fx_emit import FxEmitter
@@ -40,7 +40,12 @@ COMMUTATIVE = frozenset({"add", "mul", "maximum", "bitwise_or", "bitwise_and", "
 
 
 class NoMatch(Exception):
-    """The anchor is an instance of the pattern, but a detail has no layer op."""
+    """The anchor is an instance of the pattern (or a node has a translation), but a detail has
+    no layer op; ``reason`` says why and what to do.  Both frontends raise it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +74,7 @@ def P(ops: str, *src: Any, name: str | None = None, casts: bool = False) -> Pat:
 def _bind(caps: dict[str, Any], name: str, value: Any) -> bool:
     if name in caps:
         old = caps[name]
-        if isinstance(old, fx.Node) or isinstance(value, fx.Node):
+        if is_node(old) or is_node(value):
             return old is value
         return bool(old == value)
     caps[name] = value
@@ -77,7 +82,7 @@ def _bind(caps: dict[str, Any], name: str, value: Any) -> bool:
 
 
 def _literal(p: Any, x: Any) -> bool:
-    if isinstance(x, fx.Node):
+    if is_node(x):
         return False
     if isinstance(p, float) or isinstance(x, float):
         return isinstance(x, (int, float)) and math.isclose(float(p), float(x), rel_tol=1e-9)
@@ -92,7 +97,7 @@ def _match(p: Any, x: Any, caps: dict[str, Any], casts: bool) -> bool:
         return _bind(caps, p.name, x)
     if isinstance(p, Pat):
         x = strip(x, casts or p.casts)
-        if not isinstance(x, fx.Node) or op_name(x) not in p.ops:
+        if not is_node(x) or op_name(x) not in p.ops:
             return False
         args = list(x.args)
         if len(args) < len(p.src):

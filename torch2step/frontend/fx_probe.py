@@ -9,7 +9,7 @@ sizes (``u0`` from ``nonzero``) are computed by running the ops.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -20,7 +20,7 @@ from torch2step.frontend.fx_pattern import NoMatch
 from torch2step.frontend.fx_view import ProgramView, is_tensor_node, op_name, raw_shape
 from torch2step.layers.evaluate import attention_mask
 
-__all__ = ["upstream", "run_slice", "classify_mask", "sample_tensor"]
+__all__ = ["upstream", "run_slice", "classify_mask", "mask_meaning", "sample_tensor"]
 
 _SKIP = frozenset({"_assert_scalar", "_assert_tensor_metadata", "_assert_async"})
 
@@ -115,13 +115,33 @@ def sample_tensor(
     return torch.randint(0, 4, shape, generator=gen, dtype=dtype)
 
 
-def _visible(m: torch.Tensor) -> torch.Tensor:
-    if m.dtype == torch.bool:
-        return m
-    ok = (m == 0) | (m <= -1e4) | torch.isneginf(m)
-    if not bool(ok.all()):
-        raise NoMatch("the additive attention mask holds values other than 0 and -inf")
-    return m == 0
+def mask_meaning(samples: Iterable[tuple[int, int, int, Any, Any]]) -> bool:
+    """Whether an attention mask is causal, from samples ``(B, S, L, kv_lengths or None,
+    mask values)`` of it (boolean, or additive 0 / -inf), compared with the visibility of
+    :class:`~torch2step.layers.ops.Attention`; raises NoMatch when it is neither causal nor a
+    KV-length mask.  Both frontends decide a mask's meaning here."""
+    kinds = {False, True}
+    for b, s, length, lens, m in samples:
+        vis = torch.as_tensor(m)
+        if vis.dtype != torch.bool:
+            if not bool(((vis == 0) | (vis <= -1e4)).all()):
+                raise NoMatch("the additive attention mask holds values other than 0 and -inf")
+            vis = vis == 0
+        vis = vis.reshape((1,) * (4 - vis.dim()) + tuple(vis.shape))
+        try:
+            vis = torch.broadcast_to(vis, (b, vis.shape[1], s, length))
+        except RuntimeError as exc:
+            raise NoMatch(
+                f"the attention mask of shape {tuple(vis.shape)} is not [B, 1, S, L]"
+            ) from exc
+        for causal in list(kinds):
+            want = attention_mask(b, s, length, causal, lens)
+            want = torch.ones(b, 1, s, length, dtype=torch.bool) if want is None else want
+            if not torch.equal(torch.broadcast_to(want, vis.shape), vis):
+                kinds.discard(causal)
+    if not kinds:
+        raise NoMatch("the attention mask is neither causal nor a KV-length mask")
+    return min(kinds)  # prefer non-causal when both fit (S == 1)
 
 
 def classify_mask(
@@ -145,7 +165,7 @@ def classify_mask(
     gen = torch.Generator().manual_seed(0)
     # vary every free size (not those the module pins to one value)
     syms = sorted((s for s in base if not view.pinned(s)), key=str)
-    kinds = {(c, kvl) for c in (False, True)}
+    samples = []
     for trial in range(3):
         binding = {**base, **{s: base[s] + trial * (i + 1) for i, s in enumerate(syms)}}
         b = view.concrete(raw_shape(q)[0], binding)
@@ -157,24 +177,5 @@ def classify_mask(
             lens = torch.randint(0, max(length - s, 0) + 1, (b,), generator=gen)
             feeds[kvl] = lens.to(view.dtype(kvl))
         (m,) = run_slice(view, [mask], feeds, binding)
-        vis = _visible(torch.as_tensor(m))
-        while vis.dim() < 4:
-            vis = vis.unsqueeze(0)
-        try:
-            vis = torch.broadcast_to(vis, (b, vis.shape[1], s, length))
-        except RuntimeError as exc:
-            raise NoMatch(
-                f"the attention mask of shape {tuple(vis.shape)} is not [B, 1, S, L]"
-            ) from exc
-        for causal, kv in list(kinds):
-            want = attention_mask(b, s, length, causal, lens)
-            want = torch.ones(b, 1, s, length, dtype=torch.bool) if want is None else want
-            if not torch.equal(torch.broadcast_to(want, vis.shape), vis):
-                kinds.discard((causal, kv))
-    if not kinds:
-        raise NoMatch("the attention mask is neither causal nor a KV-length mask")
-    causal, kv = min(kinds, key=lambda ck: ck[0])  # prefer non-causal when both fit (S == 1)
-    if kv is not None:
-        # a mask that does not depend on the lengths' values is no KV-length mask
-        return causal, kv
-    return causal, None
+        samples.append((b, s, length, lens, m))
+    return mask_meaning(samples), kvl

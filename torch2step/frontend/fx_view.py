@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from torch2step.errors import FrontendError
+from torch2step.frontend.gnode import GNode
 from torch2step.layers.graph import dtype_name
 from torch2step.layers.ops import Dim, TensorType
 
@@ -31,6 +32,8 @@ __all__ = [
     "source_line",
     "tensor_args",
     "is_tensor_node",
+    "is_node",
+    "dtype_of",
 ]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -47,11 +50,20 @@ _IMPURE = frozenset(
 )  # fmt: skip
 
 
-def op_name(node: fx.Node) -> str:
+def is_node(x: Any) -> bool:
+    """Whether ``x`` is a graph node (FX or the common :class:`GNode`), not a literal."""
+    return isinstance(x, (fx.Node, GNode))
+
+
+def op_name(node: Any) -> str:
     """Short operator name: ``"mm"``, ``"_softmax"``, ``"getitem"``, or ``"<ns>.<op>"`` for
     custom ops (``"transformers.grouped_mm_fallback"``); ``node.op`` for non-calls."""
+    if not is_node(node):
+        return ""
     if node.op != "call_function":
         return node.op
+    if isinstance(node, GNode):
+        return node.target
     t = node.target
     if isinstance(t, torch._ops.OpOverload):
         return t._opname if t.namespace == "aten" else f"{t.namespace}.{t._opname}"
@@ -72,6 +84,8 @@ def _val(node: Any) -> Any:
 
 def is_tensor_node(node: Any) -> bool:
     """Whether ``node`` computes a tensor or a tuple of tensors (not a SymInt or None)."""
+    if isinstance(node, GNode):
+        return node.shape is not None and all(d is not None for d in node.shape)
     v = _val(node)
     if isinstance(v, torch.Tensor):
         return True
@@ -96,16 +110,27 @@ def _raw(d: Any) -> int | sympy.Expr:
     raise FrontendError(f"unexpected size {d!r}")
 
 
-def raw_shape(node: fx.Node) -> tuple[int | sympy.Expr, ...]:
+def dtype_of(node: Any) -> torch.dtype | None:
+    """The element type of a tensor node, else None."""
+    if isinstance(node, GNode):
+        return node.dtype
+    return getattr(_val(node), "dtype", None)
+
+
+def raw_shape(node: Any) -> tuple[int | sympy.Expr, ...]:
     """Shape of a tensor node in the exporter's own symbols (``s47``, ``u0``)."""
+    if isinstance(node, GNode):
+        if node.shape is None or any(d is None for d in node.shape):
+            raise FrontendError(f"the shape of {node.name} is unknown")
+        return node.shape
     v = _val(node)
     if not isinstance(v, torch.Tensor):
         raise FrontendError(f"node {node.name} is not a tensor")
     return tuple(_raw(d) for d in v.shape)
 
 
-def _same_shape(a: fx.Node, b: Any) -> bool:
-    if not isinstance(b, fx.Node) or not is_tensor_node(b) or not is_tensor_node(a):
+def _same_shape(a: Any, b: Any) -> bool:
+    if not is_tensor_node(b) or not is_tensor_node(a):
         return False
     sa, sb = raw_shape(a), raw_shape(b)
     return len(sa) == len(sb) and all(sympy.expand(x - y) == 0 for x, y in zip(sa, sb))
@@ -126,7 +151,7 @@ def _transparent(node: fx.Node, casts: bool) -> fx.Node | None:
     if name == "_to_copy":
         src = node.args[0]
         dt = node.kwargs.get("dtype")
-        if casts or dt is None or getattr(_val(src), "dtype", None) == dt:
+        if casts or dt is None or dtype_of(src) == dt:
             return src
     if name == "slice" and _full_slice(node):
         return node.args[0]
@@ -138,7 +163,7 @@ def _transparent(node: fx.Node, casts: bool) -> fx.Node | None:
 def strip(node: Any, casts: bool = False) -> Any:
     """Follow transparent ops (copies, same-dtype casts, full slices, same-shape views) back to
     the node whose value they carry; with ``casts`` also dtype casts."""
-    while isinstance(node, fx.Node) and node.op == "call_function":
+    while is_node(node) and node.op == "call_function":
         nxt = _transparent(node, casts)
         if nxt is None:
             break
@@ -151,8 +176,10 @@ def strip_casts(node: Any) -> Any:
     return strip(node, casts=True)
 
 
-def source_line(node: fx.Node) -> str | None:
+def source_line(node: Any) -> str | None:
     """``file:line in func: code`` of the last user frame in ``node.meta["stack_trace"]``."""
+    if isinstance(node, GNode):
+        return node.source
     trace = node.meta.get("stack_trace")
     if not trace:
         return None

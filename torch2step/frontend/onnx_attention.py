@@ -22,8 +22,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from torch2step.frontend.fx_pattern import Pattern as CommonPattern
+from torch2step.frontend.fx_probe import mask_meaning
 from torch2step.frontend.onnx_emit import Emitter, Unsupported
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
+from torch2step.frontend.onnx_nodes import onnx_pattern
 from torch2step.frontend.onnx_patterns import (
     VIEW_OPS,
     Match,
@@ -36,7 +39,6 @@ from torch2step.frontend.onnx_patterns import (
 )
 from torch2step.frontend.onnx_probe import run_subgraph, upstream
 from torch2step.layers import ops as L
-from torch2step.layers.evaluate import attention_mask
 
 __all__ = ["ATTENTION_PATTERNS", "match_attention_matmul", "match_attention_op", "mask_kind"]
 
@@ -73,9 +75,9 @@ def _step_input(view: OnnxView, step: Step) -> str:
 
 def _cut(
     view: OnnxView, value: str, expect: Callable[[np.ndarray], np.ndarray | None]
-) -> tuple[str, set[str], float]:
+) -> tuple[str, float]:
     """The deepest 4-D base of ``value``'s view/scale chain whose remaining chain means
-    ``expect(base_ids)``; returns ``(base, claimed nodes, scale factor)``."""
+    ``expect(base_ids)``; returns ``(base, scale factor)``."""
     steps = _steps(view, value)
     for i in range(len(steps) + 1):
         base = _step_input(view, steps[i]) if i < len(steps) else value
@@ -88,7 +90,7 @@ def _cut(
             continue
         want = expect(base_ids)
         if want is not None and want.shape == ids.shape and np.array_equal(want, ids):
-            return base, {n.name for n, _ in rest}, math.prod(f for _, f in rest if f is not None)
+            return base, math.prod(f for _, f in rest if f is not None)
     raise Unsupported(f"{value!r} is not a (repeated, transposed) view of a 4-D tensor")
 
 
@@ -135,39 +137,18 @@ def mask_kind(view: OnnxView, mask: str, b: int, s: int, length: int) -> tuple[b
         kvl = cand
     rng = np.random.default_rng(0)
     trials = [rng.integers(0, length - s + 1, size=b) for _ in range(3)] if kvl else [None]
-    kinds = {(c, k) for c in (False, True) for k in ((kvl,) if kvl else (None,))}
-    sample = view.sample_dims()
+    if mask in view.inputs:
+        raise Unsupported("the attention mask is a graph input; pass kv_lengths instead")
+    samples = []
     for lens in trials:
         feeds = {} if lens is None else {kvl: lens.astype(np.int64)}
         if mask in view.known:
             m = view.known[mask]
-        elif mask in view.inputs:
-            raise Unsupported("the attention mask is a graph input; pass kv_lengths instead")
         else:
-            (m,) = run_subgraph(view, nodes, feeds, [mask], sample)
-        vis = np.asarray(m).astype(bool) if np.asarray(m).dtype == bool else _visible(np.asarray(m))
-        try:
-            vis = np.broadcast_to(vis, (b, vis.shape[1] if vis.ndim == 4 else 1, s, length))
-        except ValueError as exc:
-            raise Unsupported(
-                f"the attention mask of shape {vis.shape} is not [B, 1, S, L]"
-            ) from exc
-        for causal, k in list(kinds):
-            kv = None if lens is None else torch.from_numpy(lens)
-            m_want = attention_mask(b, s, length, causal, kv)
-            want = np.ones((b, 1, s, length), bool) if m_want is None else m_want.numpy()
-            if not np.array_equal(np.broadcast_to(want, vis.shape), vis):
-                kinds.discard((causal, k))
-    if not kinds:
-        raise Unsupported("the attention mask is neither causal nor a KV-length mask")
-    return min(kinds, key=lambda kk: kk[0])  # prefer non-causal when both fit (S == 1)
-
-
-def _visible(m: np.ndarray) -> np.ndarray:
-    ok = (m == 0) | (m <= -1e4)
-    if not ok.all():
-        raise Unsupported("the additive attention mask holds values other than 0 and -inf")
-    return m == 0
+            (m,) = run_subgraph(view, nodes, feeds, [mask], view.sample_dims())
+        kv = None if lens is None else torch.from_numpy(lens)
+        samples.append((b, s, length, kv, torch.from_numpy(np.array(m))))
+    return mask_meaning(samples), kvl
 
 
 def _sizes(view: OnnxView, q: str, k: str) -> tuple[int, int, int, int, int]:
@@ -190,7 +171,7 @@ def _heads(view: OnnxView, value: str) -> int:
     return shape[1]
 
 
-def _nan_guard(view: OnnxView, value: str, nodes: set[str]) -> str:
+def _nan_guard(view: OnnxView, value: str) -> str:
     """``Where(IsNaN(p), 0, p)`` (sdpa's guard for fully masked rows) -> ``p``."""
     w = view.producer_of(value, "Where")
     if w is None:
@@ -198,7 +179,6 @@ def _nan_guard(view: OnnxView, value: str, nodes: set[str]) -> str:
     isnan = view.producer_of(w.inputs[0], "IsNaN")
     if isnan is None or view.scalar(w.inputs[1]) != 0.0 or isnan.inputs[0] != w.inputs[2]:
         return value
-    nodes.update({w.name, isnan.name})
     return w.inputs[2]
 
 
@@ -217,12 +197,10 @@ def _repeated(hq: int, transposed: bool) -> Callable[[np.ndarray], np.ndarray | 
 
 def match_attention_matmul(view: OnnxView, node: OnnxNode) -> Match | None:
     """``MatMul(Softmax(scores), v')``; see the module docstring."""
-    nodes = {node.name}
-    probs = _nan_guard(view, strip(view, node.inputs[0], ("Cast",), nodes), nodes)
+    probs = _nan_guard(view, strip(view, node.inputs[0], ("Cast",)))
     sm = view.producer_of(probs, "Softmax")
     if sm is None or not last_axis(view, sm) or view.rank(probs) != 4:
         return None
-    nodes.add(sm.name)
     value, scale, mask = sm.inputs[0], 1.0, None
     while True:
         p = view.producer.get(value)
@@ -241,14 +219,12 @@ def match_attention_matmul(view: OnnxView, node: OnnxNode) -> Match | None:
             break
         else:
             return None
-        nodes.add(p.name)
     qk = view.producer_of(value, "MatMul")
     assert qk is not None
-    nodes.add(qk.name)
-    q, qn, qs = _cut(view, qk.inputs[0], lambda ids: ids)
+    q, qs = _cut(view, qk.inputs[0], lambda ids: ids)
     hq = _heads(view, q)
-    k, kn, ks = _cut(view, qk.inputs[1], _repeated(hq, True))
-    v, vn, _ = _cut(view, node.inputs[1], _repeated(hq, False))
+    k, ks = _cut(view, qk.inputs[1], _repeated(hq, True))
+    v, _ = _cut(view, node.inputs[1], _repeated(hq, False))
     if view.shape(v) is None or _heads(view, v) != _heads(view, k):
         raise Unsupported("k and v have different numbers of heads")
     causal, kvl = False, None
@@ -262,12 +238,10 @@ def match_attention_matmul(view: OnnxView, node: OnnxNode) -> Match | None:
     def emit(em: Emitter) -> None:
         em.emit1(op, [em.get(x) for x in ins], out, source=node.source)
 
-    return Match(
-        "attention_matmul_softmax", node, nodes | qn | kn | vn, ins, [out], emit, {"op": op}
-    )
+    return Match("attention_matmul_softmax", ins, [out], emit, {"op": op})
 
 
-def _kv_operand(view: OnnxView, value: str, hq: int) -> tuple[str, set[str], float]:
+def _kv_operand(view: OnnxView, value: str, hq: int) -> tuple[str, float]:
     """A K/V input of the Attention op: ``repeat_kv`` of a tensor, or the tensor itself (the op
     broadcasts KV heads over query groups)."""
     try:
@@ -296,13 +270,11 @@ def match_attention_op(view: OnnxView, node: OnnxNode) -> Match | None:
             raise Unsupported("Attention without scale and a dynamic head size")
         scale = 1.0 / math.sqrt(d)
     hq = _heads(view, q)
-    chain: set[str] = set()
     if not past_k:  # sdpa with a mask repeats the KV heads before the op
-        k, kn, ks = _kv_operand(view, k, hq)
-        v, vn, vs = _kv_operand(view, v, hq)
+        k, ks = _kv_operand(view, k, hq)
+        v, vs = _kv_operand(view, v, hq)
         if ks != 1.0 or vs != 1.0:
             raise Unsupported("scaled k or v in front of the Attention op")
-        chain = kn | vn
     hkv = _heads(view, k)
     qshape, kshape = view.shape(q), view.shape(k)
     causal, kvl = bool(node.attr("is_causal", 0)), None
@@ -331,17 +303,19 @@ def match_attention_op(view: OnnxView, node: OnnxNode) -> Match | None:
         args = [em.get(q), kk, vv] + ([em.get(kvl)] if kvl else [])
         em.emit1(op, args, outs[0], source=node.source)
 
-    return Match(
-        "attention_op", node, {node.name} | chain, ins, [o for o in outs if o], emit, {"op": op}
-    )
+    return Match("attention_op", ins, [o for o in outs if o], emit, {"op": op})
 
 
-ATTENTION_PATTERNS: tuple[Pattern, ...] = (
-    Pattern("attention_op", frozenset({"Attention"}), match_attention_op, "opset-23 Attention"),
-    Pattern(
-        "attention_matmul_softmax",
-        frozenset({"MatMul"}),
-        match_attention_matmul,
-        "softmax(q k^T * scale + mask) v with repeat_kv",
+ATTENTION_PATTERNS: tuple[CommonPattern, ...] = (
+    onnx_pattern(
+        Pattern("attention_op", frozenset({"Attention"}), match_attention_op, "opset-23 Attention")
+    ),
+    onnx_pattern(
+        Pattern(
+            "attention_matmul_softmax",
+            frozenset({"MatMul"}),
+            match_attention_matmul,
+            "softmax(q k^T * scale + mask) v with repeat_kv",
+        )
     ),
 )

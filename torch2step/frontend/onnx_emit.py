@@ -11,19 +11,13 @@ import sympy
 import torch
 
 from torch2step.errors import FrontendError
+from torch2step.frontend.fx_pattern import NoMatch as Unsupported
+from torch2step.frontend.gnode import GNode
 from torch2step.frontend.onnx_graph import OnnxView, same_dim
 from torch2step.layers import LayerGraph, LayerOp, TensorType
 from torch2step.layers import ops as L
 
 __all__ = ["Emitter", "Unsupported"]
-
-
-class Unsupported(Exception):
-    """A translator or pattern cannot handle a node; ``reason`` says why and what to do."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _clean(name: str) -> str:
@@ -53,13 +47,26 @@ class Emitter:
         self._params: dict[object, str] = {}
         self._reshapes: dict[tuple[str, tuple[object, ...]], str] = {}
         self._reshape_src: dict[str, str] = {}
+        self.source: str | None = None
+        #: values shared by several matches (e.g. the positions of q's and k's RoPE)
+        self.memo: dict[object, str] = {}
+
+    @property
+    def graph(self) -> LayerGraph:
+        return self.g
+
+    def at(self, node: object) -> None:
+        """Attribute the next emitted nodes to ``node``'s source (a common-view node)."""
+        self.source = getattr(node, "source", None)
 
     # -- values ---------------------------------------------------------------------------------
     def has(self, value: str) -> bool:
         return value in self.env or value in self.view.known
 
-    def get(self, value: str) -> str:
+    def get(self, value: str | GNode) -> str:
         """The layer value of ONNX ``value`` (materialising a known value)."""
+        if isinstance(value, GNode):
+            value = value.name
         if value in self.env:
             return self.env[value]
         known = self.view.known.get(value)
@@ -87,6 +94,14 @@ class Emitter:
             self._params[key] = name
         return name
 
+    def const(self, hint: str, value: torch.Tensor) -> str:
+        return self.param(value, hint)
+
+    def cast(self, value: str, dtype: str) -> str:
+        if self.type(value).dtype == dtype:
+            return value
+        return self.emit1(L.Cast(dtype), [value])
+
     def bind(self, onnx_value: str, layer_value: str) -> None:
         self.env[onnx_value] = layer_value
 
@@ -104,7 +119,7 @@ class Emitter:
         names: list[str] | None = None
         if outputs is not None:
             names = [self.g.fresh_name(_clean(o)) for o in outputs]
-        outs = self.g.add(op, list(inputs), names, source=source)
+        outs = self.g.add(op, list(inputs), names, source=source or self.source)
         if outputs is not None:
             for o, n in zip(outputs, outs):
                 self.env[o] = n

@@ -142,6 +142,15 @@ class OnnxView:
     folded: set[str] = field(default_factory=set)
     dims: dict[sympy.Symbol, tuple[str, int]] = field(default_factory=dict)
     opset: int = 0
+    _node_view: Any = None
+
+    def node_view(self) -> Any:
+        """The graph in the recognisers' common view (built once, after constant folding)."""
+        if self._node_view is None:
+            from torch2step.frontend.onnx_nodes import OnnxNodeView
+
+            self._node_view = OnnxNodeView(self)
+        return self._node_view
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod

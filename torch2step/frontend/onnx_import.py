@@ -6,12 +6,13 @@ The pipeline is one readable function of named steps (as torch.fx pass pipelines
 2. ``OnnxView.build``: topological order, symbolic shapes; dynamic input dims (``dim_param``)
    become sympy symbols registered in ``LayerGraph.dims``;
 3. ``fold_constants``: weights, constant expressions and symbolic shape arithmetic;
-4. ``raise_patterns``: the named patterns of :data:`PATTERNS` (MoE routing and experts,
-   attention, rotary embedding, RMSNorm, linear) claim subgraphs by meaning;
-5. translate what is live and left over one-to-one (:data:`~torch2step.frontend.onnx_translate.
-   TRANSLATORS`); every node that cannot be translated is collected into ONE
-   :class:`~torch2step.errors.UnsupportedOperatorError` (as TVM Relax's frontends do);
-6. drop dead layer nodes.
+4. the raising engine shared with the PyTorch frontend (:mod:`torch2step.frontend.engine`) on
+   the graph in the common view (:class:`~torch2step.frontend.onnx_nodes.OnnxNodeView`): the
+   patterns of :data:`PATTERNS` (MoE routing and experts, attention, rotary embedding, RMSNorm,
+   linear) raise subgraphs by meaning, what is needed and left over is translated one-to-one
+   (:data:`~torch2step.frontend.onnx_translate.TRANSLATORS`), and every node that cannot be
+   translated is collected into ONE :class:`~torch2step.errors.UnsupportedOperatorError`;
+5. drop dead layer nodes.
 """
 
 from __future__ import annotations
@@ -22,25 +23,30 @@ from pathlib import Path
 
 import onnx
 
-from torch2step.errors import FrontendError, UnsupportedOperatorError
+from torch2step.errors import FrontendError
+from torch2step.frontend.engine import raise_graph
+from torch2step.frontend.fx_pattern import Pattern
+from torch2step.frontend.gnode import GNode
 from torch2step.frontend.onnx_attention import ATTENTION_PATTERNS
-from torch2step.frontend.onnx_emit import Emitter, Unsupported
+from torch2step.frontend.onnx_emit import Emitter
 from torch2step.frontend.onnx_fold import fold_constants
-from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
+from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
 from torch2step.frontend.onnx_moe import MOE_PATTERNS
+from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.onnx_norms import NORM_PATTERNS
-from torch2step.frontend.onnx_patterns import Match, Pattern, RaiseResult, raise_patterns
-from torch2step.frontend.onnx_rotary import ROTARY_PATTERNS
 from torch2step.frontend.onnx_translate import TRANSLATORS
+from torch2step.frontend.raise_rotary import ROTARY, ROTARY_OP
+from torch2step.frontend.raise_rules import check_node, rule_for
 from torch2step.layers import LayerGraph, TensorType
 
-__all__ = ["import_onnx", "load_onnx_model", "PATTERNS"]
+__all__ = ["import_onnx", "load_onnx_model", "PATTERNS", "OnnxFrontend"]
 
 #: Raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
     *MOE_PATTERNS,
     *ATTENTION_PATTERNS,
-    *ROTARY_PATTERNS,
+    ROTARY_OP,
+    ROTARY,
     *NORM_PATTERNS,
 )
 
@@ -60,6 +66,7 @@ _HINTS = {
     "Cos": "trigonometry outside a recognised rotary embedding",
     "Shape": "the size of a data-dependent tensor (only sizes of inputs are known)",
     "Sin": "trigonometry outside a recognised rotary embedding",
+    "Softmax": "Softmax before opset 13 flattens axes; re-export with opset >= 13",
 }
 
 
@@ -130,6 +137,92 @@ def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.Mo
     return model
 
 
+#: Operators translated by the one-to-one rules of the PyTorch frontend
+#: (:data:`~torch2step.frontend.raise_rules.RULES`); the others by :data:`TRANSLATORS`.
+SHARED_RULES = frozenset(
+    {"add", "sub", "mul", "div", "maximum", "pow", "neg", "exp", "sqrt", "reciprocal", "sigmoid",
+     "relu", "gelu", "where", "_softmax", "sum", "mean", "amax", "_to_copy", "alias", "permute"}
+)  # fmt: skip
+
+
+class _RuleEmitter:
+    """The ONNX emitter as the shared rules see it: ``view`` is the common view."""
+
+    def __init__(self, em: Emitter, view: OnnxNodeView) -> None:
+        self._em, self.view = em, view
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._em, name)
+
+
+class OnnxFrontend:
+    """The ONNX frontend's side of :class:`~torch2step.frontend.engine.Frontend`."""
+
+    advice = (
+        "export MoE experts with HF experts_implementation='batched_mm', or 'grouped_mm' with "
+        "torch.onnx.export(..., custom_translation_table="
+        "torch2step.frontend.onnx_export.grouped_mm_translation_table()), or as a per-expert "
+        "loop; attention as sdpa/eager (opset 20) or the opset-23 Attention op, with a causal or "
+        "kv_lengths mask; otherwise add a translator to "
+        "torch2step.frontend.onnx_translate.TRANSLATORS or a pattern to "
+        "torch2step.frontend.onnx_import.PATTERNS."
+    )
+
+    def __init__(self, view: OnnxNodeView) -> None:
+        self.view = view
+
+    def outputs(self) -> list[GNode]:
+        return [self.view.node(o) for o in self.view.onnx.outputs]
+
+    def reads(self, node: GNode) -> list[GNode]:
+        seen: dict[GNode, None] = {}
+        stack = list(node.args)
+        while stack:
+            a = stack.pop()
+            if isinstance(a, (list, tuple)):
+                stack.extend(a)
+            elif isinstance(a, GNode):
+                seen[a] = None
+        return list(seen)
+
+    def check(self, node: GNode) -> str | None:
+        onnx_node = node.meta["onnx"]
+        if node.target in SHARED_RULES:
+            to = ONNX_DTYPES.get(onnx_node.attr("to")) if node.target == "_to_copy" else "fp32"
+            if to in (None, "fp64"):
+                return f"Cast to ONNX type {onnx_node.attr('to')} has no layer dtype"
+            why = check_node(self.view, node)
+            return None if why is None else f"{onnx_node.op_type}: {why}"
+        if node.target == "getitem" or (
+            onnx_node.domain == "" and onnx_node.op_type in TRANSLATORS
+        ):
+            return None
+        dom = f" (domain {onnx_node.domain!r})" if onnx_node.domain else ""
+        hint = _HINTS.get(onnx_node.op_type, "no layer op or raising pattern covers it")
+        return f"no translation for {onnx_node.op_type}{dom}: {hint}"
+
+    def describe(self, node: GNode) -> str:
+        return node.meta["onnx"].source
+
+    def translate(self, em: Emitter, node: GNode) -> None:
+        if node.target in SHARED_RULES:  # the PyTorch frontend's rule, reading the common view
+            em.at(node)
+            rule = rule_for(node)
+            assert rule is not None
+            em.bind(node.name, rule(_RuleEmitter(em, self.view), node))  # type: ignore[arg-type]
+        elif node.target != "getitem":  # a multi-output node binds all its values
+            TRANSLATORS[node.meta["onnx"].op_type](em, node.meta["onnx"])
+
+    def bind(self, em: Emitter, root: GNode, value: str) -> None:
+        em.bind(root.name, value)
+
+    def has(self, em: Emitter, node: GNode) -> bool:
+        onnx_node = node.meta.get("onnx")
+        if onnx_node is None or node.target == "getitem" or len(onnx_node.outputs) == 1:
+            return em.has(node.name)
+        return any(em.has(o) for o in onnx_node.outputs if o)
+
+
 def import_onnx(
     source: str | os.PathLike[str] | onnx.ModelProto,
     *,
@@ -144,8 +237,7 @@ def import_onnx(
     """
     model = load_onnx_model(source)
     view = OnnxView.build(model)
-    folded = fold_constants(view)
-    raised = raise_patterns(view, PATTERNS if patterns is None else patterns)
+    fold_constants(view)
     graph = LayerGraph(name=name or model.graph.name or "onnx")
     for inp in view.inputs:
         shape = tuple(d for d in view.shapes[inp] if d is not None)  # all known after build
@@ -153,9 +245,8 @@ def import_onnx(
     em = Emitter(view, graph)
     for inp in view.inputs:
         em.bind(inp, inp)
-    problems = _translate(view, raised, folded, em)
-    if problems:
-        raise UnsupportedOperatorError(_report(graph.name, problems, raised))
+    front = OnnxFrontend(view.node_view())
+    raise_graph(front, PATTERNS if patterns is None else patterns, em, f"ONNX model {graph.name!r}")
     graph.outputs = [_output(em, o) for o in view.outputs]
     graph.single_output = len(graph.outputs) == 1
     _drop_dead(graph)
@@ -167,96 +258,6 @@ def _output(em: Emitter, value: str) -> str:
         return em.get(value)
     except KeyError:
         raise FrontendError(f"graph output {value!r} was not computed") from None
-
-
-def _live(view: OnnxView, raised: RaiseResult, folded: set[str]) -> tuple[set[str], set[int]]:
-    """Names of the nodes needed for the graph outputs, and ids of the live matches."""
-    live: set[str] = set()
-    live_matches: set[int] = set()
-    stack = list(view.outputs)
-    seen: set[str] = set()
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        p = view.producer.get(v)
-        if p is None:
-            continue
-        m = raised.claimed.get(p.name)
-        if m is not None:
-            if id(m) not in live_matches:
-                live_matches.add(id(m))
-                live |= m.nodes
-                stack.extend(m.inputs)
-        elif p.name not in live:
-            live.add(p.name)
-            if p.name not in folded:
-                stack.extend(x for x in p.inputs if x)
-    return live, live_matches
-
-
-def _translate(
-    view: OnnxView, raised: RaiseResult, folded: set[str], em: Emitter
-) -> list[tuple[OnnxNode, str]]:
-    live, live_matches = _live(view, raised, folded)
-    last: dict[int, int] = {}
-    for m in raised.matches:
-        last[id(m)] = max(view.by_name[n].index for n in m.nodes)
-    problems: list[tuple[OnnxNode, str]] = []
-    for node in view.nodes:
-        if node.name not in live:
-            continue
-        m: Match | None = raised.claimed.get(node.name)
-        if m is not None:
-            if id(m) in live_matches and node.index == last[id(m)]:
-                missing = [i for i in m.inputs if not em.has(i)]
-                if missing and not problems:
-                    problems.append((m.anchor, f"{m.pattern}: inputs {missing} were not computed"))
-                if not missing:
-                    try:
-                        m.emit(em)
-                    except Unsupported as exc:
-                        problems.append((m.anchor, f"{m.pattern}: {exc.reason}"))
-            continue
-        if node.name in folded:
-            continue  # known before run time
-        fn = TRANSLATORS.get(node.op_type) if node.domain == "" else None
-        blocked = not all(em.has(i) for i in node.inputs if i)  # downstream of a problem
-        if blocked and fn is not None:
-            continue
-        if fn is None:
-            dom = f" (domain {node.domain!r})" if node.domain else ""
-            hint = _HINTS.get(node.op_type, "no layer op or raising pattern covers it")
-            problems.append((node, f"no translation for {node.op_type}{dom}: {hint}"))
-            continue
-        try:
-            fn(em, node)
-        except Unsupported as exc:
-            problems.append((node, exc.reason))
-        except FrontendError as exc:
-            problems.append((node, str(exc)))
-    return problems
-
-
-def _report(name: str, problems: list[tuple[OnnxNode, str]], raised: RaiseResult) -> str:
-    lines = [
-        f"ONNX model {name!r}: {len(problems)} operation(s) cannot be imported into the layer graph:"
-    ]
-    lines += [f"  - {node.source}: {why}" for node, why in problems]
-    if raised.notes:
-        lines.append("Raising patterns that recognised part of the graph but did not apply:")
-        lines += [f"  - {pat} at {where}: {why}" for pat, where, why in raised.notes]
-    lines.append(
-        "What to do: export MoE experts with HF experts_implementation='batched_mm', or "
-        "'grouped_mm' with torch.onnx.export(..., custom_translation_table="
-        "torch2step.frontend.onnx_export.grouped_mm_translation_table()), or as a per-expert "
-        "loop; attention as sdpa/eager (opset 20) or the opset-23 Attention op, with a causal or "
-        "kv_lengths mask; otherwise add a translator to "
-        "torch2step.frontend.onnx_translate.TRANSLATORS or a pattern to "
-        "torch2step.frontend.onnx_import.PATTERNS."
-    )
-    return "\n".join(lines)
 
 
 def _drop_dead(graph: LayerGraph) -> None:

@@ -21,7 +21,8 @@ literally.
 
 The spelling is reported in ``Match.info["spelling"]``: ``batched`` (weights gathered per
 token), ``grouped`` (tokens sorted by expert) or ``loop`` (one branch per expert).
-``moe_router`` raises a router whose experts are not recognised.
+``topk_routing`` (the router recogniser shared with the PyTorch frontend) raises a router whose
+experts are not recognised.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ import numpy as np
 import sympy
 import torch
 
+from torch2step.frontend.fx_pattern import Pattern as CommonPattern
 from torch2step.frontend.onnx_emit import Emitter, Unsupported
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView, same_dim
 from torch2step.frontend.onnx_moe_experts import MLP, expert_matmuls, read_mlps, verify_moe
-from torch2step.frontend.onnx_patterns import Match, Pattern, last_axis, strip
+from torch2step.frontend.onnx_nodes import onnx_pattern
+from torch2step.frontend.onnx_patterns import Match, Pattern
+from torch2step.frontend.raise_basic import TOPK_ROUTING
 from torch2step.layers import ops as L
 
-__all__ = ["MOE_PATTERNS", "Router", "find_router", "match_moe_experts", "match_moe_router"]
+__all__ = ["MOE_PATTERNS", "Router", "find_router", "match_moe_experts"]
 
 
 @dataclass
@@ -54,51 +58,25 @@ class Router:
 
 
 def find_router(view: OnnxView, topk: OnnxNode) -> Router | None:
-    """The router around ``topk``, or ``None``."""
-    k = view.scalar(topk.inputs[1]) if len(topk.inputs) > 1 else topk.attr("k")
-    if k is None or not topk.attr("largest", 1) or not last_axis(view, topk):
+    """The router around ``topk`` (the one top-k routing recogniser of both frontends,
+    :data:`~torch2step.frontend.raise_basic.TOPK_ROUTING`), or ``None``."""
+    nv = view.node_view()
+    item = nv.value.get(topk.outputs[0])
+    m = TOPK_ROUTING.match(nv, item.args[0]) if item is not None else None
+    if m is None or len(m.roots) != 2:
         return None
-    nodes = {topk.name}
-    src = strip(view, topk.inputs[0], nodes=nodes)
-    sm = view.producer_of(src, "Softmax")
-    values, e = topk.outputs[0], topk.outputs[1]
-    if sm is not None and last_axis(view, sm):
-        nodes.add(sm.name)
-        logits, softmax_first = strip(view, sm.inputs[0], nodes=nodes), True
-        w, normalize = _normalized(view, values, nodes)
-    else:
-        users = view.users(values)
-        if len(users) != 1 or users[0].op_type != "Softmax" or not last_axis(view, users[0]):
-            return None
-        logits, softmax_first, normalize = src, False, False
-        nodes.add(users[0].name)
-        w = users[0].outputs[0]
-    shape = view.shape(logits)
+    (logits,) = m.inputs
+    shape = view.shape(logits.name)
     if shape is None or len(shape) != 2 or not isinstance(shape[1], int):
         raise Unsupported("router logits must be [tokens, experts] with a static expert count")
-    op = L.TopKRouting(int(k), softmax_first, normalize)
-    return Router(logits, w, e, op, nodes, shape[1])
-
-
-def _normalized(view: OnnxView, values: str, nodes: set[str]) -> tuple[str, bool]:
-    users = view.users(values)
-    red = next((u for u in users if u.op_type == "ReduceSum"), None)
-    div = next((u for u in users if u.op_type == "Div"), None)
-    if len(users) == 2 and red and div and div.inputs == (values, red.outputs[0]):
-        if red.attr("keepdims", 1) and view.users(red.outputs[0]) == [div]:
-            nodes.update({red.name, div.name})
-            return div.outputs[0], True
-    return values, False
-
-
-def match_moe_router(view: OnnxView, node: OnnxNode) -> Match | None:
-    """A router alone (its experts stay as they are)."""
-    r = find_router(view, node)
-    if r is None:
-        return None
-    return Match(
-        "moe_router", node, r.nodes, [r.logits], [r.w, r.e], lambda em: _emit_router(em, r, node)
-    )
+    w, e = (r.name for r in m.roots)
+    nodes, stack = set(), [w, e]
+    while stack:  # the router's own nodes: from (w, e) back to the logits
+        p = view.producer.get(stack.pop())
+        if p is not None and p.name not in nodes and logits.name not in p.outputs:
+            nodes.add(p.name)
+            stack.extend(i for i in p.inputs if i and i not in view.known)
+    return Router(logits.name, w, e, m.info["router"], nodes, shape[1])
 
 
 def _emit_router(em: Emitter, r: Router, node: OnnxNode) -> tuple[str, str]:
@@ -266,12 +244,12 @@ def match_moe_experts(view: OnnxView, node: OnnxNode) -> Match | None:
         em.emit1(op, [em.get(x), w, e, *params], y, source=node.source)
 
     info = {"spelling": spelling, "router": r.op, "experts": op, "verified": verified}
-    return Match(
-        f"moe_experts_{spelling}", node, r.nodes | region, [r.logits, x], outputs, emit, info
-    )
+    return Match(f"moe_experts_{spelling}", [r.logits, x], outputs, emit, info)
 
 
-MOE_PATTERNS: tuple[Pattern, ...] = (
-    Pattern("moe_experts", frozenset({"TopK"}), match_moe_experts, "router + routed experts"),
-    Pattern("moe_router", frozenset({"TopK"}), match_moe_router, "softmax/top-k router"),
+MOE_PATTERNS: tuple[CommonPattern, ...] = (
+    onnx_pattern(
+        Pattern("moe_experts", frozenset({"TopK"}), match_moe_experts, "router + routed experts")
+    ),
+    TOPK_ROUTING,
 )

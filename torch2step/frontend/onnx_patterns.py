@@ -1,15 +1,14 @@
 """Raising ONNX subgraphs into layer ops: patterns as data (tinygrad's ``PatternMatcher``).
 
-A :class:`Pattern` names one meaning (``rmsnorm``, ``attention_matmul_softmax``, ...), the op
-types it is anchored at and a ``match`` function.  ``match`` returns a :class:`Match` (the nodes
-it claims, the ONNX values it reads and defines, and an ``emit`` callback that appends the layer
-ops), ``None`` when the anchor is not an instance of the pattern, or raises
+A :class:`Pattern` names one meaning (``attention_matmul_softmax``, ...), the op types it is
+anchored at and a ``match`` function.  ``match`` returns a :class:`Match` (the ONNX values it
+reads and defines, and an ``emit`` callback that appends the layer ops), ``None`` when the anchor is not an instance of the pattern, or raises
 :class:`~torch2step.frontend.onnx_emit.Unsupported` when it clearly is one but a detail has no
 layer op (the reason is reported if the graph then cannot be imported).
 
-:func:`raise_patterns` tries the patterns in order, each over the nodes from the last to the
-first (so the largest instance claims its nodes first), and checks that a match is closed: values
-computed inside it are used only inside it.
+Such patterns cover what only ONNX spells (fused ``Attention`` / ``RotaryEmbedding`` ops, the
+region-based MoE recogniser); :func:`~torch2step.frontend.onnx_nodes.onnx_pattern` runs them in
+the raising engine shared with the PyTorch frontend (:mod:`torch2step.frontend.engine`).
 """
 
 from __future__ import annotations
@@ -27,8 +26,6 @@ from torch2step.frontend.onnx_translate import normalize_axis, onnx_reshape_targ
 __all__ = [
     "Match",
     "Pattern",
-    "RaiseResult",
-    "raise_patterns",
     "strip",
     "scalar_factor",
     "VIEW_OPS",
@@ -43,12 +40,10 @@ VIEW_OPS = frozenset(
 
 @dataclass
 class Match:
-    """One instance of a pattern: ``nodes`` (names) are replaced by what ``emit`` appends;
-    ``inputs`` are the run-time ONNX values it reads, ``outputs`` those it defines for others."""
+    """One instance of a pattern: ``emit`` appends layer ops reading the run-time ONNX values
+    ``inputs`` and binds ``outputs`` (the values it defines for others)."""
 
     pattern: str
-    anchor: OnnxNode
-    nodes: set[str]
     inputs: list[str]
     outputs: list[str]
     emit: Callable[[Emitter], None]
@@ -68,77 +63,9 @@ class Pattern:
     doc: str = ""
 
 
-@dataclass
-class RaiseResult:
-    """Accepted matches (keyed by claimed node name) and the reasons patterns declined."""
-
-    matches: list[Match] = field(default_factory=list)
-    claimed: dict[str, Match] = field(default_factory=dict)
-    notes: list[tuple[str, str, str]] = field(default_factory=list)
-
-
-def raise_patterns(view: OnnxView, patterns: Sequence[Pattern]) -> RaiseResult:
-    """Match ``patterns`` over ``view`` (after :func:`~torch2step.frontend.onnx_fold.
-    fold_constants`; see the module docstring)."""
-    res = RaiseResult()
-    folded = view.folded
-    for pat in patterns:
-        for node in reversed(view.nodes):
-            if node.op_type not in pat.anchors or node.name in res.claimed or node.name in folded:
-                continue
-            try:
-                m = pat.match(view, node)
-            except Unsupported as exc:
-                res.notes.append((pat.name, node.source, exc.reason))
-                continue
-            if m is None:
-                continue
-            m.nodes -= folded
-            if m.nodes & set(res.claimed):
-                continue  # part of a larger instance raised before
-            problem = _check_closed(view, m, folded)
-            if problem:
-                res.notes.append((pat.name, node.source, problem))
-                continue
-            res.matches.append(m)
-            for n in m.nodes:
-                res.claimed[n] = m
-    return res
-
-
-def _check_closed(view: OnnxView, m: Match, folded: set[str]) -> str | None:
-    outs = set(m.outputs)
-    for name in m.nodes:
-        for o in view.by_name[name].outputs:
-            if not o or o in outs:
-                continue
-            outside = [u for u in view.users(o) if u.name not in m.nodes and u.name not in folded]
-            if o in view.outputs or outside:
-                return f"intermediate value {o!r} is also used outside the {m.pattern} pattern"
-    # no input may depend on an output (the match would feed itself)
-    down: set[str] = set()
-    stack = [u for o in m.outputs for u in view.users(o) if u.name not in m.nodes]
-    while stack:
-        n = stack.pop()
-        if n.name in down:
-            continue
-        down.add(n.name)
-        stack.extend(u for o in n.outputs for u in view.users(o))
-    for i in m.inputs:
-        p = view.producer.get(i)
-        if p is not None and p.name in down:
-            return f"input {i!r} depends on the pattern's own output"
-    return None
-
-
 # -- helpers shared by the patterns --------------------------------------------------------------
-def strip(
-    view: OnnxView,
-    value: str,
-    ops: Iterable[str] = ("Cast", "Identity"),
-    nodes: set[str] | None = None,
-) -> str:
-    """Follow ``value`` back through single-input ``ops`` (adding them to ``nodes``)."""
+def strip(view: OnnxView, value: str, ops: Iterable[str] = ("Cast", "Identity")) -> str:
+    """Follow ``value`` back through single-input ``ops``."""
     kinds = set(ops)
     while True:
         p = view.producer.get(value)
@@ -146,8 +73,6 @@ def strip(
             return value
         if p.op_type == "Cast" and view.dtypes.get(p.inputs[0]) not in ("fp32", "fp16", "bf16"):
             return value
-        if nodes is not None:
-            nodes.add(p.name)
         value = p.inputs[0]
 
 

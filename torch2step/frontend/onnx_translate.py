@@ -1,9 +1,11 @@
 """One-to-one translation of ONNX operators into layer ops: a table from op type to a small
 function (as TVM Relax's ``create_convert_map``).
 
-These cover what is left after the raising patterns (:mod:`torch2step.frontend.onnx_patterns`)
-claimed MoE blocks, attention, rotary embeddings and norms: elementwise arithmetic, matmuls,
-softmax, reductions, casts and view operations.  A translator raises
+These cover the ONNX spellings of what is left after the raising patterns: matmuls and view
+operations with ONNX semantics (``Reshape`` targets with ``0``/``-1``, multi-axis ``Slice``,
+``Gather`` by a constant); the ops ATen spells the same way (elementwise arithmetic, softmax,
+reductions, casts, transposes) are translated by the PyTorch frontend's rules
+(:data:`~torch2step.frontend.onnx_import.SHARED_RULES`).  A translator raises
 :class:`~torch2step.frontend.onnx_emit.Unsupported` with a reason when the node cannot be
 expressed; the importer collects every such node into one error.
 """
@@ -16,7 +18,7 @@ import numpy as np
 import sympy
 
 from torch2step.frontend.onnx_emit import Emitter, Unsupported
-from torch2step.frontend.onnx_graph import ONNX_DTYPES, Dim, OnnxNode, same_dim
+from torch2step.frontend.onnx_graph import Dim, OnnxNode, same_dim
 from torch2step.layers import ops as L
 
 __all__ = ["TRANSLATORS", "Translator", "onnx_reshape_target", "normalize_axis"]
@@ -61,101 +63,11 @@ def onnx_reshape_target(shape: tuple[Dim, ...], target: list[Dim], allowzero: bo
     return out
 
 
-# -- elementwise --------------------------------------------------------------------------------
-def _scalar_operand(em: Emitter, node: OnnxNode) -> tuple[int, float] | None:
-    """``(index, value)`` of a known single-element operand whose rank does not widen the
-    result, if any."""
-    for i in (1, 0):
-        c = em.view.const(node.inputs[i])
-        other = node.inputs[1 - i]
-        if c is not None and c.size == 1 and em.has(other) and other not in em.view.known:
-            if c.ndim <= em.type(em.get(other)).rank:
-                return i, float(c.reshape(()))
-    return None
-
-
-def _binary(fn: str) -> Translator:
-    def translate(em: Emitter, node: OnnxNode) -> None:
-        sc = _scalar_operand(em, node)
-        src = node.source
-        out = node.outputs[0]
-        if sc is not None:
-            i, c = sc
-            x = em.get(node.inputs[1 - i])
-            if fn == "add":
-                em.emit1(L.Elementwise("add_scalar", c), [x], out, source=src)
-                return
-            if fn == "mul":
-                em.emit1(L.Elementwise("mul_scalar", c), [x], out, source=src)
-                return
-            if fn == "sub" and i == 1:
-                em.emit1(L.Elementwise("add_scalar", -c), [x], out, source=src)
-                return
-            if fn == "sub":
-                neg = em.emit1(L.Elementwise("neg"), [x], source=src)
-                em.emit1(L.Elementwise("add_scalar", c), [neg], out, source=src)
-                return
-            if fn == "div" and i == 1 and c != 0:
-                em.emit1(L.Elementwise("mul_scalar", 1.0 / c), [x], out, source=src)
-                return
-            if fn == "div" and i == 0:
-                rec = em.emit1(
-                    L.Elementwise("reciprocal"), [x], None if c != 1 else out, source=src
-                )
-                if c != 1:
-                    em.emit1(L.Elementwise("mul_scalar", c), [rec], out, source=src)
-                return
-        a, b = em.get(node.inputs[0]), em.get(node.inputs[1])
-        em.emit1(L.Elementwise(fn), [a, b], out, source=src)
-
-    return translate
-
-
-def _unary(fn: str) -> Translator:
-    def translate(em: Emitter, node: OnnxNode) -> None:
-        em.emit1(L.Elementwise(fn), [em.get(node.inputs[0])], node.outputs[0], source=node.source)
-
-    return translate
-
-
-def _pow(em: Emitter, node: OnnxNode) -> None:
-    e = em.view.scalar(node.inputs[1])
-    if e is None:
-        raise Unsupported("Pow with a run-time exponent; only constant exponents are supported")
-    x = em.get(node.inputs[0])
-    op = (
-        L.Elementwise("square")
-        if e == 2
-        else L.Elementwise("sqrt")
-        if e == 0.5
-        else L.Elementwise("pow_scalar", e)
-    )
-    em.emit1(op, [x], node.outputs[0], source=node.source)
-
-
-def _where(em: Emitter, node: OnnxNode) -> None:
-    c, a, b = (em.get(x) for x in node.inputs)
-    em.emit1(L.Elementwise("where"), [c, a, b], node.outputs[0], source=node.source)
-
-
-def _gelu(em: Emitter, node: OnnxNode) -> None:
-    if node.attr("approximate", "none") != "none":
-        raise Unsupported("Gelu(approximate='tanh') has no layer op; use exact gelu")
-    _unary("gelu")(em, node)
-
-
 # -- matmul -------------------------------------------------------------------------------------
 def _matmul(em: Emitter, node: OnnxNode) -> None:
-    a_name, b_name = node.inputs
-    w = em.view.const(b_name)
-    a = em.get(a_name)
-    if w is not None and w.ndim == 2 and a_name not in em.view.known:
-        wt = em.param(
-            np.ascontiguousarray(w.T), f"{node.module or b_name}.weight", key=("T", b_name)
-        )
-        em.emit1(L.Linear(), [a, wt], node.outputs[0], source=node.source)
-        return
-    em.emit1(L.MatMul(), [a, em.get(b_name)], node.outputs[0], source=node.source)
+    # MatMul with a constant 2-D weight is raised to Linear by the ``linear`` pattern
+    a, b = (em.get(x) for x in node.inputs)
+    em.emit1(L.MatMul(), [a, b], node.outputs[0], source=node.source)
 
 
 def _gemm(em: Emitter, node: OnnxNode) -> None:
@@ -177,45 +89,6 @@ def _gemm(em: Emitter, node: OnnxNode) -> None:
         hint = f"{node.module}.bias" if node.module else c_name
         ins.append(em.param(bias.reshape(-1) * beta, hint, key=("bias", c_name, beta)))
     em.emit1(L.Linear(), ins, node.outputs[0], source=node.source)
-
-
-# -- normalisation and reductions ---------------------------------------------------------------
-def _softmax(em: Emitter, node: OnnxNode) -> None:
-    x = em.get(node.inputs[0])
-    rank = em.type(x).rank
-    axis = int(node.attr("axis", -1 if em.view.opset >= 13 else 1))
-    if em.view.opset < 13 and normalize_axis(axis, rank) != rank - 1:
-        raise Unsupported("Softmax before opset 13 flattens axes; re-export with opset >= 13")
-    em.emit1(L.Softmax(normalize_axis(axis, rank)), [x], node.outputs[0], source=node.source)
-
-
-def _reduce(fn: str) -> Translator:
-    def translate(em: Emitter, node: OnnxNode) -> None:
-        x = em.get(node.inputs[0])
-        rank = em.type(x).rank
-        axes = _ints(em, node, 1, "axes")
-        if axes is None:
-            if node.attr("noop_with_empty_axes", 0):
-                em.bind(node.outputs[0], x)
-                return
-            axes = list(range(rank))
-        dims = tuple(sorted(normalize_axis(int(a), rank) for a in axes))
-        keep = bool(node.attr("keepdims", 1))
-        em.emit1(L.Reduce(fn, dims, keep), [x], node.outputs[0], source=node.source)
-
-    return translate
-
-
-def _cast(em: Emitter, node: OnnxNode) -> None:
-    x = em.get(node.inputs[0])
-    to = int(node.attr("to"))
-    dtype = ONNX_DTYPES.get(to)
-    if dtype is None or dtype == "fp64":
-        raise Unsupported(f"Cast to ONNX type {to} has no layer dtype")
-    if em.type(x).dtype == dtype:
-        em.bind(node.outputs[0], x)
-        return
-    em.emit1(L.Cast(dtype), [x], node.outputs[0], source=node.source)
 
 
 def _alias(em: Emitter, node: OnnxNode) -> None:
@@ -260,16 +133,6 @@ def _flatten(em: Emitter, node: OnnxNode) -> None:
     lead = sympy.Mul(*[sympy.sympify(d) for d in shape[:axis]])
     rest = sympy.Mul(*[sympy.sympify(d) for d in shape[axis:]])
     em.reshape(x, [lead, rest], node.outputs[0])
-
-
-def _transpose(em: Emitter, node: OnnxNode) -> None:
-    x = em.get(node.inputs[0])
-    rank = em.type(x).rank
-    perm = tuple(int(p) for p in node.attr("perm", list(range(rank))[::-1]))
-    if perm == tuple(range(rank)):
-        em.bind(node.outputs[0], x)
-        return
-    em.emit1(L.Permute(perm), [x], node.outputs[0], source=node.source)
 
 
 def _slice_bound(v: Dim, size: Dim) -> Dim:
@@ -379,34 +242,13 @@ def _expand(em: Emitter, node: OnnxNode) -> None:
 
 
 TRANSLATORS: dict[str, Translator] = {
-    "Add": _binary("add"),
-    "Sub": _binary("sub"),
-    "Mul": _binary("mul"),
-    "Div": _binary("div"),
-    "Max": _binary("maximum"),
-    "Where": _where,
-    "Pow": _pow,
-    "Neg": _unary("neg"),
-    "Exp": _unary("exp"),
-    "Sqrt": _unary("sqrt"),
-    "Reciprocal": _unary("reciprocal"),
-    "Sigmoid": _unary("sigmoid"),
-    "Relu": _unary("relu"),
-    "Gelu": _gelu,
     "MatMul": _matmul,
     "Gemm": _gemm,
-    "Softmax": _softmax,
-    "ReduceSum": _reduce("sum"),
-    "ReduceMean": _reduce("mean"),
-    "ReduceMax": _reduce("max"),
-    "Cast": _cast,
-    "Identity": _alias,
     "Dropout": _alias,
     "Reshape": _reshape,
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Flatten": _flatten,
-    "Transpose": _transpose,
     "Slice": _slice,
     "Split": _split,
     "Concat": _concat,

@@ -1,21 +1,23 @@
 """Raising patterns for the small layers: ``linear`` (``permute + mm`` / ``addmm``, with the
 views that flatten and restore leading dims), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
-Qwen3's per-head q/k norm) and ``topk_routing`` (router softmax + topk (+ renormalise))."""
+Qwen3's per-head q/k norm; ``rmsnorm_fused``: the fused ONNX op) and ``topk_routing`` (router
+softmax + topk (+ renormalise))."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import sympy
 from torch import fx
 
 from torch2step.frontend.fx_emit import FxEmitter
 from torch2step.frontend.fx_pattern import Cap, Match, NoMatch, P, Pattern, match
-from torch2step.frontend.fx_view import ProgramView, op_name, strip, strip_casts
+from torch2step.frontend.fx_view import ProgramView, is_node, op_name, strip, strip_casts
 from torch2step.layers import ops as L
 from torch2step.layers.graph import dtype_name
 
-__all__ = ["LINEAR", "RMSNORM", "TOPK_ROUTING", "linear_parts"]
+__all__ = ["LINEAR", "RMSNORM", "RMSNORM_OP", "TOPK_ROUTING", "linear_parts"]
 
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
 
@@ -96,11 +98,23 @@ LINEAR = Pattern(
 )
 
 
-_RMS_CORES = [
-    P("rsqrt", P("add", P("mean", P(op, *src), Cap("dims"), True, casts=True), Cap("eps")))
+_MEAN_SQ = [
+    P("add", P("mean", P(op, *src), Cap("dims"), True, casts=True), Cap("eps"))
     for op, src in (("pow", (Cap("x"), 2)), ("mul", (Cap("x"), Cap("x"))), ("square", (Cap("x"),)))
 ]
-_RMS = [P("mul", Cap("w"), P("mul", Cap("x"), core, casts=True)) for core in _RMS_CORES]
+#: x / rms(x) as ATen (``x * rsqrt(ms)``) and ONNX exporters (``x * Reciprocal(Sqrt(ms))``,
+#: ``x / Sqrt(ms)``) write it
+_NORMED = [
+    form
+    for ms in _MEAN_SQ
+    for form in (
+        P("mul", Cap("x"), P("rsqrt", ms), casts=True),
+        P("mul", Cap("x"), P("reciprocal", P("sqrt", ms)), casts=True),
+        P("mul", Cap("x"), P("div", 1.0, P("sqrt", ms)), casts=True),
+        P("div", Cap("x"), P("sqrt", ms), casts=True),
+    )
+]
+_RMS = [P("mul", Cap("w"), normed) for normed in _NORMED]
 
 
 def _match_rmsnorm(view: ProgramView, node: fx.Node) -> Match | None:
@@ -108,7 +122,7 @@ def _match_rmsnorm(view: ProgramView, node: fx.Node) -> Match | None:
     if caps is None:
         return None
     x, w, eps, dims = caps["x"], caps["w"], caps["eps"], caps["dims"]
-    if not isinstance(x, fx.Node) or not isinstance(w, fx.Node) or isinstance(eps, fx.Node):
+    if not is_node(x) or not is_node(w) or is_node(eps):
         return None
     rank = view.rank(x)
     if list(dims) not in ([-1], [rank - 1]) or view.rank(w) != 1:
@@ -129,7 +143,31 @@ RMSNORM = Pattern(
     "rmsnorm",
     frozenset({"mul"}),
     _match_rmsnorm,
-    "w * (x * rsqrt(mean(x^2, -1) + eps)) (fp32 inside) -> RMSNorm",
+    "w * (x * rsqrt(mean(x^2, -1) + eps)) (fp32 inside; also x / sqrt(..)) -> RMSNorm",
+)
+
+
+def _match_rmsnorm_op(view: ProgramView, node: fx.Node) -> Match | None:
+    x, w = node.args[:2]
+    if node.kwargs.get("axis", -1) not in (-1, view.rank(x) - 1):
+        raise NoMatch("RMS normalisation over axes other than the last has no layer op")
+    items = _getitems(node)
+    if any(i > 0 and u.users for i, u in items.items()):
+        raise NoMatch("its inverse-std output is used; RMSNorm yields only the result")
+    eps = float(str(np.float32(node.kwargs.get("epsilon", 1e-5))))
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        em.at(node)
+        return [em.emit1(L.RMSNorm(eps), [em.get(x), em.get(w)])]
+
+    return Match("rmsnorm_fused", (items.get(0, node),), (x, w), emit, {"eps": eps})
+
+
+RMSNORM_OP = Pattern(
+    "rmsnorm_fused",
+    frozenset({"RMSNormalization", "SimplifiedLayerNormalization"}),
+    _match_rmsnorm_op,
+    "the fused RMSNormalization (ONNX opset 23) / SimplifiedLayerNormalization op -> RMSNorm",
 )
 
 
@@ -181,7 +219,7 @@ def _match_topk(view: ProgramView, node: fx.Node) -> Match | None:
         w = em.cast(w, dtype_name(view.dtype(roots[0])))
         return [w, e][: len(roots)]
 
-    return Match("topk_routing", roots, (logits,), emit, {"k": int(k)})
+    return Match("topk_routing", roots, (logits,), emit, {"k": int(k), "router": op})
 
 
 TOPK_ROUTING = Pattern(

@@ -9,7 +9,8 @@ The ATen spelling of HF's ``apply_rotary_pos_emb`` with its rotary-embedding mod
 
 The pattern reads the integer positions and the frequency table; ``theta`` is fitted from
 ``inv_freq`` and the whole table checked against ``theta ** (-2i / D)`` (scaled RoPE variants
-such as Llama-3's or YaRN's do not fit and are reported).
+such as Llama-3's or YaRN's do not fit and are reported).  ``rotary_embedding_op`` raises the
+fused ``RotaryEmbedding`` op of ONNX opset 23 with the same reading of its cos/sin tables.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import sympy
+import torch
 from torch import fx
 
 from torch2step.frontend.fx_emit import FxEmitter
@@ -28,7 +30,7 @@ from torch2step.frontend.fx_view import ProgramView, op_name, raw_shape, strip, 
 from torch2step.frontend.raise_positions import symbolic_positions
 from torch2step.layers import ops as L
 
-__all__ = ["ROTARY", "rope_theta"]
+__all__ = ["ROTARY", "ROTARY_OP", "rope_theta", "theta_of"]
 
 _HALF = P("cat", [P("neg", P("slice", Cap("x"), Cap("d1"), Cap("h"), Cap("e1"))),
                   P("slice", Cap("x"), Cap("d2"), 0, Cap("h"))], Cap("dc"))  # fmt: skip
@@ -68,20 +70,34 @@ def _table(view: ProgramView, node: fx.Node, fn: str) -> tuple[fx.Node, fx.Node,
 
 
 def _positions(view: ProgramView, emb: fx.Node) -> tuple[fx.Node, Any]:
-    """``(positions, inv_freq)`` from ``emb = cat([f, f], -1)``, ``f = pos[..., None] * inv``."""
+    """``(positions, inv_freq)`` from ``emb = cat([f, f], -1)`` with ``f = pos[..., None] * inv``
+    or ``f = (inv[:, None] @ pos[None, :]).T`` (as HF writes it and ONNX exporters keep it)."""
     caps = match(P("cat", [Cap("f"), Cap("f")], Cap("dim")), emb)
     if caps is None:
         raise NoMatch("RoPE angles are not cat([freqs, freqs], -1)")
-    f = strip_casts(caps["f"])
+    return _freqs(view, caps["f"])
+
+
+def _freqs(view: ProgramView, freqs: Any) -> tuple[fx.Node, Any]:
+    """``(positions, inv_freq)`` from the half-size angle table ``freqs``."""
+    f = strip_casts(freqs)
+    mm = strip_casts(f.args[0]) if op_name(f) == "permute" else None
+    if op_name(mm) == "matmul":
+        inv, p = view.const(mm.args[0]), strip_casts(mm.args[1])
+        if inv is not None and op_name(p) == "unsqueeze" and p.args[1] == 1:
+            return strip_casts(p.args[0]), inv.reshape(-1)
+        raise NoMatch("RoPE freqs are not inv_freq @ positions")
     if op_name(f) != "mul":
         raise NoMatch("RoPE freqs are not positions * inv_freq")
     for a, b in (f.args[:2], f.args[1::-1]):
         inv = view.const(b)
-        if inv is None or inv.dim() != 1:
+        if inv is None or inv.dim() == 0 or inv.numel() != inv.shape[-1]:
             continue
         p = strip_casts(a)
         if op_name(p) == "unsqueeze" and p.args[1] in (-1, view.rank(p) - 1):
-            return strip(p.args[0]), inv
+            return strip_casts(p.args[0]), inv.reshape(-1)
+        if view.rank(p) == 3 and raw_shape(p)[-1] == 1:
+            return p, inv.reshape(-1)  # positions [B, S, 1] (ONNX: unsqueezed, or folded)
     raise NoMatch("RoPE freqs are not positions[..., None] * inv_freq (a constant table)")
 
 
@@ -111,11 +127,12 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
     src = pos
     if op_name(src) == "expand":  # positions broadcast over the batch: Rotary broadcasts too
         src = strip(src.args[0])
-    if view.rank(src) not in (1, 2):
+    if view.rank(src) not in (1, 2) and not (view.rank(src) == 3 and raw_shape(src)[-1] == 1):
         raise NoMatch("RoPE positions are not [B, S] (or [S])")
     heads_axis = axis_c
     op = L.Rotary(theta, d)
-    from_sizes = symbolic_positions(view, src)  # any arithmetic on the cache length
+    # any arithmetic on the cache length (an ONNX graph has folded it into a known value)
+    from_sizes = symbolic_positions(view, src) if isinstance(src, fx.Node) else None
 
     def emit(em: FxEmitter) -> Sequence[str]:
         em.at(node)
@@ -129,6 +146,8 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
         else:
             p = em.get(src)
         shape = em.graph.types[p].shape
+        if len(shape) == 3:  # [B, S, 1]
+            p, shape = em.reshape(p, shape[:2]), shape[:2]
         if len(shape) == 1:
             p = em.reshape(p, (1, shape[0]))
         h = em.get(x)
@@ -148,4 +167,71 @@ ROTARY = Pattern(
     frozenset({"add"}),
     _match_rotary,
     "x * cos + rotate_half(x) * sin with cos/sin of positions * inv_freq -> Rotary",
+)
+
+
+def theta_of(inv_freq: Any) -> float:
+    """:func:`rope_theta`, or NoMatch naming the scaled RoPE variant it is not."""
+    theta = rope_theta(inv_freq)
+    if theta is None:
+        raise NoMatch(
+            "inverse frequencies are not theta^(-2i/d) (a scaled RoPE variant such as llama3 "
+            "or yarn); only the default RoPE has a layer op"
+        )
+    return theta
+
+
+def _angles(view: ProgramView, node: Any, fn: str) -> Any:
+    """``a`` for a table ``fn(a)`` behind views, casts and a ``* 1.0``."""
+    n = strip_casts(node)
+    while op_name(n) in ("unsqueeze", "view", "expand", "mul"):
+        if op_name(n) == "mul" and 1.0 not in n.args[:2]:
+            break
+        n = strip_casts(
+            next(a for a in n.args[:2] if a != 1.0) if op_name(n) == "mul" else n.args[0]
+        )
+    if op_name(n) != fn:
+        raise NoMatch(f"the rotary table is not {fn}(angles) (or is scaled)")
+    return n.args[0]
+
+
+def _match_rotary_op(view: ProgramView, node: Any) -> Match | None:
+    """The fused ``RotaryEmbedding(x, cos, sin[, position_ids])`` op (ONNX opset 23), its
+    cos/sin computed from positions or constant caches indexed by ``position_ids``."""
+    if node.kwargs.get("interleaved", 0):
+        raise NoMatch("interleaved rotary embedding; the Rotary op is the rotate-half form")
+    x, cos, sin = node.args[:3]
+    pos = node.args[3] if len(node.args) > 3 else None
+    if view.rank(x) != 4:
+        raise NoMatch("RotaryEmbedding on 3-D input; export with 4-D [B, heads, S, d] input")
+    if pos is not None:
+        cc, cs = view.const(cos), view.const(sin)
+        if cc is None or cs is None or cc.shape[0] < 2:
+            raise NoMatch("RotaryEmbedding with position_ids needs constant cos/sin caches")
+        inv = torch.atan2(cs[1], cc[1])
+    else:
+        angles = _angles(view, cos, "cos")
+        if _angles(view, sin, "sin") is not angles:
+            raise NoMatch("cos and sin are taken of different angles")
+        pos, inv = _freqs(view, angles)
+    theta, dim = theta_of(inv), int(node.kwargs.get("rotary_embedding_dim", 0)) or 2 * inv.numel()
+    if dim != 2 * inv.numel():
+        raise NoMatch(f"rotary_embedding_dim {dim} does not match {inv.numel()} frequencies")
+    b, s = view.shape(x)[0], view.shape(x)[2]
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        em.at(node)
+        p = em.get(pos)
+        shape = em.graph.types[p].shape
+        lead = shape[0] if len(shape) >= 2 and sympy.expand(shape[0] - b) == 0 else 1
+        return [em.emit1(L.Rotary(theta, dim), [em.get(x), em.reshape(p, (lead, s))])]
+
+    return Match("rotary_embedding_op", (node,), (x, pos), emit, {"theta": theta})
+
+
+ROTARY_OP = Pattern(
+    "rotary_embedding_op",
+    frozenset({"RotaryEmbedding"}),
+    _match_rotary_op,
+    "the fused RotaryEmbedding op (ONNX opset 23) -> Rotary",
 )

@@ -2,7 +2,9 @@
 ``create_convert_map``): :data:`RULES` maps an ATen overload name to a function appending the
 layer ops of one FX node; :data:`CHECKS` says why a node whose operator has a rule still cannot be
 translated (e.g. ``index.Tensor`` with two index tensors).  Nodes covered by a raising pattern
-(:mod:`torch2step.frontend.raise_patterns`) never reach these rules."""
+never reach these rules.  The ONNX frontend uses them too for the ops it adapts to the same
+spelling (elementwise arithmetic, softmax, reductions, casts, transposes; see
+:data:`~torch2step.frontend.onnx_import.SHARED_RULES`), looked up by short name."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from torch import fx
 from torch2step.frontend.fx_emit import FxEmitter, Value
 from torch2step.frontend.fx_view import (
     ProgramView,
+    is_node,
     is_tensor_node,
     op_name,
     raw_shape,
     strip,
     tensor_args,
 )
+from torch2step.frontend.gnode import GNode
 from torch2step.layers import ops as L
 from torch2step.layers.graph import dtype_name
 
@@ -52,19 +56,23 @@ def _rule(*names: str, check: Check | None = None) -> Callable[[Rule], Rule]:
     return deco
 
 
-def rule_for(node: fx.Node) -> Rule | None:
-    key = str(node.target) if node.op == "call_function" else node.op
+def _key(node: Any) -> str:
+    if isinstance(node, GNode):  # a node of the common view: short ATen name
+        return _SHORT.get(node.target, node.target)
     if node.target is operator.getitem:
-        key = "getitem"
-    return RULES.get(key)
+        return "getitem"
+    return str(node.target) if node.op == "call_function" else node.op
 
 
-def check_node(view: ProgramView, node: fx.Node) -> str | None:
+def rule_for(node: Any) -> Rule | None:
+    return RULES.get(_key(node))
+
+
+def check_node(view: ProgramView, node: Any) -> str | None:
     """None when ``node`` can be translated by its rule, else the reason."""
     if rule_for(node) is None:
         return "no rule"
-    key = "getitem" if node.target is operator.getitem else str(node.target)
-    chk = CHECKS.get(key)
+    chk = CHECKS.get(_key(node))
     return chk(view, node) if chk is not None else None
 
 
@@ -259,7 +267,7 @@ def _binary_check(view: ProgramView, node: fx.Node) -> str | None:
     if not isinstance(alpha, (int, float)):
         return "symbolic alpha"
     for a in node.args[:2]:
-        if isinstance(a, fx.Node) and not is_tensor_node(a):
+        if is_node(a) and not is_tensor_node(a):
             return "arithmetic with a symbolic scalar"
     return None
 
@@ -291,12 +299,12 @@ def _binary(em: FxEmitter, node: fx.Node) -> Value:
         fn, a, b = "sub", b, a
     alpha = node.kwargs.get("alpha", 1)
     if alpha != 1:
-        if isinstance(b, fx.Node):
+        if is_node(b):
             b_val = em.emit1(L.Elementwise("mul_scalar", float(alpha)), [em.get(b)])
             b = _Named(b_val)
         else:
             b = b * alpha
-    ta, tb = isinstance(a, (fx.Node, _Named)), isinstance(b, (fx.Node, _Named))
+    ta, tb = is_node(a) or isinstance(a, _Named), is_node(b) or isinstance(b, _Named)
     if ta and tb:
         return em.emit1(L.Elementwise(fn), [_get(em, a), _get(em, b)])
     if ta:
@@ -338,7 +346,7 @@ def _pow(em: FxEmitter, node: fx.Node) -> Value:
 
 
 def _where_check(view: ProgramView, node: fx.Node) -> str | None:
-    if not all(isinstance(a, fx.Node) for a in node.args[:3]):
+    if not all(is_node(a) for a in node.args[:3]):
         return "where with a Python scalar branch"
     return None
 
@@ -396,3 +404,7 @@ def _addmm(em: FxEmitter, node: fx.Node) -> Value:
 @_rule("placeholder")
 def _placeholder(em: FxEmitter, node: fx.Node) -> Value:
     return em.get(node)
+
+
+#: short ATen name -> rule key (one overload per name serves the common view's nodes)
+_SHORT = {k.split(".")[1]: k for k in reversed(list(RULES)) if k.startswith("aten.")}

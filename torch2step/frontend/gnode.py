@@ -1,0 +1,44 @@
+"""The common view of a graph node that the raising recognisers read.
+
+A recogniser (RMSNorm, top-k routing, rotary embedding, ...) is written once against this
+interface: a node has a ``name``, an ``op`` kind (``"call_function"`` or ``"placeholder"``), an
+operator name in core-ATen spelling (``"mul"``, ``"mean"``, ``"cat"``, ``"topk"``,
+``"getitem"``), positional ``args`` (nodes or Python literals: ``1e-6``, ``[-1]``, ``True``)
+and ``users``.  A ``torch.fx.Node`` of a core-ATen ``ExportedProgram`` already is such a node;
+the ONNX frontend builds :class:`GNode` objects from its graph
+(:mod:`torch2step.frontend.onnx_nodes`), normalising op types and attributes to the ATen
+spelling (``MatMul`` -> ``matmul``, ``ReduceMean(x, axes, keepdims)`` -> ``mean(x, dims,
+keepdim)``, a known scalar operand -> a Python number).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["GNode"]
+
+
+@dataclass(eq=False)
+class GNode:
+    """One value of a non-FX graph in the common view (see the module docstring).
+
+    ``target`` is the ATen-spelled operator name; ``shape`` holds ints and sympy expressions
+    (``None`` entries when unknown); ``source`` names the original node and source line."""
+
+    name: str
+    target: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    shape: tuple[Any, ...] | None = None
+    dtype: torch.dtype | None = None
+    source: str | None = None
+    index: int = 0
+    op: str = "call_function"
+    users: dict[GNode, None] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"GNode({self.name}: {self.target})"
