@@ -166,8 +166,8 @@ def test_rotary_embedding_op_with_position_ids_and_caches() -> None:
 
 
 def test_theta_is_recovered_and_scaled_rope_is_refused() -> None:
-    assert theta_of(_inv_freq(10000.0, 128)) == 10000.0
-    assert theta_of(_inv_freq(1234.5, 64)) == pytest.approx(1234.5, rel=1e-5)
+    assert theta_of(_inv_freq(10000.0, 128)) == (10000.0, "float32")
+    assert theta_of(_inv_freq(1234.5, 64))[0] == pytest.approx(1234.5, rel=1e-5)
     scaled = _inv_freq(10000.0, 64)
     scaled[16:] /= 8.0  # llama3-style low-frequency scaling
     with pytest.raises(Unsupported, match="scaled RoPE"):

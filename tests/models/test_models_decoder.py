@@ -172,3 +172,20 @@ def test_two_layer_causal_lm_decode_step() -> None:
         with torch.no_grad():
             want = step(*ins)
         _close(prog.run(*ins), want)
+
+
+def test_bf16_decoder_keeps_its_rounded_rope_table() -> None:
+    # module.to(bfloat16) rounds the inv_freq buffer; the Rotary op holds the table in bf16
+    # and computes the angles from those rounded values, as the module does
+    cfg = tiny_config("qwen3")
+    step = decoder_step(cfg, device="cpu", seed=4).to(torch.bfloat16)
+    ins = decode_inputs(cfg, 3, 40, seed=5, kv_lengths=[1, 40, 17])
+    ins = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in ins)
+    prog = torch2step.compile(step, ins, chip="step-sda")
+    rot = list(prog.layer.ops(Rotary))
+    assert rot and all(n.op.table_dtype == "bfloat16" for n in rot)
+    with torch.no_grad():
+        want = step(*ins)
+    for g, w in zip(prog.run(*ins), want):
+        scale = float(w.float().abs().max()) or 1.0
+        torch.testing.assert_close(g.float(), w.float(), atol=2e-2 * scale, rtol=0)

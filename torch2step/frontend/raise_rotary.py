@@ -29,6 +29,7 @@ from torch2step.frontend.fx_pattern import Cap, Match, NoMatch, P, Pattern, matc
 from torch2step.frontend.fx_view import ProgramView, op_name, raw_shape, strip, strip_casts
 from torch2step.frontend.raise_positions import symbolic_positions
 from torch2step.layers import ops as L
+from torch2step.step.fn_library_layers import rope_inv_freq
 
 __all__ = ["ROTARY", "ROTARY_OP", "rope_theta", "theta_of"]
 
@@ -37,17 +38,39 @@ _HALF = P("cat", [P("neg", P("slice", Cap("x"), Cap("d1"), Cap("h"), Cap("e1")))
 _ROPE = P("add", P("mul", Cap("x"), Cap("cos")), P("mul", _HALF, Cap("sin")))
 
 
-def rope_theta(inv_freq: Any, dim: int | None = None) -> float | None:
-    """``theta`` with ``inv_freq == theta ** -(arange(0, d, 2) / d)``, ``d = 2 * len(inv_freq)``
-    (``dim`` when given), or None (a scaled RoPE variant such as Llama-3's or YaRN's); both
-    frontends fit it here."""
+def fit_rope(
+    inv_freq: Any, dim: int | None = None, hint: float | None = None
+) -> tuple[float, str] | None:
+    """``(theta, table_dtype)`` with ``inv_freq == theta ** -(arange(0, d, 2) / d)``,
+    ``d = 2 * len(inv_freq)`` (``dim`` when given), the table held in ``table_dtype`` (a bf16
+    model's ``inv_freq`` buffer is that table rounded to bf16), or None (a scaled RoPE variant
+    such as Llama-3's or YaRN's); both frontends fit it here.  ``hint`` (the module's configured
+    ``rope_theta``) is tried first."""
+    if isinstance(inv_freq, torch.Tensor):
+        inv_freq = inv_freq.detach().float().cpu().numpy()
     f = np.asarray(inv_freq, dtype=np.float64).reshape(-1)
     if f.size < 2 or (dim is not None and 2 * f.size != dim) or not bool((f > 0).all()):
         return None
     # least squares in log space: log f_i = -(2i / d) log theta; fp32 tables round theta
     expo = np.arange(0, 2 * f.size, 2) / (2 * f.size)
-    theta = float(f"{math.exp(-(np.log(f) * expo).sum() / (expo * expo).sum()):.6g}")
-    return theta if np.allclose(f, theta**-expo, rtol=1e-4, atol=0) else None
+    fitted = math.exp(-(np.log(f) * expo).sum() / (expo * expo).sum())
+    cands = [] if hint is None else [float(hint)]
+    cands += [float(f"{fitted:.{k}g}") for k in (6, 3, 2, 1)]
+    for theta in cands:
+        if np.allclose(f, theta**-expo, rtol=1e-4, atol=0):
+            return theta, "float32"
+    held = torch.as_tensor(f, dtype=torch.float32)
+    for theta in cands:
+        for dt in ("bfloat16", "float16"):
+            if torch.equal(rope_inv_freq(theta, 2 * f.size, dt), held):
+                return theta, dt
+    return None
+
+
+def rope_theta(inv_freq: Any, dim: int | None = None) -> float | None:
+    """``theta`` of :func:`fit_rope`, or None."""
+    fit = fit_rope(inv_freq, dim)
+    return None if fit is None else fit[0]
 
 
 def _table(view: ProgramView, node: fx.Node, fn: str) -> tuple[fx.Node, fx.Node, int]:
@@ -117,11 +140,12 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
     if emb_c is not emb_s or axis_c != axis_s or axis_c not in (1, 2):
         raise NoMatch("RoPE cos and sin are not of the same angles")
     pos, inv = _positions(view, emb_c)
-    theta = view.rope_theta if inv.is_meta else rope_theta(inv, d)
-    if theta is None and inv.is_meta:
+    fit = (view.rope_theta, "float32") if inv.is_meta else fit_rope(inv, d, view.rope_theta)
+    if inv.is_meta and view.rope_theta is None:
         raise NoMatch("RoPE frequencies are on the meta device and the module has no rope_theta")
-    if theta is None:
+    if fit is None:
         raise NoMatch("RoPE inv_freq is not theta ** (-2i / D) (scaled RoPE variant)")
+    theta, held_in = fit
     if view.dtype(pos).is_floating_point:
         raise NoMatch("RoPE positions are not integers")
     src = pos
@@ -130,7 +154,7 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
     if view.rank(src) not in (1, 2) and not (view.rank(src) == 3 and raw_shape(src)[-1] == 1):
         raise NoMatch("RoPE positions are not [B, S] (or [S])")
     heads_axis = axis_c
-    op = L.Rotary(theta, d)
+    op = L.Rotary(theta, d, held_in)
     # any arithmetic on the cache length (an ONNX graph has folded it into a known value)
     from_sizes = symbolic_positions(view, src) if isinstance(src, fx.Node) else None
 
@@ -170,15 +194,15 @@ ROTARY = Pattern(
 )
 
 
-def theta_of(inv_freq: Any) -> float:
-    """:func:`rope_theta`, or NoMatch naming the scaled RoPE variant it is not."""
-    theta = rope_theta(inv_freq)
-    if theta is None:
+def theta_of(inv_freq: Any) -> tuple[float, str]:
+    """:func:`fit_rope`, or NoMatch naming the scaled RoPE variant it is not."""
+    fit = fit_rope(inv_freq)
+    if fit is None:
         raise NoMatch(
             "inverse frequencies are not theta^(-2i/d) (a scaled RoPE variant such as llama3 "
             "or yarn); only the default RoPE has a layer op"
         )
-    return theta
+    return fit
 
 
 def _angles(view: ProgramView, node: Any, fn: str) -> Any:
@@ -214,7 +238,10 @@ def _match_rotary_op(view: ProgramView, node: Any) -> Match | None:
         if _angles(view, sin, "sin") is not angles:
             raise NoMatch("cos and sin are taken of different angles")
         pos, inv = _freqs(view, angles)
-    theta, dim = theta_of(inv), int(node.kwargs.get("rotary_embedding_dim", 0)) or 2 * inv.numel()
+    (theta, held_in), dim = (
+        theta_of(inv),
+        int(node.kwargs.get("rotary_embedding_dim", 0)) or 2 * inv.numel(),
+    )
     if dim != 2 * inv.numel():
         raise NoMatch(f"rotary_embedding_dim {dim} does not match {inv.numel()} frequencies")
     b, s = view.shape(x)[0], view.shape(x)[2]
@@ -224,7 +251,7 @@ def _match_rotary_op(view: ProgramView, node: Any) -> Match | None:
         p = em.get(pos)
         shape = em.graph.types[p].shape
         lead = shape[0] if len(shape) >= 2 and sympy.expand(shape[0] - b) == 0 else 1
-        return [em.emit1(L.Rotary(theta, dim), [em.get(x), em.reshape(p, (lead, s))])]
+        return [em.emit1(L.Rotary(theta, dim, held_in), [em.get(x), em.reshape(p, (lead, s))])]
 
     return Match("rotary_embedding_op", (node,), (x, pos), emit, {"theta": theta})
 

@@ -15,6 +15,7 @@ from torch2step.errors import FrontendError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, torch_dtype
 from torch2step.layers.stack import Repeat, evaluate_repeat
+from torch2step.step.fn_library_layers import rope_inv_freq
 
 __all__ = ["evaluate", "EVALUATORS", "rotary_cos_sin", "attention_mask"]
 
@@ -58,13 +59,12 @@ def _rmsnorm(op: L.RMSNorm, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ..
 
 
 def rotary_cos_sin(
-    positions: torch.Tensor, theta: float, rotary_dim: int
+    positions: torch.Tensor, theta: float, rotary_dim: int, table_dtype: str = "float32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables ``[B, S, rotary_dim]`` for integer ``positions[B, S]`` (HF's
-    default RoPE: ``inv_freq = theta ** -(arange(0, d, 2) / d)``, halves concatenated)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
-    )
+    default RoPE: ``inv_freq = theta ** -(arange(0, d, 2) / d)`` held in ``table_dtype``,
+    halves concatenated)."""
+    inv_freq = rope_inv_freq(theta, rotary_dim, table_dtype)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -72,7 +72,7 @@ def rotary_cos_sin(
 
 def _rotary(op: L.Rotary, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     h, pos = x
-    cos, sin = rotary_cos_sin(pos, op.theta, op.rotary_dim)
+    cos, sin = rotary_cos_sin(pos, op.theta, op.rotary_dim, op.table_dtype)
     cos, sin = cos[:, None].to(h.dtype), sin[:, None].to(h.dtype)
     rot, rest = h[..., : op.rotary_dim], h[..., op.rotary_dim :]
     half = op.rotary_dim // 2

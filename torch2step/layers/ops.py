@@ -183,10 +183,13 @@ class Softmax(LayerOp):
 class Rotary(LayerOp):
     """Rotary position embedding (rotate-half form, as HF Llama/Qwen3) of the first
     ``rotary_dim`` features with base ``theta``; inputs ``(x[B, H, S, D], positions[B, S])``
-    (integer positions)."""
+    (integer positions).  ``table_dtype``: the dtype the module holds its inverse-frequency
+    table in (a bf16 model's ``inv_freq`` buffer is rounded to bf16; the angles are then
+    computed in fp32 from the rounded table, as HF's rotary embedding does)."""
 
     theta: float
     rotary_dim: int
+    table_dtype: str = "float32"
 
     def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
         x, pos = ins

@@ -135,12 +135,18 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
     pt = ctx.placed[pos].tensor
     g = ctx.graph
     if sp.sympify(seq) == 1:  # decode: each request's position read once, repeated per head
-        p = g.repeat(g.linear_load(pt, (1, 1), out_shape=(bsz,), stride=(0 if pb == 1 else 1,)), heads)
+        p = g.repeat(
+            g.linear_load(pt, (1, 1), out_shape=(bsz,), stride=(0 if pb == 1 else 1,)), heads
+        )
     else:
         p = g.linear_load(
             pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
         )
-    y = g.map(fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim), rows, ctx.flat(p))
+    y = g.map(
+        fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim, table_dtype=op.table_dtype),
+        rows,
+        ctx.flat(p),
+    )
     ctx.store_rows(y, n.outputs[0])
 
 

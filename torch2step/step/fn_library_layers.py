@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import sympy as sp
+import torch
 
 from torch2step.errors import StepTypeError
 
@@ -108,11 +109,20 @@ def _rotary_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
     return x
 
 
+def rope_inv_freq(theta: float, rotary_dim: int, table_dtype: str = "float32") -> torch.Tensor:
+    """HF's default RoPE table ``theta ** -(arange(0, d, 2) / d)`` in fp32, rounded to
+    ``table_dtype`` (the dtype the module holds its ``inv_freq`` buffer in) and back."""
+    exps = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv = 1.0 / (theta**exps)
+    return inv.to(getattr(torch, table_dtype)).float()
+
+
 def _rotary(f: Fn, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE (HF Llama/Qwen3): ``x * cos + rotate_half(x) * sin`` on the first
-    ``rotary_dim`` features with inverse frequencies ``theta ** (-2i / rotary_dim)``."""
+    ``rotary_dim`` features with inverse frequencies ``theta ** (-2i / rotary_dim)`` (held in
+    ``table_dtype``)."""
     theta, rd = float(f.get("theta", 10000.0)), int(f.get("rotary_dim", x.shape[1]))
-    inv = 1.0 / (theta ** (np.arange(0, rd, 2, dtype=np.int64).astype(np.float32) / rd))
+    inv = rope_inv_freq(theta, rd, str(f.get("table_dtype", "float32"))).numpy()
     ang = pos.astype(np.float32).reshape(-1, 1) * inv.reshape(1, -1)
     emb = np.concatenate([ang, ang], axis=1)
     cos, sin = np.cos(emb), np.sin(emb)
