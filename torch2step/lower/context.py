@@ -49,7 +49,10 @@ class LowerOptions:
     ``moe_tile_i``: the MoE weight tiles (``None``: the example builder's defaults);
     ``moe_lanes``: expert lanes that time-multiplex the experts (STeP §5.3; ``None``: one
     branch per expert up to ``16`` experts, else ``16`` lanes so large MoEs fit a chip's
-    units; ``0``: always one branch per expert); ``moe_static_tile``: static tiling of each
+    units; ``0``: always one branch per expert); ``moe_lane_assign``: which experts a lane
+    serves, ``"dispatch"`` (every expert with tokens to the next lane round-robin in arrival
+    order: lanes balanced whatever the routing) or ``"consecutive"`` (``E/R`` consecutive
+    experts per lane, the regions of STeP §5.3); ``moe_static_tile``: static tiling of each
     expert's tokens in tiles of that many rows (STeP (arXiv 2511.07776) §5.2; ``None``: dynamic
     tiling, one tile of exactly the expert's tokens); ``attn_regions``: decode attention's
     requests spread over that many parallel regions (STeP §5.4; ``None``: one pipeline) by
@@ -81,6 +84,7 @@ class LowerOptions:
     moe_tile_i: int | None = None
     moe_lanes: int | None = None
     moe_static_tile: int | None = None
+    moe_lane_assign: str = "dispatch"
     attn_regions: int | None = None
     attn_assign: str = "interleave"
     attn_coarse_chunk: int | None = None
@@ -109,6 +113,11 @@ class LowerOptions:
         for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):
             if int(getattr(self, name)) < 1:
                 raise LoweringError(f"option {name} must be a positive integer")
+        if self.moe_lane_assign not in ("dispatch", "consecutive"):
+            raise LoweringError(
+                f"option moe_lane_assign={self.moe_lane_assign!r}: use 'dispatch' or "
+                "'consecutive'"
+            )
         if self.moe_static_tile is not None and int(self.moe_static_tile) < 1:
             raise LoweringError(
                 "option moe_static_tile must be a positive integer (rows per tile) or None "

@@ -61,6 +61,7 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
         lanes = 16 if op.num_experts > 16 else 0
     if 0 < lanes < op.num_experts:
         kw["lanes"] = lanes
+        kw["lane_assign"] = ctx.options.moe_lane_assign
     if ctx.options.moe_static_tile is not None:  # also inside shared regions (STeP §5.3)
         kw["static_tile"] = int(ctx.options.moe_static_tile)
     add_moe(

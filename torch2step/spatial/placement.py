@@ -183,6 +183,36 @@ def _chain_order(st: Structure) -> list[int]:
     return order
 
 
+_LOADS = frozenset({"LinearOffChipLoad", "RandomOffChipLoad", "RandomOffChipLoadRows"})
+
+
+def _loads_at_consumers(st: Structure, order: list[int]) -> list[int]:
+    """``order`` with every off-chip load moved to just before its first consumer: a load's
+    output (tiles read from HBM) is the heavy stream and its inputs (addresses, references)
+    are light, so it sits next to the unit that reads its tiles, not next to the unit that
+    computes its addresses, and its tiles cross few NoC links."""
+    n = len(order)
+    pos = {k: i for i, k in enumerate(order)}
+    first: dict[int, int] = {}
+    for k, ps in enumerate(st.preds):
+        for p in ps:
+            if p not in first or pos[k] < pos[first[p]]:
+                first[p] = k
+    is_load = [ops[0].op_name in _LOADS for ops in st.units]
+    moved = {k for k in order if is_load[k] and k in first and not is_load[first[k]]}
+    before: dict[int, list[int]] = {}
+    for k in order:
+        if k in moved:
+            before.setdefault(first[k], []).append(k)
+    out: list[int] = []
+    for k in order:
+        if k not in moved:
+            out.extend(before.get(k, ()))
+            out.append(k)
+    assert len(out) == n
+    return out
+
+
 def place_structure(
     st: Structure, chip: Chip, *, walk: str = "hilbert", memory: Mapping[str, int] | None = None
 ) -> Placement:
@@ -213,7 +243,7 @@ def place_structure(
     cores = walk_cores(chip, walk)
     slots: dict[int, tuple[int, ...]] = {}
     at = 0
-    for k in _chain_order(st):
+    for k in _loads_at_consumers(st, _chain_order(st)):
         slots[k] = tuple(cores[at : at + need[k]])
         at += need[k]
     units = tuple(

@@ -140,6 +140,7 @@ def add_moe(
     static_tile: int | None = None,
     repeat_tile: bool = False,
     scale_in_lanes: bool = True,
+    lane_assign: str = "consecutive",
 ) -> None:
     """Add the MoE layer to ``g`` (see the module docstring).
 
@@ -157,7 +158,11 @@ def add_moe(
     shared in time by ``E/P`` consecutive experts each (STeP (arXiv 2511.07776) §5.3,
     :mod:`.moe_lanes`); ``scale_in_lanes``: the routing weights scale each lane's output
     (default: no unit per expert) or, ``False``, each expert's rows after its lane (one unit
-    per expert, as the paper's artifact builds its §5.3 graphs).
+    per expert, as the paper's artifact builds its §5.3 graphs).  ``lane_assign``: which
+    experts a lane serves: ``"consecutive"`` (``E/P`` consecutive experts per lane, the
+    paper's §5.3 regions) or ``"dispatch"`` (every expert with tokens, in arrival order, to the
+    next lane round-robin, so the lanes serve equal numbers of used experts whatever the
+    routing; :mod:`.moe_lanes`).
 
     Every node is named ``{prefix}_...`` (tensors share the graph's namespace: keep their names
     outside it) and expert ``e``'s token count is the dynamic size ``{prefix}_n{e}`` (the
@@ -181,18 +186,40 @@ def add_moe(
     E, p = num_experts, prefix
     counts = tuple(f"{p}_n{e}" for e in range(E))
 
-    rows = g.linear_load(x, (1, H), out_shape=(T,), stride=(1,), name=f"{p}_x_ld")  # [1, T]
-    ids = g.linear_load(topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld")
+    gather = lanes is not None and lane_assign == "dispatch"
+    if gather:  # the lanes load their tokens' rows: only token indices are routed
+        ids1 = g.linear_load(
+            topk_idx, (1, top_k), out_shape=(1, T), stride=(0, 1), name=f"{p}_idx_ld"
+        )  # [1, T]
+        ids = g.flatten(ids1, 0, 1, name=f"{p}_idx")  # [T]
+        rows = g.flatten(
+            g.scan(ids1, fn("row_count"), fn("int_row", values=(-1,)), 1, name=f"{p}_tok1"),
+            0,
+            1,
+            name=f"{p}_tok",
+        )  # [T] of [1, 1]: each token's row index in x
+    else:
+        rows = g.linear_load(x, (1, H), out_shape=(T,), stride=(1,), name=f"{p}_x_ld")  # [T]
+        ids = g.linear_load(
+            topk_idx, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_idx_ld"
+        )
     wts = g.linear_load(topk_w, (1, top_k), out_shape=(T,), stride=(1,), name=f"{p}_w_ld")
     sel = g.map(fn("to_selector", n=E), ids, name=f"{p}_sel")  # [1, T] of Sel[E, k]
     plan = _Plan(
-        H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile, repeat_tile, scale_in_lanes
+        H, I, th, ti, ACTIVATIONS[activation], p, x.dtype, static_tile, repeat_tile,
+        scale_in_lanes, x if gather else None,
     )
+    if lane_assign not in ("consecutive", "dispatch"):  # checked before any node is added
+        raise StepTypeError(
+            f"add_moe: lane_assign={lane_assign!r}; use 'consecutive' or 'dispatch'"
+        )
     if lanes is not None and scale_in_lanes:
         lane_experts(E, lanes)  # checks 1 <= lanes <= E
         packed = g.zip(rows, ids, wts, name=f"{p}_xiw")
         routed = g.partition(packed, sel, E, count_names=counts, name=f"{p}_route")
-        expert_rows = add_lanes(g, plan, routed, counts, (w_gate, w_up, w_down), lanes)
+        expert_rows = add_lanes(
+            g, plan, routed, counts, (w_gate, w_up, w_down), lanes, lane_assign
+        )
         _combine(g, expert_rows, sel, out, H, p)
         return
     routed = g.partition(rows, sel, E, count_names=counts, name=f"{p}_route")
@@ -200,7 +227,9 @@ def add_moe(
     infos = g.partition(route_info, sel, E, count_names=counts, name=f"{p}_route_w")
     if lanes is not None:
         lane_experts(E, lanes)  # checks 1 <= lanes <= E
-        lane_rows = add_lanes(g, plan, routed, counts, (w_gate, w_up, w_down), lanes)
+        lane_rows = add_lanes(
+            g, plan, routed, counts, (w_gate, w_up, w_down), lanes, lane_assign
+        )
         # the routing weight scales each expert's rows after its lane, one unit per expert,
         # as the artifact of STeP (arXiv 2511.07776) §5.3 does (its Stages 13-14)
         expert_rows = [
@@ -246,6 +275,7 @@ class _Plan:
     static: int | None = None
     repeat_tile: bool = False
     scale_in_lanes: bool = True
+    gather: OffChipTensor | None = None  # lanes load token rows of this tensor by index
 
 
 def _expert(

@@ -221,6 +221,39 @@ for _spec in (
     register_fn(_spec)
 
 
+def _turn_rule(f: Any, args: tuple[DataType, ...], acc: DataType) -> DataType:
+    lanes = f.get("lanes")
+    if not isinstance(lanes, int) or lanes < 1:
+        raise StepTypeError(f"function {f}: lane_turn(lanes=P) with P >= 1")
+    return _int11(f, acc, "the state (the previous chunk's lane)")
+
+
+def _turn(f: Any, x: Any, state: np.ndarray) -> np.ndarray:
+    return (state + 1) % int(f.get("lanes"))
+
+
+register_fn(
+    FnSpec(
+        "row_count",
+        "update",
+        1,
+        lambda f, args, acc: _int11(f, acc, "the state (the previous row's index)"),
+        lambda f, x, state: state + 1,
+        doc="(row, index of the previous row [1, 1]) -> this row's index (init -1)",
+    )
+)
+register_fn(
+    FnSpec(
+        "lane_turn",
+        "update",
+        1,
+        _turn_rule,
+        _turn,
+        doc="(chunk, lane of the previous chunk [1, 1]) -> the next lane, round-robin over P",
+    )
+)
+
+
 # ---------------------------------------------------------------- graph
 
 
@@ -231,8 +264,10 @@ def add_lanes(
     counts: tuple[str, ...],
     weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
     lanes: int,
+    assign: str = "consecutive",
 ) -> list[Value]:
-    """The lanes of the time-multiplexed layer (module docstring).  ``routed[e]`` is expert
+    """The lanes of the time-multiplexed layer (module docstring); ``assign``:
+    ``"consecutive"`` experts per lane or ``"dispatch"`` (:func:`_dispatch`).  ``routed[e]`` is expert
     ``e``'s stream ``[N_e]`` of token rows ``[1, H]`` (with ``plan.scale_in_lanes``: of
     ``(row, ids [1, k], weights [1, k])``); returns the per-expert output row streams
     ``[N_e]`` in expert order (scaled by the routing weight when ``plan.scale_in_lanes``)."""
@@ -259,14 +294,20 @@ def add_lanes(
         cut = [g.reshape(v, 0, plan.static, 0.0, name=f"{p}_e{e}_tile{i}")
                for i, v in enumerate(parts)]
         tiles.append(g.zip(*(d for d, _ in cut), cut[0][1], name=f"{p}_e{e}_chunk"))
+    if assign == "dispatch":
+        return _dispatch(g, plan, tiles, counts, weights, lanes)
     out: list[Value | None] = [None] * E
     for lane, experts in enumerate(lane_experts(E, lanes)):
-        rows = _lane(g, plan, lane, experts[0], [tiles[e] for e in experts], weights)
         q = f"{p}_l{lane}"
+        merged, msel = g.eager_merge([tiles[e] for e in experts], name=f"{q}_merge")
+        local = g.map(fn("selector_index"), msel, name=f"{q}_j")  # [M] lane-local index
+        n = len(experts)
+        rows, j_rows = _lane(g, plan, q, merged, local, experts[0], n, weights)
         pad = [] if plan.static is None else [f"{q}_padrows"]
+        sel = g.map(fn("to_selector", n=n + len(pad)), j_rows, name=f"{q}_sel")
         backs = g.partition(
-            rows[0],
-            rows[1],
+            rows,
+            sel,
             len(experts) + len(pad),
             count_names=[counts[e] for e in experts] + pad,
             name=f"{q}_back",
@@ -281,18 +322,20 @@ def add_lanes(
 def _lane(
     g: Graph,
     plan: _Plan,
-    lane: int,
+    q: str,
+    merged: Value,
+    local: Value,
     first: int,
-    chunks: list[Value],
+    n: int,
     weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
 ) -> tuple[Value, Value]:
-    """One lane: merged expert chunks in, ``(output rows, per-row selector)`` out."""
+    """One lane named ``q``: expert chunks ``[M, R]`` in (``merged``, rows (+ routing data, pad
+    flags)) with each chunk's index ``local`` ([M] of [1, 1]: expert ``first + local``) ->
+    ``(output rows [M, R], per-row output index)``: the local index, or ``n`` for a
+    padding row of a static tile."""
     H, th, ti, dt = plan.H, plan.th, plan.ti, plan.dtype
     w_gate, w_up, w_down = weights
     nh, ni = H // th, plan.I // ti
-    q = f"{plan.prefix}_l{lane}"
-    merged, msel = g.eager_merge(chunks, name=f"{q}_merge")  # [M, R] of rows (+ pad flags)
-    local = g.map(fn("selector_index"), msel, name=f"{q}_j")  # [M] lane-local index
     width = (3 if plan.scale_in_lanes else 1) + (plan.static is not None)
     if width == 1:
         x_rows = merged
@@ -303,6 +346,9 @@ def _lane(
         if plan.static is None
         else g.map(fn("get", index=width - 1), merged, name=f"{q}_pad")  # padding flags
     )
+    if plan.gather is not None:  # the chunk carries token indices: load the rows (STeP
+        # RandomOffChipLoad, one [1, H] tile per index; a static tile's padding reads row 0)
+        x_rows = g.random_load(x_rows, plan.gather, (1, H), name=f"{q}_x_ld")
     buf = g.bufferize(x_rows, 1, name=f"{q}_buf")  # [M] Buf[R]
     per_i = g.repeat(buf, ni, name=f"{q}_per_i")
     again = g.streamify(buf, per_i, name=f"{q}_rows")  # [M, I/ti, R] of [1, H]
@@ -354,12 +400,61 @@ def _lane(
         w_col = g.accum(w_e, "retile_row", zeros(0, 1, info_dt), 1, name=f"{q}_gw_col")
         y = g.map("mul", g.zip(y, w_col, name=f"{q}_scale_in"), name=f"{q}_scaled")
     rows = g.flat_map(y, fn("tile_rows"), name=f"{q}_out")  # [M, R] of [1, H]
-    n = len(chunks)
     if flags is not None:  # padding rows of static tiles go to an extra, unread output (Fig. 2
         # "FilterPadding"): the selector depends on the expert index and the flags, not on data
         j_rows = g.map(
             fn("pad_index", n=n), g.zip(j_rows, flags, name=f"{q}_jpad_in"), name=f"{q}_jpad"
         )
-        n += 1
-    sel = g.map(fn("to_selector", n=n), j_rows, name=f"{q}_sel")
-    return rows, sel
+    return rows, j_rows
+
+
+def _dispatch(
+    g: Graph,
+    plan: _Plan,
+    tiles: list[Value],
+    counts: tuple[str, ...],
+    weights: tuple[OffChipTensor, OffChipTensor, OffChipTensor],
+    lanes: int,
+) -> list[Value]:
+    """Lanes fed by dispatch instead of by consecutive experts: one EagerMerge takes the
+    chunks of every expert that has tokens in arrival order, the ``i``-th chunk goes to lane
+    ``i mod P`` (Scan ``lane_turn`` then Partition), the lane reads the expert id that came
+    with the chunk, and one EagerMerge over the lanes' output rows feeds one Partition back to
+    the experts' row streams.  The static interleaved assignment of STeP (arXiv 2511.07776)
+    §5.4 applied to the stream of non-empty expert chunks: an expert without tokens sends no
+    chunk and takes no turn, so every lane serves ``ceil(U/P)`` or ``floor(U/P)`` of the
+    ``U`` used experts whatever the routing (each used expert reads the same weight bytes,
+    the cost that dominates at decode batch sizes), while consecutive experts per lane leave
+    the lanes as uneven as the routing.  The program does not depend on the routing."""
+    E, p = len(tiles), plan.prefix
+    merged, msel = g.eager_merge(tiles, name=f"{p}_merge")  # [M, R] chunks, arrival order
+    eid = g.map(fn("selector_index"), msel, name=f"{p}_eid")  # [M] expert of each chunk
+    # the chunk count M is a sum over the experts of [N_e > 0]: a one-output Partition names
+    # it (a plain dynamic size ``m``), then Promote gives the [1, m] streams the Scan walks
+    one = g.map(fn("to_selector", n=1), g.map(fn("affine", scale=0, offset=0), eid,
+                name=f"{p}_zero"), name=f"{p}_one")
+    (eid_m,) = g.partition(eid, one, 1, count_names=[f"{p}_m"], name=f"{p}_count")
+    (chunks_m,) = g.partition(merged, one, 1, count_names=[f"{p}_m"], name=f"{p}_count_x")
+    eid_p = g.promote(eid_m, name=f"{p}_eid1")  # [1, m]
+    turn = g.scan(eid_p, fn("lane_turn", lanes=lanes), fn("int_row", values=(lanes - 1,)), 1,
+                  name=f"{p}_turn")  # [1, m] lane of each chunk
+    lsel = g.map(fn("to_selector", n=lanes), turn, name=f"{p}_lane_sel")
+    m = [f"{p}_l{lane}_m" for lane in range(lanes)]
+    chunks = g.partition(g.promote(chunks_m, name=f"{p}_chunks1"), lsel, lanes, count_names=m,
+                         name=f"{p}_deal")
+    ids = g.partition(eid_p, lsel, lanes, count_names=m, name=f"{p}_deal_id")
+    pad = 0 if plan.static is None else 1
+    outs = []
+    for lane in range(lanes):
+        q = f"{p}_l{lane}"
+        rows, j_rows = _lane(g, plan, q, chunks[lane], ids[lane], 0, E, weights)
+        outs.append(g.zip(rows, j_rows, name=f"{q}_res"))
+    back, _ = g.eager_merge(outs, name=f"{p}_gather")  # [M, R] of (row, expert)
+    rows = g.map(fn("get", index=0), back, name=f"{p}_rows")
+    sel = g.map(fn("to_selector", n=E + pad), g.map(fn("get", index=1), back,
+                name=f"{p}_row_e"), name=f"{p}_row_sel")
+    names = list(counts) + ([f"{p}_padrows"] if pad else [])
+    backs = g.partition(rows, sel, E + pad, count_names=names, name=f"{p}_to_experts")
+    if pad:  # the padding rows: dropped, never sent to a unit
+        g.output(names[-1], backs[-1])
+    return list(backs[:E])
