@@ -444,14 +444,14 @@ def auto_vs_paper(rows: list[Row]) -> list[str]:
     return out
 
 
-MAIN_JOBS = ("qwen3-moe", "mixtral-moe")
+MAIN_JOBS = ("qwen3-moe", "mixtral-moe", "llama-gqa", "qwen3-gqa")
 ROOFLINE_TARGET = 0.80  # the issue's acceptance bar (goal 0.95)
 
 
 def main_jobs(emit) -> tuple[list[Row], dict[str, float]]:
-    """Each shipped MoE layer's full-size report at batch 64 on ``step-sda`` (bf16, the
-    default strategy and the packaged routing trace, as ``torch2step report --layer L
-    --batch 64``): the fraction of the chip's roofline bound it reaches."""
+    """Each shipped MoE and attention layer's full-size report at batch 64 on ``step-sda``
+    (bf16, the default strategy, the packaged routing and KV-length traces, as ``torch2step
+    report --layer L --batch 64``): the fraction of the chip's roofline bound it reaches."""
     from torch2step.named import report_layer
 
     rows: list[Row] = []
