@@ -264,7 +264,8 @@ class Simulator(Transfers):
         self.hop_fn = self._hop
         with gc_paused():
             for core in comp.active:
-                self.push(0, _PRIO_CORE, (self.run_fn, core))
+                core.item = (self.run_fn, core)
+                self.push(0, _PRIO_CORE, core.item)
             try:
                 self._loop(max_cycles)
             finally:
@@ -285,6 +286,7 @@ class Simulator(Transfers):
         for core in self.comp.cores:
             core.code = []
             core.bufs = {}
+            core.item = None
         for ch in self.comp.chans.values():
             for end in ch.ends:
                 end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
@@ -385,7 +387,11 @@ class Simulator(Transfers):
 
     def schedule(self, core: Core, t: int) -> None:
         """Resume ``core`` at cycle ``t``."""
-        self.push(t, _PRIO_CORE, (self.run_fn, core))
+        b = self.buckets.get(t)
+        if b is None:
+            b = self.buckets[t] = ([], [])
+            heappush(self.times, t)
+        b[1].append(core.item)
 
     def block(self, core: Core, why: tuple, pending: Pending | None) -> None:
         """``core`` waits for ``pending`` (or for a barrier / FIFO credit: ``why``)."""
@@ -405,7 +411,11 @@ class Simulator(Transfers):
             t = core.t
         if self.now > t:
             t = self.now
-        self.push(t, _PRIO_CORE, (self.run_fn, core))
+        b = self.buckets.get(t)
+        if b is None:
+            b = self.buckets[t] = ([], [])
+            heappush(self.times, t)
+        b[1].append(core.item)
 
     def resolve(self, p: Pending, t: int) -> None:
         """``p`` completes at cycle ``t``: wake its waiters."""
