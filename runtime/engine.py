@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from hwmodel.chip import Chip
-from lowering.isa import If, Instr, Load, LoadValue, Loop, ProgramSet, Store
+from lowering.isa import ProgramSet
 from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
@@ -167,26 +167,9 @@ class Simulator(Transfers):
             raise SimulationError(
                 f"inputs {unknown} are not declared tensors; declared: {sorted(decls)}"
             )
-        loaded: set[str] = set()
-        stored: set[str] = set()
-        values: set[str] = set()
-
-        def walk(body: tuple[Instr, ...]) -> None:
-            for ins in body:
-                if isinstance(ins, Load):
-                    loaded.add(ins.tensor)
-                elif isinstance(ins, LoadValue):
-                    values.add(ins.tensor)
-                elif isinstance(ins, Store):
-                    stored.add(ins.tensor)
-                elif isinstance(ins, Loop):
-                    walk(ins.body)
-                elif isinstance(ins, If):
-                    walk(ins.then)
-                    walk(ins.orelse)
-
-        for prog in self.programs.programs:
-            walk(prog.body)
+        comp = self._compiled
+        assert comp is not None
+        loaded, stored, values = comp.load, comp.store, comp.values
         need = values if not self.functional else (loaded | values) - stored
         missing = sorted(need - set(inputs))
         if missing:

@@ -51,15 +51,19 @@ def describe(ins: Instr | None) -> str:
 
 
 class Compiled:
-    """Cores (one per chip core), channel states by name, barrier groups by name."""
+    """Cores (one per chip core), channel states by name, barrier groups by name; the tensors
+    the programs ``load``, ``store`` and read ``values`` of (LoadValue)."""
 
-    __slots__ = ("cores", "chans", "groups", "active")
+    __slots__ = ("cores", "chans", "groups", "active", "load", "store", "values")
 
     def __init__(self, cores: list[Core], chans: dict[str, ChanState], groups: dict[str, Group]):
         self.cores = cores
         self.chans = chans
         self.groups = groups
         self.active = [c for c in cores if c.code]
+        self.load: set[str] = set()
+        self.store: set[str] = set()
+        self.values: set[str] = set()
 
 
 def _expr(v: int | str | Affine) -> ops.Expr:
@@ -101,9 +105,19 @@ def compile_programs(
     }
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
-    for prog in ps.programs:
-        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where).run(prog.body)
-    return Compiled(cores, chans, groups)
+    costs: dict[tuple, dict] = {}
+    compilers = [
+        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where, costs)
+        for prog in ps.programs
+    ]
+    for comp, prog in zip(compilers, ps.programs):
+        comp.run(prog.body)
+    out = Compiled(cores, chans, groups)
+    for comp in compilers:
+        out.load |= comp.loads
+        out.store |= comp.stores
+        out.values |= comp.values
+    return out
 
 
 def _check_declarations(ps: ProgramSet, chip: Chip) -> None:
@@ -165,7 +179,12 @@ class _Compiler:
         fabric: Fabric,
         fast: bool,
         where: str,
+        costs: dict[tuple, dict],
     ):
+        self.costs = costs  # (kernel, params, dtype, outputs) -> {input shapes: cost}, shared
+        self.loads: set[str] = set()
+        self.stores: set[str] = set()
+        self.values: set[str] = set()
         self.fabric = fabric
         self.core = core
         self.chans = chans
@@ -266,8 +285,10 @@ class _Compiler:
                         f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
                     )
                 fixed = (s, x)
-        fn = ops_comm.h_load if isinstance(ins, Load) else ops_comm.h_store
-        self.routes(isinstance(ins, Load))
+        load = isinstance(ins, Load)
+        fn = ops_comm.h_load if load else ops_comm.h_store
+        (self.loads if load else self.stores).add(info.name)
+        self.routes(load)
         acc = isinstance(ins, Store) and ins.accumulate
         code.append(
             make(
@@ -342,6 +363,7 @@ class _Compiler:
                 ins, f"index has {len(ins.index)} entries for a {len(info.shape)}-d tensor"
             )
         self.routes(True)
+        self.values.add(info.name)
         code.append(
             make(
                 ops_comm.OpLoadValue,
@@ -432,6 +454,16 @@ class _Compiler:
             raise self.fail(ins, str(exc)) from None
         if ins.dtype not in DTYPE_BYTES:
             raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
+        params = dict(ins.params)
+        # operations of one kernel with equal parameters share their costs per input shapes
+        # (a cost depends on nothing else: ops.h_compute)
+        try:
+            key = (ins.kernel, tuple(sorted(params.items())), ins.dtype, len(ins.outs))
+            cache = self.costs.get(key)
+            if cache is None:
+                cache = self.costs[key] = {}
+        except TypeError:  # unhashable parameter values
+            cache = {}
         return ops.make(
             ops.OpCompute,
             ops.h_compute,
@@ -439,9 +471,9 @@ class _Compiler:
             kernel=kernel,
             outs=tuple(self.buf(b) for b in ins.outs),
             ins=tuple(self.buf(b) for b in ins.ins),
-            params=dict(ins.params),
+            params=params,
             dtype=ins.dtype,
-            cache={},
+            cache=cache,
         )
 
     def loop(self, ins: Loop) -> None:
