@@ -105,7 +105,7 @@ def compile_programs(
     }
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
-    costs: dict[tuple, dict] = {}
+    costs: dict[tuple, tuple] = {}
     compilers = [
         _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where, costs)
         for prog in ps.programs
@@ -179,14 +179,15 @@ class _Compiler:
         fabric: Fabric,
         fast: bool,
         where: str,
-        costs: dict[tuple, dict],
+        costs: dict[tuple, tuple],
     ):
-        self.costs = costs  # (kernel, params, dtype, outputs) -> {input shapes: cost}, shared
+        self.costs = costs  # (kernel, params, dtype, outputs) -> (kernel, params, costs), shared
         self.loads: set[str] = set()
         self.stores: set[str] = set()
         self.values: set[str] = set()
         self.fabric = fabric
         self.core = core
+        self.bufs = core.bufs
         self.chans = chans
         self.groups = groups
         self.layout = layout
@@ -213,9 +214,10 @@ class _Compiler:
             self.fabric.store_roots(self.core.id)
 
     def buf(self, name: str) -> Buf:
-        b = self.core.bufs.get(name)
+        bufs = self.bufs
+        b = bufs.get(name)
         if b is None:
-            b = self.core.bufs[name] = Buf(name)
+            b = bufs[name] = Buf(name)
         return b
 
     def chan(self, ins: Instr, name: str, send: bool) -> ChanState:
@@ -380,24 +382,28 @@ class _Compiler:
         code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=_expr(ins.value)))
 
     def _alloc(self, ins: Alloc) -> None:
-        code, make = self.code, ops.make
-        if ins.dtype not in DTYPE_BYTES:
-            raise self.fail(
-                ins, f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}"
-            )
-        if any(d < 0 for d in ins.shape):
-            raise self.fail(ins, "negative buffer extent")
-        eb = DTYPE_BYTES[ins.dtype]
-        nbytes = eb
-        for d in ins.shape:
-            nbytes *= d
-        code.append(
-            make(
-                ops.OpAlloc,
+        key = (tuple(ins.shape), ins.dtype)
+        size = _SIZES.get(key)
+        if size is None:
+            if ins.dtype not in DTYPE_BYTES:
+                raise self.fail(
+                    ins,
+                    f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}",
+                )
+            if any(d < 0 for d in ins.shape):
+                raise self.fail(ins, "negative buffer extent")
+            eb = DTYPE_BYTES[ins.dtype]
+            nbytes = eb
+            for d in ins.shape:
+                nbytes *= d
+            size = _SIZES[key] = (tuple(ins.shape), eb, nbytes)
+        shape, eb, nbytes = size
+        self.code.append(
+            _ALLOC(
                 ops.h_alloc,
                 ins,
                 buf=self.buf(ins.buf),
-                shape=tuple(ins.shape),
+                shape=shape,
                 dtype=ins.dtype,
                 eb=eb,
                 nbytes=nbytes,
@@ -405,8 +411,7 @@ class _Compiler:
         )
 
     def _free(self, ins: Free) -> None:
-        code, make = self.code, ops.make
-        code.append(make(ops.OpFree, ops.h_free, ins, buf=self.buf(ins.buf)))
+        self.code.append(_FREE(ops.h_free, ins, buf=self.buf(ins.buf)))
 
     def _barrier(self, ins: Barrier) -> None:
         code, make = self.code, ops.make
@@ -448,29 +453,32 @@ class _Compiler:
             br.else_pc = len(code)
 
     def compute(self, ins: Compute) -> ops.Op:
+        # operations of one kernel with equal parameters share the kernel entry, the parameter
+        # dict and the cost cache per input shapes (a cost depends on nothing else:
+        # ops.h_compute)
+        key = (ins.kernel, ins.params, ins.dtype, len(ins.outs))
         try:
-            kernel = get_kernel(ins.kernel)
-        except ProgramError as exc:
-            raise self.fail(ins, str(exc)) from None
-        if ins.dtype not in DTYPE_BYTES:
-            raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
-        params = dict(ins.params)
-        # operations of one kernel with equal parameters share their costs per input shapes
-        # (a cost depends on nothing else: ops.h_compute)
-        try:
-            key = (ins.kernel, tuple(sorted(params.items())), ins.dtype, len(ins.outs))
-            cache = self.costs.get(key)
-            if cache is None:
-                cache = self.costs[key] = {}
+            hit = self.costs.get(key)
         except TypeError:  # unhashable parameter values
-            cache = {}
-        return ops.make(
-            ops.OpCompute,
+            key, hit = None, None
+        if hit is None:
+            try:
+                kernel = get_kernel(ins.kernel)
+            except ProgramError as exc:
+                raise self.fail(ins, str(exc)) from None
+            if ins.dtype not in DTYPE_BYTES:
+                raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
+            hit = (kernel, dict(ins.params), {})
+            if key is not None:
+                self.costs[key] = hit
+        kernel, params, cache = hit
+        buf = self.buf
+        return _COMPUTE(
             ops.h_compute,
             ins,
             kernel=kernel,
-            outs=tuple(self.buf(b) for b in ins.outs),
-            ins=tuple(self.buf(b) for b in ins.ins),
+            outs=tuple([buf(b) for b in ins.outs]),
+            ins=tuple([buf(b) for b in ins.ins]),
             params=params,
             dtype=ins.dtype,
             cache=cache,
@@ -505,6 +513,12 @@ class _Compiler:
         if fastop is not None:
             fastop.exit_pc = len(code)
 
+
+#: (shape, dtype) of an Alloc -> (shape, element bytes, bytes)
+_SIZES: dict[tuple, tuple[tuple[int, ...], int, int]] = {}
+_ALLOC = ops.builder(ops.OpAlloc)
+_FREE = ops.builder(ops.OpFree)
+_COMPUTE = ops.builder(ops.OpCompute)
 
 _HANDLERS = {
     Compute: _Compiler._compute,
