@@ -272,7 +272,8 @@ class Simulator(Transfers):
             core.item = None
         for ch in self.comp.chans.values():
             for end in ch.ends:
-                end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
+                if end.inflight or end.posts or end.unmatched or end.waiter is not None:
+                    end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)

@@ -130,7 +130,8 @@ class Transfers:
     def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
         """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left
         the previous stage at ``prev_end``; returns the end cycle.  The one reservation routine
-        of every transfer: a resource is granted by :func:`grant`, a delay stage ends
+        of every transfer: a resource is granted by the rule of :func:`grant` (written out
+        here and in :meth:`_channels`: they run once per event), a delay stage ends
         ``lat`` after the previous stage's tail, the HBM channels are served by
         :meth:`_channels`.  Children that are resources (or HBM channels) are reserved by an
         event when the head reaches them; delay children are taken at once (no resource, so
