@@ -17,6 +17,7 @@ with the stored pieces it overlaps and the emitting pass sends / receives those 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +44,41 @@ def _meet(a: Rect, b: Rect) -> Rect | None:
     r0, c0 = max(a[0], b[0]), max(a[1], b[1])
     r1, c1 = min(a[0] + a[2], b[0] + b[2]), min(a[1] + a[3], b[1] + b[3])
     return (r0, c0, r1 - r0, c1 - c0) if r1 > r0 and c1 > c0 else None
+
+
+class _Overlaps:
+    """The stored pieces of one tensor indexed by position: which of them a rectangle may
+    overlap, found by bisection over row bands and, within a band, over column starts (a
+    layer's pieces tile its tensors, so a load meets a few of them, not all)."""
+
+    def __init__(self, puts: Sequence[_Put]) -> None:
+        self.ops = {q.op for q in puts}
+        bands: dict[tuple[int, int], list[int]] = {}
+        for i, q in enumerate(puts):
+            bands.setdefault((q.rect[0], q.rect[2]), []).append(i)
+        self.rows = sorted(bands)
+        self.row_starts = [b[0] for b in self.rows]
+        self.tall = max((b[1] for b in self.rows), default=0)
+        self.cols: list[tuple[list[int], list[int], int]] = []
+        for key in self.rows:
+            idx = sorted(bands[key], key=lambda i: puts[i].rect[1])
+            starts = [puts[i].rect[1] for i in idx]
+            wide = max(puts[i].rect[3] for i in idx)
+            self.cols.append((starts, idx, wide))
+
+    def candidates(self, rect: Rect) -> list[int]:
+        """Indices (in store order) of every piece that can overlap ``rect``."""
+        r0, c0, nr, nc = rect
+        out: list[int] = []
+        lo = bisect_left(self.row_starts, r0 - self.tall + 1)
+        hi = bisect_left(self.row_starts, r0 + nr)
+        for k in range(lo, hi):
+            if self.rows[k][0] + self.rows[k][1] <= r0:
+                continue
+            starts, idx, wide = self.cols[k]
+            out.extend(idx[bisect_left(starts, c0 - wide + 1) : bisect_left(starts, c0 + nc)])
+        out.sort()
+        return out
 
 
 @dataclass
@@ -184,15 +220,23 @@ class Flow:
         piece; decide which tensors still reach HBM."""
         read_on_chip: set[str] = set()
         from_hbm: set[str] = set()
+        index: dict[str, _Overlaps] = {}
         for op, core, tensor, rect in self._gets:
             src = self._source(tensor)
             puts = self._puts.get(src)
             if not puts:
                 continue
-            if rect is None or len({q.op for q in puts}) != 1 or puts[0].op >= op:
+            where = index.get(src)
+            if where is None:
+                where = index[src] = _Overlaps(puts)
+            if rect is None or len(where.ops) != 1 or puts[0].op >= op:
                 from_hbm.add(src)
                 continue
-            found = [(q, m) for q in puts if (m := _meet(q.rect, rect)) is not None]
+            found = [
+                (puts[i], m)
+                for i in where.candidates(rect)
+                if (m := _meet(puts[i].rect, rect)) is not None
+            ]
             if sum(m[2] * m[3] for _, m in found) != rect[2] * rect[3]:
                 from_hbm.add(src)  # not every element was produced on chip
                 continue

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from hwmodel.chip import Chip
-from lowering.isa import If, Instr, Load, LoadValue, Loop, ProgramSet, Store
+from lowering.isa import ProgramSet
 from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
@@ -167,26 +167,9 @@ class Simulator(Transfers):
             raise SimulationError(
                 f"inputs {unknown} are not declared tensors; declared: {sorted(decls)}"
             )
-        loaded: set[str] = set()
-        stored: set[str] = set()
-        values: set[str] = set()
-
-        def walk(body: tuple[Instr, ...]) -> None:
-            for ins in body:
-                if isinstance(ins, Load):
-                    loaded.add(ins.tensor)
-                elif isinstance(ins, LoadValue):
-                    values.add(ins.tensor)
-                elif isinstance(ins, Store):
-                    stored.add(ins.tensor)
-                elif isinstance(ins, Loop):
-                    walk(ins.body)
-                elif isinstance(ins, If):
-                    walk(ins.then)
-                    walk(ins.orelse)
-
-        for prog in self.programs.programs:
-            walk(prog.body)
+        comp = self._compiled
+        assert comp is not None
+        loaded, stored, values = comp.load, comp.store, comp.values
         need = values if not self.functional else (loaded | values) - stored
         missing = sorted(need - set(inputs))
         if missing:
@@ -264,7 +247,8 @@ class Simulator(Transfers):
         self.hop_fn = self._hop
         with gc_paused():
             for core in comp.active:
-                self.push(0, _PRIO_CORE, (self.run_fn, core))
+                core.item = (self.run_fn, core)
+                self.push(0, _PRIO_CORE, core.item)
             try:
                 self._loop(max_cycles)
             finally:
@@ -285,9 +269,11 @@ class Simulator(Transfers):
         for core in self.comp.cores:
             core.code = []
             core.bufs = {}
+            core.item = None
         for ch in self.comp.chans.values():
             for end in ch.ends:
-                end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
+                if end.inflight or end.posts or end.unmatched or end.waiter is not None:
+                    end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)
@@ -385,7 +371,11 @@ class Simulator(Transfers):
 
     def schedule(self, core: Core, t: int) -> None:
         """Resume ``core`` at cycle ``t``."""
-        self.push(t, _PRIO_CORE, (self.run_fn, core))
+        b = self.buckets.get(t)
+        if b is None:
+            b = self.buckets[t] = ([], [])
+            heappush(self.times, t)
+        b[1].append(core.item)
 
     def block(self, core: Core, why: tuple, pending: Pending | None) -> None:
         """``core`` waits for ``pending`` (or for a barrier / FIFO credit: ``why``)."""
@@ -405,7 +395,11 @@ class Simulator(Transfers):
             t = core.t
         if self.now > t:
             t = self.now
-        self.push(t, _PRIO_CORE, (self.run_fn, core))
+        b = self.buckets.get(t)
+        if b is None:
+            b = self.buckets[t] = ([], [])
+            heappush(self.times, t)
+        b[1].append(core.item)
 
     def resolve(self, p: Pending, t: int) -> None:
         """``p`` completes at cycle ``t``: wake its waiters."""

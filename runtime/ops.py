@@ -54,7 +54,19 @@ from runtime.state import (
     Core,
 )
 
-__all__ = ["Op", "Expr", "ev", "CMP", "advance", "ready", "fold_w", "need_alloc", "fence", "make"]
+__all__ = [
+    "Op",
+    "Expr",
+    "ev",
+    "CMP",
+    "advance",
+    "ready",
+    "fold_w",
+    "need_alloc",
+    "fence",
+    "make",
+    "builder",
+]
 
 #: A compiled integer expression ``(const, ((reg, coef), ...))``.
 Expr = tuple
@@ -422,10 +434,16 @@ def h_end(sim: Any, core: Core, op: Op) -> bool:
 def make(cls: type, fn: Any, src: Any, **fields: Any) -> Any:
     """A compiled operation of class ``cls`` running ``fn``; ``fields`` sets every other slot of
     ``cls`` (a missing or unknown one is a ``TypeError``)."""
+    return builder(cls)(fn, src, **fields)
+
+
+def builder(cls: type) -> Any:
+    """The constructor :func:`make` uses for ``cls``: ``build(fn, src, **fields)`` (fetch it
+    once where many operations of one class are built)."""
     build = _BUILDERS.get(cls)
     if build is None:
         build = _BUILDERS[cls] = _builder(cls)
-    return build(fn, src, **fields)
+    return build
 
 
 #: operation class -> its constructor (:func:`_builder`)

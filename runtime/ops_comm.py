@@ -142,7 +142,7 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
-    if not _dma_slot(sim, core):
+    if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
     starts, extents = _region(sim, core, op)
     info = op.info
@@ -192,7 +192,7 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
     if t > sim.now:
         sim.schedule(core, t)
         return False
-    if not _dma_slot(sim, core):
+    if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
     starts, extents = _region(sim, core, op)
     info = op.info
@@ -242,7 +242,7 @@ def h_loadvalue(sim: Any, core: Core, op: OpLoadValue) -> bool:
         if core.t > sim.now:
             sim.schedule(core, core.t)
             return False
-        if not _dma_slot(sim, core):
+        if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
             return False
         info = op.info
         idx = tuple([ev(core.regs, e) for e in op.index])

@@ -51,15 +51,19 @@ def describe(ins: Instr | None) -> str:
 
 
 class Compiled:
-    """Cores (one per chip core), channel states by name, barrier groups by name."""
+    """Cores (one per chip core), channel states by name, barrier groups by name; the tensors
+    the programs ``load``, ``store`` and read ``values`` of (LoadValue)."""
 
-    __slots__ = ("cores", "chans", "groups", "active")
+    __slots__ = ("cores", "chans", "groups", "active", "load", "store", "values")
 
     def __init__(self, cores: list[Core], chans: dict[str, ChanState], groups: dict[str, Group]):
         self.cores = cores
         self.chans = chans
         self.groups = groups
         self.active = [c for c in cores if c.code]
+        self.load: set[str] = set()
+        self.store: set[str] = set()
+        self.values: set[str] = set()
 
 
 def _expr(v: int | str | Affine) -> ops.Expr:
@@ -101,9 +105,19 @@ def compile_programs(
     }
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
-    for prog in ps.programs:
-        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where).run(prog.body)
-    return Compiled(cores, chans, groups)
+    costs: dict[tuple, tuple] = {}
+    compilers = [
+        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where, costs)
+        for prog in ps.programs
+    ]
+    for comp, prog in zip(compilers, ps.programs):
+        comp.run(prog.body)
+    out = Compiled(cores, chans, groups)
+    for comp in compilers:
+        out.load |= comp.loads
+        out.store |= comp.stores
+        out.values |= comp.values
+    return out
 
 
 def _check_declarations(ps: ProgramSet, chip: Chip) -> None:
@@ -165,9 +179,15 @@ class _Compiler:
         fabric: Fabric,
         fast: bool,
         where: str,
+        costs: dict[tuple, tuple],
     ):
+        self.costs = costs  # (kernel, params, dtype, outputs) -> (kernel, params, costs), shared
+        self.loads: set[str] = set()
+        self.stores: set[str] = set()
+        self.values: set[str] = set()
         self.fabric = fabric
         self.core = core
+        self.bufs = core.bufs
         self.chans = chans
         self.groups = groups
         self.layout = layout
@@ -194,9 +214,10 @@ class _Compiler:
             self.fabric.store_roots(self.core.id)
 
     def buf(self, name: str) -> Buf:
-        b = self.core.bufs.get(name)
+        bufs = self.bufs
+        b = bufs.get(name)
         if b is None:
-            b = self.core.bufs[name] = Buf(name)
+            b = bufs[name] = Buf(name)
         return b
 
     def chan(self, ins: Instr, name: str, send: bool) -> ChanState:
@@ -266,8 +287,10 @@ class _Compiler:
                         f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
                     )
                 fixed = (s, x)
-        fn = ops_comm.h_load if isinstance(ins, Load) else ops_comm.h_store
-        self.routes(isinstance(ins, Load))
+        load = isinstance(ins, Load)
+        fn = ops_comm.h_load if load else ops_comm.h_store
+        (self.loads if load else self.stores).add(info.name)
+        self.routes(load)
         acc = isinstance(ins, Store) and ins.accumulate
         code.append(
             make(
@@ -342,6 +365,7 @@ class _Compiler:
                 ins, f"index has {len(ins.index)} entries for a {len(info.shape)}-d tensor"
             )
         self.routes(True)
+        self.values.add(info.name)
         code.append(
             make(
                 ops_comm.OpLoadValue,
@@ -358,24 +382,28 @@ class _Compiler:
         code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=_expr(ins.value)))
 
     def _alloc(self, ins: Alloc) -> None:
-        code, make = self.code, ops.make
-        if ins.dtype not in DTYPE_BYTES:
-            raise self.fail(
-                ins, f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}"
-            )
-        if any(d < 0 for d in ins.shape):
-            raise self.fail(ins, "negative buffer extent")
-        eb = DTYPE_BYTES[ins.dtype]
-        nbytes = eb
-        for d in ins.shape:
-            nbytes *= d
-        code.append(
-            make(
-                ops.OpAlloc,
+        key = (tuple(ins.shape), ins.dtype)
+        size = _SIZES.get(key)
+        if size is None:
+            if ins.dtype not in DTYPE_BYTES:
+                raise self.fail(
+                    ins,
+                    f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}",
+                )
+            if any(d < 0 for d in ins.shape):
+                raise self.fail(ins, "negative buffer extent")
+            eb = DTYPE_BYTES[ins.dtype]
+            nbytes = eb
+            for d in ins.shape:
+                nbytes *= d
+            size = _SIZES[key] = (tuple(ins.shape), eb, nbytes)
+        shape, eb, nbytes = size
+        self.code.append(
+            _ALLOC(
                 ops.h_alloc,
                 ins,
                 buf=self.buf(ins.buf),
-                shape=tuple(ins.shape),
+                shape=shape,
                 dtype=ins.dtype,
                 eb=eb,
                 nbytes=nbytes,
@@ -383,8 +411,7 @@ class _Compiler:
         )
 
     def _free(self, ins: Free) -> None:
-        code, make = self.code, ops.make
-        code.append(make(ops.OpFree, ops.h_free, ins, buf=self.buf(ins.buf)))
+        self.code.append(_FREE(ops.h_free, ins, buf=self.buf(ins.buf)))
 
     def _barrier(self, ins: Barrier) -> None:
         code, make = self.code, ops.make
@@ -426,22 +453,35 @@ class _Compiler:
             br.else_pc = len(code)
 
     def compute(self, ins: Compute) -> ops.Op:
+        # operations of one kernel with equal parameters share the kernel entry, the parameter
+        # dict and the cost cache per input shapes (a cost depends on nothing else:
+        # ops.h_compute)
+        key = (ins.kernel, ins.params, ins.dtype, len(ins.outs))
         try:
-            kernel = get_kernel(ins.kernel)
-        except ProgramError as exc:
-            raise self.fail(ins, str(exc)) from None
-        if ins.dtype not in DTYPE_BYTES:
-            raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
-        return ops.make(
-            ops.OpCompute,
+            hit = self.costs.get(key)
+        except TypeError:  # unhashable parameter values
+            key, hit = None, None
+        if hit is None:
+            try:
+                kernel = get_kernel(ins.kernel)
+            except ProgramError as exc:
+                raise self.fail(ins, str(exc)) from None
+            if ins.dtype not in DTYPE_BYTES:
+                raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
+            hit = (kernel, dict(ins.params), {})
+            if key is not None:
+                self.costs[key] = hit
+        kernel, params, cache = hit
+        buf = self.buf
+        return _COMPUTE(
             ops.h_compute,
             ins,
             kernel=kernel,
-            outs=tuple(self.buf(b) for b in ins.outs),
-            ins=tuple(self.buf(b) for b in ins.ins),
-            params=dict(ins.params),
+            outs=tuple([buf(b) for b in ins.outs]),
+            ins=tuple([buf(b) for b in ins.ins]),
+            params=params,
             dtype=ins.dtype,
-            cache={},
+            cache=cache,
         )
 
     def loop(self, ins: Loop) -> None:
@@ -473,6 +513,12 @@ class _Compiler:
         if fastop is not None:
             fastop.exit_pc = len(code)
 
+
+#: (shape, dtype) of an Alloc -> (shape, element bytes, bytes)
+_SIZES: dict[tuple, tuple[tuple[int, ...], int, int]] = {}
+_ALLOC = ops.builder(ops.OpAlloc)
+_FREE = ops.builder(ops.OpFree)
+_COMPUTE = ops.builder(ops.OpCompute)
 
 _HANDLERS = {
     Compute: _Compiler._compute,

@@ -224,6 +224,7 @@ class Core:
         "dma_k",
         "dma_p",
         "dmaq",
+        "item",
     )
 
     def __init__(self, cid: int) -> None:
@@ -249,3 +250,4 @@ class Core:
         self.dma_k = BUSY
         self.dma_p: list[Pending] = []
         self.dmaq: list = []  # outstanding HBM requests: completion cycle or Pending
+        self.item: tuple | None = None  # its event-queue entry (made once per run)

@@ -130,16 +130,23 @@ class Transfers:
     def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
         """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left
         the previous stage at ``prev_end``; returns the end cycle.  The one reservation routine
-        of every transfer: a resource is granted by :func:`grant`, a delay stage ends
+        of every transfer: a resource is granted by the rule of :func:`grant` (written out
+        here and in :meth:`_channels`: they run once per event), a delay stage ends
         ``lat`` after the previous stage's tail, the HBM channels are served by
         :meth:`_channels`.  Children that are resources (or HBM channels) are reserved by an
         event when the head reaches them; delay children are taken at once (no resource, so
         nothing can come between); ``delivers`` get the payload when the stage ends."""
         res, lat, children, delivers = stage
-        if res >= 0:
-            start, end = grant(
-                self.free, self.busy, res, arrive, prev_end + lat, nbytes / self.rate[res]
-            )
+        if res >= 0:  # grant(): inlined, the hottest line of the simulator
+            free = self.free
+            f = free[res]
+            start = arrive if arrive > f else f
+            end = start + nbytes / self.rate[res]
+            tail = prev_end + lat
+            if tail > end:
+                end = tail
+            free[res] = end
+            self.busy[res] += end - start
             self.rbytes[res] += nbytes
             self.rcount[res] += 1
             if self.rtrace is not None:
@@ -192,26 +199,33 @@ class Transfers:
             plan = self._plan(split)
         cfree, cbusy, rate = self.cfree, self.cbusy, self.hrate
         cbytes, ccnt = self.cbytes, self.ccnt
-        rt = self.rtrace
-        span: dict[int, tuple] = {}
-        first = None
+        classes = plan[1]
+        self.n_cls += len(classes)
+        first = math.inf
         last = arrive if arrive > tail else tail
-        self.n_cls += len(plan[1])
-        for k, b in plan[1]:
-            start, end = grant(cfree, cbusy, k, arrive, tail, b / rate)
+        rt = self.rtrace
+        span: dict[int, tuple] | None = None if rt is None else {}
+        for k, b in classes:  # grant() per class, inlined
+            f = cfree[k]
+            start = arrive if arrive > f else f
+            end = start + b / rate
+            if tail > end:
+                end = tail
+            cfree[k] = end
+            cbusy[k] += end - start
             cbytes[k] += b
             ccnt[k] += 1
-            if first is None or start < first:
+            if start < first:
                 first = start
             if end > last:
                 last = end
-            if rt is not None:
+            if span is not None:
                 span[k] = (start, end)
-        if rt is not None:  # one entry per channel, in channel order
+        if span is not None:  # one entry per channel, in channel order
             cls, chan_res, label = self.cls_of, self.chan_res, x.label
-            for c, _ in split:
+            for c, _ in x.split:
                 rt.append((chan_res[c], *span[cls[c]], label))
-        return (arrive if first is None else first), last
+        return (first if classes else arrive), last
 
     def _plan(self, split: tuple) -> tuple:
         """``(version, ((class, bytes per member), ...))`` for ``split``, refining the channel
