@@ -177,3 +177,16 @@ def test_round_trip_random_nested(rng: np.random.Generator) -> None:
         for _ in range(50):
             data = [tensor(rank) for _ in range(int(rng.integers(0, 3)))]
             assert decode_tokens(encode_tokens(data, rank), rank) == data
+
+
+def test_if_then_else_conditions_evaluate() -> None:
+    # sympy may simplify a Piecewise condition into ITE(c, a, b); sizes must still evaluate
+    import sympy as sp
+
+    from torch2step.step.evaluate import evaluate
+
+    n = sp.Symbol("n", integer=True, nonnegative=True)
+    cond = sp.ITE(n > 0, n > 0, False)
+    size = n * sp.Piecewise((1, cond), (0, True))
+    assert evaluate(size, n=3) == 3
+    assert evaluate(size, n=0) == 0

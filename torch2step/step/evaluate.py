@@ -149,6 +149,9 @@ def _ev(e: sp.Basic, env: Bindings, local: dict[sp.Symbol, int]) -> Any:
         return any(_ev(a, env, local) for a in e.args)
     if isinstance(e, sp.Not):
         return not _ev(e.args[0], env, local)
+    if isinstance(e, sp.ITE):  # sympy's if-then-else, as a simplified Piecewise condition
+        c, a, b = e.args
+        return _ev(a, env, local) if _ev(c, env, local) else _ev(b, env, local)
     raise StepTypeError(f"cannot evaluate {type(e).__name__} in {sp.sstr(e)}")
 
 
