@@ -34,6 +34,9 @@ __all__ = [
     "LoadValue",
     "Compute",
     "Set",
+    "Calc",
+    "ReadValue",
+    "CALC_OPS",
     "Loop",
     "Cond",
     "If",
@@ -196,6 +199,34 @@ class Set:
     value: Operand | Affine
 
 
+#: Integer operations of :class:`Calc` (what an ``Affine`` cannot express).
+CALC_OPS = ("shl", "floordiv", "ceildiv", "mod", "min", "max", "mul")
+
+
+@dataclass(frozen=True, slots=True)
+class Calc:
+    """``reg = lhs op rhs`` on integers, ``op`` one of :data:`CALC_OPS` (a bit of a selector
+    mask from an expert id, a tile count from a length): a control value computed from control
+    values at run time, in zero cycles like :class:`Set`."""
+
+    reg: str
+    op: str
+    lhs: Operand | Affine
+    rhs: Operand | Affine
+
+
+@dataclass(frozen=True, slots=True)
+class ReadValue:
+    """``reg = buf[index]`` (flat element index) of an integer buffer, once the buffer holds
+    its data (a received or loaded tile of expert ids): a control value carried as data.  Loads
+    of integer tensors and the messages that forward them carry their values in timing mode
+    too, so control flow is the same in both modes."""
+
+    reg: str
+    buf: str
+    index: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Loop:
     """Run ``body`` ``count`` times; ``var`` (if given) holds the iteration index 0..count-1."""
@@ -242,6 +273,8 @@ Instr = (
     | LoadValue
     | Compute
     | Set
+    | Calc
+    | ReadValue
     | Loop
     | If
     | Barrier

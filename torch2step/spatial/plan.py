@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
@@ -40,12 +42,13 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
-from torch2step.step.ops_routing import Partition
+from torch2step.step.ops_routing import Partition, Reassemble
 
-from .context import EmitCtx, tensor_layouts
+from .context import EmitCtx, int_contents, tensor_layouts
 from .emit_compute import EMITTERS as _COMPUTE
 from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
+from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
@@ -78,7 +81,8 @@ class UnitInfo:
 class SpatialPlan:
     """Placed programs of one graph and run: ``programs`` run on ``sim_chip`` (``chip`` as
     :func:`~.timing.simulation_chip` adapts it); ``messages`` / ``message_bytes``: per channel,
-    the messages and bytes it carries in this run."""
+    the messages and bytes it carries in this run; ``inputs``: the HBM contents the programs
+    read as control data (the run's integer tensors, in layout order)."""
 
     graph: StepProgram
     chip: Chip
@@ -88,6 +92,7 @@ class SpatialPlan:
     units: tuple[UnitInfo, ...]
     messages: dict[str, int]
     message_bytes: dict[str, int]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def flops(self) -> int:
@@ -176,12 +181,17 @@ def _build_plan(
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
         mine: set[str] = set()
+        # a unit that decides at run time which input gives the next element reads every
+        # input's channel, whether or not this run sends anything on it
+        whole = isinstance(ops[0], Reassemble) and runtime_reassemble(ctx, ops[0])
         for op in ops:
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are
                 # made where they are used, so they are no read of the Reshape's input)
                 info = streams[v.name]
-                empty = st.sources(v.name) & stops if not info.pieces else set()
+                empty = set()
+                if not info.pieces:
+                    empty = st.sources(v.name) if whole else st.sources(v.name) & stops
                 for ch in _channels_of(info) | empty:
                     if unit_of_chan[ch] != k:
                         dsts.setdefault(ch, set()).add(k)
@@ -275,4 +285,5 @@ def _build_plan(
         tuple(infos),
         messages,
         message_bytes,
+        int_contents(ctx.layouts, run.tensors),
     )
