@@ -81,3 +81,27 @@ def test_a_plan_runs_another_routing_from_its_data() -> None:
     moved = simulate_plan(dataclasses.replace(plan_a, inputs=plan_b.inputs))
     assert moved.cycles == simulate_graph(g, "step-sda", rb).cycles
     assert moved.hbm_read_bytes == simulate_plan(plan_b).hbm_read_bytes
+
+
+GQA = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+
+
+def test_kv_lengths_are_sent_from_the_loaded_values() -> None:
+    """The KV-length loader sends each request's length from the tile it loaded (after the
+    load lands, not before), and the units up to the cursors are the same for every set of KV
+    lengths."""
+    from hwmodel.presets import load_chip
+    from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs
+
+    g = gqa_decode_graph(**GQA, batch=3, max_len=40, tile_kv=16)
+    runs = [
+        run(g, tensors=gqa_inputs(**GQA, batch=3, max_len=40, kv_lens=lens), check=False)
+        for lens in ([5, 40, 17], [33, 1, 16])
+    ]
+    plans = [_bodies(build_plan(g, "step-sda", r)) for r in runs]
+    for unit in ("attn_len", "attn_len_h", "attn_cursor", "attn_cursor1"):
+        assert plans[0][unit] == plans[1][unit], unit
+    assert any(isinstance(i, ReadValue) for i in _flat(plans[0]["attn_len"]))
+    watch = {"attn_len": -1}
+    simulate_graph(g, "step-sda", runs[0], watch=watch)
+    assert watch["attn_len"] >= load_chip("step-sda").hbm.latency_cycles

@@ -8,14 +8,17 @@ selection stream is blocked until the routing for the current selection is finis
   selector is a register read at run time, so the program does not depend on the routing.  At
   the end every output gets its stop token, carrying how many elements it received (STeP
   §3.2.3): an output's reader learns the routing ended from it, even when it got no element.
-* **Reassemble** — per selector: dequeue it, then for each selected input, in the order the run's
-  chunks arrived (STeP (revised) §3.2.3), every element of that input's next chunk: one cycle each.
+* **Reassemble** — per selector: dequeue it, then for each selected input every element of that
+  input's next chunk, one cycle each.  Chunks of one element of a static tile type (the MoE's
+  token rows) are taken at run time: the selector register decides under ``If`` per input,
+  inputs in index order, so the program is the same for every routing; other chunks follow the
+  order the run's chunks arrived (STeP (revised) §3.2.3).
 * **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
   sent with the chunk, then its elements, one cycle each.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element
   of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
 
-Arrival order is the run's: the reference interpreter's (equal-rate producers unless
+Arrival order (EagerMerge, Reassemble of larger chunks) is the run's: the reference interpreter's (equal-rate producers unless
 ``run(..., arrival=...)`` said otherwise); the programs follow it.
 """
 

@@ -18,14 +18,27 @@
 The programs are the graph's operators specialised to this run's control values (how many
 tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
 different routing give different programs — and latencies — from the same graph.  The
-exception is Partition (:mod:`.emit_routing`): it reads each selector into a register and
-decides its outputs at run time, and ends every output with a stop token carrying the count it
-sent (STeP §3.2.3), so its program is the same for every routing of the same tokens, and its
-outputs' channels exist (and are read) even when a run routes nothing to them.  What is still
-baked from the run: the selectors' values (sent as constants by the unit that makes them, since
-timing-mode messages carry no tile contents), each expert's token count in the units after the
-Partition (tile shapes, loop trip counts, compute cycles: they do not yet read the stop token's
-count), Reassemble's and EagerMerge's chunk order, and each request's KV length.
+routing operators are the exception: they decide from data at run time (STeP §3.2.3), so their
+programs are the same for every routing of the same tokens:
+
+* the selector unit (Map ``to_selector``) reads the expert ids of each token from the tile it
+  receives into registers and computes the k-hot mask it sends (:mod:`.control`; integer
+  tensors and the messages forwarding them carry their values in timing mode too:
+  ``SpatialPlan.inputs``);
+* Partition (:mod:`.emit_routing`) reads each selector into a register and decides its outputs
+  at run time, and ends every output with a stop token carrying the count it sent, so its
+  outputs' channels exist (and are read) even when a run routes nothing to them;
+* Reassemble over one-element chunks reads each selector into a register and takes the next
+  element of every selected input, in input order, under ``If`` (so it reads every input's
+  channel);
+* a control value a unit forwards (Repeat, Expand...) is sent from the register it was
+  received into, and one loaded as a ``[1, 1]`` integer tile is read from the loaded buffer.
+
+What is still baked from the run: each expert's token count in the units after the Partition
+(tile shapes, loop trip counts, compute cycles: they do not read the stop token's count),
+EagerMerge's chunk order, and in decode attention everything from the KV-tile addresses on
+(the cursor tiles carry no values in timing mode, so the tile count and rows of each request
+are the run's).
 """
 
 from __future__ import annotations

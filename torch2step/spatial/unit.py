@@ -12,7 +12,8 @@ instructions of :mod:`lowering.isa`:
   that waits for its input buffers and writes buffers of the output elements' sizes.
 * ``send(stream, k, elem)`` sends element ``k`` of an output stream (nothing if no unit reads
   the stream); a control value received into a register and forwarded is sent from that
-  register, one the unit computes carries the run's value.
+  register, one loaded as a ``[1, 1]`` integer tile is read from its buffer (``ReadValue``,
+  once the load has landed), one the unit computes carries the run's value.
 * ``load`` / ``store`` access an HBM tensor at an element offset held in an address register.
 * ``stops`` maps a channel carrying a stop token (a Partition's output, STeP §3.2.3) to its
   element messages: the token is received right after the last of them (at the program's start
@@ -41,6 +42,7 @@ from lowering.isa import (
     Compute,
     Instr,
     Load,
+    ReadValue,
     Recv,
     RecvValue,
     Region,
@@ -265,6 +267,9 @@ class UnitBuilder:
                 self.emit(Send(chan, b))
             elif b is not None and q.kind == "value" and q.value == part.value:
                 self.emit(SendValue(chan, b))  # a received control value forwarded: its register
+            elif b is not None and q.kind == "data" and q.dtype == part.dtype and q.elems == 1:
+                reg = f"val.{chan}"  # a control value loaded as a [1, 1] integer tile: read it
+                self.emit(ReadValue(reg, b, 0), SendValue(chan, reg))
             else:
                 self.emit(SendValue(chan, part.value))
         self.sent += 1
