@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from lowering.isa import Calc, If, Loop, ReadValue
+from lowering.isa import Calc, If, Loop, ReadValue, RecvValue
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph, simulate_plan
 from torch2step.spatial.plan import build_plan
@@ -105,3 +105,20 @@ def test_kv_lengths_are_sent_from_the_loaded_values() -> None:
     watch = {"attn_len": -1}
     simulate_graph(g, "step-sda", runs[0], watch=watch)
     assert watch["attn_len"] >= load_chip("step-sda").hbm.latency_cycles
+
+
+def test_regions_gather_from_partitions_at_run_time() -> None:
+    """With time-multiplexed regions (STeP §5.3) the final Reassemble reads the regions'
+    Partitions: it takes their stop tokens once its selectors are done, and its program is the
+    same for a routing that leaves an expert without tokens."""
+    g = moe_graph(**KW, tokens=T, tile_h=32, tile_i=32, lanes=2)
+    a = moe_inputs(**KW, tokens=T, seed=0)
+    b = dict(a)
+    b["topk_idx"] = np.tile(np.array([[0, 1], [1, 2], [2, 0]], np.int64), (T // 3 + 1, 1))[:T]
+    ra, rb = (run(g, tensors=x, check=False) for x in (a, b))
+    sa, sb = (simulate_graph(g, "step-sda", r) for r in (ra, rb))
+    assert sa.cycles > 0 and sb.cycles > 0
+    ba, bb = _bodies(sa.plan), _bodies(sb.plan)
+    assert ba["moe_back"] == bb["moe_back"]
+    stops = [i for i in _flat(ba["moe_back"]) if isinstance(i, RecvValue) and "stop" in i.reg]
+    assert len(stops) == KW["num_experts"]  # one per input: each region's Partition outputs

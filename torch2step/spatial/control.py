@@ -28,12 +28,16 @@ __all__ = ["REGISTER_FNS", "lower_value"]
 
 def _to_selector(b: UnitBuilder, f: Any, elem: Elem, part: Part) -> str | None:
     """``to_selector``: the bitmask ``sum_j 1 << ids[j]`` of the ``[1, k]`` id tile (ids are
-    distinct, so the sum is the k-hot mask the interpreter's selector has)."""
+    distinct, so the sum is the k-hot mask the interpreter's selector has); a ``[1, 1]`` id
+    that travels as a control value is shifted from its register."""
     if len(elem) != 1:
         return None
     ((src, buf),) = elem
-    if buf is None or src.kind != "data":
+    if buf is None:
         return None
+    if src.kind == "value":  # a [1, 1] id received into a register
+        b.emit(Calc("bit.0", "shl", 1, buf))
+        return "bit.0"
     terms = []
     for j in range(src.elems):
         b.emit(ReadValue(f"id.{j}", buf, j), Calc(f"bit.{j}", "shl", 1, f"id.{j}"))

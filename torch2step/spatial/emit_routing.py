@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lowering.isa import Affine, Cond, If, Recv, Send, SendValue, Set
+from lowering.isa import Affine, Cond, If, Recv, RecvValue, Send, SendValue, Set
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
@@ -195,6 +195,13 @@ def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> Non
                 b.sent_seq[out.channel] += 1
                 b.sent += 1
         b.step()
+    # an input read from a Partition ends with its stop token (STeP §3.2.3): taken once the
+    # selectors are done, whatever this run sent on it
+    for ch in chans:
+        if ch is not None and ch in b.stops:
+            b.emit(RecvValue(ch, f"stop.{ch}"))
+            b.next_seq[ch] = b.stops.pop(ch) + 1
+    b.step()
 
 
 def _parity(i: int) -> str:
