@@ -14,7 +14,7 @@ more receiving cores (multicast) and a FIFO depth in messages.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -37,6 +37,7 @@ __all__ = [
     "Calc",
     "ReadValue",
     "CALC_OPS",
+    "CALC_FNS",
     "Loop",
     "Cond",
     "If",
@@ -199,8 +200,17 @@ class Set:
     value: Operand | Affine
 
 
-#: Integer operations of :class:`Calc` (what an ``Affine`` cannot express).
-CALC_OPS = ("shl", "floordiv", "ceildiv", "mod", "min", "max", "mul")
+#: Integer operations of :class:`Calc` (what an ``Affine`` cannot express) and their meaning.
+CALC_FNS: Mapping[str, Callable[[int, int], int]] = {
+    "shl": lambda a, b: a << b,
+    "floordiv": lambda a, b: a // b,
+    "ceildiv": lambda a, b: -(-a // b),
+    "mod": lambda a, b: a % b,
+    "min": min,
+    "max": max,
+    "mul": lambda a, b: a * b,
+}
+CALC_OPS = tuple(CALC_FNS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,22 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowering.isa import CALC_OPS, Calc, ReadValue
+from lowering.isa import CALC_FNS, CALC_OPS, Calc, ReadValue
 from runtime import ops
 from runtime.state import Core
 
-__all__ = ["COMPILERS", "OpCalc", "OpReadValue", "h_calc", "h_readvalue"]
+__all__ = ["CALC", "COMPILERS", "OpCalc", "OpReadValue", "h_calc", "h_readvalue"]
 
-_CALC = {
-    "shl": lambda a, b: a << b,
-    "floordiv": lambda a, b: a // b,
-    "ceildiv": lambda a, b: -(-a // b),
-    "mod": lambda a, b: a % b,
-    "min": min,
-    "max": max,
-    "mul": lambda a, b: a * b,
-}
-assert tuple(_CALC) == CALC_OPS
+#: What each :data:`~lowering.isa.CALC_OPS` operation computes.
+CALC = CALC_FNS
 
 
 class OpCalc(ops.Op):
@@ -71,7 +63,7 @@ def h_readvalue(sim: Any, core: Core, op: OpReadValue) -> bool:
 
 
 def _compile_calc(comp: Any, ins: Calc) -> None:
-    f = _CALC.get(ins.op)
+    f = CALC.get(ins.op)
     if f is None:
         raise comp.fail(ins, f"unknown operation {ins.op!r}; use one of {', '.join(CALC_OPS)}")
     comp.code.append(

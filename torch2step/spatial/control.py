@@ -6,7 +6,8 @@ the result with ``Calc`` / ``Set``, so the value it sends comes from the data of
 simulated, not from the run the program was built from (STeP (arXiv 2511.07776) §3.2.3:
 Partition and Reassemble route by the selectors the graph computes).  Integer tiles carry their
 values in timing mode too (loads of integer tensors and the messages forwarding them), so the
-same program serves every routing.
+same program serves every routing — when no node of the graph stores an integer tensor
+(:func:`control_data`; a layer whose router stores its top-k ids keeps the run's selectors).
 
 ``REGISTER_FNS`` maps a function name to ``lower(b, f, elem, part) -> register | None``: it
 emits the instructions after the unit step that computes the element and returns the register
@@ -19,11 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from lowering.isa import Affine, Calc, ReadValue, Set
+from torch2step.step.graph import Program
+from torch2step.step.ops_memory import LinearOffChipStore, RandomOffChipStore
 
 from .streams import Part
 from .unit import Elem, UnitBuilder
 
-__all__ = ["REGISTER_FNS", "lower_value"]
+__all__ = ["REGISTER_FNS", "control_data", "lower_value"]
 
 
 def _to_selector(b: UnitBuilder, f: Any, elem: Elem, part: Part) -> str | None:
@@ -52,10 +55,23 @@ REGISTER_FNS: dict[str, Callable[[UnitBuilder, Any, Elem, Part], str | None]] = 
 }
 
 
-def lower_value(b: UnitBuilder, f: Any, elem: Elem, out: Elem) -> Elem:
+def control_data(graph: Program) -> bool:
+    """Whether the integer tiles of ``graph``'s streams carry their values in every mode: no
+    node stores an integer tensor (a router's top-k ids made by a compute unit exist only in
+    the reference run: the simulator's unit steps are timed, not executed, so a unit reading
+    them would read zeros in functional mode; their selectors stay the run's)."""
+    for op in graph.nodes:
+        if isinstance(op, (LinearOffChipStore, RandomOffChipStore)):
+            if op.tensor.dtype in ("int32", "int64", "int8", "bool"):
+                return False
+    return True
+
+
+def lower_value(b: UnitBuilder, f: Any, elem: Elem, out: Elem, enabled: bool = True) -> Elem:
     """``out`` (a unit step's result of function ``f`` on ``elem``) with its control value in
-    the register the lowering of ``f`` computes, when ``f`` has one and ``out`` is one value."""
-    lower = REGISTER_FNS.get(f.name)
+    the register the lowering of ``f`` computes, when ``f`` has one, ``out`` is one value and
+    the graph's integer tiles carry values (``enabled``: :func:`control_data`)."""
+    lower = REGISTER_FNS.get(f.name) if enabled else None
     if lower is None or len(out) != 1 or out[0][0].kind != "value":
         return out
     reg = lower(b, f, elem, out[0][0])

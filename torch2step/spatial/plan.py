@@ -24,7 +24,8 @@ programs are the same for every routing of the same tokens:
 * the selector unit (Map ``to_selector``) reads the expert ids of each token from the tile it
   receives into registers and computes the k-hot mask it sends (:mod:`.control`; integer
   tensors and the messages forwarding them carry their values in timing mode too:
-  ``SpatialPlan.inputs``);
+  ``SpatialPlan.inputs``), when no node stores an integer tensor (a router that stores its
+  top-k ids computes them in a unit step, which the simulator times but does not execute);
 * Partition (:mod:`.emit_routing`) reads each selector into a register and decides its outputs
   at run time, and ends every output with a stop token carrying the count it sent, so its
   outputs' channels exist (and are read) even when a run routes nothing to them;
