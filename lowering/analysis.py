@@ -14,10 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lowering.isa import (
+    CALC_OPS,
     DTYPE_BYTES,
     Affine,
     Alloc,
     Barrier,
+    Calc,
     Channel,
     Compute,
     Free,
@@ -30,6 +32,7 @@ from lowering.isa import (
     Operand,
     Program,
     ProgramSet,
+    ReadValue,
     Recv,
     RecvValue,
     Region,
@@ -394,6 +397,18 @@ class _Walker:
         self.need_regs(path, i, state, i.value)
         state.regs.add(i.reg)
 
+    def calc(self, path: Path, i: Calc, state: _State, counts: _Counts, mult: Count) -> None:
+        if i.op not in CALC_OPS:
+            self.problem(path, i, f"unknown operation {i.op!r}; use one of {', '.join(CALC_OPS)}")
+        self.need_regs(path, i, state, i.lhs, i.rhs)
+        state.regs.add(i.reg)
+
+    def read_value(
+        self, path: Path, i: ReadValue, state: _State, counts: _Counts, mult: Count
+    ) -> None:
+        self.need_buf(path, i, state, i.buf)
+        state.regs.add(i.reg)
+
     def barrier(self, path: Path, i: Barrier, state: _State, counts: _Counts, mult: Count) -> None:
         members = self.barriers.get(i.group)
         if members is None:
@@ -493,6 +508,8 @@ _RULES = {
     LoadValue: _Walker.load_value,
     Compute: _Walker.compute,
     Set: _Walker.set,
+    Calc: _Walker.calc,
+    ReadValue: _Walker.read_value,
     Loop: _Walker.loop,
     If: _Walker.if_,
     Barrier: _Walker.barrier,

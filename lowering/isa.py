@@ -14,7 +14,7 @@ more receiving cores (multicast) and a FIFO depth in messages.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +34,10 @@ __all__ = [
     "LoadValue",
     "Compute",
     "Set",
+    "Calc",
+    "ReadValue",
+    "CALC_OPS",
+    "CALC_FNS",
     "Loop",
     "Cond",
     "If",
@@ -196,6 +200,43 @@ class Set:
     value: Operand | Affine
 
 
+#: Integer operations of :class:`Calc` (what an ``Affine`` cannot express) and their meaning.
+CALC_FNS: Mapping[str, Callable[[int, int], int]] = {
+    "shl": lambda a, b: a << b,
+    "floordiv": lambda a, b: a // b,
+    "ceildiv": lambda a, b: -(-a // b),
+    "mod": lambda a, b: a % b,
+    "min": min,
+    "max": max,
+    "mul": lambda a, b: a * b,
+}
+CALC_OPS = tuple(CALC_FNS)
+
+
+@dataclass(frozen=True, slots=True)
+class Calc:
+    """``reg = lhs op rhs`` on integers, ``op`` one of :data:`CALC_OPS` (a bit of a selector
+    mask from an expert id, a tile count from a length): a control value computed from control
+    values at run time, in zero cycles like :class:`Set`."""
+
+    reg: str
+    op: str
+    lhs: Operand | Affine
+    rhs: Operand | Affine
+
+
+@dataclass(frozen=True, slots=True)
+class ReadValue:
+    """``reg = buf[index]`` (flat element index) of an integer buffer, once the buffer holds
+    its data (a received or loaded tile of expert ids): a control value carried as data.  Loads
+    of integer tensors and the messages that forward them carry their values in timing mode
+    too, so control flow is the same in both modes."""
+
+    reg: str
+    buf: str
+    index: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Loop:
     """Run ``body`` ``count`` times; ``var`` (if given) holds the iteration index 0..count-1."""
@@ -242,6 +283,8 @@ Instr = (
     | LoadValue
     | Compute
     | Set
+    | Calc
+    | ReadValue
     | Loop
     | If
     | Barrier

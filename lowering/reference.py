@@ -18,9 +18,11 @@ import numpy as np
 
 from lowering.errors import ProgramError
 from lowering.isa import (
+    CALC_FNS,
     Affine,
     Alloc,
     Barrier,
+    Calc,
     Channel,
     Compute,
     Cond,
@@ -33,6 +35,7 @@ from lowering.isa import (
     Loop,
     Operand,
     ProgramSet,
+    ReadValue,
     Recv,
     RecvValue,
     Region,
@@ -178,6 +181,16 @@ def _set(c: _Core, i: Set) -> Wait:
     yield from ()
 
 
+def _calc(c: _Core, i: Calc) -> Wait:
+    c.regs[i.reg] = CALC_FNS[i.op](c.value(i.lhs), c.value(i.rhs))
+    yield from ()
+
+
+def _read_value(c: _Core, i: ReadValue) -> Wait:
+    c.regs[i.reg] = int(np.asarray(c.buffer(i.buf)).reshape(-1)[i.index])
+    yield from ()
+
+
 def _loop(c: _Core, i: Loop) -> Wait:
     for n in range(c.value(i.count)):
         if i.var:
@@ -217,6 +230,8 @@ _EXEC: dict[type, Callable[..., Wait]] = {
     LoadValue: _load_value,
     Compute: _compute,
     Set: _set,
+    Calc: _calc,
+    ReadValue: _read_value,
     Loop: _loop,
     If: _if,
     Barrier: _barrier,

@@ -175,7 +175,7 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         b.wp = done
         core.dma_p.append(done)
     b.shape = extents
-    if sim.functional:
+    if sim.functional or (info.is_int and info.name in sim.hbm_data):  # control data
         b.data = np.array(
             sim.hbm_data[info.name][_slices(starts, extents)], dtype=numpy_dtype(b.dtype)
         )

@@ -36,7 +36,7 @@ from lowering.isa import (
 )
 from lowering.kernels import get_kernel
 from lowering.printer import format_instr
-from runtime import ops, ops_comm
+from runtime import ops, ops_comm, ops_control
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout
 from runtime.network import Fabric
@@ -536,3 +536,4 @@ _HANDLERS = {
     Loop: _Compiler.loop,
     If: _Compiler._if,
 }
+_HANDLERS.update(ops_control.COMPILERS)  # control values computed on a core

@@ -80,7 +80,9 @@ def layer_bundle(name: str, chip: str = "step-sda", batch: int = 2, seed: int = 
     )
     prog.report(*spec.example_inputs)
     plan = prog._last.plan  # the programs that ran (FIFOs deepened where the run needed it)
-    return Bundle(plan.programs, plan.sim_chip, random_inputs(plan.programs, seed))
+    # the run's control data (integer tensors: routing, KV lengths) with seeded data around it
+    inputs = random_inputs(plan.programs, seed) | dict(plan.inputs)
+    return Bundle(plan.programs, plan.sim_chip, inputs)
 
 
 def _bundle(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:

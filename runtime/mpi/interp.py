@@ -26,6 +26,7 @@ from lowering.isa import (
     Affine,
     Alloc,
     Barrier,
+    Calc,
     Compute,
     Free,
     If,
@@ -33,6 +34,7 @@ from lowering.isa import (
     Load,
     LoadValue,
     Loop,
+    ReadValue,
     Recv,
     RecvValue,
     Region,
@@ -46,6 +48,7 @@ from runtime.layout import numpy_dtype
 from runtime.mpi.errors import MpiError
 from runtime.mpi.net import Payload, Post
 from runtime.ops import CMP
+from runtime.ops_control import CALC
 from runtime.program import describe
 
 __all__ = ["CoreRun", "Buf"]
@@ -338,6 +341,24 @@ def _set(c: CoreRun, i: Set) -> Steps:
     yield from ()
 
 
+def _calc(c: CoreRun, i: Calc) -> Steps:
+    f = CALC.get(i.op)
+    if f is None:
+        raise c.error(f"unknown operation {i.op!r}; use one of {' '.join(CALC)}")
+    c.regs[i.reg] = f(c.value(i.lhs), c.value(i.rhs))
+    yield from ()
+
+
+def _read_value(c: CoreRun, i: ReadValue) -> Steps:
+    b = c.allocated(i.buf)
+    yield from c.settle(b)
+    assert b.data is not None
+    flat = b.data.reshape(-1)
+    if not 0 <= i.index < flat.size:
+        raise c.error(f"element {i.index} is outside buffer {b.name!r} of {flat.size}")
+    c.regs[i.reg] = int(flat[i.index])
+
+
 def _loop(c: CoreRun, i: Loop) -> Steps:
     for n in range(c.value(i.count)):
         if i.var:
@@ -373,6 +394,8 @@ _EXEC: dict[type, Callable[[CoreRun, Any], Steps]] = {
     LoadValue: _load_value,
     Compute: _compute,
     Set: _set,
+    Calc: _calc,
+    ReadValue: _read_value,
     Loop: _loop,
     If: _if,
     Barrier: _barrier,

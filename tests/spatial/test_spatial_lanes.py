@@ -117,7 +117,7 @@ def _restarting(plan: SpatialPlan) -> tuple[int, tuple[str, ...]]:
     deep: dict[str, int] = {}
     chip = plan.sim_chip
     while True:
-        sim = Simulator(deepen(plan.programs, deep), chip)
+        sim = Simulator(deepen(plan.programs, deep), chip, inputs=plan.inputs)
         try:
             return sim.run().cycles, tuple(sorted(deep))
         except DeadlockError:

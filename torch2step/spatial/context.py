@@ -40,7 +40,7 @@ from .streams import StreamInfo
 from .structure import Structure
 from .timing import TimingModel, UnitConfig
 
-__all__ = ["TensorLayout", "EmitCtx", "tensor_layouts", "tile_of"]
+__all__ = ["TensorLayout", "EmitCtx", "int_contents", "tensor_layouts", "tile_of"]
 
 #: Starts and extents of an HBM region (per dimension of the declared tensor).
 Region2 = tuple[tuple[Any, ...], tuple[int, ...]]
@@ -167,3 +167,31 @@ class EmitCtx:
 
 
 _DEFAULT = UnitConfig()
+
+
+_INT = frozenset({"int32", "int64", "int8", "bool"})
+
+
+def flat_contents(lay: TensorLayout, value: Any) -> np.ndarray:
+    """``value`` (the tensor in its graph shape) flattened in ``lay``'s HBM order."""
+    a = np.asarray(value).reshape(lay.shape)
+    if lay.tile is None or len(lay.shape) < 2:
+        return a.reshape(-1)
+    r, c = lay.tile
+    *lead, rows, cols = lay.shape
+    a = a.reshape(*lead, rows // r, r, cols // c, c)
+    return np.moveaxis(a, -3, -2).reshape(-1)
+
+
+def int_contents(
+    layouts: dict[str, TensorLayout], tensors: dict[str, Any]
+) -> dict[str, np.ndarray]:
+    """The integer tensors' contents as the simulator holds them (flat, in layout order):
+    control data (expert ids, KV lengths) is real in timing mode too.  ``tensors``: the
+    reference run's final off-chip memory, so a tensor the programs store holds what they
+    store (the run computed the control values anyway)."""
+    return {
+        lay.name: flat_contents(lay, tensors[lay.name])
+        for lay in layouts.values()
+        if lay.dtype in _INT and lay.name in tensors
+    }

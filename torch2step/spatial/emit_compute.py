@@ -25,6 +25,7 @@ from torch2step.step.ops_compute import Accum, FlatMap, Map, Scan
 from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
+from .control import control_data, lower_value
 from .streams import Part, StreamInfo, iter_nodes, leaves
 from .timing import TimingModel, UnitConfig, concrete_type
 from .unit import UnitBuilder
@@ -113,11 +114,12 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, Map)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
+    data = control_data(ctx.structure.graph)
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
         parts = out.parts(k)
         c, fl = cost.map_step(op.fn, val, x.dtype, x.parts(k), parts)
-        y = b.compute(c, (e,), parts, flops=fl)
+        y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl), data)
         b.send(out, k, y)
         b.step()
 

@@ -8,14 +8,17 @@ selection stream is blocked until the routing for the current selection is finis
   selector is a register read at run time, so the program does not depend on the routing.  At
   the end every output gets its stop token, carrying how many elements it received (STeP
   §3.2.3): an output's reader learns the routing ended from it, even when it got no element.
-* **Reassemble** — per selector: dequeue it, then for each selected input, in the order the run's
-  chunks arrived (STeP (revised) §3.2.3), every element of that input's next chunk: one cycle each.
+* **Reassemble** — per selector: dequeue it, then for each selected input every element of that
+  input's next chunk, one cycle each.  Chunks of one element of a static tile type (the MoE's
+  token rows) are taken at run time: the selector register decides under ``If`` per input,
+  inputs in index order, so the program is the same for every routing; other chunks follow the
+  order the run's chunks arrived (STeP (revised) §3.2.3).
 * **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
   sent with the chunk, then its elements, one cycle each.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element
   of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
 
-Arrival order is the run's: the reference interpreter's (equal-rate producers unless
+Arrival order (EagerMerge, Reassemble of larger chunks) is the run's: the reference interpreter's (equal-rate producers unless
 ``run(..., arrival=...)`` said otherwise); the programs follow it.
 """
 
@@ -24,14 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lowering.isa import Affine, Cond, If, Send, SendValue, Set
+from lowering.isa import Affine, Cond, If, Recv, RecvValue, Send, SendValue, Set
 from torch2step.errors import LoweringError
 from torch2step.step.op_base import Op
 from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
 from torch2step.step.ops_shape import Expand, Repeat
+from torch2step.step.types import TileType
 
 from .context import EmitCtx
-from .streams import StreamInfo, iter_nodes, leaves
+from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
 from .unit import UnitBuilder
 
 __all__ = ["EMITTERS"]
@@ -121,9 +125,96 @@ def _match(op: Op, chunk: Any, cands: list[int], chunks: list[list[Any]], nxt: l
     )
 
 
+def _row_part(info: StreamInfo) -> Part | None:
+    """The one data part every element of ``info`` has, from its declared type (so it is
+    known when this run sends the stream nothing); ``None`` when it is not a static tile."""
+    t = info.dtype
+    if not isinstance(t, TileType) or not all(_static(d) for d in t.shape):
+        return None
+    if t.dtype in _VALUE_DTYPES and tuple(t.shape) == (1, 1):
+        return None
+    return Part("data", t.dtype, int(t.shape[0]) * int(t.shape[1]))
+
+
+def _static(d: object) -> bool:
+    return isinstance(d, int) or bool(getattr(d, "is_Integer", False))
+
+
+def runtime_reassemble(ctx: EmitCtx, op: Reassemble) -> bool:
+    """Whether Reassemble ``op`` decides at run time (:func:`_reassemble_by_selector`): chunks
+    of single elements (rank-0 inputs) of one static tile type, a one-value selector."""
+    ins, s = [ctx.stream(v) for v in op.ins], ctx.stream(op.sel)
+    if ins[0].value.rank != 0:
+        return False
+    if not all(
+        len(pc) == 1 and pc[0][0] is not None and pc[0][2].kind == "value" for pc in s.pieces
+    ):
+        return False
+    parts = {_row_part(i) for i in ins}
+    return len(parts) == 1 and None not in parts
+
+
+def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> None:
+    """Per selector, its register decides at run time which inputs give an element (in input
+    order, STeP §3.2.3): each input ``i`` whose bit is set gives its next element, forwarded in
+    one cycle (``If`` per input), so the program is the same for every routing.  Each input
+    keeps the two rotating buffers of :func:`_forward`, chosen by a parity register."""
+    ins = [ctx.stream(v) for v in op.ins]
+    s, out = ctx.stream(op.sel), ctx.stream(op.name)
+    part = _row_part(ins[0])
+    assert part is not None and out.channel is not None
+    chans = [i.channel for i in ins]
+    send = b.has_dsts(out.channel)
+    bufs = {}
+    for i, ch in enumerate(chans):
+        if ch is not None and not b.own(ch):
+            pool = [b.buffer(("in", ch, 0), part.dtype, part.elems, 2) for _ in range(2)]
+            bufs[i] = pool
+            b.emit(Set(_parity(i), 0))
+    for si, selv in enumerate(s.flat):
+        sel = b.recv(s, si)
+        b.consume(sel)
+        ((_, reg),) = sel
+        assert reg is not None
+        for i, pool in bufs.items():
+            ch, par = chans[i], _parity(i)
+            arms = []
+            for buf in pool:
+                body = [Recv(ch, buf), b.compute_instr(1, (buf,))]
+                if send:
+                    body.append(Send(out.channel, buf))
+                arms.append(tuple(body))
+            flip = Set(par, Affine(1, ((par, -1),)))
+            b.emit(If(Cond(reg, "&", 1 << i), (If(Cond(par, "==", 0), arms[0], arms[1]), flip)))
+        for i in selv.indices:  # the messages this run moves (checked by the plan)
+            assert chans[i] is not None
+            b.next_seq[chans[i]] += 1
+            b.received += 1
+            b.busy_cycles += 1
+            if send:
+                b.sent_seq[out.channel] += 1
+                b.sent += 1
+        b.step()
+    # an input read from a Partition ends with its stop token (STeP §3.2.3): taken once the
+    # selectors are done, whatever this run sent on it
+    for ch in chans:
+        if ch is not None and ch in b.stops:
+            b.emit(RecvValue(ch, f"stop.{ch}"))
+            b.next_seq[ch] = b.stops.pop(ch) + 1
+    b.step()
+
+
+def _parity(i: int) -> str:
+    """Register choosing which of input ``i``'s two buffers receives its next element."""
+    return f"par.{i}"
+
+
 def _reassemble(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Reassemble)
+    if runtime_reassemble(ctx, op):
+        _reassemble_by_selector(ctx, b, op)
+        return
     ins = [ctx.stream(v) for v in op.ins]
     s, out = ctx.stream(op.sel), ctx.stream(op.name)
     rank = ins[0].value.rank

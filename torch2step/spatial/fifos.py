@@ -120,6 +120,7 @@ def run_deepening(
     max_cycles: int | None = None,
     watch: dict[str, int] | None = None,
     checked: bool = False,
+    inputs: Mapping[str, Any] | None = None,
 ) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
     """Simulate ``programs`` (timing mode), deepening FIFOs that deadlock the run (module
     docstring); ``messages`` is the number of messages each channel carries.  Returns the
@@ -127,9 +128,10 @@ def run_deepening(
     names whose first-message cycle is written into it (by the run that completes); a name
     mapped to a list gets every message's cycle appended.  ``checked``: ``programs`` passed
     :func:`lowering.validate_programs` (deepening changes only FIFO depths, so every run here
-    skips the simulator's own declaration checks)."""
+    skips the simulator's own declaration checks).  ``inputs``: HBM contents (the integer
+    tensors: control data is real in timing mode)."""
     deep: dict[str, int] = {}
-    sim = Simulator(programs, chip, checked=checked)
+    sim = Simulator(programs, chip, checked=checked, inputs=inputs)
     if watch is not None:
         sim.watch = watch
     try:
@@ -138,7 +140,7 @@ def run_deepening(
         discover_deep(sim, err, chip, messages, deep)
     while True:
         current = deepen(programs, deep)
-        sim = Simulator(current, chip, checked=checked)
+        sim = Simulator(current, chip, checked=checked, inputs=inputs)
         if watch is not None:
             for k, v in watch.items():
                 watch[k] = [] if isinstance(v, list) else -1

@@ -18,21 +18,37 @@
 The programs are the graph's operators specialised to this run's control values (how many
 tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
 different routing give different programs — and latencies — from the same graph.  The
-exception is Partition (:mod:`.emit_routing`): it reads each selector into a register and
-decides its outputs at run time, and ends every output with a stop token carrying the count it
-sent (STeP §3.2.3), so its program is the same for every routing of the same tokens, and its
-outputs' channels exist (and are read) even when a run routes nothing to them.  What is still
-baked from the run: the selectors' values (sent as constants by the unit that makes them, since
-timing-mode messages carry no tile contents), each expert's token count in the units after the
-Partition (tile shapes, loop trip counts, compute cycles: they do not yet read the stop token's
-count), Reassemble's and EagerMerge's chunk order, and each request's KV length.
+routing operators are the exception: they decide from data at run time (STeP §3.2.3), so their
+programs are the same for every routing of the same tokens:
+
+* the selector unit (Map ``to_selector``) reads the expert ids of each token from the tile it
+  receives into registers and computes the k-hot mask it sends (:mod:`.control`; integer
+  tensors and the messages forwarding them carry their values in timing mode too:
+  ``SpatialPlan.inputs``), when no node stores an integer tensor (a router that stores its
+  top-k ids computes them in a unit step, which the simulator times but does not execute);
+* Partition (:mod:`.emit_routing`) reads each selector into a register and decides its outputs
+  at run time, and ends every output with a stop token carrying the count it sent, so its
+  outputs' channels exist (and are read) even when a run routes nothing to them;
+* Reassemble over one-element chunks reads each selector into a register and takes the next
+  element of every selected input, in input order, under ``If`` (so it reads every input's
+  channel);
+* a control value a unit forwards (Repeat, Expand...) is sent from the register it was
+  received into, and one loaded as a ``[1, 1]`` integer tile is read from the loaded buffer.
+
+What is still baked from the run: each expert's token count in the units after the Partition
+(tile shapes, loop trip counts, compute cycles: they do not read the stop token's count),
+EagerMerge's chunk order, and in decode attention everything from the KV-tile addresses on
+(the cursor tiles carry no values in timing mode, so the tile count and rows of each request
+are the run's).
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
@@ -40,12 +56,13 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
-from torch2step.step.ops_routing import Partition
+from torch2step.step.ops_routing import Partition, Reassemble
 
-from .context import EmitCtx, tensor_layouts
+from .context import EmitCtx, int_contents, tensor_layouts
 from .emit_compute import EMITTERS as _COMPUTE
 from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
+from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
@@ -78,7 +95,8 @@ class UnitInfo:
 class SpatialPlan:
     """Placed programs of one graph and run: ``programs`` run on ``sim_chip`` (``chip`` as
     :func:`~.timing.simulation_chip` adapts it); ``messages`` / ``message_bytes``: per channel,
-    the messages and bytes it carries in this run."""
+    the messages and bytes it carries in this run; ``inputs``: the HBM contents the programs
+    read as control data (the run's integer tensors, in layout order)."""
 
     graph: StepProgram
     chip: Chip
@@ -88,6 +106,7 @@ class SpatialPlan:
     units: tuple[UnitInfo, ...]
     messages: dict[str, int]
     message_bytes: dict[str, int]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def flops(self) -> int:
@@ -176,12 +195,17 @@ def _build_plan(
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
         mine: set[str] = set()
+        # a unit that decides at run time which input gives the next element reads every
+        # input's channel, whether or not this run sends anything on it
+        whole = isinstance(ops[0], Reassemble) and runtime_reassemble(ctx, ops[0])
         for op in ops:
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are
                 # made where they are used, so they are no read of the Reshape's input)
                 info = streams[v.name]
-                empty = st.sources(v.name) & stops if not info.pieces else set()
+                empty = set()
+                if not info.pieces:
+                    empty = st.sources(v.name) if whole else st.sources(v.name) & stops
                 for ch in _channels_of(info) | empty:
                     if unit_of_chan[ch] != k:
                         dsts.setdefault(ch, set()).add(k)
@@ -275,4 +299,5 @@ def _build_plan(
         tuple(infos),
         messages,
         message_bytes,
+        int_contents(ctx.layouts, run.tensors),
     )

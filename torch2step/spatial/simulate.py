@@ -87,6 +87,7 @@ def simulate_plan(
             max_cycles=max_cycles,
             watch=watch,
             checked=check,
+            inputs=plan.inputs,
         )
     finally:
         if enabled:

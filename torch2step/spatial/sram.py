@@ -46,8 +46,11 @@ class Span:
             f"unit %{self.unit} ({self.kind}) holds {self.nbytes:,} bytes on chip (buffers "
             f"{self.sram_bytes:,}, FIFOs {self.fifo_bytes:,}) > one core's {self.sram:,} bytes "
             f"of SRAM: it spans {self.need} cores"
-            + (f" (placed on {self.placed}, {self.need - self.placed} more for its FIFOs)"
-               if self.need > self.placed else "")
+            + (
+                f" (placed on {self.placed}, {self.need - self.placed} more for its FIFOs)"
+                if self.need > self.placed
+                else ""
+            )
         )
 
 

@@ -11,7 +11,9 @@ instructions of :mod:`lowering.isa`:
 * ``compute(cycles, ins, outs)`` is one unit step of ``cycles`` (:mod:`.timing`): a ``Compute``
   that waits for its input buffers and writes buffers of the output elements' sizes.
 * ``send(stream, k, elem)`` sends element ``k`` of an output stream (nothing if no unit reads
-  the stream); control values carry the run's values.
+  the stream); a control value received into a register and forwarded is sent from that
+  register, one loaded as a ``[1, 1]`` integer tile is read from its buffer (``ReadValue``,
+  once the load has landed), one the unit computes carries the run's value.
 * ``load`` / ``store`` access an HBM tensor at an element offset held in an address register.
 * ``stops`` maps a channel carrying a stop token (a Partition's output, STeP §3.2.3) to its
   element messages: the token is received right after the last of them (at the program's start
@@ -40,6 +42,7 @@ from lowering.isa import (
     Compute,
     Instr,
     Load,
+    ReadValue,
     Recv,
     RecvValue,
     Region,
@@ -220,6 +223,14 @@ class UnitBuilder:
         self.busy_cycles += cycles
         return tuple(slots)
 
+    def compute_instr(self, cycles: int, ins: Sequence[str]) -> Compute:
+        """The ``Compute`` of a unit step of ``cycles`` that reads buffers ``ins`` and writes
+        nothing, not yet emitted (for a step inside a run-time branch; the caller counts its
+        cycles in ``busy_cycles`` for the elements this run takes through it)."""
+        t = self.timing
+        params = (("cycles", cycles), ("outs", ""), ("rate", t.enc_rate))
+        return Compute(STEP_KERNEL, (), tuple(ins), params, t.enc_dtype)
+
     def consume(self, *elems: Elem) -> None:
         """A single-cycle step that waits for ``elems`` (dequeuing a reference or selector)."""
         self.compute(1, elems)
@@ -250,10 +261,15 @@ class UnitBuilder:
             raise LoweringError(f"unit %{self.name}: element {k} of %{chan} has other parts")
         elem = self.materialize(elem, parts)
         self.sent_seq[chan] += len(parts)
-        for part, (_, b) in zip(parts, elem):
+        for part, (q, b) in zip(parts, elem):
             if part.kind == "data":
                 assert b is not None
                 self.emit(Send(chan, b))
+            elif b is not None and q.kind == "value" and q.value == part.value:
+                self.emit(SendValue(chan, b))  # a received control value forwarded: its register
+            elif b is not None and q.kind == "data" and q.dtype == part.dtype and q.elems == 1:
+                reg = f"val.{chan}"  # a control value loaded as a [1, 1] integer tile: read it
+                self.emit(ReadValue(reg, b, 0), SendValue(chan, reg))
             else:
                 self.emit(SendValue(chan, part.value))
         self.sent += 1
