@@ -95,6 +95,10 @@ def test_config_stack_reports_without_weights_and_refuses_to_run(tmp_path, capsy
     prog = torch2step.compile_config(path, batch=2, past=8, layers=2, chip="ipu-hbm")
     assert isinstance(prog, KernelStackProgram) and prog.graph.shapes_only
     assert len(prog.schedule.ops) == 2 * len(prog.body_ops.ops)
+    # timing from shapes: row-partitioned vector operators, no views, no whole-cache copy
+    assert all(o.node is None for o in prog.schedule.ops)
+    assert not any("reshape" in o.name or "arange" in o.name for o in prog.schedule.ops)
+    assert any(o.name.endswith(".append") for o in prog.schedule.ops)
     with pytest.raises(torch2step.Torch2StepError, match="needs weights"):
         prog.run()
     argv = ["report", "--hf-config", str(path), "--layers", "2", "--batch", "2", "--chip"]

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -324,7 +325,45 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
     held = {k: v for k, v in out.values.items() if not _placeholder(v)}
     out.shapes_only = len(held) < len(out.values)
     out.values = held
+    if out.shapes_only:
+        _for_timing(out, g, shape)
     return out
+
+
+_VIEWS = (L.Reshape, L.Arange)  # no data moves: dropped from a shapes-only schedule
+_ROW_REDUCE = (L.RMSNorm, L.Softmax, L.TopKRouting)
+
+
+def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]]) -> None:
+    """A shapes-only graph (no values) is scheduled for timing as the full-size operator lists
+    of :mod:`elk.ops` are: views are dropped, every other node becomes a row-partitioned
+    ``vector`` operator over its first output (``rows x last dim``, ELK §5 slices every
+    dimension) and operators are bound to timing tensors by
+    :func:`torch2step.kernel.build.bind_timing` (activations passed core to core)."""
+    kinds = {n.name: n.op for n in g.nodes}
+    ops = []
+    for op in out.ops:
+        if op.kind != "vector":
+            ops.append(dataclasses.replace(op, tensors=()))
+            continue
+        lop = kinds.get(op.name)
+        if isinstance(lop, _VIEWS):
+            continue
+        first = next(t for r, t in op.tensors if r.startswith("out"))
+        shp = out.tensors[first][0] if first in out.tensors else shape[first]
+        cols = shp[-1] if shp else 1
+        rows = max(1, math.prod(shp) // max(1, cols))
+        ops.append(
+            dataclasses.replace(
+                op,
+                dims=(rows, cols),
+                node=None,
+                tensors=(),
+                row_reduce=isinstance(lop, _ROW_REDUCE),
+            )
+        )
+    out.ops = [dataclasses.replace(op, slot=k) for k, op in enumerate(ops)]
+    out.weights = {}
 
 
 def _host(x: torch.Tensor) -> np.ndarray:

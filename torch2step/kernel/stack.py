@@ -27,6 +27,7 @@ from lowering.elk_programs import elk_programs, tile_major
 from lowering.isa import ProgramSet
 from runtime import gc_paused
 from torch2step.errors import LoweringError
+from torch2step.kernel.build import bind_timing, timing_links
 from torch2step.kernel.graph import GraphOps, graph_ops
 from torch2step.kernel.program import output
 from torch2step.kernel.report import KernelReport, simulate_schedule
@@ -124,15 +125,20 @@ class KernelStackProgram:
         mine = {f"L{li}" for li in range(k)}
         results = [t for t in self.graph.stored() if t.split(".", 1)[0] in mine]
         results += [f"L{k - 1}.{v}" for v in self.body_ops.stored()[: self.op.carried]]
+        ops, tensors, links = self.graph.ops[:n], self._tensors(n), {}
+        if self.graph.shapes_only:  # timing tensors, activations core to core
+            ops, tensors = bind_timing(ops, s.plans[:n])
+            links, results = timing_links(ops, tensors), []
         with gc_paused():  # millions of acyclic instructions on a large chip
             return elk_programs(
                 self.chip,
-                self.graph.ops[:n],
+                ops,
                 s.plans[:n],
                 order,
                 issued,
-                self._tensors(n),
+                tensors,
                 name=f"elk_{s.design}_x{k}",
+                links=links,
                 results=sorted(set(results)),
             )
 
