@@ -287,12 +287,12 @@ class KernelStackReport:
                 f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.layers} layers, "
                 f"{len(s.ops)} operators planned as one model",
                 f"decode step: {self.cycles} cycles = {us:.1f} us "
-                f"({us / max(1, r.tokens):.2f} us per token) — layers 1-{self.sim_layers} "
+                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch) — layers 1-{self.sim_layers} "
                 f"simulated ({r.cycles} cycles; plan predicted {self.sim_predicted:.0f}, "
                 f"{err:+.1%}), layers {self.sim_layers + 1}-{self.layers} the plan's prediction"
                 if self.sim_layers < self.layers
                 else f"decode step: {self.cycles} cycles = {us:.1f} us "
-                f"({us / max(1, r.tokens):.2f} us per token), all {self.layers} layers "
+                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch), all {self.layers} layers "
                 f"simulated; plan predicted {s.cycles:.0f} ({err:+.1%})",
                 "ELK breakdown (plan, whole step): "
                 + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
