@@ -106,6 +106,16 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default="auto",
         help="spatial (STeP) or kernel-by-kernel (ELK); auto: kernel on ICCA chips (ipu-hbm, mesh)",
     )
+    r.add_argument(
+        "--kv-len", type=int, default=None, help="kernel execution: KV cache rows (default 2048)"
+    )
+    r.add_argument(
+        "--sim-layers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="kernel execution of --layers N: simulate the first K layers of the plan",
+    )
     r.add_argument("--tiny", action="store_true", help="use the layer's tiny test configuration")
     r.add_argument("--impl", default=None, help="the layer's spelling (see `torch2step layers`)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -154,15 +164,15 @@ def _run_report(args: argparse.Namespace) -> int:
         from torch2step.errors import InputError
 
         raise InputError("--layers N needs --hf-config (a model's config.json)")
-    if args.layer is not None and args.execution != "spatial":
+    if args.execution != "spatial":
         from torch2step.kernel.layers import ICCA_CHIPS
         from torch2step.named import resolve_chip
 
         chip = resolve_chip(args.chip, args.sets)
         if args.execution == "kernel" or chip.name in ICCA_CHIPS:
-            from torch2step.cli_compare import kernel_report
+            from torch2step.cli_compare import kernel_config_report, kernel_report
 
-            return kernel_report(args, chip)
+            return (kernel_report if args.layer is not None else kernel_config_report)(args, chip)
     if args.hf_config is not None:
         run = report_config(
             args.hf_config,

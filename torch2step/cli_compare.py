@@ -15,7 +15,13 @@ from typing import Any
 
 from hwmodel.chip import Chip
 
-__all__ = ["add_compare_parser", "kernel_report", "compare", "kernel_layer_report"]
+__all__ = [
+    "add_compare_parser",
+    "kernel_config_report",
+    "kernel_report",
+    "compare",
+    "kernel_layer_report",
+]
 
 
 def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
@@ -51,6 +57,35 @@ def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     else:
         print(rep.schedule)
         print(rep)
+    return 0
+
+
+def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
+    """``report --hf-config C [--layers N] --chip ipu-hbm``: the decode step of a config at
+    full size with no weights, kernel by kernel (one plan over all layers, ELK §4.4)."""
+    import torch2step
+    from torch2step.errors import InputError
+
+    if args.batch < 1:
+        raise InputError(f"--batch {args.batch}: must be a positive integer")
+    kv = args.kv_len or 2048
+    t0 = time.perf_counter()
+    prog = torch2step.compile_config(
+        args.hf_config, batch=args.batch, past=kv, chip=chip, layers=args.layers,
+        execution="kernel", design=getattr(args, "design", "elk_full"),
+    )  # fmt: skip
+    compile_s = time.perf_counter() - t0
+    if args.layers is None:
+        rep: Any = prog.report(tokens=args.batch)
+    else:
+        rep = prog.report(sim_layers=min(args.sim_layers, args.layers), tokens=args.batch)
+    head = {"hf_config": str(args.hf_config), "batch": args.batch, "kv_len": kv}
+    if args.json:
+        print(json.dumps({**head, "compile_s": round(compile_s, 3), **rep.to_dict()}))
+    else:
+        print(rep.schedule)
+        print(rep)
+        print(f"compile (config, operators, plan) {compile_s:.2f} s")
     return 0
 
 

@@ -44,22 +44,29 @@ def compile_stack(
     example_inputs: Sequence[torch.Tensor],
     chip: Any = "step-sda",
     **options: Any,
-) -> StackProgram:
+) -> Any:
     """Compile a stack graph (see the module docstring); ``options`` as for
-    :func:`torch2step.compile`."""
+    :func:`torch2step.compile`.  Kernel-by-kernel execution (the default on the ICCA chips)
+    plans the whole step as one model instead:
+    :class:`torch2step.kernel.stack.KernelStackProgram`."""
     from torch2step.api import compile as compile_graph
     from torch2step.program import Program
 
     op = stack_node(graph)
+    from torch2step.api import _resolve_chip
+    from torch2step.kernel.layers import ICCA_CHIPS
+
+    target = _resolve_chip(chip)
+    execution = options.get("execution") or ("kernel" if target.name in ICCA_CHIPS else "spatial")
+    if execution == "kernel":  # the whole step planned as one model (ELK §4.4)
+        from torch2step.kernel.stack import KernelStackProgram
+
+        design = options.get("design") or "elk_full"
+        return KernelStackProgram(graph, op, target, tuple(example_inputs), design=design)
     body_inputs = _layer_inputs(op, tuple(example_inputs), 0)
     body = compile_graph(op.body, body_inputs, chip=chip, **options)
     if not isinstance(body, Program):
-        raise LoweringError(
-            f"{graph.name}: {op.count} repeated layers compile for spatial execution only; "
-            "kernel-by-kernel execution would preload each next layer's weights during the "
-            "current one (ELK §4), which a body scaled by N cannot show: pass "
-            "execution='spatial', or compile the body (graph.nodes[0].op.body) by itself"
-        )
+        raise LoweringError(f"{graph.name}: the stack's body did not compile to a STeP program")
     return StackProgram(graph, op, body, tuple(example_inputs))
 
 

@@ -126,13 +126,3 @@ def test_model_with_weights_compiles_as_a_stack_equal_to_pytorch() -> None:
     for got in (evaluate(g, x, ks, vs), prog.run(x, ks, vs)):
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-
-
-def test_kernel_execution_of_a_stack_is_refused(llama) -> None:
-    from torch2step.errors import LoweringError
-
-    cfg, _, body = llama
-    x, k, v = decode_inputs(cfg, 2, 4)
-    g = stack_graph(body, 2)
-    with pytest.raises(LoweringError, match="spatial execution only"):
-        torch2step.compile(g, (x, torch.stack([k, k]), torch.stack([v, v])), chip="ipu-hbm")

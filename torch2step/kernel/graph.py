@@ -7,11 +7,15 @@
   into a ``tokens x experts`` weight table, then per expert two matmuls (gate, up), the SwiGLU
   node, the down matmul and a weighted accumulation node.  Every expert is loaded, also one no
   token picked (its weight column is zero, so the result is unchanged).
+* ``Concat(cache, new)`` of a KV cache input read only by decode attention -> an append
+  writing the new row into the cache in HBM (ELK §4.5: the cache is not copied); the output
+  is the cache input with that row appended.
 * Any other node -> a ``vector`` operator evaluating the node on one core (``layer_node``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +54,13 @@ class GraphOps:
     values: dict[str, np.ndarray] = field(default_factory=dict)
     outputs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     weights: dict[int, str] = field(default_factory=dict)  # op index -> weight tensor
+    shapes_only: bool = False  # some input or parameter had no values (meta tensors)
+    # output -> (cache input, appended row tensor, axis): a KV cache grown in place in HBM
+    appends: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+
+    def stored(self) -> list[str]:
+        """The tensors holding the outputs (an appended cache: its new row)."""
+        return [self.appends[v][1] if v in self.appends else v for v, _ in self.outputs]
 
 
 def _concrete(shape: Sequence[object], env: dict[object, int]) -> tuple[int, ...]:
@@ -88,9 +99,9 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
             b, hq, _, d = shape[n.inputs[0]]
             canon[n.inputs[0]] = canon[n.outputs[0]] = (b, hq, d)
     for name, x in env_in.items():
-        out.values[name] = x.detach().float().numpy() if x.is_floating_point() else x.numpy()
+        out.values[name] = _host(x)
     for name, p in g.params.items():
-        out.values[name] = p.detach().float().numpy()
+        out.values[name] = _host(p)
     slot = 0
 
     def add(op: Operator) -> None:
@@ -143,7 +154,8 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
         m = math.prod(shape[x]) // k
         declare(x, (m, k))
         declare(y, (m, n))
-        out.values[wname] = np.ascontiguousarray(w, np.float32)
+        if not _placeholder(w):
+            out.values[wname] = np.ascontiguousarray(w, np.float32)
         out.tensors[wname] = ((k, n), "fp32")
         out.weights[len(out.ops)] = wname
         add(
@@ -179,9 +191,36 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
             4 * sum(math.prod(shape[v]) for v in n.outputs),
         )
 
+    readers: dict[str, list[L.Node]] = {}  # type: ignore[name-defined]
+    for n in g.nodes:
+        for v in n.inputs:
+            readers.setdefault(v, []).append(n)
+
+    def appended(n: L.Node) -> bool:  # type: ignore[name-defined]
+        """A KV cache append: ``Concat(cache, new)`` on the sequence axis of a cache input,
+        read only by decode attention (which reads cache and row itself)."""
+        op = n.op
+        return (
+            isinstance(op, L.Concat)
+            and len(n.inputs) == 2
+            and n.inputs[0] in g.inputs
+            and len(shape[n.inputs[0]]) == 4
+            and op.dim % 4 == 2
+            and n.outputs[0] in g.outputs
+            and all(
+                isinstance(r.op, L.Attention) and shape[r.inputs[0]][2] == 1
+                for r in readers.get(n.outputs[0], [])
+            )
+        )
+
     for n in g.nodes:
         op = n.op
-        if isinstance(op, L.Linear) and len(n.inputs) == 2 and n.inputs[1] in g.params:
+        if appended(n):  # the new row is written into the HBM cache in place
+            row = f"{n.outputs[0]}.row"
+            shape[row], dtype[row] = shape[n.inputs[1]], dtype[n.outputs[0]]
+            node_op(f"{n.name}.append", [n.inputs[1]], [row], lambda ts: (ts[0],), 0)
+            out.appends[n.outputs[0]] = (n.inputs[0], row, 2)
+        elif isinstance(op, L.Linear) and len(n.inputs) == 2 and n.inputs[1] in g.params:
             matmul(n.name, n.inputs[0], n.inputs[1] + ".T", out.values[n.inputs[1]].T, n.outputs[0])
         elif isinstance(op, L.Attention) and len(n.inputs) == 3:
             q, k, v = n.inputs
@@ -278,8 +317,62 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
         else:
             generic(n)
     for v in g.outputs:
-        declare(v)
+        if v not in out.appends:
+            declare(v)
         out.outputs.append((v, shape[v]))
     if not out.ops:
         raise LoweringError(f"{g.name}: the layer graph has no operations to schedule")
+    held = {k: v for k, v in out.values.items() if not _placeholder(v)}
+    out.shapes_only = len(held) < len(out.values)
+    out.values = held
+    if out.shapes_only:
+        _for_timing(out, g, shape)
     return out
+
+
+_VIEWS = (L.Reshape, L.Arange)  # no data moves: dropped from a shapes-only schedule
+_ROW_REDUCE = (L.RMSNorm, L.Softmax, L.TopKRouting)
+
+
+def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]]) -> None:
+    """A shapes-only graph (no values) is scheduled for timing as the full-size operator lists
+    of :mod:`elk.ops` are: views are dropped, every other node becomes a row-partitioned
+    ``vector`` operator over its first output (``rows x last dim``, ELK §5 slices every
+    dimension) and operators are bound to timing tensors by
+    :func:`torch2step.kernel.build.bind_timing` (activations passed core to core)."""
+    kinds = {n.name: n.op for n in g.nodes}
+    ops = []
+    for op in out.ops:
+        if op.kind != "vector":
+            ops.append(dataclasses.replace(op, tensors=()))
+            continue
+        lop = kinds.get(op.name)
+        if isinstance(lop, _VIEWS):
+            continue
+        first = next(t for r, t in op.tensors if r.startswith("out"))
+        shp = out.tensors[first][0] if first in out.tensors else shape[first]
+        cols = shp[-1] if shp else 1
+        rows = max(1, math.prod(shp) // max(1, cols))
+        ops.append(
+            dataclasses.replace(
+                op,
+                dims=(rows, cols),
+                node=None,
+                tensors=(),
+                row_reduce=isinstance(lop, _ROW_REDUCE),
+            )
+        )
+    out.ops = [dataclasses.replace(op, slot=k) for k, op in enumerate(ops)]
+    out.weights = {}
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    """``x`` as a NumPy array; a shapes-only (meta) tensor as a zero-stride placeholder that
+    holds no memory (the config-only path: timing needs shapes, not values)."""
+    if x.is_meta:
+        return np.broadcast_to(np.float32(0), tuple(x.shape))
+    return x.detach().float().numpy() if x.is_floating_point() else x.numpy()
+
+
+def _placeholder(a: np.ndarray) -> bool:
+    return a.size > 1 and not any(a.strides)

@@ -19,12 +19,28 @@ from elk.plan import ElkSchedule, plan_model
 from hwmodel.chip import Chip
 from lowering.elk_programs import tile_major
 from lowering.isa import ProgramSet
+from torch2step.errors import LoweringError
 from torch2step.kernel.build import build_programs
 from torch2step.kernel.graph import GraphOps, graph_ops
 from torch2step.kernel.report import KernelReport, simulate_schedule
 from torch2step.layers.graph import LayerGraph
 
-__all__ = ["KernelProgram"]
+__all__ = ["KernelProgram", "output"]
+
+
+def output(
+    g: GraphOps, tensors: dict[str, np.ndarray], inputs: dict[str, torch.Tensor], v: str
+) -> torch.Tensor:
+    """Output ``v`` of a simulated run (an appended cache: the input cache and its new row)."""
+    shp = dict(g.outputs)[v]
+    if v in g.appends:
+        cache, row, axis = g.appends[v]
+        new = torch.from_numpy(np.ascontiguousarray(tensors[row]))
+        base = inputs[cache]
+        return torch.cat(
+            [base.to(new.dtype), new.reshape(*base.shape[:axis], -1, *base.shape[axis + 1 :])], axis
+        )
+    return torch.from_numpy(np.ascontiguousarray(tensors[v]).reshape(shp))
 
 
 class KernelProgram:
@@ -49,12 +65,14 @@ class KernelProgram:
     @cached_property
     def programs(self) -> ProgramSet:
         """The per-core programs of the schedule."""
+        if self.graph.shapes_only:  # timing tensors (torch2step.kernel.build.bind_timing)
+            return build_programs(self.schedule, self.chip)
         tensors = dict(self.graph.tensors)
         for i, wname in self.graph.weights.items():
             plan = self.schedule.plans[i]
             k, n = tensors[wname][0]
             tensors[wname] = ((k * plan.tiles[2], n // plan.tiles[2]), "fp32")
-        results = [t for t, _ in self.graph.outputs]
+        results = self.graph.stored()
         return build_programs(self.schedule, self.chip, self.graph.ops, tensors, results)
 
     def _bound(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
@@ -70,6 +88,12 @@ class KernelProgram:
 
     def run(self, *inputs: torch.Tensor) -> Any:
         """Simulate functionally and return the module's outputs (torch tensors)."""
+        if self.graph.shapes_only and not inputs:
+            raise LoweringError(
+                f"{self.layer.name}: run() needs weights and input values; this program was "
+                "compiled from shapes only (a config): use report() for timing, or compile the "
+                "module with its weights"
+            )
         rep = simulate_schedule(
             self.schedule,
             self.chip,
@@ -78,10 +102,8 @@ class KernelProgram:
             inputs=self._bound(inputs or self.example_inputs),
         )
         assert rep.result is not None
-        outs = tuple(
-            torch.from_numpy(np.ascontiguousarray(rep.result.tensors[v]).reshape(shp))
-            for v, shp in self.graph.outputs
-        )
+        ins = dict(zip(self.layer.inputs, inputs or self.example_inputs))
+        outs = tuple(output(self.graph, rep.result.tensors, ins, v) for v, _ in self.graph.outputs)
         return outs[0] if self.layer.single_output else outs
 
     def report(self, tokens: int = 1) -> KernelReport:

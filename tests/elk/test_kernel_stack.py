@@ -1,0 +1,107 @@
+"""A decode step of N identical layers run kernel by kernel (ELK §4.4): one plan over N x the
+body's operators, the same preload order in every layer, functional equality with PyTorch,
+and the config-only (shapes, no weights) report through the API and the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch2step  # noqa: E402
+from models.decoder import decode_inputs, decoder_step, tiny_config  # noqa: E402
+from torch2step.frontend import from_torch  # noqa: E402
+from torch2step.kernel.stack import KernelStackProgram  # noqa: E402
+from torch2step.layers import evaluate  # noqa: E402
+from torch2step.layers.stack import stack_graph  # noqa: E402
+
+CFG = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "num_hidden_layers": 6, "vocab_size": 128,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stack3():
+    cfg = tiny_config("llama")
+    steps = [decoder_step(cfg, device="cpu", seed=i) for i in range(3)]
+    x, k, v = decode_inputs(cfg, 2, 5, seed=3)
+    body = from_torch(steps[0], (x, k, v))
+    weights = [{n: p.detach() for n, p in s.named_parameters()} for s in steps]
+    g = stack_graph(body, 3, layer_params=weights)
+    ks, vs = torch.stack([k, k + 1, k - 1]), torch.stack([v, -v, v * 2])
+    prog = torch2step.compile(g, (x, ks, vs), chip="ipu-hbm")
+    return g, prog, (x, ks, vs)
+
+
+def _layer_order(prog: KernelStackProgram, li: int) -> list[int]:
+    n = len(prog.body_ops.ops)
+    return [o - li * n for o in prog.schedule.order if li * n <= o < (li + 1) * n]
+
+
+def test_one_plan_holds_every_layers_operators(stack3) -> None:
+    _, prog, _ = stack3
+    assert isinstance(prog, KernelStackProgram)
+    n = len(prog.body_ops.ops)
+    ops = prog.schedule.ops
+    assert len(ops) == 3 * n
+    assert [o.layer for o in ops] == [li for li in range(3) for _ in range(n)]
+    assert [o.slot for o in ops[n : 2 * n]] == [o.slot for o in ops[:n]]
+    # layer 1 reads layer 0's output, not the stack's input
+    first = ops[n].tensors[0][1]
+    assert first.startswith("L0.") and first in {t for _, t in ops[n - 1].tensors}
+    assert sorted(prog.schedule.order) == list(range(3 * n))
+
+
+def test_identical_layers_share_one_preload_order(stack3) -> None:
+    _, prog, _ = stack3
+    orders = [_layer_order(prog, li) for li in range(3)]
+    assert orders[0] == orders[1] == orders[2]
+
+
+def test_stack_runs_kernel_by_kernel_equal_to_pytorch(stack3) -> None:
+    g, prog, ins = stack3
+    for got, want in zip(prog.run(*ins), evaluate(g, *ins)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_report_simulates_the_first_layers_and_predicts_the_rest(stack3) -> None:
+    _, prog, _ = stack3
+    one, every = prog.report(sim_layers=1), prog.report(sim_layers=3)
+    assert one.sim_layers == 1 and every.sim_layers == 3
+    assert 0 < one.sim.cycles < every.sim.cycles == every.cycles
+    assert one.cycles == round(one.sim.cycles + prog.schedule.cycles - one.sim_predicted)
+    d = one.to_dict()
+    assert (
+        d["layers"] == 3 and d["simulated_layers"] == 1 and d["operators"] == len(prog.schedule.ops)
+    )
+    assert set(d["breakdown"]) == {"preload", "execute", "overlapped", "interconnect", "idle"}
+    assert "simulated" in str(one) and "the plan's prediction" in str(one)
+    with pytest.raises(torch2step.Torch2StepError, match="simulate 1..3 layers"):
+        prog.report(sim_layers=4)
+
+
+def test_config_stack_reports_without_weights_and_refuses_to_run(tmp_path, capsys) -> None:
+    from torch2step.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    prog = torch2step.compile_config(path, batch=2, past=8, layers=2, chip="ipu-hbm")
+    assert isinstance(prog, KernelStackProgram) and prog.graph.shapes_only
+    assert len(prog.schedule.ops) == 2 * len(prog.body_ops.ops)
+    # timing from shapes: row-partitioned vector operators, no views, no whole-cache copy
+    assert all(o.node is None for o in prog.schedule.ops)
+    assert not any("reshape" in o.name or "arange" in o.name for o in prog.schedule.ops)
+    assert any(o.name.endswith(".append") for o in prog.schedule.ops)
+    with pytest.raises(torch2step.Torch2StepError, match="needs weights"):
+        prog.run()
+    argv = ["report", "--hf-config", str(path), "--layers", "2", "--batch", "2", "--chip"]
+    assert main([*argv, "ipu-hbm", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["layers"] == 2 and rep["design"] == "elk_full" and rep["cycles"] > 0

@@ -1,0 +1,307 @@
+"""A whole decode step of ``N`` identical layers run kernel by kernel (ELK §4.4).
+
+The body's ELK operators (:func:`torch2step.kernel.graph.graph_ops`) are repeated ``N`` times,
+each copy reading its own weights and KV cache and the previous layer's output, and the
+``N x ops`` list is planned as one model by :func:`elk.plan.plan_model`: preloads of the next
+layer overlap the current one, and the preload order permutation found on the first layer is
+applied to every identical layer (:mod:`elk.reorder`, ELK §4.4: ``layer`` / ``slot`` of each
+operator).  ``report(sim_layers=k)`` simulates the per-core programs of the first ``k`` layers
+of that plan (the plan cut after layer ``k``: the same execute plans, preload order and issue
+points, without the preloads of later layers) and reports the rest as the plan's prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from elk.plan import ElkSchedule, plan_model
+from hwmodel.chip import Chip
+from lowering.elk_programs import elk_programs, tile_major
+from lowering.isa import ProgramSet
+from runtime import gc_paused
+from torch2step.errors import LoweringError
+from torch2step.kernel.build import bind_timing, timing_links
+from torch2step.kernel.graph import GraphOps, graph_ops
+from torch2step.kernel.program import output
+from torch2step.kernel.report import KernelReport, simulate_schedule
+from torch2step.layers.graph import LayerGraph, format_layer_graph
+from torch2step.layers.stack import Repeat
+
+__all__ = ["KernelStackProgram", "KernelStackReport", "stack_graph_ops"]
+
+
+def _layer_inputs(op: Repeat, inputs: Sequence[torch.Tensor], i: int) -> tuple:
+    c, s = op.carried, op.stacked
+    return (*inputs[:c], *(t[i] for t in inputs[c : c + s]), *inputs[c + s :])
+
+
+def stack_graph_ops(body: GraphOps, layer: LayerGraph, op: Repeat) -> GraphOps:
+    """``op.count`` copies of ``body``'s operators: copy ``l``'s tensors are prefixed ``L<l>.``,
+    its carried inputs are copy ``l-1``'s carried outputs, ``Operator.layer`` is ``l`` and the
+    slots are the body's (identical layers for ELK §4.4)."""
+    g = op.body
+    out = GraphOps()
+    n = len(body.ops)
+    carried_in, carried_out = g.inputs[: op.carried], g.outputs[: op.carried]
+    for li in range(op.count):
+
+        def ren(t: str, li: int = li) -> str:
+            if li and t in carried_in:
+                return f"L{li - 1}.{carried_out[carried_in.index(t)]}"
+            return f"L{li}.{t}"
+
+        for t, decl in body.tensors.items():
+            out.tensors.setdefault(ren(t), decl)
+        for o in body.ops:
+            out.ops.append(
+                dataclasses.replace(
+                    o,
+                    name=f"L{li}.{o.name}",
+                    layer=li,
+                    tensors=tuple((r, ren(t)) for r, t in o.tensors),
+                )
+            )
+        for i, w in body.weights.items():
+            out.weights[li * n + i] = ren(w)
+        for v, (cache, row, axis) in body.appends.items():
+            out.appends[ren(v)] = (ren(cache), ren(row), axis)
+    last = op.count - 1
+    out.outputs = [(f"L{last}.{v}", shp) for v, shp in body.outputs[: op.carried]]
+    out.outputs += [
+        (f"L{li}.{v}", shp) for v, shp in body.outputs[op.carried :] for li in range(op.count)
+    ]
+    out.shapes_only = body.shapes_only
+    return out
+
+
+class KernelStackProgram:
+    """``count`` identical layers planned as one model and lowered to per-core programs."""
+
+    execution = "kernel"
+
+    def __init__(
+        self,
+        layer: LayerGraph,
+        op: Repeat,
+        chip: Chip,
+        example_inputs: Sequence[torch.Tensor],
+        design: str = "elk_full",
+    ) -> None:
+        self.layer, self.op, self.chip, self.design = layer, op, chip, design
+        self.example_inputs = tuple(example_inputs)
+        self.body_ops: GraphOps = graph_ops(op.body, _layer_inputs(op, self.example_inputs, 0))
+        self.graph: GraphOps = stack_graph_ops(self.body_ops, layer, op)
+        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype="fp32")
+
+    @property
+    def count(self) -> int:
+        return self.op.count
+
+    def _tensors(self, ops: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        tensors = dict(self.graph.tensors)
+        for i, wname in self.graph.weights.items():
+            if i < ops:
+                k, n = tensors[wname][0]
+                t = self.schedule.plans[i].tiles[2]
+                tensors[wname] = ((k * t, n // t), "fp32")
+        return tensors
+
+    def programs(self, layers: int | None = None) -> ProgramSet:
+        """Per-core programs of the first ``layers`` layers of the plan (default: all)."""
+        k = self.count if layers is None else layers
+        if not 1 <= k <= self.count:
+            raise LoweringError(f"{self.layer.name}: simulate 1..{self.count} layers, not {k}")
+        n = k * len(self.body_ops.ops)
+        s = self.schedule
+        order = [o for o in s.order if o < n]
+        issued = [sum(1 for o in s.order[:p] if o < n) for p in s.issued[:n]]
+        mine = {f"L{li}" for li in range(k)}
+        results = [t for t in self.graph.stored() if t.split(".", 1)[0] in mine]
+        results += [f"L{k - 1}.{v}" for v in self.body_ops.stored()[: self.op.carried]]
+        ops, tensors, links = self.graph.ops[:n], self._tensors(n), {}
+        if self.graph.shapes_only:  # timing tensors, activations core to core
+            ops, tensors = bind_timing(ops, s.plans[:n])
+            links, results = timing_links(ops, tensors), []
+        with gc_paused():  # millions of acyclic instructions on a large chip
+            return elk_programs(
+                self.chip,
+                ops,
+                s.plans[:n],
+                order,
+                issued,
+                tensors,
+                name=f"elk_{s.design}_x{k}",
+                links=links,
+                results=sorted(set(results)),
+            )
+
+    def predicted_cycles(self, layers: int) -> float:
+        """The plan's predicted end of layer ``layers``'s last operator."""
+        return self.schedule.timeline.steps[layers * len(self.body_ops.ops) - 1].end
+
+    def _bound(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
+        op, n = self.op, len(self.body_ops.ops)
+        vals: dict[str, np.ndarray] = {}
+        for li in range(op.count):
+            body = op.body
+            if op.layer_params:
+                body = dataclasses.replace(body, params=dict(op.layer_params[li]))
+            g = graph_ops(body, _layer_inputs(op, inputs, li))
+            for i, w in g.weights.items():
+                g.values[w] = tile_major(g.values[w], self.schedule.plans[li * n + i])
+            for name, v in g.values.items():
+                want = self.graph.tensors.get(f"L{li}.{name}")
+                if want is None or (li and name in body.inputs[: op.carried]):
+                    continue  # not read, or the previous layer's output
+                if name not in g.weights.values():
+                    v = np.ascontiguousarray(v).reshape(want[0])
+                vals[f"L{li}.{name}"] = v
+        return vals
+
+    def run(self, *inputs: torch.Tensor) -> Any:
+        """Simulate all layers functionally; returns what the stack returns."""
+        if self.graph.shapes_only and not inputs:
+            raise LoweringError(
+                f"{self.layer.name}: run() needs weights and input values; this stack was "
+                "compiled from shapes only (a config): use report() for timing"
+            )
+        ins = tuple(inputs) or self.example_inputs
+        rep = simulate_schedule(
+            self.schedule,
+            self.chip,
+            mode="functional",
+            programs=self.programs(),
+            inputs=self._bound(ins),
+        )
+        assert rep.result is not None
+        res = rep.result.tensors
+        op = self.op
+        named = {
+            f"L{li}.{name}": t
+            for li in range(op.count)
+            for name, t in zip(op.body.inputs, _layer_inputs(op, ins, li))
+        }
+        c = op.carried
+        outs = [output(self.graph, res, named, v) for v, _ in self.graph.outputs[:c]]
+        per = self.graph.outputs[c:]
+        for k in range(len(self.body_ops.outputs) - c):
+            layers = per[k * op.count : (k + 1) * op.count]
+            outs.append(torch.stack([output(self.graph, res, named, v) for v, _ in layers]))
+        return tuple(outs)
+
+    def report(self, sim_layers: int = 1, tokens: int = 1) -> KernelStackReport:
+        """Simulate the first ``sim_layers`` layers of the plan in timing mode."""
+        t0 = time.perf_counter()
+        ps = self.programs(sim_layers)
+        build = time.perf_counter() - t0
+        rep = simulate_schedule(self.schedule, self.chip, programs=ps, inputs={}, tokens=tokens)
+        return KernelStackReport(
+            rep,
+            self.count,
+            sim_layers,
+            self.predicted_cycles(sim_layers),
+            build,
+            self.schedule.ideal().cycles,
+        )
+
+    def __str__(self) -> str:
+        return f"{format_layer_graph(self.layer)}\n\n{self.schedule}"
+
+    def print(self) -> None:
+        print(self)
+
+
+@dataclass(frozen=True)
+class KernelStackReport:
+    """A plan of ``layers`` layers, its first ``sim_layers`` simulated (ELK §6.2-§6.3 terms).
+
+    ``cycles`` (the whole step) is the plan's prediction for the layers not simulated added to
+    the simulated cycles of the first ``sim_layers``; ``sim.cycles`` alone is simulated."""
+
+    sim: KernelReport
+    layers: int
+    sim_layers: int
+    sim_predicted: float
+    build_seconds: float
+    ideal: float  # the Ideal design's predicted cycles for the whole step (ELK §6.1)
+
+    @property
+    def schedule(self) -> ElkSchedule:
+        return self.sim.schedule
+
+    @property
+    def predicted(self) -> float:
+        return self.schedule.cycles
+
+    @property
+    def cycles(self) -> int:
+        """Simulated cycles of the first layers plus the plan's prediction for the rest."""
+        return round(self.sim.cycles + (self.predicted - self.sim_predicted))
+
+    def to_dict(self) -> dict[str, Any]:
+        s, r = self.schedule, self.sim
+        us = self.cycles / (s.costs.clock_ghz * 1e3)
+        tot = max(s.cycles, 1e-9)
+        return {
+            "design": s.design,
+            "chip": s.costs.name,
+            "layers": self.layers,
+            "operators": len(s.ops),
+            "simulated_layers": self.sim_layers,
+            "cycles": self.cycles,
+            "cycles_simulated": r.cycles,
+            "predicted_cycles": round(self.predicted),
+            "predicted_cycles_simulated_layers": round(self.sim_predicted),
+            "latency_us": round(us, 3),
+            "latency_us_per_token": round(us / max(1, r.tokens), 4),
+            "hbm_util": round(s.hbm_utilisation(), 4),
+            "noc_util": round(s.noc_utilisation(), 4),
+            "flop_util": round(s.flop_utilisation(self.cycles), 5),
+            "hbm_util_simulated": round(r.hbm_util, 4),
+            "noc_util_simulated": round(r.noc_util, 4),
+            "ideal_cycles": round(self.ideal),
+            "of_ideal": round(self.ideal / self.cycles, 4) if self.cycles else None,
+            "plan_s": round(s.plan_seconds, 3),
+            "build_s": round(self.build_seconds, 3),
+            "sim_s": round(r.sim_seconds, 3),
+            "breakdown": {k: round(v / tot, 4) for k, v in s.breakdown().items()},
+        }
+
+    def __str__(self) -> str:
+        s, r = self.schedule, self.sim
+        ghz = s.costs.clock_ghz
+        tot = max(s.cycles, 1e-9)
+        b = s.breakdown()
+        us = self.cycles / (ghz * 1e3)
+        err = self.sim_predicted / r.cycles - 1 if r.cycles else 0.0
+        ideal = self.ideal
+        return "\n".join(
+            [
+                f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.layers} layers, "
+                f"{len(s.ops)} operators planned as one model",
+                f"decode step: {self.cycles} cycles = {us:.1f} us "
+                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch) — layers 1-{self.sim_layers} "
+                f"simulated ({r.cycles} cycles; plan predicted {self.sim_predicted:.0f}, "
+                f"{err:+.1%}), layers {self.sim_layers + 1}-{self.layers} the plan's prediction"
+                if self.sim_layers < self.layers
+                else f"decode step: {self.cycles} cycles = {us:.1f} us "
+                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch), all {self.layers} layers "
+                f"simulated; plan predicted {s.cycles:.0f} ({err:+.1%})",
+                "ELK breakdown (plan, whole step): "
+                + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
+                f"HBM utilisation {s.hbm_utilisation():.1%} (simulated layers {r.hbm_util:.1%})  "
+                f"interconnect {s.noc_utilisation():.1%} (simulated {r.noc_util:.1%})  "
+                f"FLOP utilisation {s.flop_utilisation(self.cycles):.2%}",
+                f"Ideal (ELK §6.1) predicts {ideal:.0f} cycles: step at {ideal / max(1, self.cycles):.1%}"
+                f" of Ideal (plan {ideal / tot:.1%})",
+                f"plan {s.plan_seconds:.2f} s  programs {self.build_seconds:.2f} s  "
+                f"simulation {r.sim_seconds:.2f} s",
+            ]
+        )
