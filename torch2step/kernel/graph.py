@@ -55,6 +55,7 @@ class GraphOps:
     outputs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     weights: dict[int, str] = field(default_factory=dict)  # op index -> weight tensor
     shapes_only: bool = False  # some input or parameter had no values (meta tensors)
+    dtype: str = "fp32"  # the float dtype the layer is served in
     # output -> (cache input, appended row tensor, axis): a KV cache grown in place in HBM
     appends: dict[str, tuple[str, str, int]] = field(default_factory=dict)
 
@@ -67,8 +68,14 @@ def _concrete(shape: Sequence[object], env: dict[object, int]) -> tuple[int, ...
     return tuple(int(d.subs(env)) if hasattr(d, "subs") else int(d) for d in shape)  # type: ignore[attr-defined]
 
 
-def _dt(name: str) -> str:
-    return "fp32" if name in ("fp32", "bf16", "fp16") else name
+def _served(g: LayerGraph) -> str:
+    """The float dtype the layer is served in (its first float input or parameter): operators,
+    HBM tensors and the plan count bytes and compute rate in it; functional runs hold bf16/fp16
+    values in float32 (``runtime.layout``)."""
+    for v in (*g.inputs, *g.params):
+        if g.types[v].dtype in ("fp32", "bf16", "fp16"):
+            return g.types[v].dtype
+    return "fp32"
 
 
 def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
@@ -77,7 +84,8 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
     env_in = dict(zip(g.inputs, inputs))
     dims = {sym: int(env_in[name].shape[axis]) for sym, (name, axis) in g.dims.items()}
     shape = {v: _concrete(t.shape, dims) for v, t in g.types.items()}
-    dtype = {v: _dt(t.dtype) for v, t in g.types.items()}
+    fdt = out.dtype = _served(g)
+    dtype = {v: t.dtype for v, t in g.types.items()}
     producers = g.producers()
     canon: dict[str, tuple[int, ...]] = {}
 
@@ -141,7 +149,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
                 key,
                 "vector",
                 (1, max(1, elems)),
-                "fp32",
+                fdt,
                 slot=slot,
                 tensors=roles,
                 node=reg,
@@ -156,14 +164,14 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
         declare(y, (m, n))
         if not _placeholder(w):
             out.values[wname] = np.ascontiguousarray(w, np.float32)
-        out.tensors[wname] = ((k, n), "fp32")
+        out.tensors[wname] = ((k, n), fdt)
         out.weights[len(out.ops)] = wname
         add(
             Operator(
                 key,
                 "matmul",
                 (m, k, n),
-                "fp32",
+                fdt,
                 slot=slot,
                 tensors=(("x", x), ("w", wname), ("y", y)),
             )
@@ -260,7 +268,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
                     n.name,
                     "attention",
                     (b, hq, hkv, d, length),
-                    "fp32",
+                    fdt,
                     slot=slot,
                     tensors=tuple(roles),
                 )
@@ -269,7 +277,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
             x, wts, ids, wg, wu, wd = n.inputs
             e = op.num_experts
             table = f"{n.name}.cw"
-            shape[table], dtype[table] = (shape[x][0], e), "fp32"
+            shape[table], dtype[table] = (shape[x][0], e), fdt
 
             def dense(ts: list[torch.Tensor], e: int = e) -> tuple[torch.Tensor, ...]:
                 w, i = ts
@@ -288,7 +296,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
                     (hv, (shape[x][0], shape[wg][1])),
                     (dv, (shape[x][0], shape[wd][1])),
                 ):
-                    shape[v], dtype[v] = s, "fp32"
+                    shape[v], dtype[v] = s, fdt
                 matmul(f"{n.name}.e{ex}.gate", x, f"{wg}[{ex}].T", out.values[wg][ex].T, gv)
                 matmul(f"{n.name}.e{ex}.up", x, f"{wu}[{ex}].T", out.values[wu][ex].T, uv)
                 node_op(

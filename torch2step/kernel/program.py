@@ -60,7 +60,7 @@ class KernelProgram:
         self.design = design
         self.example_inputs = tuple(example_inputs)
         self.graph: GraphOps = graph_ops(layer, self.example_inputs)
-        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype="fp32")
+        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype=self.graph.dtype)
 
     @cached_property
     def programs(self) -> ProgramSet:
@@ -71,7 +71,7 @@ class KernelProgram:
         for i, wname in self.graph.weights.items():
             plan = self.schedule.plans[i]
             k, n = tensors[wname][0]
-            tensors[wname] = ((k * plan.tiles[2], n // plan.tiles[2]), "fp32")
+            tensors[wname] = ((k * plan.tiles[2], n // plan.tiles[2]), self.graph.dtype)
         results = self.graph.stored()
         return build_programs(self.schedule, self.chip, self.graph.ops, tensors, results)
 

@@ -47,7 +47,7 @@ def stack_graph_ops(body: GraphOps, layer: LayerGraph, op: Repeat) -> GraphOps:
     its carried inputs are copy ``l-1``'s carried outputs, ``Operator.layer`` is ``l`` and the
     slots are the body's (identical layers for ELK §4.4)."""
     g = op.body
-    out = GraphOps()
+    out = GraphOps(dtype=body.dtype)
     n = len(body.ops)
     carried_in, carried_out = g.inputs[: op.carried], g.outputs[: op.carried]
     for li in range(op.count):
@@ -98,7 +98,7 @@ class KernelStackProgram:
         self.example_inputs = tuple(example_inputs)
         self.body_ops: GraphOps = graph_ops(op.body, _layer_inputs(op, self.example_inputs, 0))
         self.graph: GraphOps = stack_graph_ops(self.body_ops, layer, op)
-        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype="fp32")
+        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype=self.graph.dtype)
 
     @property
     def count(self) -> int:
@@ -110,7 +110,7 @@ class KernelStackProgram:
             if i < ops:
                 k, n = tensors[wname][0]
                 t = self.schedule.plans[i].tiles[2]
-                tensors[wname] = ((k * t, n // t), "fp32")
+                tensors[wname] = ((k * t, n // t), self.graph.dtype)
         return tensors
 
     def programs(self, layers: int | None = None) -> ProgramSet:
