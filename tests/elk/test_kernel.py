@@ -168,3 +168,14 @@ def test_held_output_tiles_count_in_core_peaks() -> None:
     for core, nbytes in held:
         on_rotary = plans[1].core_space if core in placed[1].cores else 0
         assert load[core, 1] == nbytes + on_rotary
+
+
+def test_kernel_program_is_planned_in_the_served_dtype() -> None:
+    """A bf16 layer's operators and weights are bf16 (2-byte elements), its fp32 twin's fp32."""
+    for dt in (torch.float32, torch.bfloat16):
+        m, inp, _, _ = get_layer("llama-gqa", tiny=True, batch=2, dtype=dt)
+        prog = torch2step.compile(m, inp, chip="ipu-hbm")
+        assert isinstance(prog, KernelProgram)
+        name = "bf16" if dt == torch.bfloat16 else "fp32"
+        assert prog.graph.dtype == name and {op.dtype for op in prog.graph.ops} == {name}
+        assert {prog.graph.tensors[w][1] for w in prog.graph.weights.values()} == {name}
