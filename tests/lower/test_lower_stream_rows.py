@@ -10,7 +10,7 @@ from torch import nn
 
 from torch2step.frontend import from_torch
 from torch2step.lower import LowerOptions, lower
-from torch2step.step import LinearOffChipLoad, run
+from torch2step.step import LinearOffChipLoad, LinearOffChipStore, run
 
 
 class _Chain(nn.Module):
@@ -39,3 +39,35 @@ def test_stream_rows_equal_pytorch_and_elide_loads() -> None:
     elided = loads[0] - loads[1]
     assert elided >= 1
     assert off.offchip_bytes - on.offchip_bytes == elided * x.numel() * 4
+
+
+class _ProjHeads(nn.Module):
+    """A projection viewed as heads, then a row-wise chain per head (as a q projection feeds
+    its per-head RMSNorm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x).view(x.shape[0], 4, 16)
+        return torch.relu(h * 2.0 + 1.0)
+
+
+def test_linear_output_streams_into_its_per_head_consumer() -> None:
+    """The Linear's row count after dropping its block padding is the layer's row count, so
+    the consumer reads the Linear's row stream (split into heads on chip), not HBM."""
+    torch.manual_seed(0)
+    m = _ProjHeads()
+    x = torch.randn(5, 32)
+    lw = lower(from_torch(m, (x,), None), LowerOptions(tile_rows=4))
+    tensors, env = lw.feed((x,))
+    res = run(lw.program, tensors=tensors, env=env)
+    torch.testing.assert_close(lw.outputs(res.tensors, (x,))[0], m(x))
+    stored = {op.tensor.name for op in lw.program.nodes if isinstance(op, LinearOffChipStore)}
+    reloaded = [
+        op.tensor.name
+        for op in lw.program.nodes
+        if isinstance(op, LinearOffChipLoad) and op.tensor.name in stored
+    ]
+    assert stored and not reloaded

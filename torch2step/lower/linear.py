@@ -181,7 +181,7 @@ def _store_blocks(ctx: LowerCtx, full: Value, pad: Value, out: str) -> None:
     """``[1, Rb]`` of ``[tm, N]`` output blocks -> rows without the padding -> ``out``."""
     g = ctx.graph
     out_rows = g.flat_map(full, fn("retile_streamify", rows=1))  # [1, Rb*tm] of [1, N]
-    kept = _drop_padding(ctx, out_rows, pad)
+    kept = _drop_padding(ctx, out_rows, pad, ctx.rc(out)[0])
     ctx.store_rows(kept, out)
 
 
@@ -254,7 +254,7 @@ def _store_tiles(
     buf = g.bufferize(pieces, 1)  # [1, Rb] of Buf[nt*tm]
     again = g.streamify(buf, buf, stride=(1, tm), out_shape=(tm, nt))  # [1, Rb, tm, nt]
     rows = g.accum(again, "retile_col", zeros(1, 0, dt), 1)  # [1, Rb, tm] of [1, N]
-    kept = _drop_padding(ctx, ctx.flat(rows), pad)
+    kept = _drop_padding(ctx, ctx.flat(rows), pad, ctx.rc(out)[0])
     ctx.store_rows(kept, out)
 
 
@@ -310,10 +310,13 @@ def _lane(
     return g.accum(y, "retile_col", zeros(tm, 0, dt), 1)
 
 
-def _drop_padding(ctx: LowerCtx, rows: Value, pad: Value) -> Value:
+def _drop_padding(ctx: LowerCtx, rows: Value, pad: Value, total: sp.Expr) -> Value:
+    """The rows without the padding rows the row blocks added: ``total`` rows, the
+    Linear's own row count, so a consumer streaming them (``stream_rows``) sees the same
+    row count as the rest of the layer."""
     g = ctx.graph
     flags = ctx.flat(pad)
-    return g.flat_map(g.zip(rows, flags), "filter_padding")
+    return g.flat_map(g.zip(rows, flags), fn("filter_padding", total=total))
 
 
 def _slice_tile(

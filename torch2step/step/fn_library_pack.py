@@ -169,6 +169,7 @@ register_fn(
         2,
         _filter_rule,
         lambda f, x, pad: [] if bool(pad[0, 0]) else [x],
-        doc="(x, is_pad) -> [] if is_pad else [x]",
+        doc="(x, is_pad) -> [] if is_pad else [x]; filter_padding(total=expr) states how "
+        "many elements the whole filtered stream holds",
     )
 )

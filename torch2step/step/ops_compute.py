@@ -230,6 +230,10 @@ class FlatMap(Op):
             new_top = d0 * top
         else:
             new_top = sum_over(top, ix0, d0)
+        total = self.fn.get("total")
+        if total is not None and len(dims) == 1 and t.rank == 1:
+            # the function states how many elements the whole stream yields
+            new_top, keep_ix = sp.sympify(total), None
         shape = (*t.shape[:-1], new_top, *dims[1:])
         index = (*t.index[:-1], keep_ix, *([None] * (len(dims) - 1)))
         shape, index, dtype = absorb_ragged(shape, index, dtype, f"{self.name}_r")
