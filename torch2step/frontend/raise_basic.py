@@ -8,22 +8,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import sympy
 from torch import fx
 
 from torch2step.frontend.fx_emit import FxEmitter
 from torch2step.frontend.fx_pattern import Cap, Match, NoMatch, P, Pattern, match
 from torch2step.frontend.fx_view import ProgramView, is_node, op_name, strip, strip_casts
+from torch2step.frontend.gnode import same_dim
 from torch2step.layers import ops as L
 from torch2step.layers.graph import dtype_name
 
 __all__ = ["LINEAR", "RMSNORM", "RMSNORM_OP", "TOPK_ROUTING", "linear_parts"]
 
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
-
-
-def _same(a: object, b: object) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def _transposed_weight(node: fx.Node) -> fx.Node | None:
@@ -69,9 +65,9 @@ def _match_linear(view: ProgramView, node: fx.Node) -> Match | None:
             return None
         x = flat.args[0]
         xs, out, w_out = view.shape(x), view.shape(node), view.shape(parts[1])[0]
-        if len(out) != len(xs) or not all(_same(a, b) for a, b in zip(out[:-1], xs[:-1])):
+        if len(out) != len(xs) or not all(same_dim(a, b) for a, b in zip(out[:-1], xs[:-1])):
             return None
-        if not _same(out[-1], w_out):
+        if not same_dim(out[-1], w_out):
             return None
         _, w, bias = parts
     else:
@@ -127,7 +123,7 @@ def _match_rmsnorm(view: ProgramView, node: fx.Node) -> Match | None:
     rank = view.rank(x)
     if list(dims) not in ([-1], [rank - 1]) or view.rank(w) != 1:
         return None
-    if not _same(view.shape(w)[0], view.shape(x)[-1]):
+    if not same_dim(view.shape(w)[0], view.shape(x)[-1]):
         return None
     src = strip_casts(x)
 
