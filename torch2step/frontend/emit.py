@@ -56,10 +56,16 @@ class LayerEmitter:
         *,
         source: str | None = None,
     ) -> tuple[str, ...]:
+        """Add ``op`` on layer values ``inputs``; its outputs take fresh names after ``names``
+        when given.  Returns the layer output names."""
+        if names is not None:
+            names = [self.graph.fresh_name(clean_name(n)) for n in names]
         return self.graph.add(op, list(inputs), names, source=source or self.source)
 
-    def emit1(self, op: L.LayerOp, inputs: Sequence[str], **kw: object) -> str:
-        return self.emit(op, inputs, **kw)[0]  # type: ignore[arg-type]
+    def emit1(
+        self, op: L.LayerOp, inputs: Sequence[str], name: str | None = None, **kw: object
+    ) -> str:
+        return self.emit(op, inputs, None if name is None else [name], **kw)[0]  # type: ignore[arg-type]
 
     def reshape(self, value: str, shape: Sequence[object]) -> str:
         """``value`` viewed as ``shape`` (``value`` itself when it already has that shape)."""

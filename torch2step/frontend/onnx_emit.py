@@ -88,14 +88,10 @@ class Emitter(LayerEmitter):
     ) -> tuple[str, ...]:
         """Add ``op`` on layer values ``inputs``; ``outputs`` are ONNX names to bind (the layer
         values reuse them when free).  Returns the layer output names."""
-        names = None if outputs is None else [self.graph.fresh_name(clean_name(o)) for o in outputs]
-        outs = super().emit(op, inputs, names, source=source)
+        outs = super().emit(op, inputs, outputs, source=source)
         for o, n in zip(outputs or (), outs):
             self.env[o] = n
         return outs
-
-    def emit1(self, op: LayerOp, inputs: Sequence[str], output: str | None = None, **kw) -> str:
-        return self.emit(op, inputs, None if output is None else [output], **kw)[0]
 
     def reshape(self, value: str, shape: Sequence[object], output: str | None = None) -> str:
         """``Reshape`` unless ``value`` already has ``shape``; binds ONNX ``output`` to it."""

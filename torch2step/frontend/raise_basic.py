@@ -1,5 +1,6 @@
 """Raising patterns for the small layers: ``linear`` (``permute + mm`` / ``addmm``, with the
-views that flatten and restore leading dims), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
+views that flatten and restore leading dims; or ``matmul(x, W)`` with a constant 2-D ``W`` =
+``weight.T`` and an optional constant bias ``add``, as ONNX exports store it), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
 Qwen3's per-head q/k norm; ``rmsnorm_fused``: the fused ONNX op) and ``topk_routing`` (router
 softmax + topk (+ renormalise))."""
 
@@ -70,6 +71,8 @@ def _match_linear(view: ProgramView, node: fx.Node) -> Match | None:
         if not same_dim(out[-1], w_out):
             return None
         _, w, bias = parts
+    elif op_name(node) in ("matmul", "add"):
+        return _match_weight_matmul(view, node)
     else:
         parts = linear_parts(node)
         if parts is None:
@@ -86,9 +89,40 @@ def _match_linear(view: ProgramView, node: fx.Node) -> Match | None:
     return Match("linear", (root,), inputs, emit)
 
 
+_WEIGHT_MATMUL = P("matmul", Cap("x"), Cap("w"), name="mm")
+_BIASED_MATMUL = P("add", _WEIGHT_MATMUL, Cap("b"))
+
+
+def _match_weight_matmul(view: ProgramView, root: fx.Node) -> Match | None:
+    """``x @ W (+ b)`` of a run-time ``x``, a constant 2-D ``W`` and a constant vector ``b``:
+    Linear with weight ``W.T`` (one parameter however many products read ``W``), named after the
+    exporter's module when it records one."""
+    c = match(_BIASED_MATMUL if op_name(root) == "add" else _WEIGHT_MATMUL, root)
+    if c is None:
+        return None
+    mm, x, w, b = c["mm"], c["x"], view.const(c["w"]), view.const(c.get("b"))
+    if w is None or w.dim() != 2 or view.const(x) is not None:
+        return None
+    if "b" in c and (len(mm.users) != 1 or b is None or b.dim() > 1 or b.numel() != w.shape[1]):
+        return None
+    base = getattr(mm.meta.get("onnx"), "module", None) or c["w"].name
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        key = ("linear weight", c["w"].name)
+        if key not in em.memo:
+            em.memo[key] = em.const(f"{base}.weight", w.T)
+        ins = [em.get(x), em.memo[key]]
+        if b is not None:
+            ins.append(em.const(f"{base}.bias", b.reshape(-1)))
+        em.at(mm)
+        return [em.emit1(L.Linear(), ins, root.name)]
+
+    return Match("linear", (root,), (x,), emit)
+
+
 LINEAR = Pattern(
     "linear",
-    frozenset({"mm", "addmm", *_VIEWS}),
+    frozenset({"mm", "addmm", "matmul", "add", *_VIEWS}),
     _match_linear,
     "x @ w.T (+ b) as permute+mm / addmm, with the views flattening leading dims -> Linear",
 )
