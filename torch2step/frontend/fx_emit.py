@@ -3,17 +3,12 @@ turned into graph parameters on first use, and the user's source line on every l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import sympy
-import torch
 from torch import fx
 
 from torch2step.errors import FrontendError
-from torch2step.frontend.fx_view import ProgramView, source_line
-from torch2step.layers import ops as L
+from torch2step.frontend.emit import LayerEmitter
+from torch2step.frontend.fx_view import ProgramView
 from torch2step.layers.graph import LayerGraph
-from torch2step.layers.ops import Dim
 
 __all__ = ["FxEmitter", "Value"]
 
@@ -21,18 +16,14 @@ __all__ = ["FxEmitter", "Value"]
 Value = str | tuple[str, ...]
 
 
-class FxEmitter:
+class FxEmitter(LayerEmitter):
     """Builds a :class:`LayerGraph` from FX nodes; ``values[node]`` is the layer value of a
     translated node."""
 
     def __init__(self, view: ProgramView, graph: LayerGraph) -> None:
+        super().__init__(graph)
         self.view = view
-        self.graph = graph
         self.values: dict[fx.Node, Value] = {}
-        self.source: str | None = None
-        self._views: dict[tuple[str, tuple[Dim, ...]], str] = {}
-        #: values shared by several matches (e.g. the positions of q's and k's RoPE)
-        self.memo: dict[object, str] = {}
 
     # -- values ---------------------------------------------------------------------------------
     def get(self, node: fx.Node) -> str:
@@ -52,39 +43,3 @@ class FxEmitter:
 
     def param(self, name: str, node: fx.Node) -> str:
         return self.graph.add_param(self.graph.fresh_name(name), self.view.weight_value(node))
-
-    def const(self, name: str, value: torch.Tensor) -> str:
-        """A new parameter holding ``value`` (a weight derived from the module's weights)."""
-        return self.graph.add_param(self.graph.fresh_name(name), value.detach().contiguous())
-
-    # -- ops ------------------------------------------------------------------------------------
-    def emit(self, op: L.LayerOp, inputs: Sequence[str]) -> tuple[str, ...]:
-        return self.graph.add(op, list(inputs), source=self.source)
-
-    def emit1(self, op: L.LayerOp, inputs: Sequence[str]) -> str:
-        return self.emit(op, inputs)[0]
-
-    def reshape(self, value: str, shape: Sequence[Dim]) -> str:
-        """``value`` viewed as ``shape`` (no node when the shape is already that)."""
-        shape = tuple(shape)
-        if _same_shape(self.graph.types[value].shape, shape):
-            return value
-        key = (value, shape)
-        if key not in self._views:
-            self._views[key] = self.emit1(L.Reshape(shape), [value])
-        return self._views[key]
-
-    def cast(self, value: str, dtype: str) -> str:
-        if self.graph.types[value].dtype == dtype:
-            return value
-        return self.emit1(L.Cast(dtype), [value])
-
-    def at(self, node: fx.Node | None) -> None:
-        """Attribute the next emitted nodes to ``node``'s user source line."""
-        self.source = source_line(node) if node is not None else None
-
-
-def _same_shape(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
-    return len(a) == len(b) and all(
-        sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a, b)
-    )

@@ -178,8 +178,8 @@ def strip_casts(node: Any) -> Any:
 
 def source_line(node: Any) -> str | None:
     """``file:line in func: code`` of the last user frame in ``node.meta["stack_trace"]``."""
-    if isinstance(node, GNode):
-        return node.source
+    if not isinstance(node, fx.Node):  # a common-view or ONNX node names its own source
+        return getattr(node, "source", None)
     trace = node.meta.get("stack_trace")
     if not trace:
         return None
@@ -300,10 +300,6 @@ class ProgramView:
     def rank(self, node: Any) -> int:
         v = _val(node)
         return v.dim() if isinstance(v, torch.Tensor) else -1
-
-    def static_dim(self, node: fx.Node, axis: int) -> int | None:
-        d = raw_shape(node)[axis]
-        return d if isinstance(d, int) else None
 
     def concrete(self, expr: Any, binding: Mapping[sympy.Symbol, int] | None = None) -> int:
         """An exporter expression (or SymInt) at the example sizes (or ``binding``)."""

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 
-__all__ = ["GNode"]
+__all__ = ["GNode", "same_dim"]
 
 
 @dataclass(eq=False)
@@ -42,3 +43,12 @@ class GNode:
 
     def __repr__(self) -> str:
         return f"GNode({self.name}: {self.target})"
+
+
+def same_dim(a: object, b: object) -> bool:
+    """``a == b`` for ints and sympy expressions (cheap: expand, no simplify)."""
+    if a is None or b is None:
+        return False
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0

@@ -3,7 +3,6 @@ constants shared by the one-to-one translators and the raising patterns."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,17 +10,14 @@ import sympy
 import torch
 
 from torch2step.errors import FrontendError
+from torch2step.frontend.emit import LayerEmitter, clean_name
 from torch2step.frontend.fx_pattern import NoMatch as Unsupported
 from torch2step.frontend.gnode import GNode
 from torch2step.frontend.onnx_graph import OnnxView, same_dim
-from torch2step.layers import LayerGraph, LayerOp, TensorType
+from torch2step.layers import LayerGraph, LayerOp
 from torch2step.layers import ops as L
 
 __all__ = ["Emitter", "Unsupported"]
-
-
-def _clean(name: str) -> str:
-    return re.sub(r"[^\w.]+", "_", name).strip("_") or "v"
 
 
 def _tensor(value: np.ndarray) -> torch.Tensor:
@@ -32,7 +28,7 @@ def _tensor(value: np.ndarray) -> torch.Tensor:
     raise FrontendError(f"constant of numpy dtype {value.dtype} has no layer-graph dtype")
 
 
-class Emitter:
+class Emitter(LayerEmitter):
     """Appends layer ops for ONNX nodes; ``env`` maps ONNX value names to layer value names.
 
     Values known before run time (weights, folded constants, symbolic shape tensors) are
@@ -41,23 +37,10 @@ class Emitter:
     """
 
     def __init__(self, view: OnnxView, graph: LayerGraph) -> None:
+        super().__init__(graph)
         self.view = view
-        self.g = graph
         self.env: dict[str, str] = {}
         self._params: dict[object, str] = {}
-        self._reshapes: dict[tuple[str, tuple[object, ...]], str] = {}
-        self._reshape_src: dict[str, str] = {}
-        self.source: str | None = None
-        #: values shared by several matches (e.g. the positions of q's and k's RoPE)
-        self.memo: dict[object, str] = {}
-
-    @property
-    def graph(self) -> LayerGraph:
-        return self.g
-
-    def at(self, node: object) -> None:
-        """Attribute the next emitted nodes to ``node``'s source (a common-view node)."""
-        self.source = getattr(node, "source", None)
 
     # -- values ---------------------------------------------------------------------------------
     def has(self, value: str) -> bool:
@@ -80,27 +63,16 @@ class Emitter:
         self.env[value] = name
         return name
 
-    def type(self, layer_value: str) -> TensorType:
-        return self.g.types[layer_value]
-
     def param(self, value: np.ndarray | torch.Tensor, hint: str, key: object = None) -> str:
         """A graph parameter holding ``value`` (deduplicated by ``key`` when given)."""
         if key is not None and key in self._params:
             return self._params[key]
         t = value if isinstance(value, torch.Tensor) else _tensor(np.asarray(value))
-        name = self.g.fresh_name(_clean(hint))
-        self.g.add_param(name, t.contiguous())
+        name = self.graph.fresh_name(clean_name(hint))
+        self.graph.add_param(name, t.contiguous())
         if key is not None:
             self._params[key] = name
         return name
-
-    def const(self, hint: str, value: torch.Tensor) -> str:
-        return self.param(value, hint)
-
-    def cast(self, value: str, dtype: str) -> str:
-        if self.type(value).dtype == dtype:
-            return value
-        return self.emit1(L.Cast(dtype), [value])
 
     def bind(self, onnx_value: str, layer_value: str) -> None:
         self.env[onnx_value] = layer_value
@@ -116,30 +88,14 @@ class Emitter:
     ) -> tuple[str, ...]:
         """Add ``op`` on layer values ``inputs``; ``outputs`` are ONNX names to bind (the layer
         values reuse them when free).  Returns the layer output names."""
-        names: list[str] | None = None
-        if outputs is not None:
-            names = [self.g.fresh_name(_clean(o)) for o in outputs]
-        outs = self.g.add(op, list(inputs), names, source=source or self.source)
-        if outputs is not None:
-            for o, n in zip(outputs, outs):
-                self.env[o] = n
+        outs = super().emit(op, inputs, outputs, source=source)
+        for o, n in zip(outputs or (), outs):
+            self.env[o] = n
         return outs
 
-    def emit1(self, op: LayerOp, inputs: Sequence[str], output: str | None = None, **kw) -> str:
-        return self.emit(op, inputs, None if output is None else [output], **kw)[0]
-
     def reshape(self, value: str, shape: Sequence[object], output: str | None = None) -> str:
-        """``Reshape`` unless ``value`` already has ``shape`` (then ``value`` itself)."""
-        shape = tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in shape)
-        value = self._reshape_src.get(value, value)  # reshape of a reshape: one reshape
-        if _same_shape(self.type(value).shape, shape):
-            out = value
-        elif (value, shape) in self._reshapes:
-            out = self._reshapes[(value, shape)]
-        else:
-            out = self.emit1(L.Reshape(shape), [value])
-            self._reshapes[(value, shape)] = out
-            self._reshape_src[out] = value
+        """``Reshape`` unless ``value`` already has ``shape``; binds ONNX ``output`` to it."""
+        out = super().reshape(value, shape)
         if output is not None:
             self.bind(output, out)
         return out
@@ -165,9 +121,3 @@ class Emitter:
             out = self.reshape(out, (1, n))
             out = self.emit1(L.Concat(0), [out] * flat.shape[0], source=src)
         return self.reshape(out, arr.shape)
-
-
-def _same_shape(a: Sequence[object], b: Sequence[object]) -> bool:
-    if len(a) != len(b):
-        return False
-    return all(same_dim(x, y) for x, y in zip(a, b))

@@ -20,6 +20,7 @@ import sympy
 from onnx import numpy_helper
 
 from torch2step.errors import FrontendError
+from torch2step.frontend.gnode import same_dim
 
 __all__ = ["OnnxNode", "OnnxView", "Dim", "parse_dim", "same_dim", "ONNX_DTYPES"]
 
@@ -38,15 +39,6 @@ ONNX_DTYPES: dict[int, str] = {
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXPR = re.compile(r"^[A-Za-z0-9_\s+\-*/()]+$")
-
-
-def same_dim(a: object, b: object) -> bool:
-    """``a == b`` for ints and sympy expressions (cheap: expand, no simplify)."""
-    if a is None or b is None:
-        return False
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def _symbol(name: str) -> sympy.Symbol:

@@ -8,8 +8,8 @@ The pipeline is one readable function of named steps (as torch.fx pass pipelines
 3. ``fold_constants``: weights, constant expressions and symbolic shape arithmetic;
 4. the raising engine shared with the PyTorch frontend (:mod:`torch2step.frontend.engine`) on
    the graph in the common view (:class:`~torch2step.frontend.onnx_nodes.OnnxNodeView`): the
-   patterns of :data:`PATTERNS` (MoE routing and experts, attention, rotary embedding, RMSNorm,
-   linear) raise subgraphs by meaning, what is needed and left over is translated one-to-one
+   patterns of :data:`PATTERNS` (MoE routing and experts, attention; and the recognisers of both
+   frontends for rotary embedding, RMSNorm and linear layers) raise subgraphs by meaning, what is needed and left over is translated one-to-one
    (:data:`~torch2step.frontend.onnx_translate.TRANSLATORS`), and every node that cannot be
    translated is collected into ONE :class:`~torch2step.errors.UnsupportedOperatorError`;
 5. drop dead layer nodes.
@@ -33,8 +33,8 @@ from torch2step.frontend.onnx_fold import fold_constants
 from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
 from torch2step.frontend.onnx_moe import MOE_PATTERNS
 from torch2step.frontend.onnx_nodes import OnnxNodeView
-from torch2step.frontend.onnx_norms import NORM_PATTERNS
 from torch2step.frontend.onnx_translate import TRANSLATORS
+from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP
 from torch2step.frontend.raise_rotary import ROTARY, ROTARY_OP
 from torch2step.frontend.raise_rules import check_node, rule_for
 from torch2step.layers import LayerGraph, TensorType
@@ -47,7 +47,9 @@ PATTERNS: tuple[Pattern, ...] = (
     *ATTENTION_PATTERNS,
     ROTARY_OP,
     ROTARY,
-    *NORM_PATTERNS,
+    RMSNORM,
+    RMSNORM_OP,
+    LINEAR,
 )
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """Raising ONNX subgraphs into layer ops: patterns as data (tinygrad's ``PatternMatcher``).
 
-A :class:`Pattern` names one meaning (``attention_matmul_softmax``, ...), the op types it is
-anchored at and a ``match`` function.  ``match`` returns a :class:`Match` (the ONNX values it
+A :class:`~torch2step.frontend.fx_pattern.Pattern` (the one pattern type of both frontends)
+names one meaning (``attention_matmul_softmax``, ...), the ONNX op types it is anchored at and a
+``match(OnnxView, OnnxNode)`` function.  ``match`` returns a :class:`Match` (the ONNX values it
 reads and defines, and an ``emit`` callback that appends the layer ops), ``None`` when the anchor is not an instance of the pattern, or raises
 :class:`~torch2step.frontend.onnx_emit.Unsupported` when it clearly is one but a detail has no
 layer op (the reason is reported if the graph then cannot be imported).
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
+from torch2step.frontend.fx_pattern import Pattern
 from torch2step.frontend.onnx_emit import Emitter, Unsupported
 from torch2step.frontend.onnx_graph import Dim, OnnxNode, OnnxView
 from torch2step.frontend.onnx_translate import normalize_axis, onnx_reshape_target
@@ -48,19 +50,6 @@ class Match:
     outputs: list[str]
     emit: Callable[[Emitter], None]
     info: dict[str, object] = field(default_factory=dict)
-
-
-MatchFn = Callable[[OnnxView, OnnxNode], "Match | None"]
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """A named raising rule, tried at nodes whose op type is in ``anchors``."""
-
-    name: str
-    anchors: frozenset[str]
-    match: MatchFn
-    doc: str = ""
 
 
 # -- helpers shared by the patterns --------------------------------------------------------------

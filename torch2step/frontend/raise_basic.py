@@ -1,5 +1,6 @@
 """Raising patterns for the small layers: ``linear`` (``permute + mm`` / ``addmm``, with the
-views that flatten and restore leading dims), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
+views that flatten and restore leading dims; or ``matmul(x, W)`` with a constant 2-D ``W`` =
+``weight.T`` and an optional constant bias ``add``, as ONNX exports store it), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
 Qwen3's per-head q/k norm; ``rmsnorm_fused``: the fused ONNX op) and ``topk_routing`` (router
 softmax + topk (+ renormalise))."""
 
@@ -8,22 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import sympy
 from torch import fx
 
 from torch2step.frontend.fx_emit import FxEmitter
 from torch2step.frontend.fx_pattern import Cap, Match, NoMatch, P, Pattern, match
 from torch2step.frontend.fx_view import ProgramView, is_node, op_name, strip, strip_casts
+from torch2step.frontend.gnode import same_dim
 from torch2step.layers import ops as L
 from torch2step.layers.graph import dtype_name
 
 __all__ = ["LINEAR", "RMSNORM", "RMSNORM_OP", "TOPK_ROUTING", "linear_parts"]
 
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
-
-
-def _same(a: object, b: object) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def _transposed_weight(node: fx.Node) -> fx.Node | None:
@@ -69,11 +66,13 @@ def _match_linear(view: ProgramView, node: fx.Node) -> Match | None:
             return None
         x = flat.args[0]
         xs, out, w_out = view.shape(x), view.shape(node), view.shape(parts[1])[0]
-        if len(out) != len(xs) or not all(_same(a, b) for a, b in zip(out[:-1], xs[:-1])):
+        if len(out) != len(xs) or not all(same_dim(a, b) for a, b in zip(out[:-1], xs[:-1])):
             return None
-        if not _same(out[-1], w_out):
+        if not same_dim(out[-1], w_out):
             return None
         _, w, bias = parts
+    elif op_name(node) in ("matmul", "add"):
+        return _match_weight_matmul(view, node)
     else:
         parts = linear_parts(node)
         if parts is None:
@@ -90,9 +89,40 @@ def _match_linear(view: ProgramView, node: fx.Node) -> Match | None:
     return Match("linear", (root,), inputs, emit)
 
 
+_WEIGHT_MATMUL = P("matmul", Cap("x"), Cap("w"), name="mm")
+_BIASED_MATMUL = P("add", _WEIGHT_MATMUL, Cap("b"))
+
+
+def _match_weight_matmul(view: ProgramView, root: fx.Node) -> Match | None:
+    """``x @ W (+ b)`` of a run-time ``x``, a constant 2-D ``W`` and a constant vector ``b``:
+    Linear with weight ``W.T`` (one parameter however many products read ``W``), named after the
+    exporter's module when it records one."""
+    c = match(_BIASED_MATMUL if op_name(root) == "add" else _WEIGHT_MATMUL, root)
+    if c is None:
+        return None
+    mm, x, w, b = c["mm"], c["x"], view.const(c["w"]), view.const(c.get("b"))
+    if w is None or w.dim() != 2 or view.const(x) is not None:
+        return None
+    if "b" in c and (len(mm.users) != 1 or b is None or b.dim() > 1 or b.numel() != w.shape[1]):
+        return None
+    base = getattr(mm.meta.get("onnx"), "module", None) or c["w"].name
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        key = ("linear weight", c["w"].name)
+        if key not in em.memo:
+            em.memo[key] = em.const(f"{base}.weight", w.T)
+        ins = [em.get(x), em.memo[key]]
+        if b is not None:
+            ins.append(em.const(f"{base}.bias", b.reshape(-1)))
+        em.at(mm)
+        return [em.emit1(L.Linear(), ins, root.name)]
+
+    return Match("linear", (root,), (x,), emit)
+
+
 LINEAR = Pattern(
     "linear",
-    frozenset({"mm", "addmm", *_VIEWS}),
+    frozenset({"mm", "addmm", "matmul", "add", *_VIEWS}),
     _match_linear,
     "x @ w.T (+ b) as permute+mm / addmm, with the views flattening leading dims -> Linear",
 )
@@ -127,7 +157,7 @@ def _match_rmsnorm(view: ProgramView, node: fx.Node) -> Match | None:
     rank = view.rank(x)
     if list(dims) not in ([-1], [rank - 1]) or view.rank(w) != 1:
         return None
-    if not _same(view.shape(w)[0], view.shape(x)[-1]):
+    if not same_dim(view.shape(w)[0], view.shape(x)[-1]):
         return None
     src = strip_casts(x)
 
