@@ -139,7 +139,14 @@ _PREFILL_CASES = ((2, 7, 9), (3, 64, 4), (2, 2, 1), (4, 1, 3), (1, 1, 1))
 
 @pytest.mark.parametrize(
     ("kind", "ragged"),
-    [("qwen3_moe", True), ("qwen3_moe", False), ("llama", True), ("qwen3", True)],
+    [
+        ("qwen3_moe", True),
+        ("qwen3_moe", False),
+        ("llama", True),
+        ("qwen3", True),
+        ("mixtral", True),
+        ("olmoe", True),
+    ],
 )
 def test_prefill_runs_like_pytorch(kind: str, ragged: bool) -> None:
     """One compile of a prefill step serves every batch, T (1, 2, 7, 64) and KV length
