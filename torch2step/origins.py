@@ -1,11 +1,12 @@
 """Which operator of the user's layer each STeP node came from.
 
-Every value between two layer operators lives in an off-chip tensor (``Lowered.placed``), so
-the STeP nodes one layer operator lowers to are a set of nodes joined by streams that stores
-into that operator's output tensor.  :func:`step_origins` finds those stream-connected groups
-(union-find over stream edges) and names each by the layer operator whose output tensor it
-writes; nodes of a per-expert (or per-lane) branch, named ``<layer node>_e<k>_...`` /
-``..._l<k>_...`` by the lowering, are named per expert / lane within it.
+The lowering records which layer operator's rule added each STeP node (``Lowered.emitted``);
+that is the node's origin, also where a layer operator's output streams into its consumer
+instead of round-tripping through an off-chip tensor.  A node added later (by a pass after
+lowering) is named by its stream-connected group (union-find over stream edges): the layer
+operator whose output tensor the group stores into.  Nodes of a per-expert (or per-lane)
+branch, named ``<layer node>_e<k>_...`` / ``..._l<k>_...`` by the lowering, are named per
+expert / lane within it.
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ def step_origins(lowered: Any) -> dict[str, str]:
             for t in op.tensors():
                 if t.name in writer:
                     group.setdefault(_find(parent, k), writer[t.name])
+    by_name = {n.name: n for n in layer.nodes}
+    emitted: dict[str, str] = getattr(lowered, "emitted", {}) or {}
     out: dict[str, str] = {}
     for k, op in enumerate(prog.nodes):
-        node = group.get(_find(parent, k))
+        src = emitted.get(op.name)
+        node = by_name[src] if src in by_name else group.get(_find(parent, k))
         if node is None:
             continue
         label = f"{node.name} ({type(node.op).__name__})"

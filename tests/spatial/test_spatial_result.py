@@ -139,7 +139,9 @@ def test_reconvergent_selector_fifo_is_deepened() -> None:
     """The selector stream feeds the Partition and the Reassemble behind branches that take in
     every token before emitting one: with 2-slot FIFOs the run would deadlock, so exactly the
     selector channel (the full FIFO on the wait cycle) is made as deep as its 8 messages, and
-    the latency equals a run whose FIFOs are all that deep."""
+    the run is no slower than one whose FIFOs are all that deep (there the token load runs
+    ahead and its tiles reach the Partition's core in a different order with the selector
+    values, which costs the Partition a few cycles: 536 against 527 here)."""
     prog, run = regroup([0, 1, 1, 0, 1, 0, 0, 1])
     res = simulate_graph(prog, CHIP, run)
     assert res.deep_channels == ("sel",)
@@ -148,4 +150,4 @@ def test_reconvergent_selector_fifo_is_deepened() -> None:
     assert res.fifo_bytes == 2 * 8 * 4  # two consumers, eight 4-byte selector messages
     assert res.peak_onchip_bytes == sum(u.sram_bytes for u in res.units) + res.fifo_bytes
     deep = simulate_graph(prog, CHIP, run, fifo_depth=8)
-    assert deep.deep_channels == () and deep.cycles == res.cycles
+    assert deep.deep_channels == () and res.cycles <= deep.cycles

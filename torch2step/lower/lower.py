@@ -48,6 +48,8 @@ class Lowered:
     syms: dict[sp.Symbol, sp.Symbol]
     external: tuple[str, ...] = ()
     options: LowerOptions = field(default_factory=LowerOptions)
+    emitted: dict[str, str] = field(default_factory=dict)
+    """STeP node name -> the name of the layer node whose lowering rule added it."""
 
     def bindings(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
         """Size of every dynamic dimension in this run (STeP symbol name -> value)."""
@@ -148,6 +150,7 @@ def lower(
         else:
             ctx.declare(v)
     problems: list[str] = []
+    emitted: dict[str, str] = {}
     skip = set(external)
     for node in layer.nodes:
         if node.outputs and all(o in skip for o in node.outputs):
@@ -163,10 +166,12 @@ def lower(
             continue
         if any(i not in ctx.placed for i in node.inputs):
             continue  # depends on an operator already reported
+        first = ctx.graph.node_count
         try:
             rule(ctx, node)
         except (LoweringError, StepTypeError) as e:
             problems.append(str(e) if str(e).startswith(node.name) else f"{node.name}: {e}")
+        emitted.update(dict.fromkeys(ctx.graph.names_since(first), node.name))
     ctx.node = None
     if problems:
         raise LoweringError(
@@ -181,5 +186,5 @@ def lower(
     except StepTypeError as e:
         raise LoweringError(f"{layer.name}: the lowered STeP graph is ill-typed: {e}") from None
     return Lowered(
-        layer, program, ctx.placed, ctx.host, ctx.prefill, ctx.syms, tuple(external), opts
+        layer, program, ctx.placed, ctx.host, ctx.prefill, ctx.syms, tuple(external), opts, emitted
     )

@@ -336,6 +336,15 @@ class Graph:
         return self._one(Repeat(self._auto("repeat", name), value, as_dim(count)))
 
     # ------------------------------------------------------------ result
+    @property
+    def node_count(self) -> int:
+        """How many nodes the graph holds so far (nodes are kept in the order they are added)."""
+        return len(self._nodes)
+
+    def names_since(self, first: int) -> list[str]:
+        """Names of the nodes added after the first ``first`` (see :attr:`node_count`)."""
+        return [op.name for op in self._nodes[first:]]
+
     def build(self) -> Program:
         """Verify and freeze the graph."""
         prog = self.snapshot()
