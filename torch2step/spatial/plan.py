@@ -39,7 +39,12 @@ What is still baked from the run: each expert's token count in the units after t
 (tile shapes, loop trip counts, compute cycles: they do not read the stop token's count),
 EagerMerge's chunk order, and in decode attention everything from the KV-tile addresses on
 (the cursor tiles carry no values in timing mode, so the tile count and rows of each request
-are the run's).
+are the run's).  Making those units run-independent needs what the instruction set does not
+have yet: a receive that ends on a stop token (a loop over a stream of unknown length: the
+Partition's count arrives after its elements), and unit steps whose cycles and output sizes
+follow the run-time shape of their input tile (a ``step_unit`` Compute carries literal cycles
+and sizes).  An EagerMerge sends each chunk's selector only after the chunk's first element
+arrived, so the units its selector steers start with the data, whatever order they follow.
 """
 
 from __future__ import annotations
