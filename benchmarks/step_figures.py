@@ -525,8 +525,8 @@ Notes on differences from the paper (modelling choices):
   overhead), so the gain matches (2.65x vs 2.64x).  Each region's EagerMerge names a chunk
   (its selector, from which the region computes the expert's weight addresses) only once the
   chunk's first row has arrived, so a region reads an expert's weights after that expert's
-  tokens arrive, not from the program's start (first weight tile at cycle 1,143; when the
-  selectors were sent at the start it was read at cycle 432, before any token reached a
+  tokens arrive, not from the program's start (first weight tile at cycle ~1.1K; when the
+  selectors were sent at the start it was read at cycle ~430, before any token reached a
   region, and 32 regions were 3% *faster* than the baseline: 2.75x).  Likewise in the Qwen3
   main job (dispatched lanes) the first weight tile is read at cycle 30,490, after the token
   ids are loaded, instead of cycle 330 (latency 644,926 -> 644,636 cycles).
