@@ -339,7 +339,13 @@ class _Walker:
         self.need_buf(path, i, state, i.dst)
         self.need_channel(path, i, i.channel, sending=False)
         key = (i.channel, "data")
-        counts.recvs[key] = _add(counts.recvs.get(key, 0), mult)
+        if i.stop is None:
+            counts.recvs[key] = _add(counts.recvs.get(key, 0), mult)
+            return
+        # one message, data or the stop token: which one only the run knows
+        counts.recvs[key] = None
+        counts.recvs[(i.channel, "value")] = None
+        state.regs.add(i.stop)
 
     def send_value(
         self, path: Path, i: SendValue, state: _State, counts: _Counts, mult: Count

@@ -144,10 +144,18 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Recv:
     """Receive one message from ``channel`` into buffer ``dst`` (blocks while empty); ``dst``
-    then holds the message's data and shape (at most its allocated capacity)."""
+    then holds the message's data and shape (at most its allocated capacity).
+
+    With ``stop`` (a register) the message may also be the stream's stop token, the control
+    value a producer sends after a stream's last element (STeP §3.2.3: a Partition's output
+    ends with one, carrying its count), and the receive waits for the message, as
+    ``RecvValue`` does: ``stop`` is ``-1`` when data landed in ``dst``, else the token's
+    value (``dst`` unchanged).  A loop over a stream whose length only the data knows
+    receives until ``stop >= 0``."""
 
     channel: str
     dst: str
+    stop: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,7 @@ _HEADS: dict[type, Callable[..., str]] = {
     Load: lambda i: f"load {i.dst} <- {format_region(i.tensor, i.region)}",
     Store: _store,
     Send: lambda i: f"send {i.channel} <- {i.src}",
-    Recv: lambda i: f"recv {i.dst} <- {i.channel}",
+    Recv: lambda i: f"recv {i.dst} <- {i.channel}" + (f" (stop -> {i.stop})" if i.stop else ""),
     SendValue: lambda i: f"send_value {i.channel} <- {format_value(i.value)}",
     RecvValue: lambda i: f"recv_value {i.reg} <- {i.channel}",
     LoadValue: lambda i: f"load_value {i.reg} <- {i.tensor}[{_index(i.index)}]",

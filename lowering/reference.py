@@ -152,7 +152,13 @@ def _send(c: _Core, i: Send) -> Wait:
 
 
 def _recv(c: _Core, i: Recv) -> Wait:
-    c.bufs[i.dst] = yield from _take(c, i.channel)  # type: ignore[assignment]
+    msg = yield from _take(c, i.channel)
+    if i.stop is not None:  # a tensor, or the stream's stop token (a control value)
+        if not isinstance(msg, np.ndarray):
+            c.regs[i.stop] = int(msg)  # type: ignore[call-overload]
+            return
+        c.regs[i.stop] = -1
+    c.bufs[i.dst] = msg  # type: ignore[assignment]
 
 
 def _send_value(c: _Core, i: SendValue) -> Wait:

@@ -24,6 +24,7 @@ from runtime.state import (
     Group,
     Pending,
     Post,
+    StopPost,
     ValueRead,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "h_send",
     "h_recv",
     "h_recvvalue",
+    "h_recvstop",
     "h_barrier",
 ]
 
@@ -347,6 +349,32 @@ def h_recvvalue(sim: Any, core: Core, op: OpRecv) -> bool:
     p = core.cur
     if p is None:
         p = Post(core, None, op.end, core.t)
+        core.cur = p
+        sim.post(op.end, p)
+    if p.time is None:
+        sim.block(core, ("value", p), p)
+        return False
+    core.cur = None
+    advance(sim, core, p.time, RECV)
+    core.regs[op.reg] = p.value
+    core.pc += 1
+    return True
+
+
+def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:
+    """``Recv`` with ``stop``: a tensor into the buffer or the stop token's value, waited for
+    (the program branches on which one came)."""
+    p = core.cur
+    if p is None:
+        b = op.buf
+        t = core.t
+        if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
+            t = ready(sim, core, t, (), (b,))
+            if t < 0:
+                return False
+            advance(sim, core, t, sim.cat)
+        p = StopPost(core, b, op.end, t)
+        b.wp = p
         core.cur = p
         sim.post(op.end, p)
     if p.time is None:

@@ -340,11 +340,11 @@ class _Compiler:
             code.append(
                 make(
                     ops_comm.OpRecv,
-                    ops_comm.h_recv,
+                    ops_comm.h_recv if ins.stop is None else ops_comm.h_recvstop,
                     ins,
                     end=end,
                     buf=self.buf(ins.dst),
-                    reg=None,
+                    reg=ins.stop,
                 )
             )
         else:

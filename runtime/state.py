@@ -75,6 +75,13 @@ class Post(Pending):
         self.value: int | None = None
 
 
+class StopPost(Post):
+    """A ``Recv`` with ``stop``: takes a tensor message into ``buf`` or the stream's stop
+    token (a control value: ``value``; -1 after a tensor)."""
+
+    __slots__ = ()
+
+
 class ValueRead(Post):
     """A ``LoadValue``: an HBM read whose completion also carries the value read."""
 

@@ -20,7 +20,7 @@ from heapq import heappush
 from typing import Any
 
 from runtime.network import RES_DELAY
-from runtime.state import Core, Pending, Post, Slot
+from runtime.state import Core, Pending, Post, Slot, StopPost
 
 __all__ = ["Transfers", "grant", "up"]
 
@@ -383,6 +383,11 @@ class Transfers:
         self.unreceived -= 1
         b = p.buf
         data, shape, dtype, value = s.payload
+        if p.__class__ is StopPost:  # a tensor, or the stream's stop token (its value)
+            if shape is None:
+                b = None
+            else:
+                p.value = -1
         if b is not None:
             if shape is None:
                 raise self.error(

@@ -283,9 +283,27 @@ def _recv(c: CoreRun, i: Recv) -> Steps:
     b = c.allocated(i.dst)
     yield from c.settle(b)
     _channel(c, i.channel, False)
-    post = Post(c.id, b, c.fill)
+    post = Post(c.id, b, c.fill if i.stop is None else _fill_or_stop(c))
     b.post, b.chan = post, i.channel
     c.ctx.net.post(i.channel, c.id, post)
+    if i.stop is not None:  # a tensor or the stream's stop token: the program branches on it
+        while not post.done:
+            yield ("value", i.channel)
+        c.regs[i.stop] = post.value
+
+
+def _fill_or_stop(c: CoreRun) -> Callable[[Post, Payload], None]:
+    """The fill of a ``Recv`` with ``stop``: a control value is the stop token (its value),
+    a tensor fills the buffer (value -1)."""
+
+    def fill(post: Post, payload: Payload) -> None:
+        if payload[0] == "v":
+            post.value = int(payload[1])
+            return
+        c.fill(post, payload)
+        post.value = -1
+
+    return fill
 
 
 def _recv_value(c: CoreRun, i: RecvValue) -> Steps:

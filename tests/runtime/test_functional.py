@@ -177,3 +177,100 @@ def test_recv_of_data_dependent_shape():
     r = simulate(ps, mesh_chip(1, 2), mode="functional", inputs={"len": np.array([3]), "x": x})
     np.testing.assert_array_equal(r.tensors["y"][:3], 2 * x[:3])
     assert dict(r.stats.bytes_moved)["noc_messages"] == 3 * 4 * 4
+
+
+def _until_stop(bound: int) -> ProgramSet:
+    """Core 0 sends the first n rows of x (n read from ``meta``), then the stream's stop token
+    carrying n; core 1 receives rows until the stop token (``Recv`` with ``stop``, in a loop of
+    ``bound`` iterations guarded by a done flag), sums them into ``out`` and stores the count
+    the token carried and the rows it counted."""
+    p0 = (
+        Alloc("r", (1, 4), "fp32"),
+        LoadValue("n", "meta", (0,)),
+        Loop("n", (Load("r", "x", Region(("i", 0), (1, 4))), Send("rows", "r")), var="i"),
+        SendValue("rows", "n"),
+    )
+    got = (
+        Store("q", "out", Region((0, 0), (1, 4)), accumulate=True),
+        Set("k", Affine(1, (("k", 1),))),
+    )
+    p1 = (
+        Alloc("q", (1, 4), "fp32"),
+        Alloc("c", (1, 2), "int32"),
+        Set("done", 0),
+        Set("k", 0),
+        Set("cnt", -1),
+        Loop(
+            bound,
+            (
+                If(
+                    Cond("done", "==", 0),
+                    (
+                        Recv("rows", "q", stop="s"),
+                        If(Cond("s", "<", 0), got, (Set("done", 1), Set("cnt", "s"))),
+                    ),
+                ),
+            ),
+        ),
+        SendValue("back", "cnt"),
+        SendValue("back", "k"),
+    )
+    p2 = (  # res[0, 0] counts to the token's value, res[0, 1] to the rows core 1 counted
+        Alloc("one", (1, 1), "fp32"),
+        Load("one", "ones"),
+        RecvValue("back", "a"),
+        RecvValue("back", "b"),
+        Loop("a", (Store("one", "res", Region((0, 0), (1, 1)), accumulate=True),)),
+        Loop("b", (Store("one", "res", Region((0, 1), (1, 1)), accumulate=True),)),
+    )
+    return ProgramSet(
+        (Program(0, p0), Program(1, p1), Program(2, p2)),
+        (Channel("rows", 0, (1,)), Channel("back", 1, (2,))),
+        (
+            TensorDecl("meta", (1,), "int32"),
+            TensorDecl("x", (8, 4), "fp32"),
+            TensorDecl("out", (1, 4), "fp32"),
+            TensorDecl("ones", (1, 1), "fp32"),
+            TensorDecl("res", (1, 2), "fp32"),
+        ),
+    )
+
+
+@pytest.mark.parametrize("n", [0, 3, 8])
+def test_a_loop_receives_until_the_stop_token(n):
+    """One program serves every stream length: the loop ends on the stop token, whose value
+    (the count) and the rows received agree, in functional and timing mode and in the
+    reference interpreter."""
+    ins = {
+        "meta": np.array([n]),
+        "x": np.arange(32, dtype=np.float32).reshape(8, 4),
+        "ones": np.ones((1, 1), np.float32),
+    }
+    ps = _until_stop(9)
+    lowering.validate_programs(ps, mesh_chip(1, 3))
+    f = simulate(ps, mesh_chip(1, 3), mode="functional", inputs=ins)
+    np.testing.assert_array_equal(f.tensors["out"][0], ins["x"][:n].sum(axis=0))
+    np.testing.assert_array_equal(f.tensors["res"], [[n, n]])
+    t = simulate(ps, mesh_chip(1, 3), inputs={"meta": ins["meta"]})
+    assert t.cycles == f.cycles
+    ref = run_reference(ps, ins)
+    np.testing.assert_array_equal(ref["out"], f.tensors["out"])
+    np.testing.assert_array_equal(ref["res"], [[n, n]])
+
+
+def test_a_loop_receives_until_the_stop_token_on_an_mpi_rank():
+    """The MPI backend runs the same program with the same results (one rank, in process)."""
+    from runtime.mpi.launch import mpi_available
+
+    if mpi_available() is not None:
+        pytest.skip(f"the mpi extra is not installed: {mpi_available()}")
+    from runtime.mpi import run_mpi
+
+    ins = {
+        "meta": np.array([5]),
+        "x": np.arange(32, dtype=np.float32).reshape(8, 4),
+        "ones": np.ones((1, 1), np.float32),
+    }
+    r = run_mpi(_until_stop(9), mesh_chip(1, 3), ins, timeout=30)
+    np.testing.assert_array_equal(r.tensors["out"][0], ins["x"][:5].sum(axis=0))
+    np.testing.assert_array_equal(r.tensors["res"], [[5, 5]])

@@ -57,3 +57,34 @@ def test_a_slower_hbm_keeps_a_decided_order_consistent() -> None:
     for d in (fast_d, slow_d):
         again = run(g, tensors=ins, arrival=d.arrival, check=False)
         assert again.offchip_bytes == d.run.offchip_bytes
+
+
+def test_a_merge_names_a_chunk_only_once_its_data_is_there() -> None:
+    """An EagerMerge cannot say which input it took before that input is ready: each chunk's
+    selector leaves the merge after the chunk's first element arrived, so the region's weight
+    addresses (computed from the selector, STeP §5.3) follow the tokens, not the program's
+    start."""
+    from torch2step.spatial import simulate_graph
+    from torch2step.spatial.dynamic import _sources
+    from torch2step.step.ops_routing import EagerMerge
+
+    kw = {"num_experts": 8, "top_k": 2, "hidden": 64, "intermediate": 64}
+    g = moe_graph(**kw, tokens=16, lanes=2, tile_h=32, tile_i=32)
+    ins = moe_inputs(**kw, tokens=16, seed=3)
+    src = _sources(g)
+    merges = [op for op in g.nodes if isinstance(op, EagerMerge)]
+    assert merges
+    watch: dict = {}
+    for op in merges:
+        watch[op.out_names()[1]] = []
+        for v in op.ins:
+            watch[src.get(v.name, v.name)] = -1
+    res = run(g, tensors=ins, check=False)
+    simulate_graph(g, "step-sda", res, watch=watch)
+    for op in merges:
+        sels = watch[op.out_names()[1]]
+        order = [s.indices[0] for s in res.values[op.out_names()[1]].data]
+        assert len(sels) == len(order) > 0
+        for cycle, i in zip(sels, order):
+            first = watch[src.get(op.ins[i].name, op.ins[i].name)]
+            assert 0 <= first < cycle  # the chunk's input had sent before its selector left

@@ -13,8 +13,10 @@ selection stream is blocked until the routing for the current selection is finis
   token rows) are taken at run time: the selector register decides under ``If`` per input,
   inputs in index order, so the program is the same for every routing; other chunks follow the
   order the run's chunks arrived (STeP (revised) §3.2.3).
-* **EagerMerge** — chunks in the run's arrival order: the one-hot selector naming the input is
-  sent with the chunk, then its elements, one cycle each.
+* **EagerMerge** — chunks in the run's arrival order: each element received and forwarded in
+  one cycle; the one-hot selector naming the chunk's input is sent once the chunk's first
+  element is there (the merge cannot name an input before that input is ready, STeP §3.2.3),
+  so the units the selector steers (a region's weight addresses, §5.3) start with the data.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element
   of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
 
@@ -247,11 +249,18 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     for ci, (chunk, selv) in enumerate(zip(iter_nodes(data.value.data, 1), sel.flat)):
         i = _match(op, chunk, list(selv.indices), chunks, nxt)
         nxt[i] += 1
-        b.send(sel, ci, tuple((p, None) for p in sel.parts(ci)))
-        for _ in leaves(chunk, rank):
-            _forward(b, ins[i], flat[i], [(data, o)])
+        named = tuple((p, None) for p in sel.parts(ci))
+        for j, _ in enumerate(leaves(chunk, rank)):
+            e = b.recv(ins[i], flat[i], rotation=2)
+            b.compute(1, (e,))
+            if j == 0:  # the merge takes the chunk once its first element is there
+                b.send(sel, ci, named)
+            b.send(data, o, e)
+            b.step()
             flat[i] += 1
             o += 1
+        if not leaves(chunk, rank):  # pragma: no cover - an empty chunk: only its selector
+            b.send(sel, ci, named)
         b.step()
 
 

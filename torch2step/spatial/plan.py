@@ -39,7 +39,15 @@ What is still baked from the run: each expert's token count in the units after t
 (tile shapes, loop trip counts, compute cycles: they do not read the stop token's count),
 EagerMerge's chunk order, and in decode attention everything from the KV-tile addresses on
 (the cursor tiles carry no values in timing mode, so the tile count and rows of each request
-are the run's).
+are the run's).  Making those units run-independent needs, besides ``Recv(..., stop=reg)``
+(a loop over a stream of unknown length ends on the Partition's stop token, which carries the
+count), what the instruction set does not have yet: a unit buffer that grows with the rows it
+receives and is read row by row (Bufferize, a ``retile_row`` Accum), and unit steps whose
+cycles and output sizes follow the run-time shape of their input tile (a ``step_unit``
+Compute carries literal cycles and sizes); and an on-chip memory account that counts what a
+run holds rather than a buffer's capacity (dynamic tiling's saving, STeP §5.2).  An
+EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
+units its selector steers start with the data, whatever order they follow.
 """
 
 from __future__ import annotations
