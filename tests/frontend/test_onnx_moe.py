@@ -212,7 +212,7 @@ def test_a_region_that_is_not_a_weighted_sum_is_reported(exported: dict) -> None
         import_onnx(model)
     msg = str(err.value)
     assert "ScatterND" in msg and "NonZero" in msg
-    assert "do not reproduce the ONNX computation" in msg
+    assert "does not compute sum_j w[t, j] * expert(x[t])" in msg
 
 
 def test_grouped_translation_runs_in_onnxruntime(exported: dict) -> None:

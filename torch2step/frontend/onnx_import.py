@@ -27,13 +27,13 @@ from torch2step.errors import FrontendError
 from torch2step.frontend.engine import raise_graph
 from torch2step.frontend.fx_pattern import Pattern
 from torch2step.frontend.gnode import GNode
-from torch2step.frontend.onnx_attention import ATTENTION_PATTERNS
 from torch2step.frontend.onnx_emit import Emitter
 from torch2step.frontend.onnx_fold import fold_constants
 from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
 from torch2step.frontend.onnx_moe import MOE_PATTERNS
 from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.onnx_translate import TRANSLATORS
+from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_OP
 from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP
 from torch2step.frontend.raise_rotary import ROTARY, ROTARY_OP
 from torch2step.frontend.raise_rules import check_node, rule_for
@@ -44,7 +44,8 @@ __all__ = ["import_onnx", "load_onnx_model", "PATTERNS", "OnnxFrontend"]
 #: Raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
     *MOE_PATTERNS,
-    *ATTENTION_PATTERNS,
+    ATTENTION_OP,
+    ATTENTION_MATMUL,
     ROTARY_OP,
     ROTARY,
     RMSNORM,
@@ -143,7 +144,8 @@ def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.Mo
 #: (:data:`~torch2step.frontend.raise_rules.RULES`); the others by :data:`TRANSLATORS`.
 SHARED_RULES = frozenset(
     {"add", "sub", "mul", "div", "maximum", "pow", "neg", "exp", "sqrt", "reciprocal", "sigmoid",
-     "relu", "gelu", "where", "_softmax", "sum", "mean", "amax", "_to_copy", "alias", "permute"}
+     "relu", "gelu", "where", "_softmax", "sum", "mean", "amax", "_to_copy", "alias", "permute",
+     "matmul", "cat"}
 )  # fmt: skip
 
 

@@ -4,7 +4,8 @@ STeP §5.1; per-expert routing is what dynamic tiling (§5.2) and time-multiplex
 regions (§5.3) schedule, so a spelling that gathers a weight copy per token must not be lowered
 literally.
 
-``moe_experts`` is anchored at the router's ``TopK``:
+``moe_experts`` is anchored at the router's ``TopK`` (read in the common view,
+:mod:`torch2step.frontend.onnx_nodes`):
 
 1. the router: ``TopK(Softmax(logits))`` [+ ``ReduceSum``/``Div`` renormalisation] or
    ``Softmax(TopK(logits).values)``;
@@ -12,37 +13,33 @@ literally.
    first ``[T, H]`` value ``y`` through which all of it flows, plus the helpers only it uses
    (``repeat_interleave`` of the tokens, the zero accumulator); it may read only ``w``, ``e``,
    one ``[T, H]`` token tensor ``x`` and constants;
-3. the experts: :func:`~torch2step.frontend.onnx_moe_experts.read_mlps` (one stacked MLP selected
+3. the experts: :func:`~torch2step.frontend.onnx_moe_experts.read_bodies` (one stacked MLP selected
    at run time for HF ``batched_mm``/``grouped_mm``, one MLP per expert for a loop, matched to its
    expert by the ``Equal(e, j)`` that selects its tokens);
-4. the meaning check: :func:`~torch2step.frontend.onnx_moe_experts.verify_moe` runs the region
-   on sample routings and compares with ``MoEExperts`` — the sort / histogram / scatter details of
-   each spelling never need matching one by one.
+4. the meaning check and the emitted op are those of the PyTorch frontend
+   (:func:`~torch2step.frontend.raise_moe_body.moe_match`): the region is run on sample routings
+   and compared with ``MoEExperts`` — the sort / histogram / scatter details of each spelling
+   never need matching one by one.
 
 The spelling is reported in ``Match.info["spelling"]``: ``batched`` (weights gathered per
 token), ``grouped`` (tokens sorted by expert) or ``loop`` (one branch per expert).
-``topk_routing`` (the router recogniser shared with the PyTorch frontend) raises a router whose
-experts are not recognised.
+The router itself is raised by ``topk_routing``, the router recogniser of both frontends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
-import sympy
-import torch
-
-from torch2step.frontend.fx_pattern import Pattern as CommonPattern
-from torch2step.frontend.onnx_emit import Emitter, Unsupported
+from torch2step.frontend.fx_pattern import Match, NoMatch, Pattern
+from torch2step.frontend.gnode import GNode
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView, same_dim
-from torch2step.frontend.onnx_moe_experts import MLP, expert_matmuls, read_mlps, verify_moe
-from torch2step.frontend.onnx_nodes import onnx_pattern
-from torch2step.frontend.onnx_patterns import Match, Pattern
+from torch2step.frontend.onnx_moe_experts import expert_matmuls, read_bodies
+from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.raise_basic import TOPK_ROUTING
+from torch2step.frontend.raise_moe_body import ExpertBody, MoESpec, expert_tensors, moe_match
 from torch2step.layers import ops as L
 
-__all__ = ["MOE_PATTERNS", "Router", "find_router", "match_moe_experts"]
+__all__ = ["MOE_PATTERNS", "Router", "find_router"]
 
 
 @dataclass
@@ -68,7 +65,7 @@ def find_router(view: OnnxView, topk: OnnxNode) -> Router | None:
     (logits,) = m.inputs
     shape = view.shape(logits.name)
     if shape is None or len(shape) != 2 or not isinstance(shape[1], int):
-        raise Unsupported("router logits must be [tokens, experts] with a static expert count")
+        raise NoMatch("router logits must be [tokens, experts] with a static expert count")
     w, e = (r.name for r in m.roots)
     nodes, stack = set(), [w, e]
     while stack:  # the router's own nodes: from (w, e) back to the logits
@@ -77,11 +74,6 @@ def find_router(view: OnnxView, topk: OnnxNode) -> Router | None:
             nodes.add(p.name)
             stack.extend(i for i in p.inputs if i and i not in view.known)
     return Router(logits.name, w, e, m.info["router"], nodes, shape[1])
-
-
-def _emit_router(em: Emitter, r: Router, node: OnnxNode) -> tuple[str, str]:
-    w, e = em.emit(r.op, [em.get(r.logits)], [r.w, r.e], source=node.source)
-    return w, e
 
 
 # -- the experts region ----------------------------------------------------------------------
@@ -126,7 +118,7 @@ def _region(view: OnnxView, r: Router, folded: set[str]) -> tuple[str, set[str]]
         after = {n.name for n in _downstream(view, [y], set())}
         if all(n in inside or n in after for n in names):
             return y, inside | _helpers(view, inside, r, folded)
-    raise Unsupported("no [tokens, hidden] value collects the routed computation")
+    raise NoMatch("no [tokens, hidden] value collects the routed computation")
 
 
 def _router_hidden(view: OnnxView, r: Router) -> int | None:
@@ -151,23 +143,24 @@ def _helpers(view: OnnxView, region: set[str], r: Router, folded: set[str]) -> s
     return extra
 
 
-def _stack_loop(
-    view: OnnxView, mlps: list[MLP], r: Router, region: set[str]
-) -> tuple[np.ndarray, ...]:
-    by_expert: dict[int, MLP] = {}
-    for m in mlps:
-        j = _branch_expert(view, m.x_in, region)
+def _by_expert(
+    view: OnnxView, bodies: list[ExpertBody], r: Router, region: set[str]
+) -> list[ExpertBody]:
+    """The per-expert bodies of a loop in expert order (each selects its tokens by
+    ``Equal(ids, j)``)."""
+    by_expert: dict[int, ExpertBody] = {}
+    for b in bodies:
+        j = _branch_expert(view, b.x.name, region)
         if j is None or j in by_expert:
-            raise Unsupported("a per-expert branch does not select its tokens with Equal(ids, j)")
-        by_expert[j] = m
+            raise NoMatch("a per-expert branch does not select its tokens with Equal(ids, j)")
+        by_expert[j] = b
     if sorted(by_expert) != list(range(r.num_experts)):
-        raise Unsupported(
+        raise NoMatch(
             f"branches cover experts {sorted(by_expert)} of {r.num_experts}; every expert needs "
             "one (the legacy exporter, dynamo=False, unrolls only the experts the example input "
             "reached: re-export with torch.onnx.export(..., dynamo=True))"
         )
-    order = [by_expert[j] for j in range(r.num_experts)]
-    return tuple(np.stack([getattr(m, a) for m in order]) for a in ("gate", "up", "down"))
+    return [by_expert[j] for j in range(r.num_experts)]
 
 
 def _branch_expert(view: OnnxView, value: str, region: set[str]) -> int | None:
@@ -187,10 +180,10 @@ def _branch_expert(view: OnnxView, value: str, region: set[str]) -> int | None:
     return None
 
 
-def match_moe_experts(view: OnnxView, node: OnnxNode) -> Match | None:
-    """Router + routed experts anchored at ``node`` (a TopK); see the module docstring."""
-    r = find_router(view, node)
-    if r is None:
+def _match_moe(nv: OnnxNodeView, g: GNode) -> Match | None:
+    """The routed experts after the router at ``g`` (a TopK); see the module docstring."""
+    node, view = g.meta.get("onnx"), nv.onnx
+    if node is None or node.op_type != "TopK" or (r := find_router(view, node)) is None:
         return None
     y, region = _region(view, r, view.folded)
     produced = {o for n in region for o in view.by_name[n].outputs}
@@ -203,53 +196,34 @@ def match_moe_experts(view: OnnxView, node: OnnxNode) -> Match | None:
         }
         - {r.w, r.e}
     )
-    tokens = (view.shape(r.w) or (None,))[0]
     if len(free) != 1 or view.rank(free[0]) != 2:
-        raise Unsupported(f"the routed region reads {free}; expected one [tokens, hidden] input")
-    x = free[0]
-    mlps = read_mlps(view, expert_matmuls(view, region))
-    if len(mlps) == 1 and mlps[0].dynamic:
-        gate, up, down = mlps[0].gate, mlps[0].up, mlps[0].down
+        raise NoMatch(f"the routed region reads {free}; expected one [tokens, hidden] input")
+    bodies = read_bodies(nv, expert_matmuls(view, region))
+    stacked = [b for b in bodies if b.up.dim() == 3]
+    if len(bodies) == 1 and stacked:
         ops = {view.by_name[n].op_type for n in region}
         spelling = "grouped" if ops & {"CumSum", "TopK"} else "batched"
-    elif mlps and not any(m.dynamic for m in mlps):
-        gate, up, down = _stack_loop(view, mlps, r, region)
-        spelling = "loop"
+    elif bodies and not stacked:
+        bodies, spelling = _by_expert(view, bodies, r, region), "loop"
     else:
-        raise Unsupported(
-            f"found {len(mlps)} gated expert MLPs in the routed region; expected one stacked or one per expert"
+        raise NoMatch(
+            f"found {len(bodies)} expert MLPs in the routed region; expected one stacked or "
+            "one per expert"
         )
-    if gate.ndim != 3 or gate.shape[0] != r.num_experts:
-        raise Unsupported(f"expert weights {gate.shape} do not match {r.num_experts} experts")
-    acts = {m.activation for m in mlps}
+    acts = {b.activation for b in bodies}
     if len(acts) != 1:
-        raise Unsupported(f"experts use different activations {sorted(acts)}")
-    op = L.MoEExperts(r.num_experts, r.op.k, acts.pop())
-    weights = tuple(torch.from_numpy(np.array(a, dtype=np.float32)) for a in (gate, up, down))
-    ordered = sorted((view.by_name[n] for n in region), key=lambda n: n.index)
-    sample_tokens = int(sympy.sympify(tokens).subs(view.sample_dims()))
-    verified = verify_moe(view, ordered, x, r.w, r.e, y, op, weights, sample_tokens)  # type: ignore[arg-type]
-    scope = next((m for m in (view.by_name[n].module for n in sorted(region)) if m), "moe")
-    outputs = [y] + [
-        v
-        for v in (r.w, r.e)
-        if v in view.outputs or any(u.name not in region for u in view.users(v))
-    ]
-
-    def emit(em: Emitter) -> None:
-        w, e = _emit_router(em, r, node)
-        params = [
-            em.param(t, f"{scope}.{n}") for t, n in zip(weights, ("w_gate", "w_up", "w_down"))
-        ]
-        em.emit1(op, [em.get(x), w, e, *params], y, source=node.source)
-
-    info = {"spelling": spelling, "router": r.op, "experts": op, "verified": verified}
-    return Match(f"moe_experts_{spelling}", [r.logits, x], outputs, emit, info)
+        raise NoMatch(f"experts use different activations {sorted(acts)}")
+    tensors = expert_tensors(bodies)
+    if tensors["w_up"].shape[0] != r.num_experts:
+        raise NoMatch(
+            f"expert weights {tuple(tensors['w_up'].shape)} do not match {r.num_experts} experts"
+        )
+    spec = MoESpec(nv.node(free[0]), nv.node(r.w), nv.node(r.e), tensors, acts.pop(), ())
+    m = moe_match(nv, nv.node(y), f"moe_experts_{spelling}", spec)
+    return replace(m, info={**m.info, "spelling": spelling, "router": r.op})
 
 
-MOE_PATTERNS: tuple[CommonPattern, ...] = (
-    onnx_pattern(
-        Pattern("moe_experts", frozenset({"TopK"}), match_moe_experts, "router + routed experts")
-    ),
+MOE_PATTERNS: tuple[Pattern, ...] = (
+    Pattern("moe_experts", frozenset({"topk"}), _match_moe, "router + routed experts"),
     TOPK_ROUTING,
 )

@@ -28,7 +28,7 @@ from torch2step.frontend.fx_view import (
     source_line,
     tensor_args,
 )
-from torch2step.frontend.raise_attention import ATTENTION_EAGER, ATTENTION_SDPA
+from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_SDPA
 from torch2step.frontend.raise_basic import LINEAR, RMSNORM, TOPK_ROUTING
 from torch2step.frontend.raise_moe import MOE_BATCHED_MM, MOE_GROUPED_MM
 from torch2step.frontend.raise_moe_loop import MOE_LOOP
@@ -44,7 +44,7 @@ PATTERNS: tuple[Pattern, ...] = (
     MOE_BATCHED_MM,
     MOE_GROUPED_MM,
     ATTENTION_SDPA,
-    ATTENTION_EAGER,
+    ATTENTION_MATMUL,
     ROTARY,
     RMSNORM,
     TOPK_ROUTING,
