@@ -8,8 +8,10 @@ The pipeline is one readable function of named steps (as torch.fx pass pipelines
 3. ``fold_constants``: weights, constant expressions and symbolic shape arithmetic;
 4. the raising engine shared with the PyTorch frontend (:mod:`torch2step.frontend.engine`) on
    the graph in the common view (:class:`~torch2step.frontend.onnx_nodes.OnnxNodeView`): the
-   patterns of :data:`PATTERNS` (MoE routing and experts, attention; and the recognisers of both
-   frontends for rotary embedding, RMSNorm and linear layers) raise subgraphs by meaning, what is needed and left over is translated one-to-one
+   patterns of :data:`PATTERNS` (the ONNX MoE region, whose experts, meaning check and router
+   are read by the recognisers of both frontends; and the shared recognisers of attention,
+   rotary embedding, RMSNorm and linear layers) raise subgraphs by meaning, what is needed and
+   left over is translated one-to-one
    (:data:`~torch2step.frontend.onnx_translate.TRANSLATORS`), and every node that cannot be
    translated is collected into ONE :class:`~torch2step.errors.UnsupportedOperatorError`;
 5. drop dead layer nodes.
