@@ -23,12 +23,12 @@ from torch import fx
 from torch2step.frontend.fx_pattern import NoMatch
 from torch2step.frontend.fx_view import (
     ProgramView,
-    is_node,
     is_tensor_node,
     op_name,
     raw_shape,
     tensor_args,
 )
+from torch2step.frontend.gnode import arg_nodes
 from torch2step.layers.evaluate import attention_mask
 
 __all__ = ["upstream", "run_slice", "classify_mask", "mask_meaning", "sample_tensor"]
@@ -168,15 +168,8 @@ def _runtime_inputs(view: Any, node: Any) -> list[Any]:
         elif isinstance(n, fx.Node):
             stack.extend(tensor_args(n))
         else:
-            stack.extend(a for a in _flatten(n.args) if is_node(a))
+            stack.extend(arg_nodes(n.args))
     return sorted(found, key=view.index.__getitem__)
-
-
-def _flatten(args: Any) -> list[Any]:
-    out: list[Any] = []
-    for a in args:
-        out.extend(_flatten(a) if isinstance(a, (list, tuple)) else [a])
-    return out
 
 
 def classify_mask(view: Any, mask: Any, q: Any, length: Any) -> tuple[bool, Any]:

@@ -28,7 +28,7 @@ import onnx
 from torch2step.errors import FrontendError
 from torch2step.frontend.engine import raise_graph
 from torch2step.frontend.fx_pattern import Pattern
-from torch2step.frontend.gnode import GNode
+from torch2step.frontend.gnode import GNode, arg_nodes
 from torch2step.frontend.onnx_emit import Emitter
 from torch2step.frontend.onnx_fold import fold_constants
 from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
@@ -181,15 +181,7 @@ class OnnxFrontend:
         return [self.view.node(o) for o in self.view.onnx.outputs]
 
     def reads(self, node: GNode) -> list[GNode]:
-        seen: dict[GNode, None] = {}
-        stack = list(node.args)
-        while stack:
-            a = stack.pop()
-            if isinstance(a, (list, tuple)):
-                stack.extend(a)
-            elif isinstance(a, GNode):
-                seen[a] = None
-        return list(seen)
+        return arg_nodes(node.args)
 
     def check(self, node: GNode) -> str | None:
         onnx_node = node.meta["onnx"]

@@ -20,7 +20,7 @@ import numpy as np
 import sympy
 import torch
 
-from torch2step.frontend.gnode import GNode
+from torch2step.frontend.gnode import GNode, arg_nodes
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
 from torch2step.frontend.onnx_probe import concrete_value, run_subgraph, upstream
 
@@ -159,9 +159,8 @@ class OnnxNodeView:
         g = GNode(node.name if multi else outs[0], target, cargs, kwargs, index=node.index,
                   source=node.source, meta={"onnx": node})  # fmt: skip
         self._append(g)
-        for a in _flat(cargs):
-            if isinstance(a, GNode):
-                a.users[g] = None
+        for a in arg_nodes(cargs):
+            a.users[g] = None
         if not multi:
             self._typed(g, outs[0])
             self.value[outs[0]] = g
@@ -254,10 +253,3 @@ class OnnxNodeView:
             if o.name in self.onnx.known:
                 got[o.name] = concrete_value(self.onnx.known[o.name], binding)
         return [torch.from_numpy(np.array(got[o.name])) for o in outputs]
-
-
-def _flat(args: Any) -> list[Any]:
-    out: list[Any] = []
-    for a in args:
-        out.extend(_flat(a) if isinstance(a, (list, tuple)) else [a])
-    return out
