@@ -313,6 +313,9 @@ class ProgramView:
     def users(self, node: fx.Node) -> list[fx.Node]:
         return list(node.users)
 
+    def is_output(self, node: Any) -> bool:
+        return node in self.output_node.all_input_nodes
+
     def is_input(self, node: Any) -> bool:
         """Whether ``node`` is a run-time input of the module (not a weight)."""
         return node in self.user_inputs

@@ -8,9 +8,9 @@ The pipeline is one readable function of named steps (as torch.fx pass pipelines
 3. ``fold_constants``: weights, constant expressions and symbolic shape arithmetic;
 4. the raising engine shared with the PyTorch frontend (:mod:`torch2step.frontend.engine`) on
    the graph in the common view (:class:`~torch2step.frontend.onnx_nodes.OnnxNodeView`): the
-   patterns of :data:`PATTERNS` (the ONNX MoE region, whose experts, meaning check and router
-   are read by the recognisers of both frontends; and the shared recognisers of attention,
-   rotary embedding, RMSNorm and linear layers) raise subgraphs by meaning, what is needed and
+   patterns of :data:`PATTERNS` (the recognisers of both frontends for MoE regions, top-k
+   routing, attention, rotary embedding, RMSNorm and linear layers; ONNX spells only the expert
+   projections, :mod:`~torch2step.frontend.onnx_moe_experts`) raise subgraphs by meaning, what is needed and
    left over is translated one-to-one
    (:data:`~torch2step.frontend.onnx_translate.TRANSLATORS`), and every node that cannot be
    translated is collected into ONE :class:`~torch2step.errors.UnsupportedOperatorError`;
@@ -32,11 +32,12 @@ from torch2step.frontend.gnode import GNode, arg_nodes
 from torch2step.frontend.onnx_emit import Emitter
 from torch2step.frontend.onnx_fold import fold_constants
 from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
-from torch2step.frontend.onnx_moe import MOE_PATTERNS
+from torch2step.frontend.onnx_moe_experts import onnx_projections
 from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.onnx_translate import TRANSLATORS
 from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_OP
-from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP
+from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP, TOPK_ROUTING
+from torch2step.frontend.raise_moe_region import moe_region_pattern
 from torch2step.frontend.raise_rotary import ROTARY, ROTARY_OP
 from torch2step.frontend.raise_rules import check_node, rule_for
 from torch2step.layers import LayerGraph, TensorType
@@ -45,7 +46,8 @@ __all__ = ["import_onnx", "load_onnx_model", "PATTERNS", "OnnxFrontend"]
 
 #: Raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
-    *MOE_PATTERNS,
+    moe_region_pattern(onnx_projections),
+    TOPK_ROUTING,
     ATTENTION_OP,
     ATTENTION_MATMUL,
     ROTARY_OP,

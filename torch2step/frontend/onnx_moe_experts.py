@@ -1,4 +1,4 @@
-"""Reading the expert MLPs of an ONNX MoE region.
+"""The expert projections of an ONNX MoE region.
 
 Every spelling of routed SwiGLU experts (the MoE workload of STeP §5.1) contains, per expert,
 ``down(act(gate x) * up x)``; what differs is how the weight operand of each matmul is obtained:
@@ -10,9 +10,8 @@ Every spelling of routed SwiGLU experts (the MoE workload of STeP §5.1) contain
 - a loop over experts: ``Gemm(x_e, W_e, transB=1)`` with per-expert constants ``W_e``.
 
 :func:`expert_matmuls` finds the matmuls whose weight operand comes from constants and returns
-each expert's matrix as ``[out, in]``; :func:`read_bodies` reads the expert MLPs ending at them
-with the expert-body recogniser of both frontends (gated or plain, SiLU / GELU / ReLU, fused
-gate/up split in two).
+each expert's matrix as ``[out, in]``; :func:`onnx_projections` hands them to the MoE recogniser
+of both frontends (:mod:`torch2step.frontend.raise_moe_region`) as its projections.
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ import numpy as np
 import torch
 
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
-from torch2step.frontend.raise_moe_body import ExpertBody, Proj, expert_body
+from torch2step.frontend.raise_moe_body import Proj, ProjFn
 
-__all__ = ["ExpertMatmul", "expert_matmuls", "read_bodies"]
+__all__ = ["ExpertMatmul", "expert_matmuls", "onnx_projections"]
 
 _WEIGHT_VIEWS = ("Unsqueeze", "Squeeze", "Identity", "Cast")
 _ACT_VIEWS = ("Unsqueeze", "Squeeze", "Identity", "Reshape", "Cast")
@@ -127,11 +126,11 @@ def expert_matmuls(view: OnnxView, region: set[str]) -> list[ExpertMatmul]:
     return found
 
 
-def read_bodies(nv: Any, ems: list[ExpertMatmul]) -> list[ExpertBody]:
-    """The expert MLPs ending at the expert matmuls, read by the expert-body recogniser of both
-    frontends (:func:`~torch2step.frontend.raise_moe_body.expert_body`) with these matmuls as
-    its projections."""
+def onnx_projections(nv: Any, region: set[Any]) -> ProjFn:
+    """The expert projections of ``region`` (common-view nodes) as the MoE recogniser of both
+    frontends reads them (:mod:`torch2step.frontend.raise_moe_region`)."""
     view = nv.onnx
+    ems = expert_matmuls(view, {g.meta["onnx"].name for g in region if "onnx" in g.meta})
     by_out = {em.out: em for em in ems} | {em.node.outputs[0]: em for em in ems}
 
     def proj(_: Any, node: Any) -> Proj | None:
@@ -141,5 +140,4 @@ def read_bodies(nv: Any, ems: list[ExpertMatmul]) -> list[ExpertBody]:
         w = torch.from_numpy(np.array(em.mats, dtype=np.float32))
         return Proj(nv.node(em.x_in), w, em.dynamic, nv.node(em.out))
 
-    bodies = [expert_body(nv, nv.node(em.out), proj) for em in ems]
-    return [b for b in bodies if b is not None]
+    return proj

@@ -227,6 +227,9 @@ class OnnxNodeView:
     def weight_name(self, node: Any) -> str | None:
         return None
 
+    def is_output(self, node: Any) -> bool:
+        return node.name in self.onnx.outputs
+
     def is_input(self, node: Any) -> bool:
         return node.op == "placeholder" and node.name in self.onnx.inputs
 
