@@ -196,7 +196,9 @@ def moe_region_pattern(projections: Projections, skip: frozenset[str] = frozense
         if any(op_name(n) in skip for n in region):
             return None
         free = {a for n in region for a in _reads(n) if a not in region}
-        free = {a for a in free - {w, e} if view.const(a) is None and _data(a) or view.is_input(a)}
+        free = {
+            a for a in free - {w, e} if view.is_input(a) or (_data(a) and view.const(a) is None)
+        }
         if len(free) != 1 or view.rank(next(iter(free))) != 2:
             names = sorted(a.name for a in free)
             raise NoMatch(f"the routed region reads {names}; expected one [tokens, hidden] input")
