@@ -1,7 +1,8 @@
 """Decode steps around HF Qwen3Attention / LlamaAttention (sdpa and eager) raise to Linear,
 RMSNorm (Qwen3 q/k norm), Rotary, Concat (the cache update) and ONE grouped-query Attention
-(patterns ``attention_sdpa``, ``attention_eager``, ``rotary``, ``rmsnorm``, ``linear``); one
-capture serves every KV length (1, 17, 300) and, with ``kv_lengths``, ragged caches."""
+(patterns ``attention_sdpa``, ``attention_matmul_softmax``, ``rotary``, ``rmsnorm``,
+``linear``); one capture serves every KV length (1, 17, 300) and, with ``kv_lengths``, ragged
+caches."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ def raised(request):
 
 def test_patterns_fired(raised) -> None:
     family, impl, _, _, _, patterns = raised
-    want = {f"attention_{impl}", "rotary", "linear"} | ({"rmsnorm"} if family == "qwen3" else set())
+    spelling = {"sdpa": "sdpa", "eager": "matmul_softmax"}[impl]
+    want = {f"attention_{spelling}", "rotary", "linear"} | (
+        {"rmsnorm"} if family == "qwen3" else set()
+    )
     assert want <= patterns
 
 

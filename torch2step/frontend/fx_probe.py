@@ -5,6 +5,10 @@ or an attention mask, it runs the module's own ATen ops on random inputs and com
 the layer op's definition (:mod:`torch2step.layers.evaluate`).  Sizes (SymInt nodes) are taken
 from a ``binding`` of the exporter's backed symbols (the example sizes by default); data-dependent
 sizes (``u0`` from ``nonzero``) are computed by running the ops.
+
+The meaning checks (:func:`classify_mask`, :func:`mask_meaning`, :func:`sample_tensor`) read the
+common view and run graphs through ``view.run``, so they serve the ONNX frontend too
+(:meth:`~torch2step.frontend.onnx_nodes.OnnxNodeView.run` evaluates with ``onnx.reference``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ import torch
 from torch import fx
 
 from torch2step.frontend.fx_pattern import NoMatch
-from torch2step.frontend.fx_view import ProgramView, is_tensor_node, op_name, raw_shape
+from torch2step.frontend.fx_view import (
+    ProgramView,
+    is_tensor_node,
+    op_name,
+    raw_shape,
+    tensor_args,
+)
+from torch2step.frontend.gnode import arg_nodes
 from torch2step.layers.evaluate import attention_mask
 
 __all__ = ["upstream", "run_slice", "classify_mask", "mask_meaning", "sample_tensor"]
@@ -144,17 +155,32 @@ def mask_meaning(samples: Iterable[tuple[int, int, int, Any, Any]]) -> bool:
     return min(kinds)  # prefer non-causal when both fit (S == 1)
 
 
-def classify_mask(
-    view: ProgramView, mask: fx.Node, q: fx.Node, k: fx.Node
-) -> tuple[bool, fx.Node | None]:
+def _runtime_inputs(view: Any, node: Any) -> list[Any]:
+    """The graph inputs (not weights, not sizes) that ``node``'s value is computed from."""
+    found, seen, stack = [], set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            found += [n] if view.is_input(n) else []
+        elif isinstance(n, fx.Node):
+            stack.extend(tensor_args(n))
+        else:
+            stack.extend(arg_nodes(n.args))
+    return sorted(found, key=view.index.__getitem__)
+
+
+def classify_mask(view: Any, mask: Any, q: Any, length: Any) -> tuple[bool, Any]:
     """What an attention mask means per :class:`~torch2step.layers.ops.Attention`:
-    ``(causal, kv_lengths input or None)``, found by running the mask's ops at several sizes
-    and KV lengths; raises NoMatch when it is neither causal nor a KV-length mask."""
-    if mask.op == "placeholder":
+    ``(causal, kv_lengths input or None)``, found by running the mask's ops (``view.run``, on
+    either frontend's graph) at several sizes and KV lengths; ``length`` is the KV length (an
+    expression of the graph's sizes).  Raises NoMatch when it is neither causal nor a
+    KV-length mask."""
+    if mask.op == "placeholder" and view.is_input(mask):
         raise NoMatch("the attention mask is a graph input; pass per-request kv_lengths[B] instead")
-    base = dict(view.hints)
-    nodes = upstream(view, [mask], [], base)
-    inputs = [n for n in nodes if n.op == "placeholder" and view.weight_name(n) is None]
+    inputs = _runtime_inputs(view, mask)
     if len(inputs) > 1 or any(view.dtype(n).is_floating_point or view.rank(n) != 1 for n in inputs):
         names = ", ".join(n.name for n in inputs)
         raise NoMatch(
@@ -163,19 +189,19 @@ def classify_mask(
         )
     kvl = inputs[0] if inputs else None
     gen = torch.Generator().manual_seed(0)
+    base = dict(view.hints)
     # vary every free size (not those the module pins to one value)
     syms = sorted((s for s in base if not view.pinned(s)), key=str)
     samples = []
     for trial in range(3):
         binding = {**base, **{s: base[s] + trial * (i + 1) for i, s in enumerate(syms)}}
-        b = view.concrete(raw_shape(q)[0], binding)
-        s = view.concrete(raw_shape(q)[2], binding)
-        length = view.concrete(raw_shape(k)[2], binding)
-        feeds: dict[fx.Node, Any] = {}
+        b, s = (view.concrete(raw_shape(q)[i], binding) for i in (0, 2))
+        kv_len = view.concrete(length, binding)
+        feeds: dict[Any, Any] = {}
         lens = None
         if kvl is not None:
-            lens = torch.randint(0, max(length - s, 0) + 1, (b,), generator=gen)
+            lens = torch.randint(0, max(kv_len - s, 0) + 1, (b,), generator=gen)
             feeds[kvl] = lens.to(view.dtype(kvl))
-        (m,) = run_slice(view, [mask], feeds, binding)
-        samples.append((b, s, length, lens, m))
+        (m,) = view.run([mask], feeds, binding)
+        samples.append((b, s, kv_len, lens, m))
     return mask_meaning(samples), kvl

@@ -313,6 +313,24 @@ class ProgramView:
     def users(self, node: fx.Node) -> list[fx.Node]:
         return list(node.users)
 
+    def is_output(self, node: Any) -> bool:
+        return node in self.output_node.all_input_nodes
+
+    def is_input(self, node: Any) -> bool:
+        """Whether ``node`` is a run-time input of the module (not a weight)."""
+        return node in self.user_inputs
+
+    def run(
+        self,
+        outputs: list[fx.Node],
+        feeds: Mapping[fx.Node, Any],
+        binding: Mapping[sympy.Symbol, int] | None = None,
+    ) -> list[Any]:
+        """Evaluate ``outputs`` from ``feeds`` (:func:`~torch2step.frontend.fx_probe.run_slice`)."""
+        from torch2step.frontend.fx_probe import run_slice
+
+        return run_slice(self, outputs, feeds, binding)
+
     def weight_name(self, node: fx.Node) -> str | None:
         """The state-dict name of a parameter / buffer / constant placeholder, else None."""
         return self._weights.get(node.name) if node.op == "placeholder" else None

@@ -19,7 +19,7 @@ from typing import Any
 import sympy
 import torch
 
-__all__ = ["GNode", "same_dim"]
+__all__ = ["GNode", "arg_nodes", "same_dim"]
 
 
 @dataclass(eq=False)
@@ -52,3 +52,14 @@ def same_dim(a: object, b: object) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def arg_nodes(args: Any) -> list[GNode]:
+    """The :class:`GNode` values among ``args`` (nested lists and tuples), once each, in order."""
+    out: dict[GNode, None] = {}
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.update(dict.fromkeys(arg_nodes(a)))
+        elif isinstance(a, GNode):
+            out[a] = None
+    return list(out)

@@ -8,8 +8,10 @@ The pipeline is one readable function of named steps (as torch.fx pass pipelines
 3. ``fold_constants``: weights, constant expressions and symbolic shape arithmetic;
 4. the raising engine shared with the PyTorch frontend (:mod:`torch2step.frontend.engine`) on
    the graph in the common view (:class:`~torch2step.frontend.onnx_nodes.OnnxNodeView`): the
-   patterns of :data:`PATTERNS` (MoE routing and experts, attention; and the recognisers of both
-   frontends for rotary embedding, RMSNorm and linear layers) raise subgraphs by meaning, what is needed and left over is translated one-to-one
+   patterns of :data:`PATTERNS` (the recognisers of both frontends for MoE regions, top-k
+   routing, attention, rotary embedding, RMSNorm and linear layers; ONNX spells only the expert
+   projections, :mod:`~torch2step.frontend.onnx_moe_experts`) raise subgraphs by meaning, what is needed and
+   left over is translated one-to-one
    (:data:`~torch2step.frontend.onnx_translate.TRANSLATORS`), and every node that cannot be
    translated is collected into ONE :class:`~torch2step.errors.UnsupportedOperatorError`;
 5. drop dead layer nodes.
@@ -26,15 +28,16 @@ import onnx
 from torch2step.errors import FrontendError
 from torch2step.frontend.engine import raise_graph
 from torch2step.frontend.fx_pattern import Pattern
-from torch2step.frontend.gnode import GNode
-from torch2step.frontend.onnx_attention import ATTENTION_PATTERNS
+from torch2step.frontend.gnode import GNode, arg_nodes
 from torch2step.frontend.onnx_emit import Emitter
 from torch2step.frontend.onnx_fold import fold_constants
 from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
-from torch2step.frontend.onnx_moe import MOE_PATTERNS
+from torch2step.frontend.onnx_moe_experts import onnx_projections
 from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.onnx_translate import TRANSLATORS
-from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP
+from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_OP
+from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP, TOPK_ROUTING
+from torch2step.frontend.raise_moe_region import moe_region_pattern
 from torch2step.frontend.raise_rotary import ROTARY, ROTARY_OP
 from torch2step.frontend.raise_rules import check_node, rule_for
 from torch2step.layers import LayerGraph, TensorType
@@ -43,8 +46,10 @@ __all__ = ["import_onnx", "load_onnx_model", "PATTERNS", "OnnxFrontend"]
 
 #: Raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
-    *MOE_PATTERNS,
-    *ATTENTION_PATTERNS,
+    moe_region_pattern(onnx_projections),
+    TOPK_ROUTING,
+    ATTENTION_OP,
+    ATTENTION_MATMUL,
     ROTARY_OP,
     ROTARY,
     RMSNORM,
@@ -143,7 +148,8 @@ def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.Mo
 #: (:data:`~torch2step.frontend.raise_rules.RULES`); the others by :data:`TRANSLATORS`.
 SHARED_RULES = frozenset(
     {"add", "sub", "mul", "div", "maximum", "pow", "neg", "exp", "sqrt", "reciprocal", "sigmoid",
-     "relu", "gelu", "where", "_softmax", "sum", "mean", "amax", "_to_copy", "alias", "permute"}
+     "relu", "gelu", "where", "_softmax", "sum", "mean", "amax", "_to_copy", "alias", "permute",
+     "matmul", "cat"}
 )  # fmt: skip
 
 
@@ -177,15 +183,7 @@ class OnnxFrontend:
         return [self.view.node(o) for o in self.view.onnx.outputs]
 
     def reads(self, node: GNode) -> list[GNode]:
-        seen: dict[GNode, None] = {}
-        stack = list(node.args)
-        while stack:
-            a = stack.pop()
-            if isinstance(a, (list, tuple)):
-                stack.extend(a)
-            elif isinstance(a, GNode):
-                seen[a] = None
-        return list(seen)
+        return arg_nodes(node.args)
 
     def check(self, node: GNode) -> str | None:
         onnx_node = node.meta["onnx"]

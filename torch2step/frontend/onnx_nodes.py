@@ -7,8 +7,9 @@ recogniser serves both frontends: ``MatMul`` -> ``matmul``, ``ReduceMean(x, axes
 ``slice(x, dim, start, end)``, ``Cast`` -> ``_to_copy(x, dtype=...)``, ``TopK`` -> ``topk`` with
 ``getitem`` users; a known single-element operand becomes a Python number and a known integer
 vector (axes, bounds) a list, as they are literals in ATen.  Other op types keep their ONNX
-name.  :func:`onnx_pattern` lets a pattern written on ONNX nodes (a fused ONNX op) run in the
-common engine.
+name (a fused op such as ``Attention`` or ``RotaryEmbedding``, whose recogniser reads its
+attributes as ``kwargs``).  ``run`` evaluates a piece of the graph on sample values
+(``onnx.reference``), as :meth:`~torch2step.frontend.fx_view.ProgramView.run` does for FX.
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ import numpy as np
 import sympy
 import torch
 
-from torch2step.frontend.fx_pattern import Match as CommonMatch
-from torch2step.frontend.fx_pattern import Pattern as CommonPattern
-from torch2step.frontend.gnode import GNode
-from torch2step.frontend.onnx_emit import Emitter
+from torch2step.frontend.gnode import GNode, arg_nodes
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
-from torch2step.frontend.onnx_patterns import Pattern
+from torch2step.frontend.onnx_probe import concrete_value, run_subgraph, upstream
 
-__all__ = ["OnnxNodeView", "onnx_pattern", "TORCH_DTYPES"]
+__all__ = ["OnnxNodeView", "TORCH_DTYPES"]
 
 TORCH_DTYPES = {
     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,
@@ -38,11 +36,12 @@ _SAME = {
     "Reciprocal": "reciprocal", "Neg": "neg", "Cos": "cos", "Sin": "sin", "Exp": "exp",
     "Sigmoid": "sigmoid", "Relu": "relu", "MatMul": "matmul", "Where": "where", "Expand": "expand",
     "Reshape": "view", "Identity": "alias", "Equal": "eq", "Max": "maximum", "Gelu": "gelu",
+    "IsNaN": "isnan",
 }  # fmt: skip
 #: Op types whose known single-element operands are ATen literals (numbers, axes, bounds).
 _LITERAL_ARGS = frozenset(
     {"Add", "Sub", "Mul", "Div", "Pow", "Max", "ReduceMean", "ReduceSum", "ReduceMax", "Slice",
-     "Unsqueeze", "TopK"}
+     "Unsqueeze", "TopK", "Split"}
 )  # fmt: skip
 
 
@@ -103,6 +102,9 @@ def _canonical(
             (args[0], args[1], int(node.attr("axis", -1)), bool(node.attr("largest", 1))),
             {},
         )
+    if op == "Split":
+        sizes = _ints(args[1]) if len(args) > 1 else node.attr("split")
+        return "split_with_sizes", (args[0], sizes, int(node.attr("axis", 0))), {}
     if op == "Transpose":
         return "permute", (args[0], list(node.attr("perm") or [])), {}
     return op, tuple(args), dict(node.attrs)
@@ -149,14 +151,16 @@ class OnnxNodeView:
         lit = node.op_type in _LITERAL_ARGS
         args = [self._arg(x, lit) if x else None for x in node.inputs]
         target, cargs, kwargs = _canonical(node, args, self.onnx.opset)
+        if target == "split_with_sizes" and cargs[1] is None:  # equal parts: the outputs say
+            shapes = [self.onnx.shape(o) or () for o in node.outputs]
+            cargs = (cargs[0], [s[cargs[2]] if s else None for s in shapes], cargs[2])
         outs = [o for o in node.outputs if o]
         multi = len(node.outputs) > 1
         g = GNode(node.name if multi else outs[0], target, cargs, kwargs, index=node.index,
                   source=node.source, meta={"onnx": node})  # fmt: skip
         self._append(g)
-        for a in _flat(cargs):
-            if isinstance(a, GNode):
-                a.users[g] = None
+        for a in arg_nodes(cargs):
+            a.users[g] = None
         if not multi:
             self._typed(g, outs[0])
             self.value[outs[0]] = g
@@ -223,38 +227,32 @@ class OnnxNodeView:
     def weight_name(self, node: Any) -> str | None:
         return None
 
+    def is_output(self, node: Any) -> bool:
+        return node.name in self.onnx.outputs
 
-def _flat(args: Any) -> list[Any]:
-    out: list[Any] = []
-    for a in args:
-        out.extend(_flat(a) if isinstance(a, (list, tuple)) else [a])
-    return out
+    def is_input(self, node: Any) -> bool:
+        return node.op == "placeholder" and node.name in self.onnx.inputs
 
+    def pinned(self, sym: sympy.Symbol) -> bool:
+        return False
 
-def onnx_pattern(pat: Pattern) -> CommonPattern:
-    """An ONNX-only pattern (fused ONNX ops such as ``Attention``, or the region-based MoE
-    recogniser) as a pattern of the common engine, anchored at the same op types."""
+    def concrete(self, expr: Any, binding: dict[sympy.Symbol, int] | None = None) -> int:
+        return int(sympy.sympify(expr).subs(self.hints if binding is None else binding))
 
-    def match(nv: OnnxNodeView, g: GNode) -> CommonMatch | None:
-        node = g.meta.get("onnx")
-        if node is None or node.op_type not in pat.anchors:
-            return None
-        m = pat.match(nv.onnx, node)
-        if m is None:
-            return None
-
-        def emit(em: Emitter) -> list[str]:
-            m.emit(em)
-            return [em.get(o) for o in m.outputs]
-
-        roots = tuple(nv.node(o) for o in m.outputs)
-        return CommonMatch(m.pattern, roots, tuple(nv.node(i) for i in m.inputs), emit, m.info)
-
-    anchors = {_canonical_name(op) for op in pat.anchors}
-    return CommonPattern(pat.name, frozenset(anchors), match, pat.doc)
-
-
-def _canonical_name(op_type: str) -> str:
-    return {"Softmax": "_softmax", "TopK": "topk", "Cast": "_to_copy", "Concat": "cat"}.get(
-        op_type, _SAME.get(op_type, op_type)
-    )
+    def run(
+        self,
+        outputs: list[GNode],
+        feeds: dict[GNode, Any],
+        binding: dict[sympy.Symbol, int] | None = None,
+    ) -> list[torch.Tensor]:
+        """Evaluate ``outputs`` from ``feeds`` with ``onnx.reference`` (other values read must
+        be known; symbolic ones are taken at ``binding``, the sample dims by default)."""
+        binding = self.hints if binding is None else binding
+        names = {g.name: np.asarray(v) for g, v in feeds.items()}
+        want = [o.name for o in outputs if o.name not in self.onnx.known]
+        nodes = upstream(self.onnx, want, set(names))
+        got = dict(zip(want, run_subgraph(self.onnx, nodes, names, want, binding) if want else []))
+        for o in outputs:
+            if o.name in self.onnx.known:
+                got[o.name] = concrete_value(self.onnx.known[o.name], binding)
+        return [torch.from_numpy(np.array(got[o.name])) for o in outputs]

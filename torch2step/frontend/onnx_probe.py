@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from torch2step.frontend.onnx_emit import Unsupported
 from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
 
-__all__ = ["run_subgraph", "upstream"]
+__all__ = ["run_subgraph", "upstream", "concrete_value"]
 
 _ELEM = {
     "fp32": onnx.TensorProto.FLOAT,
@@ -42,7 +42,7 @@ def upstream(view: OnnxView, values: Iterable[str], stop: set[str]) -> list[Onnx
     return sorted(found.values(), key=lambda n: n.index)
 
 
-def _concrete(value: np.ndarray, sample: Mapping[sympy.Symbol, int]) -> np.ndarray:
+def concrete_value(value: np.ndarray, sample: Mapping[sympy.Symbol, int]) -> np.ndarray:
     if value.dtype != object:
         return value
     flat = [int(sympy.sympify(x).subs(sample)) for x in value.reshape(-1).tolist()]
@@ -67,7 +67,7 @@ def run_subgraph(
             known = view.known.get(i)
             if known is None:
                 raise Unsupported(f"the probed subgraph reads the run-time value {i!r}")
-            inits[i] = numpy_helper.from_array(_concrete(known, sample), i)
+            inits[i] = numpy_helper.from_array(concrete_value(known, sample), i)
     graph = helper.make_graph(
         [n.proto for n in nodes if n.proto is not None],
         "probe",

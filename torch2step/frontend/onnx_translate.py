@@ -1,10 +1,10 @@
 """One-to-one translation of ONNX operators into layer ops: a table from op type to a small
 function (as TVM Relax's ``create_convert_map``).
 
-These cover the ONNX spellings of what is left after the raising patterns: matmuls and view
+These cover the ONNX spellings of what is left after the raising patterns: ``Gemm`` and view
 operations with ONNX semantics (``Reshape`` targets with ``0``/``-1``, multi-axis ``Slice``,
 ``Gather`` by a constant); the ops ATen spells the same way (elementwise arithmetic, softmax,
-reductions, casts, transposes) are translated by the PyTorch frontend's rules
+reductions, casts, transposes, ``MatMul``, ``Concat``) are translated by the PyTorch frontend's rules
 (:data:`~torch2step.frontend.onnx_import.SHARED_RULES`).  A translator raises
 :class:`~torch2step.frontend.onnx_emit.Unsupported` with a reason when the node cannot be
 expressed; the importer collects every such node into one error.
@@ -63,13 +63,7 @@ def onnx_reshape_target(shape: tuple[Dim, ...], target: list[Dim], allowzero: bo
     return out
 
 
-# -- matmul -------------------------------------------------------------------------------------
-def _matmul(em: Emitter, node: OnnxNode) -> None:
-    # MatMul with a constant 2-D weight is raised to Linear by the ``linear`` pattern
-    a, b = (em.get(x) for x in node.inputs)
-    em.emit1(L.MatMul(), [a, b], node.outputs[0], source=node.source)
-
-
+# -- linear layers ------------------------------------------------------------------------------
 def _gemm(em: Emitter, node: OnnxNode) -> None:
     a_name, b_name = node.inputs[:2]
     c_name = node.inputs[2] if len(node.inputs) > 2 else ""
@@ -191,16 +185,6 @@ def _split(em: Emitter, node: OnnxNode) -> None:
         start = end
 
 
-def _concat(em: Emitter, node: OnnxNode) -> None:
-    ins = [em.get(x) for x in node.inputs if x]
-    rank = em.type(ins[0]).rank
-    if len(ins) == 1:
-        em.bind(node.outputs[0], ins[0])
-        return
-    axis = normalize_axis(int(node.attr("axis")), rank)
-    em.emit1(L.Concat(axis), ins, node.outputs[0], source=node.source)
-
-
 def _gather(em: Emitter, node: OnnxNode) -> None:
     x = em.get(node.inputs[0])
     shape = em.type(x).shape
@@ -242,7 +226,6 @@ def _expand(em: Emitter, node: OnnxNode) -> None:
 
 
 TRANSLATORS: dict[str, Translator] = {
-    "MatMul": _matmul,
     "Gemm": _gemm,
     "Dropout": _alias,
     "Reshape": _reshape,
@@ -251,7 +234,6 @@ TRANSLATORS: dict[str, Translator] = {
     "Flatten": _flatten,
     "Slice": _slice,
     "Split": _split,
-    "Concat": _concat,
     "Gather": _gather,
     "Expand": _expand,
 }

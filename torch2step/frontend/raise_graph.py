@@ -28,9 +28,9 @@ from torch2step.frontend.fx_view import (
     source_line,
     tensor_args,
 )
-from torch2step.frontend.raise_attention import ATTENTION_EAGER, ATTENTION_SDPA
+from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_SDPA
 from torch2step.frontend.raise_basic import LINEAR, RMSNORM, TOPK_ROUTING
-from torch2step.frontend.raise_moe import MOE_BATCHED_MM, MOE_GROUPED_MM
+from torch2step.frontend.raise_moe import MOE_STACKED
 from torch2step.frontend.raise_moe_loop import MOE_LOOP
 from torch2step.frontend.raise_rotary import ROTARY
 from torch2step.frontend.raise_rules import IGNORED, check_node, rule_for
@@ -41,10 +41,9 @@ __all__ = ["PATTERNS", "raise_program", "find_matches", "format_matches", "FxFro
 #: The raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
     MOE_LOOP,
-    MOE_BATCHED_MM,
-    MOE_GROUPED_MM,
+    MOE_STACKED,
     ATTENTION_SDPA,
-    ATTENTION_EAGER,
+    ATTENTION_MATMUL,
     ROTARY,
     RMSNORM,
     TOPK_ROUTING,
