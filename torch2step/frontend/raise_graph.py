@@ -30,8 +30,7 @@ from torch2step.frontend.fx_view import (
 )
 from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_SDPA
 from torch2step.frontend.raise_basic import LINEAR, RMSNORM, TOPK_ROUTING
-from torch2step.frontend.raise_moe import MOE_STACKED
-from torch2step.frontend.raise_moe_loop import MOE_LOOP
+from torch2step.frontend.raise_moe import MOE_EXPERTS
 from torch2step.frontend.raise_rotary import ROTARY
 from torch2step.frontend.raise_rules import IGNORED, check_node, rule_for
 from torch2step.layers.graph import LayerGraph
@@ -40,8 +39,7 @@ __all__ = ["PATTERNS", "raise_program", "find_matches", "format_matches", "FxFro
 
 #: The raising patterns, tried in this order (larger meanings first).
 PATTERNS: tuple[Pattern, ...] = (
-    MOE_LOOP,
-    MOE_STACKED,
+    MOE_EXPERTS,
     ATTENTION_SDPA,
     ATTENTION_MATMUL,
     ROTARY,

@@ -45,7 +45,7 @@ __all__ = [
     "ExpertBody",
     "MoESpec",
     "activation",
-    "describe_body",
+    "describe_ops",
     "expert_tensors",
     "with_bias",
     "expert_body",
@@ -200,20 +200,14 @@ def expert_body(view: ProgramView, y: fx.Node, proj: ProjFn) -> ExpertBody | Non
     )
 
 
-def describe_body(view: ProgramView, y: Any, region: set[fx.Node], limit: int = 12) -> str:
-    """The operators computing ``y`` within ``region`` (the nodes that depend on the expert's
-    tokens), in graph order, for an error naming what an unrecognised expert computes."""
-    seen: set[fx.Node] = set()
-    stack = [y]
-    while stack:
-        n = stack.pop()
-        if not isinstance(n, fx.Node) or n in seen or n not in region or n.op != "call_function":
-            continue
-        seen.add(n)
-        fx.node.map_arg((n.args, n.kwargs), stack.append)
+def describe_ops(view: ProgramView, nodes: set[Any], limit: int = 12) -> str:
+    """The operators of ``nodes`` in graph order (views and sizes left out), for an error naming
+    what an unrecognised expert computes."""
     skip = {"getitem", "_to_copy", "clone", "alias", "select", "slice", "squeeze", "unsqueeze",
-            "view", "_unsafe_view", "expand", "nonzero", "sym_size", "permute", "t"}  # fmt: skip
-    names = [op_name(n) for n in sorted(seen, key=view.index.__getitem__)]
+            "view", "_unsafe_view", "expand", "nonzero", "sym_size", "permute", "t", "eq",
+            "Equal", "Squeeze", "Unsqueeze", "Reshape", "Cast", "Identity", "NonZero",
+            "Transpose", "Shape"}  # fmt: skip
+    names = [op_name(n) for n in sorted(nodes, key=view.index.__getitem__)]
     names = [n for n in names if n not in skip]
     more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more

@@ -15,7 +15,9 @@ gathers a weight copy per token must not be lowered literally.
 3. the experts: :func:`~torch2step.frontend.raise_moe_body.expert_body` from each projection of
    the region, the projection spelled by the frontend (``projections``): one stacked MLP
    selected at run time (HF ``batched_mm`` / ``grouped_mm``), or one MLP per expert (a loop,
-   each matched to its expert by the ``eq(ids, j)`` that selects its tokens);
+   each matched to its expert by the branch it lies in: the nodes computed from the
+   ``eq(ids, j)`` that selects expert ``j``'s tokens and from no other expert's); an expert
+   branch without a supported MLP is named with the operators it computes;
 4. the meaning check: :func:`~torch2step.frontend.raise_moe_body.moe_match` runs the region on
    sample routings and compares it with ``MoEExperts`` — the sort / histogram / scatter details
    of each spelling never need matching one by one.
@@ -39,6 +41,7 @@ from torch2step.frontend.raise_moe_body import (
     ExpertBody,
     MoESpec,
     ProjFn,
+    describe_ops,
     expert_body,
     expert_tensors,
     moe_match,
@@ -50,6 +53,10 @@ __all__ = ["moe_region_pattern", "Projections"]
 #: ``projections(view, region) -> proj``: how the frontend spells one expert projection.
 Projections = Callable[[Any, set[Any]], ProjFn]
 _GROUPED = frozenset({"CumSum", "cumsum", "sort", "histc", "TopK", "topk"})
+_EXPERT_FORMS = (
+    "experts must be down(act(gate(x)) * up(x)) or down(act(up(x))) with act one of silu, "
+    "gelu, relu, each projection a linear map with or without a bias"
+)
 _SKIP = frozenset({"sym_size", "_assert_scalar", "_assert_tensor_metadata", "_assert_async"})
 
 
@@ -144,33 +151,41 @@ def _helpers(view: Any, region: set[Any], router: set[Any]) -> set[Any]:
     return extra
 
 
-def _expert_of(view: Any, x: Any, region: set[Any]) -> int | None:
-    """``j`` of the nearest ``eq(ids, j)`` that the token rows ``x`` of a loop branch read."""
-    stack, seen = [x], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n not in region:
+def _branches(view: Any, region: set[Any]) -> dict[int, set[Any]]:
+    """A loop's per-expert branches: ``j`` -> the nodes computed from an ``eq(ids, j)`` (the
+    selection of expert ``j``'s tokens) and from no other expert's selection."""
+    cones: dict[int, set[Any]] = {}
+    for n in region:
+        if op_name(n) not in ("eq", "Equal"):
             continue
-        seen.add(n)
-        if op_name(n) == "eq":
-            for a in n.args[:2]:
-                c = view.const(a) if not isinstance(a, int) else a
-                if isinstance(a, int) or (c is not None and c.numel() == 1):
-                    return int(a if isinstance(a, int) else c)
-        stack.extend(_reads(n))
-    return None
+        for a in n.args[:2]:
+            c = a if isinstance(a, int) else view.const(a)
+            if isinstance(c, int) or (c is not None and c.numel() == 1):
+                cones.setdefault(int(c), set()).update({n}, _downstream([n], set()) & region)
+                break
+    return {
+        j: cone.difference(*(o for i, o in cones.items() if i != j)) for j, cone in cones.items()
+    }
 
 
 def _by_expert(
     view: Any, bodies: list[ExpertBody], n_exp: int, region: set[Any]
 ) -> list[ExpertBody]:
-    """The per-expert bodies of a loop in expert order."""
+    """The per-expert bodies of a loop in expert order; an expert whose branch holds no MLP of
+    the supported forms is named with what it computes."""
+    branches = _branches(view, region)
     found: dict[int, ExpertBody] = {}
     for b in bodies:
-        j = _expert_of(view, b.x, region)
-        if j is None or j in found:
+        js = [j for j, br in branches.items() if b.x in br]
+        if len(js) != 1 or js[0] in found:
             raise NoMatch("a per-expert branch does not select its tokens with eq(ids, j)")
-        found[j] = b
+        found[js[0]] = b
+    bad = sorted(set(branches) - set(found))
+    if bad:
+        raise NoMatch(
+            f"{_EXPERT_FORMS}, applied to the expert's token rows and scaled by its routing "
+            f"weight; expert {bad[0]} computes {describe_ops(view, branches[bad[0]])}"
+        )
     if sorted(found) != list(range(n_exp)):
         raise NoMatch(
             f"branches cover experts {sorted(found)} of {n_exp}; every expert needs one (the "
@@ -180,9 +195,8 @@ def _by_expert(
     return [found[j] for j in range(n_exp)]
 
 
-def moe_region_pattern(projections: Projections, skip: frozenset[str] = frozenset()) -> Pattern:
-    """The MoE recogniser with the frontend's projection spelling; a region holding an op of
-    ``skip`` is left to another pattern."""
+def moe_region_pattern(projections: Projections) -> Pattern:
+    """The MoE recogniser with the frontend's projection spelling."""
 
     def match(view: Any, topk: Any) -> Match | None:
         found = _router(view, topk)
@@ -193,8 +207,6 @@ def moe_region_pattern(projections: Projections, skip: frozenset[str] = frozense
         if view.rank(logits) != 2 or not isinstance(n_exp, int):
             raise NoMatch("router logits must be [tokens, experts] with a static expert count")
         y, region = _region(view, w, e, logits, router)
-        if any(op_name(n) in skip for n in region):
-            return None
         free = {a for n in region for a in _reads(n) if a not in region}
         free = {
             a for a in free - {w, e} if view.is_input(a) or (_data(a) and view.const(a) is None)
@@ -213,7 +225,7 @@ def moe_region_pattern(projections: Projections, skip: frozenset[str] = frozense
         if len(found_bodies) == 1 and stacked:
             grouped = any(op_name(n) in _GROUPED for n in region)
             spelling = "grouped_mm" if grouped else "batched_mm"
-        elif found_bodies and not stacked:
+        elif not stacked and (found_bodies or _branches(view, region)):
             found_bodies, spelling = _by_expert(view, found_bodies, n_exp, region), "loop"
         else:
             raise NoMatch(
