@@ -29,7 +29,7 @@ from elk.ops import Operator
 from elk.schedule import Item
 from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 
-__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for"]
+__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for", "grid", "footprint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +239,10 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 cores = tb * tg * ts
                 if ts > 1 and length // ts < MIN_TILE:
                     continue
-                if cores > c.cores or (c.mesh and tb * tg > c.mesh[0]):
+                # on a mesh the (batch, KV head) groups go down the rows and the KV length along
+                # the columns; groups of fewer than half a row's columns sit side by side
+                # (:func:`footprint`), so a row holds ``cols // ts`` of them
+                if cores > c.cores or (c.mesh and tb * tg > c.mesh[0] * (c.mesh[1] // ts)):
                     continue
                 bb, hb, lb = b // tb, hkv // tg, length // ts
                 kv = 2 * bb * hb * lb * d * e
@@ -414,7 +417,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         slot=op.slot,
         loads=loads,
         core_spaces=tuple(p.core_space for p in plans),
-        grids=tuple(grid(p) for p in plans),
+        grids=tuple(footprint(p, c.mesh) for p in plans),
         ports=ports,
     )
 
@@ -427,6 +430,19 @@ def grid(p: Plan) -> tuple[int, int]:
     if p.kind == "attention":
         return p.tiles[0] * p.tiles[1], p.tiles[2]
     return (1, p.tiles[0]) if len(p.tiles) == 1 else (p.tiles[0], p.tiles[1])
+
+
+def footprint(p: Plan, mesh: tuple[int, int] | None) -> tuple[int, int]:
+    """The cores (rows, columns) a plan occupies on a ``mesh`` of worker rows x columns: its
+    :func:`grid`, except that a grid with more rows than the mesh is folded, ``cols // c``
+    grid rows side by side in one mesh row (a decode attention's groups only exchange partials
+    within their own grid row, ELK §5 maps each partitioned dimension to a mesh dimension).
+    All-to-all (``mesh`` ``None``): the grid."""
+    r, c = grid(p)
+    if mesh is None or r <= mesh[0] or c > mesh[1]:
+        return r, c
+    per = mesh[1] // c
+    return -(-r // per), per * c
 
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:

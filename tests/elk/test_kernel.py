@@ -179,3 +179,30 @@ def test_kernel_program_is_planned_in_the_served_dtype() -> None:
         name = "bf16" if dt == torch.bfloat16 else "fp32"
         assert prog.graph.dtype == name and {op.dtype for op in prog.graph.ops} == {name}
         assert {prog.graph.tensors[w][1] for w in prog.graph.weights.values()} == {name}
+
+
+def test_mesh_attention_groups_fold_side_by_side() -> None:
+    """A decode attention with more (batch, KV head) groups than the mesh has rows puts
+    several groups side by side in one mesh row (each group's KV slices contiguous along its
+    row, ELK §5), so Llama-3-8B's batch-64 KV cache (512 MiB) has a plan on the mesh preset."""
+    from elk.cost import footprint, plans_for
+
+    chip = load_chip("mesh")
+    costs = ChipCosts.from_chip(chip)
+    op = next(o for o in decode_step_ops("llama3-8b", 64, 2048, 1) if o.kind == "attention")
+    plans = plans_for(costs, op)
+    assert plans and all(p.core_space <= chip.core.sram_bytes for p in plans)
+    assert costs.mesh is not None
+    folded = [p for p in plans if p.tiles[0] * p.tiles[1] > costs.mesh[0]]
+    assert folded
+    plan = folded[-1]
+    rows, cols = footprint(plan, costs.mesh)
+    assert rows <= costs.mesh[0] and cols <= costs.mesh[1]
+    ops, _ = bind_timing([op], [plan])
+    pl = place(chip, ops, [plan])[0]
+    assert len(set(pl.cores)) == plan.cores
+    for r in range(pl.rows):
+        coords = [chip.mesh_coords(pl.core(r, c)) for c in range(pl.cols)]
+        assert len({y for y, _ in coords}) == 1  # one mesh row per group
+        assert [x for _, x in coords] == list(range(coords[0][1], coords[0][1] + pl.cols))
+        assert coords[0][0] < chip.noc.rows - 1  # the controller's row stays free
