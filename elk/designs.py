@@ -78,9 +78,11 @@ def plan_design(
             raise ElkError("Static: no fixed execute/preload split fits every operator")
         return best
     if design == "elk_dyn":
-        return schedule(items, Policy(capacity, window=window, beam=beam, **kw))
+        pol = Policy(capacity, window=window, beam=beam, plan_branch=True, **kw)
+        return schedule(items, pol)
     if design == "elk_full":
-        return best_order(items, Policy(capacity, window=window, beam=beam, **kw), max_orders)[0]
+        pol = Policy(capacity, window=window, beam=beam, plan_branch=True, **kw)
+        return best_order(items, pol, max_orders)[0]
     if design == "ideal":
         n = len(items)
         pol = Policy(math.inf, contention=False, zero_dist=True, window=1)

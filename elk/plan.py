@@ -127,7 +127,9 @@ class ElkSchedule:
             cap = c.cores * c.port * self.cycles
             return moved / cap if cap else 0.0
         rows, cols = c.mesh[0] + 1, c.mesh[1]
-        hops = sum(p.xbytes * sum(footprint(p, c.mesh)) / 3 for p in self.plans) + hbm * (rows / 3 + cols / 4)
+        hops = sum(p.xbytes * sum(footprint(p, c.mesh)) / 3 for p in self.plans) + hbm * (
+            rows / 3 + cols / 4
+        )
         links = 2 * (rows * (cols - 1) + cols * (rows - 1))
         cap = links * c.port * self.cycles
         return hops / cap if cap else 0.0

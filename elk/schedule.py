@@ -98,7 +98,11 @@ class Policy:
     preload numbers per operator (K of ELK §4.2; ``None``: all); ``beam``: keep at most this many
     non-dominated suffixes per ``(operator, P)`` (``None``: all, exact); ``core_sram``: one
     core's SRAM: an exec plan whose grid must share cores with resident operators' grids
-    (``workers`` cores, or a ``mesh`` of rows x columns) has to fit there with all of them."""
+    (``workers`` cores, or a ``mesh`` of rows x columns) has to fit there with all of them;
+    ``plan_branch``: besides the allocation's fastest fitting exec plan, keep a suffix for the
+    fastest plan of every other set of resident operators the plan's grid must share cores
+    with (:func:`_branches`: a smaller grid the resident operators' preloads do not queue on,
+    ELK §4.3 trades execution time against interconnect contention)."""
 
     capacity: float
     max_ahead: int | None = None
@@ -113,6 +117,7 @@ class Policy:
     core_sram: float | None = None
     workers: int = 0
     mesh: tuple[int, int] | None = None
+    plan_branch: bool = False
 
     def must_share(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
         """Whether two core grids necessarily share a core: on an all-to-all chip when they
@@ -186,9 +191,11 @@ def _step(
     P: int,
     parent: _State | None,
     pol: Policy,
+    only: int | None = None,
 ) -> tuple[Step, tuple[float, ...], tuple, float] | None:
     """Step ``i`` with ``P`` issued preloads after suffix ``parent``: the step, the preload
-    starts of positions ``P..``, the resident table and the gate.  ``None``: does not fit."""
+    starts of positions ``P..``, the resident table and the gate; ``only``: the exec plan to
+    use (``None``: the allocation chooses).  ``None``: does not fit."""
     n = len(items)
     item = items[i]
     if parent is None:
@@ -257,6 +264,10 @@ def _step(
         if not fit and pol.exec_core is not None:
             return None  # no plan of this operator fits the fixed per-core execute space
         execs = fit[-1:] if fit else execs[:1]
+    if only is not None:
+        execs = tuple(o for o in execs if o.ref == only)
+        if not execs:
+            return None
     if pol.core_sram is not None and item.grids and residents:
         held = []
         for j in residents:
@@ -341,6 +352,7 @@ def _lead(
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
+    crowded = g is not None and _crowded(items, g, res, pol)
     tot = 0.0
     for k in positions:
         j = order[k]
@@ -351,9 +363,29 @@ def _lead(
             continue
         plan = res[j][3]
         gj = pj.grids[plan] if pj.grids else None
-        if g is None or gj is None or pol.must_share(g, gj):
+        if g is None or gj is None or crowded or pol.must_share(g, gj):
             tot += pj.ports[plan]
     return tot
+
+
+def _crowded(
+    items: Sequence[Item],
+    g: tuple[int, int],
+    res: dict[int, tuple[int, float, int, int]],
+    pol: Policy,
+) -> bool:
+    """Whether an executing grid ``g`` and the grids of all operators resident beside it
+    (``res``: op -> (space, bound, preload plan, exec plan)) need more cores than an
+    all-to-all chip has: then placement cannot keep it apart from every preload's cores, even
+    where each pair would fit side by side (:meth:`Policy.must_share` is pairwise)."""
+    if pol.mesh is not None or not pol.workers:
+        return False
+    need = g[0] * g[1]
+    for j, (_, _, _, pj) in res.items():
+        if items[j].grids:
+            r, c = items[j].grids[pj]
+            need += r * c
+    return need > pol.workers
 
 
 def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Policy) -> Timeline:
@@ -465,8 +497,13 @@ def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]
     if it.ports and it.grids:
         r, c = it.grids[st.step.exec_plan]
         grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
+    own: tuple[float, ...] = ()
+    if pol.plan_branch:  # its own preload as earlier steps schedule it (ELK §4.2)
+        e = st.step.exec_plan
+        own = (-it.load_time(e), -(it.ports[e] if it.ports else 0.0))
     return (
         st.step.start,
+        *own,
         *st.spre,
         *(bound for _, _, bound, _, _ in res),
         *(-float(sp) for _, sp, _, _, _ in res),
@@ -491,6 +528,75 @@ def _keep(
     if beam is not None and len(out) > beam:
         out.sort(key=lambda vs: vs[0], reverse=True)
         out = out[:beam]
+    return out
+
+
+def _sharers(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> list[tuple[int, ...]]:
+    """Per exec plan of operator ``i`` (``P`` preloads issued, suffix ``parent``): the resident
+    operators whose preloads would queue on the plan's cores (:func:`_lead`; those issued just
+    before ``execute(i)`` are a subset of the residents)."""
+    it = items[i]
+    n = len(items)
+    if parent is None or not it.grids or not it.ports:
+        return [()] * len(it.execs)
+    res = {op: e for op, _, _, _, e in parent.res}
+    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    held = []
+    for j in range(i + 1, min(n, last + 1)):
+        if pos[j] >= P or not items[j].ports or not items[j].grids:
+            continue
+        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
+        if pj is not None:
+            held.append((j, items[j].grids[pj]))
+    full = {op: (0, 0.0, 0, e) for op, e in res.items()}
+    if i + 1 < n:
+        full[i + 1] = (0, 0.0, 0, parent.step.exec_plan)
+    full = {j: v for j, v in full.items() if j in {h for h, _ in held}}
+    out = []
+    for e in range(len(it.execs)):
+        crowd = _crowded(items, it.grids[e], full, pol)
+        out.append(tuple(j for j, g in held if crowd or pol.must_share(it.grids[e], g)))
+    return out
+
+
+def _tries(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> list[tuple[tuple[int, ...], tuple[Step, tuple[float, ...], tuple, float]]]:
+    """The steps to keep for operator ``i`` with ``P`` issued preloads after ``parent``, each
+    with the residents its grid shares cores with: the allocation's choice (ELK §4.3) and,
+    with ``Policy.plan_branch``, the fastest fitting plan of every other such set of
+    residents (ELK §4.3 weighs execution time against interconnect contention: a plan on a
+    smaller grid may run beside the preloads instead of queueing behind them)."""
+    got = _step(items, order, pos, i, P, parent, pol)
+    if not pol.plan_branch:
+        return [((), got)] if got is not None else []
+    sigs = _sharers(items, order, pos, i, P, parent, pol)
+    out = []
+    seen = set()
+    if got is not None:
+        seen.add(sigs[got[0].exec_plan])
+        out.append((sigs[got[0].exec_plan], got))
+    for e in range(len(items[i].execs) - 1, -1, -1):  # fastest first
+        if sigs[e] in seen:
+            continue
+        alt = _step(items, order, pos, i, P, parent, pol, only=e)
+        if alt is not None:
+            seen.add(sigs[e])
+            out.append((sigs[e], alt))
     return out
 
 
@@ -522,18 +628,17 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
         new: dict[int, list[_State]] = {}
         top = n if policy.window is None else min(n, lo[i] + policy.window)
         for P in range(lo[i], min(top, cap[i]) + 1):
-            kept: list[tuple[tuple[float, ...], _State]] = []
+            kept: dict[tuple[int, ...], list[tuple[tuple[float, ...], _State]]] = {}
             for P2, parents in states.items():
                 if P2 < P:
                     continue
                 for parent in parents:
-                    got = _step(items, order, pos, i, P, parent, policy)
-                    if got is None:
-                        continue
-                    st = _State(got[0], got[1], got[2], parent)
-                    kept = _keep(kept, _vector(st, items, policy), st, policy.beam)
+                    for sig, got in _tries(items, order, pos, i, P, parent, policy):
+                        st = _State(got[0], got[1], got[2], parent)
+                        vec = _vector(st, items, policy)
+                        kept[sig] = _keep(kept.get(sig, []), vec, st, policy.beam)
             if kept:
-                new[P] = [st for _, st in kept]
+                new[P] = [st for group in kept.values() for _, st in group]
         if not new:
             raise ElkError(
                 f"operator {items[i].name!r} cannot be scheduled: its smallest execute plan "
@@ -545,9 +650,14 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
 
 
 def evaluate(
-    items: Sequence[Item], policy: Policy, Ps: Sequence[int], order: Sequence[int] | None = None
+    items: Sequence[Item],
+    policy: Policy,
+    Ps: Sequence[int],
+    order: Sequence[int] | None = None,
+    plans: Sequence[int] | None = None,
 ) -> Timeline | None:
-    """The timeline of one given vector of issued-preload counts ``Ps`` (``None``: infeasible)."""
+    """The timeline of one given vector of issued-preload counts ``Ps`` (``None``: infeasible);
+    ``plans``: the exec plan of every operator (default: each step's allocation chooses)."""
     n = len(items)
     order = tuple(range(n)) if order is None else tuple(order)
     pos = _check(items, order)
@@ -561,7 +671,7 @@ def evaluate(
         return None
     state: _State | None = None
     for i in range(n - 1, -1, -1):
-        got = _step(items, order, pos, i, Ps[i], state, policy)
+        got = _step(items, order, pos, i, Ps[i], state, policy, None if plans is None else plans[i])
         if got is None:
             return None
         state = _State(got[0], got[1], got[2], state)
