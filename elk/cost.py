@@ -383,6 +383,50 @@ def _plans(
     return tuple(o.ref for o in front)  # type: ignore[misc]
 
 
+@lru_cache(maxsize=4096)
+def _quicker_loads(
+    c: ChipCosts,
+    kind: str,
+    dims: tuple[int, ...],
+    dtype: str,
+    fpe: int,
+    pbytes: int,
+    reduce: bool = False,
+    whole: bool = False,
+) -> tuple[Plan, ...]:
+    """Plans off the space/time Pareto curve that preload faster than every plan of the curve
+    needing no more space and no more time (ELK §4.2: an operator's preload time is the HBM
+    roofline or the interconnect delivery, whichever is larger, so a grid over more cores can
+    load a port-bound operator sooner and queue less on each core); the fastest of each
+    preload time, space ascending."""
+    front = _plans(c, kind, dims, dtype, fpe, pbytes, reduce, whole)
+    op = Operator(
+        "p",
+        kind,  # type: ignore[arg-type]
+        dims,
+        dtype,
+        flops_per_elem=fpe,
+        param_bytes=pbytes,
+        row_reduce=reduce,
+        node="whole" if whole else None,
+    )
+    gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
+
+    def load(p: Plan) -> float:
+        return c.load(p.preload_space, p.preload_space / max(1, p.cores))
+
+    best: dict[float, Plan] = {}
+    for p in gen(c, op):
+        if p in front:
+            continue
+        lp = load(p)
+        if any(load(f) <= lp for f in front if f.space <= p.space and f.time <= p.time):
+            continue
+        if lp not in best or (p.time, p.space) < (best[lp].time, best[lp].space):
+            best[lp] = p
+    return tuple(sorted(best.values(), key=lambda p: (p.space, p.time)))
+
+
 def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
     """The Pareto-optimal execute-state plans of ``op`` (space ascending)."""
     return _plans(
@@ -398,10 +442,13 @@ def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
 
 
 def item_for(c: ChipCosts, op: Operator) -> Item:
-    """The scheduler's view of ``op``: Pareto plans, preload-state plans and preload time.
+    """The scheduler's view of ``op``: Pareto plans (then the plans that preload faster,
+    :func:`_quicker_loads`), preload-state plans and preload time.
     Weights, KV blocks and parameters have one owner core in these plans, so the preload-state
     plan equals the execute-state one (no data distribution)."""
-    plans = plans_for(c, op)
+    front = plans_for(c, op)
+    key = (op.kind, op.dims, op.dtype, op.flops_per_elem, op.param_bytes, op.row_reduce)
+    plans = front + _quicker_loads(c, *key, op.node is not None)
     execs = tuple(Option(p.space, p.time, p) for p in plans)
     preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
     loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
@@ -419,6 +466,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         core_spaces=tuple(p.core_space for p in plans),
         grids=tuple(footprint(p, c.mesh) for p in plans),
         ports=ports,
+        front=len(front),
     )
 
 

@@ -100,10 +100,10 @@ STATIC_AHEAD = (1, 2, 4, 8, None)
 def _static_plan(it: Item, pol: Policy) -> int:
     """The exec plan a fixed execute space gives an operator (its fastest that fits)."""
     if pol.fastest_exec or pol.exec_space is None:
-        return len(it.execs) - 1
+        return it.fastest
     fit = [
         e
-        for e in range(len(it.execs))
+        for e in range(it.pareto)
         if (
             it.exec_core_space(e) <= pol.exec_core
             if pol.exec_core is not None

@@ -62,6 +62,19 @@ class Item:
     after: int = -1
     grids: tuple[tuple[int, int], ...] = ()
     ports: tuple[float, ...] = ()
+    front: int = 0
+
+    @property
+    def pareto(self) -> int:
+        """How many of ``execs`` form the space/time Pareto curve (the rest, ``front`` on,
+        are plans only a faster preload recommends; the allocation and the fixed-rule designs
+        use the curve)."""
+        return self.front or len(self.execs)
+
+    @property
+    def fastest(self) -> int:
+        """The fastest exec plan."""
+        return self.pareto - 1
 
     def exec_core_space(self, e: int) -> float:
         """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
@@ -248,7 +261,8 @@ def _step(
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
     groups: list[tuple[Option, ...]] = []
-    execs = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+    every = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+    execs = every[: item.pareto]
     if pol.fastest_exec:
         execs = execs[-1:]
     elif pol.exec_space is not None:
@@ -265,7 +279,7 @@ def _step(
             return None  # no plan of this operator fits the fixed per-core execute space
         execs = fit[-1:] if fit else execs[:1]
     if only is not None:
-        execs = tuple(o for o in execs if o.ref == only)
+        execs = tuple(o for o in (execs if only < item.pareto else every) if o.ref == only)
         if not execs:
             return None
     if pol.core_sram is not None and item.grids and residents:
@@ -590,13 +604,27 @@ def _tries(
     if got is not None:
         seen.add(sigs[got[0].exec_plan])
         out.append((sigs[got[0].exec_plan], got))
-    for e in range(len(items[i].execs) - 1, -1, -1):  # fastest first
+    for e in range(items[i].fastest, -1, -1):  # fastest first
         if sigs[e] in seen:
             continue
         alt = _step(items, order, pos, i, P, parent, pol, only=e)
         if alt is not None:
             seen.add(sigs[e])
             out.append((sigs[e], alt))
+    # and per such set the plan that preloads soonest (ELK §4.2), when that is another plan
+    it = items[i]
+    quick: set[tuple[int, ...]] = set()
+    chosen = {sig: st[0].exec_plan for sig, st in out}
+    for e in sorted(range(len(it.execs)), key=lambda e: (it.load_time(e), -e)):
+        if sigs[e] in quick:
+            continue
+        if chosen.get(sigs[e]) == e:
+            quick.add(sigs[e])
+            continue
+        alt = _step(items, order, pos, i, P, parent, pol, only=e)
+        if alt is not None:
+            quick.add(sigs[e])
+            out.append(((*sigs[e], -1), alt))
     return out
 
 
