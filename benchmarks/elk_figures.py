@@ -217,6 +217,9 @@ def main() -> int:
                         )
                     for line in notes(scheds):
                         print(f"  note: {line}", flush=True)
+                elif args.json and len(scheds) == len(DESIGNS):
+                    key = {"model": model, "batch": batch, "chip": chip.name}
+                    print(json.dumps({**key, "notes": notes(scheds)}), flush=True)
     return 0
 
 
