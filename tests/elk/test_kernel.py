@@ -240,3 +240,16 @@ def test_plans_that_preload_sooner_are_offered_to_elk_only() -> None:
     for design in ("basic", "static"):
         s = plan_model(ops, costs, design, window=8, beam=2)
         assert all(st.exec_plan < s.items[st.op].pareto for st in s.timeline.steps)
+
+
+def test_dense_mlp_projections_are_separate_operators_and_plan_on_the_mesh() -> None:
+    """Llama's gate_proj and up_proj are two weights (HF LlamaMLP), so two operators; at batch
+    64 each fits the mesh's row-by-column grids (a fused 235 MB gate+up did not: its tile and
+    partial sums overflow a core on any divisor grid of 31 x 46 worker cores)."""
+    from elk.plan import plan_model
+
+    ops = decode_step_ops("llama3-8b", 64, 2048, 1)
+    mm = {o.name.split(".")[1]: o.dims for o in ops if o.kind == "matmul"}
+    assert mm["gate"] == mm["up"] == (64, 4096, 14336) and mm["down"] == (64, 14336, 4096)
+    s = plan_model(ops, load_chip("mesh"), "ideal")
+    assert s.cycles > 0 and len(s.plans) == len(ops)
