@@ -296,6 +296,8 @@ def _step(
             if own + every <= pol.core_sram:  # type: ignore[operator]
                 return True  # even if every grid shared one core
             g = item.grids[e]
+            if _crowd(pol, [g, *(gj for gj, _ in held)]):
+                return False  # some core may hold a tile of every grid
             shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
             return own + shared <= pol.core_sram  # type: ignore[operator]
 
@@ -389,17 +391,22 @@ def _crowded(
     pol: Policy,
 ) -> bool:
     """Whether an executing grid ``g`` and the grids of all operators resident beside it
-    (``res``: op -> (space, bound, preload plan, exec plan)) need more cores than an
-    all-to-all chip has: then placement cannot keep it apart from every preload's cores, even
-    where each pair would fit side by side (:meth:`Policy.must_share` is pairwise)."""
-    if pol.mesh is not None or not pol.workers:
+    (``res``: op -> (space, bound, preload plan, exec plan)) cannot all be apart
+    (:func:`_crowd`)."""
+    return _crowd(pol, [g, *(items[j].grids[pj] for j, (*_, pj) in res.items() if items[j].grids)])
+
+
+def _crowd(pol: Policy, grids: Sequence[tuple[int, int]]) -> bool:
+    """Whether core ``grids`` cannot all be placed apart, even where each pair could
+    (:meth:`Policy.must_share` is pairwise): on an all-to-all chip they need more cores than
+    there are; on a mesh they fit neither stacked in rows nor side by side in columns."""
+    if len(grids) < 3:
+        return False  # a pair: Policy.must_share decides
+    if pol.mesh is not None:
+        return sum(r for r, _ in grids) > pol.mesh[0] and sum(c for _, c in grids) > pol.mesh[1]
+    if not pol.workers:
         return False
-    need = g[0] * g[1]
-    for j, (_, _, _, pj) in res.items():
-        if items[j].grids:
-            r, c = items[j].grids[pj]
-            need += r * c
-    return need > pol.workers
+    return sum(r * c for r, c in grids) > pol.workers
 
 
 def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Policy) -> Timeline:

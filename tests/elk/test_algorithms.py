@@ -279,3 +279,35 @@ def test_smaller_grid_runs_beside_a_queued_preload() -> None:
     assert plain.steps[1].exec_plan == 1 and got.steps[1].exec_plan == 0
     assert got.total < plain.total
     assert got.steps[1].P == 3 and got.steps[1].lead == 0.0  # op1's preload runs beside op0
+
+
+def test_grids_apart_in_pairs_but_not_all_together_share_cores() -> None:
+    """Three grids on a 3 x 5 mesh, each pair stacked in rows fits, all three do not: some
+    core holds a tile of each, so an operator may run beside both others only if its tile and
+    theirs fit one core's SRAM together (and it waits behind their preloads)."""
+    from elk.schedule import _crowd
+
+    pol = Policy(capacity=1000, core_sram=13, mesh=(3, 5))
+    a, b = (2, 5), (1, 5)
+    assert not pol.must_share(a, b) and not pol.must_share(b, b)
+    assert not _crowd(pol, [a, b]) and _crowd(pol, [a, b, b])
+    assert _crowd(Policy(capacity=1, workers=8), [(1, 3), (1, 3), (1, 3)])
+    assert not _crowd(Policy(capacity=1, workers=9), [(1, 3), (1, 3), (1, 3)])
+    items = [
+        Item(
+            f"op{k}",
+            (Option(60, 5.0, None),),
+            ((Option(60, 0.0),),),
+            5.0,
+            hbm_bytes=60,
+            core_spaces=(7,),
+            grids=(g,),
+        )
+        for k, g in enumerate((a, b, b))
+    ]
+    s = schedule(items, pol)
+    assert s.preload_number(0) <= 1  # never all three on chip at once
+    assert evaluate(items, pol, (3, 3, 3)) is None
+    roomy = Policy(capacity=1000, core_sram=21, mesh=(3, 5))
+    both = evaluate(items, roomy, (3, 3, 3))
+    assert both is not None and both.preload_number(0) == 2
