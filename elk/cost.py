@@ -29,7 +29,7 @@ from elk.ops import Operator
 from elk.schedule import Item
 from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 
-__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for"]
+__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for", "grid", "footprint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +239,10 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 cores = tb * tg * ts
                 if ts > 1 and length // ts < MIN_TILE:
                     continue
-                if cores > c.cores or (c.mesh and tb * tg > c.mesh[0]):
+                # on a mesh the (batch, KV head) groups go down the rows and the KV length along
+                # the columns; groups of fewer than half a row's columns sit side by side
+                # (:func:`footprint`), so a row holds ``cols // ts`` of them
+                if cores > c.cores or (c.mesh and tb * tg > c.mesh[0] * (c.mesh[1] // ts)):
                     continue
                 bb, hb, lb = b // tb, hkv // tg, length // ts
                 kv = 2 * bb * hb * lb * d * e
@@ -380,6 +383,50 @@ def _plans(
     return tuple(o.ref for o in front)  # type: ignore[misc]
 
 
+@lru_cache(maxsize=4096)
+def _quicker_loads(
+    c: ChipCosts,
+    kind: str,
+    dims: tuple[int, ...],
+    dtype: str,
+    fpe: int,
+    pbytes: int,
+    reduce: bool = False,
+    whole: bool = False,
+) -> tuple[Plan, ...]:
+    """Plans off the space/time Pareto curve that preload faster than every plan of the curve
+    needing no more space and no more time (ELK §4.2: an operator's preload time is the HBM
+    roofline or the interconnect delivery, whichever is larger, so a grid over more cores can
+    load a port-bound operator sooner and queue less on each core); the fastest of each
+    preload time, space ascending."""
+    front = _plans(c, kind, dims, dtype, fpe, pbytes, reduce, whole)
+    op = Operator(
+        "p",
+        kind,  # type: ignore[arg-type]
+        dims,
+        dtype,
+        flops_per_elem=fpe,
+        param_bytes=pbytes,
+        row_reduce=reduce,
+        node="whole" if whole else None,
+    )
+    gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
+
+    def load(p: Plan) -> float:
+        return c.load(p.preload_space, p.preload_space / max(1, p.cores))
+
+    best: dict[float, Plan] = {}
+    for p in gen(c, op):
+        if p in front:
+            continue
+        lp = load(p)
+        if any(load(f) <= lp for f in front if f.space <= p.space and f.time <= p.time):
+            continue
+        if lp not in best or (p.time, p.space) < (best[lp].time, best[lp].space):
+            best[lp] = p
+    return tuple(sorted(best.values(), key=lambda p: (p.space, p.time)))
+
+
 def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
     """The Pareto-optimal execute-state plans of ``op`` (space ascending)."""
     return _plans(
@@ -395,10 +442,13 @@ def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
 
 
 def item_for(c: ChipCosts, op: Operator) -> Item:
-    """The scheduler's view of ``op``: Pareto plans, preload-state plans and preload time.
+    """The scheduler's view of ``op``: Pareto plans (then the plans that preload faster,
+    :func:`_quicker_loads`), preload-state plans and preload time.
     Weights, KV blocks and parameters have one owner core in these plans, so the preload-state
     plan equals the execute-state one (no data distribution)."""
-    plans = plans_for(c, op)
+    front = plans_for(c, op)
+    key = (op.kind, op.dims, op.dtype, op.flops_per_elem, op.param_bytes, op.row_reduce)
+    plans = front + _quicker_loads(c, *key, op.node is not None)
     execs = tuple(Option(p.space, p.time, p) for p in plans)
     preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
     loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
@@ -414,8 +464,9 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         slot=op.slot,
         loads=loads,
         core_spaces=tuple(p.core_space for p in plans),
-        grids=tuple(grid(p) for p in plans),
+        grids=tuple(footprint(p, c.mesh) for p in plans),
         ports=ports,
+        front=len(front),
     )
 
 
@@ -427,6 +478,19 @@ def grid(p: Plan) -> tuple[int, int]:
     if p.kind == "attention":
         return p.tiles[0] * p.tiles[1], p.tiles[2]
     return (1, p.tiles[0]) if len(p.tiles) == 1 else (p.tiles[0], p.tiles[1])
+
+
+def footprint(p: Plan, mesh: tuple[int, int] | None) -> tuple[int, int]:
+    """The cores (rows, columns) a plan occupies on a ``mesh`` of worker rows x columns: its
+    :func:`grid`, except that a grid with more rows than the mesh is folded, ``cols // c``
+    grid rows side by side in one mesh row (a decode attention's groups only exchange partials
+    within their own grid row, ELK §5 maps each partitioned dimension to a mesh dimension).
+    All-to-all (``mesh`` ``None``): the grid."""
+    r, c = grid(p)
+    if mesh is None or r <= mesh[0] or c > mesh[1]:
+        return r, c
+    per = mesh[1] // c
+    return -(-r // per), per * c
 
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:

@@ -78,9 +78,11 @@ def plan_design(
             raise ElkError("Static: no fixed execute/preload split fits every operator")
         return best
     if design == "elk_dyn":
-        return schedule(items, Policy(capacity, window=window, beam=beam, **kw))
+        pol = Policy(capacity, window=window, beam=beam, plan_branch=True, **kw)
+        return schedule(items, pol)
     if design == "elk_full":
-        return best_order(items, Policy(capacity, window=window, beam=beam, **kw), max_orders)[0]
+        pol = Policy(capacity, window=window, beam=beam, plan_branch=True, **kw)
+        return best_order(items, pol, max_orders)[0]
     if design == "ideal":
         n = len(items)
         pol = Policy(math.inf, contention=False, zero_dist=True, window=1)
@@ -98,10 +100,10 @@ STATIC_AHEAD = (1, 2, 4, 8, None)
 def _static_plan(it: Item, pol: Policy) -> int:
     """The exec plan a fixed execute space gives an operator (its fastest that fits)."""
     if pol.fastest_exec or pol.exec_space is None:
-        return len(it.execs) - 1
+        return it.fastest
     fit = [
         e
-        for e in range(len(it.execs))
+        for e in range(it.pareto)
         if (
             it.exec_core_space(e) <= pol.exec_core
             if pol.exec_core is not None

@@ -159,8 +159,12 @@ def layer_ops(
         ops.append(("experts_sum", "vector", (batch, h), {"flops_per_elem": 2 * k}))
     else:
         i = shape.intermediate
+        # gate_proj and up_proj are two weights in the published models (HF LlamaMLP); as
+        # separate operators each preloads on its own (ELK Table 2's operators are single
+        # projections) and each fits a mesh's row-by-column grid
         ops += [
-            ("gate_up", "matmul", (batch, h, 2 * i), {}),
+            ("gate", "matmul", (batch, h, i), {}),
+            ("up", "matmul", (batch, h, i), {}),
             ("silu_mul", "vector", (batch, i), {"flops_per_elem": 5}),
             ("down", "matmul", (batch, i, h), {}),
         ]

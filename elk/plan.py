@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elk.cost import ChipCosts, Plan, grid, items_for
+from elk.cost import ChipCosts, Plan, footprint, items_for
 from elk.designs import DESIGNS, plan_design
 from elk.errors import ElkError
 from elk.ops import Operator
@@ -127,7 +127,9 @@ class ElkSchedule:
             cap = c.cores * c.port * self.cycles
             return moved / cap if cap else 0.0
         rows, cols = c.mesh[0] + 1, c.mesh[1]
-        hops = sum(p.xbytes * sum(grid(p)) / 3 for p in self.plans) + hbm * (rows / 3 + cols / 4)
+        hops = sum(p.xbytes * sum(footprint(p, c.mesh)) / 3 for p in self.plans) + hbm * (
+            rows / 3 + cols / 4
+        )
         links = 2 * (rows * (cols - 1) + cols * (rows - 1))
         cap = links * c.port * self.cycles
         return hops / cap if cap else 0.0

@@ -26,136 +26,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from elk.allocate import Allocation, Option, allocate
+from elk.contention import _crowd, _crowded, _lead
 from elk.errors import ElkError
+from elk.model import Item, Policy, Step, Timeline
 
 __all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One operator as the scheduler sees it.
-
-    ``execs``: execute-state plans, Pareto (space ascending); ``contended[e]``: the time of plan
-    ``e`` while preloads share the interconnect (defaults to the plain time); ``preloads[e]``:
-    the preload-state plans of exec plan ``e``, Pareto, ``time`` = data-distribution cycles;
-    ``grids[e]``: the core grid (rows, columns) of exec plan ``e`` (for the per-core SRAM check);
-    ``load``: preload cycles (HBM), or ``loads[e]`` per exec plan; ``after``: the index of the
-    operator whose execution decides what this one preloads (a routed expert: its preload is
-    issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes
-    read from HBM; ``layer``/``slot``: which layer and position in it (identical layers share
-    slots, ELK §4.4); ``ports[e]``: cycles one core's network port spends receiving its share
-    of the preload when the operator will execute with plan ``e`` (see :func:`_queued`)."""
-
-    name: str
-    execs: tuple[Option, ...]
-    preloads: tuple[tuple[Option, ...], ...]
-    load: float
-    hbm_bytes: int = 0
-    contended: tuple[float, ...] = ()
-    layer: int = 0
-    slot: int = 0
-    loads: tuple[float, ...] = ()
-    core_spaces: tuple[int, ...] = ()
-    after: int = -1
-    grids: tuple[tuple[int, int], ...] = ()
-    ports: tuple[float, ...] = ()
-
-    def exec_core_space(self, e: int) -> float:
-        """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
-        return self.core_spaces[e] if self.core_spaces else self.execs[e].space
-
-    def load_time(self, e: int) -> float:
-        """Preload cycles when the operator will execute with plan ``e``."""
-        return self.loads[e] if self.loads else self.load
-
-    def exec_time(self, e: int, busy: bool | float) -> float:
-        """Cycles of exec plan ``e``; ``busy``: preloads share the interconnect for the whole
-        execution (``True``) or for ``busy`` cycles of it (ELK §4.3: the contention overhead
-        grows with the preload traffic that overlaps the execution)."""
-        t = self.execs[e].time
-        if not busy or not self.contended:
-            return t
-        extra = self.contended[e] - t
-        if busy is True:
-            return t + extra
-        return t + extra * min(1.0, float(busy) / t) if t > 0 else t
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Knobs of the designs of ELK §6.1 (see :mod:`elk.designs`).
-
-    ``capacity``: on-chip bytes; ``max_ahead``: at most this many operators resident (Basic: 1);
-    ``contention``: charge interconnect contention; ``zero_dist``: data distribution is free
-    (Ideal); ``exec_space``: a fixed execute-space size (Static), taken out of ``capacity``
-    whatever the executing operator uses; ``exec_core``: with ``exec_space``, the per-core
-    execute space an exec plan's per-core footprint must fit (Static); ``preload_mode``:
-    ``"pareto"`` (allocation chooses), ``"largest"`` or ``"smallest"`` (Static);
-    ``fastest_exec``: always the fastest plan (Basic); ``window``: consider at most this many
-    preload numbers per operator (K of ELK §4.2; ``None``: all); ``beam``: keep at most this many
-    non-dominated suffixes per ``(operator, P)`` (``None``: all, exact); ``core_sram``: one
-    core's SRAM: an exec plan whose grid must share cores with resident operators' grids
-    (``workers`` cores, or a ``mesh`` of rows x columns) has to fit there with all of them."""
-
-    capacity: float
-    max_ahead: int | None = None
-    contention: bool = True
-    zero_dist: bool = False
-    exec_space: float | None = None
-    exec_core: float | None = None
-    preload_mode: str = "pareto"
-    fastest_exec: bool = False
-    window: int | None = None
-    beam: int | None = None
-    core_sram: float | None = None
-    workers: int = 0
-    mesh: tuple[int, int] | None = None
-
-    def must_share(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
-        """Whether two core grids necessarily share a core: on an all-to-all chip when they
-        need more cores than there are, on a mesh when they fit side by side neither in rows
-        nor in columns."""
-        if self.mesh is not None:
-            return a[0] + b[0] > self.mesh[0] and a[1] + b[1] > self.mesh[1]
-        return a[0] * a[1] + b[0] * b[1] > self.workers
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """The decision for one operator: ``P`` preloads issued before it, exec plan, preload plan
-    of the next operator (``-1``: not resident), step start/end, duration, on-chip space."""
-
-    op: int
-    P: int
-    exec_plan: int
-    next_preload: int
-    start: float
-    end: float
-    time: float
-    space: int
-    busy: bool
-    stall: float = 0.0
-    lead: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Timeline:
-    """A complete schedule: steps per operator, preload start/end per operator, the order."""
-
-    order: tuple[int, ...]
-    steps: tuple[Step, ...]
-    preload_start: tuple[float, ...]
-    preload_end: tuple[float, ...]
-    total: float
-    preload_plan: tuple[int, ...] = field(default=())
-
-    def preload_number(self, i: int) -> int:
-        """Operators resident (preloaded, not yet executed) while ``i`` executes."""
-        pos = {op: k for k, op in enumerate(self.order)}
-        return sum(1 for j in range(i + 1, len(self.steps)) if pos[j] < self.steps[i].P)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +64,11 @@ def _step(
     P: int,
     parent: _State | None,
     pol: Policy,
+    only: int | None = None,
 ) -> tuple[Step, tuple[float, ...], tuple, float] | None:
     """Step ``i`` with ``P`` issued preloads after suffix ``parent``: the step, the preload
-    starts of positions ``P..``, the resident table and the gate.  ``None``: does not fit."""
+    starts of positions ``P..``, the resident table and the gate; ``only``: the exec plan to
+    use (``None``: the allocation chooses).  ``None``: does not fit."""
     n = len(items)
     item = items[i]
     if parent is None:
@@ -241,7 +121,8 @@ def _step(
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
     groups: list[tuple[Option, ...]] = []
-    execs = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+    every = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+    execs = every[: item.pareto]
     if pol.fastest_exec:
         execs = execs[-1:]
     elif pol.exec_space is not None:
@@ -257,6 +138,10 @@ def _step(
         if not fit and pol.exec_core is not None:
             return None  # no plan of this operator fits the fixed per-core execute space
         execs = fit[-1:] if fit else execs[:1]
+    if only is not None:
+        execs = tuple(o for o in (execs if only < item.pareto else every) if o.ref == only)
+        if not execs:
+            return None
     if pol.core_sram is not None and item.grids and residents:
         held = []
         for j in residents:
@@ -271,6 +156,8 @@ def _step(
             if own + every <= pol.core_sram:  # type: ignore[operator]
                 return True  # even if every grid shared one core
             g = item.grids[e]
+            if _crowd(pol, [g, *(gj for gj, _ in held)]):
+                return False  # some core may hold a tile of every grid
             shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
             return own + shared <= pol.core_sram  # type: ignore[operator]
 
@@ -318,42 +205,6 @@ def _step(
     stall = cost(e) - item.execs[e].time
     step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall, lead)
     return step, spre, tuple(res), gate
-
-
-def _lead(
-    items: Sequence[Item],
-    order: Sequence[int],
-    positions: Sequence[int],
-    i: int,
-    e: int,
-    res: dict[int, tuple[int, float, int, int]],
-    pol: Policy,
-) -> float:
-    """Cycles ``execute(i)`` (exec plan ``e``) waits behind the preloads at ``positions`` of the
-    preload order, issued just before it.  ELK §4.3 estimates the contention on a link by
-    dividing its total traffic by its bandwidth, and a link serves the messages sharing it one
-    after another (ELK §6.1): a ``preload_async`` issued before an ``execute`` queues its pieces
-    on the receiving cores' ports ahead of the execution's activations, partial sums and
-    results, so an execution whose cores also receive a preload waits for that core's share of
-    it (``Item.ports``).  Grids that need not share a core (:meth:`Policy.must_share`: placement
-    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``."""
-    it = items[i]
-    if not pol.contention or not it.ports:
-        return 0.0
-    g = it.grids[e] if it.grids else None
-    tot = 0.0
-    for k in positions:
-        j = order[k]
-        pj = items[j]
-        if not pj.ports:
-            continue
-        if j == i or j not in res:  # its own preload: execute(i) waits for it anyway
-            continue
-        plan = res[j][3]
-        gj = pj.grids[plan] if pj.grids else None
-        if g is None or gj is None or pol.must_share(g, gj):
-            tot += pj.ports[plan]
-    return tot
 
 
 def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Policy) -> Timeline:
@@ -465,8 +316,13 @@ def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]
     if it.ports and it.grids:
         r, c = it.grids[st.step.exec_plan]
         grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
+    own: tuple[float, ...] = ()
+    if pol.plan_branch:  # its own preload as earlier steps schedule it (ELK §4.2)
+        e = st.step.exec_plan
+        own = (-it.load_time(e), -(it.ports[e] if it.ports else 0.0))
     return (
         st.step.start,
+        *own,
         *st.spre,
         *(bound for _, _, bound, _, _ in res),
         *(-float(sp) for _, sp, _, _, _ in res),
@@ -491,6 +347,89 @@ def _keep(
     if beam is not None and len(out) > beam:
         out.sort(key=lambda vs: vs[0], reverse=True)
         out = out[:beam]
+    return out
+
+
+def _sharers(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> list[tuple[int, ...]]:
+    """Per exec plan of operator ``i`` (``P`` preloads issued, suffix ``parent``): the resident
+    operators whose preloads would queue on the plan's cores (:func:`_lead`; those issued just
+    before ``execute(i)`` are a subset of the residents)."""
+    it = items[i]
+    n = len(items)
+    if parent is None or not it.grids or not it.ports:
+        return [()] * len(it.execs)
+    res = {op: e for op, _, _, _, e in parent.res}
+    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    held = []
+    for j in range(i + 1, min(n, last + 1)):
+        if pos[j] >= P or not items[j].ports or not items[j].grids:
+            continue
+        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
+        if pj is not None:
+            held.append((j, items[j].grids[pj]))
+    full = {op: (0, 0.0, 0, e) for op, e in res.items()}
+    if i + 1 < n:
+        full[i + 1] = (0, 0.0, 0, parent.step.exec_plan)
+    full = {j: v for j, v in full.items() if j in {h for h, _ in held}}
+    out = []
+    for e in range(len(it.execs)):
+        crowd = _crowded(items, it.grids[e], full, pol)
+        out.append(tuple(j for j, g in held if crowd or pol.must_share(it.grids[e], g)))
+    return out
+
+
+def _tries(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> list[tuple[tuple[int, ...], tuple[Step, tuple[float, ...], tuple, float]]]:
+    """The steps to keep for operator ``i`` with ``P`` issued preloads after ``parent``, each
+    with the residents its grid shares cores with: the allocation's choice (ELK §4.3) and,
+    with ``Policy.plan_branch``, the fastest fitting plan of every other such set of
+    residents (ELK §4.3 weighs execution time against interconnect contention: a plan on a
+    smaller grid may run beside the preloads instead of queueing behind them)."""
+    got = _step(items, order, pos, i, P, parent, pol)
+    if not pol.plan_branch:
+        return [((), got)] if got is not None else []
+    sigs = _sharers(items, order, pos, i, P, parent, pol)
+    out = []
+    seen = set()
+    if got is not None:
+        seen.add(sigs[got[0].exec_plan])
+        out.append((sigs[got[0].exec_plan], got))
+    for e in range(items[i].fastest, -1, -1):  # fastest first
+        if sigs[e] in seen:
+            continue
+        alt = _step(items, order, pos, i, P, parent, pol, only=e)
+        if alt is not None:
+            seen.add(sigs[e])
+            out.append((sigs[e], alt))
+    # and per such set the plan that preloads soonest (ELK §4.2), when that is another plan
+    it = items[i]
+    quick: set[tuple[int, ...]] = set()
+    chosen = {sig: st[0].exec_plan for sig, st in out}
+    for e in sorted(range(len(it.execs)), key=lambda e: (it.load_time(e), -e)):
+        if sigs[e] in quick:
+            continue
+        if chosen.get(sigs[e]) == e:
+            quick.add(sigs[e])
+            continue
+        alt = _step(items, order, pos, i, P, parent, pol, only=e)
+        if alt is not None:
+            quick.add(sigs[e])
+            out.append(((*sigs[e], -1), alt))
     return out
 
 
@@ -522,18 +461,17 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
         new: dict[int, list[_State]] = {}
         top = n if policy.window is None else min(n, lo[i] + policy.window)
         for P in range(lo[i], min(top, cap[i]) + 1):
-            kept: list[tuple[tuple[float, ...], _State]] = []
+            kept: dict[tuple[int, ...], list[tuple[tuple[float, ...], _State]]] = {}
             for P2, parents in states.items():
                 if P2 < P:
                     continue
                 for parent in parents:
-                    got = _step(items, order, pos, i, P, parent, policy)
-                    if got is None:
-                        continue
-                    st = _State(got[0], got[1], got[2], parent)
-                    kept = _keep(kept, _vector(st, items, policy), st, policy.beam)
+                    for sig, got in _tries(items, order, pos, i, P, parent, policy):
+                        st = _State(got[0], got[1], got[2], parent)
+                        vec = _vector(st, items, policy)
+                        kept[sig] = _keep(kept.get(sig, []), vec, st, policy.beam)
             if kept:
-                new[P] = [st for _, st in kept]
+                new[P] = [st for group in kept.values() for _, st in group]
         if not new:
             raise ElkError(
                 f"operator {items[i].name!r} cannot be scheduled: its smallest execute plan "
@@ -545,9 +483,14 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
 
 
 def evaluate(
-    items: Sequence[Item], policy: Policy, Ps: Sequence[int], order: Sequence[int] | None = None
+    items: Sequence[Item],
+    policy: Policy,
+    Ps: Sequence[int],
+    order: Sequence[int] | None = None,
+    plans: Sequence[int] | None = None,
 ) -> Timeline | None:
-    """The timeline of one given vector of issued-preload counts ``Ps`` (``None``: infeasible)."""
+    """The timeline of one given vector of issued-preload counts ``Ps`` (``None``: infeasible);
+    ``plans``: the exec plan of every operator (default: each step's allocation chooses)."""
     n = len(items)
     order = tuple(range(n)) if order is None else tuple(order)
     pos = _check(items, order)
@@ -561,7 +504,7 @@ def evaluate(
         return None
     state: _State | None = None
     for i in range(n - 1, -1, -1):
-        got = _step(items, order, pos, i, Ps[i], state, policy)
+        got = _step(items, order, pos, i, Ps[i], state, policy, None if plans is None else plans[i])
         if got is None:
             return None
         state = _State(got[0], got[1], got[2], state)

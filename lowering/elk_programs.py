@@ -151,6 +151,13 @@ def _place(
             usable_rows = noc.rows - 1
             if rows == 1 and cols > noc.cols and cols <= usable_rows * noc.cols:
                 cands = [tuple(range(cols))]
+            elif rows > usable_rows and cols <= noc.cols:
+                cands = _folded(chip, rows, cols, usable_rows)
+                if not cands:
+                    raise ProgramError(
+                        f"{op.name}: plan {plan.label()} needs {rows} grid rows of {cols} cores; "
+                        f"the mesh has {usable_rows}x{noc.cols} worker cores"
+                    )
             elif cols > noc.cols or rows > usable_rows:
                 raise ProgramError(
                     f"{op.name}: plan {plan.label()} needs a {rows}x{cols} grid; the mesh has "
@@ -179,6 +186,29 @@ def _place(
                 load[core, j + 1] += nbytes
         out[j] = placed
     return [out[j] for j in range(n)], load
+
+
+def _folded(chip: Chip, rows: int, cols: int, usable_rows: int) -> list[tuple[int, ...]]:
+    """Placements of a ``rows x cols`` grid taller than the mesh (:func:`elk.cost.footprint`):
+    ``noc.cols // cols`` grid rows side by side in each mesh row, every grid row contiguous
+    along its mesh row; one candidate per row offset and west / middle / east column offset."""
+    noc = chip.noc
+    assert isinstance(noc, MeshNoC)
+    per = noc.cols // cols
+    height = -(-rows // per)
+    if height > usable_rows:
+        return []
+    width = per * cols
+    c0s = sorted({0, (noc.cols - width) // 2, noc.cols - width})
+    return [
+        tuple(
+            chip.core_at(r0 + r // per, c0 + (r % per) * cols + c)
+            for r in range(rows)
+            for c in range(cols)
+        )
+        for c0 in c0s
+        for r0 in range(usable_rows - height + 1)
+    ]
 
 
 def held_output(pl: Placed) -> list[tuple[int, int]]:

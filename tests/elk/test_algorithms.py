@@ -213,3 +213,101 @@ def test_per_core_sram_keeps_grids_that_must_share_cores_apart() -> None:
     assert apart.total == pytest.approx(roomy.total)
     mesh = Policy(capacity=1000, core_sram=13, mesh=(3, 5))
     assert mesh.must_share((2, 3), (2, 3)) and not mesh.must_share((1, 3), (2, 3))
+
+
+def _brute_force_plans(items: list[Item], pol: Policy) -> float:
+    """The best total over every vector of preload numbers and every vector of exec plans."""
+    import itertools
+
+    n = len(items)
+    best = float("inf")
+    for plans in itertools.product(*(range(len(it.execs)) for it in items)):
+        for Ps in itertools.product(range(1, n + 1), repeat=n - 1):
+            t = evaluate(items, pol, (*Ps, n), plans=plans)
+            if t is not None:
+                best = min(best, t.total)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_plan_branching_never_worse_and_never_beats_brute_force(seed: int) -> None:
+    """ELK §4.3 weighs execution time against interconnect contention: keeping a suffix per
+    set of resident operators a plan's cores are shared with (``plan_branch``) is never worse
+    than the allocation's single choice, is one of the enumerated (P, plan) vectors and never
+    beats the best of them."""
+    rng = random.Random(500 + seed)
+    items = _items(rng, rng.randint(2, 4), multi_preload=False, ports=True)
+    plain_pol = Policy(capacity=rng.randint(12, 30), workers=8)
+    pol = Policy(capacity=plain_pol.capacity, workers=8, plan_branch=True)
+    try:
+        plain = schedule(items, plain_pol)
+    except ValueError:
+        return
+    got = schedule(items, pol)
+    assert got.total <= plain.total + 1e-9
+    again = evaluate(items, pol, [s.P for s in got.steps], plans=[s.exec_plan for s in got.steps])
+    assert again is not None and again.total == pytest.approx(got.total)
+    assert got.total >= _brute_force_plans(items, pol) - 1e-9
+
+
+def test_smaller_grid_runs_beside_a_queued_preload() -> None:
+    """An operator whose fastest plan needs every core waits behind the preload issued before
+    it on those cores (ELK §4.3 contention); its slightly slower half-chip plan runs beside it.
+    The allocation alone keeps the fastest plan; plan branching finds the half-chip one."""
+    op0 = Item(
+        "op0",
+        (Option(4, 6.0, 0), Option(8, 5.0, 1)),
+        ((Option(0, 0.0),), (Option(0, 0.0),)),
+        0.0,
+        grids=((1, 4), (1, 8)),
+        ports=(0.0, 0.0),
+    )
+    op1 = Item(
+        "op1",
+        (Option(4, 1.0, 0),),
+        ((Option(4, 0.0),),),
+        10.0,
+        hbm_bytes=40,
+        grids=((1, 4),),
+        ports=(10.0,),
+    )
+    # a first operator (the layer's input is read from HBM, behind every earlier preload)
+    first = Item("in", (Option(1, 1.0, 0),), ((Option(0, 0.0),),), 0.0, grids=((1, 1),))
+    items = [first, op0, op1]
+    plain = schedule(items, Policy(capacity=100, workers=8))
+    got = schedule(items, Policy(capacity=100, workers=8, plan_branch=True))
+    assert plain.steps[1].exec_plan == 1 and got.steps[1].exec_plan == 0
+    assert got.total < plain.total
+    assert got.steps[1].P == 3 and got.steps[1].lead == 0.0  # op1's preload runs beside op0
+
+
+def test_grids_apart_in_pairs_but_not_all_together_share_cores() -> None:
+    """Three grids on a 3 x 5 mesh, each pair stacked in rows fits, all three do not: some
+    core holds a tile of each, so an operator may run beside both others only if its tile and
+    theirs fit one core's SRAM together (and it waits behind their preloads)."""
+    from elk.schedule import _crowd
+
+    pol = Policy(capacity=1000, core_sram=13, mesh=(3, 5))
+    a, b = (2, 5), (1, 5)
+    assert not pol.must_share(a, b) and not pol.must_share(b, b)
+    assert not _crowd(pol, [a, b]) and _crowd(pol, [a, b, b])
+    assert _crowd(Policy(capacity=1, workers=8), [(1, 3), (1, 3), (1, 3)])
+    assert not _crowd(Policy(capacity=1, workers=9), [(1, 3), (1, 3), (1, 3)])
+    items = [
+        Item(
+            f"op{k}",
+            (Option(60, 5.0, None),),
+            ((Option(60, 0.0),),),
+            5.0,
+            hbm_bytes=60,
+            core_spaces=(7,),
+            grids=(g,),
+        )
+        for k, g in enumerate((a, b, b))
+    ]
+    s = schedule(items, pol)
+    assert s.preload_number(0) <= 1  # never all three on chip at once
+    assert evaluate(items, pol, (3, 3, 3)) is None
+    roomy = Policy(capacity=1000, core_sram=21, mesh=(3, 5))
+    both = evaluate(items, roomy, (3, 3, 3))
+    assert both is not None and both.preload_number(0) == 2

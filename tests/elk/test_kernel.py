@@ -63,7 +63,7 @@ def test_cost_model_matches_simulator_per_operator_kind(name: str) -> None:
     costs = ChipCosts.from_chip(chip)
     op = next(o for o in decode_step_ops("llama3-8b", 32, 2048, 1) if o.name.endswith(name))
     it = item_for(costs, op)
-    e = len(it.execs) - 1
+    e = it.fastest
     plan = it.execs[e].ref
     ops, tensors = bind_timing([op], [plan])
     total = simulate(elk_programs(chip, ops, [plan], [0], [1], tensors), chip).cycles
@@ -159,7 +159,7 @@ def test_held_output_tiles_count_in_core_peaks() -> None:
     chip = load_chip("ipu-hbm")
     costs = ChipCosts.from_chip(chip)
     ops = decode_step_ops("llama3-8b", 32, 2048, 1)[1:3]  # qkv_proj, rotary
-    plans = [item_for(costs, op).execs[-1].ref for op in ops]
+    plans = [(it := item_for(costs, op)).execs[it.fastest].ref for op in ops]
     placed, load = _place(chip, ops, plans, (0, 1), (1, 2))
     held = held_output(placed[0])
     m, _, n = ops[0].dims
@@ -179,3 +179,77 @@ def test_kernel_program_is_planned_in_the_served_dtype() -> None:
         name = "bf16" if dt == torch.bfloat16 else "fp32"
         assert prog.graph.dtype == name and {op.dtype for op in prog.graph.ops} == {name}
         assert {prog.graph.tensors[w][1] for w in prog.graph.weights.values()} == {name}
+
+
+def test_mesh_attention_groups_fold_side_by_side() -> None:
+    """A decode attention with more (batch, KV head) groups than the mesh has rows puts
+    several groups side by side in one mesh row (each group's KV slices contiguous along its
+    row, ELK §5), so Llama-3-8B's batch-64 KV cache (512 MiB) has a plan on the mesh preset."""
+    from elk.cost import footprint, plans_for
+
+    chip = load_chip("mesh")
+    costs = ChipCosts.from_chip(chip)
+    op = next(o for o in decode_step_ops("llama3-8b", 64, 2048, 1) if o.kind == "attention")
+    plans = plans_for(costs, op)
+    assert plans and all(p.core_space <= chip.core.sram_bytes for p in plans)
+    assert costs.mesh is not None
+    folded = [p for p in plans if p.tiles[0] * p.tiles[1] > costs.mesh[0]]
+    assert folded
+    plan = folded[-1]
+    rows, cols = footprint(plan, costs.mesh)
+    assert rows <= costs.mesh[0] and cols <= costs.mesh[1]
+    ops, _ = bind_timing([op], [plan])
+    pl = place(chip, ops, [plan])[0]
+    assert len(set(pl.cores)) == plan.cores
+    for r in range(pl.rows):
+        coords = [chip.mesh_coords(pl.core(r, c)) for c in range(pl.cols)]
+        assert len({y for y, _ in coords}) == 1  # one mesh row per group
+        assert [x for _, x in coords] == list(range(coords[0][1], coords[0][1] + pl.cols))
+        assert coords[0][0] < chip.noc.rows - 1  # the controller's row stays free
+
+
+def test_plans_that_preload_sooner_are_offered_to_elk_only() -> None:
+    """ELK §4.2: a preload takes the HBM roofline or the interconnect delivery, whichever is
+    longer, so on four IPU-like chips with 16 TB/s of HBM (ELK §6.1) an attention spread over
+    more cores than its fastest plan's loads its KV cache sooner (the fastest plan's per-core
+    delivery is port-bound).  Such plans follow the space/time Pareto curve in
+    ``Item.execs``; the fixed-rule designs (Basic, Static) keep to the curve, ELK's search
+    may take them."""
+    import dataclasses
+
+    from elk.cost import plans_for
+    from elk.plan import plan_model
+
+    base = load_chip("ipu-hbm")
+    chip = dataclasses.replace(
+        base,
+        num_cores=4 * base.num_cores,
+        hbm=dataclasses.replace(base.hbm, channels=4 * base.hbm.channels),
+    )
+    costs = ChipCosts.from_chip(chip)
+    ops = decode_step_ops("llama3-8b", 32, 2048, 1)
+    att = next(o for o in ops if o.kind == "attention")
+    it = item_for(costs, att)
+    front = plans_for(costs, att)
+    assert it.pareto == len(front) < len(it.execs)
+    assert it.execs[it.fastest].ref == min(front, key=lambda p: p.time)
+    for e in range(it.pareto, len(it.execs)):
+        p = it.execs[e].ref
+        cover = [k for k, f in enumerate(front) if f.space <= p.space and f.time <= p.time]
+        assert all(it.load_time(e) < it.load_time(k) for k in cover)
+    for design in ("basic", "static"):
+        s = plan_model(ops, costs, design, window=8, beam=2)
+        assert all(st.exec_plan < s.items[st.op].pareto for st in s.timeline.steps)
+
+
+def test_dense_mlp_projections_are_separate_operators_and_plan_on_the_mesh() -> None:
+    """Llama's gate_proj and up_proj are two weights (HF LlamaMLP), so two operators; at batch
+    64 each fits the mesh's row-by-column grids (a fused 235 MB gate+up did not: its tile and
+    partial sums overflow a core on any divisor grid of 31 x 46 worker cores)."""
+    from elk.plan import plan_model
+
+    ops = decode_step_ops("llama3-8b", 64, 2048, 1)
+    mm = {o.name.split(".")[1]: o.dims for o in ops if o.kind == "matmul"}
+    assert mm["gate"] == mm["up"] == (64, 4096, 14336) and mm["down"] == (64, 14336, 4096)
+    s = plan_model(ops, load_chip("mesh"), "ideal")
+    assert s.cycles > 0 and len(s.plans) == len(ops)

@@ -1,0 +1,73 @@
+"""Interconnect contention between preloads and executions (ELK §4.3: "to estimate the
+contention overhead on each interconnect link, ELK divides total traffic by link bandwidth";
+links serve the messages sharing them one after another, ELK §6.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from elk.model import Item, Policy
+
+__all__: list[str] = []  # used by elk.schedule
+
+
+def _lead(
+    items: Sequence[Item],
+    order: Sequence[int],
+    positions: Sequence[int],
+    i: int,
+    e: int,
+    res: dict[int, tuple[int, float, int, int]],
+    pol: Policy,
+) -> float:
+    """Cycles ``execute(i)`` (exec plan ``e``) waits behind the preloads at ``positions`` of the
+    preload order, issued just before it.  ELK §4.3 estimates the contention on a link by
+    dividing its total traffic by its bandwidth, and a link serves the messages sharing it one
+    after another (ELK §6.1): a ``preload_async`` issued before an ``execute`` queues its pieces
+    on the receiving cores' ports ahead of the execution's activations, partial sums and
+    results, so an execution whose cores also receive a preload waits for that core's share of
+    it (``Item.ports``).  Grids that need not share a core (:meth:`Policy.must_share`: placement
+    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``."""
+    it = items[i]
+    if not pol.contention or not it.ports:
+        return 0.0
+    g = it.grids[e] if it.grids else None
+    crowded = g is not None and _crowded(items, g, res, pol)
+    tot = 0.0
+    for k in positions:
+        j = order[k]
+        pj = items[j]
+        if not pj.ports:
+            continue
+        if j == i or j not in res:  # its own preload: execute(i) waits for it anyway
+            continue
+        plan = res[j][3]
+        gj = pj.grids[plan] if pj.grids else None
+        if g is None or gj is None or crowded or pol.must_share(g, gj):
+            tot += pj.ports[plan]
+    return tot
+
+
+def _crowded(
+    items: Sequence[Item],
+    g: tuple[int, int],
+    res: dict[int, tuple[int, float, int, int]],
+    pol: Policy,
+) -> bool:
+    """Whether an executing grid ``g`` and the grids of all operators resident beside it
+    (``res``: op -> (space, bound, preload plan, exec plan)) cannot all be apart
+    (:func:`_crowd`)."""
+    return _crowd(pol, [g, *(items[j].grids[pj] for j, (*_, pj) in res.items() if items[j].grids)])
+
+
+def _crowd(pol: Policy, grids: Sequence[tuple[int, int]]) -> bool:
+    """Whether core ``grids`` cannot all be placed apart, even where each pair could
+    (:meth:`Policy.must_share` is pairwise): on an all-to-all chip they need more cores than
+    there are; on a mesh they fit neither stacked in rows nor side by side in columns."""
+    if len(grids) < 3:
+        return False  # a pair: Policy.must_share decides
+    if pol.mesh is not None:
+        return sum(r for r, _ in grids) > pol.mesh[0] and sum(c for _, c in grids) > pol.mesh[1]
+    if not pol.workers:
+        return False
+    return sum(r * c for r, c in grids) > pol.workers
