@@ -29,8 +29,8 @@ import sympy as sp
 from torch2step.errors import LoweringError
 from torch2step.layers.graph import LayerGraph, Node
 from torch2step.layers.ops import TensorType
-from torch2step.step import Graph, OffChipTensor, Value, dyn, fn
-from torch2step.step.types import TileType
+from torch2step.step import Graph, OffChipTensor, Value, dyn, fn, zeros
+from torch2step.step.types import DTYPE_BYTES, TileType
 
 __all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
 
@@ -74,7 +74,9 @@ class LowerOptions:
     ``K_LANE_MIN_BYTES`` of weights per lane; a Linear with split-K lanes has no
     ``linear_lanes``); ``stream_rows``: an operator reading a value another operator stored
     as rows reads that row stream directly instead of loading it back from HBM (``False``:
-    every operator round-trips through HBM)."""
+    every operator round-trips through HBM); ``store_tile_bytes``: a row stream narrower than
+    this is stored in tiles of whole consecutive rows of at most that many bytes (see
+    :meth:`LowerCtx.store_pack`; ``1``: row by row)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -93,6 +95,7 @@ class LowerOptions:
     linear_lanes_auto: bool = False
     linear_k_lanes: int | None = None
     stream_rows: bool = True
+    store_tile_bytes: int = 4096
 
     def __post_init__(self) -> None:
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:
@@ -110,7 +113,7 @@ class LowerOptions:
             )
         if self.attn_coarse_chunk is not None and int(self.attn_coarse_chunk) < 1:
             raise LoweringError("option attn_coarse_chunk must be a positive integer or None")
-        for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):
+        for name in ("tile_rows", "tile_kv", "weight_tile_bytes", "store_tile_bytes"):
             if int(getattr(self, name)) < 1:
                 raise LoweringError(f"option {name} must be a positive integer")
         if self.moe_lane_assign not in ("dispatch", "consecutive"):
@@ -297,11 +300,39 @@ class LowerCtx:
         return self.graph.flatten(v, 0, r - 1) if r > 1 else v
 
     def store_rows(self, rows: Value, value: str) -> OffChipTensor:
-        """Write the row stream ``rows`` as ``value``'s fresh ``[rows, cols]`` tensor."""
+        """Write the row stream ``rows`` as ``value``'s fresh ``[rows, cols]`` tensor: narrow
+        rows are first packed into ``[k, cols]`` tiles of ``k`` consecutive rows
+        (:meth:`store_pack`; ``Accum(retile_row)``), one contiguous HBM write each."""
         t = self.declare(value)
-        self.graph.linear_store(rows, t)
+        k = self.store_pack(value)
+        stored = rows
+        if k > 1:
+            data, _ = self.graph.reshape(rows, 0, k, 0.0)  # [1, R/k, k]: k divides R, no pad
+            zero = zeros(0, int(self.placed[value].cols), self.dtype(value))
+            stored = self.graph.accum(data, "retile_row", zero, 1)  # [1, R/k] of [k, cols]
+        self.graph.linear_store(stored, t)
         self.streamed[t.name] = rows
         return t
+
+    def store_pack(self, value: str) -> int:
+        """Rows of ``value`` per HBM write: the largest power of two ``k`` dividing its row
+        count whose ``k`` rows fit ``store_tile_bytes`` (1: rows are stored one by one).
+
+        A store unit keeps a bounded number of writes in flight over the HBM latency (Little's
+        law, STeP §4.2 off-chip operators), so a stream of small rows — a decode step's
+        ``[1, head_dim]`` per-head rows — is limited by write latency, not bandwidth; tiles of
+        whole consecutive rows are one contiguous write each and keep the link busy."""
+        p = self.placed[value]
+        cols = sp.sympify(p.cols)
+        if not cols.is_Integer:
+            return 1
+        row_bytes = int(cols) * DTYPE_BYTES[self.dtype(value)]
+        k = 1
+        while (2 * k) * row_bytes <= self.options.store_tile_bytes and sp.simplify(
+            sp.Mod(sp.sympify(p.rows), 2 * k)
+        ) == 0:
+            k *= 2
+        return k
 
     def tensor_as(self, value: str, shape: tuple[Any, ...]) -> OffChipTensor:
         """An off-chip tensor of exactly ``shape`` holding ``value`` (its storage when it has
