@@ -272,24 +272,47 @@ class LowerCtx:
             )
         return self.flat(v)
 
-    def _forwarded(self, t: OffChipTensor, rows: sp.Expr, cols: sp.Expr) -> Value | None:
-        """The row stream an earlier operator stored into ``t``, as ``[1, rows]`` of
-        ``[1, cols]`` (its rows split on chip when they are wider), or ``None``: consecutive
-        row-wise operators stream into each other instead of round-tripping through HBM
-        (STeP §3: a stream may feed several consumers; the store stays for any reader of the
-        tensor)."""
+    def load_row_tiles(self, value: str) -> Value:
+        """``value`` as a stream of ``[k, cols]`` tiles of ``k`` consecutive rows
+        (``[1, rows/k]``): the stream an earlier operator stored, whose rows are ``k`` times
+        wider (a projection's ``[1, heads*head_dim]`` rows seen as ``[heads, head_dim]``
+        tiles) or that already carries such tiles; else its rows (``k = 1``).  A row-wise
+        operator then handles one message per ``k`` rows: a chain of such operators over a
+        decode step's per-head rows is not bound by one small message per row."""
+        p = self.placed[value]
+        fwd = self._forwarded(p.tensor, p.rows, p.cols, tiles=True)
+        return fwd if fwd is not None else self.load_rows(value)
+
+    def _forwarded(
+        self, t: OffChipTensor, rows: sp.Expr, cols: sp.Expr, *, tiles: bool = False
+    ) -> Value | None:
+        """The stream an earlier operator stored into ``t``, as ``[1, rows]`` of ``[1, cols]``
+        (its rows split on chip when they are wider; its ``[k, cols]`` tiles cut into rows),
+        or with ``tiles`` as ``[1, rows/k]`` of ``[k, cols]`` (wider rows viewed as tiles),
+        or ``None``: consecutive row-wise operators stream into each other instead of
+        round-tripping through HBM (STeP §3: a stream may feed several consumers; the store
+        stays for any reader of the tensor)."""
         if not self.options.stream_rows or t.name not in self.streamed:
             return None
         v = self.streamed[t.name]
         tile = v.type.dtype
-        if not isinstance(tile, TileType) or tile.dtype != t.dtype or tile.shape[0] != 1:
+        if not isinstance(tile, TileType) or tile.dtype != t.dtype or v.type.rank != 1:
             return None
         width, c = sp.sympify(tile.shape[1]), sp.sympify(cols)
-        if not (width.is_Integer and c.is_Integer) or int(width) % int(c):
+        k = sp.sympify(tile.shape[0])
+        if not (width.is_Integer and c.is_Integer and k.is_Integer):
+            return None
+        if int(k) > 1:  # a tile stream: [k, cols] tiles of consecutive rows
+            if int(width) != int(c) or sp.simplify(v.type.shape[1] * k - sp.sympify(rows)):
+                return None
+            return v if tiles else self.flat(self.graph.flat_map(v, fn("retile_streamify", rows=1)))
+        if int(width) % int(c):
             return None
         per = int(width) // int(c)
-        if v.type.rank != 1 or sp.simplify(v.type.shape[1] * per - sp.sympify(rows)) != 0:
+        if sp.simplify(v.type.shape[1] * per - sp.sympify(rows)) != 0:
             return None
+        if per > 1 and tiles:
+            return self.graph.map(fn("tile_reshape", rows=per, cols=int(c)), v)
         if per > 1:
             v = self.flat(self.graph.flat_map(v, fn("split_cols", cols=int(c))))
         return v
@@ -300,12 +323,14 @@ class LowerCtx:
         return self.graph.flatten(v, 0, r - 1) if r > 1 else v
 
     def store_rows(self, rows: Value, value: str) -> OffChipTensor:
-        """Write the row stream ``rows`` as ``value``'s fresh ``[rows, cols]`` tensor: narrow
+        """Write the row stream ``rows`` (or a stream of ``[k, cols]`` tiles of consecutive
+        rows, :meth:`load_row_tiles`) as ``value``'s fresh ``[rows, cols]`` tensor: narrow
         rows are first packed into ``[k, cols]`` tiles of ``k`` consecutive rows
         (:meth:`store_pack`; ``Accum(retile_row)``), one contiguous HBM write each."""
         t = self.declare(value)
-        k = self.store_pack(value)
-        stored = rows
+        tile = rows.type.dtype
+        k = 1 if isinstance(tile, TileType) and tile.shape[0] != 1 else self.store_pack(value)
+        stored = rows  # row tiles (load_row_tiles) are stored as they are: consecutive rows
         if k > 1:
             data, _ = self.graph.reshape(rows, 0, k, 0.0)  # [1, R/k, k]: k divides R, no pad
             zero = zeros(0, int(self.placed[value].cols), self.dtype(value))
