@@ -208,8 +208,8 @@ def k_groups(k: int, n_tiles: int, lanes: int) -> tuple[int, int]:
     """``(pk, groups)``: ``lanes`` split-K matmul units as ``pk`` slices of the ``k`` input
     features times ``groups`` groups of the ``n_tiles`` output tiles.
 
-    A lane's partial sums leave it at ``F s / kp`` bytes per cycle (``F`` FLOPs/cycle of its
-    unit, ``s`` bytes per element: ``tm tn s`` bytes per ``2 tm kp tn / F`` cycles), and each
+    A lane's partial sums leave it at ``F s / (2 kp)`` bytes per cycle (``F`` FLOPs/cycle of
+    its unit, ``s`` bytes per element: ``tm tn s`` bytes per ``2 tm kp tn / F`` cycles), and each
     add of the reduction tree takes two such streams.  With ``kp`` of at least
     :data:`K_LANE_SUM_COLS` input features an add takes at most half of a 64 B/cycle link on
     the STeP chips (2048 bf16 FLOPs/cycle per unit), so the tree keeps pace with the
