@@ -1,10 +1,12 @@
 """Which operator of the user's layer each STeP node came from.
 
-Every value between two layer operators lives in an off-chip tensor (``Lowered.placed``), so
-the STeP nodes one layer operator lowers to are a set of nodes joined by streams that stores
-into that operator's output tensor.  :func:`step_origins` finds those stream-connected groups
+The lowering records the layer operator whose rule added each STeP node
+(``Lowered.made_by``), which names it even when operators stream into each other
+(``stream_rows``).  A node without that record is named by its group: the STeP nodes one
+layer operator lowers to are joined by streams to the store into that operator's output
+tensor (``Lowered.placed``), so :func:`step_origins` finds the stream-connected groups
 (union-find over stream edges) and names each by the layer operator whose output tensor it
-writes; nodes of a per-expert (or per-lane) branch, named ``<layer node>_e<k>_...`` /
+writes.  Nodes of a per-expert (or per-lane) branch, named ``<layer node>_e<k>_...`` /
 ``..._l<k>_...`` by the lowering, are named per expert / lane within it.
 """
 
@@ -49,9 +51,11 @@ def step_origins(lowered: Any) -> dict[str, str]:
             for t in op.tensors():
                 if t.name in writer:
                     group.setdefault(_find(parent, k), writer[t.name])
+    by_name = {n.name: n for n in layer.nodes}
+    made_by = getattr(lowered, "made_by", {})
     out: dict[str, str] = {}
     for k, op in enumerate(prog.nodes):
-        node = group.get(_find(parent, k))
+        node = by_name.get(made_by.get(op.name, ""), group.get(_find(parent, k)))
         if node is None:
             continue
         label = f"{node.name} ({type(node.op).__name__})"

@@ -49,6 +49,8 @@ class Lowered:
     syms: dict[sp.Symbol, sp.Symbol]
     external: tuple[str, ...] = ()
     options: LowerOptions = field(default_factory=LowerOptions)
+    made_by: dict[str, str] = field(default_factory=dict)
+    """STeP node name -> the layer node whose lowering rule added it."""
 
     def bindings(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
         """Size of every dynamic dimension in this run (STeP symbol name -> value)."""
@@ -194,6 +196,7 @@ def lower(
         else:
             ctx.declare(v)
     problems: list[str] = []
+    made: dict[str, str] = {}  # STeP node -> the layer node whose rule added it
     skip = set(external)
     for node in layer.nodes:
         if node.outputs and all(o in skip for o in node.outputs):
@@ -209,8 +212,10 @@ def lower(
             continue
         if any(i not in ctx.placed for i in node.inputs):
             continue  # depends on an operator already reported
+        first = len(ctx.graph._nodes)
         try:
             rule(ctx, node)
+            made.update((op.name, node.name) for op in ctx.graph._nodes[first:])
         except (LoweringError, StepTypeError) as e:
             problems.append(str(e) if str(e).startswith(node.name) else f"{node.name}: {e}")
     ctx.node = None
@@ -229,5 +234,5 @@ def lower(
     except StepTypeError as e:
         raise LoweringError(f"{layer.name}: the lowered STeP graph is ill-typed: {e}") from None
     return Lowered(
-        layer, program, ctx.placed, ctx.host, ctx.prefill, ctx.syms, tuple(external), opts
+        layer, program, ctx.placed, ctx.host, ctx.prefill, ctx.syms, tuple(external), opts, made
     )
