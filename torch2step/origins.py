@@ -1,12 +1,13 @@
 """Which operator of the user's layer each STeP node came from.
 
-The lowering records which layer operator's rule added each STeP node (``Lowered.emitted``);
-that is the node's origin, also where a layer operator's output streams into its consumer
-instead of round-tripping through an off-chip tensor.  A node added later (by a pass after
-lowering) is named by its stream-connected group (union-find over stream edges): the layer
-operator whose output tensor the group stores into.  Nodes of a per-expert (or per-lane)
-branch, named ``<layer node>_e<k>_...`` / ``..._l<k>_...`` by the lowering, are named per
-expert / lane within it.
+The lowering records the layer operator whose rule added each STeP node
+(``Lowered.made_by``), which names it even when operators stream into each other
+(``stream_rows``).  A node without that record is named by its group: the STeP nodes one
+layer operator lowers to are joined by streams to the store into that operator's output
+tensor (``Lowered.placed``), so :func:`step_origins` finds the stream-connected groups
+(union-find over stream edges) and names each by the layer operator whose output tensor it
+writes.  Nodes of a per-expert (or per-lane) branch, named ``<layer node>_e<k>_...`` /
+``..._l<k>_...`` by the lowering, are named per expert / lane within it.
 """
 
 from __future__ import annotations
@@ -51,11 +52,10 @@ def step_origins(lowered: Any) -> dict[str, str]:
                 if t.name in writer:
                     group.setdefault(_find(parent, k), writer[t.name])
     by_name = {n.name: n for n in layer.nodes}
-    emitted: dict[str, str] = getattr(lowered, "emitted", {}) or {}
+    made_by = getattr(lowered, "made_by", {})
     out: dict[str, str] = {}
     for k, op in enumerate(prog.nodes):
-        src = emitted.get(op.name)
-        node = by_name[src] if src in by_name else group.get(_find(parent, k))
+        node = by_name.get(made_by.get(op.name, ""), group.get(_find(parent, k)))
         if node is None:
             continue
         label = f"{node.name} ({type(node.op).__name__})"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch_blocks import DecodeStep, decode_inputs
+from torch_blocks import HEAD_DIM, HEADS, KV_HEADS, DecodeStep, decode_inputs
 
 import torch2step
+from torch2step.step import LinearOffChipStore, Map
+from torch2step.step.types import TupleType
 
 CASES = ["qwen3-sdpa", "llama-sdpa", "qwen3-eager"]
 
@@ -36,6 +38,24 @@ def test_one_program_serves_every_kv_length(case: str, compiled: dict) -> None:
         latencies.append(prog.report(*xs).latency_cycles)
     # KV is loaded in tiles of 64 rows: 1 and 17 rows are one tile each, 300 rows are five
     assert latencies[0] <= latencies[1] < latencies[2], latencies
+
+
+def test_qk_norm_and_rotary_stream_whole_request_tiles(compiled: dict) -> None:
+    """Qwen3's q/k RMSNorm and RoPE read the projections' streamed rows as one
+    ``[heads, head_dim]`` tile per request (not one message per head row), and the rotated q
+    is stored in those tiles; no intermediate of the chain is stored."""
+    _, prog = compiled["qwen3-sdpa"]
+    nodes = prog.step.nodes
+    for name in ("rmsnorm", "rotary"):
+        shapes = set()
+        for op in nodes:
+            if isinstance(op, Map) and op.fn.name == name:
+                t = op.inputs()[0].type.dtype
+                t = t.elems[0] if isinstance(t, TupleType) else t  # (x, weight / position)
+                shapes.add(tuple(int(d) for d in t.shape))
+        assert shapes == {(HEADS, HEAD_DIM), (KV_HEADS, HEAD_DIM)}, (name, shapes)
+    stored = {op.tensor.name for op in nodes if isinstance(op, LinearOffChipStore)}
+    assert stored == {"rotary", "linear_3"}  # q for the attention lanes; the layer's output
 
 
 def test_ragged_kv_lengths() -> None:

@@ -71,3 +71,27 @@ def test_full_size_meta_layers_raise_with_published_shapes() -> None:
     assert (att.op.num_q_heads, att.op.num_kv_heads) == (32, 4)
     assert {n.op.theta for n in graph.ops(Rotary)} == {1_000_000.0}  # from the config (meta)
     assert {str(s) for s in graph.dims} == {"batch", "past"}
+
+
+def test_bf16_qk_norms_raise_to_rmsnorm() -> None:
+    """In bf16 the Qwen3 q/k norms cast to fp32 before squaring and back before the weight;
+    they are still one RMSNorm each (whose meaning casts exactly so), not a chain of casts and
+    elementwise operators, and the raised graph computes the module's outputs."""
+    from torch2step.layers import Cast, Elementwise, RMSNorm
+
+    cfg = models.QWEN3_30B_A3B_ATTENTION.tiny()
+    step = models.GQADecode(cfg, attn="eager", seed=3, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    kv = (2, cfg.num_kv_heads, 9, cfg.head_dim)
+    ins = (
+        torch.randn(2, 1, cfg.hidden_size, generator=gen).to(torch.bfloat16),
+        torch.randn(kv, generator=gen).to(torch.bfloat16),
+        torch.randn(kv, generator=gen).to(torch.bfloat16),
+    )
+    graph = from_torch(step, ins)
+    assert len(list(graph.ops(RMSNorm))) == 2
+    assert not list(graph.ops(Cast)) and not list(graph.ops(Elementwise))
+    with torch.no_grad():
+        want = step(*ins)
+    for got, w in zip(evaluate(graph, *ins), want):
+        torch.testing.assert_close(got, w, atol=2e-2, rtol=2e-2)

@@ -15,7 +15,7 @@ from torch import nn
 from hwmodel import load_chip
 from torch2step.frontend import from_torch
 from torch2step.lower import LowerOptions, lower
-from torch2step.lower.linear import K_LANE_MIN_BYTES, linear_k_lanes, weight_tile
+from torch2step.lower.linear import K_LANE_MIN_BYTES, k_groups, linear_k_lanes, weight_tile
 from torch2step.spatial import simulate_graph
 from torch2step.step import Bufferize, Map, run
 
@@ -110,3 +110,46 @@ def test_split_k_reads_slices_of_a_viewed_input_straight_from_hbm() -> None:
     names = [op.fn.name for op in lw.program.nodes if isinstance(op, Map)]
     assert "slice_cols" not in names  # no lane receives the whole row
     assert res.offchip_bytes == _run(model, x, 1)[1].offchip_bytes
+
+
+def test_k_groups_rule() -> None:
+    """Slices of at least K_LANE_SUM_COLS input features; the remaining lanes split N."""
+    assert k_groups(2048, 4096, 32) == (16, 2)  # Qwen3 q_proj: 16 slices x 2 column groups
+    assert k_groups(4096, 2048, 32) == (32, 1)  # o_proj: already 128 features per slice
+    assert k_groups(2048, 512, 4) == (4, 1)  # k_proj / v_proj
+    assert k_groups(512, 4, 8) == (4, 2)
+    assert k_groups(512, 3, 8) == (4, 1)  # the groups must divide the weight tiles
+    assert k_groups(64, 8, 4) == (1, 4)  # a thin Linear: output lanes only
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_split_k_column_groups_equal_pytorch(bias: bool) -> None:
+    """8 lanes on K=512 are 4 slices x 2 column groups: equal to PyTorch, the same off-chip
+    bytes as one lane, and each slice's block held by one buffer per group, received once
+    per row block."""
+    torch.manual_seed(1)
+    rows, lanes = 70, 8
+    model = nn.Linear(K_IN, N_OUT, bias=bias)
+    x = torch.randn(rows, K_IN)
+    lw, res, y = _run(model, x, lanes)
+    torch.testing.assert_close(y, model(x), atol=1e-4, rtol=1e-4)
+    blocks = math.ceil(rows / TM)
+    assert res.offchip_bytes == 4 * (
+        rows * K_IN + blocks * (N_OUT * K_IN + N_OUT * bias) + rows * N_OUT
+    )
+    pk, groups = k_groups(K_IN, N_OUT // TN, lanes)
+    assert (pk, groups) == (4, 2)
+    mm = [op for op in lw.program.nodes if isinstance(op, Map) and op.fn.name == "matmul_t"]
+    assert len(mm) == lanes
+    bufs = [
+        op.name
+        for op in lw.program.nodes
+        if isinstance(op, Bufferize) and op.input.type.dtype.shape == (TM, K_IN // pk)
+    ]
+    assert len(bufs) == lanes
+    sim = simulate_graph(lw.program, load_chip("step-sda"), res)
+    per = N_OUT // TN // groups
+    for u in sim.units:
+        if u.ops[0] in bufs:
+            assert u.received == blocks + blocks * per
+            assert u.sent == blocks * per

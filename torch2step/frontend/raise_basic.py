@@ -129,7 +129,7 @@ LINEAR = Pattern(
 
 
 _MEAN_SQ = [
-    P("add", P("mean", P(op, *src), Cap("dims"), True, casts=True), Cap("eps"))
+    P("add", P("mean", P(op, *src, casts=True), Cap("dims"), True, casts=True), Cap("eps"))
     for op, src in (("pow", (Cap("x"), 2)), ("mul", (Cap("x"), Cap("x"))), ("square", (Cap("x"),)))
 ]
 #: x / rms(x) as ATen (``x * rsqrt(ms)``) and ONNX exporters (``x * Reciprocal(Sqrt(ms))``,

@@ -29,15 +29,19 @@ import sympy as sp
 from torch2step.errors import LoweringError
 from torch2step.layers.graph import LayerGraph, Node
 from torch2step.layers.ops import TensorType
-from torch2step.step import Graph, OffChipTensor, Value, dyn, fn
-from torch2step.step.types import TileType
+from torch2step.step import Graph, OffChipTensor, Value, dyn, fn, zeros
+from torch2step.step.types import DTYPE_BYTES, TileType
 
 __all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
 
-ATTN_LANES = 16
-"""Default decode-attention pipelines: each moves one K and one V stream of at most a NoC
-link's bandwidth (64 B/cycle on the STeP chips), so 16 lanes can draw 2 KB/cycle — twice a
-1 KB/cycle HBM (STeP (arXiv 2511.07776) §5.1), leaving room for uneven KV lengths."""
+ATTN_LANES = 32
+"""Default decode-attention pipelines.  A lane's K and V tiles (and its expanded query tiles)
+all enter its one online-softmax unit, and the placement lays a lane's K and V loaders side
+by side, so under dimension-order routing both streams reach that unit over one NoC link:
+a lane draws at most one link's bandwidth (64 B/cycle on the STeP chips; measured: that link
+is busy 97% of a Qwen3 decode step).  32 lanes can then draw 2 KB/cycle — twice a 1 KB/cycle
+HBM (STeP (arXiv 2511.07776) §5.1) — which leaves room for uneven KV lengths: when the lanes
+with short requests are done, the rest still keep HBM busy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,9 @@ class LowerOptions:
     ``K_LANE_MIN_BYTES`` of weights per lane; a Linear with split-K lanes has no
     ``linear_lanes``); ``stream_rows``: an operator reading a value another operator stored
     as rows reads that row stream directly instead of loading it back from HBM (``False``:
-    every operator round-trips through HBM)."""
+    every operator round-trips through HBM); ``store_tile_bytes``: a row stream narrower than
+    this is stored in tiles of whole consecutive rows of at most that many bytes (see
+    :meth:`LowerCtx.store_pack`; ``1``: row by row)."""
 
     tile_rows: int = 64
     tile_cols: int | None = None
@@ -93,6 +99,7 @@ class LowerOptions:
     linear_lanes_auto: bool = False
     linear_k_lanes: int | None = None
     stream_rows: bool = True
+    store_tile_bytes: int = 4096
 
     def __post_init__(self) -> None:
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:
@@ -110,7 +117,7 @@ class LowerOptions:
             )
         if self.attn_coarse_chunk is not None and int(self.attn_coarse_chunk) < 1:
             raise LoweringError("option attn_coarse_chunk must be a positive integer or None")
-        for name in ("tile_rows", "tile_kv", "weight_tile_bytes"):
+        for name in ("tile_rows", "tile_kv", "weight_tile_bytes", "store_tile_bytes"):
             if int(getattr(self, name)) < 1:
                 raise LoweringError(f"option {name} must be a positive integer")
         if self.moe_lane_assign not in ("dispatch", "consecutive"):
@@ -269,24 +276,47 @@ class LowerCtx:
             )
         return self.flat(v)
 
-    def _forwarded(self, t: OffChipTensor, rows: sp.Expr, cols: sp.Expr) -> Value | None:
-        """The row stream an earlier operator stored into ``t``, as ``[1, rows]`` of
-        ``[1, cols]`` (its rows split on chip when they are wider), or ``None``: consecutive
-        row-wise operators stream into each other instead of round-tripping through HBM
-        (STeP §3: a stream may feed several consumers; the store stays for any reader of the
-        tensor)."""
+    def load_row_tiles(self, value: str) -> Value:
+        """``value`` as a stream of ``[k, cols]`` tiles of ``k`` consecutive rows
+        (``[1, rows/k]``): the stream an earlier operator stored, whose rows are ``k`` times
+        wider (a projection's ``[1, heads*head_dim]`` rows seen as ``[heads, head_dim]``
+        tiles) or that already carries such tiles; else its rows (``k = 1``).  A row-wise
+        operator then handles one message per ``k`` rows: a chain of such operators over a
+        decode step's per-head rows is not bound by one small message per row."""
+        p = self.placed[value]
+        fwd = self._forwarded(p.tensor, p.rows, p.cols, tiles=True)
+        return fwd if fwd is not None else self.load_rows(value)
+
+    def _forwarded(
+        self, t: OffChipTensor, rows: sp.Expr, cols: sp.Expr, *, tiles: bool = False
+    ) -> Value | None:
+        """The stream an earlier operator stored into ``t``, as ``[1, rows]`` of ``[1, cols]``
+        (its rows split on chip when they are wider; its ``[k, cols]`` tiles cut into rows),
+        or with ``tiles`` as ``[1, rows/k]`` of ``[k, cols]`` (wider rows viewed as tiles),
+        or ``None``: consecutive row-wise operators stream into each other instead of
+        round-tripping through HBM (STeP §3: a stream may feed several consumers; the store
+        stays for any reader of the tensor)."""
         if not self.options.stream_rows or t.name not in self.streamed:
             return None
         v = self.streamed[t.name]
         tile = v.type.dtype
-        if not isinstance(tile, TileType) or tile.dtype != t.dtype or tile.shape[0] != 1:
+        if not isinstance(tile, TileType) or tile.dtype != t.dtype or v.type.rank != 1:
             return None
         width, c = sp.sympify(tile.shape[1]), sp.sympify(cols)
-        if not (width.is_Integer and c.is_Integer) or int(width) % int(c):
+        k = sp.sympify(tile.shape[0])
+        if not (width.is_Integer and c.is_Integer and k.is_Integer):
+            return None
+        if int(k) > 1:  # a tile stream: [k, cols] tiles of consecutive rows
+            if int(width) != int(c) or sp.simplify(v.type.shape[1] * k - sp.sympify(rows)):
+                return None
+            return v if tiles else self.flat(self.graph.flat_map(v, fn("retile_streamify", rows=1)))
+        if int(width) % int(c):
             return None
         per = int(width) // int(c)
-        if v.type.rank != 1 or sp.simplify(v.type.shape[1] * per - sp.sympify(rows)) != 0:
+        if sp.simplify(v.type.shape[1] * per - sp.sympify(rows)) != 0:
             return None
+        if per > 1 and tiles:
+            return self.graph.map(fn("tile_reshape", rows=per, cols=int(c)), v)
         if per > 1:
             v = self.flat(self.graph.flat_map(v, fn("split_cols", cols=int(c))))
         return v
@@ -297,11 +327,41 @@ class LowerCtx:
         return self.graph.flatten(v, 0, r - 1) if r > 1 else v
 
     def store_rows(self, rows: Value, value: str) -> OffChipTensor:
-        """Write the row stream ``rows`` as ``value``'s fresh ``[rows, cols]`` tensor."""
+        """Write the row stream ``rows`` (or a stream of ``[k, cols]`` tiles of consecutive
+        rows, :meth:`load_row_tiles`) as ``value``'s fresh ``[rows, cols]`` tensor: narrow
+        rows are first packed into ``[k, cols]`` tiles of ``k`` consecutive rows
+        (:meth:`store_pack`; ``Accum(retile_row)``), one contiguous HBM write each."""
         t = self.declare(value)
-        self.graph.linear_store(rows, t)
+        tile = rows.type.dtype
+        k = 1 if isinstance(tile, TileType) and tile.shape[0] != 1 else self.store_pack(value)
+        stored = rows  # row tiles (load_row_tiles) are stored as they are: consecutive rows
+        if k > 1:
+            data, _ = self.graph.reshape(rows, 0, k, 0.0)  # [1, R/k, k]: k divides R, no pad
+            zero = zeros(0, int(self.placed[value].cols), self.dtype(value))
+            stored = self.graph.accum(data, "retile_row", zero, 1)  # [1, R/k] of [k, cols]
+        self.graph.linear_store(stored, t)
         self.streamed[t.name] = rows
         return t
+
+    def store_pack(self, value: str) -> int:
+        """Rows of ``value`` per HBM write: the largest power of two ``k`` dividing its row
+        count whose ``k`` rows fit ``store_tile_bytes`` (1: rows are stored one by one).
+
+        A store unit keeps a bounded number of writes in flight over the HBM latency (Little's
+        law, STeP §4.2 off-chip operators), so a stream of small rows — a decode step's
+        ``[1, head_dim]`` per-head rows — is limited by write latency, not bandwidth; tiles of
+        whole consecutive rows are one contiguous write each and keep the link busy."""
+        p = self.placed[value]
+        cols = sp.sympify(p.cols)
+        if not cols.is_Integer:
+            return 1
+        row_bytes = int(cols) * DTYPE_BYTES[self.dtype(value)]
+        k = 1
+        while (2 * k) * row_bytes <= self.options.store_tile_bytes and sp.simplify(
+            sp.Mod(sp.sympify(p.rows), 2 * k)
+        ) == 0:
+            k *= 2
+        return k
 
     def tensor_as(self, value: str, shape: tuple[Any, ...]) -> OffChipTensor:
         """An off-chip tensor of exactly ``shape`` holding ``value`` (its storage when it has

@@ -36,6 +36,15 @@ are summed by a binary tree of ``Map(add)`` units and packed into rows as above.
 ``tm x kp`` block rather than ``tm x K``, so a matmul unit is not starved by the NoC carrying the
 whole block to it per weight tile, and ``P`` matmul units keep up with the HBM weight stream
 (STeP §5: the compute allocated to an operator is matched to its off-chip bandwidth).
+
+Column groups (:func:`k_groups`): each lane's partial products leave it at a rate inverse to
+``kp``, and every add of the tree takes two of them, so with thin slices (``kp`` below
+:data:`K_LANE_SUM_COLS`) the tree, not HBM, would bound the Linear.  The ``P`` lanes are then
+``pk`` K-slices times ``groups`` groups of the output features: lane ``(p, j)`` holds the
+block of slice ``p`` in its own buffer and multiplies it by the weight tiles of group ``j``;
+each group sums its ``pk`` partials in its own tree and turns its tiles into row pieces in its
+own buffer (the transposing read runs ``groups`` times in parallel); ``Map(concat_cols)``
+joins the groups' row pieces into the rows.
 """
 
 from __future__ import annotations
@@ -54,10 +63,12 @@ __all__ = [
     "K_LANE_MIN_BYTES",
     "K_LANE_MIN_COLS",
     "K_LANE_MIN_TILE_COLS",
+    "K_LANE_SUM_COLS",
     "K_LANE_TILE_BYTES",
     "LANE_MIN_TILES",
     "LINEAR_K_LANES",
     "LINEAR_LANES",
+    "k_groups",
     "linear_k_lanes",
     "linear_lanes",
     "lower_linear",
@@ -89,6 +100,10 @@ lane's buffer at 64 B/cycle (``tn >= 32`` for bf16), with slack."""
 
 K_LANE_MIN_COLS = 64
 """Input features per split-K lane at least (whole 16x16 compute tiles, 128-byte bf16 rows)."""
+
+K_LANE_SUM_COLS = 128
+"""Input features per split-K slice above which further lanes split the output features
+instead (:func:`k_groups`): the partial sums' NoC traffic falls as ``1/kp``."""
 
 
 def row_tile(ctx: LowerCtx, rows: sp.Expr) -> int:
@@ -189,6 +204,28 @@ def _itemsize(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
+def k_groups(k: int, n_tiles: int, lanes: int) -> tuple[int, int]:
+    """``(pk, groups)``: ``lanes`` split-K matmul units as ``pk`` slices of the ``k`` input
+    features times ``groups`` groups of the ``n_tiles`` output tiles.
+
+    A lane's partial sums leave it at ``F s / (2 kp)`` bytes per cycle (``F`` FLOPs/cycle of
+    its unit, ``s`` bytes per element: ``tm tn s`` bytes per ``2 tm kp tn / F`` cycles), and each
+    add of the reduction tree takes two such streams.  With ``kp`` of at least
+    :data:`K_LANE_SUM_COLS` input features an add takes at most half of a 64 B/cycle link on
+    the STeP chips (2048 bf16 FLOPs/cycle per unit), so the tree keeps pace with the
+    matmuls; the lanes beyond ``k / K_LANE_SUM_COLS`` split the output features instead
+    (``groups`` reduction trees, each of ``pk`` lanes), which costs only the input slice sent
+    to ``groups`` lanes (STeP §5: the compute allocated to an operator is matched to its
+    off-chip bandwidth; here also its reduction to the NoC)."""
+    pk = lanes
+    while pk > 1 and k // pk < min(K_LANE_SUM_COLS, k):
+        pk //= 2
+    groups = lanes // pk
+    while n_tiles % groups:
+        groups -= 1
+    return pk, groups
+
+
 def _lower_split_k(
     ctx: LowerCtx,
     x: str,
@@ -202,60 +239,80 @@ def _lower_split_k(
     lanes: int,
     dt: str,
 ) -> None:
-    """Split-K lanes (see the module docstring)."""
+    """Split-K lanes, in column groups (see the module docstring and :func:`k_groups`)."""
     g = ctx.graph
-    kp = k // lanes
     wt = ctx.placed[w].tensor
     s = _itemsize(wt.dtype)
+    pk, _ = k_groups(k, n, lanes)
+    kp = k // pk
     budget = max(min(ctx.options.weight_tile_bytes, K_LANE_TILE_BYTES), K_LANE_MIN_TILE_COLS * kp * s)
     small = dataclasses.replace(ctx.options, weight_tile_bytes=budget)
     tn = weight_tile(SimpleNamespace(options=small), n, kp, s)  # type: ignore[arg-type]
     nt = n // tn
-    xs = _x_slices(ctx, x, rows_n, k, kp, lanes)
+    _, groups = k_groups(k, nt, lanes)
+    per = nt // groups  # weight tiles of a lane (its group's output features)
+    xs = _x_slices(ctx, x, rows_n, k, kp, pk)
     pad: Value | None = None
-    parts: list[Value] = []
+    parts: list[list[Value]] = [[] for _ in range(groups)]
     first: Value | None = None
     for p, xr in enumerate(xs):
         data, flags = g.reshape(xr, 0, tm, 0.0)  # [1, Rb, tm] of [1, kp]
         pad = flags if pad is None else pad
         blk = g.accum(data, "retile_row", zeros(0, kp, dt), 1)  # [1, Rb] of [tm, kp]
         one, _ = g.reshape(blk, 0, 1, 0.0)  # [1, Rb, 1] (chunks of 1 never pad)
-        buf = g.bufferize(one, 1)  # [1, Rb] of Buf[1] of [tm, kp]: the block, on chip
-        # the weight reads follow the blocks, not the buffer: a load running ahead into the
-        # next block must not wait for a buffer that waits for this block's weight tiles
         first = one if first is None else first
-        w_tiles = g.flatten(
-            g.linear_load(wt, (tn, kp), one, out_shape=(nt,), stride=(lanes,), base=p), 0, 1
-        )  # [1, Rb, nt] of [tn, kp]: column block p of every weight row block
-        x_again = g.flatten(g.streamify(buf, w_tiles), 0, 1)  # [1, Rb, nt] of [tm, kp]
-        parts.append(g.map("matmul_t", x_again, w_tiles))  # [1, Rb, nt] of [tm, tn]
-    while len(parts) > 1:  # binary tree of partial sums
+        for j in range(groups):
+            buf = g.bufferize(one, 1)  # [1, Rb] of Buf[1] of [tm, kp]: the block, on chip
+            # the weight reads follow the blocks, not the buffer: a load running ahead into
+            # the next block must not wait for a buffer that waits for this block's tiles
+            w_tiles = g.flatten(
+                g.linear_load(
+                    wt, (tn, kp), one, out_shape=(per,), stride=(pk,), base=j * per * pk + p
+                ),
+                0,
+                1,
+            )  # [1, Rb, per] of [tn, kp]: column block p of group j's weight row blocks
+            x_again = g.flatten(g.streamify(buf, w_tiles), 0, 1)  # [1, Rb, per] of [tm, kp]
+            parts[j].append(g.map("matmul_t", x_again, w_tiles))  # [1, Rb, per] of [tm, tn]
+    assert pad is not None and first is not None
+    rows: Value | None = None
+    for j in range(groups):
+        y = _sum_tree(ctx, parts[j])
+        if b is not None:
+            bias = ctx.placed[b].tensor
+            b_tiles = g.flatten(
+                g.linear_load(bias, (1, tn), first, out_shape=(per,), stride=(1,), base=j * per),
+                0,
+                1,
+            )
+            y = g.map("add", y, b_tiles)
+        part = _tile_rows(ctx, y, tm, per, dt)  # [1, Rb, tm] of [1, per*tn]
+        rows = part if rows is None else g.map("concat_cols", rows, part)
+    assert rows is not None
+    kept = _drop_padding(ctx, ctx.flat(rows), pad, ctx.rc(out)[0])
+    ctx.store_rows(kept, out)
+
+
+def _sum_tree(ctx: LowerCtx, parts: list[Value]) -> Value:
+    """The sum of ``parts`` by a binary tree of ``Map(add)`` units."""
+    g = ctx.graph
+    while len(parts) > 1:
         nxt = [g.map("add", parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
         parts = nxt + ([parts[-1]] if len(parts) % 2 else [])
-    y = parts[0]
-    if b is not None:
-        bias = ctx.placed[b].tensor
-        b_tiles = g.flatten(g.linear_load(bias, (1, tn), first, out_shape=(nt,)), 0, 1)
-        y = g.map("add", y, b_tiles)
-    assert pad is not None
-    _store_tiles(ctx, y, pad, tm, nt, dt, out)
+    return parts[0]
 
 
-def _store_tiles(
-    ctx: LowerCtx, y: Value, pad: Value, tm: int, nt: int, dt: str, out: str
-) -> None:
-    """``[1, Rb, nt]`` of ``[tm, tn]`` output tiles -> rows -> ``out``, pipelined row by row:
-    each tile is cut into its ``tm`` row pieces as it arrives and held in an on-chip buffer
-    per row block (``Bufferize``), which is read back row-major (``Streamify`` with an affine
-    transposing read, STeP §3.2.2) and joined into ``[1, N]`` rows (``Accum(retile_col)``), so
-    no message carries a whole ``[tm, N]`` block."""
+def _tile_rows(ctx: LowerCtx, y: Value, tm: int, nt: int, dt: str) -> Value:
+    """``[1, Rb, nt]`` of ``[tm, tn]`` output tiles -> ``[1, Rb, tm]`` of ``[1, nt*tn]`` rows,
+    pipelined row by row: each tile is cut into its ``tm`` row pieces as it arrives and held
+    in an on-chip buffer per row block (``Bufferize``), which is read back row-major
+    (``Streamify`` with an affine transposing read, STeP §3.2.2) and joined into rows
+    (``Accum(retile_col)``), so no message carries a whole ``[tm, nt*tn]`` block."""
     g = ctx.graph
     pieces = g.flat_map(y, fn("retile_streamify", rows=1))  # [1, Rb, nt*tm] of [1, tn]
     buf = g.bufferize(pieces, 1)  # [1, Rb] of Buf[nt*tm]
     again = g.streamify(buf, buf, stride=(1, tm), out_shape=(tm, nt))  # [1, Rb, tm, nt]
-    rows = g.accum(again, "retile_col", zeros(1, 0, dt), 1)  # [1, Rb, tm] of [1, N]
-    kept = _drop_padding(ctx, ctx.flat(rows), pad, ctx.rc(out)[0])
-    ctx.store_rows(kept, out)
+    return g.accum(again, "retile_col", zeros(1, 0, dt), 1)  # [1, Rb, tm] of [1, nt*tn]
 
 
 def _x_slices(

@@ -28,6 +28,7 @@ from torch2step.layers.graph import LayerGraph, torch_dtype
 from torch2step.step import Graph, Program
 from torch2step.step import fn_library_layers as _fn_layers  # noqa: F401  (registers functions)
 from torch2step.step.fn_library import np_dtype
+from torch2step.step.ops_memory import LinearOffChipStore, RandomOffChipStore
 
 from .context import HostIndex, LowerCtx, LowerOptions, Placed
 from .rules import RULES
@@ -48,8 +49,8 @@ class Lowered:
     syms: dict[sp.Symbol, sp.Symbol]
     external: tuple[str, ...] = ()
     options: LowerOptions = field(default_factory=LowerOptions)
-    emitted: dict[str, str] = field(default_factory=dict)
-    """STeP node name -> the name of the layer node whose lowering rule added it."""
+    made_by: dict[str, str] = field(default_factory=dict)
+    """STeP node name -> the layer node whose lowering rule added it."""
 
     def bindings(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
         """Size of every dynamic dimension in this run (STeP symbol name -> value)."""
@@ -130,6 +131,51 @@ def _expert_weights(layer: LayerGraph) -> set[str]:
     return {w for n in layer.ops(L.MoEExperts) for w in n.inputs[3:6]}
 
 
+def _drop_unread_stores(ctx: LowerCtx, layer: LayerGraph) -> None:
+    """Remove the row stores of values that no operator loads back and the layer does not
+    return, with the operators that only fed them: with ``stream_rows`` every reader got the
+    producer's row stream directly, so such a store only spends HBM bandwidth and makes its
+    producer send each row once more (STeP §3: a stream feeds its consumers on chip;
+    off-chip operators only at the boundaries of the layer)."""
+    g = ctx.graph
+    kept = {ctx.placed[o].tensor.name for o in layer.outputs if o in ctx.placed}
+    kept |= set(ctx.prefill) | {h.tensor.name for h in ctx.host}
+    read = {
+        t.name
+        for op in g._nodes
+        if not isinstance(op, (LinearOffChipStore, RandomOffChipStore))
+        for t in op.tensors()
+    }
+    dead = set(ctx.streamed) - kept - read
+    if not dead:
+        return
+    live = [
+        not (isinstance(op, LinearOffChipStore) and op.tensor.name in dead) for op in g._nodes
+    ]
+    changed = True
+    while changed:  # then every operator none of whose outputs is consumed any more
+        changed = False
+        used = {v.name for _, v in g._outputs}
+        for k, op in enumerate(g._nodes):
+            if live[k]:
+                used.update(v.name for v in op.inputs())
+        for k, op in enumerate(g._nodes):
+            outs = g._outs[k]
+            optional = op.optional_outputs()
+            if (
+                live[k]
+                and outs
+                and not any(v.name in used for v in outs)
+                and not all(j in optional for j in range(len(outs)))
+            ):
+                live[k], changed = False, True
+    referenced = {t.name for k, op in enumerate(g._nodes) if live[k] for t in op.tensors()}
+    g._nodes = [op for k, op in enumerate(g._nodes) if live[k]]
+    g._outs = [o for k, o in enumerate(g._outs) if live[k]]
+    for name in dead - referenced:
+        g._tensors.pop(name, None)
+
+
 def lower(
     layer: LayerGraph,
     options: LowerOptions | None = None,
@@ -150,7 +196,7 @@ def lower(
         else:
             ctx.declare(v)
     problems: list[str] = []
-    emitted: dict[str, str] = {}
+    made: dict[str, str] = {}  # STeP node -> the layer node whose rule added it
     skip = set(external)
     for node in layer.nodes:
         if node.outputs and all(o in skip for o in node.outputs):
@@ -169,9 +215,9 @@ def lower(
         first = ctx.graph.node_count
         try:
             rule(ctx, node)
+            made.update(dict.fromkeys(ctx.graph.names_since(first), node.name))
         except (LoweringError, StepTypeError) as e:
             problems.append(str(e) if str(e).startswith(node.name) else f"{node.name}: {e}")
-        emitted.update(dict.fromkeys(ctx.graph.names_since(first), node.name))
     ctx.node = None
     if problems:
         raise LoweringError(
@@ -181,10 +227,12 @@ def lower(
     missing = [o for o in layer.outputs if o not in ctx.placed]
     if missing:
         raise LoweringError(f"{layer.name}: outputs {missing} were not produced")
+    if opts.stream_rows:
+        _drop_unread_stores(ctx, layer)
     try:
         program = ctx.graph.build()
     except StepTypeError as e:
         raise LoweringError(f"{layer.name}: the lowered STeP graph is ill-typed: {e}") from None
     return Lowered(
-        layer, program, ctx.placed, ctx.host, ctx.prefill, ctx.syms, tuple(external), opts, emitted
+        layer, program, ctx.placed, ctx.host, ctx.prefill, ctx.syms, tuple(external), opts, made
     )

@@ -92,7 +92,7 @@ def _slice(ctx: LowerCtx, n: Node) -> None:
 def _rmsnorm(ctx: LowerCtx, n: Node) -> None:
     op = n.op
     assert isinstance(op, L.RMSNorm)
-    rows = ctx.load_rows(n.inputs[0])
+    rows = ctx.load_row_tiles(n.inputs[0])  # [k, D] tiles: the weight row broadcasts
     w = ctx.broadcast_row(n.inputs[1], rows)
     ctx.store_rows(ctx.graph.map(fn("rmsnorm", eps=op.eps), rows, w), n.outputs[0])
 
@@ -131,14 +131,18 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
     pb, ps = ctx.shape(pos)
     if sp.simplify(ps - seq) != 0 or not (pb == 1 or sp.simplify(pb - bsz) == 0):
         raise ctx.fail(f"positions {[pb, ps]} do not match x's batch and sequence")
-    rows = ctx.load_rows(x)
     pt = ctx.placed[pos].tensor
     g = ctx.graph
     if sp.sympify(seq) == 1:  # decode: each request's position read once, repeated per head
-        p = g.repeat(
-            g.linear_load(pt, (1, 1), out_shape=(bsz,), stride=(0 if pb == 1 else 1,)), heads
-        )
+        rows = ctx.load_row_tiles(x)
+        k = int(rows.type.dtype.shape[0])  # [k, D] tiles of k heads of one request share it
+        if k > 1 and not (sp.sympify(heads).is_Integer and int(heads) % k == 0):
+            rows, k = ctx.flat(g.flat_map(rows, fn("retile_streamify", rows=1))), 1
+        p = g.linear_load(pt, (1, 1), out_shape=(bsz,), stride=(0 if pb == 1 else 1,))
+        if sp.simplify(sp.sympify(heads) / k - 1) != 0:
+            p = g.repeat(p, sp.sympify(heads) / k)
     else:
+        rows = ctx.load_rows(x)
         p = g.linear_load(
             pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
         )

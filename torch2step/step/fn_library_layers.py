@@ -105,7 +105,8 @@ def _rotary_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
     x, pos = _tile(f, args[0], "x"), _tile(f, args[1], "position")
     if pos.dtype not in ("int32", "int64"):
         raise StepTypeError(f"function {f}: positions must be integers, got {pos}")
-    _eq(f, x.shape[0], pos.shape[0], "rows of x and positions")
+    if pos.shape[0] != 1:  # one position per row, or one for all rows of the tile
+        _eq(f, x.shape[0], pos.shape[0], "rows of x and positions")
     return x
 
 
@@ -142,7 +143,8 @@ register_fn(
         _rotary_rule,
         _rotary,
         flops=_per_elem(3),
-        doc="rotate-half RoPE of each row at its integer position, rotary(theta=, rotary_dim=)",
+        doc="rotate-half RoPE of each row at its integer position (one position: all rows), "
+        "rotary(theta=, rotary_dim=)",
     )
 )
 
