@@ -34,14 +34,10 @@ from torch2step.step.types import DTYPE_BYTES, TileType
 
 __all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
 
-ATTN_LANES = 32
-"""Default decode-attention pipelines.  A lane's K and V tiles (and its expanded query tiles)
-all enter its one online-softmax unit, and the placement lays a lane's K and V loaders side
-by side, so under dimension-order routing both streams reach that unit over one NoC link:
-a lane draws at most one link's bandwidth (64 B/cycle on the STeP chips; measured: that link
-is busy 97% of a Qwen3 decode step).  32 lanes can then draw 2 KB/cycle — twice a 1 KB/cycle
-HBM (STeP (arXiv 2511.07776) §5.1) — which leaves room for uneven KV lengths: when the lanes
-with short requests are done, the rest still keep HBM busy."""
+ATTN_LANES = 16
+"""Default decode-attention pipelines: each moves one K and one V stream of at most a NoC
+link's bandwidth (64 B/cycle on the STeP chips), so 16 lanes can draw 2 KB/cycle — twice a
+1 KB/cycle HBM (STeP (arXiv 2511.07776) §5.1), leaving room for uneven KV lengths."""
 
 
 @dataclass(frozen=True, slots=True)
