@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from torch2step.frontend.fx_pattern import Match, NoMatch, Pattern
@@ -70,6 +71,19 @@ def _step(node: Any) -> tuple[Any, float] | None:
     return (node.args[0], 1.0) if (name in _MOVES or same) and is_node(node.args[0]) else None
 
 
+_SAMPLE_SIZES = (3, 5, 7, 11, 13, 17)
+
+
+def _small(view: Any, shape: Sequence[Any]) -> dict[sympy.Symbol, int]:
+    """The example sizes with every symbol of ``shape`` (batch, KV length) set to a small,
+    distinct sample: what a view chain means does not depend on those sizes, and an index
+    tensor of a full-size KV cache repeated to the query heads would take gigabytes."""
+    syms = sorted(
+        {x for d in shape if isinstance(d, sympy.Expr) for x in d.free_symbols}, key=str
+    )
+    return {**view.hints, **dict(zip(syms, _SAMPLE_SIZES))}
+
+
 def _cut(view: Any, value: Any, expect: Expect) -> tuple[Any, float]:
     """The deepest 4-D base of ``value``'s view/scale chain that the chain maps to
     ``expect(base_ids)`` (run on an index tensor of the base); returns ``(base, scale)``."""
@@ -82,7 +96,8 @@ def _cut(view: Any, value: Any, expect: Expect) -> tuple[Any, float]:
         if view.rank(base) != 4:
             continue
         scale = math.prod(f for _, f in chain[: len(chain) - i])
-        dims = [view.concrete(d) for d in raw_shape(base)]
+        binding = _small(view, raw_shape(base))
+        dims = [view.concrete(d, binding) for d in raw_shape(base)]
         # float32 holds the indices of a sample-sized tensor exactly (ONNX checks types)
         dt = torch.float32 if view.dtype(base) == torch.float32 else torch.float64
         ids = torch.arange(math.prod(dims), dtype=dt).reshape(dims)
@@ -93,7 +108,7 @@ def _cut(view: Any, value: Any, expect: Expect) -> tuple[Any, float]:
             got = ids
         else:
             try:
-                (got,) = view.run([value], {base: ids})
+                (got,) = view.run([value], {base: ids}, binding)
             except NoMatch:
                 continue
         got = torch.as_tensor(got).double() / scale

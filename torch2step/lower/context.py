@@ -35,9 +35,13 @@ from torch2step.step.types import DTYPE_BYTES, TileType
 __all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
 
 ATTN_LANES = 16
-"""Default decode-attention pipelines: each moves one K and one V stream of at most a NoC
-link's bandwidth (64 B/cycle on the STeP chips), so 16 lanes can draw 2 KB/cycle — twice a
-1 KB/cycle HBM (STeP (arXiv 2511.07776) §5.1), leaving room for uneven KV lengths."""
+"""Default decode-attention pipelines.  A lane's K and V tiles (and its expanded query tiles)
+all enter its one online-softmax unit over one NoC link (the placement lays a lane's K and V
+loaders side by side), so a lane draws at most one link's bandwidth (64 B/cycle on the STeP
+chips; that link is busy 97% of a Qwen3 decode step) and 16 lanes just match a 1 KB/cycle HBM
+(STeP (arXiv 2511.07776) §5.1).  32 lanes would leave headroom for uneven KV lengths (2.6%
+fewer cycles on the full-size Llama GQA decode at batch 64) but the simulation then holds five
+times the memory (2.7 GB), so ``attn_lanes=32`` is an option, not the default."""
 
 
 @dataclass(frozen=True, slots=True)
