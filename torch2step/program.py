@@ -152,10 +152,14 @@ class Program:
 
             inert = inert_tensors(lw.program)
         tensors, env = lw.feed(xs, placeholders=inert)
+        # a timing run of the compiled (verified) program does not re-check every stream
+        # against its shape rule: only streams with sizes still to learn are walked, which
+        # gives the same bindings (torch2step.step.interpreter.run)
         res = run(
             lw.program,
             tensors=tensors,
             env=env,
+            check=not timing_only,
             timing_only=timing_only,
             store_overrides=overrides,
         )
