@@ -139,13 +139,32 @@ class _Counts:
                 mine[key] = _add(mine.get(key, 0), va if va == vb else None)
 
 
+class _Live(dict[str, tuple[tuple[int, ...], str, int]]):
+    """Live buffers (buf -> (shape, dtype, bytes)) and their byte total, kept as buffers are
+    allocated and freed (the SRAM peak is then O(1) per Alloc, not a sum over the live set)."""
+
+    total: int = 0
+
+    def add(self, buf: str, entry: tuple[tuple[int, ...], str, int]) -> None:
+        self[buf] = entry
+        self.total += entry[2]
+
+    def remove(self, buf: str) -> None:
+        self.total -= self.pop(buf)[2]
+
+    def copy(self) -> _Live:  # type: ignore[override]
+        out = _Live(self)
+        out.total = self.total
+        return out
+
+
 @dataclass(slots=True)
 class _State:
-    live: dict[str, tuple[tuple[int, ...], str, int]]  # buf -> (shape, dtype, bytes)
+    live: _Live  # buf -> (shape, dtype, bytes)
     regs: set[str]
 
     def copy(self) -> _State:
-        return _State(dict(self.live), set(self.regs))
+        return _State(self.live.copy(), set(self.regs))
 
 
 def _value_regs(value: Operand | Affine | Index) -> set[str]:
@@ -172,6 +191,9 @@ class _Walker:
         self.barriers: dict[str, tuple[int, ...]] = dict(ps.barriers)
         self.peak = 0
         self.peak_live: tuple[tuple[str, int], ...] = ()
+        # the live set at the latest peak, listed into ``peak_live`` only when it next changes
+        # (a run of Allocs each raising the peak then lists it once, not once per Alloc)
+        self.peak_src: _Live | None = None
         self.dtypes: set[str] = set()
 
     # -- helpers -------------------------------------------------------------------------------
@@ -305,17 +327,26 @@ class _Walker:
             )
             return
         nbytes = _buffer_bytes(i.shape, i.dtype)
-        state.live[i.buf] = (i.shape, i.dtype, nbytes)
-        total = sum(b for _, _, b in state.live.values())
+        total = state.live.total + nbytes
+        if total <= self.peak:
+            self.settle_peak()
+        state.live.add(i.buf, (i.shape, i.dtype, nbytes))
         if total > self.peak:
             self.peak = total
-            self.peak_live = tuple((name, b) for name, (_, _, b) in state.live.items())
+            self.peak_src = state.live
+
+    def settle_peak(self) -> None:
+        """List the live set of the latest peak before any live set changes."""
+        if self.peak_src is not None:
+            self.peak_live = tuple((name, b) for name, (_, _, b) in self.peak_src.items())
+            self.peak_src = None
 
     def free(self, path: Path, i: Free, state: _State, counts: _Counts, mult: Count) -> None:
         if i.buf not in state.live:
             self.problem(path, i, f"buffer {i.buf!r} is not allocated; remove this free")
             return
-        del state.live[i.buf]
+        self.settle_peak()
+        state.live.remove(i.buf)
 
     def load(self, path: Path, i: Load, state: _State, counts: _Counts, mult: Count) -> None:
         self.need_buf(path, i, state, i.dst)
@@ -489,7 +520,8 @@ class _Walker:
 
     def run(self) -> CoreAnalysis:
         counts = _Counts()
-        self.walk(self.program.body, (), _State({}, set()), counts, 1)
+        self.walk(self.program.body, (), _State(_Live(), set()), counts, 1)
+        self.settle_peak()
         return CoreAnalysis(
             core=self.core,
             peak_sram_bytes=self.peak,

@@ -152,10 +152,14 @@ class Program:
 
             inert = inert_tensors(lw.program)
         tensors, env = lw.feed(xs, placeholders=inert)
+        # a timing run of the compiled (verified) program does not re-check every stream
+        # against its shape rule: only streams with sizes still to learn are walked, which
+        # gives the same bindings (torch2step.step.interpreter.run)
         res = run(
             lw.program,
             tensors=tensors,
             env=env,
+            check=not timing_only,
             timing_only=timing_only,
             store_overrides=overrides,
         )
@@ -231,6 +235,13 @@ class Program:
         choices made for the user, carried into the report's text."""
         from torch2step.spatial import simulate_graph
 
+        if self.split and len(self.layer.nodes) >= 2 and not self._units_fit():
+            # placement would fail (one core per unit at least): split at once, without the
+            # whole layer's interpreter run and plan that the split configurations redo
+            from torch2step.configurations import split_report
+
+            self._check(inputs)
+            return split_report(self, inputs, routing=routing, trace=trace, notes=notes)
         lw, res, _, dynamic = self._execute(inputs, routing, timing_only=True, standins=True)
         t0 = time.perf_counter()
         if lw.options.attn_regions is not None and lw.options.attn_assign == "dynamic":
@@ -259,6 +270,13 @@ class Program:
         if self.strategy_table:
             notes = (*notes, self.strategy_table)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
+
+    def _units_fit(self) -> bool:
+        """Whether the chip has a core for every spatial unit of the program (the placement's
+        first condition, :func:`torch2step.spatial.placement.place_structure`)."""
+        from torch2step.spatial.structure import DEFAULT_WIRES, analyse
+
+        return len(analyse(self.lowered.program, DEFAULT_WIRES).units) <= self.chip.num_cores
 
     def write_trace(
         self,

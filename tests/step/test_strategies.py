@@ -24,9 +24,7 @@ COUNTS = np.bincount(ROUTING.ravel(), minlength=E)  # [9, 5, 4, 0]
 
 def _case(static_tile: int | None, tile_i: int = 8, repeat_tile: bool = False):
     kw = {"num_experts": E, "top_k": K, "hidden": H, "intermediate": I}
-    g = moe_graph(
-        **kw, tokens=T, tile_i=tile_i, static_tile=static_tile, repeat_tile=repeat_tile
-    )
+    g = moe_graph(**kw, tokens=T, tile_i=tile_i, static_tile=static_tile, repeat_tile=repeat_tile)
     return g, moe_inputs(**kw, tokens=T, routing=ROUTING)
 
 
@@ -71,6 +69,42 @@ def test_control_cone_holds_selectors_not_matmuls() -> None:
         if isinstance(op, (Map, Accum)) and op.fn.name.startswith("matmul")
     ]
     assert mm and not keep & set(mm)
+
+
+def test_control_cone_of_lanes_follows_only_the_token_ids() -> None:
+    """Time-multiplexed expert lanes zip each result row with its token id, merge the lanes
+    and unzip the ids to route the next step: only the ids member steers control, so no lane
+    matmul is in the cone (only the router's), and the timing-only run times like the full
+    run (same bindings, FLOPs and simulated cycles)."""
+    import torch2step
+    from models import get_layer
+
+    spec = get_layer("qwen3-moe", tiny=True, batch=8)
+    prog = torch2step.compile(
+        spec.module,
+        spec.example_inputs,
+        chip="step-sda",
+        dynamic_shapes=spec.dynamic_shapes,
+        moe_lanes=2,
+    )
+    lw = prog.lowered
+    g = lw.program
+    keep = control_nodes(g)
+    mm = {
+        op.name
+        for op in g.nodes
+        if isinstance(op, (Map, Accum)) and op.fn.name.startswith("matmul")
+    }
+    lanes = {n for n in mm if "moeexperts" in n}
+    assert lanes and not keep & lanes and len(keep & mm) == 1  # the router's logits
+    assert any(isinstance(op, Map) and op.fn.name == "get" and op.name in keep for op in g.nodes)
+    tensors, env = lw.feed(tuple(spec.example_inputs))
+    full = run(g, tensors=tensors, env=env)
+    fast = run(g, tensors=tensors, env=env, timing_only=True)
+    assert dict(fast.bindings) == dict(full.bindings) and fast.flops == full.flops
+    a = simulate_graph(g, "step-sda", full)
+    b = simulate_graph(g, "step-sda", fast)
+    assert a.cycles == b.cycles and a.units == b.units
 
 
 @pytest.mark.parametrize("tile", [None, 4])

@@ -24,7 +24,7 @@ import sympy as sp
 
 from lowering.isa import Affine
 from torch2step.errors import LoweringError
-from torch2step.step.evaluate import evaluate
+from torch2step.step.evaluate import evaluate_bound, normalise_env
 from torch2step.step.graph import Program
 from torch2step.step.interpreter import RunResult
 from torch2step.step.op_base import Op, Value
@@ -149,6 +149,7 @@ class EmitCtx:
     bindings: Mapping[str, Any]
     layouts: dict[str, TensorLayout]
     configs: Mapping[str, UnitConfig] = field(default_factory=dict)
+    _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def stream(self, v: Value | str) -> StreamInfo:
         """The run's contents of a stream."""
@@ -159,9 +160,13 @@ class EmitCtx:
         return self.configs.get(op.name, _DEFAULT)
 
     def ev(self, expr: sp.Expr | int, what: str) -> int:
-        """A size expression's value in this run."""
+        """A size expression's value in this run (the bindings are brought into
+        :func:`normalise_env` form once, not on every call: the ragged tables are large)."""
+        env = self._env
+        if env is None:
+            env = self._env = normalise_env(self.bindings)
         try:
-            return int(evaluate(expr, self.bindings))
+            return int(evaluate_bound(sp.sympify(expr), env))
         except Exception as e:
             raise LoweringError(f"{what}: {e}") from None
 

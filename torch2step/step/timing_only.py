@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from .graph import Program
+from .ops_compute import Map
 from .ops_memory import RandomOffChipLoad, RandomOffChipStore
-from .ops_routing import Partition, Reassemble
+from .ops_routing import EagerMerge, Partition, Reassemble
+from .ops_shape import Zip
 
 __all__ = ["SHAPE_ONLY", "control_nodes", "inert_tensors", "shape_only_impl"]
 
@@ -93,30 +95,83 @@ def _control_inputs(op: Any) -> tuple[Any, ...]:
     return ()
 
 
+#: Demand on a stream: ``None`` (every value of its elements) or the tuple members read.
+Demand = frozenset[int] | None
+
+
+def _join(a: Demand | bool, b: Demand) -> Demand:
+    """The union of two demands (``False``: no demand yet)."""
+    if a is False:
+        return b
+    if a is None or b is None:
+        return None
+    return a | b  # type: ignore[operator]
+
+
+def _input_demands(op: Any, out: int, want: Demand) -> list[tuple[Any, Demand]]:
+    """What output ``out`` of ``op``, demanded ``want``, demands of the inputs of ``op``.
+
+    Tuple streams are followed member by member (the expert lanes of a MoE layer zip each
+    result row with its token id, merge the lanes and unzip the ids to route the next step:
+    only the ids steer control): ``get`` (unzip) reads one member of its input, a Zip member
+    is its input, and an EagerMerge's data output carries its inputs' members unchanged while
+    its selector output follows the chunk counts only (arrival order,
+    :mod:`.interp_routing`), which every run computes.  Any other node reads all of every
+    input."""
+    if isinstance(op, Map) and op.fn.name == "get":
+        return [(op.input, frozenset({int(op.fn.get("index", 0))}))]
+    if isinstance(op, Zip):
+        ins = op.ins if want is None else [op.ins[k] for k in sorted(want)]
+        return [(v, None) for v in ins]
+    if isinstance(op, EagerMerge):
+        return [(v, want) for v in op.ins] if out == 0 else []
+    return [(v, None) for v in op.inputs()]
+
+
 def control_nodes(program: Program) -> frozenset[str]:
-    """Names of the nodes whose outputs reach a control input (module docstring)."""
-    producer: dict[str, Any] = {}
+    """Names of the nodes whose outputs reach a control input (module docstring), followed
+    through tuple members (:func:`_input_demands`)."""
+    producer: dict[str, tuple[Any, int]] = {}
     writers: dict[str, list[Any]] = {}
     for op, outs in zip(program.nodes, program.node_outputs):
-        for o in outs:
-            producer[o.name] = op
+        for k, o in enumerate(outs):
+            producer[o.name] = (op, k)
         if type(op).__name__.endswith("Store"):
             for t in op.tensors():
                 writers.setdefault(t.name, []).append(op)
     seen: set[str] = set()
-    todo = [v for op in program.nodes for v in _control_inputs(op)]
-    todo_ops: list[Any] = [producer[v.name] for v in todo if v.name in producer]
-    while todo_ops:
-        op = todo_ops.pop()
+    demand: dict[str, Demand] = {}
+    todo: list[tuple[Any, Demand]] = [(v, None) for op in program.nodes for v in _control_inputs(op)]
+    whole: list[Any] = []  # stores into a tensor a control node loads: every input read
+
+    def need(op: Any) -> None:
         if op.name in seen:
-            continue
+            return
         seen.add(op.name)
-        for v in op.inputs():
-            if v.name in producer:
-                todo_ops.append(producer[v.name])
         if type(op).__name__.endswith("Load"):
             for t in op.tensors():
-                todo_ops.extend(writers.get(t.name, ()))
+                for w in writers.get(t.name, ()):
+                    whole.append(w)
+
+    while todo or whole:
+        if whole:
+            op = whole.pop()
+            first = op.name not in seen
+            need(op)
+            if first:
+                todo.extend((v, None) for v in op.inputs())
+            continue
+        v, want = todo.pop()
+        if v.name not in producer:
+            continue
+        old = demand.get(v.name, False)
+        new = _join(old, want)
+        if old is not False and new == old:
+            continue
+        demand[v.name] = new
+        op, k = producer[v.name]
+        need(op)
+        todo.extend(_input_demands(op, k, new))
     return frozenset(seen)
 
 
