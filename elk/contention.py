@@ -71,3 +71,26 @@ def _crowd(pol: Policy, grids: Sequence[tuple[int, int]]) -> bool:
     if not pol.workers:
         return False
     return sum(r * c for r, c in grids) > pol.workers
+
+
+def _totals(grids: Sequence[tuple[int, int]]) -> tuple[int, int, int, int]:
+    """How many ``grids``, their rows, columns and cores summed (for :func:`_crowd_with`)."""
+    return (
+        len(grids),
+        sum(r for r, _ in grids),
+        sum(c for _, c in grids),
+        sum(r * c for r, c in grids),
+    )
+
+
+def _crowd_with(pol: Policy, g: tuple[int, int], tot: tuple[int, int, int, int]) -> bool:
+    """:func:`_crowd` of ``g`` beside grids whose :func:`_totals` are ``tot`` (the same answer,
+    without summing the resident grids again for every candidate plan)."""
+    n, rows, cols, area = tot
+    if n + 1 < 3:
+        return False
+    if pol.mesh is not None:
+        return g[0] + rows > pol.mesh[0] and g[1] + cols > pol.mesh[1]
+    if not pol.workers:
+        return False
+    return g[0] * g[1] + area > pol.workers

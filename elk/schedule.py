@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from elk.allocate import Allocation, Option, allocate
-from elk.contention import _crowd, _crowded, _lead
+from elk.contention import _crowd, _crowd_with, _lead, _totals  # noqa: F401 (_crowd: re-export)
 from elk.errors import ElkError
 from elk.model import Item, Policy, Step, Timeline
 
@@ -56,6 +56,9 @@ def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
     return pos
 
 
+_Got = tuple[Step, tuple[float, ...], tuple, float]
+
+
 def _step(
     items: Sequence[Item],
     order: Sequence[int],
@@ -65,10 +68,27 @@ def _step(
     parent: _State | None,
     pol: Policy,
     only: int | None = None,
-) -> tuple[Step, tuple[float, ...], tuple, float] | None:
+) -> _Got | None:
     """Step ``i`` with ``P`` issued preloads after suffix ``parent``: the step, the preload
     starts of positions ``P..``, the resident table and the gate; ``only``: the exec plan to
     use (``None``: the allocation chooses).  ``None``: does not fit."""
+    pick = _stepper(items, order, pos, i, P, parent, pol)
+    return None if pick is None else pick(only)
+
+
+def _stepper(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> Callable[[int | None], _Got | None] | None:
+    """:func:`_step` in two parts: what does not depend on the exec plan (the lead, preload
+    starts, residents, their space and contention) is worked out once; the returned function
+    then chooses the plan (``only``: that exec plan; ``None``: the allocation's), so
+    :func:`_tries` can try several plans after one suffix.  ``None``: no plan fits."""
     n = len(items)
     item = items[i]
     if parent is None:
@@ -120,15 +140,14 @@ def _step(
         # with per-core port times, contention is charged per section (see :func:`_lead`)
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
-    groups: list[tuple[Option, ...]] = []
     every = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
-    execs = every[: item.pareto]
+    base = every[: item.pareto]
     if pol.fastest_exec:
-        execs = execs[-1:]
+        base = base[-1:]
     elif pol.exec_space is not None:
         fit = tuple(
             o
-            for o in execs
+            for o in base
             if (
                 item.exec_core_space(int(o.ref)) <= pol.exec_core  # type: ignore[arg-type]
                 if pol.exec_core is not None
@@ -137,36 +156,35 @@ def _step(
         )
         if not fit and pol.exec_core is not None:
             return None  # no plan of this operator fits the fixed per-core execute space
-        execs = fit[-1:] if fit else execs[:1]
-    if only is not None:
-        execs = tuple(o for o in (execs if only < item.pareto else every) if o.ref == only)
-        if not execs:
-            return None
+        base = fit[-1:] if fit else base[:1]
+    held: list[tuple[tuple[int, int], float]] = []
     if pol.core_sram is not None and item.grids and residents:
-        held = []
         for j in residents:
             pj = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
             if items[j].grids:
                 held.append((items[j].grids[pj], items[j].exec_core_space(pj)))
+    held_space = sum(cs for _, cs in held)
+    held_grids = _totals([gj for gj, _ in held])
+    fitted: dict[int, bool] = {}
 
-        every = sum(cs for _, cs in held)
-
-        def fits(e: int) -> bool:
-            own = item.exec_core_space(e)
-            if own + every <= pol.core_sram:  # type: ignore[operator]
-                return True  # even if every grid shared one core
+    def fits(e: int) -> bool:
+        if e in fitted:
+            return fitted[e]
+        own = item.exec_core_space(e)
+        if own + held_space <= pol.core_sram:  # type: ignore[operator]
+            ok = True  # even if every grid shared one core
+        else:
             g = item.grids[e]
-            if _crowd(pol, [g, *(gj for gj, _ in held)]):
-                return False  # some core may hold a tile of every grid
-            shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
-            return own + shared <= pol.core_sram  # type: ignore[operator]
+            if _crowd_with(pol, g, held_grids):
+                ok = False  # some core may hold a tile of every grid
+            else:
+                shared = sum(cs for gj, cs in held if pol.must_share(g, gj))
+                ok = own + shared <= pol.core_sram  # type: ignore[operator]
+        fitted[e] = ok
+        return ok
 
-        if held:
-            execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
-            if not execs:
-                return None
-    groups.append(execs)
     nxt_res = (i + 1) in residents
+    opts: tuple[Option, ...] = ()
     if nxt_res:
         assert parent is not None
         pre = items[i + 1].preloads[parent.step.exec_plan]
@@ -177,34 +195,52 @@ def _step(
             opts = opts[-1:]
         elif pol.preload_mode == "smallest":
             opts = opts[:1]
-        groups.append(opts)
     cap = pol.capacity - fixed
     if nxt_res and pol.exec_space is not None:
         # Static: the next operator's preload space comes out of the fixed preload space
         room = pol.capacity - pol.exec_space - fixed
-        fit = tuple(o for o in groups[1] if o.space <= room)
-        if not fit:
+        opts = tuple(o for o in opts if o.space <= room)
+        if not opts:
             return None
-        groups[1] = fit
-    alloc: Allocation | None = allocate(groups, cap) if cap >= 0 else None
-    if alloc is None:
+    if cap < 0:
         return None
-    e = int(groups[0][alloc.choice[0]].ref)  # type: ignore[arg-type]
-    q = int(groups[1][alloc.choice[1]].ref) if nxt_res else -1  # type: ignore[arg-type]
-    dist = groups[1][alloc.choice[1]].time if nxt_res else 0.0
-    dur = alloc.time
-    start = end - dur
-    res: list[tuple[int, int, float, int, int]] = []
-    for j in residents:
-        if j == i + 1:
-            assert parent is not None
-            res.append((j, groups[1][alloc.choice[1]].space, end - dist, q, parent.step.exec_plan))
-        else:
-            sp, bound, qq, ee = res_parent[j]
-            res.append((j, sp, bound, qq, ee))
-    stall = cost(e) - item.execs[e].time
-    step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall, lead)
-    return step, spre, tuple(res), gate
+    kept_res = {
+        j: (j, *res_parent[j]) for j in residents if j != i + 1
+    }  # residents other than i + 1 carry over unchanged
+
+    def pick(only: int | None) -> _Got | None:
+        execs = base
+        if only is not None:
+            execs = tuple(o for o in (execs if only < item.pareto else every) if o.ref == only)
+            if not execs:
+                return None
+        if held:
+            execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
+            if not execs:
+                return None
+        groups: list[tuple[Option, ...]] = [execs, opts] if nxt_res else [execs]
+        alloc: Allocation | None = allocate(groups, cap)
+        if alloc is None:
+            return None
+        e = int(groups[0][alloc.choice[0]].ref)  # type: ignore[arg-type]
+        q = int(groups[1][alloc.choice[1]].ref) if nxt_res else -1  # type: ignore[arg-type]
+        dist = groups[1][alloc.choice[1]].time if nxt_res else 0.0
+        dur = alloc.time
+        start = end - dur
+        res: list[tuple[int, int, float, int, int]] = []
+        for j in residents:
+            if j == i + 1:
+                assert parent is not None
+                res.append(
+                    (j, groups[1][alloc.choice[1]].space, end - dist, q, parent.step.exec_plan)
+                )
+            else:
+                res.append(kept_res[j])
+        stall = cost(e) - item.execs[e].time
+        step = Step(i, P, e, q, start, end, dur, int(alloc.space + fixed), busy > 0, stall, lead)
+        return step, spre, tuple(res), gate
+
+    return pick
 
 
 def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Policy) -> Timeline:
@@ -375,14 +411,18 @@ def _sharers(
         pj = parent.step.exec_plan if j == i + 1 else res.get(j)
         if pj is not None:
             held.append((j, items[j].grids[pj]))
-    full = {op: (0, 0.0, 0, e) for op, e in res.items()}
-    if i + 1 < n:
-        full[i + 1] = (0, 0.0, 0, parent.step.exec_plan)
-    full = {j: v for j, v in full.items() if j in {h for h, _ in held}}
+    # the resident grids beside this one (:func:`_crowded` over the held operators); the
+    # answer depends only on the plan's grid, and plans often share a grid
+    others = _totals([g for _, g in held])
+    by_grid: dict[tuple[int, int], tuple[int, ...]] = {}
     out = []
     for e in range(len(it.execs)):
-        crowd = _crowded(items, it.grids[e], full, pol)
-        out.append(tuple(j for j, g in held if crowd or pol.must_share(it.grids[e], g)))
+        ge = it.grids[e]
+        sig = by_grid.get(ge)
+        if sig is None:
+            crowd = _crowd_with(pol, ge, others)
+            sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
+        out.append(sig)
     return out
 
 
@@ -400,7 +440,17 @@ def _tries(
     with ``Policy.plan_branch``, the fastest fitting plan of every other such set of
     residents (ELK §4.3 weighs execution time against interconnect contention: a plan on a
     smaller grid may run beside the preloads instead of queueing behind them)."""
-    got = _step(items, order, pos, i, P, parent, pol)
+    stepper = _stepper(items, order, pos, i, P, parent, pol)
+    if stepper is None:
+        return []
+    picked: dict[int | None, _Got | None] = {}
+
+    def pick(e: int | None) -> _Got | None:
+        if e not in picked:
+            picked[e] = stepper(e)
+        return picked[e]
+
+    got = pick(None)
     if not pol.plan_branch:
         return [((), got)] if got is not None else []
     sigs = _sharers(items, order, pos, i, P, parent, pol)
@@ -412,7 +462,7 @@ def _tries(
     for e in range(items[i].fastest, -1, -1):  # fastest first
         if sigs[e] in seen:
             continue
-        alt = _step(items, order, pos, i, P, parent, pol, only=e)
+        alt = pick(e)
         if alt is not None:
             seen.add(sigs[e])
             out.append((sigs[e], alt))
@@ -426,7 +476,7 @@ def _tries(
         if chosen.get(sigs[e]) == e:
             quick.add(sigs[e])
             continue
-        alt = _step(items, order, pos, i, P, parent, pol, only=e)
+        alt = pick(e)
         if alt is not None:
             quick.add(sigs[e])
             out.append(((*sigs[e], -1), alt))

@@ -293,6 +293,13 @@ def test_grids_apart_in_pairs_but_not_all_together_share_cores() -> None:
     assert not _crowd(pol, [a, b]) and _crowd(pol, [a, b, b])
     assert _crowd(Policy(capacity=1, workers=8), [(1, 3), (1, 3), (1, 3)])
     assert not _crowd(Policy(capacity=1, workers=9), [(1, 3), (1, 3), (1, 3)])
+    # the incremental form the scheduler uses answers the same
+    from elk.contention import _crowd_with, _totals
+
+    for p in (pol, Policy(capacity=1, workers=8), Policy(capacity=1, workers=9)):
+        for g in (a, b, (1, 3), (3, 5)):
+            for rest in ([], [b], [a, b], [b, b], [(1, 3), (1, 3)]):
+                assert _crowd_with(p, g, _totals(rest)) == _crowd(p, [g, *rest])
     items = [
         Item(
             f"op{k}",
