@@ -39,9 +39,10 @@ ATTN_LANES = 16
 all enter its one online-softmax unit over one NoC link (the placement lays a lane's K and V
 loaders side by side), so a lane draws at most one link's bandwidth (64 B/cycle on the STeP
 chips; that link is busy 97% of a Qwen3 decode step) and 16 lanes just match a 1 KB/cycle HBM
-(STeP (arXiv 2511.07776) §5.1).  32 lanes would leave headroom for uneven KV lengths (2.6%
-fewer cycles on the full-size Llama GQA decode at batch 64) but the simulation then holds five
-times the memory (2.7 GB), so ``attn_lanes=32`` is an option, not the default."""
+(STeP (arXiv 2511.07776) §5.1).  32 lanes would leave headroom for uneven KV lengths, but
+the full-size Llama GQA decode at batch 64 then needs more cores than ``step-sda`` has and runs
+as two sequential configurations (2.6% fewer cycles, 2.7 GB instead of 0.5 GB to simulate), so
+``attn_lanes=32`` is an option, not the default."""
 
 
 @dataclass(frozen=True, slots=True)
