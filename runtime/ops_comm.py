@@ -345,12 +345,8 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     return True
 
 
-def h_recvvalue(sim: Any, core: Core, op: OpRecv) -> bool:
-    p = core.cur
-    if p is None:
-        p = Post(core, None, op.end, core.t)
-        core.cur = p
-        sim.post(op.end, p)
+def _value_arrived(sim: Any, core: Core, op: OpRecv, p: Any) -> bool:
+    """The end of a value receive: wait for ``p`` to arrive, then its value is in ``op.reg``."""
     if p.time is None:
         sim.block(core, ("value", p), p)
         return False
@@ -359,6 +355,15 @@ def h_recvvalue(sim: Any, core: Core, op: OpRecv) -> bool:
     core.regs[op.reg] = p.value
     core.pc += 1
     return True
+
+
+def h_recvvalue(sim: Any, core: Core, op: OpRecv) -> bool:
+    p = core.cur
+    if p is None:
+        p = Post(core, None, op.end, core.t)
+        core.cur = p
+        sim.post(op.end, p)
+    return _value_arrived(sim, core, op, p)
 
 
 def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:
@@ -377,14 +382,7 @@ def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:
         b.wp = p
         core.cur = p
         sim.post(op.end, p)
-    if p.time is None:
-        sim.block(core, ("value", p), p)
-        return False
-    core.cur = None
-    advance(sim, core, p.time, RECV)
-    core.regs[op.reg] = p.value
-    core.pc += 1
-    return True
+    return _value_arrived(sim, core, op, p)
 
 
 # -- synchronisation -------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from torch2step.layers.graph import LayerGraph, torch_dtype
 from torch2step.step import Graph, Program
 from torch2step.step import fn_library_layers as _fn_layers  # noqa: F401  (registers functions)
 from torch2step.step.fn_library import np_dtype
-from torch2step.step.ops_memory import LinearOffChipStore, RandomOffChipStore
 
 from .context import HostIndex, LowerCtx, LowerOptions, Placed
 from .rules import RULES
@@ -137,43 +136,11 @@ def _drop_unread_stores(ctx: LowerCtx, layer: LayerGraph) -> None:
     producer's row stream directly, so such a store only spends HBM bandwidth and makes its
     producer send each row once more (STeP §3: a stream feeds its consumers on chip;
     off-chip operators only at the boundaries of the layer)."""
-    g = ctx.graph
     kept = {ctx.placed[o].tensor.name for o in layer.outputs if o in ctx.placed}
     kept |= set(ctx.prefill) | {h.tensor.name for h in ctx.host}
-    read = {
-        t.name
-        for op in g._nodes
-        if not isinstance(op, (LinearOffChipStore, RandomOffChipStore))
-        for t in op.tensors()
-    }
-    dead = set(ctx.streamed) - kept - read
-    if not dead:
-        return
-    live = [
-        not (isinstance(op, LinearOffChipStore) and op.tensor.name in dead) for op in g._nodes
-    ]
-    changed = True
-    while changed:  # then every operator none of whose outputs is consumed any more
-        changed = False
-        used = {v.name for _, v in g._outputs}
-        for k, op in enumerate(g._nodes):
-            if live[k]:
-                used.update(v.name for v in op.inputs())
-        for k, op in enumerate(g._nodes):
-            outs = g._outs[k]
-            optional = op.optional_outputs()
-            if (
-                live[k]
-                and outs
-                and not any(v.name in used for v in outs)
-                and not all(j in optional for j in range(len(outs)))
-            ):
-                live[k], changed = False, True
-    referenced = {t.name for k, op in enumerate(g._nodes) if live[k] for t in op.tensors()}
-    g._nodes = [op for k, op in enumerate(g._nodes) if live[k]]
-    g._outs = [o for k, o in enumerate(g._outs) if live[k]]
-    for name in dead - referenced:
-        g._tensors.pop(name, None)
+    dead = set(ctx.streamed) - kept - ctx.graph.tensors_read()
+    if dead:
+        ctx.graph.drop_stores(dead)
 
 
 def lower(

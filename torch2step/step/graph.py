@@ -345,6 +345,43 @@ class Graph:
         """Names of the nodes added after the first ``first`` (see :attr:`node_count`)."""
         return [op.name for op in self._nodes[first:]]
 
+    def tensors_read(self) -> set[str]:
+        """Names of the off-chip tensors some node other than a store reads."""
+        stores = (LinearOffChipStore, RandomOffChipStore)
+        return {t.name for op in self._nodes if not isinstance(op, stores) for t in op.tensors()}
+
+    def drop_stores(self, dead: set[str]) -> None:
+        """Remove the linear stores into the tensors ``dead``, then every node none of whose
+        (non-optional) outputs is consumed any more, then the tensors of ``dead`` no node
+        refers to."""
+        live = [
+            not (isinstance(op, LinearOffChipStore) and op.tensor.name in dead)
+            for op in self._nodes
+        ]
+        changed = True
+        while changed:
+            changed = False
+            used = {v.name for _, v in self._outputs}
+            for k, op in enumerate(self._nodes):
+                if live[k]:
+                    used.update(v.name for v in op.inputs())
+            for k, op in enumerate(self._nodes):
+                outs = self._outs[k]
+                optional = op.optional_outputs()
+                if (
+                    live[k]
+                    and outs
+                    and not any(v.name in used for v in outs)
+                    and not all(j in optional for j in range(len(outs)))
+                ):
+                    live[k], changed = False, True
+        nodes = [op for k, op in enumerate(self._nodes) if live[k]]
+        referenced = {t.name for op in nodes for t in op.tensors()}
+        self._nodes = nodes
+        self._outs = [o for k, o in enumerate(self._outs) if live[k]]
+        for name in dead - referenced:
+            self._tensors.pop(name, None)
+
     def build(self) -> Program:
         """Verify and freeze the graph."""
         prog = self.snapshot()
