@@ -26,8 +26,9 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
+from .rows import row_rule, with_rows
 from .streams import Part, StreamInfo, iter_nodes, leaves
-from .timing import TimingModel, UnitConfig, concrete_type
+from .timing import RowRule, TimingModel, UnitConfig, concrete_type
 from .unit import UnitBuilder
 
 __all__ = ["EMITTERS"]
@@ -77,27 +78,58 @@ class _Cost:
         )
 
     def map_step(
-        self, f: Any, x: Any, t: DataType, in_parts: tuple, out_parts: tuple
-    ) -> tuple[int, int]:
-        """``(cycles, flops)`` of applying ``f`` to element ``x`` (cached by shapes)."""
+        self, f: Any, x: Any, t: DataType, in_parts: tuple, out: tuple[Any, DataType, tuple]
+    ) -> tuple[int, int, RowRule | None]:
+        """``(cycles, flops, row rule)`` of applying ``f`` to element ``x`` producing ``out =
+        (value, declared type, parts)`` (cached by shapes)."""
+        out_parts = out[2]
         key = (_shape_key(x), self._bytes_key(in_parts, out_parts))
         hit = self._steps.get(key)
         if hit is None:
             et = self.type_of(x, t)
             fl = self.t.map_flops(f, et)
-            hit = self._steps[key] = (self.cycles(fl, et, in_parts, out_parts), fl)
+            rule = row_rule(
+                self.t,
+                self.cfg,
+                self.t.rate(_dtype(et), self.cfg),
+                lambda r: self.t.map_flops(f, with_rows(x, t, r)),
+                (x, t, in_parts),
+                out,
+            )
+            hit = self._steps[key] = (self.cycles(fl, et, in_parts, out_parts), fl, rule)
         return hit
 
     def update_step(
-        self, f: Any, x: Any, t: DataType, s: Any, st: DataType, in_parts: tuple, out_parts: tuple
-    ) -> tuple[int, int]:
-        """``(cycles, flops)`` of updating state ``s`` by element ``x`` (cached by shapes)."""
-        key = (_shape_key(x), _shape_key(s), self._bytes_key(in_parts, out_parts))
+        self,
+        f: Any,
+        x: Any,
+        t: DataType,
+        s: Any,
+        st: DataType,
+        in_parts: tuple,
+        out_parts: tuple,
+        last: bool,
+    ) -> tuple[int, int, RowRule | None]:
+        """``(cycles, flops, row rule)`` of updating state ``s`` (declared ``st``, parts
+        ``out_parts``) by element ``x``; ``last``: the update ends the reduction, so its output
+        bytes are timed (cached by shapes)."""
+        timed = out_parts if last else ()
+        key = (_shape_key(x), _shape_key(s), self._bytes_key(in_parts, timed))
         hit = self._steps.get(key)
         if hit is None:
             et = self.type_of(x, t)
             fl = self.t.update_flops(f, et, self.type_of(s, st))
-            hit = self._steps[key] = (self.cycles(fl, et, in_parts, out_parts), fl)
+            rule = row_rule(
+                self.t,
+                self.cfg,
+                self.t.rate(_dtype(et), self.cfg),
+                lambda r: self.t.update_flops(f, with_rows(x, t, r), with_rows(s, st, r)),
+                (x, t, in_parts),
+                (s, st, out_parts),
+                out_bytes=last,
+                state=(s, st),
+            )
+            hit = self._steps[key] = (self.cycles(fl, et, in_parts, timed), fl, rule)
         return hit
 
 
@@ -118,8 +150,10 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
         parts = out.parts(k)
-        c, fl = cost.map_step(op.fn, val, x.dtype, x.parts(k), parts)
-        y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl), data)
+        c, fl, rule = cost.map_step(
+            op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, parts)
+        )
+        y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
         b.send(out, k, y)
         b.step()
 
@@ -140,12 +174,12 @@ def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
             o = k if scan else r
             parts = out.parts(o)
             last = scan or n == len(elems) - 1
-            c, fl = cost.update_step(
-                op.fn, val, x.dtype, out.flat[o], out.dtype, x.parts(k), parts if last else ()
+            c, fl, rule = cost.update_step(
+                op.fn, val, x.dtype, out.flat[o], out.dtype, x.parts(k), parts, last
             )
             ins = (e,) if state is None else (e, state)
             into = None if scan or state is None else state
-            state = b.compute(c, ins, parts, role="acc", flops=fl, into=into)
+            state = b.compute(c, ins, parts, role="acc", flops=fl, into=into, rule=rule)
             if scan:
                 b.send(out, k, state)
             k += 1

@@ -41,6 +41,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 __all__ = [
     "STEP_KERNEL",
+    "RowRule",
     "UnitConfig",
     "TimingModel",
     "simulation_chip",
@@ -54,13 +55,45 @@ STEP_KERNEL = "step_unit"
 _UNBOUNDED_BW = 1 << 40
 
 
+def _rows(shapes: Sequence[tuple[int, ...]], params: Any) -> int:
+    """Rows of the input tile a row rule follows (messages are flat: elements over columns)."""
+    return math.prod(shapes[int(params["row_in"])]) // int(params["cols"])
+
+
+def _linear(form: str, rows: int) -> int:
+    """``a*rows + c`` of a form ``"a:c"`` (a plain integer is a constant)."""
+    if ":" not in form:
+        return int(form)
+    a, c = form.split(":")
+    return int(a) * rows + int(c)
+
+
 def _out_shapes(shapes: Sequence[tuple[int, ...]], params: Any) -> tuple[tuple[int, ...], ...]:
     text = str(params.get("outs", ""))
-    return tuple((int(x),) for x in text.split(",") if x)
+    forms = [x for x in text.split(",") if x]
+    if "row_in" not in params:
+        return tuple((int(x),) for x in forms)
+    rows = _rows(shapes, params)
+    return tuple((_linear(x, rows),) for x in forms)
+
+
+def _cycles(shapes: Sequence[tuple[int, ...]], params: Any) -> int:
+    """The step's cycles: a literal, or under a row rule ``max(1, ceil((a*rows + c) / d))``
+    over the rule's terms ``"a:c:d;..."`` (FLOPs over the unit's compute bandwidth, bytes over
+    the on-chip memory bandwidth: the roofline of :meth:`TimingModel.roofline`)."""
+    cyc = params["cycles"]
+    if "row_in" not in params:
+        return int(cyc)
+    rows = _rows(shapes, params)
+    best = 1
+    for term in filter(None, str(cyc).split(";")):
+        a, c, d = (int(v) for v in term.split(":"))
+        best = max(best, -(-(a * rows + c) // d))
+    return best
 
 
 def _run(ins: Sequence[np.ndarray], params: Any) -> tuple[np.ndarray, ...]:
-    return tuple(np.zeros(s, np.float32) for s in _out_shapes((), params))
+    return tuple(np.zeros(s, np.float32) for s in _out_shapes([a.shape for a in ins], params))
 
 
 if STEP_KERNEL not in KERNELS:
@@ -68,10 +101,41 @@ if STEP_KERNEL not in KERNELS:
         Kernel(
             STEP_KERNEL,
             _out_shapes,
-            lambda shapes, p: int(p["cycles"]) * int(p["rate"]),
+            lambda shapes, p: _cycles(shapes, p) * int(p["rate"]),
             _run,
         )
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RowRule:
+    """Cycles and output sizes of a unit step as functions of the run-time rows of one input
+    tile (a tile whose declared row count is dynamic: the tokens an expert got, a KV tile's
+    rows), so the same ``Compute`` costs what the tile it receives holds (STeP §4.2: FLOPs of
+    the element's actual shapes).
+
+    ``slot``: the part of the step's first input element holding the tile; ``cols``: its
+    columns; ``terms``: ``(a, c, d)`` with cycles ``max(1, ceil((a*rows + c) / d))`` over the
+    terms; ``outs``: per output part ``(a, c)`` with ``a*rows + c`` elements."""
+
+    slot: int
+    cols: int
+    terms: tuple[tuple[int, int, int], ...]
+    outs: tuple[tuple[int, int], ...]
+
+    def params(self, row_in: int, rate: int) -> tuple[tuple[str, int | str], ...]:
+        """The ``step_unit`` parameters of the rule, the tile being input ``row_in``."""
+        return (
+            ("cols", self.cols),
+            ("cycles", ";".join(f"{a}:{c}:{d}" for a, c, d in self.terms)),
+            ("outs", ",".join(f"{a}:{c}" for a, c in self.outs)),
+            ("rate", rate),
+            ("row_in", row_in),
+        )
+
+    def cycles(self, rows: int) -> int:
+        """Cycles of the step on a tile of ``rows`` rows."""
+        return max([1] + [-(-(a * rows + c) // d) for a, c, d in self.terms])
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,7 @@ from torch2step.errors import LoweringError
 from .compress import compress
 from .hazards import fence_group
 from .streams import Part, StreamInfo
-from .timing import STEP_KERNEL, TimingModel
+from .timing import STEP_KERNEL, RowRule, TimingModel
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
 
@@ -194,9 +194,13 @@ class UnitBuilder:
         rotation: int = 2,
         flops: int = 0,
         into: Elem | None = None,
+        rule: RowRule | None = None,
     ) -> Elem:
         """One unit step of ``cycles`` reading ``ins`` and producing an element of ``outs`` in
-        the next buffers of ``role`` (or in the buffers of ``into``: an accumulator)."""
+        the next buffers of ``role`` (or in the buffers of ``into``: an accumulator).  With
+        ``rule`` (:mod:`.rows`) the step's cycles and output sizes follow the run-time rows of
+        the rule's part of ``ins[0]`` (``cycles`` and ``outs`` are this run's values)."""
+        ins = tuple(ins)
         in_bufs: list[str] = []
         for e in ins:
             for part, b in e:
@@ -217,7 +221,11 @@ class UnitBuilder:
             else:
                 slots.append((part, None))
         t = self.timing
-        params = (("cycles", cycles), ("outs", ",".join(sizes)), ("rate", t.enc_rate))
+        params: tuple = (("cycles", cycles), ("outs", ",".join(sizes)), ("rate", t.enc_rate))
+        if rule is not None:
+            held = ins[0][rule.slot][1] if ins else None
+            if held is not None and held in in_bufs and len(rule.outs) == len(out_bufs):
+                params = rule.params(in_bufs.index(held), t.enc_rate)
         self.emit(Compute(STEP_KERNEL, tuple(out_bufs), tuple(in_bufs), params, t.enc_dtype))
         self.flops += flops
         self.busy_cycles += cycles
