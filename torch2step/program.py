@@ -4,6 +4,13 @@
 returns what the module returns; ``Program.report`` also places the program spatially on the
 chip (one unit per STeP operator, streams as bounded FIFOs: :mod:`torch2step.spatial`) and
 simulates it, for this input's routing and KV lengths.
+
+``report`` builds a spatial plan once per control signature of the run and reuses it for any
+later input with the same one (:mod:`torch2step.spatial.reuse`): inputs that differ only in
+floating-point data share the plan and are only re-simulated.  What still genuinely depends on
+the input, so that a new signature is re-planned: each expert's token count (the expert units'
+loops and buffers), each request's KV tiles (the decode-attention units after the KV-tile
+addresses) and EagerMerge's order (:mod:`torch2step.spatial.plan`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class Program:
         self.split = True  # report: a layer that does not fit runs as sequential configurations
         self.strategy_table: str = ""  # the candidates strategy="auto" tried (torch2step.auto)
         self.strategy_options: dict[str, Any] = {}
+        self._plans: Any = None  # report's spatial plans by control signature (PlanCache)
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -233,7 +241,7 @@ class Program:
         interpreter runs in timing-only mode: values that steer control are computed, matrix
         products that do not are only shaped (:mod:`torch2step.step.timing_only`).  ``notes``:
         choices made for the user, carried into the report's text."""
-        from torch2step.spatial import simulate_graph
+        from torch2step.spatial.reuse import PlanCache
 
         if self.split and len(self.layer.nodes) >= 2 and not self._units_fit():
             # placement would fail (one core per unit at least): split at once, without the
@@ -250,8 +258,10 @@ class Program:
             tensors, env = lw.feed(self._check(inputs))
             d = simulate_dispatched(lw.program, self.chip, tensors, env=env)
             res, dynamic["attn_regions_of_requests"] = d.run, d.assignment
+        if self._plans is None:
+            self._plans = PlanCache()
         try:
-            sim = simulate_graph(lw.program, self.chip, res, trace=trace)
+            sim = self._plans.simulate(lw.program, self.chip, res, trace=trace)
         except ScheduleError:
             if not self.split or len(self.layer.nodes) < 2:
                 raise

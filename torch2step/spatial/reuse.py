@@ -1,0 +1,116 @@
+"""Reusing a spatial plan across runs whose control values agree.
+
+The per-unit programs of a plan read routing selectors, expert ids and KV lengths at run time
+where their units decide from data (:mod:`.plan`), but the units after a Partition and the
+decode-attention units after the KV-tile addresses are still specialised to one run's control
+values (each expert's token count, each request's KV tiles), EagerMerge to one order.  So a plan
+is reusable exactly for the runs that give every stream the same structure and control values:
+its :func:`control_signature` — per stream, the nesting (where each dimension's stop tokens
+fall) and the messages of every element (data tiles by dtype and size, control values by
+value), the run's symbol bindings and the shapes of the off-chip tensors.  Floating-point
+data (activations, weights) never enters a program, so runs that differ only in it — the
+same layer reported again, another batch of embeddings with the same routing — share one plan:
+:class:`PlanCache` builds a plan once per signature and rebinds the new run's integer tensors
+(the control data the programs read, ``SpatialPlan.inputs``).
+
+A cached plan is the one before FIFO deepening (:mod:`.fifos`): a reused run deepens the same
+channels again, so it reports the same deepened channels and FIFO bytes as a fresh plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+from hwmodel.chip import Chip
+from torch2step.step.graph import Program
+from torch2step.step.interpreter import RunResult
+
+from .context import int_contents, tensor_layouts
+from .plan import SpatialPlan, build_plan
+from .result import SpatialResult
+from .simulate import simulate_plan
+from .streams import element_parts, iter_nodes
+
+__all__ = ["control_signature", "PlanCache"]
+
+
+def _nesting(data: Any, rank: int) -> list:
+    """Per level, the lengths of the stream's nodes (the positions of its stop tokens)."""
+    out = []
+    nodes = [data]
+    for _ in range(rank + 1):
+        out.append([len(n) for n in nodes])
+        nodes = [c for n in nodes for c in n]
+    return out
+
+
+def control_signature(graph: Program, run: RunResult) -> str:
+    """A digest of everything of ``run`` the unit programs of ``graph`` are specialised to
+    (module docstring): two runs with the same signature have the same plan."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(graph.name.encode())
+    types = {v.name: v.type.dtype for v in graph.inputs}
+    for outs in graph.node_outputs:
+        for v in outs:
+            types[v.name] = v.type.dtype
+    for name in sorted(run.values):
+        s = run.values[name]
+        t = types.get(name)
+        h.update(f"|{name}:{s.rank}:{_nesting(s.data, s.rank)}".encode())
+        if t is None:
+            continue
+        parts = [element_parts(x, t, k) for k, x in enumerate(iter_nodes(s.data, s.rank + 1))]
+        h.update(repr(parts).encode())
+    h.update(repr(sorted((str(k), str(v)) for k, v in run.bindings.items())).encode())
+    shapes = sorted((n, tuple(a.shape), str(a.dtype)) for n, a in run.tensors.items())
+    h.update(repr(shapes).encode())
+    return h.hexdigest()
+
+
+class PlanCache:
+    """Plans of one graph by :func:`control_signature` of their run (at most ``size``, the
+    least recently used dropped first); ``built`` / ``reused`` count what :meth:`simulate`
+    did."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.plans: OrderedDict[Hashable, SpatialPlan] = OrderedDict()
+        self.built = 0
+        self.reused = 0
+
+    def plan_for(self, graph: Program, chip: Chip, run: RunResult) -> tuple[SpatialPlan, bool]:
+        """The plan of ``run``'s signature and whether it was reused: built the first time,
+        after that the same programs with ``run``'s integer tensors."""
+        key = (id(graph), id(chip), control_signature(graph, run))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = build_plan(graph, chip, run)
+            self.built += 1
+            while len(self.plans) > self.size:
+                self.plans.popitem(last=False)
+            return plan, False
+        self.plans.move_to_end(key)
+        self.reused += 1
+        inputs = int_contents(tensor_layouts(graph, run), run.tensors)
+        return dataclasses.replace(plan, inputs=inputs), True
+
+    def simulate(
+        self,
+        graph: Program,
+        chip: Chip,
+        run: RunResult,
+        *,
+        trace: bool | str | Path | None = None,
+    ) -> SpatialResult:
+        """Simulate ``graph`` on ``chip`` for ``run`` with the plan of its signature (its
+        programs checked when built).  The plan kept is the one before FIFO deepening, so a
+        reused run reports the same deepened channels (and their bytes) as the first."""
+        t0 = time.perf_counter()
+        plan, reused = self.plan_for(graph, chip, run)
+        return simulate_plan(plan, trace=trace, check=not reused, plan_s=time.perf_counter() - t0)
