@@ -363,8 +363,9 @@ def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
     if core.sram > sim.core_spec.sram_bytes:
         raise sim.error(
             core,
-            f"SRAM overflow: {core.sram} bytes allocated, the core has {sim.core_spec.sram_bytes}; "
-            f"free buffers earlier or use smaller tiles",
+            f"SRAM overflow: buffer {b.name!r} ({op.nbytes} bytes) brings the core to "
+            f"{core.sram} bytes allocated, it has {sim.core_spec.sram_bytes}; free buffers "
+            "earlier or use smaller tiles",
         )
     if core.sram > core.sram_peak:
         core.sram_peak = core.sram

@@ -133,7 +133,7 @@ def test_run_time_errors_name_core_and_instruction():
         ((Alloc("b", (4,)), Load("b", "x")), "do not fit buffer 'b'"),
         ((Alloc("b", (4, 4), "fp32"), Load("b", "x")), "allocate the buffer as bf16"),
         ((Load("b", "x"),), "used before Alloc"),
-        ((Alloc("b", (1 << 20,)),), "SRAM overflow"),
+        ((Alloc("b", (1 << 20,)),), r"SRAM overflow: buffer 'b' \(2097152 bytes\)"),
         (
             (Alloc("b", (2, 2)), Load("b", "x", Region(("r", 0), (2, 2)))),
             "register 'r' is read before it is set",

@@ -35,18 +35,34 @@ programs are the same for every routing of the same tokens:
 * a control value a unit forwards (Repeat, Expand...) is sent from the register it was
   received into, and one loaded as a ``[1, 1]`` integer tile is read from the loaded buffer.
 
+A unit step on a tile whose declared rows are dynamic (an expert's ``[n_e, ...]`` tiles, a KV
+tile) is timed from the rows of the tile it receives: its ``step_unit`` Compute carries a row
+rule (:mod:`.rows`), cycles and output sizes as ``a*rows + c`` of that tile's run-time rows.
+
 What is still baked from the run: each expert's token count in the units after the Partition
-(tile shapes, loop trip counts, compute cycles: they do not read the stop token's count),
-EagerMerge's chunk order, and in decode attention everything from the KV-tile addresses on
-(the cursor tiles carry no values in timing mode, so the tile count and rows of each request
-are the run's).  Making those units run-independent needs, besides ``Recv(..., stop=reg)``
-(a loop over a stream of unknown length ends on the Partition's stop token, which carries the
-count), what the instruction set does not have yet: a unit buffer that grows with the rows it
-receives and is read row by row (Bufferize, a ``retile_row`` Accum), and unit steps whose
-cycles and output sizes follow the run-time shape of their input tile (a ``step_unit``
-Compute carries literal cycles and sizes); and an on-chip memory account that counts what a
-run holds rather than a buffer's capacity (dynamic tiling's saving, STeP §5.2).  An
-EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
+(loop trip counts, buffer capacities, the Bufferize unit's one buffer per row; they do not read
+the stop token's count), EagerMerge's chunk order, and in decode attention everything from the
+KV-tile addresses on (the cursor tiles carry no values in timing mode, so the tile count and
+rows of each request are the run's).  :mod:`.reuse` therefore keys a plan by the run's control
+signature, and ``Program.report`` re-plans only for a new one.  Making those units
+run-independent needs, besides ``Recv(..., stop=reg)`` (a loop over a stream of unknown length
+ends on the Partition's stop token, which carries the count):
+
+* stop tokens on every channel whose stream has a dynamic dimension (not only a Partition's
+  outputs), so each unit of an expert can loop until its input ends (a bounded ``Loop`` whose
+  body is guarded by ``If(stop < 0)``) and forward the count; a ``RecvValue`` that can also
+  take a stop token, for streams of buffer references and addresses;
+* a unit buffer that grows with the rows it receives and is read row by row (Bufferize, a
+  ``retile_row`` Accum, RetileStreamify), allocated at a capacity bound (the graph's token
+  count);
+* an on-chip memory account that counts what a run holds rather than a buffer's capacity
+  (dynamic tiling's saving, STeP §5.2), in the simulator's peak and in placement;
+* with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
+  Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
+  FilterPadding reads, which are made where they are used from the run today, sent as
+  messages by the unit that padded.
+
+An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
 """
 

@@ -17,7 +17,10 @@ HBM model; channels by its NoC model.
 
 The cycles are carried by a Compute of the ``step_unit`` kernel: its FLOP count is the cycle
 count times the core rate of the instruction's dtype, so the simulator's compute term gives the
-cycles exactly.  The simulator's own SRAM term (which charges every byte a kernel touches) would
+cycles exactly.  A step on a tile of dynamic rows carries a :class:`RowRule` instead of literal
+cycles and sizes (:mod:`.rows`): the kernel computes both from the rows of the input tile it
+is given, so one instruction costs what each tile it receives holds.  The simulator's own SRAM
+term (which charges every byte a kernel touches) would
 double-count what the roofline above already decides, so spatial programs run on
 :func:`simulation_chip`, a copy of the chip whose per-core SRAM bandwidth does not bind.
 """

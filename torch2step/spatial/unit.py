@@ -9,7 +9,8 @@ instructions of :mod:`lowering.isa`:
   (graph inputs, padding) need no message.  A message reached twice (``Zip(x, x)``) is
   received once.
 * ``compute(cycles, ins, outs)`` is one unit step of ``cycles`` (:mod:`.timing`): a ``Compute``
-  that waits for its input buffers and writes buffers of the output elements' sizes.
+  that waits for its input buffers and writes buffers of the output elements' sizes (with a
+  row rule, :mod:`.rows`, both follow the run-time rows of an input tile).
 * ``send(stream, k, elem)`` sends element ``k`` of an output stream (nothing if no unit reads
   the stream); a control value received into a register and forwarded is sent from that
   register, one loaded as a ``[1, 1]`` integer tile is read from its buffer (``ReadValue``,
