@@ -104,8 +104,8 @@ def row_rule(
     if found is None or found[0] is None:
         return None
     rows, leaves = found
-    slot = next(i for i, decl, _ in leaves if _dynamic(decl)[0])
-    if in_parts[slot].kind != "data":
+    slot, cols = next((i, shape[1]) for i, decl, shape in leaves if _dynamic(decl)[0])
+    if in_parts[slot].kind != "data" or cols == 0:
         return None
     if state is not None and _scan(*state, rows) is None:
         return None
@@ -132,5 +132,4 @@ def row_rule(
         if out[2][i].kind != "data":
             continue
         outs.append((shape[1], 0) if _dynamic(decl)[0] else (0, out[2][i].elems))
-    cols = leaves[[i for i, _, _ in leaves].index(slot)][2][1]
     return RowRule(slot, cols, tuple(terms), tuple(outs))
