@@ -13,22 +13,12 @@ from torch2step.step import run
 
 def _sim(lanes: int, lens: list[int], tile_kv: int = 16):
     prog = gqa_decode_graph(
-        num_q_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        tail_rows=1,
-        tile_kv=tile_kv,
-        lanes=lanes,
+        num_q_heads=4, num_kv_heads=2, head_dim=32, tail_rows=1, tile_kv=tile_kv, lanes=lanes,
         dtype="bf16",
     )
     inp = gqa_inputs(
-        num_q_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        batch=len(lens),
-        max_len=130,
-        kv_lens=lens,
-        tail_rows=1,
+        num_q_heads=4, num_kv_heads=2, head_dim=32, batch=len(lens), max_len=130,
+        kv_lens=lens, tail_rows=1,
     )
     inp = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inp.items()}
     res = run(prog, tensors=inp, timing_only=True)

@@ -32,15 +32,11 @@ def test_units_over_one_core_span_cores_and_say_so() -> None:
 
 
 def test_too_few_cores_is_an_error_naming_unit_bytes_and_capacity() -> None:
-    chip = with_overrides(
-        load_chip("step-sda"), ["core.sram_bytes=1000", "noc.rows=2", "noc.cols=2"]
-    )
+    chip = with_overrides(load_chip("step-sda"), ["core.sram_bytes=1000", "noc.rows=2",
+                                                  "noc.cols=2"])
     units = (_unit("x", 100, 0), _unit("big", 1000, 3000, (1,)))
-    with pytest.raises(
-        ScheduleError,
-        match=r"unit %big \(Bufferize\) needs 4,000 bytes .* "
-        r"has 1,000 bytes of SRAM",
-    ):
+    with pytest.raises(ScheduleError, match=r"unit %big \(Bufferize\) needs 4,000 bytes .* "
+                       r"has 1,000 bytes of SRAM"):
         check_sram(units, chip)
 
 
