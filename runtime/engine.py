@@ -57,6 +57,7 @@ from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
 from runtime.program import Compiled, compile_programs, describe
+from runtime.replay import Replay, ReplayUnsupported
 from runtime.report import build_result, deadlock_message, wait_for
 from runtime.state import Core, Pending
 from runtime.stats import SimResult
@@ -144,6 +145,8 @@ class Simulator(Transfers):
         self.core_spec = chip.core
         self.fabric = Fabric(chip)
         self.layout = HbmLayout(chip.hbm, programs.tensors)
+        #: channel name -> FIFO depth set by :meth:`deepen` (over the declared one)
+        self.depths: dict[str, int] = {}
         self._compiled: Compiled | None = self._compile()
         self._inputs = self._bind(dict(inputs or {}))
 
@@ -158,6 +161,7 @@ class Simulator(Transfers):
                 self.layout,
                 fast=not self.functional,
                 checked=self.checked,
+                depths=self.depths,
             )
 
     def _bind(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -281,6 +285,45 @@ class Simulator(Transfers):
         the stuck state on, so callers use it to explore, not for results."""
         with gc_paused():
             self._loop(None)
+
+    def channel_depth(self, name: str) -> int:
+        """The FIFO depth (messages per destination) channel ``name`` has now."""
+        return self._chans()[name].depth
+
+    def deepen(self, name: str, depth: int) -> None:
+        """Make channel ``name``'s FIFOs ``depth`` deep: before :meth:`run`, for the run (and
+        every later one); during a stuck run, from now on — a sender stopped on one of them
+        retries its send now (to :meth:`resume` a run that deadlocked on a full FIFO)."""
+        state = self._chans()[name]
+        self.depths[name] = depth
+        state.depth = depth
+        if self._compiled is None:  # a run is under way: wake its stopped senders
+            for end in state.ends:
+                w = end.waiter
+                if w is not None:
+                    end.waiter = None
+                    self.wake(w, self.now)
+
+    def _chans(self) -> dict:
+        comp = self._compiled if self._compiled is not None else self.comp
+        return comp.chans
+
+    def replay(self) -> Replay:
+        """An untimed replay of the programs (:mod:`runtime.replay`: where they deadlock,
+        without the timing model), compiled afresh with the current depths; timing mode only."""
+        if self.functional:
+            raise ReplayUnsupported("the untimed replay models timing mode only")
+        with gc_paused():
+            comp = compile_programs(
+                self.programs,
+                self.chip,
+                self.fabric,
+                self.layout,
+                fast=True,
+                checked=True,
+                depths=self.depths,
+            )
+        return Replay(comp, self._inputs, self.programs.name)
 
     def waits(self) -> dict[int, tuple[int | None, str | None]]:
         """After a :class:`DeadlockError`: each unfinished core's ``(core it waits on, full

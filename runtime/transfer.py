@@ -326,21 +326,6 @@ class Transfers:
                 inj = e
         return inj
 
-    def channel_depth(self, name: str) -> int:
-        """The current FIFO depth (messages per destination) of channel ``name``."""
-        return self.comp.chans[name].depth
-
-    def deepen(self, name: str, depth: int) -> None:
-        """Make channel ``name``'s FIFOs ``depth`` deep from now on; a sender stopped on one of
-        them retries its send now (e.g. to resume a run that deadlocked on a full FIFO)."""
-        state = self.comp.chans[name]
-        state.depth = depth
-        for end in state.ends:
-            w = end.waiter
-            if w is not None:
-                end.waiter = None
-                self.wake(w, self.now)
-
     def credit(self, core: Core, chan: Any) -> int:
         """Cycle >= now at which every destination FIFO of ``chan`` has a free slot; -1 when a
         full FIFO's oldest message has no known consumption yet (the core then waits)."""
