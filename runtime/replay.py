@@ -176,8 +176,24 @@ def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
 
 
 def _compute(rp: Replay, core: Core, op: Any) -> bool:
-    if (op.ins or op.outs) and not _free(rp, core, op.ins + op.outs):
-        return False
+    i = 0
+    sc = core.scan
+    if sc is not None:  # a retry after a wait goes on where it stopped (ops._ready_long)
+        core.scan = None
+        if sc[0] is op:
+            i = sc[1]
+    bufs = op.ins + op.outs
+    n = len(bufs)
+    while i < n:
+        b = bufs[i]
+        p = b.wp
+        if p is not None:
+            if p.time is None:
+                if i:
+                    core.scan = (op, i)
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
+        i += 1
     core.pc += 1
     return True
 

@@ -232,6 +232,7 @@ class Core:
         "dma_p",
         "dmaq",
         "item",
+        "scan",
     )
 
     def __init__(self, cid: int) -> None:
@@ -258,3 +259,4 @@ class Core:
         self.dma_p: list[Pending] = []
         self.dmaq: list = []  # outstanding HBM requests: completion cycle or Pending
         self.item: tuple | None = None  # its event-queue entry (made once per run)
+        self.scan: tuple | None = None  # where a blocked wait on many buffers stopped
