@@ -248,7 +248,7 @@ class Simulator(Transfers):
         self.ndone = 0
         self.cur_core: Core | None = None
         self.run_fn = self.run_core  # bound once: queue entries reuse it
-        self.hop_fn = self._hop
+        self.hop_fn = self._stage
         with gc_paused():
             for core in comp.active:
                 core.item = (self.run_fn, core)
@@ -277,7 +277,10 @@ class Simulator(Transfers):
         for ch in self.comp.chans.values():
             for end in ch.ends:
                 if end.inflight or end.posts or end.unmatched or end.waiter is not None:
-                    end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
+                    end.posts.clear()
+                    end.unmatched.clear()
+                    end.inflight.clear()
+                    end.waiter = None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)
@@ -296,7 +299,7 @@ class Simulator(Transfers):
         retries its send now (to :meth:`resume` a run that deadlocked on a full FIFO)."""
         state = self._chans()[name]
         self.depths[name] = depth
-        state.depth = depth
+        state.set_depth(depth)
         if self._compiled is None:  # a run is under way: wake its stopped senders
             for end in state.ends:
                 w = end.waiter

@@ -335,7 +335,9 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     post = Post(core, b, end, t)
     b.wp = post
     if end.unmatched:
-        s = end.unmatched.pop(0)
+        q = end.unmatched
+        s = q[0]
+        del q[0]
         s.post = post
         if s.arrival is not None:
             sim.consume(s)

@@ -61,10 +61,6 @@ class Replay:
         self.dirty: set[str] = set()
         self.queue: deque[Core] = deque(comp.active)
         self.ndone = 0
-        for ch in comp.chans.values():
-            for end in ch.ends:
-                end.unmatched = deque()  # type: ignore[assignment]  # payloads, oldest first
-                end.posts = deque()  # type: ignore[assignment]
         table = _RULES
         for core in comp.active:
             for op in core.code:
@@ -108,7 +104,7 @@ class Replay:
     def deepen(self, name: str, depth: int) -> None:
         """Make channel ``name``'s FIFOs ``depth`` deep; a sender stopped on one retries."""
         state = self.comp.chans[name]
-        state.depth = depth
+        state.set_depth(depth)
         for end in state.ends:
             w = end.waiter
             if w is not None:
@@ -286,7 +282,10 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
         payload = (b.data, True, None)
     for end in chan.ends:
         if end.posts:
-            rp.match(end.posts.popleft(), payload)
+            q = end.posts
+            p = q[0]
+            del q[0]
+            rp.match(p, payload)
         else:
             end.unmatched.append(payload)
     core.pc += 1
@@ -295,7 +294,10 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
 
 def _post(rp: Replay, end: Any, post: Post) -> None:
     if end.unmatched:
-        rp.match(post, end.unmatched.popleft())
+        q = end.unmatched
+        payload = q[0]
+        del q[0]
+        rp.match(post, payload)
     else:
         end.posts.append(post)
 
