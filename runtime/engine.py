@@ -313,20 +313,24 @@ class Simulator(Transfers):
 
     def replay(self) -> Replay:
         """An untimed replay of the programs (:mod:`runtime.replay`: where they deadlock,
-        without the timing model), compiled afresh with the current depths; timing mode only."""
+        without the timing model) with the current depths; timing mode only.  Before
+        :meth:`run` it borrows the compiled programs and puts them back as compiled when done
+        (:meth:`Replay.close`); otherwise it compiles them afresh."""
         if self.functional:
             raise ReplayUnsupported("the untimed replay models timing mode only")
-        with gc_paused():
-            comp = compile_programs(
-                self.programs,
-                self.chip,
-                self.fabric,
-                self.layout,
-                fast=True,
-                checked=True,
-                depths=self.depths,
-            )
-        return Replay(comp, self._inputs, self.programs.name)
+        comp = self._compiled
+        self._compiled = None
+        if comp is None:
+            comp = self._compile()
+        try:
+            return Replay(comp, self._inputs, self.programs.name, self._give_back)
+        except ReplayUnsupported:
+            self._give_back(comp)  # untouched: the checks come first
+            raise
+
+    def _give_back(self, comp: Compiled) -> None:
+        if self._compiled is None and not hasattr(self, "comp"):
+            self._compiled = comp
 
     def waits(self) -> dict[int, tuple[int | None, str | None]]:
         """After a :class:`DeadlockError`: each unfinished core's ``(core it waits on, full

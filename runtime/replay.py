@@ -21,8 +21,8 @@ the deadlocked states agree.  Each blocked core is checked in the order the simu
 handlers check (reads before writes, destinations in order), so the wait-for graph
 (:meth:`waits`, :func:`runtime.report.wait_for`) is the simulator's at the same deadlock.
 
-:meth:`runtime.Simulator.replay` builds one from the simulator's programs (compiled afresh: the
-replay's state never touches the timed run's).  It has the simulator's deadlock interface —
+:meth:`runtime.Simulator.replay` builds one on the simulator's compiled programs, and
+:meth:`Replay.close` puts them back as compiled, so the timed run needs no second compile.  It has the simulator's deadlock interface —
 :meth:`resume` raises :class:`~runtime.DeadlockError` when stuck, :meth:`waits`, :meth:`deepen` —
 so :func:`torch2step.spatial.fifos.discover_deep` runs on either.  Anything the replay does not
 model (an operation it has no rule for) raises :class:`ReplayUnsupported`; callers then search
@@ -32,6 +32,7 @@ on the timed simulation.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,8 +55,15 @@ class Replay:
     """The untimed replay of compiled programs ``comp`` (module docstring); ``hbm``: the
     integer HBM tensors control data is read from (timing mode's inputs)."""
 
-    def __init__(self, comp: Compiled, hbm: dict[str, np.ndarray], name: str) -> None:
+    def __init__(
+        self,
+        comp: Compiled,
+        hbm: dict[str, np.ndarray],
+        name: str,
+        give_back: Callable[[Compiled], None] | None = None,
+    ) -> None:
         self.comp = comp
+        self.give_back = give_back
         self.hbm = hbm
         self.name = name
         self.dirty: set[str] = set()
@@ -92,6 +100,35 @@ class Replay:
             raise DeadlockError("\n".join(lines))
 
     run = resume
+
+    def close(self) -> None:
+        """Put the compiled programs back in their state before the replay (everything a rule
+        here or a register-only handler changes; FIFO depths keep :meth:`deepen`'s) and hand
+        them to ``give_back`` (the simulator they were borrowed from).  The replay is unusable
+        afterwards."""
+        comp = self.comp
+        for core in comp.cores:
+            core.pc = 0
+            core.regs = {}
+            core.lc = [0] * len(core.lc)
+            core.li = [0] * len(core.li)
+            core.blocked = core.cur = core.bar = core.scan = None
+            core.done = False
+            for b in core.bufs.values():
+                b.wp = None
+                b.data = None
+        for ch in comp.chans.values():
+            for end in ch.ends:
+                end.unmatched.clear()
+                end.posts.clear()
+                end.waiter = None
+        for g in comp.groups.values():
+            g.arrived = []
+            g.gen = 0
+        give_back, self.give_back = self.give_back, None
+        del self.comp
+        if give_back is not None:
+            give_back(comp)
 
     def waits(self) -> dict[int, tuple[int | None, str | None]]:
         """Each unfinished core's ``(core it waits on, full channel or None)``."""

@@ -125,6 +125,9 @@ def find_deep(sim: Simulator, chip: Chip, messages: Mapping[str, int]) -> dict[s
     deep: dict[str, int] = {}
     try:
         replay = sim.replay()
+    except SimulationError:
+        return None
+    try:
         replay.run()
     except DeadlockError as err:
         try:
@@ -133,6 +136,8 @@ def find_deep(sim: Simulator, chip: Chip, messages: Mapping[str, int]) -> dict[s
             return None
     except SimulationError:
         return None
+    finally:
+        replay.close()
     return deep
 
 
