@@ -249,7 +249,8 @@ def h_compute(sim: Any, core: Core, op: OpCompute) -> bool:
     t = ready(sim, core, core.t, op.ins, op.outs)
     if t < 0:
         return False
-    advance(sim, core, t, sim.cat)
+    if t > core.t:
+        advance(sim, core, t, sim.cat)
     shapes = tuple([b.shape for b in op.ins])
     hit = op.cache.get(shapes)
     if hit is None:
@@ -436,7 +437,8 @@ def h_free(sim: Any, core: Core, op: OpFree) -> bool:
     t = ready(sim, core, core.t, (), (b,))
     if t < 0:
         return False
-    advance(sim, core, t, sim.cat)
+    if t > core.t:
+        advance(sim, core, t, sim.cat)
     b.allocated = False
     b.data = None
     core.sram -= b.nbytes

@@ -304,6 +304,9 @@ class _Compiler:
                 starts=starts,
                 extents=extents,
                 fixed=fixed,
+                cext=None
+                if extents is None or any(e[1] for e in extents)
+                else tuple(e[0] for e in extents),
                 accumulate=acc,
             )
         )
