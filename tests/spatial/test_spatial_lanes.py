@@ -141,6 +141,19 @@ def test_resumed_deepening_matches_restarting(lanes2: tuple) -> None:
     assert found is not None and tuple(sorted(found)) == deep
 
 
+def test_the_timed_simulation_runs_once(lanes2: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FIFOs to deepen are found on the untimed replay, so the timed simulation runs once
+    (and never resumes), with the same channels deep and the same latency."""
+    prog, res, sim = lanes2
+    calls: list[str] = []
+    run, resume = Simulator.run, Simulator.resume
+    monkeypatch.setattr(Simulator, "run", lambda s, **kw: calls.append("run") or run(s, **kw))
+    monkeypatch.setattr(Simulator, "resume", lambda s: calls.append("resume") or resume(s))
+    again = simulate_graph(prog, CHIP, res)
+    assert calls == ["run"]
+    assert again.deep_channels == sim.deep_channels and again.cycles == sim.cycles
+
+
 def test_an_emitter_that_drops_messages_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     """Program generation checks every unit sent all the messages of its output streams."""
 
