@@ -246,7 +246,6 @@ class Simulator(Transfers):
         self.hbm_rd = self.hbm_wr = 0
         self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
         self.ndone = 0
-        self.cur_core: Core | None = None
         self.run_fn = self.run_core  # bound once: queue entries reuse it
         self.hop_fn = self._stage
         with gc_paused():
@@ -381,11 +380,6 @@ class Simulator(Transfers):
                     if now - last >= PROGRESS_SECONDS:
                         last = now
                         report(t, pops)
-        except KeyError as exc:
-            core = self.cur_core
-            if core is None or not exc.args or not isinstance(exc.args[0], str):
-                raise
-            raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
         finally:
             self.n_pops = pops
         if report is not None:
@@ -409,14 +403,18 @@ class Simulator(Transfers):
     def run_core(self, item: tuple) -> None:
         """Execute core ``item[1]`` until it yields, blocks or finishes."""
         core = item[1]
-        self.cur_core = core
         code = core.code
         n = 0
-        while True:
-            op = code[core.pc]
-            if not op.fn(self, core, op):
-                break
-            n += 1
+        try:
+            while True:
+                op = code[core.pc]
+                if not op.fn(self, core, op):
+                    break
+                n += 1
+        except KeyError as exc:  # a register name: read before any instruction set it
+            if not exc.args or not isinstance(exc.args[0], str):
+                raise
+            raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
         core.stepped += n
 
     def schedule(self, core: Core, t: int) -> None:
