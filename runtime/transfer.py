@@ -149,7 +149,24 @@ class Transfers:
             for ch in children:
                 t = head + ch[1]
                 if ch[0] == RES_DELAY:
-                    self._stage((None, x, ch, nbytes, end, t))
+                    if ch[2]:
+                        self._stage((None, x, ch, nbytes, end, t))
+                        continue
+                    # a delay leaf (every path's last hop): ends lat after the tail, not
+                    # before the head; delivered here, as the end of this routine would
+                    e = end + ch[1]
+                    if e < t:
+                        e = t
+                    if e.__class__ is not int:
+                        e = math.ceil(e - _EPS)
+                    self.n_deliv += len(ch[3])
+                    if x.__class__ is Slot:
+                        x.arrival = e
+                        if x.post is not None:
+                            self.consume(x)
+                    else:
+                        for d in ch[3]:
+                            x.deliver(self, d, e)
                 else:
                     b = self.buckets.get(t)
                     if b is None:
