@@ -18,7 +18,8 @@ Sweeps (the work grows along the first column):
 
 For each point: the simulation's wall time and its events (:mod:`runtime.engine`).  For the
 spatial sweeps the time is the report's ``simulation_s``: building the spatial plan for the
-run, validating, compiling and the event loop(s) (FIFO deepening may run the simulator twice);
+run, validating, compiling, the untimed replay that finds the FIFOs to deepen and the event
+loop (it runs once, with them deep: :mod:`torch2step.spatial.fifos`);
 for the kernel sweeps it is building the per-core programs, compiling and the event loop (ELK
 planning is not timed), also in CPU seconds of this process (on a shared machine the wall time
 includes other processes' work; the CPU time is the simulator's own).  Each sweep ends with

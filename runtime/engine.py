@@ -57,6 +57,7 @@ from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
 from runtime.program import Compiled, compile_programs, describe
+from runtime.replay import Replay, ReplayUnsupported
 from runtime.report import build_result, deadlock_message, wait_for
 from runtime.state import Core, Pending
 from runtime.stats import SimResult
@@ -144,6 +145,8 @@ class Simulator(Transfers):
         self.core_spec = chip.core
         self.fabric = Fabric(chip)
         self.layout = HbmLayout(chip.hbm, programs.tensors)
+        #: channel name -> FIFO depth set by :meth:`deepen` (over the declared one)
+        self.depths: dict[str, int] = {}
         self._compiled: Compiled | None = self._compile()
         self._inputs = self._bind(dict(inputs or {}))
 
@@ -158,6 +161,7 @@ class Simulator(Transfers):
                 self.layout,
                 fast=not self.functional,
                 checked=self.checked,
+                depths=self.depths,
             )
 
     def _bind(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -242,9 +246,8 @@ class Simulator(Transfers):
         self.hbm_rd = self.hbm_wr = 0
         self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
         self.ndone = 0
-        self.cur_core: Core | None = None
         self.run_fn = self.run_core  # bound once: queue entries reuse it
-        self.hop_fn = self._hop
+        self.hop_fn = self._stage
         with gc_paused():
             for core in comp.active:
                 core.item = (self.run_fn, core)
@@ -273,7 +276,10 @@ class Simulator(Transfers):
         for ch in self.comp.chans.values():
             for end in ch.ends:
                 if end.inflight or end.posts or end.unmatched or end.waiter is not None:
-                    end.posts, end.unmatched, end.inflight, end.waiter = [], [], [], None
+                    end.posts.clear()
+                    end.unmatched.clear()
+                    end.inflight.clear()
+                    end.waiter = None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)
@@ -281,6 +287,49 @@ class Simulator(Transfers):
         the stuck state on, so callers use it to explore, not for results."""
         with gc_paused():
             self._loop(None)
+
+    def channel_depth(self, name: str) -> int:
+        """The FIFO depth (messages per destination) channel ``name`` has now."""
+        return self._chans()[name].depth
+
+    def deepen(self, name: str, depth: int) -> None:
+        """Make channel ``name``'s FIFOs ``depth`` deep: before :meth:`run`, for the run (and
+        every later one); during a stuck run, from now on — a sender stopped on one of them
+        retries its send now (to :meth:`resume` a run that deadlocked on a full FIFO)."""
+        state = self._chans()[name]
+        self.depths[name] = depth
+        state.set_depth(depth)
+        if self._compiled is None:  # a run is under way: wake its stopped senders
+            for end in state.ends:
+                w = end.waiter
+                if w is not None:
+                    end.waiter = None
+                    self.wake(w, self.now)
+
+    def _chans(self) -> dict:
+        comp = self._compiled if self._compiled is not None else self.comp
+        return comp.chans
+
+    def replay(self) -> Replay:
+        """An untimed replay of the programs (:mod:`runtime.replay`: where they deadlock,
+        without the timing model) with the current depths; timing mode only.  Before
+        :meth:`run` it borrows the compiled programs and puts them back as compiled when done
+        (:meth:`Replay.close`); otherwise it compiles them afresh."""
+        if self.functional:
+            raise ReplayUnsupported("the untimed replay models timing mode only")
+        comp = self._compiled
+        self._compiled = None
+        if comp is None:
+            comp = self._compile()
+        try:
+            return Replay(comp, self._inputs, self.programs.name, self._give_back)
+        except ReplayUnsupported:
+            self._give_back(comp)  # untouched: the checks come first
+            raise
+
+    def _give_back(self, comp: Compiled) -> None:
+        if self._compiled is None and not hasattr(self, "comp"):
+            self._compiled = comp
 
     def waits(self) -> dict[int, tuple[int | None, str | None]]:
         """After a :class:`DeadlockError`: each unfinished core's ``(core it waits on, full
@@ -331,11 +380,6 @@ class Simulator(Transfers):
                     if now - last >= PROGRESS_SECONDS:
                         last = now
                         report(t, pops)
-        except KeyError as exc:
-            core = self.cur_core
-            if core is None or not exc.args or not isinstance(exc.args[0], str):
-                raise
-            raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
         finally:
             self.n_pops = pops
         if report is not None:
@@ -359,14 +403,18 @@ class Simulator(Transfers):
     def run_core(self, item: tuple) -> None:
         """Execute core ``item[1]`` until it yields, blocks or finishes."""
         core = item[1]
-        self.cur_core = core
         code = core.code
         n = 0
-        while True:
-            op = code[core.pc]
-            if not op.fn(self, core, op):
-                break
-            n += 1
+        try:
+            while True:
+                op = code[core.pc]
+                if not op.fn(self, core, op):
+                    break
+                n += 1
+        except KeyError as exc:  # a register name: read before any instruction set it
+            if not exc.args or not isinstance(exc.args[0], str):
+                raise
+            raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
         core.stepped += n
 
     def schedule(self, core: Core, t: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import mul
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class HbmLayout:
     ) -> tuple[tuple[int, int], ...]:
         """``(channel, bytes)`` pairs (bytes > 0, channel order) a region occupies."""
         eb = info.elem_bytes
-        off = info.base + eb * sum(s * st for s, st in zip(starts, info.strides))
+        off = info.base + eb * sum(map(mul, starts, info.strides))
         key = (info.name, extents, off % self.round)
         hit = self._split_cache.get(key)
         if hit is None:

@@ -135,9 +135,15 @@ def fold_w(sim: Any, core: Core, b: Buf) -> bool:
     return True
 
 
+#: ``ready`` on more buffers than this keeps its place when it blocks (``_ready_long``)
+LONG = 8
+
+
 def ready(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
     """Earliest cycle >= ``t`` at which ``reads`` hold their data and ``writes`` may be
     overwritten (category of the binding wait in ``sim.cat``); -1 when blocked."""
+    if len(reads) + len(writes) > LONG:
+        return _ready_long(sim, core, t, reads, writes)
     cat = BUSY
     for b in reads:
         if not b.allocated:
@@ -165,6 +171,49 @@ def ready(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
             b.rp = None
         if b.r > t:
             t, cat = b.r, b.rk
+    sim.cat = cat
+    return t
+
+
+def _ready_long(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
+    """:func:`ready` for an instruction on many buffers (e.g. a unit step reading every
+    message it received): when it blocks on one, the core keeps how far it got (``core.scan``)
+    and the retry after the wake-up goes on from there.  The buffers already passed cannot
+    change while the core is blocked (only the core itself writes their ``w`` / ``r``), so the
+    result is :func:`ready`'s, in one pass instead of one pass per wait."""
+    t0, cat, i = t, BUSY, 0
+    sc = core.scan
+    if sc is not None:
+        core.scan = None
+        if sc[0] is reads and sc[1] is writes and sc[2] == t0:
+            i, t, cat = sc[3], sc[4], sc[5]
+    nr = len(reads)
+    bufs = reads + writes
+    n = len(bufs)
+    while i < n:
+        b = bufs[i]
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
+            core.scan = (reads, writes, t0, i, t, cat)
+            return -1
+        if b.w > t:
+            t, cat = b.w, b.wk
+        if i >= nr:
+            rp = b.rp
+            if rp:
+                for p in rp:
+                    if p.time is None:
+                        sim.block(core, ("buf", b, p), p)
+                        core.scan = (reads, writes, t0, i, t, cat)
+                        return -1
+                for p in rp:
+                    if p.time >= b.r:
+                        b.r, b.rk = p.time, p.kind
+                b.rp = None
+            if b.r > t:
+                t, cat = b.r, b.rk
+        i += 1
     sim.cat = cat
     return t
 
@@ -200,7 +249,8 @@ def h_compute(sim: Any, core: Core, op: OpCompute) -> bool:
     t = ready(sim, core, core.t, op.ins, op.outs)
     if t < 0:
         return False
-    advance(sim, core, t, sim.cat)
+    if t > core.t:
+        advance(sim, core, t, sim.cat)
     shapes = tuple([b.shape for b in op.ins])
     hit = op.cache.get(shapes)
     if hit is None:
@@ -388,7 +438,8 @@ def h_free(sim: Any, core: Core, op: OpFree) -> bool:
     t = ready(sim, core, core.t, (), (b,))
     if t < 0:
         return False
-    advance(sim, core, t, sim.cat)
+    if t > core.t:
+        advance(sim, core, t, sim.cat)
     b.allocated = False
     b.data = None
     core.sram -= b.nbytes

@@ -50,9 +50,9 @@ __all__ = [
 
 class OpMem(Op):
     """Load / Store: ``buf``, tensor ``info``, region as compiled expressions (``fixed``:
-    precomputed ``(starts, extents)`` when constant)."""
+    precomputed ``(starts, extents)`` when constant; ``cext``: the extents when they are)."""
 
-    __slots__ = ("buf", "info", "starts", "extents", "fixed", "accumulate")
+    __slots__ = ("buf", "info", "starts", "extents", "fixed", "cext", "accumulate")
 
     info: TensorInfo
 
@@ -62,7 +62,9 @@ def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, 
         return op.fixed
     regs = core.regs
     starts = tuple([ev(regs, e) for e in op.starts])
-    extents = tuple([ev(regs, e) for e in op.extents])
+    extents = op.cext
+    if extents is None:
+        extents = tuple([ev(regs, e) for e in op.extents])
     shape = op.info.shape
     for s, e, d in zip(starts, extents, shape):
         if s < 0 or e < 0 or s + e > d:
@@ -190,7 +192,8 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
     t = ready(sim, core, core.t, (b,), ())
     if t < 0:
         return False
-    advance(sim, core, t, sim.cat)
+    if t > core.t:
+        advance(sim, core, t, sim.cat)
     if t > sim.now:
         sim.schedule(core, t)
         return False
@@ -291,7 +294,8 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         t = ready(sim, core, core.t, (b,), ())
         if t < 0:
             return False
-        advance(sim, core, t, sim.cat)
+        if t > core.t:
+            advance(sim, core, t, sim.cat)
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
@@ -330,12 +334,15 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
         t = ready(sim, core, t, (), (b,))
         if t < 0:
             return False
-        advance(sim, core, t, sim.cat)
+        if t > core.t:
+            advance(sim, core, t, sim.cat)
     end = op.end
     post = Post(core, b, end, t)
     b.wp = post
     if end.unmatched:
-        s = end.unmatched.pop(0)
+        q = end.unmatched
+        s = q[0]
+        del q[0]
         s.post = post
         if s.arrival is not None:
             sim.consume(s)
@@ -377,7 +384,8 @@ def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:
             t = ready(sim, core, t, (), (b,))
             if t < 0:
                 return False
-            advance(sim, core, t, sim.cat)
+            if t > core.t:
+                advance(sim, core, t, sim.cat)
         p = StopPost(core, b, op.end, t)
         b.wp = p
         core.cur = p

@@ -10,7 +10,7 @@ used has both ends; STYLE.md), and every message names the core, the instruction
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hwmodel.chip import Chip
 from lowering.errors import ProgramError
@@ -86,10 +86,12 @@ def compile_programs(
     *,
     fast: bool,
     checked: bool = False,
+    depths: Mapping[str, int] | None = None,
 ) -> Compiled:
     """Check ``ps`` against ``chip`` and compile it (``fast``: fast-forward compute-only loops;
     ``checked``: the caller validated ``ps`` with :func:`lowering.validate_programs`, whose
-    checks include these declaration checks, so they are not repeated)."""
+    checks include these declaration checks, so they are not repeated; ``depths``: channel
+    name -> FIFO depth over the declared one, :meth:`runtime.Simulator.deepen`)."""
     if not checked:
         _check_declarations(ps, chip)
     where = f"program set {ps.name!r}"
@@ -98,7 +100,7 @@ def compile_programs(
             ch.name,
             ch.src,
             tuple(ch.dsts),
-            fifo_depth(ch.depth, chip),
+            fifo_depth(depths.get(ch.name, ch.depth) if depths else ch.depth, chip),
             fabric.message_roots(ch.src, tuple(ch.dsts)),
         )
         for ch in ps.channels
@@ -302,6 +304,9 @@ class _Compiler:
                 starts=starts,
                 extents=extents,
                 fixed=fixed,
+                cext=None
+                if extents is None or any(e[1] for e in extents)
+                else tuple(e[0] for e in extents),
                 accumulate=acc,
             )
         )

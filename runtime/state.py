@@ -11,6 +11,7 @@ consumes the message.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 __all__ = [
@@ -31,6 +32,9 @@ __all__ = [
     "Core",
     "Group",
 ]
+
+#: FIFOs deeper than this keep their queues in deques (:meth:`ChanState.set_depth`)
+LONG_FIFO = 16
 
 #: Cycle categories of a core (indices into ``Core.st``); idle is whatever is left over.
 BUSY, RECV, SEND, MEM, BAR = range(5)
@@ -123,9 +127,10 @@ class ChanEnd:
     def __init__(self, chan: ChanState, dst: int) -> None:
         self.chan = chan
         self.dst = dst
-        self.unmatched: list[Slot] = []  # messages no receive has taken yet
-        self.posts: list[Post] = []  # receives no message has matched yet
-        self.inflight: list[Slot] = []  # messages holding a FIFO slot (not consumed by `now`)
+        # oldest first; lists, or deques once the channel is deep (ChanState.set_depth)
+        self.unmatched: Any = []  # messages no receive has taken yet
+        self.posts: Any = []  # receives no message has matched yet
+        self.inflight: Any = []  # messages holding a FIFO slot (not consumed by `now`)
         self.waiter: Core | None = None  # the sender, blocked on a full FIFO
         self.received = 0
 
@@ -144,6 +149,20 @@ class ChanState:
         self.ends = tuple(ChanEnd(self, d) for d in dsts)
         self.sent = 0
         self.nbytes = 0
+        if depth > LONG_FIFO:
+            self.set_depth(depth)
+
+    def set_depth(self, depth: int) -> None:
+        """Change the depth (:meth:`runtime.Simulator.deepen`).  A deep FIFO's queues may grow
+        long and are taken from the front, so they become deques (O(1) at the front; a short
+        FIFO keeps lists, which are smaller and as fast when short)."""
+        self.depth = depth
+        if depth > LONG_FIFO:
+            for end in self.ends:
+                if end.inflight.__class__ is list:
+                    end.unmatched = deque(end.unmatched)
+                    end.posts = deque(end.posts)
+                    end.inflight = deque(end.inflight)
 
 
 class Buf:
@@ -232,6 +251,7 @@ class Core:
         "dma_p",
         "dmaq",
         "item",
+        "scan",
     )
 
     def __init__(self, cid: int) -> None:
@@ -258,3 +278,4 @@ class Core:
         self.dma_p: list[Pending] = []
         self.dmaq: list = []  # outstanding HBM requests: completion cycle or Pending
         self.item: tuple | None = None  # its event-queue entry (made once per run)
+        self.scan: tuple | None = None  # where a blocked wait on many buffers stopped

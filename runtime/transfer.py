@@ -22,26 +22,10 @@ from typing import Any
 from runtime.network import RES_DELAY
 from runtime.state import Core, Pending, Post, Slot, StopPost
 
-__all__ = ["Transfers", "grant", "up"]
+__all__ = ["Transfers", "up"]
 
 
 _EPS = 1e-6
-
-
-def grant(
-    free: list[float], busy: list[float], k: int, arrive: int, tail: float, dur: float
-) -> tuple[float, float]:
-    """Grant resource ``k`` (first come first served, ``free[k]``: when it is free again) to a
-    transfer whose head arrives at ``arrive``, occupying it ``dur`` cycles and ending no earlier
-    than ``tail`` (the tail's arrival from the previous stage); returns ``(start, end)``."""
-    f = free[k]
-    start = arrive if arrive > f else f
-    end = start + dur
-    if tail > end:
-        end = tail
-    free[k] = end
-    busy[k] += end - start
-    return start, end
 
 
 def up(x: float) -> int:
@@ -123,21 +107,23 @@ class Transfers:
     def error(self, core: Core, msg: str) -> Exception:  # pragma: no cover - engine
         raise NotImplementedError
 
-    def _hop(self, item: tuple) -> None:
-        """Queue entry ``(_hop, x, stage, nbytes, prev_end)``: the head reaches ``stage`` now."""
-        self._stage(item[1], item[2], item[3], self.now, item[4])
+    def _stage(self, item: tuple) -> int:
+        """Reserve a stage of a transfer; ``item`` is ``(_, x, stage, nbytes, prev_end,
+        arrive)``: transfer ``x`` of ``nbytes`` whose head arrives at ``stage`` at ``arrive``
+        and whose tail left the previous stage at ``prev_end``.  Returns the end cycle.  It is
+        also the event-queue entry of a stage reserved when the head reaches it (called with
+        itself, as every queue entry is), so a hop costs one call.
 
-    def _stage(self, x: Any, stage: tuple, nbytes: int, arrive: int, prev_end: float) -> int:
-        """Reserve ``stage`` for a transfer whose head arrives at ``arrive`` and whose tail left
-        the previous stage at ``prev_end``; returns the end cycle.  The one reservation routine
-        of every transfer: a resource is granted by the rule of :func:`grant` (written out
-        here and in :meth:`_channels`: they run once per event), a delay stage ends
-        ``lat`` after the previous stage's tail, the HBM channels are served by
-        :meth:`_channels`.  Children that are resources (or HBM channels) are reserved by an
-        event when the head reaches them; delay children are taken at once (no resource, so
-        nothing can come between); ``delivers`` get the payload when the stage ends."""
+        The one reservation routine of every transfer.  A resource is granted first come first
+        served: it starts at ``max(arrive, free)``, is occupied ``nbytes / rate`` cycles and
+        ends no earlier than the tail's arrival ``prev_end + lat`` (the same rule serves the HBM
+        channel classes in :meth:`_channels`); a delay stage ends ``lat`` after the previous
+        stage's tail.  Children that are resources (or HBM channels) are reserved by an event
+        when the head reaches them; delay children are taken at once (no resource, so nothing
+        can come between); ``delivers`` get the payload when the stage ends."""
+        x, stage, nbytes, prev_end, arrive = item[1], item[2], item[3], item[4], item[5]
         res, lat, children, delivers = stage
-        if res >= 0:  # grant(): inlined, the hottest line of the simulator
+        if res >= 0:  # the hottest lines of the simulator
             free = self.free
             f = free[res]
             start = arrive if arrive > f else f
@@ -161,15 +147,32 @@ class Transfers:
         if children:
             head = start if start.__class__ is int else math.ceil(start - _EPS)
             for ch in children:
+                t = head + ch[1]
                 if ch[0] == RES_DELAY:
-                    self._stage(x, ch, nbytes, head + ch[1], end)
+                    if ch[2]:
+                        self._stage((None, x, ch, nbytes, end, t))
+                        continue
+                    # a delay leaf (every path's last hop): ends lat after the tail, not
+                    # before the head; delivered here, as the end of this routine would
+                    e = end + ch[1]
+                    if e < t:
+                        e = t
+                    if e.__class__ is not int:
+                        e = math.ceil(e - _EPS)
+                    self.n_deliv += len(ch[3])
+                    if x.__class__ is Slot:
+                        x.arrival = e
+                        if x.post is not None:
+                            self.consume(x)
+                    else:
+                        for d in ch[3]:
+                            x.deliver(self, d, e)
                 else:
-                    t = head + ch[1]
                     b = self.buckets.get(t)
                     if b is None:
                         b = self.buckets[t] = ([], [])
                         heappush(self.times, t)
-                    b[0].append((self.hop_fn, x, ch, nbytes, end))
+                    b[0].append((self.hop_fn, x, ch, nbytes, end, t))
         if end.__class__ is not int:
             end = math.ceil(end - _EPS)
         if delivers:
@@ -184,7 +187,8 @@ class Transfers:
         return end
 
     def _channels(self, x: _Hbm, arrive: int, tail: float) -> tuple[float, float]:
-        """Serve an HBM request's per-channel parts, each channel first come first served.
+        """Serve an HBM request's per-channel parts, each channel first come first served
+        (:meth:`_stage`'s rule, applied per channel class).
 
         Channels are kept in *classes* whose members have identical ``free`` and ``busy``
         values (at first one class of all channels).  A request giving every member of a class
@@ -205,7 +209,7 @@ class Transfers:
         last = arrive if arrive > tail else tail
         rt = self.rtrace
         span: dict[int, tuple] | None = None if rt is None else {}
-        for k, b in classes:  # grant() per class, inlined
+        for k, b in classes:  # the rule of _stage, per class
             f = cfree[k]
             start = arrive if arrive > f else f
             end = start + b / rate
@@ -301,7 +305,9 @@ class Transfers:
             x = Slot(end, payload)
             end.inflight.append(x)
             if end.posts:
-                x.post = end.posts.pop(0)
+                posts = end.posts
+                x.post = posts[0]
+                del posts[0]  # a list or a deque (ChanState.set_depth)
             else:
                 end.unmatched.append(x)
         else:
@@ -312,7 +318,9 @@ class Transfers:
                 s = Slot(end, payload)
                 end.inflight.append(s)
                 if end.posts:
-                    s.post = end.posts.pop(0)
+                    posts = end.posts
+                    s.post = posts[0]
+                    del posts[0]
                 else:
                     end.unmatched.append(s)
                 slots.append(s)
@@ -321,25 +329,10 @@ class Transfers:
         self.unreceived += k
         inj = now
         for root in chan.roots:
-            e = self._stage(x, root, nbytes, now, now)
+            e = self._stage((None, x, root, nbytes, now, now))
             if e > inj:
                 inj = e
         return inj
-
-    def channel_depth(self, name: str) -> int:
-        """The current FIFO depth (messages per destination) of channel ``name``."""
-        return self.comp.chans[name].depth
-
-    def deepen(self, name: str, depth: int) -> None:
-        """Make channel ``name``'s FIFOs ``depth`` deep from now on; a sender stopped on one of
-        them retries its send now (e.g. to resume a run that deadlocked on a full FIFO)."""
-        state = self.comp.chans[name]
-        state.depth = depth
-        for end in state.ends:
-            w = end.waiter
-            if w is not None:
-                end.waiter = None
-                self.wake(w, self.now)
 
     def credit(self, core: Core, chan: Any) -> int:
         """Cycle >= now at which every destination FIFO of ``chan`` has a free slot; -1 when a
@@ -352,7 +345,7 @@ class Transfers:
                 c = inf[0].consumed
                 if c is None or c > now:
                     break
-                inf.pop(0)
+                del inf[0]
             if len(inf) >= chan.depth:
                 c = inf[0].consumed
                 if c is None:
@@ -366,7 +359,9 @@ class Transfers:
     def post(self, end: Any, post: Post) -> None:
         """A receive on ``end``: match the oldest unreceived message or wait for one."""
         if end.unmatched:
-            s = end.unmatched.pop(0)
+            q = end.unmatched
+            s = q[0]
+            del q[0]
             s.post = post
             if s.arrival is not None:
                 self.consume(s)
@@ -438,10 +433,10 @@ class Transfers:
         if self.attached:
             x.left = len(split)
             for c, b in split:
-                self._stage(x, roots[c], b, now, now)
+                self._stage((None, x, roots[c], b, now, now))
         else:
             x.left = 1
-            self._stage(x, roots, nbytes, now, now)
+            self._stage((None, x, roots, nbytes, now, now))
         if x.left == 0:
             return x.end
         p = pending if pending is not None else Pending(label)

@@ -21,7 +21,7 @@ from torch2step.spatial import (
     roofline_cycles,
     simulate_graph,
 )
-from torch2step.spatial.fifos import blocked_channels, deepen
+from torch2step.spatial.fifos import blocked_channels, deepen, find_deep
 from torch2step.step import FlatMap, run
 
 CHIP = load_chip("step-sda")
@@ -133,8 +133,25 @@ def test_resumed_deepening_matches_restarting(lanes2: tuple) -> None:
     so the final run's latency is the same."""
     prog, res, sim = lanes2
     assert len(sim.deep_channels) > 1
-    cycles, deep = _restarting(build_plan(prog, CHIP, res))
+    plan = build_plan(prog, CHIP, res)
+    cycles, deep = _restarting(plan)
     assert deep == sim.deep_channels and cycles == sim.cycles
+    # the untimed replay finds them without the timing model (it is what simulate_graph uses)
+    found = find_deep(Simulator(plan.programs, CHIP, inputs=plan.inputs), CHIP, plan.messages)
+    assert found is not None and tuple(sorted(found)) == deep
+
+
+def test_the_timed_simulation_runs_once(lanes2: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FIFOs to deepen are found on the untimed replay, so the timed simulation runs once
+    (and never resumes), with the same channels deep and the same latency."""
+    prog, res, sim = lanes2
+    calls: list[str] = []
+    run, resume = Simulator.run, Simulator.resume
+    monkeypatch.setattr(Simulator, "run", lambda s, **kw: calls.append("run") or run(s, **kw))
+    monkeypatch.setattr(Simulator, "resume", lambda s: calls.append("resume") or resume(s))
+    again = simulate_graph(prog, CHIP, res)
+    assert calls == ["run"]
+    assert again.deep_channels == sim.deep_channels and again.cycles == sim.cycles
 
 
 def test_an_emitter_that_drops_messages_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:

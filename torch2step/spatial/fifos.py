@@ -17,16 +17,18 @@ again.  With every channel unbounded the programs cannot deadlock (they follow t
 run's element order), so this ends after at most one round per channel.  A channel that never
 fills stays at its depth, so pipelines without reconvergence keep their exact timing.
 
-Finding the channels does not restart the simulation each round (a time-multiplexed MoE needs
-dozens of rounds, one per lane and reconvergence): the deadlocked simulation is *resumed* with
-the new depths (:func:`discover_deep`), and once it completes, one fresh run with all of them
-deep gives the timing.  Resuming finds exactly the channels restarting would: the unit programs
-make no timing-dependent choices (every receive names its channel, merges follow the run's
-arrival order), so they form a Kahn process network (Cyclotron §9.1, DAM's bounded channels),
-whose channel histories — and so where it deadlocks — do not depend on timing; a deeper FIFO
-only removes blocking, so the deadlocked state is a reachable state of the deeper network, and
-its run from there ends where a fresh run would.  The fresh run is still checked: should it
-deadlock, restarting rounds continue from its channels.  In hardware a deep FIFO's messages wait in the
+Finding the channels does not restart anything each round (a time-multiplexed MoE needs
+dozens of rounds, one per lane and reconvergence): the deadlocked run is *resumed* with the new
+depths (:func:`discover_deep`).  Resuming finds exactly the channels restarting would: the unit
+programs make no timing-dependent choices (every receive names its channel, merges follow the
+run's arrival order), so they form a Kahn process network (Cyclotron §9.1, DAM's bounded
+channels), whose channel histories — and so where it deadlocks — do not depend on timing; a
+deeper FIFO only removes blocking, so the deadlocked state is a reachable state of the deeper
+network, and its run from there ends where a fresh run would.  For the same reason the rounds
+need no timing at all: they run on the programs' untimed replay (:mod:`runtime.replay`, no
+clocks, resources or events; :func:`find_deep`), and the timed simulation runs once, with every
+channel found already deep.  It is still checked: should it deadlock, the search continues on
+it (resumed, then one fresh run).  In hardware a deep FIFO's messages wait in the
 consumer's memory unit: their bytes are the consumer's ``fifo_bytes`` (in on-chip memory), and
 the deepened channels are listed in the result (``deep_channels``).
 """
@@ -41,9 +43,10 @@ from typing import Any
 from hwmodel.chip import Chip
 from lowering.isa import ProgramSet
 from runtime import DeadlockError, SimResult, Simulator
+from runtime.errors import SimulationError
 from runtime.state import fifo_depth
 
-__all__ = ["blocked_channels", "deepen", "discover_deep", "run_deepening"]
+__all__ = ["blocked_channels", "deepen", "discover_deep", "find_deep", "run_deepening"]
 
 
 def blocked_channels(sim: Simulator) -> set[str]:
@@ -73,6 +76,8 @@ def blocked_channels(sim: Simulator) -> set[str]:
 
 def deepen(programs: ProgramSet, depths: Mapping[str, int]) -> ProgramSet:
     """``programs`` with the channels named in ``depths`` given those depths."""
+    if not depths:
+        return programs
     chans = tuple(
         dataclasses.replace(ch, depth=depths[ch.name]) if ch.name in depths else ch
         for ch in programs.channels
@@ -111,6 +116,31 @@ def discover_deep(
             err = again
 
 
+def find_deep(sim: Simulator, chip: Chip, messages: Mapping[str, int]) -> dict[str, int] | None:
+    """The channels (-> depths) the run of ``sim`` must have deepened, found on its untimed
+    replay (:meth:`runtime.Simulator.replay`, module docstring): the replay deadlocks where the
+    timed run would, so :func:`discover_deep` on it deepens the same channels.  ``None`` when
+    the replay cannot decide (an operation it does not model, an error, or a deadlock more
+    buffering cannot fix): the caller searches on the timed run, which reports it."""
+    deep: dict[str, int] = {}
+    try:
+        replay = sim.replay()
+    except SimulationError:
+        return None
+    try:
+        replay.run()
+    except DeadlockError as err:
+        try:
+            discover_deep(replay, err, chip, messages, deep)
+        except SimulationError:
+            return None
+    except SimulationError:
+        return None
+    finally:
+        replay.close()
+    return deep
+
+
 def run_deepening(
     programs: ProgramSet,
     chip: Chip,
@@ -129,13 +159,19 @@ def run_deepening(
     mapped to a list gets every message's cycle appended.  ``checked``: ``programs`` passed
     :func:`lowering.validate_programs` (deepening changes only FIFO depths, so every run here
     skips the simulator's own declaration checks).  ``inputs``: HBM contents (the integer
-    tensors: control data is real in timing mode)."""
-    deep: dict[str, int] = {}
+    tensors: control data is real in timing mode).
+
+    The channels to deepen are found first on the untimed replay (:func:`find_deep`), so the
+    timed simulation normally runs once; should it still deadlock (or the replay not decide),
+    the search goes on in the timed run (resumed, then run afresh)."""
     sim = Simulator(programs, chip, checked=checked, inputs=inputs)
+    deep = find_deep(sim, chip, messages) or {}
+    for name, depth in deep.items():
+        sim.deepen(name, depth)
     if watch is not None:
         sim.watch = watch
     try:
-        return sim.run(trace=trace, max_cycles=max_cycles), programs, ()
+        return sim.run(trace=trace, max_cycles=max_cycles), deepen(programs, deep), _names(deep)
     except DeadlockError as err:
         discover_deep(sim, err, chip, messages, deep)
     while True:
@@ -146,13 +182,17 @@ def run_deepening(
                 watch[k] = [] if isinstance(v, list) else -1
             sim.watch = watch
         try:
-            return sim.run(trace=trace, max_cycles=max_cycles), current, tuple(sorted(deep))
+            return sim.run(trace=trace, max_cycles=max_cycles), current, _names(deep)
         except DeadlockError as err:  # pragma: no cover - resuming found every channel
             full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
             if not full:
                 raise _annotated(err, deep) from None
             for ch in full:
                 deep[ch] = _depth_of(chip, messages, ch)
+
+
+def _names(deep: Mapping[str, int]) -> tuple[str, ...]:
+    return tuple(sorted(deep))
 
 
 def _annotated(err: DeadlockError, deep: Mapping[str, Any]) -> DeadlockError:

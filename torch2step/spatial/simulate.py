@@ -1,9 +1,10 @@
 """Simulate a STeP graph spatially on a chip and report the result.
 
 ``simulate_graph(graph, chip, run)`` builds the spatial plan (:mod:`.plan`) for the run ``run``
-of the reference interpreter, checks the programs (``lowering.validate_programs``), runs them on
-the event simulator (``runtime.Simulator``, timing mode; FIFOs whose bounded depth deadlocks the
-run are deepened and the run repeated, :mod:`.fifos`) and returns a :class:`SpatialResult`.
+of the reference interpreter, checks the programs once (``lowering.validate_programs``), runs
+them on the event simulator (``runtime.Simulator``, timing mode; FIFOs whose bounded depth would
+deadlock the run are found on an untimed replay and deepened first, so the timed run runs once,
+:mod:`.fifos`) and returns a :class:`SpatialResult`.
 
 ``roofline_cycles`` is the chip-level roofline bound: no schedule of the graph's work on the
 chip can take fewer cycles than ``max(FLOPs / (cores x per-core FLOPs/cycle), HBM bytes / HBM

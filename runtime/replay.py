@@ -1,0 +1,434 @@
+"""Untimed replay: the unit programs in their functional order, to find where they deadlock.
+
+The programs on the simulator's cores make no timing-dependent choices (every receive names
+its channel, control flow reads only registers, control values and integer data), so they form
+a Kahn process network on bounded channels (Cyclotron §9.1, DAM's bounded channels; STeP arXiv
+2511.07776 §4.2).  Its channel histories, and the state in which it deadlocks (where every
+program stands, which messages each FIFO holds), do not depend on timing: any fair schedule
+reaches the same one.  :class:`Replay` reaches it without the timing model — no clocks, no
+resource reservations, no events: a ready queue of cores, each run until it blocks on
+
+* a message: an instruction reading or overwriting a buffer whose receive has no message yet,
+  or a ``RecvValue`` / ``Recv`` with stop waiting for its value;
+* FIFO space: a ``Send`` to a destination whose FIFO holds ``depth`` messages no receive has
+  taken;
+* a barrier, until every member has arrived.
+
+Everything else completes at once (HBM accesses, compute, the DMA queue: they only take time).
+A message is taken when a receive is matched with it, which frees its FIFO slot; in the timed
+simulation the slot frees when the message has also arrived, which always happens later, so
+the deadlocked states agree.  Each blocked core is checked in the order the simulator's
+handlers check (reads before writes, destinations in order), so the wait-for graph
+(:meth:`waits`, :func:`runtime.report.wait_for`) is the simulator's at the same deadlock.
+
+:meth:`runtime.Simulator.replay` builds one on the simulator's compiled programs, and
+:meth:`Replay.close` puts them back as compiled, so the timed run needs no second compile.  It has the simulator's deadlock interface —
+:meth:`resume` raises :class:`~runtime.DeadlockError` when stuck, :meth:`waits`, :meth:`deepen` —
+so :func:`torch2step.spatial.fifos.discover_deep` runs on either.  Anything the replay does not
+model (an operation it has no rule for) raises :class:`ReplayUnsupported`; callers then search
+on the timed simulation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from runtime import ops, ops_comm, ops_control
+from runtime.errors import DeadlockError, SimulationError
+from runtime.layout import numpy_dtype
+from runtime.program import Compiled, describe
+from runtime.report import wait_for
+from runtime.state import Core, Post, StopPost
+
+__all__ = ["Replay", "ReplayUnsupported"]
+
+
+class ReplayUnsupported(SimulationError):
+    """The programs use an operation the untimed replay has no rule for."""
+
+
+class Replay:
+    """The untimed replay of compiled programs ``comp`` (module docstring); ``hbm``: the
+    integer HBM tensors control data is read from (timing mode's inputs)."""
+
+    def __init__(
+        self,
+        comp: Compiled,
+        hbm: dict[str, np.ndarray],
+        name: str,
+        give_back: Callable[[Compiled], None] | None = None,
+    ) -> None:
+        self.comp = comp
+        self.give_back = give_back
+        self.hbm = hbm
+        self.name = name
+        self.dirty: set[str] = set()
+        self.queue: deque[Core] = deque(comp.active)
+        self.ndone = 0
+        table = _RULES
+        for core in comp.active:
+            for op in core.code:
+                if op.fn not in table:
+                    raise ReplayUnsupported(
+                        f"untimed replay has no rule for `{describe(op.src)}` ({op.fn.__name__})"
+                    )
+
+    # -- the simulator's deadlock interface ----------------------------------------------------
+
+    def resume(self) -> None:
+        """Run every runnable core until all finish (returns) or the rest are blocked
+        (raises :class:`DeadlockError` naming them)."""
+        queue, rules = self.queue, _RULES
+        while queue:
+            core = queue.popleft()
+            code = core.code
+            while True:
+                op = code[core.pc]
+                if not rules[op.fn](self, core, op):
+                    break
+        if self.ndone < len(self.comp.active):
+            stuck = [c for c in self.comp.active if not c.done]
+            lines = [
+                f"deadlock (untimed replay): {len(stuck)} core(s) are blocked "
+                f"(program set {self.name!r})"
+            ]
+            lines += [f"  core {c.id} at `{describe(c.code[c.pc].src)}`" for c in stuck]
+            raise DeadlockError("\n".join(lines))
+
+    run = resume
+
+    def close(self) -> None:
+        """Put the compiled programs back in their state before the replay (everything a rule
+        here or a register-only handler changes; FIFO depths keep :meth:`deepen`'s) and hand
+        them to ``give_back`` (the simulator they were borrowed from).  The replay is unusable
+        afterwards."""
+        comp = self.comp
+        for core in comp.cores:
+            core.pc = 0
+            core.regs = {}
+            core.lc = [0] * len(core.lc)
+            core.li = [0] * len(core.li)
+            core.blocked = core.cur = core.bar = core.scan = None
+            core.done = False
+            for b in core.bufs.values():
+                b.wp = None
+                b.data = None
+        for ch in comp.chans.values():
+            for end in ch.ends:
+                end.unmatched.clear()
+                end.posts.clear()
+                end.waiter = None
+        for g in comp.groups.values():
+            g.arrived = []
+            g.gen = 0
+        give_back, self.give_back = self.give_back, None
+        del self.comp
+        if give_back is not None:
+            give_back(comp)
+
+    def waits(self) -> dict[int, tuple[int | None, str | None]]:
+        """Each unfinished core's ``(core it waits on, full channel or None)``."""
+        return wait_for(self)
+
+    def channel_depth(self, name: str) -> int:
+        """The current FIFO depth of channel ``name``."""
+        return self.comp.chans[name].depth
+
+    def deepen(self, name: str, depth: int) -> None:
+        """Make channel ``name``'s FIFOs ``depth`` deep; a sender stopped on one retries."""
+        state = self.comp.chans[name]
+        state.set_depth(depth)
+        for end in state.ends:
+            w = end.waiter
+            if w is not None:
+                end.waiter = None
+                self.wake(w)
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def wake(self, core: Core) -> None:
+        if core.blocked is not None:
+            core.blocked = None
+            self.queue.append(core)
+
+    def block(self, core: Core, why: tuple, post: Post | None) -> bool:
+        core.blocked = why
+        if post is not None:
+            if post.waiters is None:
+                post.waiters = [core]
+            else:
+                post.waiters.append(core)
+        return False
+
+    def error(self, core: Core, msg: str) -> SimulationError:
+        ins = core.code[core.pc].src if core.pc < len(core.code) else None
+        return SimulationError(f"core {core.id} (untimed replay), `{describe(ins)}`: {msg}")
+
+    def match(self, post: Post, payload: tuple) -> None:
+        """A receive took a message: its value or data lands, its FIFO slot frees."""
+        data, tensor, value = payload
+        post.time = 0
+        b = post.buf
+        if post.__class__ is StopPost:
+            if tensor:
+                post.value = -1
+            else:
+                b = None
+        if b is not None:
+            if not tensor:
+                raise self.error(post.core, "a receive into a buffer took a control value")
+            b.data = data
+        else:
+            if value is None:
+                raise self.error(post.core, "a value receive took a tensor")
+            post.value = value
+        ws = post.waiters
+        if ws:
+            post.waiters = None
+            for c in ws:
+                self.wake(c)
+        w = post.end.waiter
+        if w is not None:
+            post.end.waiter = None
+            self.wake(w)
+
+
+def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
+    """True when no buffer of ``bufs`` (in the handlers' check order) waits for a message."""
+    for b in bufs:
+        p = b.wp
+        if p is not None:
+            if p.time is None:
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
+    return True
+
+
+def _compute(rp: Replay, core: Core, op: Any) -> bool:
+    i = 0
+    sc = core.scan
+    if sc is not None:  # a retry after a wait goes on where it stopped (ops._ready_long)
+        core.scan = None
+        if sc[0] is op:
+            i = sc[1]
+    bufs = op.ins + op.outs
+    n = len(bufs)
+    while i < n:
+        b = bufs[i]
+        p = b.wp
+        if p is not None:
+            if p.time is None:
+                if i:
+                    core.scan = (op, i)
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
+        i += 1
+    core.pc += 1
+    return True
+
+
+def _fastloop(rp: Replay, core: Core, op: Any) -> bool:
+    for b in op.touched:
+        if b.wp is not None and b.wp.time is None:
+            core.pc += 1  # step the loop: it blocks where the simulator's would
+            return True
+    n = ops.ev(core.regs, op.count)
+    if n > 0 and op.var is not None:
+        core.regs[op.var] = n - 1
+    core.pc = op.exit_pc
+    return True
+
+
+def _alloc(rp: Replay, core: Core, op: Any) -> bool:
+    core.pc += 1
+    return True
+
+
+def _free_buf(rp: Replay, core: Core, op: Any) -> bool:
+    if not _free(rp, core, (op.buf,)):
+        return False
+    op.buf.data = None
+    core.pc += 1
+    return True
+
+
+def _readvalue(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    if b.data is None:
+        raise rp.error(core, f"buffer {b.name!r} holds no values to read")
+    flat = b.data.reshape(-1)
+    if not 0 <= op.index < flat.size:
+        raise rp.error(core, f"element {op.index} is outside buffer {b.name!r}")
+    core.regs[op.reg] = int(flat[op.index])
+    core.pc += 1
+    return True
+
+
+def _load(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    info = op.info
+    if info.is_int and info.name in rp.hbm:  # control data (HBM keeps its inputs in timing mode)
+        starts, extents = ops_comm._region(rp, core, op)
+        sl = tuple(slice(s, s + e) for s, e in zip(starts, extents))
+        b.data = np.array(rp.hbm[info.name][sl], dtype=numpy_dtype(b.dtype))
+    core.pc += 1
+    return True
+
+
+def _store(rp: Replay, core: Core, op: Any) -> bool:
+    if not _free(rp, core, (op.buf,)):
+        return False
+    if op.info.is_int:
+        rp.dirty.add(op.info.name)
+    core.pc += 1
+    return True
+
+
+def _loadvalue(rp: Replay, core: Core, op: Any) -> bool:
+    info = op.info
+    idx = tuple([ops.ev(core.regs, e) for e in op.index])
+    if info.name in rp.dirty or any(not 0 <= i < d for i, d in zip(idx, info.shape)):
+        raise rp.error(core, f"LoadValue of {info.name!r} at {idx}")
+    core.regs[op.reg] = int(rp.hbm[info.name][idx])
+    core.pc += 1
+    return True
+
+
+def _send(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if b is not None and not _free(rp, core, (b,)):
+        return False
+    chan = op.chan
+    depth = chan.depth
+    for end in chan.ends:
+        if len(end.unmatched) >= depth:
+            end.waiter = core
+            core.blocked = ("credit", end)
+            return False
+    if b is None:
+        payload = (None, False, ops.ev(core.regs, op.value))
+    else:
+        payload = (b.data, True, None)
+    for end in chan.ends:
+        if end.posts:
+            q = end.posts
+            p = q[0]
+            del q[0]
+            rp.match(p, payload)
+        else:
+            end.unmatched.append(payload)
+    core.pc += 1
+    return True
+
+
+def _post(rp: Replay, end: Any, post: Post) -> None:
+    if end.unmatched:
+        q = end.unmatched
+        payload = q[0]
+        del q[0]
+        rp.match(post, payload)
+    else:
+        end.posts.append(post)
+
+
+def _recv(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    post = Post(core, b, op.end, 0)
+    b.wp = post
+    _post(rp, op.end, post)
+    core.pc += 1
+    return True
+
+
+def _arrived(rp: Replay, core: Core, op: Any, p: Post) -> bool:
+    if p.time is None:
+        return rp.block(core, ("value", p), p)
+    core.cur = None
+    core.regs[op.reg] = p.value
+    core.pc += 1
+    return True
+
+
+def _recvvalue(rp: Replay, core: Core, op: Any) -> bool:
+    p = core.cur
+    if p is None:
+        p = core.cur = Post(core, None, op.end, 0)
+        _post(rp, op.end, p)
+    return _arrived(rp, core, op, p)
+
+
+def _recvstop(rp: Replay, core: Core, op: Any) -> bool:
+    p = core.cur
+    if p is None:
+        b = op.buf
+        if not _free(rp, core, (b,)):
+            return False
+        p = core.cur = StopPost(core, b, op.end, 0)
+        b.wp = p
+        _post(rp, op.end, p)
+    return _arrived(rp, core, op, p)
+
+
+def _barrier(rp: Replay, core: Core, op: Any) -> bool:
+    g = op.group
+    if core.bar is not None:
+        grp, gen = core.bar
+        if grp.gen == gen:
+            return rp.block(core, ("barrier", grp), None)
+        core.bar = None
+        core.pc += 1
+        return True
+    g.arrived.append(core)
+    if len(g.arrived) < len(g.members):
+        core.bar = (g, g.gen)
+        return rp.block(core, ("barrier", g), None)
+    g.gen += 1
+    for other in g.arrived:
+        if other is not core:
+            rp.wake(other)
+    g.arrived = []
+    core.pc += 1
+    return True
+
+
+def _end(rp: Replay, core: Core, op: Any) -> bool:
+    if not _free(rp, core, tuple(core.bufs.values())):
+        return False
+    core.done = True
+    rp.ndone += 1
+    return False
+
+
+#: simulator handler -> its untimed rule (register-only operations run the simulator's own)
+_RULES: dict[Any, Any] = {
+    ops.h_compute: _compute,
+    ops.h_fastloop: _fastloop,
+    ops.h_set: ops.h_set,
+    ops.h_loop: ops.h_loop,
+    ops.h_next: ops.h_next,
+    ops.h_if: ops.h_if,
+    ops.h_jump: ops.h_jump,
+    ops.h_alloc: _alloc,
+    ops.h_free: _free_buf,
+    ops.h_end: _end,
+    ops_control.h_calc: ops_control.h_calc,
+    ops_control.h_readvalue: _readvalue,
+    ops_comm.h_load: _load,
+    ops_comm.h_store: _store,
+    ops_comm.h_loadvalue: _loadvalue,
+    ops_comm.h_send: _send,
+    ops_comm.h_recv: _recv,
+    ops_comm.h_recvvalue: _recvvalue,
+    ops_comm.h_recvstop: _recvstop,
+    ops_comm.h_barrier: _barrier,
+}

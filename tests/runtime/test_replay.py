@@ -1,0 +1,131 @@
+"""The untimed replay (runtime.replay) deadlocks where the timed simulation does: the same
+wait-for graph, the same channels to deepen, and the timed run after it is unaffected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_testkit import mesh_chip
+
+from lowering.isa import (
+    Alloc,
+    Barrier,
+    Channel,
+    Compute,
+    Loop,
+    Program,
+    ProgramSet,
+    Recv,
+    RecvValue,
+    Send,
+    SendValue,
+)
+from runtime import DeadlockError, Simulator
+from runtime.replay import ReplayUnsupported
+
+
+def _pair(depth: int, sends: int) -> ProgramSet:
+    """Two cores that each send ``sends`` messages before receiving the other's."""
+
+    def prog(core: int, out: str, inp: str) -> Program:
+        return Program(
+            core,
+            (
+                Alloc("m", (8,)),
+                Alloc("r", (8,)),
+                Loop(sends, (Send(out, "m"),)),
+                Loop(sends, (Recv(inp, "r"), Compute("copy", ("r",), ("r",)))),
+            ),
+        )
+
+    chans = (Channel("ab", 0, (1,), depth=depth), Channel("ba", 1, (0,), depth=depth))
+    return ProgramSet((prog(0, "ab", "ba"), prog(1, "ba", "ab")), chans)
+
+
+@pytest.mark.parametrize("sends", [2, 5])
+def test_replay_deadlocks_where_the_timed_run_does(sends: int) -> None:
+    """Depth-1 FIFOs: both the replay and the timed run stop with each core waiting for FIFO
+    space at the other; deepening both channels lets either finish."""
+    chip = mesh_chip(1, 2)
+    timed = Simulator(_pair(1, sends), chip)
+    replay = timed.replay()
+    with pytest.raises(DeadlockError, match="untimed replay"):
+        replay.run()
+    with pytest.raises(DeadlockError):
+        timed.run()
+    assert replay.waits() == timed.waits() == {0: (1, "ab"), 1: (0, "ba")}
+    for sim in (replay, timed):
+        for name in ("ab", "ba"):
+            sim.deepen(name, sends)
+        sim.resume()
+        assert all(c.done for c in sim.comp.active)
+        assert sim.channel_depth("ab") == sends
+
+
+def test_replay_leaves_the_timed_run_alone() -> None:
+    """The replay borrows the simulator's compiled programs and gives them back as compiled:
+    deepening before ``run`` applies to the run, and the result equals that of programs
+    declared with the deeper FIFOs."""
+    chip = mesh_chip(1, 2)
+    sim = Simulator(_pair(1, 3), chip)
+    replay = sim.replay()
+    with pytest.raises(DeadlockError):
+        replay.run()
+    for name in ("ab", "ba"):
+        replay.deepen(name, 3)
+    replay.resume()
+    replay.close()
+    for name in ("ab", "ba"):
+        sim.deepen(name, 3)
+    got = sim.run()
+    want = Simulator(_pair(3, 3), chip).run()
+    assert got.cycles == want.cycles > 0
+    assert got.stats.to_dict() == want.stats.to_dict()
+
+
+def test_replay_follows_control_values_and_barriers() -> None:
+    """A count sent as a control value steers the receiver's loop; a barrier holds both cores;
+    with a too-shallow FIFO the sender waits on the receiver in both models."""
+
+    def ps(depth: int) -> ProgramSet:
+        sender = Program(
+            0,
+            (
+                Alloc("m", (4,)),
+                SendValue("n", 3),
+                Loop(3, (Send("d", "m"),)),
+                Barrier("all"),
+            ),
+        )
+        receiver = Program(
+            1,
+            (
+                Alloc("r", (4,)),
+                RecvValue("n", "k"),
+                Barrier("all"),
+                Loop("k", (Recv("d", "r"), Compute("copy", ("r",), ("r",)))),
+            ),
+        )
+        chans = (Channel("n", 0, (1,)), Channel("d", 0, (1,), depth=depth))
+        return ProgramSet((sender, receiver), chans, barriers=(("all", (0, 1)),))
+
+    chip = mesh_chip(1, 2)
+    for depth, stuck in ((2, True), (3, False)):
+        sim = Simulator(ps(depth), chip)
+        replay = sim.replay()
+        if stuck:
+            with pytest.raises(DeadlockError):
+                replay.run()
+            with pytest.raises(DeadlockError):
+                sim.run()
+            assert replay.waits() == sim.waits() == {0: (1, "d"), 1: (None, None)}
+        else:
+            replay.run()
+            assert sim.run().cycles > 0
+
+
+def test_functional_mode_has_no_replay() -> None:
+    sim = Simulator(_pair(2, 2), mesh_chip(1, 2), mode="functional", inputs={})
+    with pytest.raises(ReplayUnsupported):
+        sim.replay()
+    assert np.isfinite(sim.run().cycles)
