@@ -53,10 +53,11 @@ import numpy as np
 
 from hwmodel.chip import Chip
 from lowering.isa import ProgramSet
+from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
-from runtime.program import Compiled, compile_programs, describe
+from runtime.program import Compiled, compile_programs
 from runtime.replay import Replay, ReplayUnsupported
 from runtime.report import build_result, deadlock_message, wait_for
 from runtime.state import Core, Pending

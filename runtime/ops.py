@@ -9,8 +9,9 @@ state once they are sure to complete.
 Timing rules (Cyclotron §9.1: each PE interprets its instruction list, SEND/RECV on bounded
 channels; STeP §4.2: roofline cycles per kernel):
 
-* In-order issue with a buffer scoreboard.  ``Load``, ``Store``, ``Send`` and ``Recv`` are issued
-  to the core's DMA / network agent and the sequencer moves on; an instruction that *reads* a
+* In-order issue with a buffer scoreboard (:mod:`runtime.scoreboard`).  ``Load``, ``Store``,
+  ``Send`` and ``Recv`` are issued to the core's DMA / network agent and the sequencer moves on;
+  an instruction that *reads* a
   buffer waits until the buffer's pending write (Load, Recv, Compute) completes, one that *writes*
   a buffer waits until its pending reads (Send, Store) and writes complete.  Exceptions: a Load may
   be issued behind an earlier Load into the same buffer (HBM completes them in order), so a loop
@@ -45,28 +46,14 @@ from typing import Any
 
 import numpy as np
 
+from lowering.isa import Affine
 from lowering.kernels import Kernel, kernel_cycles
+from runtime.errors import SimulationError
 from runtime.layout import numpy_dtype
-from runtime.state import (
-    BUSY,
-    CATEGORIES,
-    Buf,
-    Core,
-)
+from runtime.scoreboard import advance, fence, fold_w, ready
+from runtime.state import BUSY, Buf, Core
 
-__all__ = [
-    "Op",
-    "Expr",
-    "ev",
-    "CMP",
-    "advance",
-    "ready",
-    "fold_w",
-    "need_alloc",
-    "fence",
-    "make",
-    "builder",
-]
+__all__ = ["Op", "Expr", "expr", "ev", "CMP", "make", "builder"]
 
 #: A compiled integer expression ``(const, ((reg, coef), ...))``.
 Expr = tuple
@@ -82,6 +69,20 @@ CMP = {
 }
 
 
+def expr(v: int | str | Affine) -> Expr:
+    """The compiled form of an integer operand: a constant, a register name or an
+    :class:`~lowering.isa.Affine` expression of registers."""
+    if isinstance(v, bool):
+        return (int(v), ())
+    if isinstance(v, int):
+        return (v, ())
+    if isinstance(v, str):
+        return (0, ((v, 1),))
+    if isinstance(v, Affine):
+        return (v.const, tuple(v.terms))
+    raise SimulationError(f"{v!r} is not an integer, register name or Affine expression")
+
+
 def ev(regs: dict[str, int], e: Expr) -> int:
     """Value of a compiled expression under the register file."""
     v, terms = e
@@ -94,128 +95,6 @@ class Op:
     """A compiled operation: handler ``fn`` and the instruction ``src`` it came from."""
 
     __slots__ = ("fn", "src")
-
-
-def advance(sim: Any, core: Core, t: int, cat: int) -> None:
-    d = t - core.t
-    if d > 0:
-        core.st[cat] += d
-        if sim.tracing:
-            sim.ctrace.append((core.id, core.t, t, CATEGORIES[cat]))
-        core.t = t
-
-
-def need_alloc(sim: Any, core: Core, b: Buf) -> None:
-    if not b.allocated:
-        raise sim.error(
-            core, f"buffer {b.name!r} is used before Alloc (or after Free); allocate it first"
-        )
-
-
-def fold_w(sim: Any, core: Core, b: Buf) -> bool:
-    """Fold ``b``'s completed pending writes into ``b.w`` (call when ``b.wp`` is set); False
-    (core blocked) while one has no known completion yet."""
-    q = b.wq
-    if q:
-        for p in q:
-            if p.time is None:
-                sim.block(core, ("buf", b, p), p)
-                return False
-        for p in q:
-            if p.time >= b.w:
-                b.w, b.wk = p.time, p.kind
-        b.wq = None
-    p = b.wp
-    if p.time is None:
-        sim.block(core, ("buf", b, p), p)
-        return False
-    if p.time >= b.w:
-        b.w, b.wk = p.time, p.kind
-    b.wp = None
-    return True
-
-
-#: ``ready`` on more buffers than this keeps its place when it blocks (``_ready_long``)
-LONG = 8
-
-
-def ready(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
-    """Earliest cycle >= ``t`` at which ``reads`` hold their data and ``writes`` may be
-    overwritten (category of the binding wait in ``sim.cat``); -1 when blocked."""
-    if len(reads) + len(writes) > LONG:
-        return _ready_long(sim, core, t, reads, writes)
-    cat = BUSY
-    for b in reads:
-        if not b.allocated:
-            need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return -1
-        if b.w > t:
-            t, cat = b.w, b.wk
-    for b in writes:
-        if not b.allocated:
-            need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return -1
-        if b.w > t:
-            t, cat = b.w, b.wk
-        rp = b.rp
-        if rp:
-            for p in rp:
-                if p.time is None:
-                    sim.block(core, ("buf", b, p), p)
-                    return -1
-            for p in rp:
-                if p.time >= b.r:
-                    b.r, b.rk = p.time, p.kind
-            b.rp = None
-        if b.r > t:
-            t, cat = b.r, b.rk
-    sim.cat = cat
-    return t
-
-
-def _ready_long(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
-    """:func:`ready` for an instruction on many buffers (e.g. a unit step reading every
-    message it received): when it blocks on one, the core keeps how far it got (``core.scan``)
-    and the retry after the wake-up goes on from there.  The buffers already passed cannot
-    change while the core is blocked (only the core itself writes their ``w`` / ``r``), so the
-    result is :func:`ready`'s, in one pass instead of one pass per wait."""
-    t0, cat, i = t, BUSY, 0
-    sc = core.scan
-    if sc is not None:
-        core.scan = None
-        if sc[0] is reads and sc[1] is writes and sc[2] == t0:
-            i, t, cat = sc[3], sc[4], sc[5]
-    nr = len(reads)
-    bufs = reads + writes
-    n = len(bufs)
-    while i < n:
-        b = bufs[i]
-        if not b.allocated:
-            need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            core.scan = (reads, writes, t0, i, t, cat)
-            return -1
-        if b.w > t:
-            t, cat = b.w, b.wk
-        if i >= nr:
-            rp = b.rp
-            if rp:
-                for p in rp:
-                    if p.time is None:
-                        sim.block(core, ("buf", b, p), p)
-                        core.scan = (reads, writes, t0, i, t, cat)
-                        return -1
-                for p in rp:
-                    if p.time >= b.r:
-                        b.r, b.rk = p.time, p.kind
-                b.rp = None
-            if b.r > t:
-                t, cat = b.r, b.rk
-        i += 1
-    sim.cat = cat
-    return t
 
 
 # -- compute ---------------------------------------------------------------------------------
@@ -444,20 +323,6 @@ def h_free(sim: Any, core: Core, op: OpFree) -> bool:
     b.data = None
     core.sram -= b.nbytes
     core.pc += 1
-    return True
-
-
-def fence(sim: Any, core: Core) -> bool:
-    """Fold resolved DMA completions; False (blocked) while one is unknown."""
-    if core.dma_p:
-        for p in core.dma_p:
-            if p.time is None:
-                sim.block(core, ("hbm", p), p)
-                return False
-        for p in core.dma_p:
-            if p.time > core.dma:
-                core.dma, core.dma_k = p.time, p.kind
-        core.dma_p = []
     return True
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from runtime.layout import TensorInfo, numpy_dtype
-from runtime.ops import Op, advance, ev, fence, fold_w, need_alloc, ready
+from runtime.ops import Op, ev
+from runtime.scoreboard import advance, fence, fold_r, fold_w, need_alloc, ready
 from runtime.state import (
     BAR,
     MEM,
@@ -131,16 +132,8 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             chain = i < len(q)
         if not chain and not fold_w(sim, core, b):
             return False
-    rp = b.rp
-    if rp:  # write-after-read: wait for Stores / Sends still reading the buffer
-        for p in rp:
-            if p.time is None:
-                sim.block(core, ("buf", b, p), p)
-                return False
-        for p in rp:
-            if p.time >= b.r:
-                b.r, b.rk = p.time, p.kind
-        b.rp = None
+    if b.rp and not fold_r(sim, core, b):  # write-after-read: Stores / Sends still reading it
+        return False
     if b.r > core.t:
         advance(sim, core, b.r, b.rk)
     if core.t > sim.now:
@@ -269,14 +262,7 @@ def h_loadvalue(sim: Any, core: Core, op: OpLoadValue) -> bool:
             p.time = done
         core.dmaq.append(done)
         core.cur = p
-    if p.time is None:
-        sim.block(core, ("hbm", p), p)
-        return False
-    core.cur = None
-    advance(sim, core, p.time, MEM)
-    core.regs[op.reg] = p.value
-    core.pc += 1
-    return True
+    return _value_arrived(sim, core, op, p, "hbm", MEM)
 
 
 # -- channels --------------------------------------------------------------------------------
@@ -336,29 +322,23 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
             return False
         if t > core.t:
             advance(sim, core, t, sim.cat)
-    end = op.end
-    post = Post(core, b, end, t)
+    post = Post(core, b, op.end, t)
     b.wp = post
-    if end.unmatched:
-        q = end.unmatched
-        s = q[0]
-        del q[0]
-        s.post = post
-        if s.arrival is not None:
-            sim.consume(s)
-    else:
-        end.posts.append(post)
+    sim.post(op.end, post)
     core.pc += 1
     return True
 
 
-def _value_arrived(sim: Any, core: Core, op: OpRecv, p: Any) -> bool:
-    """The end of a value receive: wait for ``p`` to arrive, then its value is in ``op.reg``."""
+def _value_arrived(
+    sim: Any, core: Core, op: Any, p: Any, wait: str = "value", cat: int = RECV
+) -> bool:
+    """The end of a value read (a receive; a LoadValue: ``wait="hbm"``, ``cat=MEM``): wait for
+    ``p`` to arrive (the wait charged to category ``cat``), then its value is in ``op.reg``."""
     if p.time is None:
-        sim.block(core, ("value", p), p)
+        sim.block(core, (wait, p), p)
         return False
     core.cur = None
-    advance(sim, core, p.time, RECV)
+    advance(sim, core, p.time, cat)
     core.regs[op.reg] = p.value
     core.pc += 1
     return True

@@ -17,6 +17,7 @@ from typing import Any
 
 from lowering.isa import CALC_FNS, CALC_OPS, Calc, ReadValue
 from runtime import ops
+from runtime.scoreboard import advance, ready
 from runtime.state import Core
 
 __all__ = ["CALC", "COMPILERS", "OpCalc", "OpReadValue", "h_calc", "h_readvalue"]
@@ -42,10 +43,10 @@ class OpReadValue(ops.Op):
 
 def h_readvalue(sim: Any, core: Core, op: OpReadValue) -> bool:
     b = op.buf
-    t = ops.ready(sim, core, core.t, (b,), ())
+    t = ready(sim, core, core.t, (b,), ())
     if t < 0:
         return False
-    ops.advance(sim, core, t, sim.cat)
+    advance(sim, core, t, sim.cat)
     data = b.data
     if data is None:
         raise sim.error(
@@ -67,7 +68,9 @@ def _compile_calc(comp: Any, ins: Calc) -> None:
     if f is None:
         raise comp.fail(ins, f"unknown operation {ins.op!r}; use one of {', '.join(CALC_OPS)}")
     comp.code.append(
-        ops.make(OpCalc, h_calc, ins, reg=ins.reg, f=f, lhs=_expr(ins.lhs), rhs=_expr(ins.rhs))
+        ops.make(
+            OpCalc, h_calc, ins, reg=ins.reg, f=f, lhs=ops.expr(ins.lhs), rhs=ops.expr(ins.rhs)
+        )
     )
 
 
@@ -75,14 +78,6 @@ def _compile_readvalue(comp: Any, ins: ReadValue) -> None:
     comp.code.append(
         ops.make(OpReadValue, h_readvalue, ins, reg=ins.reg, buf=comp.buf(ins.buf), index=ins.index)
     )
-
-
-def _expr(v: Any) -> ops.Expr:
-    if isinstance(v, int):
-        return (int(v), ())
-    if isinstance(v, str):
-        return (0, ((v, 1),))
-    return (v.const, tuple(v.terms))
 
 
 #: Instruction class -> compile step ``(compiler, instruction)`` (see the module docstring).

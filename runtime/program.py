@@ -4,8 +4,9 @@ a flat list of operations (:mod:`runtime.ops`).
 Compilation resolves every name once (buffers to :class:`~runtime.state.Buf` objects, channels to
 their FIFO state and precomputed route, tensors to their HBM placement, kernels to the registry
 entry) and turns loops and branches into jumps, so the sequencer's hot loop does no lookups.
-Checking happens here, before anything runs (DAM's ``InitializationError`` idea: every channel
-used has both ends; STYLE.md), and every message names the core, the instruction and the fix.
+Checking happens here, before anything runs (the declarations: :mod:`runtime.checks`; each
+instruction's names, shapes and regions as it is compiled), and every message names the core, the
+instruction (:func:`runtime.checks.describe`) and the fix.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from hwmodel.chip import Chip
 from lowering.errors import ProgramError
 from lowering.isa import (
     DTYPE_BYTES,
-    Affine,
     Alloc,
     Barrier,
     Compute,
@@ -35,19 +35,14 @@ from lowering.isa import (
     Store,
 )
 from lowering.kernels import get_kernel
-from lowering.printer import format_instr
 from runtime import ops, ops_comm, ops_control
+from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout
 from runtime.network import Fabric
 from runtime.state import Buf, ChanState, Core, Group, fifo_depth
 
-__all__ = ["compile_programs", "Compiled", "describe"]
-
-
-def describe(ins: Instr | None) -> str:
-    """One line for an instruction in a message (``None``: the end of a program)."""
-    return "end of program" if ins is None else format_instr(ins)
+__all__ = ["compile_programs", "Compiled"]
 
 
 class Compiled:
@@ -66,18 +61,6 @@ class Compiled:
         self.values: set[str] = set()
 
 
-def _expr(v: int | str | Affine) -> ops.Expr:
-    if isinstance(v, bool):
-        return (int(v), ())
-    if isinstance(v, int):
-        return (v, ())
-    if isinstance(v, str):
-        return (0, ((v, 1),))
-    if isinstance(v, Affine):
-        return (v.const, tuple(v.terms))
-    raise SimulationError(f"{v!r} is not an integer, register name or Affine expression")
-
-
 def compile_programs(
     ps: ProgramSet,
     chip: Chip,
@@ -93,7 +76,7 @@ def compile_programs(
     checks include these declaration checks, so they are not repeated; ``depths``: channel
     name -> FIFO depth over the declared one, :meth:`runtime.Simulator.deepen`)."""
     if not checked:
-        _check_declarations(ps, chip)
+        check_declarations(ps, chip)
     where = f"program set {ps.name!r}"
     chans = {
         ch.name: ChanState(
@@ -120,55 +103,6 @@ def compile_programs(
         out.store |= comp.stores
         out.values |= comp.values
     return out
-
-
-def _check_declarations(ps: ProgramSet, chip: Chip) -> None:
-    """Channels, barrier groups and programs name cores of the chip, once each."""
-    n = chip.num_cores
-    where = f"program set {ps.name!r}"
-    chans: set[str] = set()
-    for ch in ps.channels:
-        if ch.name in chans:
-            raise SimulationError(f"{where}: channel {ch.name!r} is declared twice; rename one")
-        chans.add(ch.name)
-        cores = (ch.src, *ch.dsts)
-        if any(not 0 <= c < n for c in cores):
-            raise SimulationError(
-                f"{where}: channel {ch.name!r} connects cores {cores} but chip {chip.name!r} has cores 0..{n - 1}"
-            )
-        if not ch.dsts or len(set(ch.dsts)) != len(ch.dsts):
-            raise SimulationError(
-                f"{where}: channel {ch.name!r} needs distinct destination cores, got {ch.dsts}"
-            )
-        depth = fifo_depth(ch.depth, chip)
-        if depth < 1:
-            raise SimulationError(
-                f"{where}: channel {ch.name!r} has FIFO depth {depth}; use at least 1"
-            )
-    groups: set[str] = set()
-    for name, members in ps.barriers:
-        if name in groups:
-            raise SimulationError(f"{where}: barrier group {name!r} is declared twice")
-        groups.add(name)
-        if not members or any(not 0 <= c < n for c in members) or len(set(members)) != len(members):
-            raise SimulationError(
-                f"{where}: barrier group {name!r} has members {members}; use distinct cores 0..{n - 1}"
-            )
-    seen: set[int] = set()
-    for prog in ps.programs:
-        if not 0 <= prog.core < n:
-            raise SimulationError(
-                f"{where}: a program is for core {prog.core} but chip {chip.name!r} has cores 0..{n - 1}"
-            )
-        if prog.core in seen:
-            raise SimulationError(f"{where}: core {prog.core} has two programs; merge them")
-        seen.add(prog.core)
-    for name, members in ps.barriers:
-        missing = [c for c in members if c not in seen]
-        if missing:
-            raise SimulationError(
-                f"{where}: barrier group {name!r} includes cores {missing} that have no program; drop them from the group"
-            )
 
 
 class _Compiler:
@@ -277,8 +211,8 @@ class _Compiler:
                     ins,
                     f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
                 )
-            starts = tuple(_expr(s) for s in r.starts)
-            extents = tuple(_expr(e) for e in r.extents)
+            starts = tuple(ops.expr(s) for s in r.starts)
+            extents = tuple(ops.expr(e) for e in r.extents)
             fixed = None
             if all(not e[1] for e in starts + extents):
                 s = tuple(e[0] for e in starts)
@@ -311,29 +245,16 @@ class _Compiler:
             )
         )
 
-    def _send(self, ins: Send) -> None:
-        code, make = self.code, ops.make
-        code.append(
-            make(
+    def _send(self, ins: Send | SendValue) -> None:
+        send = isinstance(ins, Send)
+        self.code.append(
+            ops.make(
                 ops_comm.OpSend,
                 ops_comm.h_send,
                 ins,
                 chan=self.chan(ins, ins.channel, True),
-                buf=self.buf(ins.src),
-                value=None,
-            )
-        )
-
-    def _sendvalue(self, ins: SendValue) -> None:
-        code, make = self.code, ops.make
-        code.append(
-            make(
-                ops_comm.OpSend,
-                ops_comm.h_send,
-                ins,
-                chan=self.chan(ins, ins.channel, True),
-                buf=None,
-                value=_expr(ins.value),
+                buf=self.buf(ins.src) if send else None,
+                value=None if send else ops.expr(ins.value),
             )
         )
 
@@ -378,13 +299,13 @@ class _Compiler:
                 ins,
                 reg=ins.reg,
                 info=info,
-                index=tuple(_expr(i) for i in ins.index),
+                index=tuple(ops.expr(i) for i in ins.index),
             )
         )
 
     def _set(self, ins: Set) -> None:
         code, make = self.code, ops.make
-        code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=_expr(ins.value)))
+        code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=ops.expr(ins.value)))
 
     def _alloc(self, ins: Alloc) -> None:
         key = (tuple(ins.shape), ins.dtype)
@@ -441,9 +362,9 @@ class _Compiler:
             ops.OpIf,
             ops.h_if,
             ins,
-            lhs=_expr(c.lhs),
+            lhs=ops.expr(c.lhs),
             cmp=ops.CMP[c.op],
-            rhs=_expr(c.rhs),
+            rhs=ops.expr(c.rhs),
             else_pc=0,
         )
         code.append(br)
@@ -491,7 +412,7 @@ class _Compiler:
 
     def loop(self, ins: Loop) -> None:
         code, make = self.code, ops.make
-        count = _expr(ins.count)
+        count = ops.expr(ins.count)
         fastop = None
         if self.fast and ins.body and all(isinstance(i, Compute) for i in ins.body):
             body = [self.compute(i) for i in ins.body]
@@ -530,7 +451,7 @@ _HANDLERS = {
     Load: _Compiler._mem,
     Store: _Compiler._mem,
     Send: _Compiler._send,
-    SendValue: _Compiler._sendvalue,
+    SendValue: _Compiler._send,
     Recv: _Compiler._recv,
     RecvValue: _Compiler._recv,
     LoadValue: _Compiler._loadvalue,

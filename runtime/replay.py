@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from runtime import ops, ops_comm, ops_control
+from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import numpy_dtype
-from runtime.program import Compiled, describe
+from runtime.program import Compiled
 from runtime.report import wait_for
 from runtime.state import Core, Post, StopPost
 
@@ -211,7 +212,7 @@ def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
 def _compute(rp: Replay, core: Core, op: Any) -> bool:
     i = 0
     sc = core.scan
-    if sc is not None:  # a retry after a wait goes on where it stopped (ops._ready_long)
+    if sc is not None:  # a retry after a wait goes on where it stopped (scoreboard._ready_long)
         core.scan = None
         if sc[0] is op:
             i = sc[1]
@@ -276,8 +277,7 @@ def _load(rp: Replay, core: Core, op: Any) -> bool:
         return False
     info = op.info
     if info.is_int and info.name in rp.hbm:  # control data (HBM keeps its inputs in timing mode)
-        starts, extents = ops_comm._region(rp, core, op)
-        sl = tuple(slice(s, s + e) for s, e in zip(starts, extents))
+        sl = ops_comm._slices(*ops_comm._region(rp, core, op))
         b.data = np.array(rp.hbm[info.name][sl], dtype=numpy_dtype(b.dtype))
     core.pc += 1
     return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hwmodel.chip import Chip, MeshNoC
-from runtime.program import describe
+from runtime.checks import describe
 from runtime.state import Core, Post
 from runtime.stats import CoreStats, EventCounts, ResourceStats, SimResult, SimStats
 from runtime.trace import build_trace

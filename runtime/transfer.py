@@ -408,12 +408,7 @@ class Transfers:
                     f"channel {end.chan.name!r} carried a tensor, not a control value; use Recv",
                 )
             p.value = value
-        p.time = c
-        ws = p.waiters
-        if ws:
-            p.waiters = None
-            for core in ws:
-                self.wake(core, c)
+        self.resolve(p, c)
         w = end.waiter
         if w is not None:
             end.waiter = None

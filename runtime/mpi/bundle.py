@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,11 +18,12 @@ import numpy as np
 
 import hwmodel
 from hwmodel.chip import Chip
-from lowering.isa import Compute, If, Instr, Loop, ProgramSet
+from lowering.isa import Compute, ProgramSet
 from lowering.kernels import KERNELS
 from lowering.matmul import matmul_programs
 from lowering.recurrence import SCHEDULES
 from runtime.mpi.errors import MpiError
+from runtime.mpi.placement import walk
 
 __all__ = [
     "Bundle",
@@ -51,20 +52,9 @@ class Bundle:
         return self.programs.name
 
 
-def _computes(body: tuple[Instr, ...]) -> Iterator[Compute]:
-    for ins in body:
-        if isinstance(ins, Compute):
-            yield ins
-        elif isinstance(ins, Loop):
-            yield from _computes(ins.body)
-        elif isinstance(ins, If):
-            yield from _computes(ins.then)
-            yield from _computes(ins.orelse)
-
-
 def kernel_modules(ps: ProgramSet) -> list[str]:
     """The modules that register the kernels ``ps`` runs (imported again where it runs)."""
-    names = {c.kernel for p in ps.programs for c in _computes(p.body)}
+    names = {c.kernel for p in ps.programs for c in walk(p.body) if isinstance(c, Compute)}
     return sorted({KERNELS[k].run.__module__ for k in names if k in KERNELS})
 
 

@@ -44,12 +44,12 @@ from lowering.isa import (
     Store,
 )
 from lowering.kernels import get_kernel
+from runtime.checks import describe
 from runtime.layout import numpy_dtype
 from runtime.mpi.errors import MpiError
 from runtime.mpi.net import Payload, Post
 from runtime.ops import CMP
 from runtime.ops_control import CALC
-from runtime.program import describe
 
 __all__ = ["CoreRun", "Buf"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from lowering.isa import If, Instr, Load, LoadValue, Loop, ProgramSet, Store
 
-__all__ = ["RankPlan", "plan_ranks", "tensor_uses"]
+__all__ = ["RankPlan", "plan_ranks", "tensor_uses", "walk"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +38,15 @@ def plan_ranks(ps: ProgramSet, size: int) -> RankPlan:
     return RankPlan(size, rank_of, tuple(blocks))
 
 
-def _walk(body: tuple[Instr, ...]) -> Iterator[Instr]:
+def walk(body: tuple[Instr, ...]) -> Iterator[Instr]:
+    """Every instruction of ``body``, a loop or branch before the instructions inside it."""
     for ins in body:
         yield ins
         if isinstance(ins, Loop):
-            yield from _walk(ins.body)
+            yield from walk(ins.body)
         elif isinstance(ins, If):
-            yield from _walk(ins.then)
-            yield from _walk(ins.orelse)
+            yield from walk(ins.then)
+            yield from walk(ins.orelse)
 
 
 def tensor_uses(ps: ProgramSet) -> tuple[set[str], set[str]]:
@@ -53,7 +54,7 @@ def tensor_uses(ps: ProgramSet) -> tuple[set[str], set[str]]:
     read: set[str] = set()
     stored: set[str] = set()
     for prog in ps.programs:
-        for ins in _walk(prog.body):
+        for ins in walk(prog.body):
             if isinstance(ins, (Load, LoadValue)):
                 read.add(ins.tensor)
             elif isinstance(ins, Store):

@@ -20,13 +20,13 @@ from typing import Any
 
 from hwmodel.chip import Chip
 from lowering.isa import ProgramSet
+from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.mpi.errors import MpiError
 from runtime.mpi.hbm import Hbm
 from runtime.mpi.interp import CoreRun
 from runtime.mpi.net import Net
 from runtime.mpi.placement import RankPlan
-from runtime.program import describe
 from runtime.report import core_name
 
 __all__ = ["RankRun", "Group"]

@@ -1,0 +1,160 @@
+"""The buffer scoreboard: when an instruction on a core's sequencer may issue.
+
+Every :class:`~runtime.state.Buf` records its last write (``w``, with the wait category ``wk``)
+and last read (``r``, ``rk``) completion cycles, and the operations still pending on it: writes
+(``wp`` / ``wq``: Load, Recv) and reads (``rp``: Send, Store) whose completion cycle is not known
+yet.  An instruction that reads a buffer waits for its writes; one that writes it waits for its
+writes and reads (in-order issue with a buffer scoreboard, the first timing rule of
+:mod:`runtime.ops`; Cyclotron §9.1, ELK §2.2: preloading overlaps compute).  A core whose wait has
+no known end yet blocks on the pending operation and re-runs the instruction when it resolves.
+
+:func:`ready` gives the issue cycle of an instruction, :func:`advance` moves the core's clock to
+it and charges the wait, :func:`fence` folds the core's outstanding DMA completions (Barrier, end
+of program).  The handlers of :mod:`runtime.ops`, :mod:`runtime.ops_comm` and
+:mod:`runtime.ops_control` share these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.state import BUSY, CATEGORIES, Buf, Core
+
+__all__ = ["advance", "need_alloc", "fold_w", "fold_r", "ready", "fence", "LONG"]
+
+
+def advance(sim: Any, core: Core, t: int, cat: int) -> None:
+    """Move ``core``'s clock to cycle ``t`` (if later), charging the wait to category ``cat``."""
+    d = t - core.t
+    if d > 0:
+        core.st[cat] += d
+        if sim.tracing:
+            sim.ctrace.append((core.id, core.t, t, CATEGORIES[cat]))
+        core.t = t
+
+
+def need_alloc(sim: Any, core: Core, b: Buf) -> None:
+    """Raise the error for an instruction on buffer ``b`` while it is not allocated."""
+    if not b.allocated:
+        raise sim.error(
+            core, f"buffer {b.name!r} is used before Alloc (or after Free); allocate it first"
+        )
+
+
+def fold_w(sim: Any, core: Core, b: Buf) -> bool:
+    """Fold ``b``'s completed pending writes into ``b.w`` (call when ``b.wp`` is set); False
+    (core blocked) while one has no known completion yet."""
+    q = b.wq
+    if q:
+        for p in q:
+            if p.time is None:
+                sim.block(core, ("buf", b, p), p)
+                return False
+        for p in q:
+            if p.time >= b.w:
+                b.w, b.wk = p.time, p.kind
+        b.wq = None
+    p = b.wp
+    if p.time is None:
+        sim.block(core, ("buf", b, p), p)
+        return False
+    if p.time >= b.w:
+        b.w, b.wk = p.time, p.kind
+    b.wp = None
+    return True
+
+
+def fold_r(sim: Any, core: Core, b: Buf) -> bool:
+    """Fold ``b``'s completed pending reads (Sends, Stores) into ``b.r`` (call when ``b.rp`` is
+    non-empty); False (core blocked) while one has no known completion yet."""
+    rp = b.rp
+    for p in rp:
+        if p.time is None:
+            sim.block(core, ("buf", b, p), p)
+            return False
+    for p in rp:
+        if p.time >= b.r:
+            b.r, b.rk = p.time, p.kind
+    b.rp = None
+    return True
+
+
+#: ``ready`` on more buffers than this keeps its place when it blocks (``_ready_long``)
+LONG = 8
+
+
+def ready(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
+    """Earliest cycle >= ``t`` at which ``reads`` hold their data and ``writes`` may be
+    overwritten (category of the binding wait in ``sim.cat``); -1 when blocked."""
+    if len(reads) + len(writes) > LONG:
+        return _ready_long(sim, core, t, reads, writes)
+    cat = BUSY
+    for b in reads:
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
+            return -1
+        if b.w > t:
+            t, cat = b.w, b.wk
+    for b in writes:
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
+            return -1
+        if b.w > t:
+            t, cat = b.w, b.wk
+        if b.rp and not fold_r(sim, core, b):
+            return -1
+        if b.r > t:
+            t, cat = b.r, b.rk
+    sim.cat = cat
+    return t
+
+
+def _ready_long(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
+    """:func:`ready` for an instruction on many buffers (e.g. a unit step reading every
+    message it received): when it blocks on one, the core keeps how far it got (``core.scan``)
+    and the retry after the wake-up goes on from there.  The buffers already passed cannot
+    change while the core is blocked (only the core itself writes their ``w`` / ``r``), so the
+    result is :func:`ready`'s, in one pass instead of one pass per wait."""
+    t0, cat, i = t, BUSY, 0
+    sc = core.scan
+    if sc is not None:
+        core.scan = None
+        if sc[0] is reads and sc[1] is writes and sc[2] == t0:
+            i, t, cat = sc[3], sc[4], sc[5]
+    nr = len(reads)
+    bufs = reads + writes
+    n = len(bufs)
+    while i < n:
+        b = bufs[i]
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
+            core.scan = (reads, writes, t0, i, t, cat)
+            return -1
+        if b.w > t:
+            t, cat = b.w, b.wk
+        if i >= nr:
+            if b.rp and not fold_r(sim, core, b):
+                core.scan = (reads, writes, t0, i, t, cat)
+                return -1
+            if b.r > t:
+                t, cat = b.r, b.rk
+        i += 1
+    sim.cat = cat
+    return t
+
+
+def fence(sim: Any, core: Core) -> bool:
+    """Fold resolved DMA completions; False (blocked) while one is unknown."""
+    if core.dma_p:
+        for p in core.dma_p:
+            if p.time is None:
+                sim.block(core, ("hbm", p), p)
+                return False
+        for p in core.dma_p:
+            if p.time > core.dma:
+                core.dma, core.dma_k = p.time, p.kind
+        core.dma_p = []
+    return True
