@@ -4,9 +4,10 @@ Every :class:`~runtime.state.Buf` records its last write (``w``, with the wait c
 and last read (``r``, ``rk``) completion cycles, and the operations still pending on it: writes
 (``wp`` / ``wq``: Load, Recv) and reads (``rp``: Send, Store) whose completion cycle is not known
 yet.  An instruction that reads a buffer waits for its writes; one that writes it waits for its
-writes and reads (in-order issue with a buffer scoreboard, the first timing rule of
-:mod:`runtime.ops`; Cyclotron §9.1, ELK §2.2: preloading overlaps compute).  A core whose wait has
-no known end yet blocks on the pending operation and re-runs the instruction when it resolves.
+writes and reads: in-order issue with a buffer scoreboard, the first timing rule of
+:mod:`runtime.ops`, which lets a program overlap preloading with compute (ELK §2.2).  A core whose
+wait has no known end yet blocks on the pending operation and re-runs the instruction when it
+resolves.
 
 :func:`ready` gives the issue cycle of an instruction, :func:`advance` moves the core's clock to
 it and charges the wait, :func:`fence` folds the core's outstanding DMA completions (Barrier, end
