@@ -27,24 +27,40 @@ def _lead(
     on the receiving cores' ports ahead of the execution's activations, partial sums and
     results, so an execution whose cores also receive a preload waits for that core's share of
     it (``Item.ports``).  Grids that need not share a core (:meth:`Policy.must_share`: placement
-    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``."""
+    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``.
+    An execution that reads its input activation from HBM (``Item.hbm_input``) on such a core
+    sends that read to the HBM channels only after the core's preload pieces, and the channels
+    serve requests first come first served: it waits until the HBM has served those preloads
+    (their ``hbm_time``) if that is longer (ELK §4.3, memory-access contention); one that
+    stores its output to HBM (``Item.hbm_output``) queues that store behind every preload issued
+    just before it, wherever placed, so it ends no sooner than the HBM has served them."""
     it = items[i]
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
     crowded = g is not None and _crowded(items, g, res, pol)
-    tot = 0.0
+    tot = hbm = every = 0.0
     for k in positions:
         j = order[k]
         pj = items[j]
+        every += pj.hbm_time
         if not pj.ports:
             continue
-        if j == i or j not in res:  # its own preload: execute(i) waits for it anyway
+        if j == i:  # its own preload's pieces queue ahead of its input on every core
+            tot += pj.ports[e]
+            hbm += pj.hbm_time
+            continue
+        if j not in res:
             continue
         plan = res[j][3]
         gj = pj.grids[plan] if pj.grids else None
         if g is None or gj is None or crowded or pol.must_share(g, gj):
             tot += pj.ports[plan]
+            hbm += pj.hbm_time
+    if it.hbm_input:
+        tot = max(tot, hbm)
+    if it.hbm_output:
+        tot = max(tot, every - it.execs[e].time)
     return tot
 
 

@@ -25,11 +25,21 @@ from functools import lru_cache
 
 from elk.allocate import Option, pareto
 from elk.errors import ElkError
-from elk.ops import Operator
+from elk.ops import Operator, input_on_chip
 from elk.schedule import Item
 from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 
-__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for", "grid", "footprint"]
+__all__ = [
+    "ChipCosts",
+    "Plan",
+    "plans_for",
+    "item_for",
+    "items_for",
+    "grid",
+    "footprint",
+    "chunks",
+    "CHUNKS",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +134,10 @@ class Plan:
     """One partition plan: ``tiles`` per dimension (matmul ``(tm, tk, tn)``: time tiles of the
     rows, grid rows, grid columns; attention ``(tb, tg, ts)``; vector ``(tr,)``), the cores it
     uses, on-chip ``space`` (bytes over all cores, preloaded data included), ``core_space``,
-    ``time`` alone and ``contended`` with preloads on the ports, ``xbytes`` moved between cores
-    and ``preload_space`` (bytes held while preloaded)."""
+    ``time`` alone and ``contended`` with preloads on the ports, ``xbytes`` moved between cores,
+    ``preload_space`` (bytes held while preloaded) and ``slack``: cycles into the execution
+    before its kernel needs the last preloaded piece (the kernel consumes the preload piece by
+    piece, :func:`chunks`, so its preload may still be arriving while it starts)."""
 
     kind: str
     tiles: tuple[int, ...]
@@ -136,9 +148,21 @@ class Plan:
     contended: float
     xbytes: int
     preload_space: int
+    slack: float = 0.0
 
     def label(self) -> str:
         return "<" + ", ".join(str(t) for t in self.tiles) + ">"
+
+
+#: Loads a core's preload share is split into (at most): the kernels consume the preloaded
+#: data piece by piece, so computing on one piece overlaps loading the next (ELK §4.5: a
+#: preload only blocks the ``execute`` reading its buffers).
+CHUNKS = 8
+
+
+def chunks(extent: int) -> int:
+    """Number of preload pieces of a tile ``extent`` rows long (a divisor, at most CHUNKS)."""
+    return max(d for d in range(1, CHUNKS + 1) if extent % d == 0)
 
 
 #: Smallest tile side (elements) a plan may cut a matrix or KV length into: smaller tiles only
@@ -212,6 +236,11 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
 
             xb = cores * a + (tk - 1) * tn * cc
             space = k * n * e + cores * (a + 2 * cc)
+            # the activation arrives and the weight pieces but the last are multiplied before
+            # the last weight piece is needed
+            pieces = chunks(kb)
+            first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
+            first += (a / c.port + c.net_lat * hops_row) if tn > 1 else 0.0
             out.append(
                 Plan(
                     "matmul",
@@ -223,6 +252,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     total(1.0 / (1.0 - c.rho)),
                     xb,
                     k * n * e,
+                    first + comp * (pieces - 1) / pieces,
                 )
             )
     return out
@@ -251,7 +281,12 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 core_space = kv + q + part * 2
                 if core_space > c.sram:
                     continue
+                pieces = chunks(lb)
+                # one flash-decoding partial per preloaded piece, merged into the running one
+                # in fp32 (a quarter of the 16-bit rate): read two partials, write one
+                merge = _kernel(c, 4 * 6 * bb * hb * g * (d + 2), 3 * part)
                 comp = _kernel(c, 4 * bb * hb * g * lb * d, kv + 2 * q + part)
+                comp += (pieces - 1) * merge
                 qall = b * hq * d * e / c.hbm_bw
                 load_q = max(q / c.port, qall) + c.hbm_lat + c.net_lat
 
@@ -265,9 +300,10 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                     qall: float = qall,
                     comp: int = comp,
                     q: int = q,
+                    merge: int = merge,
                 ) -> float:
                     gather = (ts - 1) * part / c.port * f + c.net_lat if ts > 1 else 0.0
-                    comb = _kernel(c, 4 * ts * bb * hb * g * d, ts * part) if ts > 1 else 0
+                    comb = (ts - 1) * merge + _kernel(c, bb * hb * g * (d + 2), part)
                     return load_q * f + comp + gather + comb + max(q / c.port * f, qall) + c.net_lat
 
                 space = op.hbm_bytes + cores * (q + 2 * part)
@@ -283,6 +319,7 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                         total(1.0 / (1.0 - c.rho)),
                         xb,
                         op.hbm_bytes,
+                        load_q + comp * (pieces - 1) / pieces,
                     )
                 )
     return out
@@ -467,6 +504,8 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         grids=tuple(footprint(p, c.mesh) for p in plans),
         ports=ports,
         front=len(front),
+        slacks=tuple(p.slack for p in plans),
+        hbm_time=op.hbm_bytes / c.hbm_bw,
     )
 
 
@@ -498,8 +537,12 @@ def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
     the operator named by its ``routed_by``)."""
     index = {op.name: k for k, op in enumerate(ops)}
     out = []
-    for op in ops:
+    for k, op in enumerate(ops):
         it = item_for(c, op)
+        hbm_in = not input_on_chip(ops[k - 1] if k else None, op)
+        hbm_out = k + 1 == len(ops) or not input_on_chip(op, ops[k + 1])
+        if hbm_in or hbm_out:
+            it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
         if op.routed_by is not None:
             if op.routed_by not in index:
                 raise ElkError(

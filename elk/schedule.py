@@ -110,7 +110,10 @@ def _stepper(
         op = order[k]
         if op == i + 1:
             assert parent is not None
-            bound, plan = nxt_start, parent.step.exec_plan
+            # its kernel consumes the preload piece by piece: the last piece is due ``slack``
+            # cycles into the execution (ELK §4.5: a preload blocks only the reading execute)
+            plan = parent.step.exec_plan
+            bound = parent.step.start + items[op].slack(plan)
         else:
             bound, plan = res_parent[op][1], res_parent[op][3]
         s = min(bound, later) - items[op].load_time(plan)
@@ -231,9 +234,9 @@ def _stepper(
         for j in residents:
             if j == i + 1:
                 assert parent is not None
-                res.append(
-                    (j, groups[1][alloc.choice[1]].space, end - dist, q, parent.step.exec_plan)
-                )
+                pe = parent.step.exec_plan
+                due = end - dist if dist > 0 else parent.step.start + items[j].slack(pe)
+                res.append((j, groups[1][alloc.choice[1]].space, due, q, pe))
             else:
                 res.append(kept_res[j])
         stall = cost(e) - item.execs[e].time
@@ -274,7 +277,10 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Pol
     head: list[float] = []
     for k in range(first.P - 1, -1, -1):
         op = order[k]
-        bound, plan = (start0, first.exec_plan) if op == 0 else res[op]
+        if op == 0:
+            bound, plan = first.start + items[0].slack(first.exec_plan), first.exec_plan
+        else:
+            bound, plan = res[op]
         v = min(bound, later) - items[op].load_time(plan)
         head.append(v)
         later = v
