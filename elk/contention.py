@@ -33,7 +33,11 @@ def _lead(
     serve requests first come first served: it waits until the HBM has served those preloads
     (their ``hbm_time``) if that is longer (ELK §4.3, memory-access contention); one that
     stores its output to HBM (``Item.hbm_output``) queues that store behind every preload issued
-    just before it, wherever placed, so it ends no sooner than the HBM has served them."""
+    just before it, wherever placed, so it ends no sooner than the HBM has served them.
+    Its input activation, pushed by the producing cores before these preloads were issued,
+    is not held up: the wait counts from its first message sent during the execution
+    (``Item.quiet``; an execution shorter than that wait, i.e. one without such a message,
+    passes it on to the next execution, so it is charged in full)."""
     it = items[i]
     if not pol.contention or not it.ports:
         return 0.0
@@ -57,6 +61,9 @@ def _lead(
         if g is None or gj is None or crowded or pol.must_share(g, gj):
             tot += pj.ports[plan]
             hbm += pj.hbm_time
+    # a core's input activation was pushed to it before these preloads were issued: the
+    # queued pieces hold the execution up from its first message sent during it on
+    tot = max(0.0, tot - it.quiet(e))
     if it.hbm_input:
         tot = max(tot, hbm)
     if it.hbm_output:

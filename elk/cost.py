@@ -137,7 +137,11 @@ class Plan:
     ``time`` alone and ``contended`` with preloads on the ports, ``xbytes`` moved between cores,
     ``preload_space`` (bytes held while preloaded) and ``slack``: cycles into the execution
     before its kernel needs the last preloaded piece (the kernel consumes the preload piece by
-    piece, :func:`chunks`, so its preload may still be arriving while it starts)."""
+    piece, :func:`chunks`, so its preload may still be arriving while it starts); ``quiet``:
+    cycles into the execution before a core of it receives a message sent during it (its
+    input activation was pushed by the producer before), which is when a preload queued on
+    its ports first holds it up; ``0`` when it receives none (a row-wise operator): the
+    queued pieces then hold up the next execution instead, so they are charged here."""
 
     kind: str
     tiles: tuple[int, ...]
@@ -149,6 +153,7 @@ class Plan:
     xbytes: int
     preload_space: int
     slack: float = 0.0
+    quiet: float = 0.0
 
     def label(self) -> str:
         return "<" + ", ".join(str(t) for t in self.tiles) + ">"
@@ -240,6 +245,8 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             # the last weight piece is needed
             pieces = chunks(kb)
             first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
+            # the multicast along the grid rows, else the first partial sum down the columns
+            quiet = first if tn > 1 else (first + comp if tk > 1 else 0.0)
             first += (a / c.port + c.net_lat * hops_row) if tn > 1 else 0.0
             out.append(
                 Plan(
@@ -253,6 +260,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     xb,
                     k * n * e,
                     first + comp * (pieces - 1) / pieces,
+                    quiet,
                 )
             )
     return out
@@ -320,6 +328,7 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                         xb,
                         op.hbm_bytes,
                         load_q + comp * (pieces - 1) / pieces,
+                        load_q + comp if ts > 1 else 0.0,  # the partials' gather
                     )
                 )
     return out
@@ -383,6 +392,9 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
                     total(1.0 / (1.0 - c.rho)),
                     2 * tile * cores + (2 * (tc - 1) * 4 * rb * tr if red else 0),
                     op.param_bytes,
+                    0.0,
+                    # the row statistics' exchange, right after the input tile arrived
+                    max(tile / c.port, every) + c.hbm_lat + c.net_lat if red else 0.0,
                 )
             )
     return out
@@ -505,6 +517,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         ports=ports,
         front=len(front),
         slacks=tuple(p.slack for p in plans),
+        quiets=tuple(p.quiet for p in plans),
         hbm_time=op.hbm_bytes / c.hbm_bw,
     )
 

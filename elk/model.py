@@ -27,6 +27,8 @@ class Item:
     of the preload when the operator will execute with plan ``e`` (see :func:`_queued`);
     ``slacks[e]``: cycles into execution with plan ``e`` before its kernel needs the last
     preloaded piece (its preload must end by then, not by the execution's start);
+    ``quiets[e]``: cycles into execution with plan ``e`` before a message sent during it
+    reaches one of its cores (a preload queued on its ports holds it up only from then on);
     ``hbm_input``: the execution reads its input activation from HBM (behind the preload
     requests the HBM channels already queue); ``hbm_output``: it stores its output to HBM
     (the next operator reads it from there); ``hbm_time``: HBM cycles of its preload."""
@@ -46,6 +48,7 @@ class Item:
     ports: tuple[float, ...] = ()
     front: int = 0
     slacks: tuple[float, ...] = ()
+    quiets: tuple[float, ...] = ()
     hbm_input: bool = False
     hbm_output: bool = False
     hbm_time: float = 0.0
@@ -67,8 +70,13 @@ class Item:
         return self.core_spaces[e] if self.core_spaces else self.execs[e].space
 
     def slack(self, e: int) -> float:
-        """Cycles into execution with plan ``e`` its preload may still arrive."""
-        return self.slacks[e] if self.slacks else 0.0
+        """Cycles into execution with plan ``e`` its preload may still arrive (none when it
+        reads its input from HBM: that read is served after the preload's requests)."""
+        return self.slacks[e] if self.slacks and not self.hbm_input else 0.0
+
+    def quiet(self, e: int) -> float:
+        """Cycles into execution with plan ``e`` before its cores receive a message."""
+        return self.quiets[e] if self.quiets else 0.0
 
     def load_time(self, e: int) -> float:
         """Preload cycles when the operator will execute with plan ``e``."""

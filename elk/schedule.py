@@ -230,13 +230,22 @@ def _stepper(
         dist = groups[1][alloc.choice[1]].time if nxt_res else 0.0
         dur = alloc.time
         start = end - dur
+        # HBM channels serve requests first come first served: an execution reading its input
+        # from HBM (storing its output there) is served after every preload issued before it,
+        # so those preloads end by its start (its end)
+        hbm_due = math.inf
+        if pol.contention and (item.hbm_input or item.hbm_output):
+            hbm_due = start if item.hbm_input else end
         res: list[tuple[int, int, float, int, int]] = []
         for j in residents:
             if j == i + 1:
                 assert parent is not None
                 pe = parent.step.exec_plan
                 due = end - dist if dist > 0 else parent.step.start + items[j].slack(pe)
-                res.append((j, groups[1][alloc.choice[1]].space, due, q, pe))
+                res.append((j, groups[1][alloc.choice[1]].space, min(due, hbm_due), q, pe))
+            elif hbm_due < kept_res[j][2]:
+                k = kept_res[j]
+                res.append((j, k[1], hbm_due, k[3], k[4]))
             else:
                 res.append(kept_res[j])
         stall = cost(e) - item.execs[e].time
