@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import ge as _ge
 
 from elk.allocate import Allocation, Option, allocate
 from elk.contention import _crowd, _crowd_with, _lead, _totals  # noqa: F401 (_crowd: re-export)
@@ -57,6 +58,23 @@ def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
 
 
 _Got = tuple[Step, tuple[float, ...], tuple, float]
+
+_PMAX: dict[int, tuple[Sequence[int], list[int]]] = {}
+
+
+def _last(order: Sequence[int], P: int) -> int:
+    """The largest operator among the first ``P`` of the preload order (``-1``: none): the
+    resident operators of a step lie below it (prefix maxima, kept per order)."""
+    hit = _PMAX.get(id(order))
+    if hit is None or hit[0] is not order:
+        pm, m = [-1], -1
+        for op in order:
+            m = max(m, op)
+            pm.append(m)
+        if len(_PMAX) > 8:
+            _PMAX.clear()
+        hit = _PMAX[id(order)] = (order, pm)
+    return hit[1][P]
 
 
 def _step(
@@ -123,7 +141,7 @@ def _stepper(
     spre = tuple(head) + spre_tail
     gate = spre[0] if spre else math.inf
     end = min(nxt_start, gate) if parent is not None else 0.0
-    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    last = _last(order, P)
     residents = [j for j in range(i + 1, min(n, last + 1)) if pos[j] < P]
     if pol.max_ahead is not None and len(residents) > pol.max_ahead:
         return None
@@ -390,10 +408,11 @@ def _keep(
     """Add ``st`` to the non-dominated suffixes of one ``(operator, P)``; ``beam`` caps them
     (best start first)."""
     eps = 1e-12
+    low = tuple([b - eps for b in vec])
     for v, _ in kept:
-        if all(a >= b - eps for a, b in zip(v, vec)):
+        if all(map(_ge, v, low)):  # v >= vec - eps throughout: vec is dominated
             return kept
-    out = [(v, s) for v, s in kept if not all(a >= b - eps for a, b in zip(vec, v))]
+    out = [(v, s) for v, s in kept if not all(map(_ge, vec, [b - eps for b in v]))]
     out.append((vec, st))
     if beam is not None and len(out) > beam:
         out.sort(key=lambda vs: vs[0], reverse=True)
@@ -418,7 +437,7 @@ def _sharers(
     if parent is None or not it.grids or not it.ports:
         return [()] * len(it.execs)
     res = {op: e for op, _, _, _, e in parent.res}
-    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    last = _last(order, P)
     held = []
     for j in range(i + 1, min(n, last + 1)):
         if pos[j] >= P or not items[j].ports or not items[j].grids:
@@ -439,6 +458,20 @@ def _sharers(
             sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
         out.append(sig)
     return out
+
+
+_BY_LOAD: dict[int, tuple[Item, tuple[int, ...]]] = {}
+
+
+def _by_load(it: Item) -> tuple[int, ...]:
+    """``it``'s exec plans by preload time (then the faster plan first), kept per item."""
+    hit = _BY_LOAD.get(id(it))
+    if hit is None or hit[0] is not it:
+        if len(_BY_LOAD) > 65536:
+            _BY_LOAD.clear()
+        ranked = tuple(sorted(range(len(it.execs)), key=lambda e: (it.load_time(e), -e)))
+        hit = _BY_LOAD[id(it)] = (it, ranked)
+    return hit[1]
 
 
 def _tries(
@@ -485,7 +518,7 @@ def _tries(
     it = items[i]
     quick: set[tuple[int, ...]] = set()
     chosen = {sig: st[0].exec_plan for sig, st in out}
-    for e in sorted(range(len(it.execs)), key=lambda e: (it.load_time(e), -e)):
+    for e in _by_load(it):
         if sigs[e] in quick:
             continue
         if chosen.get(sigs[e]) == e:
