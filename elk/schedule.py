@@ -161,7 +161,9 @@ def _stepper(
         # with per-core port times, contention is charged per section (see :func:`_lead`)
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
-    every = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+    every = _plain(item) if item.ports else tuple(
+        Option(o.space, cost(e), e) for e, o in enumerate(item.execs)
+    )
     base = every[: item.pareto]
     if pol.fastest_exec:
         base = base[-1:]
@@ -445,6 +447,11 @@ def _sharers(
         pj = parent.step.exec_plan if j == i + 1 else res.get(j)
         if pj is not None:
             held.append((j, items[j].grids[pj]))
+    # the same residents on the same grids give the same answer (memo per schedule run)
+    key = (i, tuple(held))
+    hit = _SHARERS.get(key)
+    if hit is not None:
+        return hit
     # the resident grids beside this one (:func:`_crowded` over the held operators); the
     # answer depends only on the plan's grid, and plans often share a grid
     others = _totals([g for _, g in held])
@@ -457,7 +464,25 @@ def _sharers(
             crowd = _crowd_with(pol, ge, others)
             sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
         out.append(sig)
+    _SHARERS[key] = out
     return out
+
+
+#: :func:`_sharers` answers of the running :func:`schedule` call (items and policy fixed).
+_SHARERS: dict[tuple, list[tuple[int, ...]]] = {}
+
+
+_PLAIN: dict[int, tuple[Item, tuple[Option, ...]]] = {}
+
+
+def _plain(it: Item) -> tuple[Option, ...]:
+    """``it``'s exec plans as allocation options (space, time, plan index), kept per item."""
+    hit = _PLAIN.get(id(it))
+    if hit is None or hit[0] is not it:
+        if len(_PLAIN) > 65536:
+            _PLAIN.clear()
+        hit = _PLAIN[id(it)] = (it, tuple(Option(o.space, o.time, e) for e, o in enumerate(it.execs)))
+    return hit[1]
 
 
 _BY_LOAD: dict[int, tuple[Item, tuple[int, ...]]] = {}
@@ -541,6 +566,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     pos = _check(items, order)
     lo = _lows(pos)
     cap = _caps(items, pos)
+    _SHARERS.clear()
     bad = next((i for i in range(n) if lo[i] > cap[i]), None)
     if bad is not None:
         raise ElkError(
