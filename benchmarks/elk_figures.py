@@ -82,10 +82,16 @@ def notes(s: dict[str, ElkSchedule]) -> list[str]:
             "broadcast-or-fetch space trade-off, ELK §3.3) and execute plans differ only in "
             "activation buffers, so a fixed execute/preload split costs Static little"
         )
+    peak = max(st.space for st in full.timeline.steps) / max(c.capacity, 1)
     if full.order == tuple(range(len(full.ops))):
+        limit = (
+            "is not what limits preloading"
+            if peak < 0.9
+            else "is full, yet no reordering freed space a later operator could use"
+        )
         out.append(
             "ELK-Full keeps the execution order (= ELK-Dyn): no candidate order was faster, on-chip "
-            f"memory ({c.capacity / 2**20:.0f} MiB) is not what limits preloading, and a queued "
+            f"memory ({c.capacity / 2**20:.0f} MiB, at most {peak:.0%} used) {limit}, and a queued "
             "preload holds up whichever execute its cores run next once that execute sends "
             "them a message, light or heavy, so moving it to another execute saves little "
             "(ELK §4.4's two gains: space for a later operator, preloads moved off busy "
@@ -188,6 +194,7 @@ def main() -> int:
                             sim_layers=args.sim_layers,
                             sim_cycles=rep.cycles,
                             sim_predicted=round(rep.predicted),
+                            sim_error=round(rep.error, 4),
                             sim_hbm_util=round(rep.hbm_util, 4),
                             sim_noc_util=round(rep.noc_util, 4),
                             sim_s=round(rep.sim_seconds, 2),
@@ -208,7 +215,7 @@ def main() -> int:
                     for d, r in per.items():
                         sim = (
                             f"  sim {r['sim_layers']} layer(s): {r['sim_cycles']:,} cycles "
-                            f"(plan {r['sim_predicted']:,}) in {r['sim_s']:.1f} s"
+                            f"(plan {r['sim_predicted']:,}, {r['sim_error']:+.1%}) in {r['sim_s']:.1f} s"
                             if r["sim_s"] is not None
                             else ""
                         )
