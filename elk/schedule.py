@@ -231,12 +231,15 @@ def _stepper(
         j: (j, *res_parent[j]) for j in residents if j != i + 1
     }  # residents other than i + 1 carry over unchanged
 
+    in_base = {o.ref for o in base}
+
     def pick(only: int | None) -> _Got | None:
         execs = base
         if only is not None:
-            execs = tuple(o for o in (execs if only < item.pareto else every) if o.ref == only)
-            if not execs:
+            # ``every[e]`` is plan ``e``; a Pareto plan must also be one ``base`` offers
+            if only >= len(every) or (only < item.pareto and only not in in_base):
                 return None
+            execs = (every[only],)
         if held:
             execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
             if not execs:
