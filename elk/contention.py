@@ -1,12 +1,15 @@
 """Interconnect contention between preloads and executions (ELK §4.3: "to estimate the
 contention overhead on each interconnect link, ELK divides total traffic by link bandwidth";
-links serve the messages sharing them one after another, ELK §6.1)."""
+links serve the messages sharing them one after another, ELK §6.1), and which resident
+operators' preloads an executing plan's grid shares cores with (:func:`_sharers`, the sets the
+scheduler branches on)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from elk.model import Item, Policy
+from elk.suffix import _last, _State
 
 __all__: list[str] = []  # used by elk.schedule
 
@@ -117,3 +120,53 @@ def _crowd_with(pol: Policy, g: tuple[int, int], tot: tuple[int, int, int, int])
     if not pol.workers:
         return False
     return g[0] * g[1] + area > pol.workers
+
+
+def _sharers(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> list[tuple[int, ...]]:
+    """Per exec plan of operator ``i`` (``P`` preloads issued, suffix ``parent``): the resident
+    operators whose preloads would queue on the plan's cores (:func:`_lead`; those issued just
+    before ``execute(i)`` are a subset of the residents)."""
+    it = items[i]
+    n = len(items)
+    if parent is None or not it.grids or not it.ports:
+        return [()] * len(it.execs)
+    res = {op: e for op, _, _, _, e in parent.res}
+    last = _last(order, P)
+    held = []
+    for j in range(i + 1, min(n, last + 1)):
+        if pos[j] >= P or not items[j].ports or not items[j].grids:
+            continue
+        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
+        if pj is not None:
+            held.append((j, items[j].grids[pj]))
+    # the same residents on the same grids give the same answer (memo per schedule run)
+    key = (i, tuple(held))
+    hit = _SHARERS.get(key)
+    if hit is not None:
+        return hit
+    # the resident grids beside this one (:func:`_crowded` over the held operators); the
+    # answer depends only on the plan's grid, and plans often share a grid
+    others = _totals([g for _, g in held])
+    by_grid: dict[tuple[int, int], tuple[int, ...]] = {}
+    out = []
+    for e in range(len(it.execs)):
+        ge = it.grids[e]
+        sig = by_grid.get(ge)
+        if sig is None:
+            crowd = _crowd_with(pol, ge, others)
+            sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
+        out.append(sig)
+    _SHARERS[key] = out
+    return out
+
+
+#: :func:`_sharers` answers of the running :func:`schedule` call (items and policy fixed).
+_SHARERS: dict[tuple, list[tuple[int, ...]]] = {}

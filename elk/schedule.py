@@ -26,25 +26,21 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from operator import ge as _ge
 
 from elk.allocate import Allocation, Option, allocate
-from elk.contention import _crowd, _crowd_with, _lead, _totals  # noqa: F401 (_crowd: re-export)
+from elk.contention import (  # noqa: F401 (_crowd: re-export)
+    _SHARERS,
+    _crowd,
+    _crowd_with,
+    _lead,
+    _sharers,
+    _totals,
+)
 from elk.errors import ElkError
 from elk.model import Item, Policy, Step, Timeline
+from elk.suffix import _by_load, _keep, _last, _plain, _State, _vector
 
 __all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    step: Step
-    spre: tuple[float, ...]  # preload start, positions P .. N-1
-    res: tuple[
-        tuple[int, int, float, int, int], ...
-    ]  # (op, space, end bound, preload plan, exec plan)
-    parent: _State | None
 
 
 def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
@@ -58,24 +54,6 @@ def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
 
 
 _Got = tuple[Step, tuple[float, ...], tuple, float]
-
-_PMAX: dict[int, tuple[Sequence[int], list[int]]] = {}
-
-
-def _last(order: Sequence[int], P: int) -> int:
-    """The largest operator among the first ``P`` of the preload order (``-1``: none): the
-    resident operators of a step lie below it (prefix maxima, kept per order)."""
-    hit = _PMAX.get(id(order))
-    if hit is None or hit[0] is not order:
-        pm, m = [-1], -1
-        for op in order:
-            m = max(m, op)
-            pm.append(m)
-        if len(_PMAX) > 8:
-            _PMAX.clear()
-        hit = _PMAX[id(order)] = (order, pm)
-    return hit[1][P]
-
 
 def _step(
     items: Sequence[Item],
@@ -377,129 +355,6 @@ def _lows(pos: Sequence[int]) -> list[int]:
         m = max(m, p)
         lo.append(m + 1)
     return lo
-
-
-def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]:
-    """What the operators before this step see of it (all larger is better): its start, the
-    preload starts from its ``P`` on, its residents' end bounds and (negated) spaces, and
-    (negated) the size of its core grid, which decides the preloads it waits behind
-    (:func:`_lead`: a grid no larger in any dimension shares cores in no more cases)."""
-    res = st.res
-    it = items[st.step.op]
-    grid: tuple[float, ...] = ()
-    if it.ports and it.grids:
-        r, c = it.grids[st.step.exec_plan]
-        grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
-    own: tuple[float, ...] = ()
-    if pol.plan_branch:  # its own preload as earlier steps schedule it (ELK §4.2)
-        e = st.step.exec_plan
-        own = (-it.load_time(e), -(it.ports[e] if it.ports else 0.0))
-    return (
-        st.step.start,
-        *own,
-        *st.spre,
-        *(bound for _, _, bound, _, _ in res),
-        *(-float(sp) for _, sp, _, _, _ in res),
-        *grid,
-    )
-
-
-def _keep(
-    kept: list[tuple[tuple[float, ...], _State]],
-    vec: tuple[float, ...],
-    st: _State,
-    beam: int | None,
-) -> list[tuple[tuple[float, ...], _State]]:
-    """Add ``st`` to the non-dominated suffixes of one ``(operator, P)``; ``beam`` caps them
-    (best start first)."""
-    eps = 1e-12
-    low = tuple([b - eps for b in vec])
-    for v, _ in kept:
-        if all(map(_ge, v, low)):  # v >= vec - eps throughout: vec is dominated
-            return kept
-    out = [(v, s) for v, s in kept if not all(map(_ge, vec, [b - eps for b in v]))]
-    out.append((vec, st))
-    if beam is not None and len(out) > beam:
-        out.sort(key=lambda vs: vs[0], reverse=True)
-        out = out[:beam]
-    return out
-
-
-def _sharers(
-    items: Sequence[Item],
-    order: Sequence[int],
-    pos: Sequence[int],
-    i: int,
-    P: int,
-    parent: _State | None,
-    pol: Policy,
-) -> list[tuple[int, ...]]:
-    """Per exec plan of operator ``i`` (``P`` preloads issued, suffix ``parent``): the resident
-    operators whose preloads would queue on the plan's cores (:func:`_lead`; those issued just
-    before ``execute(i)`` are a subset of the residents)."""
-    it = items[i]
-    n = len(items)
-    if parent is None or not it.grids or not it.ports:
-        return [()] * len(it.execs)
-    res = {op: e for op, _, _, _, e in parent.res}
-    last = _last(order, P)
-    held = []
-    for j in range(i + 1, min(n, last + 1)):
-        if pos[j] >= P or not items[j].ports or not items[j].grids:
-            continue
-        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
-        if pj is not None:
-            held.append((j, items[j].grids[pj]))
-    # the same residents on the same grids give the same answer (memo per schedule run)
-    key = (i, tuple(held))
-    hit = _SHARERS.get(key)
-    if hit is not None:
-        return hit
-    # the resident grids beside this one (:func:`_crowded` over the held operators); the
-    # answer depends only on the plan's grid, and plans often share a grid
-    others = _totals([g for _, g in held])
-    by_grid: dict[tuple[int, int], tuple[int, ...]] = {}
-    out = []
-    for e in range(len(it.execs)):
-        ge = it.grids[e]
-        sig = by_grid.get(ge)
-        if sig is None:
-            crowd = _crowd_with(pol, ge, others)
-            sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
-        out.append(sig)
-    _SHARERS[key] = out
-    return out
-
-
-#: :func:`_sharers` answers of the running :func:`schedule` call (items and policy fixed).
-_SHARERS: dict[tuple, list[tuple[int, ...]]] = {}
-
-
-_PLAIN: dict[int, tuple[Item, tuple[Option, ...]]] = {}
-
-
-def _plain(it: Item) -> tuple[Option, ...]:
-    """``it``'s exec plans as allocation options (space, time, plan index), kept per item."""
-    hit = _PLAIN.get(id(it))
-    if hit is None or hit[0] is not it:
-        if len(_PLAIN) > 65536:
-            _PLAIN.clear()
-        hit = _PLAIN[id(it)] = (it, tuple(Option(o.space, o.time, e) for e, o in enumerate(it.execs)))
-    return hit[1]
-
-
-_BY_LOAD: dict[int, tuple[Item, tuple[int, ...]]] = {}
-
-
-def _by_load(it: Item) -> tuple[int, ...]:
-    """``it``'s exec plans by preload time (then the faster plan first), kept per item."""
-    hit = _BY_LOAD.get(id(it))
-    if hit is None or hit[0] is not it:
-        if len(_BY_LOAD) > 65536:
-            _BY_LOAD.clear()
-        ranked = tuple(sorted(range(len(it.execs)), key=lambda e: (it.load_time(e), -e)))
-        hit = _BY_LOAD[id(it)] = (it, ranked)
-    return hit[1]
 
 
 def _tries(
