@@ -66,9 +66,12 @@ def notes(s: dict[str, ElkSchedule]) -> list[str]:
     c = full.costs
     icn = {d: s[d].breakdown()["interconnect"] / max(s[d].cycles, 1e-9) for d in s}
     out = [
-        f"Ideal gives preloads their own interconnect; here an execute whose cores receive a "
-        f"preload waits that core's whole share (the simulator's ports serve messages first "
-        f"come first served and a core's HBM pieces arrive back to back), which costs ELK-Full "
+        f"Ideal gives preloads their own interconnect; here a core's port takes the preload "
+        f"pieces issued to it before any message an execute sends it later, and the HBM "
+        f"channels serve requests in arrival order, so an execute waits for its cores' preload "
+        f"share from its first message on, and one that reads or stores HBM activations waits "
+        f"until the HBM has served the preloads issued before it (the simulator's ports and "
+        f"channels serve first come first served), which costs ELK-Full "
         f"{icn['elk_full']:.0%} of its time, Static {icn['static']:.0%}, Basic "
         f"{icn['basic']:.0%} (ELK's emulator spreads each preload over all cores at HBM pace)"
     ]
@@ -79,12 +82,20 @@ def notes(s: dict[str, ElkSchedule]) -> list[str]:
             "broadcast-or-fetch space trade-off, ELK §3.3) and execute plans differ only in "
             "activation buffers, so a fixed execute/preload split costs Static little"
         )
+    peak = max(st.space for st in full.timeline.steps) / max(c.capacity, 1)
     if full.order == tuple(range(len(full.ops))):
+        limit = (
+            "is not what limits preloading"
+            if peak < 0.9
+            else "is full, yet no reordering freed space a later operator could use"
+        )
         out.append(
             "ELK-Full keeps the execution order (= ELK-Dyn): no candidate order was faster, on-chip "
-            f"memory ({c.capacity / 2**20:.0f} MiB) is not what limits preloading, and a queued "
-            "preload costs an execute the same whatever that execute's own traffic (ELK §4.4's "
-            "two gains: space for a later operator, preloads moved off busy executions)"
+            f"memory ({c.capacity / 2**20:.0f} MiB, at most {peak:.0%} used) {limit}, and a queued "
+            "preload holds up whichever execute its cores run next once that execute sends "
+            "them a message, light or heavy, so moving it to another execute saves little "
+            "(ELK §4.4's two gains: space for a later operator, preloads moved off busy "
+            "executions)"
         )
     if c.hbm_bw < 0.5 * c.hbm_peak:
         out.append(
@@ -183,6 +194,7 @@ def main() -> int:
                             sim_layers=args.sim_layers,
                             sim_cycles=rep.cycles,
                             sim_predicted=round(rep.predicted),
+                            sim_error=round(rep.error, 4),
                             sim_hbm_util=round(rep.hbm_util, 4),
                             sim_noc_util=round(rep.noc_util, 4),
                             sim_s=round(rep.sim_seconds, 2),
@@ -203,7 +215,7 @@ def main() -> int:
                     for d, r in per.items():
                         sim = (
                             f"  sim {r['sim_layers']} layer(s): {r['sim_cycles']:,} cycles "
-                            f"(plan {r['sim_predicted']:,}) in {r['sim_s']:.1f} s"
+                            f"(plan {r['sim_predicted']:,}, {r['sim_error']:+.1%}) in {r['sim_s']:.1f} s"
                             if r["sim_s"] is not None
                             else ""
                         )

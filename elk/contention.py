@@ -1,12 +1,15 @@
 """Interconnect contention between preloads and executions (ELK §4.3: "to estimate the
 contention overhead on each interconnect link, ELK divides total traffic by link bandwidth";
-links serve the messages sharing them one after another, ELK §6.1)."""
+links serve the messages sharing them one after another, ELK §6.1), and which resident
+operators' preloads an executing plan's grid shares cores with (:func:`_sharers`, the sets the
+scheduler branches on)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from elk.model import Item, Policy
+from elk.suffix import _last, _State
 
 __all__: list[str] = []  # used by elk.schedule
 
@@ -27,24 +30,47 @@ def _lead(
     on the receiving cores' ports ahead of the execution's activations, partial sums and
     results, so an execution whose cores also receive a preload waits for that core's share of
     it (``Item.ports``).  Grids that need not share a core (:meth:`Policy.must_share`: placement
-    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``."""
+    keeps them apart) do not wait; items without ``ports`` are charged by ``Item.exec_time``.
+    An execution that reads its input activation from HBM (``Item.hbm_input``) on such a core
+    sends that read to the HBM channels only after the core's preload pieces, and the channels
+    serve requests first come first served: it waits until the HBM has served those preloads
+    (their ``hbm_time``) if that is longer (ELK §4.3, memory-access contention); one that
+    stores its output to HBM (``Item.hbm_output``) queues that store behind every preload issued
+    just before it, wherever placed, so it ends no sooner than the HBM has served them.
+    Its input activation, pushed by the producing cores before these preloads were issued,
+    is not held up: the wait counts from its first message sent during the execution
+    (``Item.quiet``; an execution shorter than that wait, i.e. one without such a message,
+    passes it on to the next execution, so it is charged in full)."""
     it = items[i]
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
     crowded = g is not None and _crowded(items, g, res, pol)
-    tot = 0.0
+    tot = hbm = every = 0.0
     for k in positions:
         j = order[k]
         pj = items[j]
+        every += pj.hbm_time
         if not pj.ports:
             continue
-        if j == i or j not in res:  # its own preload: execute(i) waits for it anyway
+        if j == i:  # its own preload's pieces queue ahead of its input on every core
+            tot += pj.ports[e]
+            hbm += pj.hbm_time
+            continue
+        if j not in res:
             continue
         plan = res[j][3]
         gj = pj.grids[plan] if pj.grids else None
         if g is None or gj is None or crowded or pol.must_share(g, gj):
             tot += pj.ports[plan]
+            hbm += pj.hbm_time
+    # a core's input activation was pushed to it before these preloads were issued: the
+    # queued pieces hold the execution up from its first message sent during it on
+    tot = max(0.0, tot - it.quiet(e))
+    if it.hbm_input:
+        tot = max(tot, hbm)
+    if it.hbm_output:
+        tot = max(tot, every - it.execs[e].time)
     return tot
 
 
@@ -94,3 +120,53 @@ def _crowd_with(pol: Policy, g: tuple[int, int], tot: tuple[int, int, int, int])
     if not pol.workers:
         return False
     return g[0] * g[1] + area > pol.workers
+
+
+def _sharers(
+    items: Sequence[Item],
+    order: Sequence[int],
+    pos: Sequence[int],
+    i: int,
+    P: int,
+    parent: _State | None,
+    pol: Policy,
+) -> list[tuple[int, ...]]:
+    """Per exec plan of operator ``i`` (``P`` preloads issued, suffix ``parent``): the resident
+    operators whose preloads would queue on the plan's cores (:func:`_lead`; those issued just
+    before ``execute(i)`` are a subset of the residents)."""
+    it = items[i]
+    n = len(items)
+    if parent is None or not it.grids or not it.ports:
+        return [()] * len(it.execs)
+    res = {op: e for op, _, _, _, e in parent.res}
+    last = _last(order, P)
+    held = []
+    for j in range(i + 1, min(n, last + 1)):
+        if pos[j] >= P or not items[j].ports or not items[j].grids:
+            continue
+        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
+        if pj is not None:
+            held.append((j, items[j].grids[pj]))
+    # the same residents on the same grids give the same answer (memo per schedule run)
+    key = (i, tuple(held))
+    hit = _SHARERS.get(key)
+    if hit is not None:
+        return hit
+    # the resident grids beside this one (:func:`_crowded` over the held operators); the
+    # answer depends only on the plan's grid, and plans often share a grid
+    others = _totals([g for _, g in held])
+    by_grid: dict[tuple[int, int], tuple[int, ...]] = {}
+    out = []
+    for e in range(len(it.execs)):
+        ge = it.grids[e]
+        sig = by_grid.get(ge)
+        if sig is None:
+            crowd = _crowd_with(pol, ge, others)
+            sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
+        out.append(sig)
+    _SHARERS[key] = out
+    return out
+
+
+#: :func:`_sharers` answers of the running :func:`schedule` call (items and policy fixed).
+_SHARERS: dict[tuple, list[tuple[int, ...]]] = {}

@@ -24,99 +24,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from elk.allocate import Option, pareto
+from elk.chipcosts import ChipCosts
 from elk.errors import ElkError
-from elk.ops import Operator
+from elk.ops import Operator, input_on_chip
 from elk.schedule import Item
-from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 
-__all__ = ["ChipCosts", "Plan", "plans_for", "item_for", "items_for", "grid", "footprint"]
-
-
-@dataclass(frozen=True, slots=True)
-class ChipCosts:
-    """What the cost model needs of a chip.  One core (the last) is kept for the execute /
-    preload synchronisation (ELK §4.5), so ``cores`` is one less than the chip's."""
-
-    name: str
-    cores: int
-    flops: float
-    sram: int
-    sram_bw: float
-    port: float
-    net_lat: float
-    hbm_bw: float
-    hbm_peak: float
-    hbm_lat: float
-    mesh: tuple[int, int] | None
-    clock_ghz: float
-
-    @staticmethod
-    def from_chip(chip: Chip, dtype: str = "bf16") -> ChipCosts:
-        noc = chip.noc
-        hbm = chip.hbm
-        cores = chip.num_cores - 1
-        if isinstance(noc, AllToAllNoC):
-            port = min(noc.injection_bytes_per_cycle, noc.ejection_bytes_per_cycle)
-            lat, mesh = float(noc.latency_cycles), None
-            bw = min(hbm.bytes_per_cycle, cores * noc.ejection_bytes_per_cycle)
-        elif isinstance(noc, MeshNoC):
-            # the last mesh row is left to the controller core (ELK §4.5 synchronisation)
-            port, lat = noc.link_bytes_per_cycle, float(noc.hop_latency_cycles)
-            mesh = (noc.rows - 1, noc.cols)
-            cores = mesh[0] * mesh[1]
-            bw = hbm.bytes_per_cycle
-            if hbm.attach_cores:
-                cols = {a % noc.cols for a in hbm.attach_cores}
-                if cols <= {0, noc.cols - 1}:
-                    # edge-attached controllers: all data for the inner columns crosses the
-                    # links next to the edge columns (rows links per edge), plus the edge cores
-                    cut = len(cols) * noc.rows * noc.link_bytes_per_cycle
-                    bw = min(bw, cut * noc.cols / max(1, noc.cols - len(cols)))
-                else:
-                    bw = min(bw, len(hbm.attach_cores) * 4 * noc.link_bytes_per_cycle)
-        else:  # pragma: no cover - closed union
-            raise ElkError(f"chip {chip.name!r}: unknown network {noc!r}")
-        return ChipCosts(
-            chip.name,
-            cores,
-            float(chip.core.flops(dtype)),
-            chip.core.sram_bytes,
-            float(chip.core.sram_bytes_per_cycle),
-            float(port),
-            lat,
-            float(bw),
-            float(hbm.bytes_per_cycle),
-            float(hbm.latency_cycles),
-            mesh,
-            chip.clock_ghz,
-        )
-
-    #: Share of the aggregate SRAM the planner fills: tiles are whole per core, so placing the
-    #: resident operators never balances every core exactly (lowering.elk_programs.place).
-    FILL = 0.95
-
-    @property
-    def capacity(self) -> int:
-        """On-chip bytes the planner may use (``FILL`` of the usable cores' SRAM)."""
-        return int(self.FILL * self.cores * self.sram)
-
-    @property
-    def rho(self) -> float:
-        """Share of a core's port a full-speed preload occupies."""
-        return min(0.9, self.hbm_bw / self.cores / self.port)
-
-    def msg(self, nbytes: float, hops: float = 1.0) -> float:
-        """Cycles of one message of ``nbytes`` over ``hops`` links."""
-        return nbytes / self.port + self.net_lat * hops
-
-    def load(self, total_bytes: float, per_core_bytes: float, pieces: int = 8) -> float:
-        """Cycles to preload ``total_bytes`` spread as ``per_core_bytes`` per core in ``pieces``
-        loads (ELK §4.2: the HBM roofline or the interconnect delivery, whichever is larger;
-        a core's port serialises its pieces, so the first piece's port time is not hidden)."""
-        if total_bytes <= 0:
-            return 0.0
-        port = per_core_bytes / self.port
-        return max(total_bytes / self.hbm_bw, port) + port / pieces + self.hbm_lat + self.net_lat
+__all__ = [
+    "ChipCosts",
+    "Plan",
+    "plans_for",
+    "item_for",
+    "items_for",
+    "grid",
+    "footprint",
+    "chunks",
+    "CHUNKS",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +47,14 @@ class Plan:
     """One partition plan: ``tiles`` per dimension (matmul ``(tm, tk, tn)``: time tiles of the
     rows, grid rows, grid columns; attention ``(tb, tg, ts)``; vector ``(tr,)``), the cores it
     uses, on-chip ``space`` (bytes over all cores, preloaded data included), ``core_space``,
-    ``time`` alone and ``contended`` with preloads on the ports, ``xbytes`` moved between cores
-    and ``preload_space`` (bytes held while preloaded)."""
+    ``time`` alone and ``contended`` with preloads on the ports, ``xbytes`` moved between cores,
+    ``preload_space`` (bytes held while preloaded) and ``slack``: cycles into the execution
+    before its kernel needs the last preloaded piece (the kernel consumes the preload piece by
+    piece, :func:`chunks`, so its preload may still be arriving while it starts); ``quiet``:
+    cycles into the execution before a core of it receives a message sent during it (its
+    input activation was pushed by the producer before), which is when a preload queued on
+    its ports first holds it up; ``0`` when it receives none (a row-wise operator): the
+    queued pieces then hold up the next execution instead, so they are charged here."""
 
     kind: str
     tiles: tuple[int, ...]
@@ -136,9 +65,22 @@ class Plan:
     contended: float
     xbytes: int
     preload_space: int
+    slack: float = 0.0
+    quiet: float = 0.0
 
     def label(self) -> str:
         return "<" + ", ".join(str(t) for t in self.tiles) + ">"
+
+
+#: Loads a core's preload share is split into (at most): the kernels consume the preloaded
+#: data piece by piece, so computing on one piece overlaps loading the next (ELK §4.5: a
+#: preload only blocks the ``execute`` reading its buffers).
+CHUNKS = 8
+
+
+def chunks(extent: int) -> int:
+    """Number of preload pieces of a tile ``extent`` rows long (a divisor, at most CHUNKS)."""
+    return max(d for d in range(1, CHUNKS + 1) if extent % d == 0)
 
 
 #: Smallest tile side (elements) a plan may cut a matrix or KV length into: smaller tiles only
@@ -212,6 +154,13 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
 
             xb = cores * a + (tk - 1) * tn * cc
             space = k * n * e + cores * (a + 2 * cc)
+            # the activation arrives and the weight pieces but the last are multiplied before
+            # the last weight piece is needed
+            pieces = chunks(kb)
+            first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
+            # the multicast along the grid rows, else the first partial sum down the columns
+            quiet = first if tn > 1 else (first + comp if tk > 1 else 0.0)
+            first += (a / c.port + c.net_lat * hops_row) if tn > 1 else 0.0
             out.append(
                 Plan(
                     "matmul",
@@ -223,6 +172,8 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     total(1.0 / (1.0 - c.rho)),
                     xb,
                     k * n * e,
+                    first + comp * (pieces - 1) / pieces,
+                    quiet,
                 )
             )
     return out
@@ -251,7 +202,12 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                 core_space = kv + q + part * 2
                 if core_space > c.sram:
                     continue
+                pieces = chunks(lb)
+                # one flash-decoding partial per preloaded piece, merged into the running one
+                # in fp32 (a quarter of the 16-bit rate): read two partials, write one
+                merge = _kernel(c, 4 * 6 * bb * hb * g * (d + 2), 3 * part)
                 comp = _kernel(c, 4 * bb * hb * g * lb * d, kv + 2 * q + part)
+                comp += (pieces - 1) * merge
                 qall = b * hq * d * e / c.hbm_bw
                 load_q = max(q / c.port, qall) + c.hbm_lat + c.net_lat
 
@@ -265,9 +221,10 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                     qall: float = qall,
                     comp: int = comp,
                     q: int = q,
+                    merge: int = merge,
                 ) -> float:
                     gather = (ts - 1) * part / c.port * f + c.net_lat if ts > 1 else 0.0
-                    comb = _kernel(c, 4 * ts * bb * hb * g * d, ts * part) if ts > 1 else 0
+                    comb = (ts - 1) * merge + _kernel(c, bb * hb * g * (d + 2), part)
                     return load_q * f + comp + gather + comb + max(q / c.port * f, qall) + c.net_lat
 
                 space = op.hbm_bytes + cores * (q + 2 * part)
@@ -283,6 +240,8 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                         total(1.0 / (1.0 - c.rho)),
                         xb,
                         op.hbm_bytes,
+                        load_q + comp * (pieces - 1) / pieces,
+                        load_q + comp if ts > 1 else 0.0,  # the partials' gather
                     )
                 )
     return out
@@ -346,6 +305,9 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
                     total(1.0 / (1.0 - c.rho)),
                     2 * tile * cores + (2 * (tc - 1) * 4 * rb * tr if red else 0),
                     op.param_bytes,
+                    0.0,
+                    # the row statistics' exchange, right after the input tile arrived
+                    max(tile / c.port, every) + c.hbm_lat + c.net_lat if red else 0.0,
                 )
             )
     return out
@@ -467,6 +429,9 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         grids=tuple(footprint(p, c.mesh) for p in plans),
         ports=ports,
         front=len(front),
+        slacks=tuple(p.slack for p in plans),
+        quiets=tuple(p.quiet for p in plans),
+        hbm_time=op.hbm_bytes / c.hbm_bw,
     )
 
 
@@ -498,8 +463,12 @@ def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
     the operator named by its ``routed_by``)."""
     index = {op.name: k for k, op in enumerate(ops)}
     out = []
-    for op in ops:
+    for k, op in enumerate(ops):
         it = item_for(c, op)
+        hbm_in = not input_on_chip(ops[k - 1] if k else None, op)
+        hbm_out = k + 1 == len(ops) or not input_on_chip(op, ops[k + 1])
+        if hbm_in or hbm_out:
+            it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
         if op.routed_by is not None:
             if op.routed_by not in index:
                 raise ElkError(

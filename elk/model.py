@@ -24,7 +24,14 @@ class Item:
     issued only once the routing has executed, ELK §7), ``-1``: none; ``hbm_bytes``: bytes
     read from HBM; ``layer``/``slot``: which layer and position in it (identical layers share
     slots, ELK §4.4); ``ports[e]``: cycles one core's network port spends receiving its share
-    of the preload when the operator will execute with plan ``e`` (see :func:`_queued`)."""
+    of the preload when the operator will execute with plan ``e`` (see :func:`_queued`);
+    ``slacks[e]``: cycles into execution with plan ``e`` before its kernel needs the last
+    preloaded piece (its preload must end by then, not by the execution's start);
+    ``quiets[e]``: cycles into execution with plan ``e`` before a message sent during it
+    reaches one of its cores (a preload queued on its ports holds it up only from then on);
+    ``hbm_input``: the execution reads its input activation from HBM (behind the preload
+    requests the HBM channels already queue); ``hbm_output``: it stores its output to HBM
+    (the next operator reads it from there); ``hbm_time``: HBM cycles of its preload."""
 
     name: str
     execs: tuple[Option, ...]
@@ -40,6 +47,11 @@ class Item:
     grids: tuple[tuple[int, int], ...] = ()
     ports: tuple[float, ...] = ()
     front: int = 0
+    slacks: tuple[float, ...] = ()
+    quiets: tuple[float, ...] = ()
+    hbm_input: bool = False
+    hbm_output: bool = False
+    hbm_time: float = 0.0
 
     @property
     def pareto(self) -> int:
@@ -56,6 +68,15 @@ class Item:
     def exec_core_space(self, e: int) -> float:
         """Bytes per core of exec plan ``e`` (``core_spaces``; else its total space)."""
         return self.core_spaces[e] if self.core_spaces else self.execs[e].space
+
+    def slack(self, e: int) -> float:
+        """Cycles into execution with plan ``e`` its preload may still arrive (none when it
+        reads its input from HBM: that read is served after the preload's requests)."""
+        return self.slacks[e] if self.slacks and not self.hbm_input else 0.0
+
+    def quiet(self, e: int) -> float:
+        """Cycles into execution with plan ``e`` before its cores receive a message."""
+        return self.quiets[e] if self.quiets else 0.0
 
     def load_time(self, e: int) -> float:
         """Preload cycles when the operator will execute with plan ``e``."""

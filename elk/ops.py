@@ -16,7 +16,14 @@ from typing import Literal
 
 from elk.errors import ElkError
 
-__all__ = ["Operator", "DecoderShape", "DECODERS", "decode_step_ops", "layer_ops"]
+__all__ = [
+    "Operator",
+    "DecoderShape",
+    "DECODERS",
+    "decode_step_ops",
+    "layer_ops",
+    "input_on_chip",
+]
 
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -80,6 +87,35 @@ class Operator:
             if r == role:
                 return name
         raise ElkError(f"operator {self.name!r} has no tensor for role {role!r}")
+
+
+def _in_view(op: Operator) -> tuple[int, int]:
+    """The input activation of ``op`` as a ``(rows, columns)`` matrix."""
+    if op.kind == "matmul":
+        return op.dims[0], op.dims[1]
+    if op.kind == "attention":
+        b, hq, _, d, _ = op.dims
+        return b, hq * d
+    return op.dims[0], op.dims[1]
+
+
+def _out_view(op: Operator) -> tuple[int, int]:
+    """The output activation of ``op`` as a ``(rows, columns)`` matrix."""
+    if op.kind == "matmul":
+        return op.dims[0], op.dims[2]
+    return _in_view(op)
+
+
+def input_on_chip(prev: Operator | None, op: Operator) -> bool:
+    """Whether ``op`` gathers its input activation from the cores that produced it (ELK §4.5:
+    activations stay on chip): its ``(rows, columns)`` view is the leading columns of the
+    previous operator's output (the rotary step reads the query and key columns of the QKV
+    projection).  Otherwise it reads it from HBM, where the relayout went (a layer's first
+    operator, a routed expert group's rows)."""
+    if prev is None or prev.dtype != op.dtype:
+        return False
+    (r0, c0), (r1, c1) = _out_view(prev), _in_view(op)
+    return r0 == r1 and c1 <= c0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,24 +26,21 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from elk.allocate import Allocation, Option, allocate
-from elk.contention import _crowd, _crowd_with, _lead, _totals  # noqa: F401 (_crowd: re-export)
+from elk.contention import (  # noqa: F401 (_crowd: re-export)
+    _SHARERS,
+    _crowd,
+    _crowd_with,
+    _lead,
+    _sharers,
+    _totals,
+)
 from elk.errors import ElkError
 from elk.model import Item, Policy, Step, Timeline
+from elk.suffix import _by_load, _keep, _last, _plain, _State, _vector
 
 __all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    step: Step
-    spre: tuple[float, ...]  # preload start, positions P .. N-1
-    res: tuple[
-        tuple[int, int, float, int, int], ...
-    ]  # (op, space, end bound, preload plan, exec plan)
-    parent: _State | None
 
 
 def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
@@ -57,7 +54,6 @@ def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
 
 
 _Got = tuple[Step, tuple[float, ...], tuple, float]
-
 
 def _step(
     items: Sequence[Item],
@@ -110,7 +106,10 @@ def _stepper(
         op = order[k]
         if op == i + 1:
             assert parent is not None
-            bound, plan = nxt_start, parent.step.exec_plan
+            # its kernel consumes the preload piece by piece: the last piece is due ``slack``
+            # cycles into the execution (ELK §4.5: a preload blocks only the reading execute)
+            plan = parent.step.exec_plan
+            bound = parent.step.start + items[op].slack(plan)
         else:
             bound, plan = res_parent[op][1], res_parent[op][3]
         s = min(bound, later) - items[op].load_time(plan)
@@ -120,7 +119,7 @@ def _stepper(
     spre = tuple(head) + spre_tail
     gate = spre[0] if spre else math.inf
     end = min(nxt_start, gate) if parent is not None else 0.0
-    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
+    last = _last(order, P)
     residents = [j for j in range(i + 1, min(n, last + 1)) if pos[j] < P]
     if pol.max_ahead is not None and len(residents) > pol.max_ahead:
         return None
@@ -140,7 +139,9 @@ def _stepper(
         # with per-core port times, contention is charged per section (see :func:`_lead`)
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
-    every = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+    every = _plain(item) if item.ports else tuple(
+        Option(o.space, cost(e), e) for e, o in enumerate(item.execs)
+    )
     base = every[: item.pareto]
     if pol.fastest_exec:
         base = base[-1:]
@@ -208,12 +209,15 @@ def _stepper(
         j: (j, *res_parent[j]) for j in residents if j != i + 1
     }  # residents other than i + 1 carry over unchanged
 
+    in_base = {o.ref for o in base}
+
     def pick(only: int | None) -> _Got | None:
         execs = base
         if only is not None:
-            execs = tuple(o for o in (execs if only < item.pareto else every) if o.ref == only)
-            if not execs:
+            # ``every[e]`` is plan ``e``; a Pareto plan must also be one ``base`` offers
+            if only >= len(every) or (only < item.pareto and only not in in_base):
                 return None
+            execs = (every[only],)
         if held:
             execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
             if not execs:
@@ -227,13 +231,22 @@ def _stepper(
         dist = groups[1][alloc.choice[1]].time if nxt_res else 0.0
         dur = alloc.time
         start = end - dur
+        # HBM channels serve requests first come first served: an execution reading its input
+        # from HBM (storing its output there) is served after every preload issued before it,
+        # so those preloads end by its start (its end)
+        hbm_due = math.inf
+        if pol.contention and (item.hbm_input or item.hbm_output):
+            hbm_due = start if item.hbm_input else end
         res: list[tuple[int, int, float, int, int]] = []
         for j in residents:
             if j == i + 1:
                 assert parent is not None
-                res.append(
-                    (j, groups[1][alloc.choice[1]].space, end - dist, q, parent.step.exec_plan)
-                )
+                pe = parent.step.exec_plan
+                due = end - dist if dist > 0 else parent.step.start + items[j].slack(pe)
+                res.append((j, groups[1][alloc.choice[1]].space, min(due, hbm_due), q, pe))
+            elif hbm_due < kept_res[j][2]:
+                k = kept_res[j]
+                res.append((j, k[1], hbm_due, k[3], k[4]))
             else:
                 res.append(kept_res[j])
         stall = cost(e) - item.execs[e].time
@@ -274,7 +287,10 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Pol
     head: list[float] = []
     for k in range(first.P - 1, -1, -1):
         op = order[k]
-        bound, plan = (start0, first.exec_plan) if op == 0 else res[op]
+        if op == 0:
+            bound, plan = first.start + items[0].slack(first.exec_plan), first.exec_plan
+        else:
+            bound, plan = res[op]
         v = min(bound, later) - items[op].load_time(plan)
         head.append(v)
         later = v
@@ -341,91 +357,6 @@ def _lows(pos: Sequence[int]) -> list[int]:
     return lo
 
 
-def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]:
-    """What the operators before this step see of it (all larger is better): its start, the
-    preload starts from its ``P`` on, its residents' end bounds and (negated) spaces, and
-    (negated) the size of its core grid, which decides the preloads it waits behind
-    (:func:`_lead`: a grid no larger in any dimension shares cores in no more cases)."""
-    res = st.res
-    it = items[st.step.op]
-    grid: tuple[float, ...] = ()
-    if it.ports and it.grids:
-        r, c = it.grids[st.step.exec_plan]
-        grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
-    own: tuple[float, ...] = ()
-    if pol.plan_branch:  # its own preload as earlier steps schedule it (ELK §4.2)
-        e = st.step.exec_plan
-        own = (-it.load_time(e), -(it.ports[e] if it.ports else 0.0))
-    return (
-        st.step.start,
-        *own,
-        *st.spre,
-        *(bound for _, _, bound, _, _ in res),
-        *(-float(sp) for _, sp, _, _, _ in res),
-        *grid,
-    )
-
-
-def _keep(
-    kept: list[tuple[tuple[float, ...], _State]],
-    vec: tuple[float, ...],
-    st: _State,
-    beam: int | None,
-) -> list[tuple[tuple[float, ...], _State]]:
-    """Add ``st`` to the non-dominated suffixes of one ``(operator, P)``; ``beam`` caps them
-    (best start first)."""
-    eps = 1e-12
-    for v, _ in kept:
-        if all(a >= b - eps for a, b in zip(v, vec)):
-            return kept
-    out = [(v, s) for v, s in kept if not all(a >= b - eps for a, b in zip(vec, v))]
-    out.append((vec, st))
-    if beam is not None and len(out) > beam:
-        out.sort(key=lambda vs: vs[0], reverse=True)
-        out = out[:beam]
-    return out
-
-
-def _sharers(
-    items: Sequence[Item],
-    order: Sequence[int],
-    pos: Sequence[int],
-    i: int,
-    P: int,
-    parent: _State | None,
-    pol: Policy,
-) -> list[tuple[int, ...]]:
-    """Per exec plan of operator ``i`` (``P`` preloads issued, suffix ``parent``): the resident
-    operators whose preloads would queue on the plan's cores (:func:`_lead`; those issued just
-    before ``execute(i)`` are a subset of the residents)."""
-    it = items[i]
-    n = len(items)
-    if parent is None or not it.grids or not it.ports:
-        return [()] * len(it.execs)
-    res = {op: e for op, _, _, _, e in parent.res}
-    last = max((order[k] for k in range(P)), default=-1) if P <= 64 else n - 1
-    held = []
-    for j in range(i + 1, min(n, last + 1)):
-        if pos[j] >= P or not items[j].ports or not items[j].grids:
-            continue
-        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
-        if pj is not None:
-            held.append((j, items[j].grids[pj]))
-    # the resident grids beside this one (:func:`_crowded` over the held operators); the
-    # answer depends only on the plan's grid, and plans often share a grid
-    others = _totals([g for _, g in held])
-    by_grid: dict[tuple[int, int], tuple[int, ...]] = {}
-    out = []
-    for e in range(len(it.execs)):
-        ge = it.grids[e]
-        sig = by_grid.get(ge)
-        if sig is None:
-            crowd = _crowd_with(pol, ge, others)
-            sig = by_grid[ge] = tuple(j for j, g in held if crowd or pol.must_share(ge, g))
-        out.append(sig)
-    return out
-
-
 def _tries(
     items: Sequence[Item],
     order: Sequence[int],
@@ -470,7 +401,7 @@ def _tries(
     it = items[i]
     quick: set[tuple[int, ...]] = set()
     chosen = {sig: st[0].exec_plan for sig, st in out}
-    for e in sorted(range(len(it.execs)), key=lambda e: (it.load_time(e), -e)):
+    for e in _by_load(it):
         if sigs[e] in quick:
             continue
         if chosen.get(sigs[e]) == e:
@@ -493,6 +424,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     pos = _check(items, order)
     lo = _lows(pos)
     cap = _caps(items, pos)
+    _SHARERS.clear()
     bad = next((i for i in range(n) if lo[i] > cap[i]), None)
     if bad is not None:
         raise ElkError(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import lowering.elk_kernels  # noqa: F401  (registers the kernels)
-from elk.cost import Plan, grid
+from elk.cost import CHUNKS, Plan, chunks, grid  # noqa: F401 (CHUNKS: re-export)
 from elk.ops import Operator
 from hwmodel.chip import Chip, MeshNoC
 from lowering.builder import CoreBuilder, ProgramBuilder, region
@@ -226,16 +226,6 @@ def held_output(pl: Placed) -> list[tuple[int, int]]:
     r, c = op.dims
     per = (r // pl.rows) * (c // pl.cols) * e if op.node is None else r * c * e
     return [(core, per) for core in pl.cores]
-
-
-#: Loads a core's preload share is split into: HBM requests of one core are paced by its port,
-#: so several smaller loads let the port and the HBM channels work on different pieces.
-CHUNKS = 8
-
-
-def chunks(extent: int) -> int:
-    """Number of preload pieces of a tile ``extent`` rows long (a divisor, at most CHUNKS)."""
-    return max(d for d in range(1, CHUNKS + 1) if extent % d == 0)
 
 
 def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple, tuple]]:

@@ -67,7 +67,8 @@ def timing_links(
 ) -> dict[str, str]:
     """Operator ``i``'s input activation is operator ``i-1``'s output (ELK §4.5: activations
     stay on chip) when, seen as ``(rows, columns)`` matrices, it is the output's leading
-    columns (the rotary step reads the query and key columns of the QKV projection)."""
+    columns (the rotary step reads the query and key columns of the QKV projection; the
+    planner times the other inputs as HBM reads by the same rule, :func:`elk.ops.input_on_chip`)."""
     links: dict[str, str] = {}
     for prev, op in zip(ops, ops[1:]):
         roles, before = dict(op.tensors), dict(prev.tensors)

@@ -1,0 +1,99 @@
+"""What ELK's cost model needs of a chip (ELK §4.3, §5): worker cores, per-core compute, SRAM
+and port bandwidth, network latency, and the HBM bandwidth the network can deliver (on a mesh
+with edge-attached controllers, what the links next to the edges carry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elk.errors import ElkError
+from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
+
+__all__ = ["ChipCosts"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChipCosts:
+    """What the cost model needs of a chip.  One core (the last) is kept for the execute /
+    preload synchronisation (ELK §4.5), so ``cores`` is one less than the chip's."""
+
+    name: str
+    cores: int
+    flops: float
+    sram: int
+    sram_bw: float
+    port: float
+    net_lat: float
+    hbm_bw: float
+    hbm_peak: float
+    hbm_lat: float
+    mesh: tuple[int, int] | None
+    clock_ghz: float
+
+    @staticmethod
+    def from_chip(chip: Chip, dtype: str = "bf16") -> ChipCosts:
+        noc = chip.noc
+        hbm = chip.hbm
+        cores = chip.num_cores - 1
+        if isinstance(noc, AllToAllNoC):
+            port = min(noc.injection_bytes_per_cycle, noc.ejection_bytes_per_cycle)
+            lat, mesh = float(noc.latency_cycles), None
+            bw = min(hbm.bytes_per_cycle, cores * noc.ejection_bytes_per_cycle)
+        elif isinstance(noc, MeshNoC):
+            # the last mesh row is left to the controller core (ELK §4.5 synchronisation)
+            port, lat = noc.link_bytes_per_cycle, float(noc.hop_latency_cycles)
+            mesh = (noc.rows - 1, noc.cols)
+            cores = mesh[0] * mesh[1]
+            bw = hbm.bytes_per_cycle
+            if hbm.attach_cores:
+                cols = {a % noc.cols for a in hbm.attach_cores}
+                if cols <= {0, noc.cols - 1}:
+                    # edge-attached controllers: all data for the inner columns crosses the
+                    # links next to the edge columns (rows links per edge), plus the edge cores
+                    cut = len(cols) * noc.rows * noc.link_bytes_per_cycle
+                    bw = min(bw, cut * noc.cols / max(1, noc.cols - len(cols)))
+                else:
+                    bw = min(bw, len(hbm.attach_cores) * 4 * noc.link_bytes_per_cycle)
+        else:  # pragma: no cover - closed union
+            raise ElkError(f"chip {chip.name!r}: unknown network {noc!r}")
+        return ChipCosts(
+            chip.name,
+            cores,
+            float(chip.core.flops(dtype)),
+            chip.core.sram_bytes,
+            float(chip.core.sram_bytes_per_cycle),
+            float(port),
+            lat,
+            float(bw),
+            float(hbm.bytes_per_cycle),
+            float(hbm.latency_cycles),
+            mesh,
+            chip.clock_ghz,
+        )
+
+    #: Share of the aggregate SRAM the planner fills: tiles are whole per core, so placing the
+    #: resident operators never balances every core exactly (lowering.elk_programs.place).
+    FILL = 0.95
+
+    @property
+    def capacity(self) -> int:
+        """On-chip bytes the planner may use (``FILL`` of the usable cores' SRAM)."""
+        return int(self.FILL * self.cores * self.sram)
+
+    @property
+    def rho(self) -> float:
+        """Share of a core's port a full-speed preload occupies."""
+        return min(0.9, self.hbm_bw / self.cores / self.port)
+
+    def msg(self, nbytes: float, hops: float = 1.0) -> float:
+        """Cycles of one message of ``nbytes`` over ``hops`` links."""
+        return nbytes / self.port + self.net_lat * hops
+
+    def load(self, total_bytes: float, per_core_bytes: float, pieces: int = 8) -> float:
+        """Cycles to preload ``total_bytes`` spread as ``per_core_bytes`` per core in ``pieces``
+        loads (ELK §4.2: the HBM roofline or the interconnect delivery, whichever is larger;
+        a core's port serialises its pieces, so the first piece's port time is not hidden)."""
+        if total_bytes <= 0:
+            return 0.0
+        port = per_core_bytes / self.port
+        return max(total_bytes / self.hbm_bw, port) + port / pieces + self.hbm_lat + self.net_lat
