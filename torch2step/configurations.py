@@ -10,7 +10,8 @@ inputs from HBM where the previous one stored them.
 
 :func:`split_report` groups greedily by the units each layer operator's STeP subgraph needs
 (a configuration that still does not fit once its buffers are counted is halved), compiles
-each group as its own program, simulates them in order on the values the layer computes, and
+each group as its own program, simulates them in order on the values the layer computes
+(only those that steer a configuration's control are evaluated: :class:`_Values`), and
 returns one report: latency, traffic and FLOPs summed, peak on-chip memory the largest, the
 split printed in the notes.
 """
@@ -89,14 +90,73 @@ def split_layer(layer: LayerGraph, cores: int, options: Any) -> list[list[Node]]
     return groups
 
 
-def _values(layer: LayerGraph, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every value of ``layer`` on ``inputs`` (stand-ins for ``meta`` weights and inputs)."""
-    from torch2step.layers.evaluate import evaluate
+class _Values:
+    """The values of ``layer`` on stand-ins (for ``meta`` weights and inputs), each computed on
+    first request with what it depends on, and kept.
 
-    names = [o for n in layer.nodes for o in n.outputs]
-    every = replace(layer, params=standin_params(layer.params), outputs=names, single_output=False)
-    ins = standin_inputs(inputs)
-    return {**dict(zip(layer.inputs, ins)), **dict(zip(names, evaluate(every, *ins)))}
+    A configuration's timing run reads only the inputs that steer its control (the router's
+    logits, the KV lengths: :func:`torch2step.step.timing_only.inert_tensors`); the others are
+    fed as zero-stride placeholders whatever they hold, so :meth:`inputs` gives those a
+    ``meta`` tensor of their shape and the layer operators that only they depend on (the
+    experts, most matrix products) are never evaluated — a timing report computes values
+    only where they steer control."""
+
+    def __init__(self, layer: LayerGraph, inputs: Sequence[torch.Tensor]) -> None:
+        from torch2step.layers.evaluate import dim_sizes
+
+        self.layer = layer
+        self.env: dict[str, torch.Tensor] = standin_params(layer.params)
+        self.env.update(zip(layer.inputs, standin_inputs(inputs)))
+        self.dims = dim_sizes(layer, self.env)
+        self.producer = {o: n for n in layer.nodes for o in n.outputs}
+
+    def value(self, name: str) -> torch.Tensor:
+        """The value ``name``, evaluating the operators it depends on that are not yet."""
+        from torch2step.layers.evaluate import evaluate_node
+
+        todo = [name]
+        while todo:  # depth first, without recursion
+            v = todo[-1]
+            if v in self.env:
+                todo.pop()
+                continue
+            node = self.producer[v]
+            missing = [i for i in node.inputs if i not in self.env]
+            if missing:
+                todo.extend(missing)
+                continue
+            outs = evaluate_node(node, [self.env[i] for i in node.inputs], self.dims)
+            self.env.update(zip(node.outputs, outs))
+        return self.env[name]
+
+    def shaped(self, name: str) -> torch.Tensor:
+        """A ``meta`` tensor of the shape and element type of ``name`` (no values)."""
+        from torch2step.layers.evaluate import _concrete
+        from torch2step.layers.graph import torch_dtype
+
+        ty = self.layer.types[name]
+        return torch.empty(
+            _concrete(ty.shape, self.dims), dtype=torch_dtype(ty.dtype), device="meta"
+        )
+
+    def inputs(self, sub: LayerGraph, lowered: Any) -> tuple[torch.Tensor, ...]:
+        """``sub``'s inputs for its timing run: values where they steer control (or may be read
+        outside the off-chip tensors, e.g. the KV lengths of the report's notes), ``meta``
+        tensors for the inputs whose off-chip tensors are inert."""
+        from torch2step.step.timing_only import inert_tensors
+
+        opts = lowered.options
+        if opts.attn_regions is not None and opts.attn_assign == "dynamic":
+            inert: frozenset[str] = frozenset()  # the dispatcher reads the inputs themselves
+        else:
+            inert = inert_tensors(lowered.program)
+        read = {n.inputs[3] for n in sub.ops(L.Attention) if len(n.inputs) > 3}
+        out = []
+        for v in sub.inputs:
+            p = lowered.placed.get(v)
+            steers = v in self.env or v in read or p is None or p.tensor.name not in inert
+            out.append(self.value(v) if steers else self.shaped(v))
+        return tuple(out)
 
 
 def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> Any:
@@ -108,14 +168,15 @@ def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> An
     layer, chip = prog.layer, prog.chip
     opts = prog.lowered.options
     inputs = tuple(inputs) or prog.example_inputs
-    env = {**standin_params(layer.params), **_values(layer, inputs)}
+    values = _Values(layer, inputs)
     pending = split_layer(layer, chip.num_cores, opts)
     reports, lines, parts = [], [], []
     while pending:
         group = pending.pop(0)
         k = len(reports) + 1
         sub = subgraph(layer, group, f"{layer.name}_config{k}")
-        part = Program(sub, lower(sub, opts), chip, tuple(env[v] for v in sub.inputs))
+        lowered = lower(sub, opts)
+        part = Program(sub, lowered, chip, values.inputs(sub, lowered))
         part.split = False  # a part that does not fit is halved here, not split again
         args = dict(kwargs)
         if not any(isinstance(n.op, L.TopKRouting) for n in group):

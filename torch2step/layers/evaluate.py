@@ -6,18 +6,25 @@ use it to show that raising kept the model's meaning before anything is lowered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from torch2step.errors import FrontendError
 from torch2step.layers import ops as L
-from torch2step.layers.graph import LayerGraph, torch_dtype
+from torch2step.layers.graph import LayerGraph, Node, torch_dtype
 from torch2step.layers.stack import Repeat, evaluate_repeat
 from torch2step.step.fn_library_layers import rope_inv_freq
 
-__all__ = ["evaluate", "EVALUATORS", "rotary_cos_sin", "attention_mask"]
+__all__ = [
+    "evaluate",
+    "evaluate_node",
+    "dim_sizes",
+    "EVALUATORS",
+    "rotary_cos_sin",
+    "attention_mask",
+]
 
 Fn = Callable[[object, Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
 
@@ -186,22 +193,31 @@ def evaluate(graph: LayerGraph, *inputs: torch.Tensor) -> torch.Tensor | tuple[t
         raise FrontendError(f"{graph.name}: expected {len(graph.inputs)} inputs, got {len(inputs)}")
     env: dict[str, torch.Tensor] = dict(graph.params)
     env.update(zip(graph.inputs, inputs))
-    dims = {sym: int(env[name].shape[axis]) for sym, (name, axis) in graph.dims.items()}
+    dims = dim_sizes(graph, env)
     for node in graph.nodes:
-        args = [env[i] for i in node.inputs]
-        op = node.op
-        if isinstance(op, L.Reshape):
-            outs: tuple[torch.Tensor, ...] = (args[0].reshape(_concrete(op.shape, dims)),)
-        elif isinstance(op, L.Arange):
-            start, end = _concrete([op.start, op.end], dims)
-            outs = (torch.arange(start, end, dtype=torch.int64),)
-        elif isinstance(op, L.Slice):
-            start, end = _concrete([op.start, op.end], dims)
-            outs = (args[0].narrow(op.dim, start, end - start),)
-        elif isinstance(op, Repeat):
-            outs = evaluate_repeat(op, args)
-        else:
-            outs = EVALUATORS[type(op)](op, args)
-        env.update(zip(node.outputs, outs))
+        env.update(zip(node.outputs, evaluate_node(node, [env[i] for i in node.inputs], dims)))
     result = tuple(env[o] for o in graph.outputs)
     return result[0] if graph.single_output else result
+
+
+def dim_sizes(graph: LayerGraph, env: Mapping[str, torch.Tensor]) -> dict[object, int]:
+    """The size of each of ``graph``'s dynamic dimensions, read from the values in ``env``."""
+    return {sym: int(env[name].shape[axis]) for sym, (name, axis) in graph.dims.items()}
+
+
+def evaluate_node(
+    node: Node, args: Sequence[torch.Tensor], dims: dict[object, int]
+) -> tuple[torch.Tensor, ...]:
+    """The outputs of one layer operator on ``args`` (``dims``: :func:`dim_sizes`)."""
+    op = node.op
+    if isinstance(op, L.Reshape):
+        return (args[0].reshape(_concrete(op.shape, dims)),)
+    if isinstance(op, L.Arange):
+        start, end = _concrete([op.start, op.end], dims)
+        return (torch.arange(start, end, dtype=torch.int64),)
+    if isinstance(op, L.Slice):
+        start, end = _concrete([op.start, op.end], dims)
+        return (args[0].narrow(op.dim, start, end - start),)
+    if isinstance(op, Repeat):
+        return evaluate_repeat(op, args)
+    return EVALUATORS[type(op)](op, args)

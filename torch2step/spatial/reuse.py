@@ -76,29 +76,56 @@ def control_signature(graph: Program, run: RunResult) -> str:
 class PlanCache:
     """Plans of one graph by :func:`control_signature` of their run (at most ``size``, the
     least recently used dropped first); ``built`` / ``reused`` count what :meth:`simulate`
-    did."""
+    did.
+
+    The first plan of a graph and chip is kept unsigned, with its run: a single report never
+    needs a signature (nothing to compare it with), so the digest of every stream's elements
+    is computed only when a second run of the same graph and chip asks for a plan."""
 
     def __init__(self, size: int = 4) -> None:
         self.size = size
         self.plans: OrderedDict[Hashable, SpatialPlan] = OrderedDict()
         self.built = 0
         self.reused = 0
+        # (graph id, chip id) -> (run, key) of the first plan, stored under a key not yet signed
+        self._unsigned: dict[tuple[int, int], tuple[RunResult, Hashable]] = {}
+
+    def _sign_first(self, graph: Program, base: tuple[int, int]) -> None:
+        """Key the first plan of ``base`` by its run's signature (a second run has come)."""
+        first = self._unsigned.pop(base, None)
+        if first is None:
+            return
+        run, token = first
+        plan = self.plans.pop(token, None)
+        if plan is not None:  # not dropped meanwhile
+            self.plans[(*base, control_signature(graph, run))] = plan
 
     def plan_for(self, graph: Program, chip: Chip, run: RunResult) -> tuple[SpatialPlan, bool]:
         """The plan of ``run``'s signature and whether it was reused: built the first time,
         after that the same programs with ``run``'s integer tensors."""
-        key = (id(graph), id(chip), control_signature(graph, run))
+        base = (id(graph), id(chip))
+        if not any(k[:2] == base for k in self.plans):  # the first run of graph on chip
+            self._unsigned.pop(base, None)
+            key: Hashable = (*base, object())  # signed when a second run comes
+            self._unsigned[base] = (run, key)
+            return self._build(key, graph, chip, run), False
+        self._sign_first(graph, base)
+        key = (*base, control_signature(graph, run))
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = build_plan(graph, chip, run)
-            self.built += 1
-            while len(self.plans) > self.size:
-                self.plans.popitem(last=False)
-            return plan, False
+            return self._build(key, graph, chip, run), False
         self.plans.move_to_end(key)
         self.reused += 1
         inputs = int_contents(tensor_layouts(graph, run), run.tensors)
         return dataclasses.replace(plan, inputs=inputs), True
+
+    def _build(self, key: Hashable, graph: Program, chip: Chip, run: RunResult) -> SpatialPlan:
+        plan = self.plans[key] = build_plan(graph, chip, run)
+        self.built += 1
+        while len(self.plans) > self.size:
+            dropped, _ = self.plans.popitem(last=False)
+            self._unsigned = {b: f for b, f in self._unsigned.items() if f[1] != dropped}
+        return plan
 
     def simulate(
         self,
