@@ -38,7 +38,7 @@ from lowering.kernels import get_kernel
 from runtime import ops, ops_comm, ops_control
 from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
-from runtime.layout import HbmLayout
+from runtime.layout import HbmLayout, TensorInfo
 from runtime.network import Fabric
 from runtime.state import Buf, ChanState, Core, Group, fifo_depth
 
@@ -91,8 +91,9 @@ def compile_programs(
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
     costs: dict[tuple, tuple] = {}
+    regions: dict[tuple, tuple] = {}
     compilers = [
-        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where, costs)
+        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where, costs, regions)
         for prog in ps.programs
     ]
     for comp, prog in zip(compilers, ps.programs):
@@ -116,8 +117,12 @@ class _Compiler:
         fast: bool,
         where: str,
         costs: dict[tuple, tuple],
+        regions: dict[tuple, tuple],
     ):
         self.costs = costs  # (kernel, params, dtype, outputs) -> (kernel, params, costs), shared
+        self.regions = regions  # (region, tensor shape) -> compiled region (:meth:`region`), shared
+        self.routed_load = False  # this core's HBM routes are built (:meth:`routes`)
+        self.routed_store = False
         self.loads: set[str] = set()
         self.stores: set[str] = set()
         self.values: set[str] = set()
@@ -199,51 +204,71 @@ class _Compiler:
         self.code.append(self.compute(ins))
 
     def _mem(self, ins: Load | Store) -> None:
-        code, make = self.code, ops.make
         info = self.tensor(ins, ins.tensor)
-        buf = self.buf(ins.dst if isinstance(ins, Load) else ins.src)
-        if ins.region is None:
-            starts, extents, fixed = None, None, ((0,) * len(info.shape), info.shape)
+        load = ins.__class__ is Load
+        # a region's compiled form depends on the region and the tensor's shape only, so equal
+        # regions (the same slice of every layer's weights, of every core's operand) are
+        # compiled and checked once per program set
+        key = (ins.region, info.shape)
+        try:
+            hit = self.regions.get(key)
+        except TypeError:  # an unhashable region operand
+            key, hit = None, None
+        if hit is None:
+            hit = self.region(ins, info)
+            if key is not None:
+                self.regions[key] = hit
+        starts, extents, fixed, cext = hit
+        if load:
+            self.loads.add(info.name)
+            if not self.routed_load:
+                self.routes(True)
+                self.routed_load = True
         else:
-            r = ins.region
-            if len(r.starts) != len(info.shape) or len(r.extents) != len(info.shape):
-                raise self.fail(
-                    ins,
-                    f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
-                )
-            starts = tuple(ops.expr(s) for s in r.starts)
-            extents = tuple(ops.expr(e) for e in r.extents)
-            fixed = None
-            if all(not e[1] for e in starts + extents):
-                s = tuple(e[0] for e in starts)
-                x = tuple(e[0] for e in extents)
-                if any(a < 0 or b < 0 or a + b > d for a, b, d in zip(s, x, info.shape)):
-                    raise self.fail(
-                        ins,
-                        f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
-                    )
-                fixed = (s, x)
-        load = isinstance(ins, Load)
-        fn = ops_comm.h_load if load else ops_comm.h_store
-        (self.loads if load else self.stores).add(info.name)
-        self.routes(load)
-        acc = isinstance(ins, Store) and ins.accumulate
-        code.append(
-            make(
-                ops_comm.OpMem,
-                fn,
+            self.stores.add(info.name)
+            if not self.routed_store:
+                self.routes(False)
+                self.routed_store = True
+        self.code.append(
+            _MEM(
+                ops_comm.h_load if load else ops_comm.h_store,
                 ins,
-                buf=buf,
+                buf=self.buf(ins.dst if load else ins.src),
                 info=info,
                 starts=starts,
                 extents=extents,
                 fixed=fixed,
-                cext=None
-                if extents is None or any(e[1] for e in extents)
-                else tuple(e[0] for e in extents),
-                accumulate=acc,
+                cext=cext,
+                accumulate=not load and ins.accumulate,
             )
         )
+
+    def region(self, ins: Load | Store, info: TensorInfo) -> tuple:
+        """``(starts, extents, fixed, cext)`` of a Load's or Store's region of tensor ``info``:
+        compiled expressions (``None``: the whole tensor), the constant ``(starts, extents)``
+        when there are no register operands, and the constant extents; bounds-checked."""
+        if ins.region is None:
+            return None, None, ((0,) * len(info.shape), info.shape), None
+        r = ins.region
+        if len(r.starts) != len(info.shape) or len(r.extents) != len(info.shape):
+            raise self.fail(
+                ins,
+                f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
+            )
+        starts = tuple(ops.expr(s) for s in r.starts)
+        extents = tuple(ops.expr(e) for e in r.extents)
+        fixed = None
+        if all(not e[1] for e in starts + extents):
+            s = tuple(e[0] for e in starts)
+            x = tuple(e[0] for e in extents)
+            if any(a < 0 or b < 0 or a + b > d for a, b, d in zip(s, x, info.shape)):
+                raise self.fail(
+                    ins,
+                    f"region starts={s} extents={x} is outside tensor {info.name!r} of shape {info.shape}",
+                )
+            fixed = (s, x)
+        cext = None if any(e[1] for e in extents) else tuple(e[0] for e in extents)
+        return starts, extents, fixed, cext
 
     def _send(self, ins: Send | SendValue) -> None:
         send = isinstance(ins, Send)
@@ -445,6 +470,8 @@ _SIZES: dict[tuple, tuple[tuple[int, ...], int, int]] = {}
 _ALLOC = ops.builder(ops.OpAlloc)
 _FREE = ops.builder(ops.OpFree)
 _COMPUTE = ops.builder(ops.OpCompute)
+_MEM = ops.builder(ops_comm.OpMem)
+_MEM = ops.builder(ops_comm.OpMem)
 
 _HANDLERS = {
     Compute: _Compiler._compute,
