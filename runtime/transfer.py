@@ -201,18 +201,34 @@ class Transfers:
         plan = self.hbm_plans.get(id(split))
         if plan is None or plan[0] != self.hver:
             plan = self._plan(split)
-        cfree, cbusy, rate = self.cfree, self.cbusy, self.hrate
+        cfree, cbusy = self.cfree, self.cbusy
         cbytes, ccnt = self.cbytes, self.ccnt
         classes = plan[1]
         self.n_cls += len(classes)
         first = math.inf
         last = arrive if arrive > tail else tail
         rt = self.rtrace
-        span: dict[int, tuple] | None = None if rt is None else {}
-        for k, b in classes:  # the rule of _stage, per class
+        if rt is None:
+            for k, b, d in classes:  # the rule of _stage, per class (d: b / rate)
+                f = cfree[k]
+                start = arrive if arrive > f else f
+                end = start + d
+                if tail > end:
+                    end = tail
+                cfree[k] = end
+                cbusy[k] += end - start
+                cbytes[k] += b
+                ccnt[k] += 1
+                if start < first:
+                    first = start
+                if end > last:
+                    last = end
+            return (first if classes else arrive), last
+        span: dict[int, tuple] = {}
+        for k, b, d in classes:
             f = cfree[k]
             start = arrive if arrive > f else f
-            end = start + b / rate
+            end = start + d
             if tail > end:
                 end = tail
             cfree[k] = end
@@ -223,17 +239,16 @@ class Transfers:
                 first = start
             if end > last:
                 last = end
-            if span is not None:
-                span[k] = (start, end)
-        if span is not None:  # one entry per channel, in channel order
-            cls, chan_res, label = self.cls_of, self.chan_res, x.label
-            for c, _ in x.split:
-                rt.append((chan_res[c], *span[cls[c]], label))
+            span[k] = (start, end)
+        # one trace entry per channel, in channel order
+        cls, chan_res, label = self.cls_of, self.chan_res, x.label
+        for c, _ in x.split:
+            rt.append((chan_res[c], *span[cls[c]], label))
         return (first if classes else arrive), last
 
     def _plan(self, split: tuple) -> tuple:
-        """``(version, ((class, bytes per member), ...))`` for ``split``, refining the channel
-        classes so that every class it touches is covered whole with equal bytes."""
+        """``(version, ((class, bytes per member, bytes / rate), ...))`` for ``split``, refining
+        the channel classes so that every class it touches is covered whole with equal bytes."""
         cls = self.cls_of
         want: dict[int, dict] = {}
         for c, b in split:
@@ -260,13 +275,14 @@ class Transfers:
                     cls[c] = n
         if changed:
             self.hver += 1
-        plan: list[tuple[int, int]] = []
+        plan: list[tuple[int, int, float]] = []
         seen: set[int] = set()
+        rate = self.hrate
         for c, b in split:
             k = cls[c]
             if k not in seen:
                 seen.add(k)
-                plan.append((k, b))
+                plan.append((k, b, b / rate))
         hit = (self.hver, tuple(plan))
         self.hbm_plans[id(split)] = hit
         return hit
