@@ -273,8 +273,7 @@ class _Compiler:
     def _send(self, ins: Send | SendValue) -> None:
         send = isinstance(ins, Send)
         self.code.append(
-            ops.make(
-                ops_comm.OpSend,
+            _SEND(
                 ops_comm.h_send,
                 ins,
                 chan=self.chan(ins, ins.channel, True),
@@ -284,13 +283,12 @@ class _Compiler:
         )
 
     def _recv(self, ins: Recv | RecvValue) -> None:
-        code, make = self.code, ops.make
+        code = self.code
         ch = self.chan(ins, ins.channel, False)
         end = ch.ends[ch.dsts.index(self.core.id)]
         if isinstance(ins, Recv):
             code.append(
-                make(
-                    ops_comm.OpRecv,
+                _RECV(
                     ops_comm.h_recv if ins.stop is None else ops_comm.h_recvstop,
                     ins,
                     end=end,
@@ -299,9 +297,7 @@ class _Compiler:
                 )
             )
         else:
-            code.append(
-                make(ops_comm.OpRecv, ops_comm.h_recvvalue, ins, end=end, buf=None, reg=ins.reg)
-            )
+            code.append(_RECV(ops_comm.h_recvvalue, ins, end=end, buf=None, reg=ins.reg))
 
     def _loadvalue(self, ins: LoadValue) -> None:
         code, make = self.code, ops.make
@@ -471,7 +467,8 @@ _ALLOC = ops.builder(ops.OpAlloc)
 _FREE = ops.builder(ops.OpFree)
 _COMPUTE = ops.builder(ops.OpCompute)
 _MEM = ops.builder(ops_comm.OpMem)
-_MEM = ops.builder(ops_comm.OpMem)
+_SEND = ops.builder(ops_comm.OpSend)
+_RECV = ops.builder(ops_comm.OpRecv)
 
 _HANDLERS = {
     Compute: _Compiler._compute,
