@@ -72,7 +72,7 @@ class ChipCosts:
         )
 
     #: Share of the aggregate SRAM the planner fills: tiles are whole per core, so placing the
-    #: resident operators never balances every core exactly (lowering.elk_programs.place).
+    #: resident operators never balances every core exactly (lowering.elk_placement.place).
     FILL = 0.95
 
     @property

@@ -436,7 +436,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
 
 
 def grid(p: Plan) -> tuple[int, int]:
-    """The core grid (rows, columns) a plan's tiles occupy (as :mod:`lowering.elk_programs`
+    """The core grid (rows, columns) a plan's tiles occupy (as :mod:`lowering.elk_placement`
     places them)."""
     if p.kind == "matmul":
         return p.tiles[1], p.tiles[2]

@@ -255,7 +255,7 @@ def plan_model(
 
 def _core_peak(s: ElkSchedule, chip: Chip) -> int:
     """Most bytes any core holds at once when ``s`` is placed on ``chip``."""
-    from lowering.elk_programs import core_peaks  # lowering builds on elk: import when used
+    from lowering.elk_placement import core_peaks  # lowering builds on elk: import when used
 
     n = len(s.ops)
     peaks = core_peaks(chip, s.ops, s.plans, s.order, s.issued)

@@ -11,7 +11,8 @@ from elk.cost import ChipCosts, item_for
 from elk.ops import decode_step_ops
 from hwmodel.presets import load_chip
 from lowering.builder import ProgramBuilder
-from lowering.elk_programs import _preload, elk_programs, place
+from lowering.elk_placement import place
+from lowering.elk_programs import _preload, elk_programs
 from models.registry import get_layer
 from runtime import simulate
 from torch2step.kernel.build import bind_timing
@@ -154,7 +155,7 @@ def test_activations_stay_on_chip_between_operators() -> None:
 def test_held_output_tiles_count_in_core_peaks() -> None:
     """ELK §4.5: an operator's output tiles stay on its cores until the next operator has
     gathered them, so the per-core SRAM check counts them in the next section."""
-    from lowering.elk_programs import _place, held_output
+    from lowering.elk_placement import _place, held_output
 
     chip = load_chip("ipu-hbm")
     costs = ChipCosts.from_chip(chip)

@@ -3,7 +3,7 @@
 ``bind_timing`` gives every operator of a shapes-only list (no weights: timing mode) its own
 input, preloaded and output tensors; the layer-graph path (:mod:`torch2step.kernel.graph`) binds
 real values instead.  Matrix weights are declared in the tile-major layout of the chosen plan
-(:func:`lowering.elk_programs.tile_major`).
+(:func:`lowering.elk_placement.tile_major`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from elk.cost import Plan
 from elk.ops import Operator
 from elk.plan import ElkSchedule
 from hwmodel.chip import Chip
-from lowering.elk_programs import elk_programs, weight_shape
+from lowering.elk_placement import weight_shape
+from lowering.elk_programs import elk_programs
 from lowering.isa import ProgramSet
 from runtime import gc_paused
 

@@ -17,7 +17,7 @@ import torch
 
 from elk.plan import ElkSchedule, plan_model
 from hwmodel.chip import Chip
-from lowering.elk_programs import tile_major
+from lowering.elk_placement import tile_major
 from lowering.isa import ProgramSet
 from torch2step.errors import LoweringError
 from torch2step.kernel.build import build_programs

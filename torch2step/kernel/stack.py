@@ -23,7 +23,8 @@ import torch
 
 from elk.plan import ElkSchedule, plan_model
 from hwmodel.chip import Chip
-from lowering.elk_programs import elk_programs, tile_major
+from lowering.elk_placement import tile_major
+from lowering.elk_programs import elk_programs
 from lowering.isa import ProgramSet
 from runtime import gc_paused
 from torch2step.errors import LoweringError
