@@ -314,7 +314,7 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
 
 
 @lru_cache(maxsize=4096)
-def _plans(
+def _generated(
     c: ChipCosts,
     kind: str,
     dims: tuple[int, ...],
@@ -324,6 +324,8 @@ def _plans(
     reduce: bool = False,
     whole: bool = False,
 ) -> tuple[Plan, ...]:
+    """Every partition plan the generator of ``kind`` makes for the operator these fields
+    describe (the input of :func:`_plans` and :func:`_quicker_loads`)."""
     op = Operator(
         "p",
         kind,  # type: ignore[arg-type]
@@ -335,7 +337,21 @@ def _plans(
         node="whole" if whole else None,
     )
     gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
-    plans = gen(c, op)
+    return tuple(gen(c, op))
+
+
+@lru_cache(maxsize=4096)
+def _plans(
+    c: ChipCosts,
+    kind: str,
+    dims: tuple[int, ...],
+    dtype: str,
+    fpe: int,
+    pbytes: int,
+    reduce: bool = False,
+    whole: bool = False,
+) -> tuple[Plan, ...]:
+    plans = _generated(c, kind, dims, dtype, fpe, pbytes, reduce, whole)
     if not plans:
         raise ElkError(
             f"{kind} operator {dims} has no partition plan whose tile fits one core's "
@@ -362,23 +378,12 @@ def _quicker_loads(
     load a port-bound operator sooner and queue less on each core); the fastest of each
     preload time, space ascending."""
     front = _plans(c, kind, dims, dtype, fpe, pbytes, reduce, whole)
-    op = Operator(
-        "p",
-        kind,  # type: ignore[arg-type]
-        dims,
-        dtype,
-        flops_per_elem=fpe,
-        param_bytes=pbytes,
-        row_reduce=reduce,
-        node="whole" if whole else None,
-    )
-    gen = {"matmul": _matmul, "attention": _attention, "vector": _vector}[kind]
 
     def load(p: Plan) -> float:
         return c.load(p.preload_space, p.preload_space / max(1, p.cores))
 
     best: dict[float, Plan] = {}
-    for p in gen(c, op):
+    for p in _generated(c, kind, dims, dtype, fpe, pbytes, reduce, whole):
         if p in front:
             continue
         lp = load(p)

@@ -208,24 +208,8 @@ class Transfers:
         first = math.inf
         last = arrive if arrive > tail else tail
         rt = self.rtrace
-        if rt is None:
-            for k, b, d in classes:  # the rule of _stage, per class (d: b / rate)
-                f = cfree[k]
-                start = arrive if arrive > f else f
-                end = start + d
-                if tail > end:
-                    end = tail
-                cfree[k] = end
-                cbusy[k] += end - start
-                cbytes[k] += b
-                ccnt[k] += 1
-                if start < first:
-                    first = start
-                if end > last:
-                    last = end
-            return (first if classes else arrive), last
-        span: dict[int, tuple] = {}
-        for k, b, d in classes:
+        span: dict[int, tuple] | None = None if rt is None else {}
+        for k, b, d in classes:  # the rule of _stage, per class (d: b / rate)
             f = cfree[k]
             start = arrive if arrive > f else f
             end = start + d
@@ -239,7 +223,10 @@ class Transfers:
                 first = start
             if end > last:
                 last = end
-            span[k] = (start, end)
+            if span is not None:
+                span[k] = (start, end)
+        if rt is None or span is None:
+            return (first if classes else arrive), last
         # one trace entry per channel, in channel order
         cls, chan_res, label = self.cls_of, self.chan_res, x.label
         for c, _ in x.split:
