@@ -39,6 +39,7 @@ from torch2step.step.types import TileType
 from .streams import StreamInfo
 from .structure import Structure
 from .timing import TimingModel, UnitConfig
+from .unit_reuse import Deps
 
 __all__ = ["TensorLayout", "EmitCtx", "int_contents", "tensor_layouts", "tile_of"]
 
@@ -149,11 +150,16 @@ class EmitCtx:
     bindings: Mapping[str, Any]
     layouts: dict[str, TensorLayout]
     configs: Mapping[str, UnitConfig] = field(default_factory=dict)
+    #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
+    deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def stream(self, v: Value | str) -> StreamInfo:
         """The run's contents of a stream."""
-        return self.streams[v if isinstance(v, str) else v.name]
+        name = v if isinstance(v, str) else v.name
+        if self.deps is not None:
+            self.deps.streams[name] = None
+        return self.streams[name]
 
     def config(self, op: Op) -> UnitConfig:
         """The unit configuration of node ``op`` (default: :class:`UnitConfig()`)."""
@@ -166,9 +172,12 @@ class EmitCtx:
         if env is None:
             env = self._env = normalise_env(self.bindings)
         try:
-            return int(evaluate_bound(sp.sympify(expr), env))
+            value = int(evaluate_bound(sp.sympify(expr), env))
         except Exception as e:
             raise LoweringError(f"{what}: {e}") from None
+        if self.deps is not None:
+            self.deps.evals.append((expr, value))
+        return value
 
 
 _DEFAULT = UnitConfig()

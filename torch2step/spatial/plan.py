@@ -44,7 +44,12 @@ What is still baked from the run: each expert's token count in the units after t
 the stop token's count), EagerMerge's chunk order, and in decode attention everything from the
 KV-tile addresses on (the cursor tiles carry no values in timing mode, so the tile count and
 rows of each request are the run's).  :mod:`.reuse` therefore keys a plan by the run's control
-signature, and ``Program.report`` re-plans only for a new one.  Making those units
+signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
+the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
+program is kept with the streams and size expressions its emitter read), so a new routing
+emits again only the units of the experts whose token count changed and the routing units
+(whose bodies come out the same, but whose message bookkeeping reads the routing), and a new
+KV-length set only the units from the KV-tile addresses on.  Making those units
 run-independent needs, besides ``Recv(..., stop=reg)`` (a loop over a stream of unknown length
 ends on the Partition's stop token, which carries the count):
 
@@ -94,6 +99,7 @@ from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
+from .unit_reuse import Deps, StreamDigests, UnitCache
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan"]
 
@@ -177,16 +183,19 @@ def build_plan(
     walk: str = "hilbert",
     wires: Iterable[str] = DEFAULT_WIRES,
     fifo_depth: int | None = None,
+    units: UnitCache | None = None,
 ) -> SpatialPlan:
     """Placed per-core programs for ``graph`` on ``chip`` driven by ``run`` (see the module
-    docstring).  ``configs`` maps node names to :class:`UnitConfig`.
+    docstring).  ``configs`` maps node names to :class:`UnitConfig`; ``units``: unit programs
+    of earlier runs, taken as they are where this run is the same for them (and this run's
+    new ones kept), :mod:`.unit_reuse`.
 
     The cyclic garbage collector is paused meanwhile: generation allocates many small acyclic
     objects, and every collection would rescan the run's large stream contents."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build_plan(graph, load_chip(chip), run, configs, walk, wires, fifo_depth)
+        return _build_plan(graph, load_chip(chip), run, configs, walk, wires, fifo_depth, units)
     finally:
         if enabled:
             gc.enable()
@@ -200,7 +209,9 @@ def _build_plan(
     walk: str,
     wires: Iterable[str],
     fifo_depth: int | None,
+    units: UnitCache | None = None,
 ) -> SpatialPlan:
+    wires = tuple(wires)
     st = analyse(graph, wires)
     streams = build_streams(st, run)
     timing = TimingModel(c)
@@ -252,6 +263,14 @@ def _build_plan(
                 notify[src] = ch
     bodies = []
     infos = []
+    digests = StreamDigests(streams)
+    if units is not None:
+        setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
+        units.bind(setup, ctx.layouts)
+
+    def has_dsts(ch: str) -> bool:
+        return ch in dsts
+
     for k, ops in enumerate(st.units):
         emit = EMITTERS.get(type(ops[0]))
         if emit is None:
@@ -259,16 +278,27 @@ def _build_plan(
                 f"no spatial unit program for {ops[0].op_name} %{ops[0].name}; emitters exist for "
                 f"{', '.join(sorted(t.__name__ for t in EMITTERS))}"
             )
+        unit_stops = {ch: streams[ch].messages for ch in reads[k] & stops}
+        key = (frozenset(reads[k]), tuple(sorted(unit_stops.items())))
+        hit = units.lookup(k, key, ctx, digests, has_dsts) if units is not None else None
+        if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
+            bodies.append(hit.body)
+            infos.append(hit.info)
+            continue
+        deps = ctx.deps = Deps()
         b = UnitBuilder(
             ops[0].name,
             timing,
-            lambda ch: ch in dsts,
+            deps.tracking(has_dsts),
             lambda ch, k=k: unit_of_chan.get(ch) == k,
             waits[k],
             notify.get(k),
-            {ch: streams[ch].messages for ch in reads[k] & stops},
+            unit_stops,
         )
-        emit(ctx, b, ops)
+        try:
+            emit(ctx, b, ops)
+        finally:
+            ctx.deps = None
         _check_unit_inputs(b, ctx, reads[k], stops)
         _check_unit_outputs(b, ctx, sends.get(k, ()), stops)
         bodies.append(b.body())
@@ -283,6 +313,8 @@ def _build_plan(
                 b.sent,
             )
         )
+        if units is not None:
+            units.store(k, key, deps, digests, bodies[-1], infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     channels = tuple(

@@ -13,6 +13,14 @@ same layer reported again, another batch of embeddings with the same routing —
 :class:`PlanCache` builds a plan once per signature and rebinds the new run's integer tensors
 (the control data the programs read, ``SpatialPlan.inputs``).
 
+A run with a new signature gets a new plan, assembled unit by unit: :class:`PlanCache` keeps a
+:class:`~.unit_reuse.UnitCache` per graph and chip, so the new plan takes the programs of the
+units the new run does not change (the same instruction tuples) and emits only the others
+(:mod:`.unit_reuse`); the plan so assembled is the one :func:`~.plan.build_plan` gives.  This
+is the fallback for what the units are still specialised to (:mod:`.plan`): once a unit reads
+its trip counts from the stop tokens it receives, its recorded run holds no count, and every
+routing takes its program as it is.
+
 A cached plan is the one before FIFO deepening (:mod:`.fifos`): a reused run deepens the same
 channels again, so it reports the same deepened channels and FIFO bytes as a fresh plan.
 """
@@ -36,6 +44,7 @@ from .plan import SpatialPlan, build_plan
 from .result import SpatialResult
 from .simulate import simulate_plan
 from .streams import element_parts, iter_nodes
+from .unit_reuse import UnitCache
 
 __all__ = ["control_signature", "PlanCache"]
 
@@ -75,8 +84,8 @@ def control_signature(graph: Program, run: RunResult) -> str:
 
 class PlanCache:
     """Plans of one graph by :func:`control_signature` of their run (at most ``size``, the
-    least recently used dropped first); ``built`` / ``reused`` count what :meth:`simulate`
-    did.
+    least recently used dropped first); ``built`` / ``reused`` count the plans built and taken
+    as they were, :meth:`units` the unit programs a new plan takes from earlier ones.
 
     The first plan of a graph and chip is kept unsigned, with its run: a single report never
     needs a signature (nothing to compare it with), so the digest of every stream's elements
@@ -89,6 +98,7 @@ class PlanCache:
         self.reused = 0
         # (graph id, chip id) -> (run, key) of the first plan, stored under a key not yet signed
         self._unsigned: dict[tuple[int, int], tuple[RunResult, Hashable]] = {}
+        self._units: dict[tuple[int, int], UnitCache] = {}
 
     def _sign_first(self, graph: Program, base: tuple[int, int]) -> None:
         """Key the first plan of ``base`` by its run's signature (a second run has come)."""
@@ -119,8 +129,16 @@ class PlanCache:
         inputs = int_contents(tensor_layouts(graph, run), run.tensors)
         return dataclasses.replace(plan, inputs=inputs), True
 
+    def units(self, graph: Program, chip: Chip) -> UnitCache:
+        """The unit programs kept for ``graph`` on ``chip`` (:mod:`.unit_reuse`)."""
+        base = (id(graph), id(chip))
+        cache = self._units.get(base)
+        if cache is None:
+            cache = self._units[base] = UnitCache()
+        return cache
+
     def _build(self, key: Hashable, graph: Program, chip: Chip, run: RunResult) -> SpatialPlan:
-        plan = self.plans[key] = build_plan(graph, chip, run)
+        plan = self.plans[key] = build_plan(graph, chip, run, units=self.units(graph, chip))
         self.built += 1
         while len(self.plans) > self.size:
             dropped, _ = self.plans.popitem(last=False)
