@@ -99,7 +99,7 @@ from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
-from .unit_reuse import Deps, StreamDigests, UnitCache
+from .unit_reuse import Deps, RunStreams, UnitCache
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan"]
 
@@ -263,7 +263,7 @@ def _build_plan(
                 notify[src] = ch
     bodies = []
     infos = []
-    digests = StreamDigests(streams)
+    run_streams = RunStreams(streams)
     if units is not None:
         setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
         units.bind(setup, ctx.layouts)
@@ -280,7 +280,7 @@ def _build_plan(
             )
         unit_stops = {ch: streams[ch].messages for ch in reads[k] & stops}
         key = (frozenset(reads[k]), tuple(sorted(unit_stops.items())))
-        hit = units.lookup(k, key, ctx, digests, has_dsts) if units is not None else None
+        hit = units.lookup(k, key, ctx, run_streams, has_dsts) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
             infos.append(hit.info)
@@ -314,7 +314,7 @@ def _build_plan(
             )
         )
         if units is not None:
-            units.store(k, key, deps, digests, bodies[-1], infos[-1])
+            units.store(k, key, deps, run_streams, bodies[-1], infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     channels = tuple(

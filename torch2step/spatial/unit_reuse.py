@@ -8,9 +8,10 @@ their values), whether each of its output channels has a reader.  A later run of
 on the same chip reuses the unit's program — the same instruction tuple, not rebuilt — when
 everything recorded is the same in it:
 
-* a stream is the same when its :func:`stream_digest` is: where its stop tokens fall, the
-  channel and sequence number of every message, every message's part (data by dtype and size,
-  control values by value) and every tile's shape — floating-point data never enters a program;
+* a stream is the same when its messages are (:class:`RunStreams`): the channel and sequence
+  number of every message, every message's part (data by dtype and size, control values by
+  value), where its stop tokens fall and every tile's shape — floating-point data never enters
+  a program;
 * an expression is the same when it evaluates to the same value under the new bindings.
 
 Units whose streams do not change with the routing (the token and weight loads, every unit of
@@ -20,14 +21,16 @@ only the units whose streams changed are emitted again: the expert units whose t
 changed (their loop trip counts and buffer sizes are still that count, :mod:`.plan`), and the
 routing units (selector, Partition, Reassemble), whose bodies decide from data and come out the
 same, but whose bookkeeping of the messages on each channel (checked by the plan, counted in the
-report) reads the routing.  Digests are computed lazily, only when a second run asks
-for a unit, so a single report pays nothing for the bookkeeping.
+report) reads the routing.  A cache keeps the streams of the latest runs it emitted units
+for (two by default), to compare them with a new run's, stream by stream, each comparison
+stopping at the first difference and made once per stream.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable, Mapping
+import dataclasses
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +41,9 @@ if TYPE_CHECKING:
     from .plan import UnitInfo
     from .streams import StreamInfo
 
-__all__ = ["Deps", "StreamDigests", "UnitCache", "stream_digest"]
+__all__ = ["Deps", "RunStreams", "UnitCache"]
+
+_ORDER = itertools.count()
 
 
 def _nesting(data: Any, rank: int) -> list:
@@ -59,36 +64,42 @@ def _shape(x: Any) -> Any:
     return None
 
 
-def stream_digest(info: StreamInfo) -> bytes:
-    """A digest of everything of one run's stream a unit program can be specialised to (module
-    docstring): its nesting, its messages (channel, sequence number, part) and tile shapes."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(_nesting(info.value.data, info.value.rank)).encode())
-    h.update(repr(info.pieces).encode())
-    h.update(repr([_shape(x) for x in info.flat]).encode())
-    return h.digest()
-
-
-class StreamDigests:
-    """The streams of one run, digested on demand (each at most once)."""
+class RunStreams:
+    """The streams of one run, compared with another run's stream by stream (module
+    docstring): the messages (channel, sequence number, part: data by dtype and size, control
+    values by value), where the stop tokens fall and every tile's shape.  Comparisons are
+    remembered, and stop at the first difference."""
 
     def __init__(self, streams: Mapping[str, StreamInfo]) -> None:
-        self.streams: Mapping[str, StreamInfo] | None = streams
-        self._memo: dict[str, bytes] = {}
+        self.streams = streams
+        self.order = next(_ORDER)
+        self._form: dict[str, tuple[list, list]] = {}
+        self._same: dict[tuple[int, str], bool] = {}
 
-    def __getitem__(self, name: str) -> bytes:
-        d = self._memo.get(name)
-        if d is None:
-            assert self.streams is not None, "a sealed run is asked for a stream it did not keep"
-            d = self._memo[name] = stream_digest(self.streams[name])
-        return d
+    def _shape_of(self, name: str) -> tuple[list, list]:
+        f = self._form.get(name)
+        if f is None:
+            info = self.streams[name]
+            f = self._form[name] = (
+                _nesting(info.value.data, info.value.rank),
+                [_shape(x) for x in info.flat],
+            )
+        return f
 
-    def seal(self, names: Iterable[str]) -> None:
-        """Digest ``names`` and let the run's streams go (their tiles are large)."""
-        if self.streams is not None:
-            for n in names:
-                self[n]
-            self.streams = None
+    def same(self, name: str, other: RunStreams) -> bool:
+        """Whether stream ``name`` is the same in ``other`` as in this run."""
+        key = (other.order, name)
+        r = self._same.get(key)
+        if r is None:
+            a, b = self.streams.get(name), other.streams.get(name)
+            r = (
+                a is not None
+                and b is not None
+                and a.pieces == b.pieces
+                and self._shape_of(name) == other._shape_of(name)
+            )
+            self._same[key] = r
+        return r
 
 
 @dataclass
@@ -119,7 +130,7 @@ Hashable = Any
 class _Entry:
     key: Hashable
     deps: Deps
-    digests: StreamDigests
+    run: RunStreams
     body: tuple[Instr, ...]
     info: UnitInfo
 
@@ -127,10 +138,10 @@ class _Entry:
 class UnitCache:
     """Unit programs of one graph on one chip (with one set of unit configurations and wires)
     by unit index, each with the :class:`Deps` it was emitted under; ``emitted`` / ``reused``
-    count the units built and taken as they were.  ``size``: programs kept per unit (the
-    oldest dropped first)."""
+    count the units built and taken as they were.  ``size``: the runs whose programs (and
+    streams) are kept, the oldest dropped first."""
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 2) -> None:
         self.size = size
         self.entries: dict[int, list[_Entry]] = {}
         self.emitted = 0
@@ -144,34 +155,38 @@ class UnitCache:
         if setup != self._setup or layouts != self._layouts:
             self.entries.clear()
             self._setup, self._layouts = setup, layouts
-        want: dict[int, set[str]] = {}
-        runs: dict[int, StreamDigests] = {}
+        runs: list[RunStreams] = []
         for kept in self.entries.values():
             for e in kept:
-                runs[id(e.digests)] = e.digests
-                want.setdefault(id(e.digests), set()).update(e.deps.streams)
-        for i, run in runs.items():  # the earlier runs keep only the digests they need
-            run.seal(want[i])
+                if not any(r is e.run for r in runs):
+                    runs.append(e.run)
+        if len(runs) >= self.size:  # keep the programs of the latest runs (and their streams)
+            latest = sorted(runs, key=lambda r: r.order)[len(runs) - self.size + 1 :]
+            for k, kept in list(self.entries.items()):
+                self.entries[k] = [e for e in kept if any(e.run is r for r in latest)]
 
     def lookup(
         self,
         k: int,
         key: Hashable,
         ctx: EmitCtx,
-        digests: StreamDigests,
+        run: RunStreams,
         has_dsts: Callable[[str], bool],
     ) -> _Entry | None:
         """A program of unit ``k`` emitted under ``key`` whose recorded run is the same in the
-        run of ``ctx`` / ``digests`` (module docstring), or ``None``."""
+        run of ``ctx`` / ``run`` (module docstring), or ``None``."""
         for e in self.entries.get(k, ()):
             d = e.deps
             if (
                 e.key == key
                 and all(has_dsts(ch) == r for ch, r in d.dsts.items())
                 and all(ctx.ev(x, "unit reuse") == v for x, v in d.evals)
-                and all(e.digests[s] == digests[s] for s in d.streams)
+                and all(run.same(s, e.run) for s in d.streams)
             ):
                 self.reused += 1
+                if e.run is not run:  # kept with the latest run it served, to compare with next
+                    self.entries[k].insert(0, dataclasses.replace(e, run=run))
+                    del self.entries[k][self.size :]
                 return e
         return None
 
@@ -180,12 +195,12 @@ class UnitCache:
         k: int,
         key: Hashable,
         deps: Deps,
-        digests: StreamDigests,
+        run: RunStreams,
         body: tuple[Instr, ...],
         info: UnitInfo,
     ) -> None:
-        """Keep unit ``k``'s program, emitted under ``key`` with ``deps``."""
+        """Keep unit ``k``'s program, emitted under ``key`` with ``deps`` in ``run``."""
         self.emitted += 1
         kept = self.entries.setdefault(k, [])
-        kept.insert(0, _Entry(key, deps, digests, body, info))
+        kept.insert(0, _Entry(key, deps, run, body, info))
         del kept[self.size :]
