@@ -143,6 +143,8 @@ class PlanCache:
         while len(self.plans) > self.size:
             dropped, _ = self.plans.popitem(last=False)
             self._unsigned = {b: f for b, f in self._unsigned.items() if f[1] != dropped}
+        live = {k[:2] for k in self.plans}  # the unit programs of graphs no plan is kept for go
+        self._units = {b: u for b, u in self._units.items() if b in live}
         return plan
 
     def simulate(
