@@ -67,6 +67,16 @@ ends on the Partition's stop token, which carries the count):
   FilterPadding reads, which are made where they are used from the run today, sent as
   messages by the unit that padded.
 
+With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
+streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
+Every unit after the Bufferize receives its first element only once the Bufferize has taken the
+Partition's stop token, so the count can reach those units ahead of their data (as the value
+of the buffer reference, or one count message) without delaying them; only the routing-weight
+Map and its ``retile_row`` Accum consume while the Partition produces and must loop until a stop
+token.  A ``retile_row`` Accum's output size is the count, not a function of the rows of the
+tile it receives, so its ``step_unit`` needs a size read from a register (row rules take sizes
+from input tiles only).
+
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
 """
