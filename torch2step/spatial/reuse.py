@@ -33,7 +33,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
 
 from hwmodel.chip import Chip
 from torch2step.step.graph import Program
@@ -44,19 +43,9 @@ from .plan import SpatialPlan, build_plan
 from .result import SpatialResult
 from .simulate import simulate_plan
 from .streams import element_parts, iter_nodes
-from .unit_reuse import UnitCache
+from .unit_reuse import UnitCache, nesting
 
 __all__ = ["control_signature", "PlanCache"]
-
-
-def _nesting(data: Any, rank: int) -> list:
-    """Per level, the lengths of the stream's nodes (the positions of its stop tokens)."""
-    out = []
-    nodes = [data]
-    for _ in range(rank + 1):
-        out.append([len(n) for n in nodes])
-        nodes = [c for n in nodes for c in n]
-    return out
 
 
 def control_signature(graph: Program, run: RunResult) -> str:
@@ -71,7 +60,7 @@ def control_signature(graph: Program, run: RunResult) -> str:
     for name in sorted(run.values):
         s = run.values[name]
         t = types.get(name)
-        h.update(f"|{name}:{s.rank}:{_nesting(s.data, s.rank)}".encode())
+        h.update(f"|{name}:{s.rank}:{nesting(s.data, s.rank)}".encode())
         if t is None:
             continue
         parts = [element_parts(x, t, k) for k, x in enumerate(iter_nodes(s.data, s.rank + 1))]

@@ -41,12 +41,12 @@ if TYPE_CHECKING:
     from .plan import UnitInfo
     from .streams import StreamInfo
 
-__all__ = ["Deps", "RunStreams", "UnitCache"]
+__all__ = ["Deps", "RunStreams", "UnitCache", "nesting"]
 
 _ORDER = itertools.count()
 
 
-def _nesting(data: Any, rank: int) -> list:
+def nesting(data: Any, rank: int) -> list:
     """Per level, the lengths of the stream's nodes (the positions of its stop tokens)."""
     out = []
     nodes = [data]
@@ -81,7 +81,7 @@ class RunStreams:
         if f is None:
             info = self.streams[name]
             f = self._form[name] = (
-                _nesting(info.value.data, info.value.rank),
+                nesting(info.value.data, info.value.rank),
                 [_shape(x) for x in info.flat],
             )
         return f
