@@ -10,9 +10,11 @@ received count), in which case the static message-count check is skipped.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lowering.analysis_result import CoreAnalysis, Count, ProgramAnalysis
+from lowering.analysis_result import add_counts as _add
+from lowering.analysis_result import mul_counts as _mul
 from lowering.isa import (
     CALC_OPS,
     DTYPE_BYTES,
@@ -47,80 +49,11 @@ from lowering.printer import format_instr
 
 __all__ = ["Count", "CoreAnalysis", "ProgramAnalysis", "analyze_programs"]
 
-#: A static count, or ``None`` when it depends on run-time values.
-Count = int | None
 #: Position of an instruction: 1-based indices through nested bodies (``(3, 1)`` = first
 #: instruction of the body of the third).
 Path = tuple[int, ...]
 
 _INT_DTYPES = frozenset({"int8", "int32", "int64", "bool"})
-
-
-def _add(a: Count, b: Count) -> Count:
-    return None if a is None or b is None else a + b
-
-
-def _mul(a: Count, b: Count) -> Count:
-    return None if a is None or b is None else a * b
-
-
-@dataclass(frozen=True, slots=True)
-class CoreAnalysis:
-    """What one core's program does, statically.
-
-    ``sends`` / ``recvs`` map ``(channel, kind)`` (kind ``"data"`` or ``"value"``) to message
-    counts; ``sent_bytes`` maps a channel to the bytes sent (capacity of the sent buffers);
-    ``barriers`` maps a group to the number of arrivals; ``peak_buffers`` are the buffers live at
-    the SRAM peak, as ``(name, bytes)``."""
-
-    core: int
-    peak_sram_bytes: int
-    peak_buffers: tuple[tuple[str, int], ...]
-    sends: Mapping[tuple[str, str], Count]
-    recvs: Mapping[tuple[str, str], Count]
-    sent_bytes: Mapping[str, Count]
-    barriers: Mapping[str, Count]
-    compute_dtypes: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramAnalysis:
-    """Per-core analyses plus the problems found inside programs (undeclared names, buffers
-    used before ``Alloc`` or after ``Free``, undefined registers, unknown kernels...)."""
-
-    cores: tuple[CoreAnalysis, ...]
-    problems: tuple[str, ...]
-
-    def core(self, core: int) -> CoreAnalysis:
-        """The analysis of ``core``'s program."""
-        for c in self.cores:
-            if c.core == core:
-                return c
-        raise KeyError(core)
-
-    def messages_sent(self, channel: str) -> Count:
-        """Messages (data and values) sent on ``channel`` by all programs."""
-        total: Count = 0
-        for c in self.cores:
-            for (name, _), n in c.sends.items():
-                if name == channel:
-                    total = _add(total, n)
-        return total
-
-    def messages_received(self, channel: str, core: int) -> Count:
-        """Messages (data and values) ``core`` receives from ``channel``."""
-        total: Count = 0
-        for (name, _), n in self.core(core).recvs.items():
-            if name == channel:
-                total = _add(total, n)
-        return total
-
-    def bytes_sent(self, channel: str) -> Count:
-        """Bytes sent on ``channel`` (per destination; a multicast delivers them to each)."""
-        total: Count = 0
-        for c in self.cores:
-            total = _add(total, c.sent_bytes.get(channel, 0))
-        return total
 
 
 @dataclass(slots=True)
