@@ -48,7 +48,7 @@ from lowering.isa import (
     TensorDecl,
 )
 
-__all__ = ["ProgramBuilder", "CoreBuilder", "region", "affine"]
+__all__ = ["ProgramBuilder", "CoreBuilder", "RecordingBuilder", "region", "affine"]
 
 
 def region(starts: Sequence[Index], extents: Sequence[Index]) -> Region:
@@ -284,3 +284,78 @@ class ProgramBuilder:
             name=self.name,
             meta=tuple(self._meta.items()),
         )
+
+
+class _DiscardingCore(CoreBuilder):
+    """A :class:`CoreBuilder` that keeps no instructions (see :class:`RecordingBuilder`)."""
+
+    def emit(self, instr: Instr) -> CoreBuilder:
+        return self
+
+    def alloc(self, buf: str, shape: Sequence[int], dtype: str = "bf16") -> CoreBuilder:
+        return self
+
+    def free(self, buf: str) -> CoreBuilder:
+        return self
+
+    def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
+        return self
+
+    def store(
+        self, src: str, tensor: str, region: Region | None = None, accumulate: bool = False
+    ) -> CoreBuilder:
+        return self
+
+    def send(self, channel: str, src: str) -> CoreBuilder:
+        return self
+
+    def recv(self, channel: str, dst: str) -> CoreBuilder:
+        return self
+
+    def send_value(self, channel: str, value: Operand | Affine) -> CoreBuilder:
+        return self
+
+    def recv_value(self, channel: str, reg: str) -> CoreBuilder:
+        return self
+
+    def compute(
+        self,
+        kernel: str,
+        outs: str | Sequence[str],
+        ins: str | Sequence[str] = (),
+        params: dict[str, int | float | str] | None = None,
+        dtype: str = "bf16",
+    ) -> CoreBuilder:
+        return self
+
+
+class RecordingBuilder(ProgramBuilder):
+    """A :class:`ProgramBuilder` for a pass whose instructions are thrown away: an emitter run
+    once only for what it tells a helper on the side (the activation loads and stores that
+    :class:`lowering.elk_flow.Flow` records before it plans the transfers).  Instructions are
+    not built; channel names are remembered (so :meth:`has_channel` answers as it would),
+    nothing else is kept, and :meth:`build` is not available."""
+
+    def __init__(self, name: str = "program") -> None:
+        super().__init__(name)
+        self._names: set[str] = set()
+
+    def tensor(self, name: str, shape: Sequence[int], dtype: str = "bf16") -> str:
+        return name
+
+    def channel(
+        self, name: str, src: int, dsts: int | Sequence[int], depth: int | None = None
+    ) -> str:
+        self._names.add(name)
+        return name
+
+    def has_channel(self, name: str) -> bool:
+        return name in self._names
+
+    def core(self, core: int) -> CoreBuilder:
+        if core not in self._cores:
+            self._cores[core] = _DiscardingCore(core)
+        return self._cores[core]
+
+    def build(self) -> ProgramSet:
+        raise ProgramError(f"{self.name}: a RecordingBuilder keeps no instructions to build")

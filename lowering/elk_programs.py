@@ -32,7 +32,7 @@ import lowering.elk_kernels  # noqa: F401  (registers the kernels)
 from elk.cost import Plan, chunks
 from elk.ops import Operator
 from hwmodel.chip import Chip
-from lowering.builder import CoreBuilder, ProgramBuilder, region
+from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
 from lowering.elk_flow import Flow
 from lowering.elk_placement import Placed, place
 from lowering.errors import ProgramError
@@ -293,7 +293,7 @@ def elk_programs(
         raise ProgramError("elk_programs: ops, plans, order and issued must have equal lengths")
     placed = place(chip, ops, plans, order, issued)
     flow = Flow(tensors, dict(links or {}), frozenset(results))
-    _emit(ProgramBuilder(name), chip, ops, placed, order, issued, tensors, flow)
+    _emit(RecordingBuilder(name), chip, ops, placed, order, issued, tensors, flow)
     b = ProgramBuilder(name)
     flow.plan(b)
     _emit(b, chip, ops, placed, order, issued, tensors, flow)
