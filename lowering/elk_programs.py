@@ -294,7 +294,7 @@ def elk_programs(
     placed = place(chip, ops, plans, order, issued)
     flow = Flow(tensors, dict(links or {}), frozenset(results))
     _emit(RecordingBuilder(name), chip, ops, placed, order, issued, tensors, flow)
-    b = ProgramBuilder(name)
+    b = ProgramBuilder(name, share=True)
     flow.plan(b)
     _emit(b, chip, ops, placed, order, issued, tensors, flow)
     b.meta("order", " ".join(str(o) for o in order))
