@@ -127,11 +127,27 @@ class CoreBuilder:
     def alloc(self, buf: str, shape: Sequence[int], dtype: str = "bf16") -> CoreBuilder:
         """Reserve SRAM buffer ``buf`` of capacity ``shape`` x ``dtype``."""
         shp = tuple(shape)
-        return self._shared((Alloc, buf, shp, dtype), lambda: Alloc(buf, shp, dtype))
+        pool = self._pool
+        if pool is None:
+            return self.emit(Alloc(buf, shp, dtype))
+        key = (Alloc, buf, shp, dtype)
+        instr = pool.get(key)
+        if instr is None:
+            instr = pool[key] = Alloc(buf, shp, dtype)
+        self._stack[-1].append(instr)
+        return self
 
     def free(self, buf: str) -> CoreBuilder:
         """Release SRAM buffer ``buf``."""
-        return self._shared((Free, buf), lambda: Free(buf))
+        pool = self._pool
+        if pool is None:
+            return self.emit(Free(buf))
+        key = (Free, buf)
+        instr = pool.get(key)
+        if instr is None:
+            instr = pool[key] = Free(buf)
+        self._stack[-1].append(instr)
+        return self
 
     def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
         """HBM ``tensor`` (or its ``region``) -> buffer ``dst``."""

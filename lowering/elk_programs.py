@@ -88,9 +88,9 @@ def _matmul(
     p.alloc(acc, (m, nb), dt)
     if _has_tmp(pl.rows, r):
         p.alloc(tmp, (m, nb), dt)
-    row = [pl.core(r, cc) for cc in range(pl.cols)]
     chan = f"o{j}_a{r}"
     if pl.cols > 1 and not b.has_channel(chan):
+        row = pl.cores[r * pl.cols : (r + 1) * pl.cols]
         b.channel(chan, row[0], row[1:], depth=nc)
     for q in range(nc):  # activation pieces: loaded by the row's first core, multicast along it
         a = f"o{j}_a{q}"
