@@ -192,6 +192,8 @@ class CoreBuilder:
         """Run ``kernel`` on buffers ``ins`` into ``outs``; ``params`` are stored sorted."""
         items = tuple(sorted((params or {}).items()))
         o, i = _names(outs), _names(ins)
+        if self._pool is None:
+            return self.emit(Compute(kernel, o, i, items, dtype))
         key = (Compute, kernel, o, i, items, dtype)
         try:
             hash(key)
