@@ -16,7 +16,7 @@ The builder only assembles; :func:`lowering.validate_programs` checks a program 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 
@@ -48,7 +48,7 @@ from lowering.isa import (
     TensorDecl,
 )
 
-__all__ = ["ProgramBuilder", "CoreBuilder", "region", "affine"]
+__all__ = ["ProgramBuilder", "CoreBuilder", "RecordingBuilder", "region", "affine"]
 
 
 def region(starts: Sequence[Index], extents: Sequence[Index]) -> Region:
@@ -74,10 +74,11 @@ class CoreBuilder:
     """Instructions of one core.  Methods append one instruction and return the builder;
     :meth:`loop`, :meth:`if_` and :meth:`else_` are context managers that collect a body."""
 
-    def __init__(self, core: int) -> None:
+    def __init__(self, core: int, pool: dict[tuple, Instr] | None = None) -> None:
         self.core = core
         self._stack: list[list[Instr]] = [[]]
         self._labels: list[str] = []
+        self._pool = pool
 
     # -- context-manager use: ``with builder.core(3) as p: ...`` ------------------------------
     def __enter__(self) -> CoreBuilder:
@@ -104,6 +105,19 @@ class CoreBuilder:
         self._stack[-1].append(instr)
         return self
 
+    def _shared(self, key: tuple, make: Callable[[], Instr]) -> CoreBuilder:
+        """Append the instruction ``make()`` whose fields are ``key``: with a shared pool
+        (:class:`ProgramBuilder` ``share=True``) the object an earlier equal call made."""
+        pool = self._pool
+        if pool is None:
+            self._stack[-1].append(make())
+            return self
+        instr = pool.get(key)
+        if instr is None:
+            instr = pool[key] = make()
+        self._stack[-1].append(instr)
+        return self
+
     def body(self) -> tuple[Instr, ...]:
         """The finished instruction list."""
         self._check_closed()
@@ -112,11 +126,28 @@ class CoreBuilder:
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, buf: str, shape: Sequence[int], dtype: str = "bf16") -> CoreBuilder:
         """Reserve SRAM buffer ``buf`` of capacity ``shape`` x ``dtype``."""
-        return self.emit(Alloc(buf, tuple(shape), dtype))
+        shp = tuple(shape)
+        pool = self._pool
+        if pool is None:
+            return self.emit(Alloc(buf, shp, dtype))
+        key = (Alloc, buf, shp, dtype)
+        instr = pool.get(key)
+        if instr is None:
+            instr = pool[key] = Alloc(buf, shp, dtype)
+        self._stack[-1].append(instr)
+        return self
 
     def free(self, buf: str) -> CoreBuilder:
         """Release SRAM buffer ``buf``."""
-        return self.emit(Free(buf))
+        pool = self._pool
+        if pool is None:
+            return self.emit(Free(buf))
+        key = (Free, buf)
+        instr = pool.get(key)
+        if instr is None:
+            instr = pool[key] = Free(buf)
+        self._stack[-1].append(instr)
+        return self
 
     def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
         """HBM ``tensor`` (or its ``region``) -> buffer ``dst``."""
@@ -135,7 +166,7 @@ class CoreBuilder:
 
     def recv(self, channel: str, dst: str) -> CoreBuilder:
         """Receive one message of ``channel`` into buffer ``dst``."""
-        return self.emit(Recv(channel, dst))
+        return self._shared((Recv, channel, dst), lambda: Recv(channel, dst))
 
     def send_value(self, channel: str, value: Operand | Affine) -> CoreBuilder:
         """Send a control value on ``channel``."""
@@ -143,7 +174,7 @@ class CoreBuilder:
 
     def recv_value(self, channel: str, reg: str) -> CoreBuilder:
         """Receive a control value of ``channel`` into register ``reg``."""
-        return self.emit(RecvValue(channel, reg))
+        return self._shared((RecvValue, channel, reg), lambda: RecvValue(channel, reg))
 
     def load_value(self, reg: str, tensor: str, index: Sequence[Index]) -> CoreBuilder:
         """Register ``reg`` = integer element ``tensor[index]``."""
@@ -160,7 +191,15 @@ class CoreBuilder:
     ) -> CoreBuilder:
         """Run ``kernel`` on buffers ``ins`` into ``outs``; ``params`` are stored sorted."""
         items = tuple(sorted((params or {}).items()))
-        return self.emit(Compute(kernel, _names(outs), _names(ins), items, dtype))
+        o, i = _names(outs), _names(ins)
+        if self._pool is None:
+            return self.emit(Compute(kernel, o, i, items, dtype))
+        key = (Compute, kernel, o, i, items, dtype)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable parameter value: not shared
+            return self.emit(Compute(kernel, o, i, items, dtype))
+        return self._shared(key, lambda: Compute(kernel, o, i, items, dtype))
 
     def set(self, reg: str, value: Operand | Affine) -> CoreBuilder:
         """Register ``reg`` = ``value``."""
@@ -225,10 +264,16 @@ class CoreBuilder:
 
 
 class ProgramBuilder:
-    """Collects per-core programs and the channels, tensors and barrier groups they share."""
+    """Collects per-core programs and the channels, tensors and barrier groups they share.
 
-    def __init__(self, name: str = "program") -> None:
+    ``share=True``: equal ``Alloc``, ``Free``, ``Compute``, ``Recv`` and ``RecvValue``
+    instructions of any cores are one object (instructions are frozen values, so this changes
+    nothing but memory: a chip of a thousand cores running the same tile program holds each of
+    them once)."""
+
+    def __init__(self, name: str = "program", *, share: bool = False) -> None:
         self.name = name
+        self._pool: dict[tuple, Instr] | None = {} if share else None
         self._cores: dict[int, CoreBuilder] = {}
         self._channels: dict[str, Channel] = {}
         self._tensors: dict[str, TensorDecl] = {}
@@ -270,7 +315,7 @@ class ProgramBuilder:
     def core(self, core: int) -> CoreBuilder:
         """The builder of ``core``'s program (created on first use)."""
         if core not in self._cores:
-            self._cores[core] = CoreBuilder(core)
+            self._cores[core] = CoreBuilder(core, self._pool)
         return self._cores[core]
 
     def build(self) -> ProgramSet:
@@ -284,3 +329,78 @@ class ProgramBuilder:
             name=self.name,
             meta=tuple(self._meta.items()),
         )
+
+
+class _DiscardingCore(CoreBuilder):
+    """A :class:`CoreBuilder` that keeps no instructions (see :class:`RecordingBuilder`)."""
+
+    def emit(self, instr: Instr) -> CoreBuilder:
+        return self
+
+    def alloc(self, buf: str, shape: Sequence[int], dtype: str = "bf16") -> CoreBuilder:
+        return self
+
+    def free(self, buf: str) -> CoreBuilder:
+        return self
+
+    def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
+        return self
+
+    def store(
+        self, src: str, tensor: str, region: Region | None = None, accumulate: bool = False
+    ) -> CoreBuilder:
+        return self
+
+    def send(self, channel: str, src: str) -> CoreBuilder:
+        return self
+
+    def recv(self, channel: str, dst: str) -> CoreBuilder:
+        return self
+
+    def send_value(self, channel: str, value: Operand | Affine) -> CoreBuilder:
+        return self
+
+    def recv_value(self, channel: str, reg: str) -> CoreBuilder:
+        return self
+
+    def compute(
+        self,
+        kernel: str,
+        outs: str | Sequence[str],
+        ins: str | Sequence[str] = (),
+        params: dict[str, int | float | str] | None = None,
+        dtype: str = "bf16",
+    ) -> CoreBuilder:
+        return self
+
+
+class RecordingBuilder(ProgramBuilder):
+    """A :class:`ProgramBuilder` for a pass whose instructions are thrown away: an emitter run
+    once only for what it tells a helper on the side (the activation loads and stores that
+    :class:`lowering.elk_flow.Flow` records before it plans the transfers).  Instructions are
+    not built; channel names are remembered (so :meth:`has_channel` answers as it would),
+    nothing else is kept, and :meth:`build` is not available."""
+
+    def __init__(self, name: str = "program") -> None:
+        super().__init__(name)
+        self._names: set[str] = set()
+
+    def tensor(self, name: str, shape: Sequence[int], dtype: str = "bf16") -> str:
+        return name
+
+    def channel(
+        self, name: str, src: int, dsts: int | Sequence[int], depth: int | None = None
+    ) -> str:
+        self._names.add(name)
+        return name
+
+    def has_channel(self, name: str) -> bool:
+        return name in self._names
+
+    def core(self, core: int) -> CoreBuilder:
+        if core not in self._cores:
+            self._cores[core] = _DiscardingCore(core)
+        return self._cores[core]
+
+    def build(self) -> ProgramSet:
+        raise ProgramError(f"{self.name}: a RecordingBuilder keeps no instructions to build")

@@ -32,7 +32,7 @@ import lowering.elk_kernels  # noqa: F401  (registers the kernels)
 from elk.cost import Plan, chunks
 from elk.ops import Operator
 from hwmodel.chip import Chip
-from lowering.builder import CoreBuilder, ProgramBuilder, region
+from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
 from lowering.elk_flow import Flow
 from lowering.elk_placement import Placed, place
 from lowering.errors import ProgramError
@@ -88,9 +88,9 @@ def _matmul(
     p.alloc(acc, (m, nb), dt)
     if _has_tmp(pl.rows, r):
         p.alloc(tmp, (m, nb), dt)
-    row = [pl.core(r, cc) for cc in range(pl.cols)]
     chan = f"o{j}_a{r}"
     if pl.cols > 1 and not b.has_channel(chan):
+        row = pl.cores[r * pl.cols : (r + 1) * pl.cols]
         b.channel(chan, row[0], row[1:], depth=nc)
     for q in range(nc):  # activation pieces: loaded by the row's first core, multicast along it
         a = f"o{j}_a{q}"
@@ -293,8 +293,8 @@ def elk_programs(
         raise ProgramError("elk_programs: ops, plans, order and issued must have equal lengths")
     placed = place(chip, ops, plans, order, issued)
     flow = Flow(tensors, dict(links or {}), frozenset(results))
-    _emit(ProgramBuilder(name), chip, ops, placed, order, issued, tensors, flow)
-    b = ProgramBuilder(name)
+    _emit(RecordingBuilder(name), chip, ops, placed, order, issued, tensors, flow)
+    b = ProgramBuilder(name, share=True)
     flow.plan(b)
     _emit(b, chip, ops, placed, order, issued, tensors, flow)
     b.meta("order", " ".join(str(o) for o in order))

@@ -12,6 +12,7 @@ instruction (:func:`runtime.checks.describe`) and the fix.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hwmodel.chip import Chip
 from lowering.errors import ProgramError
@@ -92,8 +93,15 @@ def compile_programs(
     cores = [Core(i) for i in range(chip.num_cores)]
     costs: dict[tuple, tuple] = {}
     regions: dict[tuple, tuple] = {}
+    # what an instruction compiles to apart from its core, by the instruction object: a program
+    # builder shares equal instructions between cores (lowering.builder, ``share=True``); ``ps``
+    # holds every instruction for the whole compilation, so an ``id`` is never reused here;
+    # a multicast channel's name -> {destination core: index} (:meth:`_Compiler.position`)
+    shared: dict[int | str, Any] = {}
     compilers = [
-        _Compiler(cores[prog.core], chans, groups, layout, fabric, fast, where, costs, regions)
+        _Compiler(
+            cores[prog.core], chans, groups, layout, fabric, fast, where, costs, regions, shared
+        )
         for prog in ps.programs
     ]
     for comp, prog in zip(compilers, ps.programs):
@@ -118,7 +126,9 @@ class _Compiler:
         where: str,
         costs: dict[tuple, tuple],
         regions: dict[tuple, tuple],
+        shared: dict[int | str, Any] | None = None,
     ):
+        self.shared = {} if shared is None else shared  # see compile_programs
         self.costs = costs  # (kernel, params, dtype, outputs) -> (kernel, params, costs), shared
         self.regions = regions  # (region, tensor shape) -> compiled region (:meth:`region`), shared
         self.routed_load = False  # this core's HBM routes are built (:meth:`routes`)
@@ -177,6 +187,17 @@ class _Compiler:
                 ins, f"channel {name!r} delivers to cores {ch.dsts}, not core {self.core.id}"
             )
         return ch
+
+    def position(self, ch: ChanState) -> int | None:
+        """This core's index among ``ch``'s destinations (``None``: not one of them); a
+        multicast to many cores (a synchronisation token to every worker) is indexed once."""
+        me, dsts = self.core.id, ch.dsts
+        if len(dsts) <= 16:
+            return dsts.index(me) if me in dsts else None
+        pos = self.shared.get(ch.name)
+        if pos is None:
+            pos = self.shared[ch.name] = {c: k for k, c in enumerate(dsts)}
+        return pos.get(me)
 
     def tensor(self, ins: Instr, name: str):
         info = self.layout.tensors.get(name)
@@ -255,8 +276,14 @@ class _Compiler:
                 ins,
                 f"region has {len(r.starts)}/{len(r.extents)} starts/extents for a {len(info.shape)}-d tensor",
             )
-        starts = tuple(ops.expr(s) for s in r.starts)
-        extents = tuple(ops.expr(e) for e in r.extents)
+        if all(v.__class__ is int for v in r.starts) and all(
+            v.__class__ is int for v in r.extents
+        ):  # constants (most regions): ops.expr's form without its type dispatch
+            starts = tuple([(v, ()) for v in r.starts])
+            extents = tuple([(v, ()) for v in r.extents])
+        else:
+            starts = tuple(ops.expr(s) for s in r.starts)
+            extents = tuple(ops.expr(e) for e in r.extents)
         fixed = None
         if all(not e[1] for e in starts + extents):
             s = tuple(e[0] for e in starts)
@@ -284,8 +311,11 @@ class _Compiler:
 
     def _recv(self, ins: Recv | RecvValue) -> None:
         code = self.code
-        ch = self.chan(ins, ins.channel, False)
-        end = ch.ends[ch.dsts.index(self.core.id)]
+        ch = self.chans.get(ins.channel)
+        k = None if ch is None else self.position(ch)
+        if k is None:
+            self.chan(ins, ins.channel, False)  # raises: not declared or not delivered here
+        end = ch.ends[k]  # type: ignore[union-attr,index]
         if isinstance(ins, Recv):
             code.append(
                 _RECV(
@@ -329,6 +359,24 @@ class _Compiler:
         code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=ops.expr(ins.value)))
 
     def _alloc(self, ins: Alloc) -> None:
+        size = self.shared.get(id(ins))
+        if size is None:
+            size = self.shared[id(ins)] = self._size(ins)
+        shape, eb, nbytes = size
+        self.code.append(
+            _ALLOC(
+                ops.h_alloc,
+                ins,
+                buf=self.buf(ins.buf),
+                shape=shape,
+                dtype=ins.dtype,
+                eb=eb,
+                nbytes=nbytes,
+            )
+        )
+
+    def _size(self, ins: Alloc) -> tuple[tuple[int, ...], int, int]:
+        """``(shape, element bytes, bytes)`` of an Alloc, checked."""
         key = (tuple(ins.shape), ins.dtype)
         size = _SIZES.get(key)
         if size is None:
@@ -344,18 +392,7 @@ class _Compiler:
             for d in ins.shape:
                 nbytes *= d
             size = _SIZES[key] = (tuple(ins.shape), eb, nbytes)
-        shape, eb, nbytes = size
-        self.code.append(
-            _ALLOC(
-                ops.h_alloc,
-                ins,
-                buf=self.buf(ins.buf),
-                shape=shape,
-                dtype=ins.dtype,
-                eb=eb,
-                nbytes=nbytes,
-            )
-        )
+        return size
 
     def _free(self, ins: Free) -> None:
         self.code.append(_FREE(ops.h_free, ins, buf=self.buf(ins.buf)))
@@ -403,6 +440,25 @@ class _Compiler:
         # operations of one kernel with equal parameters share the kernel entry, the parameter
         # dict and the cost cache per input shapes (a cost depends on nothing else:
         # ops.h_compute)
+        hit = self.shared.get(id(ins))
+        if hit is None:
+            hit = self.shared[id(ins)] = self._kernel(ins)
+        kernel, params, cache = hit
+        buf = self.buf
+        return _COMPUTE(
+            ops.h_compute,
+            ins,
+            kernel=kernel,
+            outs=tuple([buf(b) for b in ins.outs]),
+            ins=tuple([buf(b) for b in ins.ins]),
+            params=params,
+            dtype=ins.dtype,
+            cache=cache,
+        )
+
+    def _kernel(self, ins: Compute) -> tuple:
+        """``(kernel, parameter dict, cost cache)`` of a Compute, shared by the operations of
+        one kernel with equal parameters, dtype and output count."""
         key = (ins.kernel, ins.params, ins.dtype, len(ins.outs))
         try:
             hit = self.costs.get(key)
@@ -418,18 +474,7 @@ class _Compiler:
             hit = (kernel, dict(ins.params), {})
             if key is not None:
                 self.costs[key] = hit
-        kernel, params, cache = hit
-        buf = self.buf
-        return _COMPUTE(
-            ops.h_compute,
-            ins,
-            kernel=kernel,
-            outs=tuple([buf(b) for b in ins.outs]),
-            ins=tuple([buf(b) for b in ins.ins]),
-            params=params,
-            dtype=ins.dtype,
-            cache=cache,
-        )
+        return hit
 
     def loop(self, ins: Loop) -> None:
         code, make = self.code, ops.make

@@ -99,7 +99,9 @@ class KernelStackProgram:
         self.example_inputs = tuple(example_inputs)
         self.body_ops: GraphOps = graph_ops(op.body, _layer_inputs(op, self.example_inputs, 0))
         self.graph: GraphOps = stack_graph_ops(self.body_ops, layer, op)
-        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype=self.graph.dtype)
+        self.schedule: ElkSchedule = plan_model(
+            self.graph.ops, chip, design, dtype=self.graph.dtype
+        )
 
     @property
     def count(self) -> int:
@@ -199,10 +201,14 @@ class KernelStackProgram:
 
     def report(self, sim_layers: int = 1, tokens: int = 1) -> KernelStackReport:
         """Simulate the first ``sim_layers`` layers of the plan in timing mode."""
-        t0 = time.perf_counter()
-        ps = self.programs(sim_layers)
-        build = time.perf_counter() - t0
-        rep = simulate_schedule(self.schedule, self.chip, programs=ps, inputs={}, tokens=tokens)
+        # one collector pause across building, compiling and running (runtime.gc_paused): with
+        # the collector back on between them, the first allocations after the build walk
+        # every instruction of it
+        with gc_paused():
+            t0 = time.perf_counter()
+            ps = self.programs(sim_layers)
+            build = time.perf_counter() - t0
+            rep = simulate_schedule(self.schedule, self.chip, programs=ps, inputs={}, tokens=tokens)
         return KernelStackReport(
             rep,
             self.count,

@@ -1,0 +1,89 @@
+"""Where the time of a kernel-by-kernel decode step goes: plan, per-core programs, compile, run.
+
+    python benchmarks/decode_stack.py --layers 4            # Llama-3-8B, 4 layers, ipu-hbm
+    python benchmarks/decode_stack.py --layers 32 --digest  # and digests to compare versions
+
+The Llama-3-8B config (``models/hf_configs/llama-3-8b.json``, batch 32, KV 2048) compiled with
+:func:`torch2step.compile_config` for kernel execution (ELK-Full, ELK §4.4: the layers planned
+as one model), all layers simulated in timing mode — the path of ``torch2step report
+--hf-config ... --layers N --sim-layers N``.  Printed, one JSON object: the plan's seconds
+(``ElkSchedule.plan_seconds``), CPU seconds of this process for building the per-core
+programs, compiling them (the :class:`runtime.Simulator` constructor) and the event loop (on a
+shared machine CPU seconds are the work's own, wall seconds are not), instructions, simulated
+cycles, peak RSS and, with ``--digest``, SHA-256 prefixes of the schedule, the program set and
+the run's statistics (events excluded, as ``sim_golden.py`` does), so two versions can be shown
+to plan, build and simulate the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch2step  # noqa: E402
+from hwmodel.presets import load_chip  # noqa: E402
+from runtime import Simulator, gc_paused  # noqa: E402
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--kv-len", type=int, default=2048)
+    ap.add_argument("--chip", default="ipu-hbm")
+    ap.add_argument("--config", default=str(ROOT / "models/hf_configs/llama-3-8b.json"))
+    ap.add_argument("--digest", action="store_true", help="digests of schedule, programs, stats")
+    args = ap.parse_args()
+    chip = load_chip(args.chip)
+    prog = torch2step.compile_config(
+        args.config, batch=args.batch, past=args.kv_len, chip=chip, layers=args.layers,
+        execution="kernel", design="elk_full",
+    )  # fmt: skip
+    s = prog.schedule
+    out: dict[str, object] = {"layers": args.layers, "plan_s": round(s.plan_seconds, 2)}
+    with gc_paused():  # as KernelStackProgram.report: one pause across build, compile and run
+        t0 = time.process_time()
+        ps = prog.programs(args.layers)
+        t1 = time.process_time()
+        sim = Simulator(ps, chip, mode="timing", inputs={})
+        t2 = time.process_time()
+        res = sim.run()
+        t3 = time.process_time()
+    out.update(
+        build_cpu_s=round(t1 - t0, 2),
+        compile_cpu_s=round(t2 - t1, 2),
+        run_cpu_s=round(t3 - t2, 2),
+        instructions=sum(len(p.body) for p in ps.programs),
+        events=res.stats.events.events,
+        cycles=res.cycles,
+        peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+    )
+    if args.digest:
+        stats = res.stats.to_dict()
+        stats.pop("events")
+        body = hashlib.sha256()
+        for p in ps.programs:
+            body.update(repr((p.core, p.body)).encode())
+        body.update(repr((ps.channels, ps.tensors, ps.barriers, ps.name, ps.meta)).encode())
+        out.update(
+            schedule=_sha(repr((s.plans, s.order, s.issued, s.cycles))),
+            programs=body.hexdigest()[:16],
+            stats=_sha(json.dumps(stats, sort_keys=True)),
+        )
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
