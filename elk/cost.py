@@ -26,6 +26,7 @@ from functools import lru_cache
 from elk.allocate import Option, pareto
 from elk.chipcosts import ChipCosts
 from elk.errors import ElkError
+from elk.meshio import hbm_io_extra
 from elk.ops import Operator, input_on_chip
 from elk.schedule import Item
 
@@ -142,13 +143,23 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 comp: int = comp,
                 add: int = add,
                 lv: int = lv,
+                tk: int = tk,
                 tn: int = tn,
                 hr: float = hops_row,
                 hc: float = hops_col,
             ) -> float:
-                load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
                 bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
                 reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
+                if c.links is not None:
+                    # mesh: the first grid column gathers the activation over the links into
+                    # it, piece by piece (:func:`chunks`), each piece multicast along the row
+                    # and multiplied as it arrives; the result stays on the top row for the
+                    # next operator to gather
+                    parts = (c.gather(a, (tk, tn)) * f, bcast, float(comp))
+                    slow = max(parts)
+                    stream = slow + (sum(parts) - slow) / chunks(k // tk)
+                    return stream + c.net_lat * (tk + tn) + reduce
+                load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
                 store = max(cc / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
                 return load_a + bcast + comp + reduce + store
 
@@ -157,7 +168,10 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             # the activation arrives and the weight pieces but the last are multiplied before
             # the last weight piece is needed
             pieces = chunks(kb)
-            first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
+            if c.links is not None:
+                first = c.gather(a, (tk, tn)) + c.net_lat * (tk + tn)
+            else:
+                first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
             # the multicast along the grid rows, else the first partial sum down the columns
             quiet = first if tn > 1 else (first + comp if tk > 1 else 0.0)
             first += (a / c.port + c.net_lat * hops_row) if tn > 1 else 0.0
@@ -380,7 +394,7 @@ def _quicker_loads(
     front = _plans(c, kind, dims, dtype, fpe, pbytes, reduce, whole)
 
     def load(p: Plan) -> float:
-        return c.load(p.preload_space, p.preload_space / max(1, p.cores))
+        return c.load(p.preload_space, p.preload_space / max(1, p.cores), grid=footprint(p, c.mesh))
 
     best: dict[float, Plan] = {}
     for p in _generated(c, kind, dims, dtype, fpe, pbytes, reduce, whole):
@@ -418,8 +432,17 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
     plans = front + _quicker_loads(c, *key, op.node is not None)
     execs = tuple(Option(p.space, p.time, p) for p in plans)
     preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
-    loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
-    ports = tuple(p.preload_space / max(1, p.cores) / c.port for p in plans)
+    loads = tuple(
+        c.load(p.preload_space, p.preload_space / max(1, p.cores), grid=footprint(p, c.mesh))
+        for p in plans
+    )
+    # the cycles a queued preload holds an execution's messages up: its share of a core's
+    # port, or on an edge-fed mesh the busiest link of its routes, which the execution's
+    # messages between the cores of the same mesh region cross too (ELK §4.3)
+    ports = tuple(
+        c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh))
+        for p in plans
+    )
     return Item(
         op.name,
         execs,
@@ -438,6 +461,20 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         quiets=tuple(p.quiet for p in plans),
         hbm_time=op.hbm_bytes / c.hbm_bw,
     )
+
+
+def _with_hbm_io(c: ChipCosts, op: Operator, it: Item, hbm_in: bool, hbm_out: bool) -> Item:
+    """``it`` with every exec plan's time (alone and contended) lengthened by its HBM input
+    and output on an edge-fed mesh (:func:`elk.meshio.hbm_io_extra`)."""
+    add = [
+        hbm_io_extra(
+            c, o.ref.kind, o.ref.tiles, op.dims, op.elem, footprint(o.ref, c.mesh), hbm_in, hbm_out
+        )
+        for o in it.execs
+    ]
+    execs = tuple(Option(o.space, o.time + x, o.ref) for o, x in zip(it.execs, add))
+    contended = tuple(t + x for t, x in zip(it.contended, add))
+    return dataclasses.replace(it, execs=execs, contended=contended)
 
 
 def grid(p: Plan) -> tuple[int, int]:
@@ -474,6 +511,8 @@ def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
         hbm_out = k + 1 == len(ops) or not input_on_chip(op, ops[k + 1])
         if hbm_in or hbm_out:
             it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
+            if c.edge_fed:
+                it = _with_hbm_io(c, op, it, hbm_in, hbm_out)
         if op.routed_by is not None:
             if op.routed_by not in index:
                 raise ElkError(
