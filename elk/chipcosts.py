@@ -105,15 +105,28 @@ class ChipCosts:
         """A mesh whose HBM data enters through the controllers' routers (per-link loads)."""
         return self.links is not None and bool(self.links.attach)
 
-    def hbm_link(self, per_core_bytes: float, grid: tuple[int, int], store: bool = False) -> float:
-        """Cycles the busiest mesh link carries while an ``h x w`` grid (north-west corner)
-        loads (``store``: stores) ``per_core_bytes`` per core spread over the HBM channels
-        (:meth:`MeshLinks.hbm_pairs`); the core's own port on other chips."""
+    def hbm_link(
+        self,
+        per_core_bytes: float,
+        grid: tuple[int, int],
+        store: bool = False,
+        in_turn: bool = False,
+    ) -> float:
+        """Cycles the mesh links take while an ``h x w`` grid (north-west corner) loads
+        (``store``: stores) ``per_core_bytes`` per core spread over the HBM channels: the
+        busiest link's traffic over its bandwidth (:meth:`MeshLinks.hbm_pairs`).  ``in_turn``:
+        the cores issue their loads in turn as the controller's go token reaches them (every
+        preload but those issued before the first execute, ELK §4.5), else all at once; the
+        channels serve the cores in that order and a column link receives a core's data only
+        once the edge row links have delivered it (:meth:`MeshLinks.preload_span`, a two-stage
+        flow shop).  The core's own port on other chips."""
+        one = per_core_bytes / self.port
         if not self.edge_fed:
-            return per_core_bytes / self.port
+            return one
         assert self.links is not None
-        pairs = self.links.hbm_pairs(grid[0], grid[1], store)
-        return max(per_core_bytes / self.port, per_core_bytes * pairs / self.port)
+        if store:
+            return max(one, one * self.links.hbm_pairs(grid[0], grid[1], True))
+        return max(one, one * self.links.preload_span(grid[0], grid[1], in_turn))
 
     def gather(self, per_dest_bytes: float, grid: tuple[int, int]) -> float:
         """Cycles the busiest link carries while the first column of an ``h x w`` grid gathers
@@ -140,18 +153,20 @@ class ChipCosts:
         per_core_bytes: float,
         pieces: int = 8,
         grid: tuple[int, int] | None = None,
+        in_turn: bool = True,
     ) -> float:
         """Cycles to preload ``total_bytes`` spread as ``per_core_bytes`` per core in ``pieces``
         loads (ELK §4.2: the HBM roofline or the interconnect delivery, whichever is larger;
         a core's port serialises its pieces, so the first piece's port time is not hidden).
         On a mesh fed from edge controllers the delivery is the busiest link of the routes to
         the cores of ``grid`` (:meth:`hbm_link`; ELK §6.4: HBM data takes multiple hops), the
-        HBM roofline that of the channels."""
+        HBM roofline that of the channels; ``in_turn``: issued as the go token reaches the
+        cores (:meth:`hbm_link`), else all at once (before the first execute)."""
         if total_bytes <= 0:
             return 0.0
         port = per_core_bytes / self.port
         if self.edge_fed and grid is not None:
-            net = self.hbm_link(per_core_bytes, grid)
+            net = self.hbm_link(per_core_bytes, grid, in_turn=in_turn)
             return (
                 max(total_bytes / self.hbm_peak, net)
                 + port / pieces

@@ -26,7 +26,8 @@ from functools import lru_cache
 from elk.allocate import Option, pareto
 from elk.chipcosts import ChipCosts
 from elk.errors import ElkError
-from elk.meshio import hbm_io_extra
+from elk.grids import footprint, grid
+from elk.meshio import with_hbm_io
 from elk.ops import Operator, input_on_chip
 from elk.schedule import Item
 
@@ -443,6 +444,19 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh))
         for p in plans
     )
+    first = (
+        tuple(
+            c.load(
+                p.preload_space,
+                p.preload_space / max(1, p.cores),
+                grid=footprint(p, c.mesh),
+                in_turn=False,
+            )
+            for p in plans
+        )
+        if c.edge_fed
+        else ()
+    )
     return Item(
         op.name,
         execs,
@@ -460,44 +474,8 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         slacks=tuple(p.slack for p in plans),
         quiets=tuple(p.quiet for p in plans),
         hbm_time=op.hbm_bytes / c.hbm_bw,
+        first_loads=first,
     )
-
-
-def _with_hbm_io(c: ChipCosts, op: Operator, it: Item, hbm_in: bool, hbm_out: bool) -> Item:
-    """``it`` with every exec plan's time (alone and contended) lengthened by its HBM input
-    and output on an edge-fed mesh (:func:`elk.meshio.hbm_io_extra`)."""
-    add = [
-        hbm_io_extra(
-            c, o.ref.kind, o.ref.tiles, op.dims, op.elem, footprint(o.ref, c.mesh), hbm_in, hbm_out
-        )
-        for o in it.execs
-    ]
-    execs = tuple(Option(o.space, o.time + x, o.ref) for o, x in zip(it.execs, add))
-    contended = tuple(t + x for t, x in zip(it.contended, add))
-    return dataclasses.replace(it, execs=execs, contended=contended)
-
-
-def grid(p: Plan) -> tuple[int, int]:
-    """The core grid (rows, columns) a plan's tiles occupy (as :mod:`lowering.elk_placement`
-    places them)."""
-    if p.kind == "matmul":
-        return p.tiles[1], p.tiles[2]
-    if p.kind == "attention":
-        return p.tiles[0] * p.tiles[1], p.tiles[2]
-    return (1, p.tiles[0]) if len(p.tiles) == 1 else (p.tiles[0], p.tiles[1])
-
-
-def footprint(p: Plan, mesh: tuple[int, int] | None) -> tuple[int, int]:
-    """The cores (rows, columns) a plan occupies on a ``mesh`` of worker rows x columns: its
-    :func:`grid`, except that a grid with more rows than the mesh is folded, ``cols // c``
-    grid rows side by side in one mesh row (a decode attention's groups only exchange partials
-    within their own grid row, ELK §5 maps each partitioned dimension to a mesh dimension).
-    All-to-all (``mesh`` ``None``): the grid."""
-    r, c = grid(p)
-    if mesh is None or r <= mesh[0] or c > mesh[1]:
-        return r, c
-    per = mesh[1] // c
-    return -(-r // per), per * c
 
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
@@ -512,7 +490,7 @@ def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
         if hbm_in or hbm_out:
             it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
             if c.edge_fed:
-                it = _with_hbm_io(c, op, it, hbm_in, hbm_out)
+                it = with_hbm_io(c, op, it, hbm_in, hbm_out)
         if op.routed_by is not None:
             if op.routed_by not in index:
                 raise ElkError(

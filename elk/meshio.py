@@ -11,9 +11,26 @@ grid, hop by hop: :func:`hbm_io_extra` is what that adds to a plan's execution.
 
 from __future__ import annotations
 
-from elk.chipcosts import ChipCosts
+import dataclasses
 
-__all__ = ["hbm_io_extra"]
+from elk.allocate import Option
+from elk.chipcosts import ChipCosts
+from elk.model import Item
+from elk.ops import Operator
+
+__all__ = ["hbm_io_extra", "with_hbm_io"]
+
+
+def with_hbm_io(c: ChipCosts, op: Operator, it: Item, hbm_in: bool, hbm_out: bool) -> Item:
+    """``it`` with every exec plan's time (alone and contended) lengthened by its HBM input
+    and output on an edge-fed mesh (:func:`hbm_io_extra`; ``it.grids``: the plans' cores)."""
+    add = [
+        hbm_io_extra(c, o.ref.kind, o.ref.tiles, op.dims, op.elem, it.grids[e], hbm_in, hbm_out)
+        for e, o in enumerate(it.execs)
+    ]
+    execs = tuple(Option(o.space, o.time + x, o.ref) for o, x in zip(it.execs, add))
+    contended = tuple(t + x for t, x in zip(it.contended, add))
+    return dataclasses.replace(it, execs=execs, contended=contended)
 
 
 def hbm_io_extra(

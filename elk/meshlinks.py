@@ -44,6 +44,33 @@ class MeshLinks:
             return 0.0
         return _hbm_pairs(self, min(h, self.rows), min(w, self.cols), store)
 
+    def hbm_stages(self, h: int, w: int, store: bool = False) -> tuple[float, float]:
+        """:meth:`hbm_pairs` of the row links and of the column links separately (a route
+        crosses the ones, then the others)."""
+        if not self.attach:
+            return 0.0, 0.0
+        return _hbm_stages(self, min(h, self.rows), min(w, self.cols), store)
+
+    def preload_span(self, h: int, w: int, in_turn: bool) -> float:
+        """Cycles x link bandwidth, per byte each core of an ``h x w`` grid (north-west
+        corner) preloads, until the last byte arrives when the channels serve the cores in
+        the order they issue (``in_turn``: as the go token reaches them, else at once):
+        the edge row links, then each column link, first come first served
+        (:func:`_flow_shop`; xy routing, else the busiest link)."""
+        if not self.attach:
+            return 0.0
+        h, w = min(h, self.rows), min(w, self.cols)
+        if self.routing != "xy":
+            return _hbm_pairs(self, h, w, False)
+        return max(_hbm_pairs(self, h, w, False), _flow_shop(self, h, w, in_turn))
+
+    def hbm_hops(self, h: int, w: int) -> float:
+        """Mean links a preloaded byte crosses to an ``h x w`` grid in the north-west corner
+        (the byte-hops of its routes over its bytes, spread evenly over the channels)."""
+        if not self.attach:
+            return 0.0
+        return _hbm_hops(self, min(h, self.rows), min(w, self.cols))
+
     def gather_pairs(self, h: int, w: int) -> float:
         """Most bytes on one link, per byte each destination receives, when the first column
         of an ``h x w`` grid in the north-west corner gathers its blocks from sources spread
@@ -86,14 +113,32 @@ def _peak(loads: tuple[np.ndarray, ...]) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _hbm_pairs(m: MeshLinks, h: int, w: int, store: bool) -> float:
+def _hbm_stages(m: MeshLinks, h: int, w: int, store: bool) -> tuple[float, float]:
     grid = np.zeros((m.rows, m.cols))
     grid[:h, :w] = 1.0
     chans = np.zeros((m.rows, m.cols))
     for r, c in m.attach:
         chans[r, c] += 1.0
-    loads = _route_loads(m, grid, chans) if store else _route_loads(m, chans, grid)
-    return _peak(loads) / len(m.attach)
+    east, west, south, north = (
+        _route_loads(m, grid, chans) if store else _route_loads(m, chans, grid)
+    )
+    n = len(m.attach)
+    return _peak((east, west)) / n, _peak((south, north)) / n
+
+
+def _hbm_pairs(m: MeshLinks, h: int, w: int, store: bool) -> float:
+    return max(_hbm_stages(m, h, w, store))
+
+
+@lru_cache(maxsize=1024)
+def _hbm_hops(m: MeshLinks, h: int, w: int) -> float:
+    grid = np.zeros((m.rows, m.cols))
+    grid[:h, :w] = 1.0
+    chans = np.zeros((m.rows, m.cols))
+    for r, c in m.attach:
+        chans[r, c] += 1.0
+    total = sum(float(a.sum()) for a in _route_loads(m, chans, grid))
+    return total / (len(m.attach) * h * w)
 
 
 @lru_cache(maxsize=1024)
@@ -103,3 +148,36 @@ def _gather_pairs(m: MeshLinks, h: int, w: int) -> float:
     dst = np.zeros((m.rows, m.cols))
     dst[:h, 0] = 1.0  # each destination gathers its own block from every source
     return _peak(_route_loads(m, src, dst))
+
+
+@lru_cache(maxsize=1024)
+def _flow_shop(m: MeshLinks, h: int, w: int, go_order: bool) -> float:
+    """Cycles x link bandwidth, per byte each core loads, until the last byte of an ``h x w``
+    grid's preload (north-west corner, xy routing) has crossed its column links, when the
+    channels serve the cores one after another (first come first served) in the order the
+    cores issue their loads: at once in core order, or (``go_order``) as the controller's go
+    token reaches them (a multicast from the last core: along its row, then up the columns).
+    The row links next to the edges carry every core's share in parallel (stage 1, ``1 /
+    channels`` per core); then each column link the core's routes cross serves its share
+    first come first served (stage 2)."""
+    R, C = m.rows, m.cols
+    n = len(m.attach)
+    rows_of = np.zeros(R)
+    for r, _ in m.attach:
+        rows_of[r] += 1.0
+    below = np.cumsum(rows_of[::-1])[::-1]  # channels in rows >= z
+    cores = [(r, c) for r in range(h) for c in range(w)]
+    if go_order:
+        cores.sort(key=lambda rc: ((C - 1 - rc[1]) + (R - 1 - rc[0]), rc[0] * C + rc[1]))
+    north = np.zeros((R, C))  # link z+1 -> z of column c: free time
+    south = np.zeros((R, C))  # link z -> z+1
+    t1 = 0.0
+    for r, c in cores:
+        t1 += 1.0 / n
+        # north-bound links z = r .. R-2 carry the channels of rows > z
+        for z in range(r, R - 1):
+            north[z, c] = max(north[z, c], t1) + below[z + 1] / n
+        # south-bound links z = 0 .. r-1 carry the channels of rows <= z
+        for z in range(r):
+            south[z, c] = max(south[z, c], t1) + (n - below[z + 1]) / n
+    return float(max(t1, north.max(initial=0.0), south.max(initial=0.0)))
