@@ -11,6 +11,13 @@ on each link of that pair's route, so the busiest link bounds the delivery:
 ``max_link_pairs * b / channels / link_bandwidth`` cycles.  The same holds between cores for
 an execute-state exchange (sources, destinations and their route).
 
+When the preload ends depends also on the order the channels serve the cores (first come first
+served, :func:`_flow_shop`): issued by every core at once (core order) the column links work
+beside the edge row links and the busiest link bounds it; issued as the controller's go token
+reaches the cores (the preloads of every section but the first, ELK §4.5), the channels serve
+the cores nearest the controller first, the column links of those cores' columns get their
+data in bursts, and the row and column stages largely add up.
+
 Grids sit in the mesh's north-west corner (``lowering.elk_placement`` tries the west edge and
 the first rows first); the link loads are counted exactly for that rectangle.
 """

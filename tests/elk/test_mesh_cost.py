@@ -86,3 +86,19 @@ def test_cost_model_matches_simulator_per_operator_kind_on_mesh(name: str) -> No
                 _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16")
         pre = simulate(b.build(), chip).cycles
         assert abs(it.first_load_time(e) / pre - 1) < 0.10
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (4, 46), (16, 32), (24, 44), (31, 46)])
+def test_preload_span_lies_between_the_busiest_link_and_both_stages(grid: tuple[int, int]) -> None:
+    """:meth:`MeshLinks.preload_span`: never sooner than the busiest link allows, later when
+    the cores issue in turn than all at once, never later than the row and the column stage
+    one after the other (plus one core's share of the first)."""
+    chip = load_chip("mesh")
+    noc = chip.noc
+    links = MeshLinks(noc.rows, noc.cols, tuple(divmod(a, noc.cols) for a in chip.hbm.attach_cores))
+    h, w = grid
+    rows, cols = links.hbm_stages(h, w)
+    at_once, in_turn = links.preload_span(h, w, False), links.preload_span(h, w, True)
+    assert max(rows, cols) <= at_once + 1e-9
+    assert at_once <= in_turn + 1e-9
+    assert in_turn <= h * w / chip.hbm.channels + cols + 1e-9
