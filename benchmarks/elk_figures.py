@@ -66,9 +66,14 @@ def notes(s: dict[str, ElkSchedule]) -> list[str]:
     )
     c = full.costs
     icn = {d: s[d].breakdown()["interconnect"] / max(s[d].cycles, 1e-9) for d in s}
+    port = (
+        "every mesh link takes the preload pieces routed over it"
+        if c.mesh
+        else ("a core's port takes the preload pieces issued to it")
+    )
     out = [
-        f"Ideal gives preloads their own interconnect; here a core's port takes the preload "
-        f"pieces issued to it before any message an execute sends it later, and the HBM "
+        f"Ideal gives preloads their own interconnect; here {port} "
+        f"before any message an execute sends it later, and the HBM "
         f"channels serve requests in arrival order, so an execute waits for its cores' preload "
         f"share from its first message on, and one that reads or stores HBM activations waits "
         f"until the HBM has served the preloads issued before it (the simulator's ports and "
