@@ -26,6 +26,8 @@ from functools import lru_cache
 from elk.allocate import Option, pareto
 from elk.chipcosts import ChipCosts
 from elk.errors import ElkError
+from elk.grids import footprint, grid
+from elk.meshio import with_hbm_io
 from elk.ops import Operator, input_on_chip
 from elk.schedule import Item
 
@@ -142,13 +144,23 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 comp: int = comp,
                 add: int = add,
                 lv: int = lv,
+                tk: int = tk,
                 tn: int = tn,
                 hr: float = hops_row,
                 hc: float = hops_col,
             ) -> float:
-                load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
                 bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
                 reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
+                if c.links is not None:
+                    # mesh: the first grid column gathers the activation over the links into
+                    # it, piece by piece (:func:`chunks`), each piece multicast along the row
+                    # and multiplied as it arrives; the result stays on the top row for the
+                    # next operator to gather
+                    parts = (c.gather(a, (tk, tn)) * f, bcast, float(comp))
+                    slow = max(parts)
+                    stream = slow + (sum(parts) - slow) / chunks(k // tk)
+                    return stream + c.net_lat * (tk + tn) + reduce
+                load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
                 store = max(cc / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
                 return load_a + bcast + comp + reduce + store
 
@@ -157,7 +169,10 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             # the activation arrives and the weight pieces but the last are multiplied before
             # the last weight piece is needed
             pieces = chunks(kb)
-            first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
+            if c.links is not None:
+                first = c.gather(a, (tk, tn)) + c.net_lat * (tk + tn)
+            else:
+                first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
             # the multicast along the grid rows, else the first partial sum down the columns
             quiet = first if tn > 1 else (first + comp if tk > 1 else 0.0)
             first += (a / c.port + c.net_lat * hops_row) if tn > 1 else 0.0
@@ -380,7 +395,7 @@ def _quicker_loads(
     front = _plans(c, kind, dims, dtype, fpe, pbytes, reduce, whole)
 
     def load(p: Plan) -> float:
-        return c.load(p.preload_space, p.preload_space / max(1, p.cores))
+        return c.load(p.preload_space, p.preload_space / max(1, p.cores), grid=footprint(p, c.mesh))
 
     best: dict[float, Plan] = {}
     for p in _generated(c, kind, dims, dtype, fpe, pbytes, reduce, whole):
@@ -418,8 +433,30 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
     plans = front + _quicker_loads(c, *key, op.node is not None)
     execs = tuple(Option(p.space, p.time, p) for p in plans)
     preloads = tuple((Option(p.preload_space, 0.0, p),) for p in plans)
-    loads = tuple(c.load(p.preload_space, p.preload_space / max(1, p.cores)) for p in plans)
-    ports = tuple(p.preload_space / max(1, p.cores) / c.port for p in plans)
+    loads = tuple(
+        c.load(p.preload_space, p.preload_space / max(1, p.cores), grid=footprint(p, c.mesh))
+        for p in plans
+    )
+    # the cycles a queued preload holds an execution's messages up: its share of a core's
+    # port, or on an edge-fed mesh the busiest link of its routes, which the execution's
+    # messages between the cores of the same mesh region cross too (ELK §4.3)
+    ports = tuple(
+        c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh))
+        for p in plans
+    )
+    first = (
+        tuple(
+            c.load(
+                p.preload_space,
+                p.preload_space / max(1, p.cores),
+                grid=footprint(p, c.mesh),
+                in_turn=False,
+            )
+            for p in plans
+        )
+        if c.edge_fed
+        else ()
+    )
     return Item(
         op.name,
         execs,
@@ -437,30 +474,8 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         slacks=tuple(p.slack for p in plans),
         quiets=tuple(p.quiet for p in plans),
         hbm_time=op.hbm_bytes / c.hbm_bw,
+        first_loads=first,
     )
-
-
-def grid(p: Plan) -> tuple[int, int]:
-    """The core grid (rows, columns) a plan's tiles occupy (as :mod:`lowering.elk_placement`
-    places them)."""
-    if p.kind == "matmul":
-        return p.tiles[1], p.tiles[2]
-    if p.kind == "attention":
-        return p.tiles[0] * p.tiles[1], p.tiles[2]
-    return (1, p.tiles[0]) if len(p.tiles) == 1 else (p.tiles[0], p.tiles[1])
-
-
-def footprint(p: Plan, mesh: tuple[int, int] | None) -> tuple[int, int]:
-    """The cores (rows, columns) a plan occupies on a ``mesh`` of worker rows x columns: its
-    :func:`grid`, except that a grid with more rows than the mesh is folded, ``cols // c``
-    grid rows side by side in one mesh row (a decode attention's groups only exchange partials
-    within their own grid row, ELK §5 maps each partitioned dimension to a mesh dimension).
-    All-to-all (``mesh`` ``None``): the grid."""
-    r, c = grid(p)
-    if mesh is None or r <= mesh[0] or c > mesh[1]:
-        return r, c
-    per = mesh[1] // c
-    return -(-r // per), per * c
 
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
@@ -474,6 +489,8 @@ def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
         hbm_out = k + 1 == len(ops) or not input_on_chip(op, ops[k + 1])
         if hbm_in or hbm_out:
             it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
+            if c.edge_fed:
+                it = with_hbm_io(c, op, it, hbm_in, hbm_out)
         if op.routed_by is not None:
             if op.routed_by not in index:
                 raise ElkError(

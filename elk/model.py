@@ -31,7 +31,9 @@ class Item:
     reaches one of its cores (a preload queued on its ports holds it up only from then on);
     ``hbm_input``: the execution reads its input activation from HBM (behind the preload
     requests the HBM channels already queue); ``hbm_output``: it stores its output to HBM
-    (the next operator reads it from there); ``hbm_time``: HBM cycles of its preload."""
+    (the next operator reads it from there); ``hbm_time``: HBM cycles of its preload;
+    ``first_loads[e]``: its preload cycles when issued before the first ``execute`` (all cores
+    at once; ``loads`` are those issued as a go token reaches the cores)."""
 
     name: str
     execs: tuple[Option, ...]
@@ -52,6 +54,7 @@ class Item:
     hbm_input: bool = False
     hbm_output: bool = False
     hbm_time: float = 0.0
+    first_loads: tuple[float, ...] = ()
 
     @property
     def pareto(self) -> int:
@@ -81,6 +84,11 @@ class Item:
     def load_time(self, e: int) -> float:
         """Preload cycles when the operator will execute with plan ``e``."""
         return self.loads[e] if self.loads else self.load
+
+    def first_load_time(self, e: int) -> float:
+        """Preload cycles with exec plan ``e`` when issued before the first ``execute``, by
+        every core at once (``first_loads``; else :meth:`load_time`)."""
+        return self.first_loads[e] if self.first_loads else self.load_time(e)
 
     def exec_time(self, e: int, busy: bool | float) -> float:
         """Cycles of exec plan ``e``; ``busy``: preloads share the interconnect for the whole

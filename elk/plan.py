@@ -119,7 +119,8 @@ class ElkSchedule:
         core ports (exchange + HBM deliveries) over the ports' capacity.  Mesh: byte-hops over
         the capacity of every directed link — exchange traffic travels the mean distance within
         its plan's grid ((rows + columns) / 3 hops), HBM data from the edge routers the mean
-        distance to a core (rows / 3 + columns / 4 hops, dimension-order routing)."""
+        length of its dimension-order routes to the operator's grid
+        (:meth:`elk.meshlinks.MeshLinks.hbm_hops`)."""
         c = self.costs
         hbm = sum(op.hbm_bytes for op in self.ops)
         if c.mesh is None:
@@ -127,9 +128,15 @@ class ElkSchedule:
             cap = c.cores * c.port * self.cycles
             return moved / cap if cap else 0.0
         rows, cols = c.mesh[0] + 1, c.mesh[1]
-        hops = sum(p.xbytes * sum(footprint(p, c.mesh)) / 3 for p in self.plans) + hbm * (
-            rows / 3 + cols / 4
-        )
+        hops = sum(p.xbytes * sum(footprint(p, c.mesh)) / 3 for p in self.plans)
+        if c.links is not None and c.links.attach:
+            # HBM bytes: the exact mean length of their routes to the operator's grid
+            hops += sum(
+                op.hbm_bytes * c.links.hbm_hops(*footprint(p, c.mesh))
+                for op, p in zip(self.ops, self.plans)
+            )
+        else:
+            hops += hbm * (rows / 3 + cols / 4)
         links = 2 * (rows * (cols - 1) + cols * (rows - 1))
         cap = links * c.port * self.cycles
         return hops / cap if cap else 0.0

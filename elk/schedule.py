@@ -278,7 +278,7 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Pol
     # the first operator reads its input from HBM, whose channels serve requests first come
     # first served: it waits behind the preloads issued before it
     hbm0 = sum(
-        items[order[k]].load_time(res[order[k]][1])
+        items[order[k]].first_load_time(res[order[k]][1])
         for k in range(first.P)
         if pol.contention and order[k] != 0 and order[k] in res and items[order[k]].ports
     )
@@ -291,7 +291,7 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Pol
             bound, plan = first.start + items[0].slack(first.exec_plan), first.exec_plan
         else:
             bound, plan = res[op]
-        v = min(bound, later) - items[op].load_time(plan)
+        v = min(bound, later) - items[op].first_load_time(plan)
         head.append(v)
         later = v
     head.reverse()
@@ -301,7 +301,8 @@ def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Pol
     plan_of = {t.op: t.exec_plan for t in steps}
     for k, op in enumerate(order):
         pstart[op] = spre[k]
-        pend[op] = spre[k] + items[op].load_time(plan_of[op])
+        load = items[op].first_load_time if k < first.P else items[op].load_time
+        pend[op] = spre[k] + load(plan_of[op])
     begin = min(min(pstart), start0) if n else 0.0
     shift = -begin
     # the wait behind the preloads issued just before an execute belongs to that step
