@@ -62,7 +62,12 @@ def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, 
     if op.fixed is not None:
         return op.fixed
     regs = core.regs
-    starts = tuple([ev(regs, e) for e in op.starts])
+    starts = []
+    for v, terms in op.starts:  # ev() inlined: one call per region, not per operand
+        for name, coef in terms:
+            v += coef * regs[name]
+        starts.append(v)
+    starts = tuple(starts)
     extents = op.cext
     if extents is None:
         extents = tuple([ev(regs, e) for e in op.extents])
@@ -322,9 +327,18 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
             return False
         if t > core.t:
             advance(sim, core, t, sim.cat)
-    post = Post(core, b, op.end, t)
+    end = op.end
+    post = Post(core, b, end, t)
     b.wp = post
-    sim.post(op.end, post)
+    q = end.unmatched
+    if q:  # sim.post(end, post), inlined: match the oldest unreceived message
+        s = q[0]
+        del q[0]
+        s.post = post
+        if s.arrival is not None:
+            sim.consume(s)
+    else:
+        end.posts.append(post)
     core.pc += 1
     return True
 
