@@ -146,7 +146,8 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         return False
     if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
-    starts, extents = _region(sim, core, op)
+    fixed = op.fixed
+    starts, extents = fixed if fixed is not None else _region(sim, core, op)
     info = op.info
     n = math.prod(extents)
     if n > b.cap:

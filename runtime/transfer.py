@@ -195,15 +195,29 @@ class Transfers:
         plan = self.hbm_plans.get(id(split))
         if plan is None or plan[0] != self.hver:
             plan = self._plan(split)
+        plan[2][0] += 1  # bytes and grant counts per class: added up by _flush_uses
         cfree, cbusy = self.cfree, self.cbusy
-        cbytes, ccnt = self.cbytes, self.ccnt
         classes = plan[1]
         self.n_cls += len(classes)
         first = math.inf
         last = arrive if arrive > tail else tail
         rt = self.rtrace
-        span: dict[int, tuple] | None = None if rt is None else {}
-        for k, b, d in classes:  # the rule of _stage, per class (d: b / rate)
+        if rt is None:
+            for k, d in classes:  # the rule of _stage, per class (d: bytes / rate)
+                f = cfree[k]
+                start = arrive if arrive > f else f
+                end = start + d
+                if tail > end:
+                    end = tail
+                cfree[k] = end
+                cbusy[k] += end - start
+                if start < first:
+                    first = start
+                if end > last:
+                    last = end
+            return (first if classes else arrive), last
+        span: dict[int, tuple] = {}
+        for k, d in classes:  # as above, keeping each class's span for the trace
             f = cfree[k]
             start = arrive if arrive > f else f
             end = start + d
@@ -211,16 +225,11 @@ class Transfers:
                 end = tail
             cfree[k] = end
             cbusy[k] += end - start
-            cbytes[k] += b
-            ccnt[k] += 1
             if start < first:
                 first = start
             if end > last:
                 last = end
-            if span is not None:
-                span[k] = (start, end)
-        if rt is None or span is None:
-            return (first if classes else arrive), last
+            span[k] = (start, end)
         # one trace entry per channel, in channel order
         cls, chan_res, label = self.cls_of, self.chan_res, x.label
         for c, _ in x.split:
@@ -228,8 +237,10 @@ class Transfers:
         return (first if classes else arrive), last
 
     def _plan(self, split: tuple) -> tuple:
-        """``(version, ((class, bytes per member, bytes / rate), ...))`` for ``split``, refining
-        the channel classes so that every class it touches is covered whole with equal bytes."""
+        """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
+        ...))`` for ``split``, refining the channel classes so that every class it touches is
+        covered whole with equal bytes (``uses``: requests served with it whose bytes and
+        grants are not yet added to their classes, see :meth:`_flush_uses`)."""
         cls = self.cls_of
         want: dict[int, dict] = {}
         for c, b in split:
@@ -242,6 +253,8 @@ class Transfers:
                 groups.setdefault(got.get(c), []).append(c)
             if len(groups) == 1:
                 continue
+            if not changed:
+                self._flush_uses()  # the counts go to the classes as they are now
             changed = True
             rest = list(groups.values())
             self.cmembers[k] = rest[0]
@@ -256,20 +269,36 @@ class Transfers:
                     cls[c] = n
         if changed:
             self.hver += 1
-        plan: list[tuple[int, int, float]] = []
+        plan: list[tuple[int, float]] = []
+        nbytes: list[tuple[int, int]] = []
         seen: set[int] = set()
         rate = self.hrate
         for c, b in split:
             k = cls[c]
             if k not in seen:
                 seen.add(k)
-                plan.append((k, b, b / rate))
-        hit = (self.hver, tuple(plan))
+                plan.append((k, b / rate))
+                nbytes.append((k, b))
+        hit = (self.hver, tuple(plan), [0], tuple(nbytes))
         self.hbm_plans[id(split)] = hit
         return hit
 
+    def _flush_uses(self) -> None:
+        """Add the bytes and grants of the requests served since the last call to their
+        channel classes (:meth:`_channels` counts requests per plan, not per class)."""
+        cbytes, ccnt = self.cbytes, self.ccnt
+        for plan in self.hbm_plans.values():
+            uses = plan[2]
+            n = uses[0]
+            if n:
+                uses[0] = 0
+                for k, b in plan[3]:
+                    cbytes[k] += b * n
+                    ccnt[k] += n
+
     def hbm_flush(self) -> None:
         """Write every channel class's state back to its member channels."""
+        self._flush_uses()
         rs, chan_res = self.rs, self.chan_res
         for k, members in enumerate(self.cmembers):
             f, bz, nb, nc = self.cfree[k], self.cbusy[k], self.cbytes[k], self.ccnt[k]
