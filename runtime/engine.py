@@ -236,7 +236,6 @@ class Simulator(Transfers):
         self.times: list[int] = []
         self.buckets: dict[int, tuple[list, list]] = {}
         self.now = 0
-        self.cat = 0
         self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
         self.hbm_rd = self.hbm_wr = 0
         self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)

@@ -43,6 +43,7 @@ __all__ = [
     "h_recvvalue",
     "h_recvstop",
     "h_barrier",
+    "arrive",
 ]
 
 
@@ -188,11 +189,9 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
 
 def h_store(sim: Any, core: Core, op: OpMem) -> bool:
     b = op.buf
-    t = ready(sim, core, core.t, (b,), ())
-    if t < 0:
+    if not ready(sim, core, (b,), ()):
         return False
-    if t > core.t:
-        advance(sim, core, t, sim.cat)
+    t = core.t
     if t > sim.now:
         sim.schedule(core, t)
         return False
@@ -283,11 +282,8 @@ class OpSend(Op):
 def h_send(sim: Any, core: Core, op: OpSend) -> bool:
     b = op.buf
     if b is not None and (b.wp is not None or b.w > core.t or not b.allocated):
-        t = ready(sim, core, core.t, (b,), ())
-        if t < 0:
+        if not ready(sim, core, (b,), ()):
             return False
-        if t > core.t:
-            advance(sim, core, t, sim.cat)
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
@@ -323,11 +319,9 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     b = op.buf
     t = core.t
     if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
-        t = ready(sim, core, t, (), (b,))
-        if t < 0:
+        if not ready(sim, core, (), (b,)):
             return False
-        if t > core.t:
-            advance(sim, core, t, sim.cat)
+        t = core.t
     end = op.end
     post = Post(core, b, end, t)
     b.wp = post
@@ -376,11 +370,9 @@ def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:
         b = op.buf
         t = core.t
         if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
-            t = ready(sim, core, t, (), (b,))
-            if t < 0:
+            if not ready(sim, core, (), (b,)):
                 return False
-            if t > core.t:
-                advance(sim, core, t, sim.cat)
+            t = core.t
         p = StopPost(core, b, op.end, t)
         b.wp = p
         core.cur = p
@@ -415,16 +407,27 @@ def h_barrier(sim: Any, core: Core, op: OpBarrier) -> bool:
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
+    others = arrive(g, core)
+    if others is None:
+        sim.block(core, ("barrier", g), None)
+        return False
+    g.release_t = sim.now
+    for other in others:
+        sim.wake(other, sim.now)
+    core.pc += 1
+    return True
+
+
+def arrive(g: Group, core: Core) -> list[Core] | None:
+    """``core`` arrives at barrier ``g`` (the bookkeeping the simulator and the untimed replay
+    share): None while members are missing (``core.bar`` then records the generation it
+    waits in), or, for the last one, the members that waited, to be released (a new
+    generation begins)."""
     g.arrived.append(core)
     if len(g.arrived) < len(g.members):
         core.bar = (g, g.gen)
-        sim.block(core, ("barrier", g), None)
-        return False
+        return None
     g.gen += 1
-    g.release_t = sim.now
-    for other in g.arrived:
-        if other is not core:
-            sim.wake(other, sim.now)
+    others = [c for c in g.arrived if c is not core]
     g.arrived = []
-    core.pc += 1
-    return True
+    return others
