@@ -125,9 +125,10 @@ def build_result(sim: Any, wall: float) -> SimResult:
         if r.kind != "hbm":
             link_bytes += nbytes
     stepped = sum(c.stepped for c in comp.cores)
-    # per-channel HBM grants counted in ``rcount`` but computed once per channel class
+    # per-channel HBM grants counted per resource (``rs``) but computed once per channel class
     closed = 0 if sim.attached else sum(sim.rs[r][3] for r in sim.chan_res) - sim.n_cls
     ff = sum(c.ff for c in comp.cores)
+    grants = sum(r[3] for r in sim.rs)
     stats = SimStats(
         cycles,
         tuple(cores),
@@ -140,9 +141,7 @@ def build_result(sim: Any, wall: float) -> SimResult:
             ("noc_messages", sim.msg_bytes),
             ("noc_link_traffic", link_bytes),
         ),
-        EventCounts(
-            stepped + ff, stepped, ff, sum(r[3] for r in sim.rs) - closed, sim.n_deliv, sim.n_pops, closed
-        ),
+        EventCounts(stepped + ff, stepped, ff, grants - closed, sim.n_deliv, sim.n_pops, closed),
     )
     trace_events: tuple = ()
     if sim.tracing:
