@@ -86,6 +86,7 @@ def progress(fn: ProgressFn | None) -> Iterator[None]:
     finally:
         _PROGRESS.reset(token)
 
+
 #: Outstanding HBM requests per core when the chip does not say (``CoreSpec.dma_queue_depth``).
 DEFAULT_DMA_QUEUE_DEPTH = 16
 
@@ -211,36 +212,39 @@ class Simulator(Transfers):
         ``progress``: ``fn(cycle, events)`` called while running (module docstring; default:
         the one set by :func:`progress`)."""
         wall = time.perf_counter()
-        self.progress = progress if progress is not None else _PROGRESS.get()
-        comp = self._compiled or self._compile()
-        self._compiled = None
-        self.comp = comp
-        # per resource: [free from, busy cycles, bytes, grants, rate] (Transfers)
-        self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
-        self.chan_res = self.fabric.chan_res
-        self.attached = self.fabric.attached
-        # HBM channel classes (see Transfers._channels): at first one class of every channel
-        nch = len(self.chan_res)
-        self.hbm_plans: dict[int, tuple] = {}
-        self.hver = 0
-        self.cls_of = [0] * nch
-        self.cmembers = [list(range(nch))] if nch and not self.attached else []
-        self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
-        self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
-        self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
-        self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
-        self.dirty: set[str] = set()
-        self.tracing = bool(trace)
-        self.ctrace: list[tuple] = []
-        self.rtrace: list[tuple] | None = [] if self.tracing else None
-        self.times: list[int] = []
-        self.buckets: dict[int, tuple[list, list]] = {}
-        self.now = 0
-        self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
-        self.hbm_rd = self.hbm_wr = 0
-        self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
-        self.ndone = 0
+        # the collector stays off for the whole run: the set-up allocates many small objects
+        # (per-resource state), which would otherwise start a collection of the compiled
+        # program here
         with gc_paused():
+            self.progress = progress if progress is not None else _PROGRESS.get()
+            comp = self._compiled or self._compile()
+            self._compiled = None
+            self.comp = comp
+            # per resource: [free from, busy cycles, bytes, grants, rate] (Transfers)
+            self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
+            self.chan_res = self.fabric.chan_res
+            self.attached = self.fabric.attached
+            # HBM channel classes (see Transfers._channels): at first one class of every channel
+            nch = len(self.chan_res)
+            self.hbm_plans: dict[int, tuple] = {}
+            self.hver = 0
+            self.cls_of = [0] * nch
+            self.cmembers = [list(range(nch))] if nch and not self.attached else []
+            self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
+            self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
+            self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
+            self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
+            self.dirty: set[str] = set()
+            self.tracing = bool(trace)
+            self.ctrace: list[tuple] = []
+            self.rtrace: list[tuple] | None = [] if self.tracing else None
+            self.times: list[int] = []
+            self.buckets: dict[int, tuple[list, list]] = {}
+            self.now = 0
+            self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
+            self.hbm_rd = self.hbm_wr = 0
+            self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
+            self.ndone = 0
             for core in comp.active:
                 self.schedule(core, 0)
             try:
