@@ -86,10 +86,9 @@ def progress(fn: ProgressFn | None) -> Iterator[None]:
     finally:
         _PROGRESS.reset(token)
 
+
 #: Outstanding HBM requests per core when the chip does not say (``CoreSpec.dma_queue_depth``).
 DEFAULT_DMA_QUEUE_DEPTH = 16
-
-_PRIO_CORE = 1
 
 
 @contextmanager
@@ -213,46 +212,41 @@ class Simulator(Transfers):
         ``progress``: ``fn(cycle, events)`` called while running (module docstring; default:
         the one set by :func:`progress`)."""
         wall = time.perf_counter()
-        self.progress = progress if progress is not None else _PROGRESS.get()
-        comp = self._compiled or self._compile()
-        self._compiled = None
-        self.comp = comp
-        nres = len(self.fabric.res)
-        self.rate = [r.rate for r in self.fabric.res]
-        self.free = [0.0] * nres
-        self.busy = [0.0] * nres
-        self.rbytes = [0] * nres
-        self.rcount = [0] * nres
-        self.chan_res = self.fabric.chan_res
-        self.attached = self.fabric.attached
-        # HBM channel classes (see Transfers._channels): at first one class of every channel
-        nch = len(self.chan_res)
-        self.hbm_plans: dict[int, tuple] = {}
-        self.hver = 0
-        self.cls_of = [0] * nch
-        self.cmembers = [list(range(nch))] if nch and not self.attached else []
-        self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
-        self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
-        self.hrate = self.rate[self.chan_res[0]] if nch else 1.0
-        self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
-        self.dirty: set[str] = set()
-        self.tracing = bool(trace)
-        self.ctrace: list[tuple] = []
-        self.rtrace: list[tuple] | None = [] if self.tracing else None
-        self.times: list[int] = []
-        self.buckets: dict[int, tuple[list, list]] = {}
-        self.now = 0
-        self.cat = 0
-        self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
-        self.hbm_rd = self.hbm_wr = 0
-        self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
-        self.ndone = 0
-        self.run_fn = self.run_core  # bound once: queue entries reuse it
-        self.hop_fn = self._stage
+        # the collector stays off for the whole run: the set-up allocates many small objects
+        # (per-resource state), which would otherwise start a collection of the compiled
+        # program here
         with gc_paused():
+            self.progress = progress if progress is not None else _PROGRESS.get()
+            comp = self._compiled or self._compile()
+            self._compiled = None
+            self.comp = comp
+            # per resource: [free from, busy cycles, bytes, grants, rate] (Transfers)
+            self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
+            self.chan_res = self.fabric.chan_res
+            self.attached = self.fabric.attached
+            # HBM channel classes (see Transfers._channels): at first one class of every channel
+            nch = len(self.chan_res)
+            self.hbm_plans: dict[int, tuple] = {}
+            self.hver = 0
+            self.cls_of = [0] * nch
+            self.cmembers = [list(range(nch))] if nch and not self.attached else []
+            self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
+            self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
+            self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
+            self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
+            self.dirty: set[str] = set()
+            self.tracing = bool(trace)
+            self.ctrace: list[tuple] = []
+            self.rtrace: list[tuple] | None = [] if self.tracing else None
+            self.times: list[int] = []
+            self.buckets: dict[int, tuple[list, list]] = {}
+            self.now = 0
+            self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
+            self.hbm_rd = self.hbm_wr = 0
+            self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
+            self.ndone = 0
             for core in comp.active:
-                core.item = (self.run_fn, core)
-                self.push(0, _PRIO_CORE, core.item)
+                self.schedule(core, 0)
             try:
                 self._loop(max_cycles)
             finally:
@@ -264,23 +258,16 @@ class Simulator(Transfers):
         return result
 
     def _release(self) -> None:
-        """After a completed run: break the reference cycles of the run's working state (the
-        simulator's bound handlers, cores <-> operations <-> channel ends <-> posts) so that
-        reference counting frees the compiled program at once, rather than a cyclic collection
-        walking its millions of objects later.  What stays readable: ``comp.active`` and each
-        core's statistics, ``comp.chans`` (names, depths) and ``comp.groups``."""
-        del self.run_fn, self.hop_fn
+        """After a completed run: break the reference cycles of the run's working state (cores
+        <-> operations <-> buffers <-> receives) so that reference counting frees the compiled
+        program at once, rather than a cyclic collection walking its millions of objects later.
+        The channels hold none: a completed run received every message, and a consumed message
+        is unlinked from its FIFO and its receive (:meth:`Transfers.consume`).  What stays
+        readable: ``comp.active`` and each core's statistics, ``comp.chans`` (names, depths)
+        and ``comp.groups``."""
         for core in self.comp.cores:
             core.code = []
             core.bufs = {}
-            core.item = None
-        for ch in self.comp.chans.values():
-            for end in ch.ends:
-                if end.inflight or end.posts or end.unmatched or end.waiter is not None:
-                    end.posts.clear()
-                    end.unmatched.clear()
-                    end.inflight.clear()
-                    end.waiter = None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)
@@ -337,17 +324,14 @@ class Simulator(Transfers):
         channel or None)`` (:func:`runtime.report.wait_for`)."""
         return wait_for(self)
 
-    def push(self, t: int, prio: int, item: tuple) -> None:
-        """Queue ``item[0](item)`` at cycle ``t`` (priority 0 before 1; then first come first)."""
-        b = self.buckets.get(t)
-        if b is None:
-            b = self.buckets[t] = ([], [])
-            heappush(self.times, t)
-        b[prio].append(item)
-
     def _loop(self, max_cycles: int | None) -> None:
+        """Advance the calendar queue until it is empty.  A cycle's bucket holds two FIFO
+        lists: transfer stages whose head arrives then (priority 0: each entry is the argument
+        tuple of :meth:`_stage`) and cores to resume (priority 1); a stage queued while the
+        cycle is being processed runs before the next core."""
         times, buckets = self.times, self.buckets
         limit = math.inf if max_cycles is None else max_cycles
+        stage = self._stage
         pops = 0
         report = getattr(self, "progress", None)
         check_at = PROGRESS_EVENTS
@@ -361,18 +345,33 @@ class Simulator(Transfers):
                         f"{len(self.comp.active) - self.ndone} programs unfinished; raise the limit"
                     )
                 self.now = t
-                first, second = buckets[t]
+                hops, cores = buckets[t]
                 i = j = 0
                 while True:
-                    if i < len(first):
-                        item = first[i]
+                    if i < len(hops):
+                        stage(*hops[i])
                         i += 1
-                    elif j < len(second):
-                        item = second[j]
+                    elif j < len(cores):
+                        # run the core until it yields, blocks or finishes
+                        core = cores[j]
                         j += 1
+                        code = core.code
+                        n = 0
+                        try:
+                            while True:
+                                op = code[core.pc]
+                                if not op.fn(self, core, op):
+                                    break
+                                n += 1
+                        except KeyError as exc:  # a register read before it is set
+                            if not exc.args or not isinstance(exc.args[0], str):
+                                raise
+                            raise self.error(
+                                core, f"register {exc.args[0]!r} is read before it is set"
+                            ) from None
+                        core.stepped += n
                     else:
                         break
-                    item[0](item)
                 pops += i + j
                 del buckets[t]
                 if report is not None and pops >= check_at:
@@ -401,30 +400,13 @@ class Simulator(Transfers):
                     f"cores {late} finish after max_cycles={max_cycles}; raise the limit"
                 )
 
-    def run_core(self, item: tuple) -> None:
-        """Execute core ``item[1]`` until it yields, blocks or finishes."""
-        core = item[1]
-        code = core.code
-        n = 0
-        try:
-            while True:
-                op = code[core.pc]
-                if not op.fn(self, core, op):
-                    break
-                n += 1
-        except KeyError as exc:  # a register name: read before any instruction set it
-            if not exc.args or not isinstance(exc.args[0], str):
-                raise
-            raise self.error(core, f"register {exc.args[0]!r} is read before it is set") from None
-        core.stepped += n
-
     def schedule(self, core: Core, t: int) -> None:
         """Resume ``core`` at cycle ``t``."""
         b = self.buckets.get(t)
         if b is None:
             b = self.buckets[t] = ([], [])
             heappush(self.times, t)
-        b[1].append(core.item)
+        b[1].append(core)
 
     def block(self, core: Core, why: tuple, pending: Pending | None) -> None:
         """``core`` waits for ``pending`` (or for a barrier / FIFO credit: ``why``)."""
@@ -448,7 +430,7 @@ class Simulator(Transfers):
         if b is None:
             b = self.buckets[t] = ([], [])
             heappush(self.times, t)
-        b[1].append(core.item)
+        b[1].append(core)
 
     def resolve(self, p: Pending, t: int) -> None:
         """``p`` completes at cycle ``t``: wake its waiters."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import mul
 
 import numpy as np
@@ -58,11 +58,12 @@ class TensorInfo:
     base: int
     nbytes: int
     strides: tuple[int, ...]
+    #: an integer tensor: carries real values in timing mode too (read per Load and Store,
+    #: so a field rather than a property)
+    is_int: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_int(self) -> bool:
-        """Integer tensors carry real values in timing mode too."""
-        return self.dtype in INT_DTYPES
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_int", self.dtype in INT_DTYPES)
 
 
 class HbmLayout:
@@ -135,6 +136,8 @@ class HbmLayout:
                 k = j
                 break
         run = extents[k] * math.prod(shape[k + 1 :]) * eb if shape else eb
+        if k == 0:  # one contiguous run: in closed form (the common case; numpy costs more)
+            return self._run_split(off, run)
         starts = np.zeros(1, dtype=np.int64)
         for j in range(k):
             step = info.strides[j] * eb
@@ -148,6 +151,22 @@ class HbmLayout:
             a = starts[i : i + 4096]
             total += (self._below(a + run, lo) - self._below(a, lo)).sum(axis=0)
         return tuple((c, int(b)) for c, b in enumerate(total) if b > 0)
+
+    def _run_split(self, off: int, run: int) -> tuple[tuple[int, int], ...]:
+        """:meth:`_compute_split` of the one run of ``run`` bytes at address ``off``: per
+        channel ``F(off + run, c) - F(off, c)`` (:meth:`_below`) in integer arithmetic."""
+        gran, rnd = self.spec.interleave_bytes, self.round
+        qa, ra = divmod(off, rnd)
+        qb, rb = divmod(off + run, rnd)
+        full = (qb - qa) * gran
+        out = []
+        lo = 0
+        for c in range(self.spec.channels):
+            b = full + min(max(rb - lo, 0), gran) - min(max(ra - lo, 0), gran)
+            if b > 0:
+                out.append((c, b))
+            lo += gran
+        return tuple(out)
 
     def _below(self, x: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """``F(x, c)``: bytes below address ``x`` that map to channel ``c`` (runs x channels)."""

@@ -125,11 +125,9 @@ def _cost(sim: Any, core: Core, op: OpCompute, shapes: tuple) -> tuple[int, tupl
 
 
 def h_compute(sim: Any, core: Core, op: OpCompute) -> bool:
-    t = ready(sim, core, core.t, op.ins, op.outs)
-    if t < 0:
+    if not ready(sim, core, op.ins, op.outs):
         return False
-    if t > core.t:
-        advance(sim, core, t, sim.cat)
+    t = core.t
     shapes = tuple([b.shape for b in op.ins])
     hit = op.cache.get(shapes)
     if hit is None:
@@ -314,11 +312,8 @@ class OpFree(Op):
 
 def h_free(sim: Any, core: Core, op: OpFree) -> bool:
     b = op.buf
-    t = ready(sim, core, core.t, (), (b,))
-    if t < 0:
+    if not ready(sim, core, (), (b,)):
         return False
-    if t > core.t:
-        advance(sim, core, t, sim.cat)
     b.allocated = False
     b.data = None
     core.sram -= b.nbytes

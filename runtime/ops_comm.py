@@ -43,6 +43,7 @@ __all__ = [
     "h_recvvalue",
     "h_recvstop",
     "h_barrier",
+    "arrive",
 ]
 
 
@@ -62,7 +63,12 @@ def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, 
     if op.fixed is not None:
         return op.fixed
     regs = core.regs
-    starts = tuple([ev(regs, e) for e in op.starts])
+    starts = []
+    for v, terms in op.starts:  # ev() inlined: one call per region, not per operand
+        for name, coef in terms:
+            v += coef * regs[name]
+        starts.append(v)
+    starts = tuple(starts)
     extents = op.cext
     if extents is None:
         extents = tuple([ev(regs, e) for e in op.extents])
@@ -141,7 +147,8 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         return False
     if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
-    starts, extents = _region(sim, core, op)
+    fixed = op.fixed
+    starts, extents = fixed if fixed is not None else _region(sim, core, op)
     info = op.info
     n = math.prod(extents)
     if n > b.cap:
@@ -182,11 +189,9 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
 
 def h_store(sim: Any, core: Core, op: OpMem) -> bool:
     b = op.buf
-    t = ready(sim, core, core.t, (b,), ())
-    if t < 0:
+    if not ready(sim, core, (b,), ()):
         return False
-    if t > core.t:
-        advance(sim, core, t, sim.cat)
+    t = core.t
     if t > sim.now:
         sim.schedule(core, t)
         return False
@@ -277,11 +282,8 @@ class OpSend(Op):
 def h_send(sim: Any, core: Core, op: OpSend) -> bool:
     b = op.buf
     if b is not None and (b.wp is not None or b.w > core.t or not b.allocated):
-        t = ready(sim, core, core.t, (b,), ())
-        if t < 0:
+        if not ready(sim, core, (b,), ()):
             return False
-        if t > core.t:
-            advance(sim, core, t, sim.cat)
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
@@ -317,14 +319,21 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     b = op.buf
     t = core.t
     if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
-        t = ready(sim, core, t, (), (b,))
-        if t < 0:
+        if not ready(sim, core, (), (b,)):
             return False
-        if t > core.t:
-            advance(sim, core, t, sim.cat)
-    post = Post(core, b, op.end, t)
+        t = core.t
+    end = op.end
+    post = Post(core, b, end, t)
     b.wp = post
-    sim.post(op.end, post)
+    q = end.unmatched
+    if q:  # sim.post(end, post), inlined: match the oldest unreceived message
+        s = q[0]
+        del q[0]
+        s.post = post
+        if s.arrival is not None:
+            sim.consume(s)
+    else:
+        end.posts.append(post)
     core.pc += 1
     return True
 
@@ -361,11 +370,9 @@ def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:
         b = op.buf
         t = core.t
         if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
-            t = ready(sim, core, t, (), (b,))
-            if t < 0:
+            if not ready(sim, core, (), (b,)):
                 return False
-            if t > core.t:
-                advance(sim, core, t, sim.cat)
+            t = core.t
         p = StopPost(core, b, op.end, t)
         b.wp = p
         core.cur = p
@@ -400,16 +407,27 @@ def h_barrier(sim: Any, core: Core, op: OpBarrier) -> bool:
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
+    others = arrive(g, core)
+    if others is None:
+        sim.block(core, ("barrier", g), None)
+        return False
+    g.release_t = sim.now
+    for other in others:
+        sim.wake(other, sim.now)
+    core.pc += 1
+    return True
+
+
+def arrive(g: Group, core: Core) -> list[Core] | None:
+    """``core`` arrives at barrier ``g`` (the bookkeeping the simulator and the untimed replay
+    share): None while members are missing (``core.bar`` then records the generation it
+    waits in), or, for the last one, the members that waited, to be released (a new
+    generation begins)."""
     g.arrived.append(core)
     if len(g.arrived) < len(g.members):
         core.bar = (g, g.gen)
-        sim.block(core, ("barrier", g), None)
-        return False
+        return None
     g.gen += 1
-    g.release_t = sim.now
-    for other in g.arrived:
-        if other is not core:
-            sim.wake(other, sim.now)
+    others = [c for c in g.arrived if c is not core]
     g.arrived = []
-    core.pc += 1
-    return True
+    return others

@@ -17,7 +17,7 @@ from typing import Any
 
 from lowering.isa import CALC_FNS, CALC_OPS, Calc, ReadValue
 from runtime import ops
-from runtime.scoreboard import advance, ready
+from runtime.scoreboard import ready
 from runtime.state import Core
 
 __all__ = ["CALC", "COMPILERS", "OpCalc", "OpReadValue", "h_calc", "h_readvalue"]
@@ -43,10 +43,8 @@ class OpReadValue(ops.Op):
 
 def h_readvalue(sim: Any, core: Core, op: OpReadValue) -> bool:
     b = op.buf
-    t = ready(sim, core, core.t, (b,), ())
-    if t < 0:
+    if not ready(sim, core, (b,), ()):
         return False
-    advance(sim, core, t, sim.cat)
     data = b.data
     if data is None:
         raise sim.error(

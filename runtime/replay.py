@@ -388,15 +388,11 @@ def _barrier(rp: Replay, core: Core, op: Any) -> bool:
         core.bar = None
         core.pc += 1
         return True
-    g.arrived.append(core)
-    if len(g.arrived) < len(g.members):
-        core.bar = (g, g.gen)
+    others = ops_comm.arrive(g, core)
+    if others is None:
         return rp.block(core, ("barrier", g), None)
-    g.gen += 1
-    for other in g.arrived:
-        if other is not core:
-            rp.wake(other)
-    g.arrived = []
+    for other in others:
+        rp.wake(other)
     core.pc += 1
     return True
 

@@ -116,18 +116,19 @@ def build_result(sim: Any, wall: float) -> SimResult:
     groups: dict[str, list[ResourceStats]] = {"link": [], "hbm": [], "port": []}
     link_bytes = 0
     res = sim.fabric.res
-    for i, r in enumerate(res):
-        busy = _num(sim.busy[i])
+    for r, (_, busy_f, nbytes, grants, _) in zip(res, sim.rs):
+        busy = _num(busy_f)
         util = busy / cycles if cycles else 0.0
         groups["port" if r.kind in ("inject", "eject") else r.kind].append(
-            ResourceStats(r.name, r.kind, busy, sim.rbytes[i], sim.rcount[i], util)
+            ResourceStats(r.name, r.kind, busy, nbytes, grants, util)
         )
         if r.kind != "hbm":
-            link_bytes += sim.rbytes[i]
+            link_bytes += nbytes
     stepped = sum(c.stepped for c in comp.cores)
-    # per-channel HBM grants counted in ``rcount`` but computed once per channel class
-    closed = 0 if sim.attached else sum(sim.rcount[r] for r in sim.chan_res) - sim.n_cls
+    # per-channel HBM grants counted per resource (``rs``) but computed once per channel class
+    closed = 0 if sim.attached else sum(sim.rs[r][3] for r in sim.chan_res) - sim.n_cls
     ff = sum(c.ff for c in comp.cores)
+    grants = sum(r[3] for r in sim.rs)
     stats = SimStats(
         cycles,
         tuple(cores),
@@ -140,9 +141,7 @@ def build_result(sim: Any, wall: float) -> SimResult:
             ("noc_messages", sim.msg_bytes),
             ("noc_link_traffic", link_bytes),
         ),
-        EventCounts(
-            stepped + ff, stepped, ff, sum(sim.rcount) - closed, sim.n_deliv, sim.n_pops, closed
-        ),
+        EventCounts(stepped + ff, stepped, ff, grants - closed, sim.n_deliv, sim.n_pops, closed),
     )
     trace_events: tuple = ()
     if sim.tracing:

@@ -9,9 +9,10 @@ writes and reads: in-order issue with a buffer scoreboard, the first timing rule
 wait has no known end yet blocks on the pending operation and re-runs the instruction when it
 resolves.
 
-:func:`ready` gives the issue cycle of an instruction, :func:`advance` moves the core's clock to
-it and charges the wait, :func:`fence` folds the core's outstanding DMA completions (Barrier, end
-of program).  The handlers of :mod:`runtime.ops`, :mod:`runtime.ops_comm` and
+:func:`ready` waits for an instruction's buffers: it moves the core's clock to the
+instruction's issue cycle, charging the wait to the category of the binding buffer (:func:`advance`),
+or blocks the core; :func:`fence` folds the core's outstanding DMA completions (Barrier, end of
+program).  The handlers of :mod:`runtime.ops`, :mod:`runtime.ops_comm` and
 :mod:`runtime.ops_control` share these.
 """
 
@@ -84,41 +85,49 @@ def fold_r(sim: Any, core: Core, b: Buf) -> bool:
 LONG = 8
 
 
-def ready(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
-    """Earliest cycle >= ``t`` at which ``reads`` hold their data and ``writes`` may be
-    overwritten (category of the binding wait in ``sim.cat``); -1 when blocked."""
+def ready(sim: Any, core: Core, reads: tuple, writes: tuple) -> bool:
+    """Wait until ``reads`` hold their data and ``writes`` may be overwritten: move the core's
+    clock to that cycle (if later), charging the wait to the category of the buffer that binds
+    it (the first one at the latest cycle, in the order checked); False when the core blocked.
+
+    Every buffer waits for its pending writes (read-after-write, write-after-write); a buffer
+    written also waits for its pending reads (write-after-read).  The buffers are checked in
+    order, each one's writes before its reads, and the first unknown completion blocks."""
     if len(reads) + len(writes) > LONG:
-        return _ready_long(sim, core, t, reads, writes)
+        return _ready_long(sim, core, reads, writes)
+    t = t0 = core.t
     cat = BUSY
     for b in reads:
         if not b.allocated:
             need_alloc(sim, core, b)
         if b.wp is not None and not fold_w(sim, core, b):
-            return -1
+            return False
         if b.w > t:
             t, cat = b.w, b.wk
     for b in writes:
         if not b.allocated:
             need_alloc(sim, core, b)
         if b.wp is not None and not fold_w(sim, core, b):
-            return -1
+            return False
         if b.w > t:
             t, cat = b.w, b.wk
         if b.rp and not fold_r(sim, core, b):
-            return -1
+            return False
         if b.r > t:
             t, cat = b.r, b.rk
-    sim.cat = cat
-    return t
+    if t > t0:
+        advance(sim, core, t, cat)
+    return True
 
 
-def _ready_long(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> int:
+def _ready_long(sim: Any, core: Core, reads: tuple, writes: tuple) -> bool:
     """:func:`ready` for an instruction on many buffers (e.g. a unit step reading every
     message it received): when it blocks on one, the core keeps how far it got (``core.scan``)
     and the retry after the wake-up goes on from there.  The buffers already passed cannot
     change while the core is blocked (only the core itself writes their ``w`` / ``r``), so the
     result is :func:`ready`'s, in one pass instead of one pass per wait."""
-    t0, cat, i = t, BUSY, 0
+    t = t0 = core.t
+    cat, i = BUSY, 0
     sc = core.scan
     if sc is not None:
         core.scan = None
@@ -133,18 +142,19 @@ def _ready_long(sim: Any, core: Core, t: int, reads: tuple, writes: tuple) -> in
             need_alloc(sim, core, b)
         if b.wp is not None and not fold_w(sim, core, b):
             core.scan = (reads, writes, t0, i, t, cat)
-            return -1
+            return False
         if b.w > t:
             t, cat = b.w, b.wk
         if i >= nr:
             if b.rp and not fold_r(sim, core, b):
                 core.scan = (reads, writes, t0, i, t, cat)
-                return -1
+                return False
             if b.r > t:
                 t, cat = b.r, b.rk
         i += 1
-    sim.cat = cat
-    return t
+    if t > t0:
+        advance(sim, core, t, cat)
+    return True
 
 
 def fence(sim: Any, core: Core) -> bool:

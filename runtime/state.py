@@ -250,7 +250,6 @@ class Core:
         "dma_k",
         "dma_p",
         "dmaq",
-        "item",
         "scan",
     )
 
@@ -277,5 +276,4 @@ class Core:
         self.dma_k = BUSY
         self.dma_p: list[Pending] = []
         self.dmaq: list = []  # outstanding HBM requests: completion cycle or Pending
-        self.item: tuple | None = None  # its event-queue entry (made once per run)
         self.scan: tuple | None = None  # where a blocked wait on many buffers stopped

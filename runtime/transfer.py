@@ -26,6 +26,7 @@ __all__ = ["Transfers", "up"]
 
 
 _EPS = 1e-6
+_ceil = math.ceil
 
 
 def up(x: float) -> int:
@@ -65,15 +66,12 @@ class Transfers:
     """Mixed into :class:`runtime.engine.Simulator`: resource reservation, messages, HBM access.
 
     Uses the simulator's clock ``now``, its calendar ``buckets``/``times`` and the resource
-    tables ``rate``/``free``/``busy``/``rbytes``/``rcount``.  Queue entries are tuples whose
-    first element is called with the entry itself."""
+    table ``rs``: per resource ``[free, busy, bytes, grants, rate]`` (free: the cycle it is free
+    from; busy: cycles occupied; bytes and grants served; rate: bytes per cycle).  A queued stage is the tuple of
+    :meth:`_stage`'s arguments."""
 
     now: int
-    rate: list[float]
-    free: list[float]
-    busy: list[float]
-    rbytes: list[int]
-    rcount: list[int]
+    rs: list[list]
     rtrace: list[tuple] | None
     hbm_rd: int
     hbm_wr: int
@@ -95,7 +93,6 @@ class Transfers:
     ccnt: list[int]
 
     fabric: Any
-    hop_fn: Any
     comp: Any
 
     def resolve(self, p: Pending, t: int) -> None:  # pragma: no cover - engine
@@ -107,12 +104,11 @@ class Transfers:
     def error(self, core: Core, msg: str) -> Exception:  # pragma: no cover - engine
         raise NotImplementedError
 
-    def _stage(self, item: tuple) -> int:
-        """Reserve a stage of a transfer; ``item`` is ``(_, x, stage, nbytes, prev_end,
-        arrive)``: transfer ``x`` of ``nbytes`` whose head arrives at ``stage`` at ``arrive``
-        and whose tail left the previous stage at ``prev_end``.  Returns the end cycle.  It is
-        also the event-queue entry of a stage reserved when the head reaches it (called with
-        itself, as every queue entry is), so a hop costs one call.
+    def _stage(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
+        """Reserve ``stage`` of transfer ``x`` of ``nbytes`` whose head arrives there at
+        ``arrive`` and whose tail left the previous stage at ``prev_end``.  Returns the end
+        cycle.  A stage reserved when the head reaches it is queued as the tuple of these
+        arguments (priority 0 of the calendar queue), so a hop costs one call.
 
         The one reservation routine of every transfer.  A resource is granted first come first
         served: it starts at ``max(arrive, free)``, is occupied ``nbytes / rate`` cycles and
@@ -121,20 +117,19 @@ class Transfers:
         stage's tail.  Children that are resources (or HBM channels) are reserved by an event
         when the head reaches them; delay children are taken at once (no resource, so nothing
         can come between); ``delivers`` get the payload when the stage ends."""
-        x, stage, nbytes, prev_end, arrive = item[1], item[2], item[3], item[4], item[5]
         res, lat, children, delivers = stage
         if res >= 0:  # the hottest lines of the simulator
-            free = self.free
-            f = free[res]
+            r = self.rs[res]
+            f = r[0]
             start = arrive if arrive > f else f
-            end = start + nbytes / self.rate[res]
+            end = start + nbytes / r[4]
             tail = prev_end + lat
             if tail > end:
                 end = tail
-            free[res] = end
-            self.busy[res] += end - start
-            self.rbytes[res] += nbytes
-            self.rcount[res] += 1
+            r[0] = end
+            r[1] += end - start
+            r[2] += nbytes
+            r[3] += 1
             if self.rtrace is not None:
                 self.rtrace.append((res, start, end, x.label))
         elif res == RES_DELAY:
@@ -145,20 +140,25 @@ class Transfers:
         else:
             start, end = self._channels(x, arrive, prev_end + lat)
         if children:
-            head = start if start.__class__ is int else math.ceil(start - _EPS)
+            head = start if start.__class__ is int else _ceil(start - _EPS)
             for ch in children:
                 t = head + ch[1]
-                if ch[0] == RES_DELAY:
-                    if ch[2]:
-                        self._stage((None, x, ch, nbytes, end, t))
-                        continue
+                if ch[0] != RES_DELAY:  # a resource or HBM channels: reserved by an event
+                    b = self.buckets.get(t)
+                    if b is None:
+                        b = self.buckets[t] = ([], [])
+                        heappush(self.times, t)
+                    b[0].append((x, ch, nbytes, end, t))
+                elif ch[2]:
+                    self._stage(x, ch, nbytes, end, t)
+                else:
                     # a delay leaf (every path's last hop): ends lat after the tail, not
                     # before the head; delivered here, as the end of this routine would
                     e = end + ch[1]
                     if e < t:
                         e = t
                     if e.__class__ is not int:
-                        e = math.ceil(e - _EPS)
+                        e = _ceil(e - _EPS)
                     self.n_deliv += len(ch[3])
                     if x.__class__ is Slot:
                         x.arrival = e
@@ -167,14 +167,8 @@ class Transfers:
                     else:
                         for d in ch[3]:
                             x.deliver(self, d, e)
-                else:
-                    b = self.buckets.get(t)
-                    if b is None:
-                        b = self.buckets[t] = ([], [])
-                        heappush(self.times, t)
-                    b[0].append((self.hop_fn, x, ch, nbytes, end, t))
         if end.__class__ is not int:
-            end = math.ceil(end - _EPS)
+            end = _ceil(end - _EPS)
         if delivers:
             self.n_deliv += len(delivers)
             if x.__class__ is Slot:  # a unicast message: its only destination
@@ -201,15 +195,29 @@ class Transfers:
         plan = self.hbm_plans.get(id(split))
         if plan is None or plan[0] != self.hver:
             plan = self._plan(split)
+        plan[2][0] += 1  # bytes and grant counts per class: added up by _flush_uses
         cfree, cbusy = self.cfree, self.cbusy
-        cbytes, ccnt = self.cbytes, self.ccnt
         classes = plan[1]
         self.n_cls += len(classes)
         first = math.inf
         last = arrive if arrive > tail else tail
         rt = self.rtrace
-        span: dict[int, tuple] | None = None if rt is None else {}
-        for k, b, d in classes:  # the rule of _stage, per class (d: b / rate)
+        if rt is None:
+            for k, d in classes:  # the rule of _stage, per class (d: bytes / rate)
+                f = cfree[k]
+                start = arrive if arrive > f else f
+                end = start + d
+                if tail > end:
+                    end = tail
+                cfree[k] = end
+                cbusy[k] += end - start
+                if start < first:
+                    first = start
+                if end > last:
+                    last = end
+            return (first if classes else arrive), last
+        span: dict[int, tuple] = {}
+        for k, d in classes:  # as above, keeping each class's span for the trace
             f = cfree[k]
             start = arrive if arrive > f else f
             end = start + d
@@ -217,16 +225,11 @@ class Transfers:
                 end = tail
             cfree[k] = end
             cbusy[k] += end - start
-            cbytes[k] += b
-            ccnt[k] += 1
             if start < first:
                 first = start
             if end > last:
                 last = end
-            if span is not None:
-                span[k] = (start, end)
-        if rt is None or span is None:
-            return (first if classes else arrive), last
+            span[k] = (start, end)
         # one trace entry per channel, in channel order
         cls, chan_res, label = self.cls_of, self.chan_res, x.label
         for c, _ in x.split:
@@ -234,8 +237,10 @@ class Transfers:
         return (first if classes else arrive), last
 
     def _plan(self, split: tuple) -> tuple:
-        """``(version, ((class, bytes per member, bytes / rate), ...))`` for ``split``, refining
-        the channel classes so that every class it touches is covered whole with equal bytes."""
+        """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
+        ...))`` for ``split``, refining the channel classes so that every class it touches is
+        covered whole with equal bytes (``uses``: requests served with it whose bytes and
+        grants are not yet added to their classes, see :meth:`_flush_uses`)."""
         cls = self.cls_of
         want: dict[int, dict] = {}
         for c, b in split:
@@ -248,6 +253,8 @@ class Transfers:
                 groups.setdefault(got.get(c), []).append(c)
             if len(groups) == 1:
                 continue
+            if not changed:
+                self._flush_uses()  # the counts go to the classes as they are now
             changed = True
             rest = list(groups.values())
             self.cmembers[k] = rest[0]
@@ -262,30 +269,45 @@ class Transfers:
                     cls[c] = n
         if changed:
             self.hver += 1
-        plan: list[tuple[int, int, float]] = []
+        plan: list[tuple[int, float]] = []
+        nbytes: list[tuple[int, int]] = []
         seen: set[int] = set()
         rate = self.hrate
         for c, b in split:
             k = cls[c]
             if k not in seen:
                 seen.add(k)
-                plan.append((k, b, b / rate))
-        hit = (self.hver, tuple(plan))
+                plan.append((k, b / rate))
+                nbytes.append((k, b))
+        hit = (self.hver, tuple(plan), [0], tuple(nbytes))
         self.hbm_plans[id(split)] = hit
         return hit
 
+    def _flush_uses(self) -> None:
+        """Add the bytes and grants of the requests served since the last call to their
+        channel classes (:meth:`_channels` counts requests per plan, not per class)."""
+        cbytes, ccnt = self.cbytes, self.ccnt
+        for plan in self.hbm_plans.values():
+            uses = plan[2]
+            n = uses[0]
+            if n:
+                uses[0] = 0
+                for k, b in plan[3]:
+                    cbytes[k] += b * n
+                    ccnt[k] += n
+
     def hbm_flush(self) -> None:
         """Write every channel class's state back to its member channels."""
-        free, busy, rb, rc = self.free, self.busy, self.rbytes, self.rcount
-        chan_res = self.chan_res
+        self._flush_uses()
+        rs, chan_res = self.rs, self.chan_res
         for k, members in enumerate(self.cmembers):
             f, bz, nb, nc = self.cfree[k], self.cbusy[k], self.cbytes[k], self.ccnt[k]
             for c in members:
-                r = chan_res[c]
-                free[r] = f
-                busy[r] = bz
-                rb[r] += nb
-                rc[r] += nc
+                r = rs[chan_res[c]]
+                r[0] = f
+                r[1] = bz
+                r[2] += nb
+                r[3] += nc
             self.cbytes[k] = self.ccnt[k] = 0
 
     # -- channels -----------------------------------------------------------------------------
@@ -332,7 +354,7 @@ class Transfers:
         self.unreceived += k
         inj = now
         for root in chan.roots:
-            e = self._stage((None, x, root, nbytes, now, now))
+            e = self._stage(x, root, nbytes, now, now)
             if e > inj:
                 inj = e
         return inj
@@ -411,11 +433,19 @@ class Transfers:
                     f"channel {end.chan.name!r} carried a tensor, not a control value; use Recv",
                 )
             p.value = value
-        self.resolve(p, c)
+        p.time = c  # self.resolve(p, c), inlined: once per message
+        ws = p.waiters
+        if ws:
+            p.waiters = None
+            for core in ws:
+                self.wake(core, c)
         w = end.waiter
         if w is not None:
             end.waiter = None
             self.wake(w, c)
+        # the message stays in its FIFO's ``inflight`` until ``credit`` drops it: unlink it
+        # from the FIFO and the receive, so a finished run leaves no reference cycles there
+        s.end = s.post = None
 
     # -- HBM ------------------------------------------------------------------------------------
 
@@ -431,10 +461,10 @@ class Transfers:
         if self.attached:
             x.left = len(split)
             for c, b in split:
-                self._stage((None, x, roots[c], b, now, now))
+                self._stage(x, roots[c], b, now, now)
         else:
             x.left = 1
-            self._stage((None, x, roots, nbytes, now, now))
+            self._stage(x, roots, nbytes, now, now)
         if x.left == 0:
             return x.end
         p = pending if pending is not None else Pending(label)
