@@ -88,7 +88,8 @@ def _ev(e: sp.Basic, env: Bindings, local: dict[sp.Symbol, int]) -> Any:
             return env[e.name]
         raise _Missing(e.name)
     if isinstance(e, sp.Indexed):
-        name = str(e.base.label)
+        label = e.base.label  # a Symbol's str is its name: read it without sympy's printer
+        name = label.name if type(label) is sp.Symbol else str(label)
         table = env.get(name)
         if not isinstance(table, dict):
             raise _Missing(name)

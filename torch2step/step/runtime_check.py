@@ -46,7 +46,8 @@ def unify_size(
         key = tuple(try_evaluate(i, env, local) for i in expr.indices)
         if None not in key:
             key = tuple(int(k) for k in key)  # type: ignore[arg-type]
-            name = str(expr.base.label)
+            label = expr.base.label  # a Symbol's str is its name (no printer)
+            name = label.name if type(label) is sp.Symbol else str(label)
             table = env.get(name)
             if table is None:
                 env[name] = {key: observed}

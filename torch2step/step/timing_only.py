@@ -6,10 +6,10 @@ addresses, KV lengths): the STeP simulator of STeP (arXiv 2511.07776) §4.2 like
 whose values reach a control input — a routing operator's selector (Partition, Reassemble),
 a RandomOffChipLoad / RandomOffChipStore address — through streams and through off-chip tensors
 (a store feeds every load of the same tensor).  In a timing-only run
-(``run(..., timing_only=True)``) a matrix product, row packing or elementwise map outside that
-set returns a zero-stride array of its result's shape (no FLOPs executed, no memory held:
-:data:`SHAPE_ONLY`); its FLOPs, bytes and tile
-shapes are counted exactly as in a full run, so the spatial plan and every metric are
+(``run(..., timing_only=True)``) a matrix product, online-softmax step (FlashAttention), row
+packing or elementwise map outside that set returns a zero-stride array of its result's shape
+(no FLOPs executed, no memory held: :data:`SHAPE_ONLY`); its FLOPs, bytes and tile shapes are
+counted exactly as in a full run, so the spatial plan and every metric are
 unchanged.  An off-chip tensor that no such node reads (:func:`inert_tensors`: a KV cache, a
 weight) holds no values in a timing-only run — a zero-stride array of its shape, never
 written — so a full-size timing run does not hold (or copy on a store) gigabytes of data it
@@ -66,6 +66,23 @@ def _same(f: Any, x: Any, *rest: Any) -> np.ndarray:
     return _zeros(tuple(x.shape), x)
 
 
+def _osm(f: Any, q: Any, k: Any, v: Any, acc: tuple) -> tuple:
+    """One FlashAttention step, shaped: the (max, sum, out) state of the real update."""
+    m, s, o = acc
+    if k.shape[0] == 0:
+        return acc
+    g = q.shape[0]
+    return (
+        _zeros(np.broadcast_shapes(tuple(m.shape), (g, 1)), m, q, k),
+        _zeros(np.broadcast_shapes(tuple(s.shape), (g, 1)), m, s, q, k),
+        _zeros(np.broadcast_shapes(tuple(o.shape), (g, v.shape[1])), m, o, q, k, v),
+    )
+
+
+def _finalize(f: Any, m: Any, s: Any, o: Any) -> np.ndarray:
+    return _zeros(tuple(o.shape), o)
+
+
 #: Tile function name -> shape-only implementation (same signature as the real one): the
 #: matrix products, the row packing of dynamic tiles and the elementwise maps on data tiles.
 SHAPE_ONLY: dict[str, Callable[..., Any]] = {
@@ -74,6 +91,8 @@ SHAPE_ONLY: dict[str, Callable[..., Any]] = {
     "matmul_acc": _mm_acc,
     "matmul_t_acc": _mm_acc,
     "retile_row": _rows,
+    "online_softmax": _osm,
+    "softmax_finalize": _finalize,
     **{n: _bcast for n in ("add", "sub", "mul", "div", "maximum")},
     **{n: _same for n in ("exp", "relu", "silu", "scale")},
     **{n: _same for n in ("silu_mul", "gelu_mul", "gelu_tanh_mul", "relu_mul")},
