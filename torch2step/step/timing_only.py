@@ -32,10 +32,18 @@ from .ops_shape import Zip
 __all__ = ["SHAPE_ONLY", "control_nodes", "inert_tensors", "shape_only_impl"]
 
 
+#: (shape, dtype) -> its zero-stride zero array (read-only, so one array serves every tile).
+_ZEROS: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
+
+
 def _zeros(shape: tuple[int, ...], *like: Any) -> np.ndarray:
     """A zero-stride zero array of ``shape``, of the dtype of ``like`` (fp32 by default)."""
-    dt = np.result_type(*like) if like else np.float32
-    return np.broadcast_to(np.zeros((), dt), shape)
+    dt = np.result_type(*like) if like else np.dtype(np.float32)
+    key = (tuple(shape), dt)
+    z = _ZEROS.get(key)
+    if z is None:
+        z = _ZEROS[key] = np.broadcast_to(np.zeros((), dt), key[0])
+    return z
 
 
 def _mm_shape(name: str, a: Any, b: Any) -> tuple[int, int]:
