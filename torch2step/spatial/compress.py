@@ -5,9 +5,7 @@ repetitions of a block of up to ``max_period`` steps become ``Loop(count, block)
 repeats on its own output, so nested stream structure (a reduction of ``L`` elements, ``B``
 times) becomes nested loops, and rotating buffers (period ``d`` for ``d`` buffers: a DMA unit
 keeps up to 16 tiles in flight) still fold.  Blocks are compared by value (instructions are
-frozen dataclasses), through one integer id per distinct instruction — each instruction is
-hashed once per unit, a folded ``Loop`` gets its id from its count and its body's ids — and one
-per distinct block of ids.
+frozen dataclasses), through one integer id per distinct block.
 
 Each pass folds the repetitions of the shortest period that repeats anywhere, so inner loops
 form before outer ones (a reduction's repeated middle steps, then the reductions).  Only periods
@@ -27,8 +25,6 @@ __all__ = ["compress", "MAX_PERIOD"]
 MAX_PERIOD = 64
 
 Block = tuple[Instr, ...]
-#: A block as the ids of its instructions (equal exactly when the blocks are equal).
-Key = tuple[int, ...]
 
 
 def _repeats(ids: list[int], i: int, p: int, n: int) -> int:
@@ -42,11 +38,11 @@ def _repeats(ids: list[int], i: int, p: int, n: int) -> int:
     return c
 
 
-def _ids(keys: list[Key]) -> tuple[list[int], list[int]]:
+def _ids(items: list[Block]) -> tuple[list[int], list[int]]:
     """One id per distinct block, and for every position the next position with the same id
-    (``len(keys)`` when none)."""
-    table: dict[Key, int] = {}
-    ids = [table.setdefault(k, len(table)) for k in keys]
+    (``len(items)`` when none)."""
+    table: dict[Block, int] = {}
+    ids = [table.setdefault(b, len(table)) for b in items]
     n = len(ids)
     nxt = [n] * n
     last: dict[int, int] = {}
@@ -70,54 +66,36 @@ def _shortest_period(ids: list[int], nxt: list[int], i: int, max_period: int) ->
     return 0
 
 
-def _fold_once(
-    items: list[Block], keys: list[Key], max_period: int, table: dict[tuple, int]
-) -> tuple[list[Block], list[Key]]:
+def _fold_once(items: list[Block], max_period: int) -> list[Block]:
     """Fold every repetition of the shortest period that repeats anywhere (innermost loops
     first, so nested stream structure becomes nested loops)."""
-    ids, nxt = _ids(keys)
+    ids, nxt = _ids(items)
     n = len(items)
     periods = [_shortest_period(ids, nxt, i, max_period) for i in range(n)]
     found = [p for p in periods if p]
     if not found:
-        return items, keys
+        return items
     want = min(found)
     out: list[Block] = []
-    out_keys: list[Key] = []
     i = 0
     while i < n:
         if periods[i] == want:
             c = _repeats(ids, i, want, n)
             body = tuple(x for b in items[i : i + want] for x in b)
-            body_key = tuple(x for k in keys[i : i + want] for x in k)
             out.append((Loop(c, body),))
-            out_keys.append((table.setdefault(("L", c, None, body_key), len(table)),))
             i += c * want
         else:
             out.append(items[i])
-            out_keys.append(keys[i])
             i += 1
-    return out, out_keys
+    return out
 
 
 def compress(steps: Sequence[Block], max_period: int = MAX_PERIOD) -> tuple[Instr, ...]:
     """The instructions of ``steps`` with repetitions folded into (nested) loops."""
     items = [s for s in steps if s]
-    table: dict[tuple, int] = {}
-
-    def instr_id(x: Instr) -> int:
-        # a Loop by its parts (so a folded loop and an equal emitted one share an id), any
-        # other instruction by value: equal ids exactly when the instructions are equal
-        if type(x) is Loop:
-            key: tuple = ("L", x.count, x.var, tuple(instr_id(y) for y in x.body))
-        else:
-            key = ("I", x)
-        return table.setdefault(key, len(table))
-
-    keys = [tuple(instr_id(x) for x in b) for b in items]
     while True:
-        folded, keys_f = _fold_once(items, keys, max_period, table)
+        folded = _fold_once(items, max_period)
         if len(folded) == len(items):
             break
-        items, keys = folded, keys_f
+        items = folded
     return tuple(x for b in items for x in b)
