@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import preload_alone_cycles
 
 import torch2step
 from elk.cost import ChipCosts, item_for
 from elk.ops import decode_step_ops
 from hwmodel.presets import load_chip
-from lowering.builder import ProgramBuilder
 from lowering.elk_placement import place
-from lowering.elk_programs import _preload, elk_programs
+from lowering.elk_programs import elk_programs
 from models.registry import get_layer
 from runtime import simulate
 from torch2step.kernel.build import bind_timing
@@ -71,14 +71,7 @@ def test_cost_model_matches_simulator_per_operator_kind(name: str) -> None:
     predicted = it.load_time(e) + plan.time
     assert abs(predicted / total - 1) < 0.10
     if op.kind != "vector":
-        pl = place(chip, ops, [plan])[0]
-        b = ProgramBuilder("preload")
-        for t, (shape, dt) in tensors.items():
-            b.tensor(t, shape, dt)
-        for r in range(pl.rows):
-            for c in range(pl.cols):
-                _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16")
-        pre = simulate(b.build(), chip).cycles
+        pre = preload_alone_cycles(chip, ops, plan, tensors)
         assert abs(it.load_time(e) / pre - 1) < 0.20  # preload alone
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from kernel_helpers import preload_alone_cycles
 
 from elk.cost import ChipCosts, items_for
 from elk.meshlinks import MeshLinks
 from elk.ops import DecoderShape, layer_ops
 from hwmodel.presets import load_chip
-from lowering.builder import ProgramBuilder
-from lowering.elk_placement import place
-from lowering.elk_programs import _preload, elk_programs
+from lowering.elk_programs import elk_programs
 from runtime import simulate
 from runtime.network import Fabric
 from torch2step.kernel.build import bind_timing
@@ -77,14 +76,7 @@ def test_cost_model_matches_simulator_per_operator_kind_on_mesh(name: str) -> No
     predicted = it.first_load_time(e) + it.execs[e].time
     assert abs(predicted / total - 1) < 0.10
     if op.kind != "vector" and plan.preload_space // plan.cores >= chip.hbm.channels * 256:
-        pl = place(chip, ops, [plan])[0]
-        b = ProgramBuilder("preload")
-        for t, (shape, dt) in tensors.items():
-            b.tensor(t, shape, dt)
-        for r in range(pl.rows):
-            for c in range(pl.cols):
-                _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16")
-        pre = simulate(b.build(), chip).cycles
+        pre = preload_alone_cycles(chip, ops, plan, tensors)
         assert abs(it.first_load_time(e) / pre - 1) < 0.10
 
 
