@@ -27,7 +27,7 @@ from typing import Any
 
 import sympy as sp
 
-from .evaluate import evaluate
+from .evaluate import evaluate, evaluate_bound, normalise_env
 from .graph import Program
 from .node_signature import FormulaTemplate, signature, size_vs_number
 from .op_base import Op
@@ -66,12 +66,12 @@ class Metrics:
     def evaluate(self, env: Mapping[str, Any] | None = None, **values: Any) -> dict[str, Any]:
         """Numbers for one run: offchip_bytes, offchip_read/write_bytes, onchip_bytes, flops,
         and operational_intensity (FLOPs per off-chip byte; ``inf`` without traffic)."""
-        full = {**(env or {}), **values}
+        full = normalise_env({**(env or {}), **values})  # once for the four formulas
         out = {
-            "offchip_read_bytes": evaluate(self.offchip_read_bytes, full),
-            "offchip_write_bytes": evaluate(self.offchip_write_bytes, full),
-            "onchip_bytes": evaluate(self.onchip_bytes, full),
-            "flops": evaluate(self.flops, full),
+            "offchip_read_bytes": evaluate_bound(sp.sympify(self.offchip_read_bytes), full),
+            "offchip_write_bytes": evaluate_bound(sp.sympify(self.offchip_write_bytes), full),
+            "onchip_bytes": evaluate_bound(sp.sympify(self.onchip_bytes), full),
+            "flops": evaluate_bound(sp.sympify(self.flops), full),
         }
         out["offchip_bytes"] = out["offchip_read_bytes"] + out["offchip_write_bytes"]
         out["operational_intensity"] = (
