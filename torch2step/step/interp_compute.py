@@ -80,17 +80,26 @@ def _stepper(op: Accum | Scan, ctx: Ctx) -> Callable[[Any, Any], Any]:
     ctx.flops.setdefault(op.name, 0)
     impl = ctx.impl(op.name, spec)
 
+    # read once: ``step`` runs once per element of the stream
+    name, fn, scratch = op.name, op.fn, spec.scratch_value
+    count, alloc = ctx.count_flops, ctx.alloc
+    if spec.kind == "map":
+
+        def step_map(state: Any, e: Any) -> Any:
+            count(name, flops((state, e)))
+            if scratch is not None:
+                alloc(name, "scratch", scratch(fn, isz, state, e))
+            return impl(fn, state, e)
+
+        return step_map
+    several = spec.nargs > 1
+
     def step(state: Any, e: Any) -> Any:
-        if spec.kind == "map":
-            ctx.count_flops(op.name, flops((state, e)))
-            if spec.scratch_value is not None:
-                ctx.alloc(op.name, "scratch", spec.scratch_value(op.fn, isz, state, e))
-            return impl(op.fn, state, e)
-        args = e if spec.nargs > 1 else (e,)
-        ctx.count_flops(op.name, flops(args))
-        if spec.scratch_value is not None:
-            ctx.alloc(op.name, "scratch", spec.scratch_value(op.fn, isz, *args))
-        return impl(op.fn, *args, state)
+        args = e if several else (e,)
+        count(name, flops(args))
+        if scratch is not None:
+            alloc(name, "scratch", scratch(fn, isz, *args))
+        return impl(fn, *args, state)
 
     return step
 

@@ -125,8 +125,11 @@ class Ctx:
 
     def alloc(self, node: str, slot: str, nbytes: int) -> None:
         """Record an on-chip allocation of ``nbytes`` (the node keeps the largest per slot)."""
-        slots = self.onchip.setdefault(node, {})
-        slots[slot] = max(slots.get(slot, 0), int(nbytes))
+        slots = self.onchip.get(node)
+        if slots is None:
+            slots = self.onchip[node] = {}
+        n, old = int(nbytes), slots.get(slot, 0)
+        slots[slot] = n if n > old else old
 
     def count_read(self, node: str, nbytes: int) -> None:
         self.read[node] = self.read.get(node, 0) + int(nbytes)

@@ -15,7 +15,7 @@ import numpy as np
 import sympy as sp
 
 from .dims import Index
-from .evaluate import Bindings, try_evaluate
+from .evaluate import Bindings, _num, try_evaluate
 from .types import BufferType, DataType, SelectorType, StreamType, TileType, TupleType
 from .values import BufferValue, SelectorValue, StepRuntimeError, StreamValue
 
@@ -43,7 +43,7 @@ def unify_size(
             env[expr.name] = observed
             return
     elif isinstance(expr, sp.Indexed):
-        key = tuple(try_evaluate(i, env, local) for i in expr.indices)
+        key = tuple(_index_value(i, env, local) for i in expr.indices)
         if None not in key:
             key = tuple(int(k) for k in key)  # type: ignore[arg-type]
             label = expr.base.label  # a Symbol's str is its name (no printer)
@@ -52,14 +52,28 @@ def unify_size(
             if table is None:
                 env[name] = {key: observed}
                 return
-            if isinstance(table, dict) and key not in table:
-                table[key] = observed
+            if isinstance(table, dict):
+                if key not in table:
+                    table[key] = observed
+                    return
+                value = _num(table[key])  # what evaluating ``expr`` gives, without again
+                if value != observed:  # evaluating its indices
+                    _mismatch(expr, value, observed, local, where)
                 return
     value = try_evaluate(expr, env, local)
     if value is None and _solve_one(expr, observed, local, env):
         return
     if value is not None and value != observed:
         _mismatch(expr, value, observed, local, where)
+
+
+def _index_value(i: sp.Expr, env: Bindings, local: dict[sp.Symbol, int]) -> Any:
+    """``try_evaluate(i, env, local)``; an axis index bound in ``local`` is read directly."""
+    if i.is_Symbol:
+        v = local.get(i)
+        if v is not None:
+            return v
+    return try_evaluate(i, env, local)
 
 
 def _mismatch(expr: sp.Expr, value: Any, observed: int, local: dict, where: str) -> None:
