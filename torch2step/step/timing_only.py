@@ -36,14 +36,47 @@ __all__ = ["SHAPE_ONLY", "control_nodes", "inert_tensors", "shape_only_impl"]
 _ZEROS: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
 
 
+#: the dtypes of ``_zeros``'s ``like`` arrays -> their result type (NumPy 2 promotes arrays
+#: by dtype alone, NEP 50), so it is computed once per combination, not once per tile
+_RESULT: dict[tuple[np.dtype, ...], np.dtype] = {}
+
+
 def _zeros(shape: tuple[int, ...], *like: Any) -> np.ndarray:
     """A zero-stride zero array of ``shape``, of the dtype of ``like`` (fp32 by default)."""
-    dt = np.result_type(*like) if like else np.dtype(np.float32)
+    if not like:
+        dt = np.dtype(np.float32)
+    else:
+        try:
+            dts = tuple([x.dtype for x in like])
+        except AttributeError:  # a Python number: promoted by its value kind
+            dt = np.result_type(*like)
+        else:
+            dt = _RESULT.get(dts)
+            if dt is None:
+                dt = _RESULT[dts] = np.result_type(*dts)
     key = (tuple(shape), dt)
     z = _ZEROS.get(key)
     if z is None:
         z = _ZEROS[key] = np.broadcast_to(np.zeros((), dt), key[0])
     return z
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """``np.broadcast_shapes(a, b)`` for two shapes of one rank (tiles), in Python; other
+    cases, and shapes that do not broadcast (its error), go to NumPy."""
+    if a == b:
+        return a
+    if len(a) != len(b):
+        return np.broadcast_shapes(a, b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return np.broadcast_shapes(a, b)
+    return tuple(out)
 
 
 def _mm_shape(name: str, a: Any, b: Any) -> tuple[int, int]:
@@ -59,7 +92,7 @@ def _mm_acc(f: Any, a: Any, b: Any, state: Any) -> Any:
     shape = _mm_shape(f.name, a, b)
     if tuple(state.shape) == shape:
         return state
-    return _zeros(np.broadcast_shapes(tuple(state.shape), shape))
+    return _zeros(_broadcast(tuple(state.shape), shape))
 
 
 def _rows(f: Any, row: Any, acc: Any) -> np.ndarray:
@@ -67,7 +100,7 @@ def _rows(f: Any, row: Any, acc: Any) -> np.ndarray:
 
 
 def _bcast(f: Any, a: Any, b: Any) -> np.ndarray:
-    return _zeros(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)), a, b)
+    return _zeros(_broadcast(tuple(a.shape), tuple(b.shape)), a, b)
 
 
 def _same(f: Any, x: Any, *rest: Any) -> np.ndarray:
@@ -81,9 +114,9 @@ def _osm(f: Any, q: Any, k: Any, v: Any, acc: tuple) -> tuple:
         return acc
     g = q.shape[0]
     return (
-        _zeros(np.broadcast_shapes(tuple(m.shape), (g, 1)), m, q, k),
-        _zeros(np.broadcast_shapes(tuple(s.shape), (g, 1)), m, s, q, k),
-        _zeros(np.broadcast_shapes(tuple(o.shape), (g, v.shape[1])), m, o, q, k, v),
+        _zeros(_broadcast(tuple(m.shape), (g, 1)), m, q, k),
+        _zeros(_broadcast(tuple(s.shape), (g, 1)), m, s, q, k),
+        _zeros(_broadcast(tuple(o.shape), (g, v.shape[1])), m, o, q, k, v),
     )
 
 
