@@ -9,6 +9,7 @@ shape rule after substitution" is checked, and how metric formulas get a run's v
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -43,11 +44,10 @@ def unify_size(
             env[expr.name] = observed
             return
     elif isinstance(expr, sp.Indexed):
-        key = tuple(_index_value(i, env, local) for i in expr.indices)
+        name, indices = _indexed_parts(expr)
+        key = tuple(_index_value(i, env, local) for i in indices)
         if None not in key:
             key = tuple(int(k) for k in key)  # type: ignore[arg-type]
-            label = expr.base.label  # a Symbol's str is its name (no printer)
-            name = label.name if type(label) is sp.Symbol else str(label)
             table = env.get(name)
             if table is None:
                 env[name] = {key: observed}
@@ -65,6 +65,14 @@ def unify_size(
         return
     if value is not None and value != observed:
         _mismatch(expr, value, observed, local, where)
+
+
+@lru_cache(maxsize=1 << 14)
+def _indexed_parts(expr: sp.Indexed) -> tuple[str, tuple[sp.Expr, ...]]:
+    """The table name and the indices of a ragged size ``L[i]`` (sympy computes both in
+    Python on every access; a stream's elements ask for the same few sizes again and again)."""
+    label = expr.base.label  # a Symbol's str is its name (no printer)
+    return (label.name if type(label) is sp.Symbol else str(label)), tuple(expr.indices)
 
 
 def _index_value(i: sp.Expr, env: Bindings, local: dict[sp.Symbol, int]) -> Any:
@@ -151,8 +159,11 @@ def _walk(t: StreamType, node: Any, p: int, local: dict, env: Bindings, where: s
         unify_size(d, len(node), local, env, f"{where} axis {p}")
     ix = t.index[p]
     last = p == len(t.shape) - 1
+    # one dict per axis, its index rebound per element: the checks read it, none keeps it
+    loc = dict(local) if ix is not None else local
     for j, c in enumerate(node):
-        loc = {**local, ix: j} if ix is not None else local
+        if ix is not None:
+            loc[ix] = j
         if last:
             _check_elem(t.dtype, c, loc, env, where)
         else:
