@@ -74,10 +74,11 @@ def test_a_second_routing_reuses_the_units_it_does_not_change() -> None:
         assert a[n] is b[n], f"unit %{n} was rebuilt"
     for n in ("moe_e3_buf", "moe_e3_gate_w", "moe_e1_xt", "moe_e2_act"):
         assert a[n] != b[n], f"unit %{n} should follow its expert's new token count"
-    # the routing units decide from data (their bodies are the same), but their bookkeeping of
-    # the messages each channel carries reads the routing: they are emitted again
-    for n in ("moe_sel", "moe_route", "moe_back"):
-        assert a[n] == b[n] and a[n] is not b[n]
+    # the routing units decide from data: their programs are kept, and the messages each
+    # channel carries and each unit's tallies are counted from the new run's streams
+    for n in ("moe_sel", "moe_route", "moe_route_w", "moe_back"):
+        assert a[n] is b[n], f"routing unit %{n} was rebuilt"
+    assert pb.units == build_plan(g, chip, rb).units  # tallies, FLOPs, bytes: a fresh plan's
     assert units.reused == sum(a[n] is b[n] for n in a)
     # the assembled plan is the fresh plan of routing B, so it gives its cycles exactly
     assert pb.programs == build_plan(g, chip, rb).programs

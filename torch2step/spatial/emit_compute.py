@@ -26,6 +26,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
+from .unit_reuse import FORM
 from .rows import row_rule, with_rows
 from .streams import Part, StreamInfo, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
@@ -147,6 +148,7 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
     data = control_data(ctx.structure.graph)
+    computed = bool(x.flat)  # every output value is computed in a register at run time
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
         parts = out.parts(k)
@@ -154,8 +156,11 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, parts)
         )
         y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
+        computed = computed and all(q.kind == "value" and r is not None for q, r in y)
         b.send(out, k, y)
         b.step()
+    if computed:  # the values it sends are the run's data, not part of its program
+        ctx.relax(op.name, FORM)
 
 
 def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:

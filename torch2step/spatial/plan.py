@@ -289,7 +289,9 @@ def _build_plan(
                 f"{', '.join(sorted(t.__name__ for t in EMITTERS))}"
             )
         unit_stops = {ch: streams[ch].messages for ch in reads[k] & stops}
-        key = (frozenset(reads[k]), tuple(sorted(unit_stops.items())))
+        # where a stop token falls is part of the streams a unit's emitter reads (recorded in
+        # its Deps), not of its key: a unit that decides at run time reads it as data
+        key = (frozenset(reads[k]), tuple(sorted(unit_stops)))
         hit = units.lookup(k, key, ctx, run_streams, has_dsts) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)

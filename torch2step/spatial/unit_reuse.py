@@ -41,7 +41,13 @@ if TYPE_CHECKING:
     from .plan import UnitInfo
     from .streams import StreamInfo
 
-__all__ = ["Deps", "RunStreams", "UnitCache", "nesting"]
+__all__ = ["ALL", "FORM", "Deps", "RunStreams", "Tally", "UnitCache", "nesting"]
+
+#: What a unit's program read of a stream: its messages with their control values (``ALL``),
+#: or only their channels, kinds and sizes and the stream's structure (``FORM``: a unit that
+#: decides from the values at run time, as a Partition does from its selectors).
+ALL = "all"
+FORM = "form"
 
 _ORDER = itertools.count()
 
@@ -74,7 +80,8 @@ class RunStreams:
         self.streams = streams
         self.order = next(_ORDER)
         self._form: dict[str, tuple[list, list]] = {}
-        self._same: dict[tuple[int, str], bool] = {}
+        self._masked: dict[str, list] = {}
+        self._same: dict[tuple[int, str, str], bool] = {}
 
     def _shape_of(self, name: str) -> tuple[list, list]:
         f = self._form.get(name)
@@ -86,30 +93,59 @@ class RunStreams:
             )
         return f
 
-    def same(self, name: str, other: RunStreams) -> bool:
-        """Whether stream ``name`` is the same in ``other`` as in this run."""
-        key = (other.order, name)
+    def _pieces(self, name: str, level: str) -> Any:
+        info = self.streams[name]
+        if level == ALL:
+            return info.pieces
+        f = self._masked.get(name)
+        if f is None:  # the pieces with control values left out (FORM)
+            f = self._masked[name] = [
+                tuple((ch, seq, p.kind, p.dtype, p.elems) for ch, seq, p in pc)
+                for pc in info.pieces
+            ]
+        return f
+
+    def same(self, name: str, other: RunStreams, level: str = ALL) -> bool:
+        """Whether stream ``name`` is the same in ``other`` as in this run, at ``level``
+        (:data:`ALL`: its messages with their control values, :data:`FORM`: without them)."""
+        key = (other.order, name, level)
         r = self._same.get(key)
         if r is None:
-            a, b = self.streams.get(name), other.streams.get(name)
             r = (
-                a is not None
-                and b is not None
-                and a.pieces == b.pieces
+                name in self.streams
+                and name in other.streams
+                and self._pieces(name, level) == other._pieces(name, level)
                 and self._shape_of(name) == other._shape_of(name)
             )
             self._same[key] = r
         return r
 
 
+#: The per-run part of a unit's bookkeeping that its program does not fix: ``(received, sent,
+#: busy cycles)`` of the elements a run-time decision takes (a Partition's sends, a Reassemble's
+#: selected inputs), computed from a run's streams.
+Tally = Callable[["EmitCtx"], tuple[int, int, int]]
+
+
 @dataclass
 class Deps:
-    """What one unit's emitter asked of the run: ``streams`` looked at, ``evals`` (expression,
-    value) evaluated, ``dsts`` (channel, has a reader)."""
+    """What one unit's emitter asked of the run: ``streams`` looked at (name -> :data:`ALL` or
+    :data:`FORM`), ``evals`` (expression, value) evaluated, ``dsts`` (channel, has a reader);
+    ``tally``: the bookkeeping of the run-time decisions of its program, if any (:data:`Tally`,
+    recomputed for every run that reuses the program)."""
 
-    streams: dict[str, None] = field(default_factory=dict)
+    streams: dict[str, str] = field(default_factory=dict)
     evals: list[tuple[Any, int]] = field(default_factory=list)
     dsts: dict[str, bool] = field(default_factory=dict)
+    tally: Tally | None = None
+    tallied: tuple[int, int, int] = (0, 0, 0)
+
+    def count(self, tally: Tally, ctx: EmitCtx) -> tuple[int, int, int]:
+        """Record ``tally`` as the unit's run-time bookkeeping and return its counts in the
+        run of ``ctx`` (the emitter adds them to its builder's)."""
+        self.tally = tally
+        self.tallied = tally(ctx)
+        return self.tallied
 
     def tracking(self, has_dsts: Callable[[str], bool]) -> Callable[[str], bool]:
         """``has_dsts`` that records every channel it is asked about."""
@@ -133,6 +169,23 @@ class _Entry:
     run: RunStreams
     body: tuple[Instr, ...]
     info: UnitInfo
+    tallied: tuple[int, int, int] = (0, 0, 0)
+
+    def retally(self, ctx: EmitCtx, run: RunStreams) -> _Entry:
+        """This entry for the run of ``ctx`` / ``run``: the same program, its bookkeeping
+        (:data:`Tally`) counted again in that run."""
+        tally = self.deps.tally
+        if tally is None:
+            return dataclasses.replace(self, run=run)
+        new = tally(ctx)
+        r, s, c = (a - b for a, b in zip(new, self.tallied))
+        info = dataclasses.replace(
+            self.info,
+            received=self.info.received + r,
+            sent=self.info.sent + s,
+            step_cycles=self.info.step_cycles + c,
+        )
+        return dataclasses.replace(self, run=run, info=info, tallied=new)
 
 
 class UnitCache:
@@ -181,11 +234,12 @@ class UnitCache:
                 e.key == key
                 and all(has_dsts(ch) == r for ch, r in d.dsts.items())
                 and all(ctx.ev(x, "unit reuse") == v for x, v in d.evals)
-                and all(run.same(s, e.run) for s in d.streams)
+                and all(run.same(s, e.run, lv) for s, lv in d.streams.items())
             ):
                 self.reused += 1
                 if e.run is not run:  # kept with the latest run it served, to compare with next
-                    self.entries[k].insert(0, dataclasses.replace(e, run=run))
+                    e = e.retally(ctx, run)
+                    self.entries[k].insert(0, e)
                     del self.entries[k][self.size :]
                 return e
         return None
@@ -202,5 +256,5 @@ class UnitCache:
         """Keep unit ``k``'s program, emitted under ``key`` with ``deps`` in ``run``."""
         self.emitted += 1
         kept = self.entries.setdefault(k, [])
-        kept.insert(0, _Entry(key, deps, run, body, info))
+        kept.insert(0, _Entry(key, deps, run, body, info, deps.tallied))
         del kept[self.size :]
