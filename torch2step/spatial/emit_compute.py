@@ -26,11 +26,11 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
-from .unit_reuse import FORM
 from .rows import row_rule, with_rows
 from .streams import Part, StreamInfo, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
 from .unit import UnitBuilder
+from .unit_reuse import FORM
 
 __all__ = ["EMITTERS"]
 
