@@ -72,8 +72,12 @@ def test_a_second_routing_reuses_the_units_it_does_not_change() -> None:
     assert len(kept) > 20
     for n in kept:
         assert a[n] is b[n], f"unit %{n} was rebuilt"
-    for n in ("moe_e3_buf", "moe_e3_gate_w", "moe_e1_xt", "moe_e2_act"):
+    for n in ("moe_e3_buf", "moe_e3_gate_w", "moe_e1_xt", "moe_e2_xt"):
         assert a[n] != b[n], f"unit %{n} should follow its expert's new token count"
+    # an expert's matmuls and activation take the rows from the tiles they receive, into
+    # buffers allocated at the count's bound: the same program for another count
+    for n in ("moe_e1_gate", "moe_e2_act", "moe_e2_down"):
+        assert a[n] == b[n], f"unit %{n} depends on its expert's token count"
     # the routing units decide from data: their programs are kept, and the messages each
     # channel carries and each unit's tallies are counted from the new run's streams
     for n in ("moe_sel", "moe_route", "moe_route_w", "moe_back"):

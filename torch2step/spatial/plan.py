@@ -88,6 +88,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import sympy as sp
 
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
@@ -111,7 +112,7 @@ from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
 from .unit_reuse import Deps, RunStreams, UnitCache
 
-__all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan"]
+__all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
 #: Operator class -> emitter of the program of a unit whose primary node has that class.
 EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING, **_SHAPE}
@@ -182,6 +183,20 @@ def _check_unit_outputs(
                 f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
                 f"%{ch} in this run; its emitter must send every element of its output streams"
             )
+
+
+def count_bounds(ctx: EmitCtx) -> dict[str, int]:
+    """Per chunk-count symbol of a Partition (an expert's token count), its bound: the
+    selectors the Partition routes by (each sends a chunk to an output at most once: the
+    tokens, for an MoE's router), so a buffer of tiles whose rows are that count can be
+    allocated once for every routing of those tokens."""
+    out: dict[str, int] = {}
+    for op in ctx.structure.graph.nodes:
+        if isinstance(op, Partition) and op.name in ctx.structure.owner:
+            n = len(ctx.streams[op.sel.name].flat)
+            for sym in op.counts():
+                out[sym.name] = n
+    return out
 
 
 def build_plan(
@@ -274,9 +289,24 @@ def _build_plan(
     bodies = []
     infos = []
     run_streams = RunStreams(streams)
+    bounds = count_bounds(ctx)
     if units is not None:
-        setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
+        setup = (
+            id(graph),
+            c,
+            tuple(sorted(wires)),
+            tuple(sorted((configs or {}).items())),
+            tuple(sorted(bounds.items())),
+        )
         units.bind(setup, ctx.layouts)
+
+    def bound(rows: object) -> int | None:
+        expr = sp.sympify(rows)
+        names = {x.name for x in expr.free_symbols}
+        if not names or not names <= bounds.keys():
+            return None
+        value = expr.subs({x: bounds[x.name] for x in expr.free_symbols})
+        return int(value) if value.is_Integer else None
 
     def has_dsts(ch: str) -> bool:
         return ch in dsts
@@ -306,6 +336,7 @@ def _build_plan(
             waits[k],
             notify.get(k),
             unit_stops,
+            bound,
         )
         try:
             emit(ctx, b, ops)

@@ -46,6 +46,7 @@ __all__ = [
     "Part",
     "Piece",
     "StreamInfo",
+    "declared_leaves",
     "element_parts",
     "build_streams",
     "flat_elements",
@@ -101,6 +102,16 @@ def element_parts(x: Any, t: DataType, ref_value: int = 0) -> tuple[Part, ...]:
     if isinstance(t, TupleType):
         return tuple(p for v, s in zip(x, t.elems) for p in element_parts(v, s, ref_value))
     raise LoweringError(f"no message form for stream elements of type {t}")  # pragma: no cover
+
+
+def declared_leaves(t: DataType) -> tuple[TileType | None, ...]:
+    """Per part of an element of declared type ``t`` (in :func:`element_parts` order), its
+    declared tile (``None`` for selectors and buffer references)."""
+    if isinstance(t, TileType):
+        return (t,)
+    if isinstance(t, TupleType):
+        return tuple(x for s in t.elems for x in declared_leaves(s))
+    return (None,)
 
 
 @dataclass

@@ -53,10 +53,11 @@ from lowering.isa import (
     Store,
 )
 from torch2step.errors import LoweringError
+from torch2step.step.types import TileType
 
 from .compress import compress
 from .hazards import fence_group
-from .streams import Part, StreamInfo
+from .streams import Part, StreamInfo, declared_leaves
 from .timing import STEP_KERNEL, RowRule, TimingModel
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
@@ -68,13 +69,19 @@ Elem = tuple[Slot, ...]
 
 
 class _Pool:
-    __slots__ = ("names", "dtype", "cap", "used")
+    __slots__ = ("names", "dtype", "cap", "bound", "used")
 
     def __init__(self, prefix: str, dtype: str, rotation: int) -> None:
         self.names = [f"{prefix}{i}" if rotation > 1 else prefix for i in range(rotation)]
         self.dtype = dtype
-        self.cap = 0
+        self.cap = 0  # the most elements a buffer of the pool holds in this run
+        self.bound: int | None = None  # capacity bound of tiles of run-dependent size
         self.used = 0
+
+
+#: ``bound(rows)``: the capacity bound of a declared row count whose value only the run knows
+#: (an expert's token count is at most the tokens routed), ``None`` when it has none.
+Bound = Callable[[object], "int | None"]
 
 
 class UnitBuilder:
@@ -93,8 +100,11 @@ class UnitBuilder:
         waits: dict[str, list[str]] | None = None,
         notify: str | None = None,
         stops: dict[str, int] | None = None,
+        bound: Bound | None = None,
     ) -> None:
         self.name = name
+        self.bound = bound
+        self.rows_bound: dict[str, int] = {}  # buffer -> bound of the rows of its tile
         self.timing = timing
         self.has_dsts = has_dsts
         self.own = own
@@ -129,18 +139,29 @@ class UnitBuilder:
             self.steps.append(tuple(self.cur))
             self.cur = []
 
-    def buffer(self, role: tuple, dtype: str, elems: int, rotation: int = 1) -> str:
+    def buffer(
+        self, role: tuple, dtype: str, elems: int, rotation: int = 1, bound: int | None = None
+    ) -> str:
         """The next buffer of ``role`` (rotating among ``rotation`` copies), able to hold
-        ``elems`` elements of ``dtype``."""
+        ``elems`` elements of ``dtype``; ``bound``: the most elements the tile can have in any
+        run (a tile whose rows only the run knows), the buffer's capacity."""
         key = (role, dtype)
         pool = self.pools.get(key)
         if pool is None:
             tag = ".".join(str(r) for r in role)
             pool = self.pools[key] = _Pool(f"{tag}.{dtype}.", dtype, rotation)
         pool.cap = max(pool.cap, elems)
+        if bound is not None:
+            pool.bound = max(pool.bound or 0, bound)
         name = pool.names[pool.used % len(pool.names)]
         pool.used += 1
         return name
+
+    def _rows_bound(self, decl: TileType | None) -> int | None:
+        """The bound of the rows of a declared tile whose rows only the run knows."""
+        if self.bound is None or decl is None or decl.shape[0].is_Integer:
+            return None
+        return self.bound(decl.shape[0])
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -172,7 +193,14 @@ class UnitBuilder:
             self.next_seq[chan] = seq + 1
             if part.kind == "data":
                 r = ("in", chan) if role is None else role
-                b = self.buffer((*r, i), part.dtype, part.elems, rotation)
+                decl = declared_leaves(info.dtype)[i] if self.bound is not None else None
+                rows = self._rows_bound(decl)
+                cap = None
+                if rows is not None and decl is not None and decl.shape[1].is_Integer:
+                    cap = rows * int(decl.shape[1])
+                b = self.buffer((*r, i), part.dtype, part.elems, rotation, cap)
+                if cap is not None:
+                    self.rows_bound[b] = rows  # type: ignore[assignment]
                 self.emit(Recv(chan, b))
             else:
                 b = f"v.{chan}.{i}"
@@ -210,11 +238,20 @@ class UnitBuilder:
         slots: list[Slot] = []
         out_bufs: list[str] = []
         sizes: list[str] = []
+        # with a row rule, the outputs' capacity follows the bound of the input tile's rows
+        held = ins[0][rule.slot][1] if rule is not None and ins else None
+        rows = self.rows_bound.get(held) if held is not None else None  # type: ignore[arg-type]
         for i, part in enumerate(outs):
             if part.kind == "data":
                 b = into[i][1] if into is not None else None
+                cap = None
+                if rows is not None and rule is not None and len(rule.outs) == len(outs):
+                    a, c = rule.outs[i]
+                    cap = a * rows + c
                 if b is None:
-                    b = self.buffer((role, i), part.dtype, part.elems, rotation)
+                    b = self.buffer((role, i), part.dtype, part.elems, rotation, cap)
+                if cap is not None:
+                    self.rows_bound[b] = rows  # type: ignore[assignment]
                 self.content.pop(b, None)
                 out_bufs.append(b)
                 sizes.append(str(part.elems))
@@ -356,7 +393,10 @@ class UnitBuilder:
         out = []
         for pool in self.pools.values():
             for name in pool.names[: min(pool.used, len(pool.names))]:
-                out.append(Alloc(name, (pool.cap,), pool.dtype))
+                if pool.bound is None:
+                    out.append(Alloc(name, (pool.cap,), pool.dtype))
+                else:  # at its bound; the simulator counts what it holds (Alloc.held)
+                    out.append(Alloc(name, (max(pool.cap, pool.bound),), pool.dtype, True))
         return tuple(out)
 
     @property
