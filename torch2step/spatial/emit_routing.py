@@ -47,7 +47,7 @@ __all__ = ["EMITTERS"]
 def _forward(b: UnitBuilder, src: StreamInfo, k: int, outs: list[tuple[StreamInfo, int]]) -> None:
     """One element: receive, one cycle, send to each ``(stream, index)``."""
     e = b.recv(src, k, rotation=2)
-    b.compute(1, (e,))
+    b.compute(1, (e,), const=True)
     for out, j in outs:
         b.send(out, j, e)
     b.step()
@@ -63,7 +63,7 @@ def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[Stream
     e = b.recv(src, k, rotation=2)
     if any(buf is None for _, buf in e):
         return False  # pragma: no cover - a data part generated locally
-    b.compute(1, (e,))
+    b.compute(1, (e,), const=True)
     for i, out in enumerate(outs):
         if out.channel is not None and b.has_dsts(out.channel):
             sends = tuple(Send(out.channel, buf) for _, buf in e if buf is not None)
@@ -279,7 +279,7 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         named = tuple((p, None) for p in sel.parts(ci))
         for j, _ in enumerate(leaves(chunk, rank)):
             e = b.recv(ins[i], flat[i], rotation=2)
-            b.compute(1, (e,))
+            b.compute(1, (e,), const=True)
             if j == 0:  # the merge takes the chunk once its first element is there
                 b.send(sel, ci, named)
             b.send(data, o, e)
@@ -301,7 +301,7 @@ def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         e = b.recv(x, kx, rotation=2)
         kx += len(leaves(xs, op.rank + 1))
         for _ in leaves(rs, op.rank + 1):
-            b.compute(1, (e, b.recv(r, kr)))
+            b.compute(1, (e, b.recv(r, kr)), const=True)
             b.send(out, o, e)
             kr += 1
             o += 1
@@ -319,7 +319,7 @@ def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         if not copies:
             b.consume(e)
         for _ in copies:
-            b.compute(1, (e,))
+            b.compute(1, (e,), const=True)
             b.send(out, o, e)
             o += 1
             b.step()

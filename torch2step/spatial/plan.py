@@ -110,7 +110,7 @@ from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
-from .unit_reuse import Deps, RunStreams, UnitCache
+from .unit_reuse import ALL, ROWS, Deps, RunStreams, UnitCache
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
@@ -299,6 +299,7 @@ def _build_plan(
             tuple(sorted(bounds.items())),
         )
         units.bind(setup, ctx.layouts)
+        ctx.flops_of = units.flops_of(graph)
 
     def bound(rows: object) -> int | None:
         expr = sp.sympify(rows)
@@ -357,6 +358,15 @@ def _build_plan(
             )
         )
         if units is not None:
+            sizing = b.sizing()
+            nodes = tuple(o.name for o in ops)
+            if sizing is not None and sum(ctx.node_flops(n) for n in nodes) == b.flops:
+                # the program reads the rows of its tiles at run time: the same program for
+                # other row counts, its bookkeeping counted from them (:mod:`.unit_reuse`)
+                deps.sizing, deps.nodes = sizing, nodes
+                for name, level in deps.streams.items():
+                    if level == ALL:
+                        deps.streams[name] = ROWS
             units.store(k, key, deps, run_streams, bodies[-1], infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]

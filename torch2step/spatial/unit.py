@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from lowering.isa import (
     DTYPE_BYTES,
@@ -60,7 +61,7 @@ from .hazards import fence_group
 from .streams import Part, StreamInfo, declared_leaves
 from .timing import STEP_KERNEL, RowRule, TimingModel
 
-__all__ = ["Slot", "Elem", "UnitBuilder"]
+__all__ = ["Slot", "Elem", "Sizing", "UnitBuilder"]
 
 #: One part of an element at the unit: the part and the buffer (data) or register (value)
 #: holding it, ``None`` when it was generated locally and is not materialised.
@@ -69,14 +70,42 @@ Elem = tuple[Slot, ...]
 
 
 class _Pool:
-    __slots__ = ("names", "dtype", "cap", "bound", "used")
+    __slots__ = ("names", "dtype", "cap", "bound", "fixed", "sized", "used")
 
     def __init__(self, prefix: str, dtype: str, rotation: int) -> None:
         self.names = [f"{prefix}{i}" if rotation > 1 else prefix for i in range(rotation)]
         self.dtype = dtype
         self.cap = 0  # the most elements a buffer of the pool holds in this run
         self.bound: int | None = None  # capacity bound of tiles of run-dependent size
+        self.fixed = 0  # the most elements of its tiles of static size
+        self.sized: set[tuple[object, int, int]] = set()  # (rows, a, c): a*rows + c elements
         self.used = 0
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What a unit's program leaves to the run, as functions of the row counts of its tiles
+    (size expressions such as an expert's token count): its buffers' bytes per pool
+    ``(bytes per element x buffers, static elements, ((rows, a, c), ...))`` and its unit
+    steps' cycles (``fixed`` plus a :class:`RowRule` per step on a tile of ``rows`` rows).
+    A unit whose program reads every such count from the tiles it receives is the same
+    program for every run; its bookkeeping in a run is this, evaluated
+    (:mod:`.unit_reuse`)."""
+
+    pools: tuple[tuple[int, int, tuple[tuple[object, int, int], ...]], ...]
+    fixed: int
+    steps: tuple[tuple[RowRule, object], ...]
+
+    def sram_bytes(self, rows: Callable[[object], int]) -> int:
+        """Bytes of the unit's buffers with the row counts ``rows`` gives."""
+        return sum(
+            nb * max([fixed] + [a * rows(r) + c for r, a, c in uses])
+            for nb, fixed, uses in self.pools
+        )
+
+    def cycles(self, rows: Callable[[object], int]) -> int:
+        """Cycles of the unit's steps with the row counts ``rows`` gives."""
+        return self.fixed + sum(rule.cycles(rows(r)) for rule, r in self.steps)
 
 
 #: ``bound(rows)``: the capacity bound of a declared row count whose value only the run knows
@@ -104,7 +133,11 @@ class UnitBuilder:
     ) -> None:
         self.name = name
         self.bound = bound
-        self.rows_bound: dict[str, int] = {}  # buffer -> bound of the rows of its tile
+        # buffer -> (rows, their bound) of the run-sized tile it holds
+        self.rows_of: dict[str, tuple[object, int]] = {}
+        # False once the program depends on a run's row counts (:meth:`sizing`)
+        self.rows_free = True
+        self.rule_steps: list[tuple[RowRule, object, int]] = []
         self.timing = timing
         self.has_dsts = has_dsts
         self.own = own
@@ -140,28 +173,45 @@ class UnitBuilder:
             self.cur = []
 
     def buffer(
-        self, role: tuple, dtype: str, elems: int, rotation: int = 1, bound: int | None = None
+        self,
+        role: tuple,
+        dtype: str,
+        elems: int,
+        rotation: int = 1,
+        sized: tuple[object, int, int, int] | None = None,
     ) -> str:
         """The next buffer of ``role`` (rotating among ``rotation`` copies), able to hold
-        ``elems`` elements of ``dtype``; ``bound``: the most elements the tile can have in any
-        run (a tile whose rows only the run knows), the buffer's capacity."""
+        ``elems`` elements of ``dtype``; ``sized``: ``(rows, bound, a, c)`` for a tile of
+        ``a*rows + c`` elements whose rows only the run knows, at most ``bound``: the buffer
+        is allocated at ``a*bound + c``."""
         key = (role, dtype)
         pool = self.pools.get(key)
         if pool is None:
             tag = ".".join(str(r) for r in role)
             pool = self.pools[key] = _Pool(f"{tag}.{dtype}.", dtype, rotation)
         pool.cap = max(pool.cap, elems)
-        if bound is not None:
-            pool.bound = max(pool.bound or 0, bound)
+        if sized is None:
+            pool.fixed = max(pool.fixed, elems)
+        else:
+            rows, bound, a, c = sized
+            pool.bound = max(pool.bound or 0, a * bound + c)
+            pool.sized.add((rows, a, c))
         name = pool.names[pool.used % len(pool.names)]
         pool.used += 1
         return name
 
-    def _rows_bound(self, decl: TileType | None) -> int | None:
-        """The bound of the rows of a declared tile whose rows only the run knows."""
-        if self.bound is None or decl is None or decl.shape[0].is_Integer:
+    def _rows(self, decl: TileType | None) -> tuple[object, int] | None:
+        """``(rows, bound)`` of a declared tile whose rows only the run knows and have a bound
+        (``None`` for a static tile); a tile of unbounded rows makes the program the run's."""
+        if decl is None or decl.shape[0].is_Integer and decl.shape[1].is_Integer:
             return None
-        return self.bound(decl.shape[0])
+        b = None
+        if self.bound is not None and decl.shape[1].is_Integer:
+            b = self.bound(decl.shape[0])
+        if b is None:
+            self.rows_free = False
+            return None
+        return decl.shape[0], b
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -193,14 +243,13 @@ class UnitBuilder:
             self.next_seq[chan] = seq + 1
             if part.kind == "data":
                 r = ("in", chan) if role is None else role
-                decl = declared_leaves(info.dtype)[i] if self.bound is not None else None
-                rows = self._rows_bound(decl)
-                cap = None
-                if rows is not None and decl is not None and decl.shape[1].is_Integer:
-                    cap = rows * int(decl.shape[1])
-                b = self.buffer((*r, i), part.dtype, part.elems, rotation, cap)
-                if cap is not None:
-                    self.rows_bound[b] = rows  # type: ignore[assignment]
+                decl = declared_leaves(info.dtype)[i]
+                rows = self._rows(decl)
+                sized = None
+                if rows is not None and decl is not None:
+                    sized = (*rows, int(decl.shape[1]), 0)
+                b = self.buffer((*r, i), part.dtype, part.elems, rotation, sized)
+                self._holds(b, rows)
                 self.emit(Recv(chan, b))
             else:
                 b = f"v.{chan}.{i}"
@@ -224,11 +273,14 @@ class UnitBuilder:
         flops: int = 0,
         into: Elem | None = None,
         rule: RowRule | None = None,
+        const: bool = False,
     ) -> Elem:
         """One unit step of ``cycles`` reading ``ins`` and producing an element of ``outs`` in
         the next buffers of ``role`` (or in the buffers of ``into``: an accumulator).  With
         ``rule`` (:mod:`.rows`) the step's cycles and output sizes follow the run-time rows of
-        the rule's part of ``ins[0]`` (``cycles`` and ``outs`` are this run's values)."""
+        the rule's part of ``ins[0]`` (``cycles`` and ``outs`` are this run's values).
+        ``const``: ``cycles`` are the timing model's for any element (a one-cycle dequeue or
+        forward, STeP §4.2), not the sizes of this run's."""
         ins = tuple(ins)
         in_bufs: list[str] = []
         for e in ins:
@@ -238,20 +290,37 @@ class UnitBuilder:
         slots: list[Slot] = []
         out_bufs: list[str] = []
         sizes: list[str] = []
-        # with a row rule, the outputs' capacity follows the bound of the input tile's rows
+        # with a row rule, the outputs' sizes (and capacity) follow the input tile's rows
         held = ins[0][rule.slot][1] if rule is not None and ins else None
-        rows = self.rows_bound.get(held) if held is not None else None  # type: ignore[arg-type]
+        applied = (
+            rule is not None
+            and held is not None
+            and held in in_bufs
+            and len(rule.outs) == sum(p.kind == "data" for p in outs)
+        )
+        rows = self.rows_of.get(held) if applied else None  # type: ignore[arg-type]
+        if not applied and not (const and not outs):
+            # cycles and output sizes are this run's: the program depends on the rows of
+            # any run-sized tile the step reads or writes
+            touched = [b for b in in_bufs if b in self.rows_of]
+            if into is not None:
+                touched += [b for _, b in into if b in self.rows_of]
+            if touched:
+                self.rows_free = False
+        j = 0
         for i, part in enumerate(outs):
             if part.kind == "data":
                 b = into[i][1] if into is not None else None
-                cap = None
-                if rows is not None and rule is not None and len(rule.outs) == len(outs):
-                    a, c = rule.outs[i]
-                    cap = a * rows + c
+                sized = None
+                if rows is not None and rule is not None:
+                    a, c = rule.outs[j]
+                    sized = (rows[0], rows[1], a, c)
+                j += 1
                 if b is None:
-                    b = self.buffer((role, i), part.dtype, part.elems, rotation, cap)
-                if cap is not None:
-                    self.rows_bound[b] = rows  # type: ignore[assignment]
+                    b = self.buffer((role, i), part.dtype, part.elems, rotation, sized)
+                elif sized is not None:  # an accumulator: its pool takes the sizes too
+                    self._resize(b, sized)
+                self._holds(b, rows)
                 self.content.pop(b, None)
                 out_bufs.append(b)
                 sizes.append(str(part.elems))
@@ -267,7 +336,24 @@ class UnitBuilder:
         self.emit(Compute(STEP_KERNEL, tuple(out_bufs), tuple(in_bufs), params, t.enc_dtype))
         self.flops += flops
         self.busy_cycles += cycles
+        if rows is not None and rule is not None:
+            self.rule_steps.append((rule, rows[0], cycles))
         return tuple(slots)
+
+    def _holds(self, buf: str, rows: tuple[object, int] | None) -> None:
+        """``buf`` now holds a tile of ``rows`` (``None``: of static size)."""
+        if rows is None:
+            self.rows_of.pop(buf, None)
+        else:
+            self.rows_of[buf] = rows
+
+    def _resize(self, buf: str, sized: tuple[object, int, int, int]) -> None:
+        for pool in self.pools.values():
+            if buf in pool.names:
+                rows, bound, a, c = sized
+                pool.bound = max(pool.bound or 0, a * bound + c)
+                pool.sized.add((rows, a, c))
+                return
 
     def compute_instr(self, cycles: int, ins: Sequence[str]) -> Compute:
         """The ``Compute`` of a unit step of ``cycles`` that reads buffers ``ins`` and writes
@@ -279,7 +365,7 @@ class UnitBuilder:
 
     def consume(self, *elems: Elem) -> None:
         """A single-cycle step that waits for ``elems`` (dequeuing a reference or selector)."""
-        self.compute(1, elems)
+        self.compute(1, elems, const=True)
 
     def materialize(self, elem: Elem, parts: Sequence[Part]) -> Elem:
         """``elem`` with every data part of ``parts`` in a buffer (a locally generated tile, or
@@ -307,9 +393,13 @@ class UnitBuilder:
             raise LoweringError(f"unit %{self.name}: element {k} of %{chan} has other parts")
         elem = self.materialize(elem, parts)
         self.sent_seq[chan] += len(parts)
-        for part, (q, b) in zip(parts, elem):
+        decls = declared_leaves(info.dtype)
+        for i, (part, (q, b)) in enumerate(zip(parts, elem)):
             if part.kind == "data":
                 assert b is not None
+                decl = decls[i] if i < len(decls) else None
+                if decl is not None and not decl.shape[0].is_Integer and b not in self.rows_of:
+                    self.rows_free = False  # a run-sized tile made to this run's size
                 self.emit(Send(chan, b))
             elif b is not None and q.kind == "value" and q.value == part.value:
                 self.emit(SendValue(chan, b))  # a received control value forwarded: its register
@@ -357,6 +447,8 @@ class UnitBuilder:
         address registers, or expressions of a received register) into the next buffer.
         ``elems``: the element count of a region whose extents are run-time expressions."""
         self._await(tensor)
+        if elems is not None:  # a region the run sizes
+            self.rows_free = False
         n = math.prod(extents) if elems is None else elems  # type: ignore[arg-type]
         part = Part("data", dtype, n)
         region = self._region(starts, extents, reg)
@@ -379,6 +471,8 @@ class UnitBuilder:
         ((_, b),) = self.materialize(elem, (data,))
         region = self._region(starts, extents, reg)
         assert b is not None
+        if b in self.rows_of:  # the region is the run's tile size
+            self.rows_free = False
         self.emit(Store(b, tensor, region))
 
     def _await(self, tensor: str) -> None:
@@ -398,6 +492,25 @@ class UnitBuilder:
                 else:  # at its bound; the simulator counts what it holds (Alloc.held)
                     out.append(Alloc(name, (max(pool.cap, pool.bound),), pool.dtype, True))
         return tuple(out)
+
+    def sizing(self) -> Sizing | None:
+        """What the program leaves to the run's row counts (:class:`Sizing`), when it reads
+        every run-sized tile's rows at run time and holds it in a buffer allocated at its
+        bound; ``None`` when the program depends on the rows of this run or has no run-sized
+        tile."""
+        if not self.rows_free or not any(pool.sized for pool in self.pools.values()):
+            return None
+        pools = tuple(
+            (
+                DTYPE_BYTES[pool.dtype] * min(pool.used, len(pool.names)),
+                pool.fixed,
+                tuple(sorted(pool.sized, key=str)),
+            )
+            for pool in self.pools.values()
+        )
+        ruled = sum(c for _, _, c in self.rule_steps)
+        steps = tuple((rule, rows) for rule, rows, _ in self.rule_steps)
+        return Sizing(pools, self.busy_cycles - ruled, steps)
 
     @property
     def sram_bytes(self) -> int:

@@ -35,19 +35,26 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lowering.isa import Instr
+from torch2step.step.graph import Program as StepProgram
+from torch2step.step.metrics import metrics
 
 if TYPE_CHECKING:
     from .context import EmitCtx, TensorLayout
     from .plan import UnitInfo
     from .streams import StreamInfo
+    from .unit import Sizing
 
-__all__ = ["ALL", "FORM", "Deps", "RunStreams", "Tally", "UnitCache", "nesting"]
+__all__ = ["ALL", "FORM", "ROWS", "Deps", "RunStreams", "Tally", "UnitCache", "nesting"]
 
 #: What a unit's program read of a stream: its messages with their control values (``ALL``),
 #: or only their channels, kinds and sizes and the stream's structure (``FORM``: a unit that
 #: decides from the values at run time, as a Partition does from its selectors).
 ALL = "all"
 FORM = "form"
+#: Or its messages without the sizes of their data (``ROWS``: a unit that reads the rows of
+#: its tiles at run time, :class:`~.unit.Sizing`); control values and the stream's structure
+#: (how many elements each dimension has) are compared.
+ROWS = "rows"
 
 _ORDER = itertools.count()
 
@@ -80,7 +87,7 @@ class RunStreams:
         self.streams = streams
         self.order = next(_ORDER)
         self._form: dict[str, tuple[list, list]] = {}
-        self._masked: dict[str, list] = {}
+        self._masked: dict[tuple[str, str], list] = {}
         self._same: dict[tuple[int, str, str], bool] = {}
 
     def _shape_of(self, name: str) -> tuple[list, list]:
@@ -97,17 +104,28 @@ class RunStreams:
         info = self.streams[name]
         if level == ALL:
             return info.pieces
-        f = self._masked.get(name)
-        if f is None:  # the pieces with control values left out (FORM)
-            f = self._masked[name] = [
-                tuple((ch, seq, p.kind, p.dtype, p.elems) for ch, seq, p in pc)
-                for pc in info.pieces
-            ]
+        f = self._masked.get((name, level))
+        if f is None:  # the pieces without control values (FORM) or data sizes (ROWS)
+            if level == FORM:
+                f = [
+                    tuple((ch, seq, p.kind, p.dtype, p.elems) for ch, seq, p in pc)
+                    for pc in info.pieces
+                ]
+            else:
+                f = [
+                    tuple(
+                        (ch, seq, p.kind, p.dtype, p.value if p.kind == "value" else -1)
+                        for ch, seq, p in pc
+                    )
+                    for pc in info.pieces
+                ]
+            self._masked[(name, level)] = f
         return f
 
     def same(self, name: str, other: RunStreams, level: str = ALL) -> bool:
         """Whether stream ``name`` is the same in ``other`` as in this run, at ``level``
-        (:data:`ALL`: its messages with their control values, :data:`FORM`: without them)."""
+        (:data:`ALL`: its messages with their control values, :data:`FORM`: without them,
+        :data:`ROWS`: without the sizes of its tiles)."""
         key = (other.order, name, level)
         r = self._same.get(key)
         if r is None:
@@ -115,7 +133,11 @@ class RunStreams:
                 name in self.streams
                 and name in other.streams
                 and self._pieces(name, level) == other._pieces(name, level)
-                and self._shape_of(name) == other._shape_of(name)
+                and (
+                    self._shape_of(name)[0] == other._shape_of(name)[0]
+                    if level == ROWS
+                    else self._shape_of(name) == other._shape_of(name)
+                )
             )
             self._same[key] = r
         return r
@@ -139,6 +161,10 @@ class Deps:
     dsts: dict[str, bool] = field(default_factory=dict)
     tally: Tally | None = None
     tallied: tuple[int, int, int] = (0, 0, 0)
+    #: a program that reads its tiles' rows at run time: its bookkeeping as functions of
+    #: the row counts (:class:`~.unit.Sizing`) and the nodes whose FLOPs it runs
+    sizing: Sizing | None = None
+    nodes: tuple[str, ...] = ()
 
     def count(self, tally: Tally, ctx: EmitCtx) -> tuple[int, int, int]:
         """Record ``tally`` as the unit's run-time bookkeeping and return its counts in the
@@ -174,17 +200,28 @@ class _Entry:
     def retally(self, ctx: EmitCtx, run: RunStreams) -> _Entry:
         """This entry for the run of ``ctx`` / ``run``: the same program, its bookkeeping
         (:data:`Tally`) counted again in that run."""
-        tally = self.deps.tally
-        if tally is None:
-            return dataclasses.replace(self, run=run)
-        new = tally(ctx)
-        r, s, c = (a - b for a, b in zip(new, self.tallied))
-        info = dataclasses.replace(
-            self.info,
-            received=self.info.received + r,
-            sent=self.info.sent + s,
-            step_cycles=self.info.step_cycles + c,
-        )
+        d = self.deps
+        info, new = self.info, self.tallied
+        if d.tally is not None:
+            new = d.tally(ctx)
+            r, s, c = (a - b for a, b in zip(new, self.tallied))
+            info = dataclasses.replace(
+                info,
+                received=info.received + r,
+                sent=info.sent + s,
+                step_cycles=info.step_cycles + c,
+            )
+        if d.sizing is not None:
+
+            def rows(expr: Any) -> int:
+                return ctx.ev(expr, f"rows of unit %{info.name}")
+
+            info = dataclasses.replace(
+                info,
+                flops=sum(ctx.node_flops(n) for n in d.nodes),
+                step_cycles=d.sizing.cycles(rows),
+                sram_bytes=d.sizing.sram_bytes(rows),
+            )
         return dataclasses.replace(self, run=run, info=info, tallied=new)
 
 
@@ -201,6 +238,13 @@ class UnitCache:
         self.reused = 0
         self._layouts: dict[str, TensorLayout] | None = None
         self._setup: Hashable = None
+        self._flops: dict[str, Any] | None = None
+
+    def flops_of(self, graph: StepProgram) -> Mapping[str, Any]:
+        """Per node of ``graph`` (the graph of the programs kept), its FLOPs as a formula."""
+        if self._flops is None:
+            self._flops = {n: row["flops"] for n, row in metrics(graph).by_node.items()}
+        return self._flops
 
     def bind(self, setup: Hashable, layouts: dict[str, TensorLayout]) -> None:
         """Start a plan for ``setup`` (graph, chip, configurations, wires) whose off-chip
@@ -208,6 +252,7 @@ class UnitCache:
         if setup != self._setup or layouts != self._layouts:
             self.entries.clear()
             self._setup, self._layouts = setup, layouts
+            self._flops = None
         runs: list[RunStreams] = []
         for kept in self.entries.values():
             for e in kept:
