@@ -15,7 +15,7 @@ tensor), so the address stays affine in the received register.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,8 +152,11 @@ class EmitCtx:
     configs: Mapping[str, UnitConfig] = field(default_factory=dict)
     #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
     deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
-    #: node name -> its FLOPs as a formula (STeP §4.1), for :meth:`node_flops`
-    flops_of: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    #: node name -> its FLOPs as a formula (STeP §4.1), for :meth:`node_flops` (made when
+    #: first needed)
+    flops_of: Callable[[], Mapping[str, Any]] | None = field(
+        default=None, repr=False, compare=False
+    )
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def stream(self, v: Value | str) -> StreamInfo:
@@ -171,7 +174,7 @@ class EmitCtx:
             raise LoweringError(f"no FLOP formulas to count node %{name}'s FLOPs with")
         deps, self.deps = self.deps, None
         try:
-            return self.ev(self.flops_of[name], f"FLOPs of %{name}")
+            return self.ev(self.flops_of()[name], f"FLOPs of %{name}")
         finally:
             self.deps = deps
 

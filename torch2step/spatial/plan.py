@@ -291,23 +291,25 @@ def _build_plan(
     run_streams = RunStreams(streams)
     bounds = count_bounds(ctx)
     if units is not None:
-        setup = (
-            id(graph),
-            c,
-            tuple(sorted(wires)),
-            tuple(sorted((configs or {}).items())),
-            tuple(sorted(bounds.items())),
-        )
+        setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
         units.bind(setup, ctx.layouts)
-        ctx.flops_of = units.flops_of(graph)
+        ctx.flops_of = lambda: units.flops_of(graph)
+    known: dict[object, int | None] = {}
 
     def bound(rows: object) -> int | None:
-        expr = sp.sympify(rows)
-        names = {x.name for x in expr.free_symbols}
-        if not names or not names <= bounds.keys():
-            return None
-        value = expr.subs({x: bounds[x.name] for x in expr.free_symbols})
-        return int(value) if value.is_Integer else None
+        """The bound of a tile's run-dependent rows (recorded: a unit's buffers follow it)."""
+        value = known.get(rows, -1)
+        if value == -1:
+            expr = sp.sympify(rows)
+            names = {x.name for x in expr.free_symbols}
+            value = None
+            if names and names <= bounds.keys():
+                v = expr.subs({x: bounds[x.name] for x in expr.free_symbols})
+                value = int(v) if v.is_Integer else None
+            known[rows] = value
+        if ctx.deps is not None:
+            ctx.deps.bounds[rows] = value
+        return value
 
     def has_dsts(ch: str) -> bool:
         return ch in dsts
@@ -323,7 +325,9 @@ def _build_plan(
         # where a stop token falls is part of the streams a unit's emitter reads (recorded in
         # its Deps), not of its key: a unit that decides at run time reads it as data
         key = (frozenset(reads[k]), tuple(sorted(unit_stops)))
-        hit = units.lookup(k, key, ctx, run_streams, has_dsts) if units is not None else None
+        hit = (
+            units.lookup(k, key, ctx, run_streams, has_dsts, bound) if units is not None else None
+        )
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
             infos.append(hit.info)

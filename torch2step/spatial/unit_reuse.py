@@ -165,6 +165,8 @@ class Deps:
     #: the row counts (:class:`~.unit.Sizing`) and the nodes whose FLOPs it runs
     sizing: Sizing | None = None
     nodes: tuple[str, ...] = ()
+    #: the bounds of run-dependent row counts its buffers were allocated at
+    bounds: dict[Any, int | None] = field(default_factory=dict)
 
     def count(self, tally: Tally, ctx: EmitCtx) -> tuple[int, int, int]:
         """Record ``tally`` as the unit's run-time bookkeeping and return its counts in the
@@ -270,14 +272,17 @@ class UnitCache:
         ctx: EmitCtx,
         run: RunStreams,
         has_dsts: Callable[[str], bool],
+        bound: Callable[[Any], int | None],
     ) -> _Entry | None:
         """A program of unit ``k`` emitted under ``key`` whose recorded run is the same in the
-        run of ``ctx`` / ``run`` (module docstring), or ``None``."""
+        run of ``ctx`` / ``run`` (module docstring; ``bound``: the run's bounds of row counts),
+        or ``None``."""
         for e in self.entries.get(k, ()):
             d = e.deps
             if (
                 e.key == key
                 and all(has_dsts(ch) == r for ch, r in d.dsts.items())
+                and all(bound(rows) == v for rows, v in d.bounds.items())
                 and all(ctx.ev(x, "unit reuse") == v for x, v in d.evals)
                 and all(run.same(s, e.run, lv) for s, lv in d.streams.items())
             ):
