@@ -15,7 +15,7 @@ tensor), so the address stays affine in the received register.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,11 +152,6 @@ class EmitCtx:
     configs: Mapping[str, UnitConfig] = field(default_factory=dict)
     #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
     deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
-    #: node name -> its FLOPs as a formula (STeP §4.1), for :meth:`node_flops` (made when
-    #: first needed)
-    flops_of: Callable[[], Mapping[str, Any]] | None = field(
-        default=None, repr=False, compare=False
-    )
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def stream(self, v: Value | str) -> StreamInfo:
@@ -165,18 +160,6 @@ class EmitCtx:
         if self.deps is not None:
             self.deps.streams[name] = ALL
         return self.streams[name]
-
-    def node_flops(self, name: str) -> int:
-        """Node ``name``'s FLOPs in this run (its §4.1 formula evaluated; not a dependence of
-        the unit being emitted: the bookkeeping of a program that reads its sizes at run
-        time, :mod:`.unit_reuse`)."""
-        if self.flops_of is None:
-            raise LoweringError(f"no FLOP formulas to count node %{name}'s FLOPs with")
-        deps, self.deps = self.deps, None
-        try:
-            return self.ev(self.flops_of()[name], f"FLOPs of %{name}")
-        finally:
-            self.deps = deps
 
     def relax(self, v: Value | str, level: str | None) -> None:
         """The unit being emitted read stream ``v`` only at ``level`` (:data:`FORM`: not its

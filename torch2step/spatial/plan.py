@@ -293,7 +293,6 @@ def _build_plan(
     if units is not None:
         setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
         units.bind(setup, ctx.layouts)
-        ctx.flops_of = lambda: units.flops_of(graph)
     known: dict[object, int | None] = {}
 
     def bound(rows: object) -> int | None:
@@ -363,11 +362,10 @@ def _build_plan(
         )
         if units is not None:
             sizing = b.sizing()
-            nodes = tuple(o.name for o in ops)
-            if sizing is not None and sum(ctx.node_flops(n) for n in nodes) == b.flops:
+            if sizing is not None:
                 # the program reads the rows of its tiles at run time: the same program for
                 # other row counts, its bookkeeping counted from them (:mod:`.unit_reuse`)
-                deps.sizing, deps.nodes = sizing, nodes
+                deps.sizing = sizing
                 for name, level in deps.streams.items():
                     if level == ALL:
                         deps.streams[name] = ROWS

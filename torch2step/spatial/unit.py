@@ -94,7 +94,18 @@ class Sizing:
 
     pools: tuple[tuple[int, int, tuple[tuple[object, int, int], ...]], ...]
     fixed: int
-    steps: tuple[tuple[RowRule, object], ...]
+    steps: tuple[tuple[RowRule, object, bool], ...]
+    fixed_flops: int = 0
+
+    def flops(self, rows: Callable[[object], int]) -> int:
+        """FLOPs of the unit's steps with the row counts ``rows`` gives (a step whose rule
+        counts FLOPs has them as its first term, :func:`~.rows.row_rule`)."""
+        total = self.fixed_flops
+        for rule, r, counted in self.steps:
+            if counted:
+                a, c, _ = rule.terms[0]
+                total += a * rows(r) + c
+        return total
 
     def sram_bytes(self, rows: Callable[[object], int]) -> int:
         """Bytes of the unit's buffers with the row counts ``rows`` gives."""
@@ -105,7 +116,7 @@ class Sizing:
 
     def cycles(self, rows: Callable[[object], int]) -> int:
         """Cycles of the unit's steps with the row counts ``rows`` gives."""
-        return self.fixed + sum(rule.cycles(rows(r)) for rule, r in self.steps)
+        return self.fixed + sum(rule.cycles(rows(r)) for rule, r, _ in self.steps)
 
 
 #: ``bound(rows)``: the capacity bound of a declared row count whose value only the run knows
@@ -137,7 +148,8 @@ class UnitBuilder:
         self.rows_of: dict[str, tuple[object, int]] = {}
         # False once the program depends on a run's row counts (:meth:`sizing`)
         self.rows_free = True
-        self.rule_steps: list[tuple[RowRule, object, int]] = []
+        # (rule, rows, cycles, FLOPs, whether the rule's first term counts the FLOPs)
+        self.rule_steps: list[tuple[RowRule, object, int, int, bool]] = []
         self.timing = timing
         self.has_dsts = has_dsts
         self.own = own
@@ -337,7 +349,12 @@ class UnitBuilder:
         self.flops += flops
         self.busy_cycles += cycles
         if rows is not None and rule is not None:
-            self.rule_steps.append((rule, rows[0], cycles))
+            n = ins[0][rule.slot][0].elems // rule.cols  # the rows of this run's tile
+            first = rule.terms[0] if rule.terms else None
+            counted = first is not None and first[0] * n + first[1] == flops
+            if flops and not counted:
+                self.rows_free = False  # FLOPs the rule cannot give for other rows
+            self.rule_steps.append((rule, rows[0], cycles, flops, counted))
         return tuple(slots)
 
     def _holds(self, buf: str, rows: tuple[object, int] | None) -> None:
@@ -508,9 +525,10 @@ class UnitBuilder:
             )
             for pool in self.pools.values()
         )
-        ruled = sum(c for _, _, c in self.rule_steps)
-        steps = tuple((rule, rows) for rule, rows, _ in self.rule_steps)
-        return Sizing(pools, self.busy_cycles - ruled, steps)
+        ruled = sum(c for _, _, c, _, _ in self.rule_steps)
+        work = sum(f for _, _, _, f, _ in self.rule_steps)
+        steps = tuple((rule, rows, counted) for rule, rows, _, _, counted in self.rule_steps)
+        return Sizing(pools, self.busy_cycles - ruled, steps, self.flops - work)
 
     @property
     def sram_bytes(self) -> int:

@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lowering.isa import Instr
-from torch2step.step.graph import Program as StepProgram
-from torch2step.step.metrics import metrics
 
 if TYPE_CHECKING:
     from .context import EmitCtx, TensorLayout
@@ -162,9 +160,8 @@ class Deps:
     tally: Tally | None = None
     tallied: tuple[int, int, int] = (0, 0, 0)
     #: a program that reads its tiles' rows at run time: its bookkeeping as functions of
-    #: the row counts (:class:`~.unit.Sizing`) and the nodes whose FLOPs it runs
+    #: the row counts (:class:`~.unit.Sizing`)
     sizing: Sizing | None = None
-    nodes: tuple[str, ...] = ()
     #: the bounds of run-dependent row counts its buffers were allocated at
     bounds: dict[Any, int | None] = field(default_factory=dict)
 
@@ -220,7 +217,7 @@ class _Entry:
 
             info = dataclasses.replace(
                 info,
-                flops=sum(ctx.node_flops(n) for n in d.nodes),
+                flops=d.sizing.flops(rows),
                 step_cycles=d.sizing.cycles(rows),
                 sram_bytes=d.sizing.sram_bytes(rows),
             )
@@ -240,13 +237,6 @@ class UnitCache:
         self.reused = 0
         self._layouts: dict[str, TensorLayout] | None = None
         self._setup: Hashable = None
-        self._flops: dict[str, Any] | None = None
-
-    def flops_of(self, graph: StepProgram) -> Mapping[str, Any]:
-        """Per node of ``graph`` (the graph of the programs kept), its FLOPs as a formula."""
-        if self._flops is None:
-            self._flops = {n: row["flops"] for n, row in metrics(graph).by_node.items()}
-        return self._flops
 
     def bind(self, setup: Hashable, layouts: dict[str, TensorLayout]) -> None:
         """Start a plan for ``setup`` (graph, chip, configurations, wires) whose off-chip
@@ -254,7 +244,6 @@ class UnitCache:
         if setup != self._setup or layouts != self._layouts:
             self.entries.clear()
             self._setup, self._layouts = setup, layouts
-            self._flops = None
         runs: list[RunStreams] = []
         for kept in self.entries.values():
             for e in kept:
