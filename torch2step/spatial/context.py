@@ -39,7 +39,7 @@ from torch2step.step.types import TileType
 from .streams import StreamInfo
 from .structure import Structure
 from .timing import TimingModel, UnitConfig
-from .unit_reuse import ALL, Deps, Tally
+from .unit_reuse import ALL, Deps, Tally, looser
 
 __all__ = ["TensorLayout", "EmitCtx", "int_contents", "tensor_layouts", "tile_of"]
 
@@ -169,6 +169,8 @@ class EmitCtx:
         if self.deps is not None:
             if level is None:
                 self.deps.streams.pop(name, None)
+            elif name in self.deps.streams:
+                self.deps.streams[name] = looser(self.deps.streams[name], level)
             else:
                 self.deps.streams[name] = level
 

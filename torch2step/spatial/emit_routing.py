@@ -324,6 +324,8 @@ def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             o += 1
             b.step()
         b.step()
+    if not b.literal_values:  # control values forwarded from the registers they came in
+        ctx.relax(op.input, FORM)
 
 
 #: Operator class -> emitter of its unit's program.

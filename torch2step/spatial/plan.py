@@ -110,7 +110,7 @@ from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
-from .unit_reuse import ALL, ROWS, Deps, RunStreams, UnitCache
+from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
@@ -289,6 +289,7 @@ def _build_plan(
     bodies = []
     infos = []
     run_streams = RunStreams(streams)
+    outputs = {op.name: [v.name for v in outs] for op, outs in zip(graph.nodes, graph.node_outputs)}
     bounds = count_bounds(ctx)
     if units is not None:
         setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
@@ -324,9 +325,7 @@ def _build_plan(
         # where a stop token falls is part of the streams a unit's emitter reads (recorded in
         # its Deps), not of its key: a unit that decides at run time reads it as data
         key = (frozenset(reads[k]), tuple(sorted(unit_stops)))
-        hit = (
-            units.lookup(k, key, ctx, run_streams, has_dsts, bound) if units is not None else None
-        )
+        hit = units.lookup(k, key, ctx, run_streams, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
             infos.append(hit.info)
@@ -367,8 +366,14 @@ def _build_plan(
                 # other row counts, its bookkeeping counted from them (:mod:`.unit_reuse`)
                 deps.sizing = sizing
                 for name, level in deps.streams.items():
-                    if level == ALL:
-                        deps.streams[name] = ROWS
+                    deps.streams[name] = looser(level, ROWS)
+            if not b.literal_values:
+                # every control value it sends comes from a register (received, loaded, or
+                # computed at run time): its outputs' values are data, not its program's
+                for op in ops:
+                    for name in outputs[op.name]:
+                        if name in deps.streams:
+                            deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, run_streams, bodies[-1], infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]

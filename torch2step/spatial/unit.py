@@ -150,6 +150,8 @@ class UnitBuilder:
         self.rows_free = True
         # (rule, rows, cycles, FLOPs, whether the rule's first term counts the FLOPs)
         self.rule_steps: list[tuple[RowRule, object, int, int, bool]] = []
+        # whether a control value this unit sends is the run's literal (not a register's)
+        self.literal_values = False
         self.timing = timing
         self.has_dsts = has_dsts
         self.own = own
@@ -425,6 +427,7 @@ class UnitBuilder:
                 self.emit(ReadValue(reg, b, 0), SendValue(chan, reg))
             else:
                 self.emit(SendValue(chan, part.value))
+                self.literal_values = True
         self.sent += 1
 
     # -- HBM -------------------------------------------------------------------------------------

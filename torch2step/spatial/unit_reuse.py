@@ -42,7 +42,18 @@ if TYPE_CHECKING:
     from .streams import StreamInfo
     from .unit import Sizing
 
-__all__ = ["ALL", "FORM", "ROWS", "Deps", "RunStreams", "Tally", "UnitCache", "nesting"]
+__all__ = [
+    "ALL",
+    "BOTH",
+    "FORM",
+    "ROWS",
+    "Deps",
+    "looser",
+    "RunStreams",
+    "Tally",
+    "UnitCache",
+    "nesting",
+]
 
 #: What a unit's program read of a stream: its messages with their control values (``ALL``),
 #: or only their channels, kinds and sizes and the stream's structure (``FORM``: a unit that
@@ -53,6 +64,17 @@ FORM = "form"
 #: its tiles at run time, :class:`~.unit.Sizing`); control values and the stream's structure
 #: (how many elements each dimension has) are compared.
 ROWS = "rows"
+#: Neither (``FORM`` and ``ROWS``): the channels, kinds and types of its messages and the
+#: stream's structure.
+BOTH = "form+rows"
+
+
+def looser(level: str, than: str) -> str:
+    """``level`` relaxed by ``than`` (:data:`FORM` or :data:`ROWS`)."""
+    if level == ALL:
+        return than
+    return level if level == than else BOTH
+
 
 _ORDER = itertools.count()
 
@@ -109,6 +131,8 @@ class RunStreams:
                     tuple((ch, seq, p.kind, p.dtype, p.elems) for ch, seq, p in pc)
                     for pc in info.pieces
                 ]
+            elif level == BOTH:
+                f = [tuple((ch, seq, p.kind, p.dtype) for ch, seq, p in pc) for pc in info.pieces]
             else:
                 f = [
                     tuple(
@@ -123,7 +147,7 @@ class RunStreams:
     def same(self, name: str, other: RunStreams, level: str = ALL) -> bool:
         """Whether stream ``name`` is the same in ``other`` as in this run, at ``level``
         (:data:`ALL`: its messages with their control values, :data:`FORM`: without them,
-        :data:`ROWS`: without the sizes of its tiles)."""
+        :data:`ROWS`: without the sizes of its tiles, :data:`BOTH`: without either)."""
         key = (other.order, name, level)
         r = self._same.get(key)
         if r is None:
@@ -133,7 +157,7 @@ class RunStreams:
                 and self._pieces(name, level) == other._pieces(name, level)
                 and (
                     self._shape_of(name)[0] == other._shape_of(name)[0]
-                    if level == ROWS
+                    if level in (ROWS, BOTH)
                     else self._shape_of(name) == other._shape_of(name)
                 )
             )
