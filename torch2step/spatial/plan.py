@@ -7,7 +7,8 @@
 3. emit every unit's program with the emitter of its operator class (``EMITTERS``: one table
    from operator class to emitter, STYLE.md) — programs name channels and HBM tensors, not
    cores;
-4. place the units, each on cores enough for its buffers (:mod:`.placement`);
+4. place the units, each on cores enough for the bytes its buffers hold in this run
+   (:mod:`.placement`);
 5. bind channels (one per unit-produced stream that another unit reads, multicast to all of
    them, FIFO depth ``fifo_depth`` or the core's), the completion-token channels and fences
    of off-chip read-after-write dependences (:mod:`.hazards`) and HBM tensors
@@ -15,10 +16,9 @@
    (:mod:`.fifos`), for which ``SpatialPlan.messages`` / ``message_bytes`` count each
    channel's traffic.
 
-The programs are the graph's operators specialised to this run's control values (how many
-tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
-different routing give different programs — and latencies — from the same graph.  The
-routing operators are the exception: they decide from data at run time (STeP §3.2.3), so their
+The programs are the graph's operators specialised to the structure of this run's streams
+where a unit's loops follow it, and run-independent where a unit reads its control values and
+sizes at run time.  The routing operators decide from data at run time (STeP §3.2.3), so their
 programs are the same for every routing of the same tokens:
 
 * the selector unit (Map ``to_selector``) reads the expert ids of each token from the tile it
@@ -35,33 +35,49 @@ programs are the same for every routing of the same tokens:
 * a control value a unit forwards (Repeat, Expand...) is sent from the register it was
   received into, and one loaded as a ``[1, 1]`` integer tile is read from the loaded buffer.
 
+The elements a run takes through those run-time decisions (a Partition's sends, a Reassemble's
+selected inputs) are not part of their programs: each run's are counted from its streams
+(:data:`~.unit_reuse.Tally`), as are the messages and bytes each channel carries
+(``SpatialPlan.messages`` / ``message_bytes``).
+
 A unit step on a tile whose declared rows are dynamic (an expert's ``[n_e, ...]`` tiles, a KV
 tile) is timed from the rows of the tile it receives: its ``step_unit`` Compute carries a row
-rule (:mod:`.rows`), cycles and output sizes as ``a*rows + c`` of that tile's run-time rows.
+rule (:mod:`.rows`), cycles and output sizes as ``a*rows + c`` of that tile's run-time rows
+(a FlatMap's column pieces of such a tile too).  A tile whose rows are a Partition's count is
+held in a buffer allocated at the count's bound (:func:`count_bounds`: the selectors routed,
+the tokens of an MoE), ``Alloc.held``: the simulator counts against the core's SRAM what the
+buffer held at most, so the on-chip bytes reported (``UnitRecord.sram_bytes``, the cores'
+simulated peaks) are the run's, not the bound's (dynamic tiling, STeP §5.2), and placement
+takes the bytes this run holds.  Such a unit's program is the same for every token count; its
+FLOPs, step cycles and bytes in a run follow from its row rules and buffers
+(:class:`~.sizing.Sizing`).
 
-What is still baked from the run: each expert's token count in the units after the Partition
-(loop trip counts, buffer capacities, the Bufferize unit's one buffer per row; they do not read
-the stop token's count), EagerMerge's chunk order, and in decode attention everything from the
-KV-tile addresses on (the cursor tiles carry no values in timing mode, so the tile count and
-rows of each request are the run's).  :mod:`.reuse` therefore keys a plan by the run's control
-signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
-the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
-program is kept with the streams and size expressions its emitter read), so a new routing
-emits again only the units of the experts whose token count changed and the routing units
-(whose bodies come out the same, but whose message bookkeeping reads the routing), and a new
-KV-length set only the units from the KV-tile addresses on.  Making those units
-run-independent needs, besides ``Recv(..., stop=reg)`` (a loop over a stream of unknown length
-ends on the Partition's stop token, which carries the count):
+What is still baked from the run: the loop trip counts of the units that iterate over a count
+(an expert's Bufferize and Streamify, the ``retile_row`` Accums that pack its rows and routing
+weights into tiles, the routing weights' Map, the FlatMap back to rows), whether an expert gets
+tokens at all (``P_e = [n_e > 0]``: every stream of an expert with no token is empty, so all
+its units differ from those of a run that gives it tokens), EagerMerge's chunk order, the static
+tiling's padding, and in decode attention everything from the KV-tile addresses on (the cursor
+tiles carry no values in timing mode, so the tile count and rows of each request are the
+run's).  :mod:`.reuse` therefore keys a plan by the run's control signature, and
+``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit, the programs of
+earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's program is kept
+with what its emitter read of the run, at the level its program depends on it), so a new routing
+emits again only the units above of the experts whose token count changed (all units of one
+that gets tokens in only one of the runs), and a new KV-length set only the units from the
+KV-tile addresses on.  Making those units run-independent needs, besides
+``Recv(..., stop=reg)`` (a loop over a stream of unknown length ends on the Partition's stop
+token, which carries the count):
 
 * stop tokens on every channel whose stream has a dynamic dimension (not only a Partition's
   outputs), so each unit of an expert can loop until its input ends (a bounded ``Loop`` whose
-  body is guarded by ``If(stop < 0)``) and forward the count; a ``RecvValue`` that can also
-  take a stop token, for streams of buffer references and addresses;
-* a unit buffer that grows with the rows it receives and is read row by row (Bufferize, a
-  ``retile_row`` Accum, RetileStreamify), allocated at a capacity bound (the graph's token
-  count);
-* an on-chip memory account that counts what a run holds rather than a buffer's capacity
-  (dynamic tiling's saving, STeP §5.2), in the simulator's peak and in placement;
+  body is guarded by ``If(stop < 0)``) and forward the count, and an expert with no token runs
+  its units' guards only; a ``RecvValue`` that can also take a stop token, for streams of
+  buffer references and addresses;
+* a ``retile_row`` Accum's output size is the count, not a function of the rows of the tile it
+  receives, so its ``step_unit`` needs a size read from a register (row rules take sizes from
+  input tiles only); the Bufferize's rows (one buffer per row today) held in buffers allocated
+  at the bound and read row by row;
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
@@ -73,9 +89,7 @@ Every unit after the Bufferize receives its first element only once the Bufferiz
 Partition's stop token, so the count can reach those units ahead of their data (as the value
 of the buffer reference, or one count message) without delaying them; only the routing-weight
 Map and its ``retile_row`` Accum consume while the Partition produces and must loop until a stop
-token.  A ``retile_row`` Accum's output size is the count, not a function of the rows of the
-tile it receives, so its ``step_unit`` needs a size read from a register (row rules take sizes
-from input tiles only).
+token.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.

@@ -25,8 +25,13 @@ instructions of :mod:`lowering.isa`:
 
 Buffers are named per role and rotate among ``rotation`` copies (so a unit can receive or
 compute the next element while the previous one is still being sent); each is allocated once, at
-the start, with the largest size it holds in the run.  Messages are sent flattened (a
-``rows x cols`` tile is a ``(rows * cols,)`` message: the bytes are what the simulator times).
+the start, with the largest size it holds in the run — or, for a tile whose rows are a count
+with a bound (``bound``: an expert's tokens), at the bound, ``Alloc.held`` (the simulator counts
+what it holds).  A unit whose every step on such tiles follows their run-time rows (row rules,
+or one-cycle ``const`` steps) and whose buffers hold them at their bound is the same program
+for every count: :meth:`UnitBuilder.sizing` gives its bookkeeping as functions of the counts
+(:mod:`.sizing`).  Messages are sent flattened (a ``rows x cols`` tile is a ``(rows * cols,)``
+message: the bytes are what the simulator times).
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from lowering.isa import (
     DTYPE_BYTES,
@@ -58,10 +62,11 @@ from torch2step.step.types import TileType
 
 from .compress import compress
 from .hazards import fence_group
+from .sizing import Sizing
 from .streams import Part, StreamInfo, declared_leaves
 from .timing import STEP_KERNEL, RowRule, TimingModel
 
-__all__ = ["Slot", "Elem", "Sizing", "UnitBuilder"]
+__all__ = ["Slot", "Elem", "UnitBuilder"]
 
 #: One part of an element at the unit: the part and the buffer (data) or register (value)
 #: holding it, ``None`` when it was generated locally and is not materialised.
@@ -80,43 +85,6 @@ class _Pool:
         self.fixed = 0  # the most elements of its tiles of static size
         self.sized: set[tuple[object, int, int]] = set()  # (rows, a, c): a*rows + c elements
         self.used = 0
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """What a unit's program leaves to the run, as functions of the row counts of its tiles
-    (size expressions such as an expert's token count): its buffers' bytes per pool
-    ``(bytes per element x buffers, static elements, ((rows, a, c), ...))`` and its unit
-    steps' cycles (``fixed`` plus a :class:`RowRule` per step on a tile of ``rows`` rows).
-    A unit whose program reads every such count from the tiles it receives is the same
-    program for every run; its bookkeeping in a run is this, evaluated
-    (:mod:`.unit_reuse`)."""
-
-    pools: tuple[tuple[int, int, tuple[tuple[object, int, int], ...]], ...]
-    fixed: int
-    steps: tuple[tuple[RowRule, object, bool], ...]
-    fixed_flops: int = 0
-
-    def flops(self, rows: Callable[[object], int]) -> int:
-        """FLOPs of the unit's steps with the row counts ``rows`` gives (a step whose rule
-        counts FLOPs has them as its first term, :func:`~.rows.row_rule`)."""
-        total = self.fixed_flops
-        for rule, r, counted in self.steps:
-            if counted:
-                a, c, _ = rule.terms[0]
-                total += a * rows(r) + c
-        return total
-
-    def sram_bytes(self, rows: Callable[[object], int]) -> int:
-        """Bytes of the unit's buffers with the row counts ``rows`` gives."""
-        return sum(
-            nb * max([fixed] + [a * rows(r) + c for r, a, c in uses])
-            for nb, fixed, uses in self.pools
-        )
-
-    def cycles(self, rows: Callable[[object], int]) -> int:
-        """Cycles of the unit's steps with the row counts ``rows`` gives."""
-        return self.fixed + sum(rule.cycles(rows(r)) for rule, r, _ in self.steps)
 
 
 #: ``bound(rows)``: the capacity bound of a declared row count whose value only the run knows

@@ -3,27 +3,38 @@
 A spatial plan's unit programs are emitted from one run (:mod:`.plan`); most of them read from
 that run only a little: the structure of the streams they receive and send, a few size
 expressions.  While a unit is emitted, :class:`EmitCtx` records what its emitter asked of the
-run (:class:`Deps`): the streams it looked at (by name), the size expressions it evaluated (and
-their values), whether each of its output channels has a reader.  A later run of the same graph
-on the same chip reuses the unit's program — the same instruction tuple, not rebuilt — when
-everything recorded is the same in it:
+run (:class:`Deps`): the streams it looked at (by name, each at the level its program depends
+on it), the size expressions it evaluated (and their values), whether each of its output
+channels has a reader, the bounds its run-sized buffers were allocated at.  A later run of the
+same graph on the same chip reuses the unit's program — the same instruction tuple, not
+rebuilt — when everything recorded is the same in it:
 
 * a stream is the same when its messages are (:class:`RunStreams`): the channel and sequence
   number of every message, every message's part (data by dtype and size, control values by
   value), where its stop tokens fall and every tile's shape — floating-point data never enters
-  a program;
+  a program.  A unit whose program takes a stream's control values at run time (a Partition's
+  selectors, a selector computed in registers, values forwarded from the registers they came
+  in) reads it at level :data:`FORM`, without the values; one that takes its tiles' rows at
+  run time (row rules, buffers at a bound: :class:`~.sizing.Sizing`) at level :data:`ROWS`,
+  without the tiles' sizes; a routing unit reads the streams it routes to by their channels
+  only;
 * an expression is the same when it evaluates to the same value under the new bindings.
 
-Units whose streams do not change with the routing (the token and weight loads, every unit of
-an expert whose token count did not change, an expert's weight loads while it still gets
-tokens, the sum and store after the merge) are thus taken as they are for a new routing, and
-only the units whose streams changed are emitted again: the expert units whose token count
-changed (their loop trip counts and buffer sizes are still that count, :mod:`.plan`), and the
-routing units (selector, Partition, Reassemble), whose bodies decide from data and come out the
-same, but whose bookkeeping of the messages on each channel (checked by the plan, counted in the
-report) reads the routing.  A cache keeps the streams of the latest runs it emitted units
-for (two by default), to compare them with a new run's, stream by stream, each comparison
-stopping at the first difference and made once per stream.
+A unit kept for a run that differs from its own in what the program leaves to the run gets
+that run's bookkeeping (:class:`~.plan.UnitInfo`): the elements its run-time decisions take
+(:data:`Tally`), its FLOPs, step cycles and bytes held (:class:`~.sizing.Sizing`), all
+counted from the new run's streams and sizes; so the assembled plan is the one a fresh build
+gives.
+
+For a new routing of an MoE built with dynamic tiling this keeps the loads, the routing units
+(selector, Partition, Reassemble), the sum and store, every unit of an expert whose token count
+did not change, and of an expert whose count changed (but that has tokens in both runs) its
+weight loads, repeats, column split, matmuls, activation and scaling; emitted again are the
+units that loop over the count (Bufferize, the row packing, the routing weights' Map and
+Accum, the FlatMap back to rows) and every unit of an expert that has tokens in only one of the
+runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
+default), to compare them with a new run's, stream by stream, each comparison stopping at the
+first difference and made once per stream and level.
 """
 
 from __future__ import annotations
@@ -39,8 +50,8 @@ from lowering.isa import Instr
 if TYPE_CHECKING:
     from .context import EmitCtx, TensorLayout
     from .plan import UnitInfo
+    from .sizing import Sizing
     from .streams import StreamInfo
-    from .unit import Sizing
 
 __all__ = [
     "ALL",
@@ -61,7 +72,7 @@ __all__ = [
 ALL = "all"
 FORM = "form"
 #: Or its messages without the sizes of their data (``ROWS``: a unit that reads the rows of
-#: its tiles at run time, :class:`~.unit.Sizing`); control values and the stream's structure
+#: its tiles at run time, :class:`~.sizing.Sizing`); control values and the stream's structure
 #: (how many elements each dimension has) are compared.
 ROWS = "rows"
 #: Neither (``FORM`` and ``ROWS``): the channels, kinds and types of its messages and the
@@ -184,7 +195,7 @@ class Deps:
     tally: Tally | None = None
     tallied: tuple[int, int, int] = (0, 0, 0)
     #: a program that reads its tiles' rows at run time: its bookkeeping as functions of
-    #: the row counts (:class:`~.unit.Sizing`)
+    #: the row counts (:class:`~.sizing.Sizing`)
     sizing: Sizing | None = None
     #: the bounds of run-dependent row counts its buffers were allocated at
     bounds: dict[Any, int | None] = field(default_factory=dict)
