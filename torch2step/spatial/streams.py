@@ -126,6 +126,17 @@ class StreamInfo:
     pieces: list[tuple[Piece, ...]]
     channel: str | None = None  # set for streams a unit produces
     _parts: list[tuple[Part, ...]] | None = None
+    _decl: tuple[tuple[TileType | None, ...], tuple[bool, ...]] | None = None
+
+    def decl(self) -> tuple[tuple[TileType | None, ...], tuple[bool, ...]]:
+        """Per part of an element, its declared tile (:func:`declared_leaves`) and whether
+        the tile's rows are dynamic."""
+        d = self._decl
+        if d is None:
+            tiles = declared_leaves(self.dtype)
+            dyn = tuple(t is not None and not t.shape[0].is_Integer for t in tiles)
+            d = self._decl = (tiles, dyn)
+        return d
 
     def parts(self, k: int) -> tuple[Part, ...]:
         """The parts of element ``k``."""

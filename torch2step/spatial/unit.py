@@ -63,7 +63,7 @@ from torch2step.step.types import TileType
 from .compress import compress
 from .hazards import fence_group
 from .sizing import Sizing
-from .streams import Part, StreamInfo, declared_leaves
+from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, RowRule, TimingModel
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
@@ -225,9 +225,11 @@ class UnitBuilder:
             self.next_seq[chan] = seq + 1
             if part.kind == "data":
                 r = ("in", chan) if role is None else role
-                decl = declared_leaves(info.dtype)[i]
-                rows = self._rows(decl)
-                sized = None
+                decls, dyn = info.decl()
+                rows = sized = None
+                decl = decls[i]
+                if dyn[i] or decl is not None and not decl.shape[1].is_Integer:
+                    rows = self._rows(decl)
                 if rows is not None and decl is not None:
                     sized = (*rows, int(decl.shape[1]), 0)
                 b = self.buffer((*r, i), part.dtype, part.elems, rotation, sized)
@@ -273,21 +275,24 @@ class UnitBuilder:
         out_bufs: list[str] = []
         sizes: list[str] = []
         # with a row rule, the outputs' sizes (and capacity) follow the input tile's rows
-        held = ins[0][rule.slot][1] if rule is not None and ins else None
-        applied = (
-            rule is not None
-            and held is not None
-            and held in in_bufs
-            and len(rule.outs) == sum(p.kind == "data" for p in outs)
-        )
-        rows = self.rows_of.get(held) if applied else None  # type: ignore[arg-type]
-        if not applied and not (const and not outs):
+        applied = False
+        rows = None
+        if rule is not None and ins:
+            held = ins[0][rule.slot][1]
+            applied = (
+                held is not None
+                and held in in_bufs
+                and len(rule.outs) == sum(p.kind == "data" for p in outs)
+            )
+            if applied:
+                rows = self.rows_of.get(held)  # type: ignore[arg-type]
+        if self.rows_of and not applied and not (const and not outs):
             # cycles and output sizes are this run's: the program depends on the rows of
             # any run-sized tile the step reads or writes
-            touched = [b for b in in_bufs if b in self.rows_of]
-            if into is not None:
-                touched += [b for _, b in into if b in self.rows_of]
-            if touched:
+            rows_of = self.rows_of
+            if any(b in rows_of for b in in_bufs) or (
+                into is not None and any(b in rows_of for _, b in into)
+            ):
                 self.rows_free = False
         j = 0
         for i, part in enumerate(outs):
@@ -329,10 +334,10 @@ class UnitBuilder:
 
     def _holds(self, buf: str, rows: tuple[object, int] | None) -> None:
         """``buf`` now holds a tile of ``rows`` (``None``: of static size)."""
-        if rows is None:
-            self.rows_of.pop(buf, None)
-        else:
+        if rows is not None:
             self.rows_of[buf] = rows
+        elif self.rows_of:
+            self.rows_of.pop(buf, None)
 
     def _resize(self, buf: str, sized: tuple[object, int, int, int]) -> None:
         for pool in self.pools.values():
@@ -380,12 +385,11 @@ class UnitBuilder:
             raise LoweringError(f"unit %{self.name}: element {k} of %{chan} has other parts")
         elem = self.materialize(elem, parts)
         self.sent_seq[chan] += len(parts)
-        decls = declared_leaves(info.dtype)
+        _, dyn = info.decl()
         for i, (part, (q, b)) in enumerate(zip(parts, elem)):
             if part.kind == "data":
                 assert b is not None
-                decl = decls[i] if i < len(decls) else None
-                if decl is not None and not decl.shape[0].is_Integer and b not in self.rows_of:
+                if i < len(dyn) and dyn[i] and b not in self.rows_of:
                     self.rows_free = False  # a run-sized tile made to this run's size
                 self.emit(Send(chan, b))
             elif b is not None and q.kind == "value" and q.value == part.value:
