@@ -74,20 +74,31 @@ class _Counts:
 
 class _Live(dict[str, tuple[tuple[int, ...], str, int]]):
     """Live buffers (buf -> (shape, dtype, bytes)) and their byte total, kept as buffers are
-    allocated and freed (the SRAM peak is then O(1) per Alloc, not a sum over the live set)."""
+    allocated and freed (the SRAM peak is then O(1) per Alloc, not a sum over the live set).
+    A buffer allocated ``held`` (:class:`~lowering.isa.Alloc`) is not in the total: what it
+    holds is known only when the program runs, and the simulator accounts it then."""
 
     total: int = 0
+    held: frozenset[str] = frozenset()
 
-    def add(self, buf: str, entry: tuple[tuple[int, ...], str, int]) -> None:
+    def add(self, buf: str, entry: tuple[tuple[int, ...], str, int], held: bool = False) -> None:
         self[buf] = entry
-        self.total += entry[2]
+        if held:
+            self.held = self.held | {buf}
+        else:
+            self.total += entry[2]
 
     def remove(self, buf: str) -> None:
-        self.total -= self.pop(buf)[2]
+        nbytes = self.pop(buf)[2]
+        if buf in self.held:
+            self.held = self.held - {buf}
+        else:
+            self.total -= nbytes
 
     def copy(self) -> _Live:  # type: ignore[override]
         out = _Live(self)
         out.total = self.total
+        out.held = self.held
         return out
 
 
@@ -260,10 +271,10 @@ class _Walker:
             )
             return
         nbytes = _buffer_bytes(i.shape, i.dtype)
-        total = state.live.total + nbytes
+        total = state.live.total + (0 if i.held else nbytes)
         if total <= self.peak:
             self.settle_peak()
-        state.live.add(i.buf, (i.shape, i.dtype, nbytes))
+        state.live.add(i.buf, (i.shape, i.dtype, nbytes), i.held)
         if total > self.peak:
             self.peak = total
             self.peak_src = state.live

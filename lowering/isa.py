@@ -94,11 +94,17 @@ class Region:
 
 @dataclass(frozen=True, slots=True)
 class Alloc:
-    """Reserve an SRAM buffer of capacity ``shape`` x ``dtype`` (counted against ``sram_bytes``)."""
+    """Reserve an SRAM buffer of capacity ``shape`` x ``dtype`` (counted against ``sram_bytes``).
+
+    ``held``: the buffer is allocated at a capacity bound for tiles whose size only the run
+    knows (an expert's ``[n_e, H]`` tiles, dynamic tiling, STeP §5.2), and the core's on-chip
+    account counts the most bytes it has held so far (its high-water mark, checked against
+    ``sram_bytes`` as it grows), not its capacity: the memory a run uses, not the bound."""
 
     buf: str
     shape: tuple[int, ...]
     dtype: str = "bf16"
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ listing them, each naming the core, the instruction and what to change:
   and static message counts that differ between the sender and a receiver;
 * references to undeclared tensors, channels, barrier groups, unallocated buffers or undefined
   registers; unknown kernels; compute dtypes the chip's core has no FLOPs rate for;
-* SRAM: the peak of live buffers (``Alloc``..``Free``) above ``chip.core.sram_bytes``;
+* SRAM: the peak of live buffers (``Alloc``..``Free``) above ``chip.core.sram_bytes`` (a
+  buffer allocated ``held`` at a bound counts what it holds, which the simulator checks);
 * barriers: a member that never arrives, or static arrival counts that differ.
 """
 

@@ -51,7 +51,7 @@ from lowering.kernels import Kernel, kernel_cycles
 from runtime.errors import SimulationError
 from runtime.layout import numpy_dtype
 from runtime.scoreboard import advance, fence, fold_w, ready
-from runtime.state import BUSY, Buf, Core
+from runtime.state import BUSY, Buf, Core, hold
 
 __all__ = ["Op", "Expr", "expr", "ev", "CMP", "make", "builder"]
 
@@ -143,6 +143,8 @@ def h_compute(sim: Any, core: Core, op: OpCompute) -> bool:
         b.shape = s
         b.w = end
         b.wk = BUSY
+        if b.held:
+            hold(sim, core, b)
     if sim.functional:
         res = op.kernel.run([b.data for b in op.ins], op.params)
         for b, arr in zip(op.outs, res):
@@ -197,6 +199,9 @@ def h_fastloop(sim: Any, core: Core, op: OpFastLoop) -> bool:
     for c in op.body:
         for b in c.outs:
             b.w, b.wk = end, BUSY
+    for b in op.touched:
+        if b.held:
+            hold(sim, core, b)
     core.st[BUSY] += total
     core.ff += n * len(op.body)
     if sim.tracing and total:
@@ -286,7 +291,9 @@ def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
         raise sim.error(
             core, f"buffer {b.name!r} is already allocated; Free it first or use another name"
         )
-    core.sram += op.nbytes
+    held = op.src.held
+    nbytes = 0 if held else op.nbytes  # a held buffer counts what it holds (``hold``)
+    core.sram += nbytes
     if core.sram > sim.core_spec.sram_bytes:
         raise sim.error(
             core,
@@ -299,7 +306,8 @@ def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
     b.allocated = True
     b.dtype, b.eb, b.alloc_shape, b.shape = op.dtype, op.eb, op.shape, op.shape
     b.cap = math.prod(op.shape)
-    b.nbytes = op.nbytes
+    b.nbytes = nbytes
+    b.held = held
     if sim.functional:
         b.data = np.zeros(op.shape, dtype=numpy_dtype(op.dtype))
     core.pc += 1

@@ -27,6 +27,7 @@ from runtime.state import (
     Post,
     StopPost,
     ValueRead,
+    hold,
 )
 
 __all__ = [
@@ -179,6 +180,8 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         b.wp = done
         core.dma_p.append(done)
     b.shape = extents
+    if b.held:
+        hold(sim, core, b)
     if sim.functional or (info.is_int and info.name in sim.hbm_data):  # control data
         b.data = np.array(
             sim.hbm_data[info.name][_slices(starts, extents)], dtype=numpy_dtype(b.dtype)

@@ -11,11 +11,13 @@ consumes the message.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
 __all__ = [
     "fifo_depth",
+    "hold",
     "BUSY",
     "RECV",
     "SEND",
@@ -188,6 +190,7 @@ class Buf:
         "rk",
         "rp",
         "nbytes",
+        "held",
     )
 
     def __init__(self, name: str) -> None:
@@ -207,7 +210,8 @@ class Buf:
         self.r = 0
         self.rk = BUSY
         self.rp: list[Pending] | None = None
-        self.nbytes = 0
+        self.nbytes = 0  # bytes counted against the core's SRAM (``held``: its high-water mark)
+        self.held = False
 
 
 class Group:
@@ -277,3 +281,21 @@ class Core:
         self.dma_p: list[Pending] = []
         self.dmaq: list = []  # outstanding HBM requests: completion cycle or Pending
         self.scan: tuple | None = None  # where a blocked wait on many buffers stopped
+
+
+def hold(sim: Any, core: Core, b: Buf) -> None:
+    """A buffer allocated ``held`` (``Alloc.held``) now holds ``b.shape``: the core's on-chip
+    account grows to its new high-water mark (checked against the core's SRAM)."""
+    n = math.prod(b.shape) * b.eb
+    if n <= b.nbytes:
+        return
+    core.sram += n - b.nbytes
+    b.nbytes = n
+    if core.sram > sim.core_spec.sram_bytes:
+        raise sim.error(
+            core,
+            f"SRAM overflow: buffer {b.name!r} now holds {n} bytes, which brings the core to "
+            f"{core.sram} bytes held, it has {sim.core_spec.sram_bytes}; use smaller tiles",
+        )
+    if core.sram > core.sram_peak:
+        core.sram_peak = core.sram

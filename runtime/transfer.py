@@ -20,7 +20,7 @@ from heapq import heappush
 from typing import Any
 
 from runtime.network import RES_DELAY
-from runtime.state import Core, Pending, Post, Slot, StopPost
+from runtime.state import Core, Pending, Post, Slot, StopPost, hold
 
 __all__ = ["Transfers", "up"]
 
@@ -426,6 +426,8 @@ class Transfers:
                 )
             b.shape = shape
             b.data = data
+            if b.held:
+                hold(self, p.core, b)
         else:
             if value is None:
                 raise self.error(

@@ -1,10 +1,16 @@
 """One compiled graph serves a second routing (and a second KV-length set) with the unit programs
-of the first wherever the new run is the same for them (torch2step.spatial.unit_reuse): the token
-and weight loads, every unit of an expert whose token count did not change, an expert's weight
-loads while it still gets tokens, the sum and the store after the merge are the same instruction
-tuples (not rebuilt); only the units whose streams changed are emitted again.  The plan so assembled is the
-plan a fresh build gives (so its cycles are, exactly), and the functional result stays
-PyTorch's."""
+of the first wherever they do not depend on the new run (torch2step.spatial.unit_reuse).
+
+The routing units (selector, Partition, Reassemble) decide from the selectors' values at run
+time, so they are kept for every routing; the elements each run takes through them are counted
+from its streams.  An expert's units that read the rows of their tiles at run time (row rules,
+buffers allocated at the token count's bound, counted by what they hold: ``Alloc.held``) are
+kept for any token count: the matmuls, activation, column split, scaling, the repeats and the
+weight loads.  What still follows an expert's token count (loop trip counts) is rebuilt: its
+Bufferize, the Accum packing its rows into a tile, the routing weights' Map and Accum, the
+FlatMap back to rows, and every unit of an expert that gets no token in one run and some in the
+other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
+and on-chip bytes, exactly), and the functional result stays PyTorch's."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from run_checks import assert_run_equals_module
 
 import torch2step
 from hwmodel.presets import load_chip
+from lowering.isa import Alloc
 from models import get_layer
 from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
@@ -29,9 +36,19 @@ T = 16
 GQA = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}
 
 #: Routing A: expert 0 gets tokens 0-7, the others share the rest; routing B keeps expert 0's
-#: tokens (and so its count, on other rows) and sends nothing to expert 3.
+#: tokens (and so its count, on other rows) and sends nothing to expert 3; routing C gives
+#: expert 2 a single token and expert 3 tokens again.
 ROUTE_A = np.array([[0, 1 + t % 3] for t in range(8)] + [[1, 3]] * 8)
 ROUTE_B = np.array([[0, 1 + t % 2] for t in range(8)] + [[1, 2]] * 8)
+ROUTE_C = np.array([[0, 1]] * 7 + [[0, 2]] + [[1, 3]] * 8)
+
+#: Units of expert ``e`` that do not depend on its token count (while it has tokens), and
+#: those whose loops still follow it.
+KEPT = (
+    "per_i", "xt1", "xh", "gate_w", "gate", "up_w", "up", "act", "down_w", "h_rep",
+    "down_mm", "down_cat", "down", "scaled",
+)  # fmt: skip
+COUNTED = ("buf", "xt", "gw", "gw_col", "out")
 
 
 def _bodies(plan) -> dict[str, tuple]:
@@ -40,48 +57,61 @@ def _bodies(plan) -> dict[str, tuple]:
     return {u.name: at[u.core] for u in plan.placement.units}
 
 
-def _moe():
+def _moe(routes=(ROUTE_A, ROUTE_B)):
     g = moe_graph(**KW, tokens=T, tile_h=32, tile_i=32)
-    ins = [moe_inputs(**KW, tokens=T, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
+    ins = [moe_inputs(**KW, tokens=T, seed=0, routing=r) for r in routes]
     return g, ins, [run(g, tensors=x, check=False) for x in ins]
 
 
-def test_a_second_routing_reuses_the_units_it_does_not_change() -> None:
+def _check_fresh(g, chip, r, plan, sim) -> None:
+    """The assembled plan of run ``r`` is its fresh plan: programs, per-unit bookkeeping
+    (elements, FLOPs, step cycles, bytes held), placement, cycles and on-chip bytes."""
+    fresh = build_plan(g, chip, r)
+    assert plan.programs == fresh.programs
+    assert plan.units == fresh.units
+    assert plan.placement == fresh.placement
+    again = simulate_plan(fresh)
+    assert sim.cycles == again.cycles
+    assert sim.peak_onchip_bytes == again.peak_onchip_bytes
+    # the on-chip bytes reported are the simulated peaks of the units' cores
+    peaks = {c.core: c.sram_peak_bytes for c in sim.stats.cores}
+    assert all(u.sram_bytes == peaks[u.cores[0]] for u in sim.units)
+
+
+def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -> None:
     g, ins, (ra, rb) = _moe()
     na, nb = (np.bincount(r.reshape(-1), minlength=4) for r in (ROUTE_A, ROUTE_B))
     assert na[0] == nb[0] and nb[3] == 0 and na[3] > 0 and (na[1:3] != nb[1:3]).all()
+    assert (nb[1:3] > 0).all()
     chip = load_chip("step-sda")
     cache = PlanCache()
     cache.simulate(g, chip, ra)
     units = cache.units(g, chip)
     total = units.emitted
     sb = cache.simulate(g, chip, rb)
-    assert cache.built == 2 and 0 < units.reused < total
-    assert units.emitted + units.reused == 2 * total
+    assert cache.built == 2 and units.emitted + units.reused == 2 * total
     pa, _ = cache.plan_for(g, chip, ra)
     pb, _ = cache.plan_for(g, chip, rb)
     a, b = _bodies(pa), _bodies(pb)
     kept = [n for n in a if n.startswith("moe_e0_")] + [
-        "moe_x_ld",
-        "moe_idx_ld",
-        "moe_w_ld",
-        "moe_e1_gate_w",  # expert 1 still has tokens: its weight loads are unchanged
-        "moe_sum",
-        "moe_store",
-    ]
-    assert len(kept) > 20
+        "moe_x_ld", "moe_idx_ld", "moe_w_ld", "moe_sum", "moe_store",
+        # the routing units decide from the selectors' values at run time
+        "moe_sel", "moe_route", "moe_route_w", "moe_back",
+    ]  # fmt: skip
+    # experts 1 and 2 get other token counts: every unit but those looping over the count
+    kept += [f"moe_e{e}_{u}" for e in (1, 2) for u in KEPT]
+    rebuilt = [f"moe_e{e}_{u}" for e in (1, 2) for u in COUNTED]
+    rebuilt += [n for n in a if n.startswith("moe_e3_")]  # no token in routing B
+    assert sorted(kept + rebuilt) == sorted(a)
     for n in kept:
         assert a[n] is b[n], f"unit %{n} was rebuilt"
-    for n in ("moe_e3_buf", "moe_e3_gate_w", "moe_e1_xt", "moe_e2_act"):
-        assert a[n] != b[n], f"unit %{n} should follow its expert's new token count"
-    # the routing units decide from data (their bodies are the same), but their bookkeeping of
-    # the messages each channel carries reads the routing: they are emitted again
-    for n in ("moe_sel", "moe_route", "moe_back"):
-        assert a[n] == b[n] and a[n] is not b[n]
-    assert units.reused == sum(a[n] is b[n] for n in a)
-    # the assembled plan is the fresh plan of routing B, so it gives its cycles exactly
-    assert pb.programs == build_plan(g, chip, rb).programs
-    assert sb.cycles == simulate_graph(g, chip, rb).cycles
+    for n in rebuilt:
+        assert a[n] is not b[n], f"unit %{n} was kept"
+    assert units.reused == len(kept)
+    # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
+    allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
+    assert allocs and all(i.shape == (T * 32,) for i in allocs)
+    _check_fresh(g, chip, rb, pb, sb)
     # functionally the run that drives both is PyTorch's layer
     for x, r in zip(ins, (ra, rb)):
         want = moe_reference(
@@ -90,6 +120,27 @@ def test_a_second_routing_reuses_the_units_it_does_not_change() -> None:
         )
         got = torch.as_tensor(np.asarray(r.tensors["out"])).reshape(want.shape)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_third_routing_takes_units_kept_from_the_second() -> None:
+    """Routing C after A and B: an expert of a single token and one that has tokens again;
+    the units kept through B count their bookkeeping from C's streams."""
+    g, _, runs = _moe((ROUTE_A, ROUTE_B, ROUTE_C))
+    assert np.bincount(ROUTE_C.reshape(-1), minlength=4).tolist() == [8, 15, 1, 8]
+    chip = load_chip("step-sda")
+    cache = PlanCache()
+    for r in runs[:2]:
+        cache.simulate(g, chip, r)
+    units = cache.units(g, chip)
+    before = units.reused
+    sc = cache.simulate(g, chip, runs[2])
+    pb, _ = cache.plan_for(g, chip, runs[1])
+    pc, _ = cache.plan_for(g, chip, runs[2])
+    b, c = _bodies(pb), _bodies(pc)
+    assert units.reused > before
+    for u in KEPT:
+        assert b[f"moe_e2_{u}"] is c[f"moe_e2_{u}"], f"unit %moe_e2_{u} was rebuilt"
+    _check_fresh(g, chip, runs[2], pc, sc)
 
 
 def test_reused_units_change_only_timing_on_a_slower_hbm() -> None:
@@ -121,8 +172,9 @@ def test_reused_units_change_only_timing_on_a_slower_hbm() -> None:
 
 
 def test_a_second_kv_length_set_reuses_the_units_it_does_not_change() -> None:
-    """Decode attention: the query loads, the output Map and the store do not depend on the
-    KV lengths and are kept; the units after the KV-tile addresses follow the new lengths."""
+    """Decode attention: the query loads, the length loads and cursors, the output Map and
+    the store do not depend on the KV lengths and are kept; the units from the KV-tile
+    addresses on loop over each request's tiles and follow the new lengths (one of 1)."""
     g = gqa_decode_graph(**GQA, batch=3, max_len=40, tile_kv=16)
     ra, rb = (
         run(g, tensors=gqa_inputs(**GQA, batch=3, max_len=40, kv_lens=lens, seed=0), check=False)
@@ -135,10 +187,11 @@ def test_a_second_kv_length_set_reuses_the_units_it_does_not_change() -> None:
     pa, _ = cache.plan_for(g, chip, ra)
     pb, _ = cache.plan_for(g, chip, rb)
     a, b = _bodies(pa), _bodies(pb)
-    for n in ("attn_q", "attn_q1", "attn_o", "attn_store"):
+    for n in ("attn_q", "attn_q1", "attn_o", "attn_store", "attn_len", "attn_len_h"):
         assert a[n] is b[n], f"unit %{n} was rebuilt"
-    assert a["attn_k"] != b["attn_k"]  # its KV tiles follow the lengths
-    assert pb.programs == build_plan(g, chip, rb).programs
+    for n in ("attn_kv_addr", "attn_k", "attn_v", "attn_q_kv", "attn_softmax"):
+        assert a[n] != b[n], f"unit %{n} does not follow the KV lengths"
+    _check_fresh(g, chip, rb, pb, sb)
     assert sb.cycles == simulate_graph(g, chip, rb).cycles
 
 

@@ -39,7 +39,7 @@ from torch2step.step.types import TileType
 from .streams import StreamInfo
 from .structure import Structure
 from .timing import TimingModel, UnitConfig
-from .unit_reuse import Deps
+from .unit_reuse import ALL, Deps, Tally, looser
 
 __all__ = ["TensorLayout", "EmitCtx", "int_contents", "tensor_layouts", "tile_of"]
 
@@ -158,8 +158,29 @@ class EmitCtx:
         """The run's contents of a stream."""
         name = v if isinstance(v, str) else v.name
         if self.deps is not None:
-            self.deps.streams[name] = None
+            self.deps.streams[name] = ALL
         return self.streams[name]
+
+    def relax(self, v: Value | str, level: str | None) -> None:
+        """The unit being emitted read stream ``v`` only at ``level`` (:data:`FORM`: not its
+        control values; ``None``: not at all beyond its channel) — its program decides from
+        the values at run time (:mod:`.unit_reuse`)."""
+        name = v if isinstance(v, str) else v.name
+        if self.deps is not None:
+            if level is None:
+                self.deps.streams.pop(name, None)
+            elif name in self.deps.streams:
+                self.deps.streams[name] = looser(self.deps.streams[name], level)
+            else:
+                self.deps.streams[name] = level
+
+    def tally(self, fn: Tally) -> tuple[int, int, int]:
+        """``(received, sent, busy cycles)`` of the run-time decisions of the unit being
+        emitted, counted by ``fn`` from this run's streams (and again for every later run that
+        reuses its program, :mod:`.unit_reuse`)."""
+        if self.deps is not None:
+            return self.deps.count(fn, self)
+        return fn(self)
 
     def config(self, op: Op) -> UnitConfig:
         """The unit configuration of node ``op`` (default: :class:`UnitConfig()`)."""

@@ -27,9 +27,10 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
-from .streams import Part, StreamInfo, iter_nodes, leaves
+from .streams import Part, StreamInfo, declared_leaves, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
 from .unit import UnitBuilder
+from .unit_reuse import FORM
 
 __all__ = ["EMITTERS"]
 
@@ -147,6 +148,7 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
     data = control_data(ctx.structure.graph)
+    computed = bool(x.flat)  # every output value is computed in a register at run time
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
         parts = out.parts(k)
@@ -154,8 +156,11 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, parts)
         )
         y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
+        computed = computed and all(q.kind == "value" and r is not None for q, r in y)
         b.send(out, k, y)
         b.step()
+    if computed:  # the values it sends are the run's data, not part of its program
+        ctx.relax(op.name, FORM)
 
 
 def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
@@ -223,10 +228,41 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             b.consume(e)
         b.step()
         for _ in range(produced):  # one step each, so the expansion folds into a loop
-            y = b.compute(1, (e,), out.parts(j))
+            y = b.compute(1, (e,), out.parts(j), rule=_piece_rule(x, k, out, j))
             b.send(out, j, y)
             j += 1
             b.step()
+
+
+def _piece_rule(x: StreamInfo, k: int, out: StreamInfo, j: int) -> RowRule | None:
+    """A FlatMap's piece of a tile keeping the tile's run-time rows (split_cols of an
+    expert's ``[n_e, H]`` tile): one cycle, output sizes ``cols * rows`` of the rows the
+    input tile holds (:mod:`.rows`), so the step is the same for every row count."""
+    ins, outs = declared_leaves(x.dtype), declared_leaves(out.dtype)
+    dyn = [i for i, t in enumerate(ins) if t is not None and not t.shape[0].is_Integer]
+    if len(dyn) != 1 or not all(t is not None and t.shape[1].is_Integer for t in outs):
+        return None
+    slot = dyn[0]
+    decl, part = ins[slot], x.parts(k)[slot]
+    assert decl is not None
+    if part.kind != "data" or not decl.shape[1].is_Integer or not int(decl.shape[1]):
+        return None
+    cols = int(decl.shape[1])
+    rows = part.elems // cols
+    sizes = []
+    for t, p in zip(outs, out.parts(j)):
+        assert t is not None
+        if p.kind != "data":
+            continue
+        if t.shape[0] == decl.shape[0]:
+            sizes.append((int(t.shape[1]), 0))
+        elif t.shape[0].is_Integer:
+            sizes.append((0, p.elems))
+        else:
+            return None
+        if sizes[-1][0] * rows + sizes[-1][1] != p.elems:  # pragma: no cover - types agree
+            return None
+    return RowRule(slot, cols, (), tuple(sizes))
 
 
 #: Operator class -> emitter of its unit's program.

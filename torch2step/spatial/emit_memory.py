@@ -216,7 +216,7 @@ def _bufferize(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         if i + 1 < nbuf:
             fill(i + 1)
         tiles = held.pop(i)
-        b.compute(1, tiles)
+        b.compute(1, tiles, const=True)
         b.send(out, i, tuple((q, None) for q in out.parts(i)))
         b.step()
         for f, (s, plan) in enumerate(zip(fused, plans)):

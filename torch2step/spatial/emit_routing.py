@@ -39,6 +39,7 @@ from torch2step.step.types import TileType
 from .context import EmitCtx
 from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
 from .unit import UnitBuilder
+from .unit_reuse import FORM
 
 __all__ = ["EMITTERS"]
 
@@ -46,7 +47,7 @@ __all__ = ["EMITTERS"]
 def _forward(b: UnitBuilder, src: StreamInfo, k: int, outs: list[tuple[StreamInfo, int]]) -> None:
     """One element: receive, one cycle, send to each ``(stream, index)``."""
     e = b.recv(src, k, rotation=2)
-    b.compute(1, (e,))
+    b.compute(1, (e,), const=True)
     for out, j in outs:
         b.send(out, j, e)
     b.step()
@@ -62,7 +63,7 @@ def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[Stream
     e = b.recv(src, k, rotation=2)
     if any(buf is None for _, buf in e):
         return False  # pragma: no cover - a data part generated locally
-    b.compute(1, (e,))
+    b.compute(1, (e,), const=True)
     for i, out in enumerate(outs):
         if out.channel is not None and b.has_dsts(out.channel):
             sends = tuple(Send(out.channel, buf) for _, buf in e if buf is not None)
@@ -91,6 +92,8 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     live = [i for i, o in enumerate(outs) if o.channel is not None and b.has_dsts(o.channel)]
     b.emit(*(Set(_counter(i), 0) for i in live))
     guarded = False
+    forwarded = False
+    routed = 0  # elements this run sends through run-time branches
     k = 0
     for si, (selv, chunk) in enumerate(zip(s.flat, chunks)):
         sel = b.recv(s, si)
@@ -106,8 +109,9 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
                 for out, j in targets:  # the messages this run sends (checked by the plan)
                     if out.channel is not None and b.has_dsts(out.channel):
                         b.sent_seq[out.channel] += len(out.parts(j))
-                        b.sent += 1
+                        routed += 1
             else:
+                forwarded = True
                 _forward(b, x, k, targets)
             k += 1
     for i in live:  # the stop token: how many elements the output received
@@ -116,6 +120,17 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         b.emit(SendValue(chan, _counter(i) if guarded else cursor[i]))
         b.sent_seq[chan] += 1
     b.step()
+    if guarded and not forwarded:
+        # every element is routed by its selector's register: the program reads the
+        # selectors' values only at run time, and what the outputs receive not at all; the
+        # elements a run sends are its bookkeeping, counted from each run's streams
+        names = tuple(outs[i].name for i in live)
+        _, sent, _ = ctx.tally(lambda c: (0, sum(len(c.streams[n].flat) for n in names), 0))
+        assert sent == routed
+        ctx.relax(op.sel, FORM)
+        for n in op.out_names():
+            ctx.relax(n, None)
+    b.sent += routed
 
 
 def _match(op: Op, chunk: Any, cands: list[int], chunks: list[list[Any]], nxt: list[int]) -> int:
@@ -191,11 +206,8 @@ def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> Non
         for i in selv.indices:  # the messages this run moves (checked by the plan)
             assert chans[i] is not None
             b.next_seq[chans[i]] += 1
-            b.received += 1
-            b.busy_cycles += 1
             if send:
                 b.sent_seq[out.channel] += 1
-                b.sent += 1
         b.step()
     # an input read from a Partition ends with its stop token (STeP §3.2.3): taken once the
     # selectors are done, whatever this run sent on it
@@ -204,6 +216,21 @@ def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> Non
             b.emit(RecvValue(ch, f"stop.{ch}"))
             b.next_seq[ch] = b.stops.pop(ch) + 1
     b.step()
+    # the program reads the selectors' values at run time, the inputs only by their channels
+    # and declared type: the elements a run takes are its bookkeeping, counted from its streams
+    name = s.name
+
+    def taken(c: EmitCtx) -> tuple[int, int, int]:
+        n = sum(len(v.indices) for v in c.streams[name].flat)
+        return n, n if send else 0, n
+
+    r, sent, cycles = ctx.tally(taken)
+    b.received += r
+    b.sent += sent
+    b.busy_cycles += cycles
+    ctx.relax(op.sel, FORM)
+    for v in (*op.ins, op.name):
+        ctx.relax(v, None)
 
 
 def _parity(i: int) -> str:
@@ -252,7 +279,7 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         named = tuple((p, None) for p in sel.parts(ci))
         for j, _ in enumerate(leaves(chunk, rank)):
             e = b.recv(ins[i], flat[i], rotation=2)
-            b.compute(1, (e,))
+            b.compute(1, (e,), const=True)
             if j == 0:  # the merge takes the chunk once its first element is there
                 b.send(sel, ci, named)
             b.send(data, o, e)
@@ -274,7 +301,7 @@ def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         e = b.recv(x, kx, rotation=2)
         kx += len(leaves(xs, op.rank + 1))
         for _ in leaves(rs, op.rank + 1):
-            b.compute(1, (e, b.recv(r, kr)))
+            b.compute(1, (e, b.recv(r, kr)), const=True)
             b.send(out, o, e)
             kr += 1
             o += 1
@@ -292,11 +319,13 @@ def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         if not copies:
             b.consume(e)
         for _ in copies:
-            b.compute(1, (e,))
+            b.compute(1, (e,), const=True)
             b.send(out, o, e)
             o += 1
             b.step()
         b.step()
+    if not b.literal_values:  # control values forwarded from the registers they came in
+        ctx.relax(op.input, FORM)
 
 
 #: Operator class -> emitter of its unit's program.

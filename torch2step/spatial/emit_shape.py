@@ -31,7 +31,7 @@ def _same(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     for k in range(len(x.flat)):
         e = b.recv(x, k, rotation=2)
-        b.compute(1, (e,))
+        b.compute(1, (e,), const=True)
         b.send(out, k, e)
         b.step()
 
@@ -43,7 +43,7 @@ def _zip(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     out = ctx.stream(op.name)
     for k in range(len(out.flat)):
         elems = [b.recv(x, k, rotation=2) for x in ins]
-        b.compute(1, elems)
+        b.compute(1, elems, const=True)
         b.send(out, k, tuple(s for e in elems for s in e))
         b.step()
 
@@ -57,7 +57,7 @@ def _reshape(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     for k, e in enumerate(data.flat):
         if j < len(x.flat) and e is x.flat[j]:
             el = b.recv(x, j, rotation=2)
-            b.compute(1, (el,))
+            b.compute(1, (el,), const=True)
             j += 1
         else:  # a padding tile, made here
             el = b.materialize(tuple((p, None) for p in data.parts(k)), data.parts(k))

@@ -7,7 +7,8 @@
 3. emit every unit's program with the emitter of its operator class (``EMITTERS``: one table
    from operator class to emitter, STYLE.md) — programs name channels and HBM tensors, not
    cores;
-4. place the units, each on cores enough for its buffers (:mod:`.placement`);
+4. place the units, each on cores enough for the bytes its buffers hold in this run
+   (:mod:`.placement`);
 5. bind channels (one per unit-produced stream that another unit reads, multicast to all of
    them, FIFO depth ``fifo_depth`` or the core's), the completion-token channels and fences
    of off-chip read-after-write dependences (:mod:`.hazards`) and HBM tensors
@@ -15,10 +16,9 @@
    (:mod:`.fifos`), for which ``SpatialPlan.messages`` / ``message_bytes`` count each
    channel's traffic.
 
-The programs are the graph's operators specialised to this run's control values (how many
-tokens each expert got, each request's KV length, where stop tokens fall), so two runs with
-different routing give different programs — and latencies — from the same graph.  The
-routing operators are the exception: they decide from data at run time (STeP §3.2.3), so their
+The programs are the graph's operators specialised to the structure of this run's streams
+where a unit's loops follow it, and run-independent where a unit reads its control values and
+sizes at run time.  The routing operators decide from data at run time (STeP §3.2.3), so their
 programs are the same for every routing of the same tokens:
 
 * the selector unit (Map ``to_selector``) reads the expert ids of each token from the tile it
@@ -35,33 +35,49 @@ programs are the same for every routing of the same tokens:
 * a control value a unit forwards (Repeat, Expand...) is sent from the register it was
   received into, and one loaded as a ``[1, 1]`` integer tile is read from the loaded buffer.
 
+The elements a run takes through those run-time decisions (a Partition's sends, a Reassemble's
+selected inputs) are not part of their programs: each run's are counted from its streams
+(:data:`~.unit_reuse.Tally`), as are the messages and bytes each channel carries
+(``SpatialPlan.messages`` / ``message_bytes``).
+
 A unit step on a tile whose declared rows are dynamic (an expert's ``[n_e, ...]`` tiles, a KV
 tile) is timed from the rows of the tile it receives: its ``step_unit`` Compute carries a row
-rule (:mod:`.rows`), cycles and output sizes as ``a*rows + c`` of that tile's run-time rows.
+rule (:mod:`.rows`), cycles and output sizes as ``a*rows + c`` of that tile's run-time rows
+(a FlatMap's column pieces of such a tile too).  A tile whose rows are a Partition's count is
+held in a buffer allocated at the count's bound (:func:`count_bounds`: the selectors routed,
+the tokens of an MoE), ``Alloc.held``: the simulator counts against the core's SRAM what the
+buffer held at most, so the on-chip bytes reported (``UnitRecord.sram_bytes``, the cores'
+simulated peaks) are the run's, not the bound's (dynamic tiling, STeP §5.2), and placement
+takes the bytes this run holds.  Such a unit's program is the same for every token count; its
+FLOPs, step cycles and bytes in a run follow from its row rules and buffers
+(:class:`~.sizing.Sizing`).
 
-What is still baked from the run: each expert's token count in the units after the Partition
-(loop trip counts, buffer capacities, the Bufferize unit's one buffer per row; they do not read
-the stop token's count), EagerMerge's chunk order, and in decode attention everything from the
-KV-tile addresses on (the cursor tiles carry no values in timing mode, so the tile count and
-rows of each request are the run's).  :mod:`.reuse` therefore keys a plan by the run's control
-signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
-the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
-program is kept with the streams and size expressions its emitter read), so a new routing
-emits again only the units of the experts whose token count changed and the routing units
-(whose bodies come out the same, but whose message bookkeeping reads the routing), and a new
-KV-length set only the units from the KV-tile addresses on.  Making those units
-run-independent needs, besides ``Recv(..., stop=reg)`` (a loop over a stream of unknown length
-ends on the Partition's stop token, which carries the count):
+What is still baked from the run: the loop trip counts of the units that iterate over a count
+(an expert's Bufferize and Streamify, the ``retile_row`` Accums that pack its rows and routing
+weights into tiles, the routing weights' Map, the FlatMap back to rows), whether an expert gets
+tokens at all (``P_e = [n_e > 0]``: every stream of an expert with no token is empty, so all
+its units differ from those of a run that gives it tokens), EagerMerge's chunk order, the static
+tiling's padding, and in decode attention everything from the KV-tile addresses on (the cursor
+tiles carry no values in timing mode, so the tile count and rows of each request are the
+run's).  :mod:`.reuse` therefore keys a plan by the run's control signature, and
+``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit, the programs of
+earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's program is kept
+with what its emitter read of the run, at the level its program depends on it), so a new routing
+emits again only the units above of the experts whose token count changed (all units of one
+that gets tokens in only one of the runs), and a new KV-length set only the units from the
+KV-tile addresses on.  Making those units run-independent needs, besides
+``Recv(..., stop=reg)`` (a loop over a stream of unknown length ends on the Partition's stop
+token, which carries the count):
 
 * stop tokens on every channel whose stream has a dynamic dimension (not only a Partition's
   outputs), so each unit of an expert can loop until its input ends (a bounded ``Loop`` whose
-  body is guarded by ``If(stop < 0)``) and forward the count; a ``RecvValue`` that can also
-  take a stop token, for streams of buffer references and addresses;
-* a unit buffer that grows with the rows it receives and is read row by row (Bufferize, a
-  ``retile_row`` Accum, RetileStreamify), allocated at a capacity bound (the graph's token
-  count);
-* an on-chip memory account that counts what a run holds rather than a buffer's capacity
-  (dynamic tiling's saving, STeP §5.2), in the simulator's peak and in placement;
+  body is guarded by ``If(stop < 0)``) and forward the count, and an expert with no token runs
+  its units' guards only; a ``RecvValue`` that can also take a stop token, for streams of
+  buffer references and addresses;
+* a ``retile_row`` Accum's output size is the count, not a function of the rows of the tile it
+  receives, so its ``step_unit`` needs a size read from a register (row rules take sizes from
+  input tiles only); the Bufferize's rows (one buffer per row today) held in buffers allocated
+  at the bound and read row by row;
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
@@ -73,9 +89,7 @@ Every unit after the Bufferize receives its first element only once the Bufferiz
 Partition's stop token, so the count can reach those units ahead of their data (as the value
 of the buffer reference, or one count message) without delaying them; only the routing-weight
 Map and its ``retile_row`` Accum consume while the Partition produces and must loop until a stop
-token.  A ``retile_row`` Accum's output size is the count, not a function of the rows of the
-tile it receives, so its ``step_unit`` needs a size read from a register (row rules take sizes
-from input tiles only).
+token.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -88,6 +102,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import sympy as sp
 
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
@@ -109,9 +124,9 @@ from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder
-from .unit_reuse import Deps, RunStreams, UnitCache
+from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
 
-__all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan"]
+__all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
 #: Operator class -> emitter of the program of a unit whose primary node has that class.
 EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING, **_SHAPE}
@@ -182,6 +197,20 @@ def _check_unit_outputs(
                 f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
                 f"%{ch} in this run; its emitter must send every element of its output streams"
             )
+
+
+def count_bounds(ctx: EmitCtx) -> dict[str, int]:
+    """Per chunk-count symbol of a Partition (an expert's token count), its bound: the
+    selectors the Partition routes by (each sends a chunk to an output at most once: the
+    tokens, for an MoE's router), so a buffer of tiles whose rows are that count can be
+    allocated once for every routing of those tokens."""
+    out: dict[str, int] = {}
+    for op in ctx.structure.graph.nodes:
+        if isinstance(op, Partition) and op.name in ctx.structure.owner:
+            n = len(ctx.streams[op.sel.name].flat)
+            for sym in op.counts():
+                out[sym.name] = n
+    return out
 
 
 def build_plan(
@@ -274,9 +303,27 @@ def _build_plan(
     bodies = []
     infos = []
     run_streams = RunStreams(streams)
+    outputs = {op.name: [v.name for v in outs] for op, outs in zip(graph.nodes, graph.node_outputs)}
+    bounds = count_bounds(ctx)
     if units is not None:
         setup = (id(graph), c, tuple(sorted(wires)), tuple(sorted((configs or {}).items())))
         units.bind(setup, ctx.layouts)
+    known: dict[object, int | None] = {}
+
+    def bound(rows: object) -> int | None:
+        """The bound of a tile's run-dependent rows (recorded: a unit's buffers follow it)."""
+        value = known.get(rows, -1)
+        if value == -1:
+            expr = sp.sympify(rows)
+            names = {x.name for x in expr.free_symbols}
+            value = None
+            if names and names <= bounds.keys():
+                v = expr.subs({x: bounds[x.name] for x in expr.free_symbols})
+                value = int(v) if v.is_Integer else None
+            known[rows] = value
+        if ctx.deps is not None:
+            ctx.deps.bounds[rows] = value
+        return value
 
     def has_dsts(ch: str) -> bool:
         return ch in dsts
@@ -289,8 +336,10 @@ def _build_plan(
                 f"{', '.join(sorted(t.__name__ for t in EMITTERS))}"
             )
         unit_stops = {ch: streams[ch].messages for ch in reads[k] & stops}
-        key = (frozenset(reads[k]), tuple(sorted(unit_stops.items())))
-        hit = units.lookup(k, key, ctx, run_streams, has_dsts) if units is not None else None
+        # where a stop token falls is part of the streams a unit's emitter reads (recorded in
+        # its Deps), not of its key: a unit that decides at run time reads it as data
+        key = (frozenset(reads[k]), tuple(sorted(unit_stops)))
+        hit = units.lookup(k, key, ctx, run_streams, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
             infos.append(hit.info)
@@ -304,6 +353,7 @@ def _build_plan(
             waits[k],
             notify.get(k),
             unit_stops,
+            bound,
         )
         try:
             emit(ctx, b, ops)
@@ -324,6 +374,20 @@ def _build_plan(
             )
         )
         if units is not None:
+            sizing = b.sizing()
+            if sizing is not None:
+                # the program reads the rows of its tiles at run time: the same program for
+                # other row counts, its bookkeeping counted from them (:mod:`.unit_reuse`)
+                deps.sizing = sizing
+                for name, level in deps.streams.items():
+                    deps.streams[name] = looser(level, ROWS)
+            if not b.literal_values:
+                # every control value it sends comes from a register (received, loaded, or
+                # computed at run time): its outputs' values are data, not its program's
+                for op in ops:
+                    for name in outputs[op.name]:
+                        if name in deps.streams:
+                            deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, run_streams, bodies[-1], infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]

@@ -44,7 +44,8 @@ class UnitRecord:
     """One unit after the run: its operators (``ops``, primary first; ``kinds`` their classes),
     ``cores`` (program core first, then extra memory units), cycle breakdown (``busy`` +
     ``stall_recv`` + ``stall_send`` + ``stall_mem`` + ``idle`` = the run's cycles), ``finish``
-    cycle, ``flops`` of its tile functions, ``sram_bytes`` of its buffers, ``fifo_bytes`` its
+    cycle, ``flops`` of its tile functions, ``sram_bytes`` its buffers held at the simulated
+    peak of its core (a buffer allocated at a bound counts what it held), ``fifo_bytes`` its
     deepened input FIFOs may hold (:mod:`.fifos`) and the elements it
     ``received`` / ``sent``."""
 
@@ -118,9 +119,10 @@ class SpatialResult:
 
     @property
     def peak_onchip_bytes(self) -> int:
-        """On-chip bytes of all units' buffers (each unit allocates its buffers once, at their
-        largest size in this run, so this is also the peak) plus what their deep FIFOs may
-        hold (:attr:`fifo_bytes`)."""
+        """On-chip bytes of all units' buffers at their cores' simulated peaks (each unit
+        allocates its buffers once; one allocated at a bound counts the most it held in this
+        run, ``lowering.isa.Alloc.held``, so the sum is the run's peak) plus what their deep
+        FIFOs may hold (:attr:`fifo_bytes`)."""
         return sum(u.sram_bytes + u.fifo_bytes for u in self.units)
 
     @property

@@ -116,7 +116,7 @@ def simulate_plan(
                 cs.idle,
                 cs.finish,
                 info.flops,
-                info.sram_bytes,
+                cs.sram_peak_bytes,  # what the run held (Alloc.held: not a buffer's bound)
                 fifo_bytes[k],
                 info.received,
                 info.sent,

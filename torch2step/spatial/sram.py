@@ -1,6 +1,7 @@
 """Does every unit's simulated on-chip memory fit the SRAM of the cores it occupies?
 
-A unit holds its buffers (``sram_bytes``, allocated at their largest size in the run) and what
+A unit holds its buffers (``sram_bytes``: its core's simulated peak; a buffer allocated at its
+largest size in the run, or at a bound counting what it held, ``Alloc.held``) and what
 its deepened input FIFOs may hold (``fifo_bytes``, :mod:`.fifos`).  Placement gives a unit
 whose buffers exceed one core's SRAM ``ceil(bytes / sram)`` cores (:mod:`.placement`);
 FIFOs deepened during the simulation are known only afterwards.  :func:`check_sram` compares

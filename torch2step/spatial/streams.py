@@ -46,6 +46,7 @@ __all__ = [
     "Part",
     "Piece",
     "StreamInfo",
+    "declared_leaves",
     "element_parts",
     "build_streams",
     "flat_elements",
@@ -103,6 +104,16 @@ def element_parts(x: Any, t: DataType, ref_value: int = 0) -> tuple[Part, ...]:
     raise LoweringError(f"no message form for stream elements of type {t}")  # pragma: no cover
 
 
+def declared_leaves(t: DataType) -> tuple[TileType | None, ...]:
+    """Per part of an element of declared type ``t`` (in :func:`element_parts` order), its
+    declared tile (``None`` for selectors and buffer references)."""
+    if isinstance(t, TileType):
+        return (t,)
+    if isinstance(t, TupleType):
+        return tuple(x for s in t.elems for x in declared_leaves(s))
+    return (None,)
+
+
 @dataclass
 class StreamInfo:
     """One stream of the run: its value, flat elements, and per element its parts and the
@@ -115,6 +126,17 @@ class StreamInfo:
     pieces: list[tuple[Piece, ...]]
     channel: str | None = None  # set for streams a unit produces
     _parts: list[tuple[Part, ...]] | None = None
+    _decl: tuple[tuple[TileType | None, ...], tuple[bool, ...]] | None = None
+
+    def decl(self) -> tuple[tuple[TileType | None, ...], tuple[bool, ...]]:
+        """Per part of an element, its declared tile (:func:`declared_leaves`) and whether
+        the tile's rows are dynamic."""
+        d = self._decl
+        if d is None:
+            tiles = declared_leaves(self.dtype)
+            dyn = tuple(t is not None and not t.shape[0].is_Integer for t in tiles)
+            d = self._decl = (tiles, dyn)
+        return d
 
     def parts(self, k: int) -> tuple[Part, ...]:
         """The parts of element ``k``."""

@@ -25,8 +25,13 @@ instructions of :mod:`lowering.isa`:
 
 Buffers are named per role and rotate among ``rotation`` copies (so a unit can receive or
 compute the next element while the previous one is still being sent); each is allocated once, at
-the start, with the largest size it holds in the run.  Messages are sent flattened (a
-``rows x cols`` tile is a ``(rows * cols,)`` message: the bytes are what the simulator times).
+the start, with the largest size it holds in the run — or, for a tile whose rows are a count
+with a bound (``bound``: an expert's tokens), at the bound, ``Alloc.held`` (the simulator counts
+what it holds).  A unit whose every step on such tiles follows their run-time rows (row rules,
+or one-cycle ``const`` steps) and whose buffers hold them at their bound is the same program
+for every count: :meth:`UnitBuilder.sizing` gives its bookkeeping as functions of the counts
+(:mod:`.sizing`).  Messages are sent flattened (a ``rows x cols`` tile is a ``(rows * cols,)``
+message: the bytes are what the simulator times).
 """
 
 from __future__ import annotations
@@ -53,9 +58,11 @@ from lowering.isa import (
     Store,
 )
 from torch2step.errors import LoweringError
+from torch2step.step.types import TileType
 
 from .compress import compress
 from .hazards import fence_group
+from .sizing import Sizing
 from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, RowRule, TimingModel
 
@@ -68,13 +75,21 @@ Elem = tuple[Slot, ...]
 
 
 class _Pool:
-    __slots__ = ("names", "dtype", "cap", "used")
+    __slots__ = ("names", "dtype", "cap", "bound", "fixed", "sized", "used")
 
     def __init__(self, prefix: str, dtype: str, rotation: int) -> None:
         self.names = [f"{prefix}{i}" if rotation > 1 else prefix for i in range(rotation)]
         self.dtype = dtype
-        self.cap = 0
+        self.cap = 0  # the most elements a buffer of the pool holds in this run
+        self.bound: int | None = None  # capacity bound of tiles of run-dependent size
+        self.fixed = 0  # the most elements of its tiles of static size
+        self.sized: set[tuple[object, int, int]] = set()  # (rows, a, c): a*rows + c elements
         self.used = 0
+
+
+#: ``bound(rows)``: the capacity bound of a declared row count whose value only the run knows
+#: (an expert's token count is at most the tokens routed), ``None`` when it has none.
+Bound = Callable[[object], "int | None"]
 
 
 class UnitBuilder:
@@ -93,8 +108,18 @@ class UnitBuilder:
         waits: dict[str, list[str]] | None = None,
         notify: str | None = None,
         stops: dict[str, int] | None = None,
+        bound: Bound | None = None,
     ) -> None:
         self.name = name
+        self.bound = bound
+        # buffer -> (rows, their bound) of the run-sized tile it holds
+        self.rows_of: dict[str, tuple[object, int]] = {}
+        # False once the program depends on a run's row counts (:meth:`sizing`)
+        self.rows_free = True
+        # (rule, rows, cycles, FLOPs, whether the rule's first term counts the FLOPs)
+        self.rule_steps: list[tuple[RowRule, object, int, int, bool]] = []
+        # whether a control value this unit sends is the run's literal (not a register's)
+        self.literal_values = False
         self.timing = timing
         self.has_dsts = has_dsts
         self.own = own
@@ -129,18 +154,46 @@ class UnitBuilder:
             self.steps.append(tuple(self.cur))
             self.cur = []
 
-    def buffer(self, role: tuple, dtype: str, elems: int, rotation: int = 1) -> str:
+    def buffer(
+        self,
+        role: tuple,
+        dtype: str,
+        elems: int,
+        rotation: int = 1,
+        sized: tuple[object, int, int, int] | None = None,
+    ) -> str:
         """The next buffer of ``role`` (rotating among ``rotation`` copies), able to hold
-        ``elems`` elements of ``dtype``."""
+        ``elems`` elements of ``dtype``; ``sized``: ``(rows, bound, a, c)`` for a tile of
+        ``a*rows + c`` elements whose rows only the run knows, at most ``bound``: the buffer
+        is allocated at ``a*bound + c``."""
         key = (role, dtype)
         pool = self.pools.get(key)
         if pool is None:
             tag = ".".join(str(r) for r in role)
             pool = self.pools[key] = _Pool(f"{tag}.{dtype}.", dtype, rotation)
         pool.cap = max(pool.cap, elems)
+        if sized is None:
+            pool.fixed = max(pool.fixed, elems)
+        else:
+            rows, bound, a, c = sized
+            pool.bound = max(pool.bound or 0, a * bound + c)
+            pool.sized.add((rows, a, c))
         name = pool.names[pool.used % len(pool.names)]
         pool.used += 1
         return name
+
+    def _rows(self, decl: TileType | None) -> tuple[object, int] | None:
+        """``(rows, bound)`` of a declared tile whose rows only the run knows and have a bound
+        (``None`` for a static tile); a tile of unbounded rows makes the program the run's."""
+        if decl is None or decl.shape[0].is_Integer and decl.shape[1].is_Integer:
+            return None
+        b = None
+        if self.bound is not None and decl.shape[1].is_Integer:
+            b = self.bound(decl.shape[0])
+        if b is None:
+            self.rows_free = False
+            return None
+        return decl.shape[0], b
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -172,7 +225,15 @@ class UnitBuilder:
             self.next_seq[chan] = seq + 1
             if part.kind == "data":
                 r = ("in", chan) if role is None else role
-                b = self.buffer((*r, i), part.dtype, part.elems, rotation)
+                decls, dyn = info.decl()
+                rows = sized = None
+                decl = decls[i]
+                if dyn[i] or decl is not None and not decl.shape[1].is_Integer:
+                    rows = self._rows(decl)
+                if rows is not None and decl is not None:
+                    sized = (*rows, int(decl.shape[1]), 0)
+                b = self.buffer((*r, i), part.dtype, part.elems, rotation, sized)
+                self._holds(b, rows)
                 self.emit(Recv(chan, b))
             else:
                 b = f"v.{chan}.{i}"
@@ -196,11 +257,14 @@ class UnitBuilder:
         flops: int = 0,
         into: Elem | None = None,
         rule: RowRule | None = None,
+        const: bool = False,
     ) -> Elem:
         """One unit step of ``cycles`` reading ``ins`` and producing an element of ``outs`` in
         the next buffers of ``role`` (or in the buffers of ``into``: an accumulator).  With
         ``rule`` (:mod:`.rows`) the step's cycles and output sizes follow the run-time rows of
-        the rule's part of ``ins[0]`` (``cycles`` and ``outs`` are this run's values)."""
+        the rule's part of ``ins[0]`` (``cycles`` and ``outs`` are this run's values).
+        ``const``: ``cycles`` are the timing model's for any element (a one-cycle dequeue or
+        forward, STeP §4.2), not the sizes of this run's."""
         ins = tuple(ins)
         in_bufs: list[str] = []
         for e in ins:
@@ -210,11 +274,40 @@ class UnitBuilder:
         slots: list[Slot] = []
         out_bufs: list[str] = []
         sizes: list[str] = []
+        # with a row rule, the outputs' sizes (and capacity) follow the input tile's rows
+        applied = False
+        rows = None
+        if rule is not None and ins:
+            held = ins[0][rule.slot][1]
+            applied = (
+                held is not None
+                and held in in_bufs
+                and len(rule.outs) == sum(p.kind == "data" for p in outs)
+            )
+            if applied:
+                rows = self.rows_of.get(held)  # type: ignore[arg-type]
+        if self.rows_of and not applied and not (const and not outs):
+            # cycles and output sizes are this run's: the program depends on the rows of
+            # any run-sized tile the step reads or writes
+            rows_of = self.rows_of
+            if any(b in rows_of for b in in_bufs) or (
+                into is not None and any(b in rows_of for _, b in into)
+            ):
+                self.rows_free = False
+        j = 0
         for i, part in enumerate(outs):
             if part.kind == "data":
                 b = into[i][1] if into is not None else None
+                sized = None
+                if rows is not None and rule is not None:
+                    a, c = rule.outs[j]
+                    sized = (rows[0], rows[1], a, c)
+                j += 1
                 if b is None:
-                    b = self.buffer((role, i), part.dtype, part.elems, rotation)
+                    b = self.buffer((role, i), part.dtype, part.elems, rotation, sized)
+                elif sized is not None:  # an accumulator: its pool takes the sizes too
+                    self._resize(b, sized)
+                self._holds(b, rows)
                 self.content.pop(b, None)
                 out_bufs.append(b)
                 sizes.append(str(part.elems))
@@ -230,7 +323,29 @@ class UnitBuilder:
         self.emit(Compute(STEP_KERNEL, tuple(out_bufs), tuple(in_bufs), params, t.enc_dtype))
         self.flops += flops
         self.busy_cycles += cycles
+        if rows is not None and rule is not None:
+            n = ins[0][rule.slot][0].elems // rule.cols  # the rows of this run's tile
+            first = rule.terms[0] if rule.terms else None
+            counted = first is not None and first[0] * n + first[1] == flops
+            if flops and not counted:
+                self.rows_free = False  # FLOPs the rule cannot give for other rows
+            self.rule_steps.append((rule, rows[0], cycles, flops, counted))
         return tuple(slots)
+
+    def _holds(self, buf: str, rows: tuple[object, int] | None) -> None:
+        """``buf`` now holds a tile of ``rows`` (``None``: of static size)."""
+        if rows is not None:
+            self.rows_of[buf] = rows
+        elif self.rows_of:
+            self.rows_of.pop(buf, None)
+
+    def _resize(self, buf: str, sized: tuple[object, int, int, int]) -> None:
+        for pool in self.pools.values():
+            if buf in pool.names:
+                rows, bound, a, c = sized
+                pool.bound = max(pool.bound or 0, a * bound + c)
+                pool.sized.add((rows, a, c))
+                return
 
     def compute_instr(self, cycles: int, ins: Sequence[str]) -> Compute:
         """The ``Compute`` of a unit step of ``cycles`` that reads buffers ``ins`` and writes
@@ -242,7 +357,7 @@ class UnitBuilder:
 
     def consume(self, *elems: Elem) -> None:
         """A single-cycle step that waits for ``elems`` (dequeuing a reference or selector)."""
-        self.compute(1, elems)
+        self.compute(1, elems, const=True)
 
     def materialize(self, elem: Elem, parts: Sequence[Part]) -> Elem:
         """``elem`` with every data part of ``parts`` in a buffer (a locally generated tile, or
@@ -270,9 +385,12 @@ class UnitBuilder:
             raise LoweringError(f"unit %{self.name}: element {k} of %{chan} has other parts")
         elem = self.materialize(elem, parts)
         self.sent_seq[chan] += len(parts)
-        for part, (q, b) in zip(parts, elem):
+        _, dyn = info.decl()
+        for i, (part, (q, b)) in enumerate(zip(parts, elem)):
             if part.kind == "data":
                 assert b is not None
+                if i < len(dyn) and dyn[i] and b not in self.rows_of:
+                    self.rows_free = False  # a run-sized tile made to this run's size
                 self.emit(Send(chan, b))
             elif b is not None and q.kind == "value" and q.value == part.value:
                 self.emit(SendValue(chan, b))  # a received control value forwarded: its register
@@ -281,6 +399,7 @@ class UnitBuilder:
                 self.emit(ReadValue(reg, b, 0), SendValue(chan, reg))
             else:
                 self.emit(SendValue(chan, part.value))
+                self.literal_values = True
         self.sent += 1
 
     # -- HBM -------------------------------------------------------------------------------------
@@ -320,6 +439,8 @@ class UnitBuilder:
         address registers, or expressions of a received register) into the next buffer.
         ``elems``: the element count of a region whose extents are run-time expressions."""
         self._await(tensor)
+        if elems is not None:  # a region the run sizes
+            self.rows_free = False
         n = math.prod(extents) if elems is None else elems  # type: ignore[arg-type]
         part = Part("data", dtype, n)
         region = self._region(starts, extents, reg)
@@ -342,6 +463,8 @@ class UnitBuilder:
         ((_, b),) = self.materialize(elem, (data,))
         region = self._region(starts, extents, reg)
         assert b is not None
+        if b in self.rows_of:  # the region is the run's tile size
+            self.rows_free = False
         self.emit(Store(b, tensor, region))
 
     def _await(self, tensor: str) -> None:
@@ -356,8 +479,31 @@ class UnitBuilder:
         out = []
         for pool in self.pools.values():
             for name in pool.names[: min(pool.used, len(pool.names))]:
-                out.append(Alloc(name, (pool.cap,), pool.dtype))
+                if pool.bound is None:
+                    out.append(Alloc(name, (pool.cap,), pool.dtype))
+                else:  # at its bound; the simulator counts what it holds (Alloc.held)
+                    out.append(Alloc(name, (max(pool.cap, pool.bound),), pool.dtype, True))
         return tuple(out)
+
+    def sizing(self) -> Sizing | None:
+        """What the program leaves to the run's row counts (:class:`Sizing`), when it reads
+        every run-sized tile's rows at run time and holds it in a buffer allocated at its
+        bound; ``None`` when the program depends on the rows of this run or has no run-sized
+        tile."""
+        if not self.rows_free or not any(pool.sized for pool in self.pools.values()):
+            return None
+        pools = tuple(
+            (
+                DTYPE_BYTES[pool.dtype] * min(pool.used, len(pool.names)),
+                pool.fixed,
+                tuple(sorted(pool.sized, key=str)),
+            )
+            for pool in self.pools.values()
+        )
+        ruled = sum(c for _, _, c, _, _ in self.rule_steps)
+        work = sum(f for _, _, _, f, _ in self.rule_steps)
+        steps = tuple((rule, rows, counted) for rule, rows, _, _, counted in self.rule_steps)
+        return Sizing(pools, self.busy_cycles - ruled, steps, self.flops - work)
 
     @property
     def sram_bytes(self) -> int:

@@ -3,27 +3,38 @@
 A spatial plan's unit programs are emitted from one run (:mod:`.plan`); most of them read from
 that run only a little: the structure of the streams they receive and send, a few size
 expressions.  While a unit is emitted, :class:`EmitCtx` records what its emitter asked of the
-run (:class:`Deps`): the streams it looked at (by name), the size expressions it evaluated (and
-their values), whether each of its output channels has a reader.  A later run of the same graph
-on the same chip reuses the unit's program — the same instruction tuple, not rebuilt — when
-everything recorded is the same in it:
+run (:class:`Deps`): the streams it looked at (by name, each at the level its program depends
+on it), the size expressions it evaluated (and their values), whether each of its output
+channels has a reader, the bounds its run-sized buffers were allocated at.  A later run of the
+same graph on the same chip reuses the unit's program — the same instruction tuple, not
+rebuilt — when everything recorded is the same in it:
 
 * a stream is the same when its messages are (:class:`RunStreams`): the channel and sequence
   number of every message, every message's part (data by dtype and size, control values by
   value), where its stop tokens fall and every tile's shape — floating-point data never enters
-  a program;
+  a program.  A unit whose program takes a stream's control values at run time (a Partition's
+  selectors, a selector computed in registers, values forwarded from the registers they came
+  in) reads it at level :data:`FORM`, without the values; one that takes its tiles' rows at
+  run time (row rules, buffers at a bound: :class:`~.sizing.Sizing`) at level :data:`ROWS`,
+  without the tiles' sizes; a routing unit reads the streams it routes to by their channels
+  only;
 * an expression is the same when it evaluates to the same value under the new bindings.
 
-Units whose streams do not change with the routing (the token and weight loads, every unit of
-an expert whose token count did not change, an expert's weight loads while it still gets
-tokens, the sum and store after the merge) are thus taken as they are for a new routing, and
-only the units whose streams changed are emitted again: the expert units whose token count
-changed (their loop trip counts and buffer sizes are still that count, :mod:`.plan`), and the
-routing units (selector, Partition, Reassemble), whose bodies decide from data and come out the
-same, but whose bookkeeping of the messages on each channel (checked by the plan, counted in the
-report) reads the routing.  A cache keeps the streams of the latest runs it emitted units
-for (two by default), to compare them with a new run's, stream by stream, each comparison
-stopping at the first difference and made once per stream.
+A unit kept for a run that differs from its own in what the program leaves to the run gets
+that run's bookkeeping (:class:`~.plan.UnitInfo`): the elements its run-time decisions take
+(:data:`Tally`), its FLOPs, step cycles and bytes held (:class:`~.sizing.Sizing`), all
+counted from the new run's streams and sizes; so the assembled plan is the one a fresh build
+gives.
+
+For a new routing of an MoE built with dynamic tiling this keeps the loads, the routing units
+(selector, Partition, Reassemble), the sum and store, every unit of an expert whose token count
+did not change, and of an expert whose count changed (but that has tokens in both runs) its
+weight loads, repeats, column split, matmuls, activation and scaling; emitted again are the
+units that loop over the count (Bufferize, the row packing, the routing weights' Map and
+Accum, the FlatMap back to rows) and every unit of an expert that has tokens in only one of the
+runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
+default), to compare them with a new run's, stream by stream, each comparison stopping at the
+first difference and made once per stream and level.
 """
 
 from __future__ import annotations
@@ -39,9 +50,42 @@ from lowering.isa import Instr
 if TYPE_CHECKING:
     from .context import EmitCtx, TensorLayout
     from .plan import UnitInfo
+    from .sizing import Sizing
     from .streams import StreamInfo
 
-__all__ = ["Deps", "RunStreams", "UnitCache", "nesting"]
+__all__ = [
+    "ALL",
+    "BOTH",
+    "FORM",
+    "ROWS",
+    "Deps",
+    "looser",
+    "RunStreams",
+    "Tally",
+    "UnitCache",
+    "nesting",
+]
+
+#: What a unit's program read of a stream: its messages with their control values (``ALL``),
+#: or only their channels, kinds and sizes and the stream's structure (``FORM``: a unit that
+#: decides from the values at run time, as a Partition does from its selectors).
+ALL = "all"
+FORM = "form"
+#: Or its messages without the sizes of their data (``ROWS``: a unit that reads the rows of
+#: its tiles at run time, :class:`~.sizing.Sizing`); control values and the stream's structure
+#: (how many elements each dimension has) are compared.
+ROWS = "rows"
+#: Neither (``FORM`` and ``ROWS``): the channels, kinds and types of its messages and the
+#: stream's structure.
+BOTH = "form+rows"
+
+
+def looser(level: str, than: str) -> str:
+    """``level`` relaxed by ``than`` (:data:`FORM` or :data:`ROWS`)."""
+    if level == ALL:
+        return than
+    return level if level == than else BOTH
+
 
 _ORDER = itertools.count()
 
@@ -74,7 +118,8 @@ class RunStreams:
         self.streams = streams
         self.order = next(_ORDER)
         self._form: dict[str, tuple[list, list]] = {}
-        self._same: dict[tuple[int, str], bool] = {}
+        self._masked: dict[tuple[str, str], list] = {}
+        self._same: dict[tuple[int, str, str], bool] = {}
 
     def _shape_of(self, name: str) -> tuple[list, list]:
         f = self._form.get(name)
@@ -86,30 +131,81 @@ class RunStreams:
             )
         return f
 
-    def same(self, name: str, other: RunStreams) -> bool:
-        """Whether stream ``name`` is the same in ``other`` as in this run."""
-        key = (other.order, name)
+    def _pieces(self, name: str, level: str) -> Any:
+        info = self.streams[name]
+        if level == ALL:
+            return info.pieces
+        f = self._masked.get((name, level))
+        if f is None:  # the pieces without control values (FORM) or data sizes (ROWS)
+            if level == FORM:
+                f = [
+                    tuple((ch, seq, p.kind, p.dtype, p.elems) for ch, seq, p in pc)
+                    for pc in info.pieces
+                ]
+            elif level == BOTH:
+                f = [tuple((ch, seq, p.kind, p.dtype) for ch, seq, p in pc) for pc in info.pieces]
+            else:
+                f = [
+                    tuple(
+                        (ch, seq, p.kind, p.dtype, p.value if p.kind == "value" else -1)
+                        for ch, seq, p in pc
+                    )
+                    for pc in info.pieces
+                ]
+            self._masked[(name, level)] = f
+        return f
+
+    def same(self, name: str, other: RunStreams, level: str = ALL) -> bool:
+        """Whether stream ``name`` is the same in ``other`` as in this run, at ``level``
+        (:data:`ALL`: its messages with their control values, :data:`FORM`: without them,
+        :data:`ROWS`: without the sizes of its tiles, :data:`BOTH`: without either)."""
+        key = (other.order, name, level)
         r = self._same.get(key)
         if r is None:
-            a, b = self.streams.get(name), other.streams.get(name)
             r = (
-                a is not None
-                and b is not None
-                and a.pieces == b.pieces
-                and self._shape_of(name) == other._shape_of(name)
+                name in self.streams
+                and name in other.streams
+                and self._pieces(name, level) == other._pieces(name, level)
+                and (
+                    self._shape_of(name)[0] == other._shape_of(name)[0]
+                    if level in (ROWS, BOTH)
+                    else self._shape_of(name) == other._shape_of(name)
+                )
             )
             self._same[key] = r
         return r
 
 
+#: The per-run part of a unit's bookkeeping that its program does not fix: ``(received, sent,
+#: busy cycles)`` of the elements a run-time decision takes (a Partition's sends, a Reassemble's
+#: selected inputs), computed from a run's streams.
+Tally = Callable[["EmitCtx"], tuple[int, int, int]]
+
+
 @dataclass
 class Deps:
-    """What one unit's emitter asked of the run: ``streams`` looked at, ``evals`` (expression,
-    value) evaluated, ``dsts`` (channel, has a reader)."""
+    """What one unit's emitter asked of the run: ``streams`` looked at (name -> :data:`ALL` or
+    :data:`FORM`), ``evals`` (expression, value) evaluated, ``dsts`` (channel, has a reader);
+    ``tally``: the bookkeeping of the run-time decisions of its program, if any (:data:`Tally`,
+    recomputed for every run that reuses the program)."""
 
-    streams: dict[str, None] = field(default_factory=dict)
+    streams: dict[str, str] = field(default_factory=dict)
     evals: list[tuple[Any, int]] = field(default_factory=list)
     dsts: dict[str, bool] = field(default_factory=dict)
+    tally: Tally | None = None
+    tallied: tuple[int, int, int] = (0, 0, 0)
+    #: a program that reads its tiles' rows at run time: its bookkeeping as functions of
+    #: the row counts (:class:`~.sizing.Sizing`)
+    sizing: Sizing | None = None
+    #: the bounds of run-dependent row counts its buffers were allocated at
+    bounds: dict[Any, int | None] = field(default_factory=dict)
+
+    def count(self, tally: Tally, ctx: EmitCtx) -> tuple[int, int, int]:
+        """Record ``tally`` as the unit's run-time bookkeeping and return its counts in the
+        run of ``ctx`` (the emitter adds them to its builder's)."""
+        self.tally = tally
+        self.tallied = tally(ctx)
+        return self.tallied
 
     def tracking(self, has_dsts: Callable[[str], bool]) -> Callable[[str], bool]:
         """``has_dsts`` that records every channel it is asked about."""
@@ -133,6 +229,34 @@ class _Entry:
     run: RunStreams
     body: tuple[Instr, ...]
     info: UnitInfo
+    tallied: tuple[int, int, int] = (0, 0, 0)
+
+    def retally(self, ctx: EmitCtx, run: RunStreams) -> _Entry:
+        """This entry for the run of ``ctx`` / ``run``: the same program, its bookkeeping
+        (:data:`Tally`) counted again in that run."""
+        d = self.deps
+        info, new = self.info, self.tallied
+        if d.tally is not None:
+            new = d.tally(ctx)
+            r, s, c = (a - b for a, b in zip(new, self.tallied))
+            info = dataclasses.replace(
+                info,
+                received=info.received + r,
+                sent=info.sent + s,
+                step_cycles=info.step_cycles + c,
+            )
+        if d.sizing is not None:
+
+            def rows(expr: Any) -> int:
+                return ctx.ev(expr, f"rows of unit %{info.name}")
+
+            info = dataclasses.replace(
+                info,
+                flops=d.sizing.flops(rows),
+                step_cycles=d.sizing.cycles(rows),
+                sram_bytes=d.sizing.sram_bytes(rows),
+            )
+        return dataclasses.replace(self, run=run, info=info, tallied=new)
 
 
 class UnitCache:
@@ -172,20 +296,24 @@ class UnitCache:
         ctx: EmitCtx,
         run: RunStreams,
         has_dsts: Callable[[str], bool],
+        bound: Callable[[Any], int | None],
     ) -> _Entry | None:
         """A program of unit ``k`` emitted under ``key`` whose recorded run is the same in the
-        run of ``ctx`` / ``run`` (module docstring), or ``None``."""
+        run of ``ctx`` / ``run`` (module docstring; ``bound``: the run's bounds of row counts),
+        or ``None``."""
         for e in self.entries.get(k, ()):
             d = e.deps
             if (
                 e.key == key
                 and all(has_dsts(ch) == r for ch, r in d.dsts.items())
+                and all(bound(rows) == v for rows, v in d.bounds.items())
                 and all(ctx.ev(x, "unit reuse") == v for x, v in d.evals)
-                and all(run.same(s, e.run) for s in d.streams)
+                and all(run.same(s, e.run, lv) for s, lv in d.streams.items())
             ):
                 self.reused += 1
                 if e.run is not run:  # kept with the latest run it served, to compare with next
-                    self.entries[k].insert(0, dataclasses.replace(e, run=run))
+                    e = e.retally(ctx, run)
+                    self.entries[k].insert(0, e)
                     del self.entries[k][self.size :]
                 return e
         return None
@@ -202,5 +330,5 @@ class UnitCache:
         """Keep unit ``k``'s program, emitted under ``key`` with ``deps`` in ``run``."""
         self.emitted += 1
         kept = self.entries.setdefault(k, [])
-        kept.insert(0, _Entry(key, deps, run, body, info))
+        kept.insert(0, _Entry(key, deps, run, body, info, deps.tallied))
         del kept[self.size :]
