@@ -17,10 +17,12 @@ so the program set is exactly the one the full emission builds, at the cost of r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import Any
 
 from elk.ops import Operator
 from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder
@@ -77,48 +79,125 @@ class Renamer:
         return out
 
     def _rename(self, name: str) -> str:
-        sh, head = self.shift, name[:1]
-        try:
-            if head == "o":
-                j, rest = name[1:].split("_", 1)
-                return f"o{int(j) + sh}_{rest}"
-            if head == "a":
-                q, j, qc, c, _ = (int(x) for x in name[1:].split("_"))
-                names = self.flow.names
-                k = names[(q, j, qc, c)].index(name)
-                return names[(q + sh, j + sh, qc, c)][k]
-            if name.startswith("go"):
-                return f"go{int(name[2:]) + sh}"
-            if name.startswith("done"):
-                i, c = name[4:].split("_")
-                return f"done{int(i) + sh}_{c}"
-        except (ValueError, KeyError, IndexError):
-            pass
-        raise ProgramError(f"cannot name {name!r} {sh} operators on: not an ELK program name")
+        sh = self.shift
+        kind, i, rest = _parse(name)
+        if kind == "a":
+            names = self.flow.names
+            q, j, qc, c = i
+            try:
+                return names[(q + sh, j + sh, qc, c)][names[i].index(name)]
+            except (KeyError, IndexError, ValueError):
+                raise ProgramError(f"no piece {sh} operators on from {name!r}") from None
+        return f"{kind}{i + sh}{rest}"
 
     def instr(self, x: Instr) -> Instr:
         """``x`` with its names shifted."""
-        n, cls = self.name, x.__class__
-        if cls is Alloc:
-            return Alloc(n(x.buf), x.shape, x.dtype)
-        if cls is Free:
-            return Free(n(x.buf))
-        if cls is Compute:
-            outs, ins = tuple([n(b) for b in x.outs]), tuple([n(b) for b in x.ins])
-            return Compute(x.kernel, outs, ins, x.params, x.dtype)
-        if cls is Load:
-            return Load(n(x.dst), self.tensor(x.tensor), x.region)
-        if cls is Store:
-            return Store(n(x.src), self.tensor(x.tensor), x.region, x.accumulate)
-        if cls is Send:
-            return Send(n(x.channel), n(x.src))
-        if cls is Recv:
-            return Recv(n(x.channel), n(x.dst), x.stop)
-        if cls is SendValue:
-            return SendValue(n(x.channel), x.value)
-        if cls is RecvValue:
-            return RecvValue(n(x.channel), x.reg)
-        raise ProgramError(f"cannot copy a {cls.__name__} to another layer")
+        fn = _RENAME.get(x.__class__)
+        if fn is None:
+            raise ProgramError(f"cannot copy a {x.__class__.__name__} to another layer")
+        return fn(self, x)
+
+
+#: parsed ELK names: ``(head, number to shift, tail)``; pieces ``("a", key, "")``
+_PARSED: dict[str, tuple[str, Any, str]] = {}
+
+
+def _parse(name: str) -> tuple[str, Any, str]:
+    """``name`` as the number :class:`Renamer` shifts and what surrounds it (cached)."""
+    out = _PARSED.get(name)
+    if out is not None:
+        return out
+    try:
+        if name[:1] == "o":
+            j, rest = name[1:].split("_", 1)
+            out = ("o", int(j), "_" + rest)
+        elif name[:1] == "a":
+            q, j, qc, c, _ = (int(x) for x in name[1:].split("_"))
+            out = ("a", (q, j, qc, c), "")
+        elif name.startswith("go"):
+            out = ("go", int(name[2:]), "")
+        elif name.startswith("done"):
+            i, c = name[4:].split("_")
+            out = ("done", int(i), "_" + str(int(c)))
+    except ValueError:
+        out = None
+    if out is None:
+        raise ProgramError(f"cannot shift {name!r}: not a name of an ELK program")
+    if len(_PARSED) > 1 << 22:
+        _PARSED.clear()
+    _PARSED[name] = out
+    return out
+
+
+def _maker(cls: type) -> Callable[..., Any]:
+    """A constructor of the frozen instruction class ``cls`` that stores each field through its
+    slot (the dataclass ``__init__`` goes through ``object.__setattr__`` per field)."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"s_{f}": getattr(cls, f).__set__ for f in fields})
+    body = "".join(f"    s_{f}(o, {f})\n" for f in fields)
+    exec(f"def make({', '.join(fields)}):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
+    return scope["make"]
+
+
+_MK = {
+    cls: _maker(cls)
+    for cls in (Alloc, Free, Compute, Load, Store, Send, Recv, SendValue, RecvValue)
+}
+
+
+def _n(r: Renamer, name: str) -> str:
+    return r._names.get(name) or r.name(name)
+
+
+def _alloc(r: Renamer, x: Alloc) -> Instr:
+    return _MK[Alloc](_n(r, x.buf), x.shape, x.dtype)
+
+
+def _free(r: Renamer, x: Free) -> Instr:
+    return _MK[Free](_n(r, x.buf))
+
+
+def _compute(r: Renamer, x: Compute) -> Instr:
+    outs = tuple([_n(r, b) for b in x.outs])
+    return _MK[Compute](x.kernel, outs, tuple([_n(r, b) for b in x.ins]), x.params, x.dtype)
+
+
+def _load(r: Renamer, x: Load) -> Instr:
+    return _MK[Load](_n(r, x.dst), r.tensor(x.tensor), x.region)
+
+
+def _store(r: Renamer, x: Store) -> Instr:
+    return _MK[Store](_n(r, x.src), r.tensor(x.tensor), x.region, x.accumulate)
+
+
+def _send(r: Renamer, x: Send) -> Instr:
+    return _MK[Send](_n(r, x.channel), _n(r, x.src))
+
+
+def _recv(r: Renamer, x: Recv) -> Instr:
+    return _MK[Recv](_n(r, x.channel), _n(r, x.dst), x.stop)
+
+
+def _send_value(r: Renamer, x: SendValue) -> Instr:
+    return _MK[SendValue](_n(r, x.channel), x.value)
+
+
+def _recv_value(r: Renamer, x: RecvValue) -> Instr:
+    return _MK[RecvValue](_n(r, x.channel), x.reg)
+
+
+_RENAME: dict[type, Callable[[Renamer, Any], Instr]] = {
+    Alloc: _alloc,
+    Free: _free,
+    Compute: _compute,
+    Load: _load,
+    Store: _store,
+    Send: _send,
+    Recv: _recv,
+    SendValue: _send_value,
+    RecvValue: _recv_value,
+}
 
 
 @dataclass(frozen=True, slots=True)
