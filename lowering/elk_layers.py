@@ -55,8 +55,16 @@ class Renamer:
     position between the shifted operators (:attr:`Flow.names`, whose counter ``k`` is
     global)."""
 
-    def __init__(self, shift: int, layers: int, flow: Flow) -> None:
+    def __init__(
+        self,
+        shift: int,
+        layers: int,
+        flow: Flow,
+        parsed: dict[str, tuple[str, Any, str]] | None = None,
+    ) -> None:
         self.shift = shift
+        #: names taken apart (:func:`_parse`), shared by the renamers of one program set
+        self.parsed = {} if parsed is None else parsed
         self.layers = layers
         self.flow = flow
         self._names: dict[str, str] = {}
@@ -80,7 +88,7 @@ class Renamer:
 
     def _rename(self, name: str) -> str:
         sh = self.shift
-        kind, i, rest = _parse(name)
+        kind, i, rest = _parse(name, self.parsed)
         if kind == "a":
             names = self.flow.names
             q, j, qc, c = i
@@ -98,13 +106,10 @@ class Renamer:
         return fn(self, x)
 
 
-#: parsed ELK names: ``(head, number to shift, tail)``; pieces ``("a", key, "")``
-_PARSED: dict[str, tuple[str, Any, str]] = {}
-
-
-def _parse(name: str) -> tuple[str, Any, str]:
-    """``name`` as the number :class:`Renamer` shifts and what surrounds it (cached)."""
-    out = _PARSED.get(name)
+def _parse(name: str, cache: dict[str, tuple[str, Any, str]]) -> tuple[str, Any, str]:
+    """``name`` as ``(head, number to shift, tail)`` (pieces: ``("a", key, "")``), the number
+    :class:`Renamer` shifts and what surrounds it (kept in ``cache``)."""
+    out = cache.get(name)
     if out is not None:
         return out
     try:
@@ -123,9 +128,7 @@ def _parse(name: str) -> tuple[str, Any, str]:
         out = None
     if out is None:
         raise ProgramError(f"cannot shift {name!r}: not a name of an ELK program")
-    if len(_PARSED) > 1 << 22:
-        _PARSED.clear()
-    _PARSED[name] = out
+    cache[name] = out
     return out
 
 
@@ -228,8 +231,9 @@ class Layering:
                 self.template[s] = True
                 self.shifts.setdefault(s, []).append(i - s)
         self.flow = flow
+        parsed: dict[str, tuple[str, Any, str]] = {}
         self._renamers = {
-            d: Renamer(d, d // size, flow)
+            d: Renamer(d, d // size, flow, parsed)
             for d in sorted({d for v in self.shifts.values() for d in v})
         }
         self._records: dict[tuple[int, int], tuple[range, range]] = {}
@@ -237,6 +241,11 @@ class Layering:
         self._uid: dict[int, int] = {}
         self.uniq: list[Instr] = []
         self._owner: list[int] = []
+
+    def held(self, b: ProgramBuilder) -> Collection[tuple[int, int]]:
+        """The ``(core, section)`` template sections that hold something to copy in the pass
+        of ``b`` (a copy of any other is empty)."""
+        return self._records if isinstance(b, RecordingBuilder) else self._chunks
 
     @property
     def copies(self) -> int:

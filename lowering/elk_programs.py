@@ -358,14 +358,16 @@ def _emit(
         first[i] = max(first[i - 1], issued[i - 1])
     source = lay.source if lay is not None else [-1] * n
     template = lay.template if lay is not None else [False] * n
+    held = lay.held(b) if lay is not None else ()
     for core in workers:
         p = b.core(core)
         mine = by_core_op[core]
         busy = set(sections.get(core, ()))
         for i in range(n):
             if source[i] >= 0:
-                assert lay is not None
-                lay.replay(b, p, i, finishers)
+                if (core, source[i]) in held:
+                    assert lay is not None
+                    lay.replay(b, p, i, finishers)
                 continue
             mark = lay.mark(b, p) if template[i] and lay is not None else None
             if i > 0 and i in busy:

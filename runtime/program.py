@@ -208,7 +208,7 @@ class _Compiler:
 
     def block(self, body: Sequence[Instr]) -> None:
         handlers = _HANDLERS
-        # Alloc and Free (a third each of a kernel program's instructions) inline: positional
+        # Alloc, Free and Compute (most of a kernel program's instructions) inline: positional
         # construction, no handler call (compiling a large chip builds millions of operations)
         append, bufs, shared = self.code.append, self.bufs, self.shared
         for ins in body:
@@ -223,6 +223,9 @@ class _Compiler:
             if cls is Free:
                 b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]
                 append(_FREE(_H_FREE, ins, b))
+                continue
+            if cls is Compute:
+                append(self.compute(ins))  # type: ignore[arg-type]
                 continue
             handler = handlers.get(cls)
             if handler is None:
