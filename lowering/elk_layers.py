@@ -285,6 +285,10 @@ class Layering:
         shift section ``i`` is copied at."""
         uid_of, uniq, owner = self._uid, self.uniq, self._owner
         rens = [self._renamers[d] for d in self.shifts[i]]
+        need = len(uniq) + len(instrs)  # every table long enough for any number given here
+        for r in rens:
+            if len(r.table) < need:
+                r.table.extend([None] * (need - len(r.table)))
         out = []
         for ins in instrs:
             u = uid_of.get(id(ins))
@@ -297,12 +301,12 @@ class Layering:
                 out.append(u)
                 continue
             else:  # an object of another section too (not one the emitters share so)
-                fill = [r for r in rens if len(r.table) <= u or r.table[u] is None]
+                fill = [r for r in rens if r.table[u] is None]
+            fn = _RENAME.get(ins.__class__)
+            if fn is None:
+                raise ProgramError(f"cannot copy a {ins.__class__.__name__} to another layer")
             for r in fill:
-                table = r.table
-                if len(table) <= u:
-                    table.extend([None] * (u + 1 - len(table)))
-                table[u] = r.instr(ins)
+                r.table[u] = fn(r, ins)
             out.append(u)
         return tuple(out)
 
