@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import islice
 from types import TracebackType
 
 from lowering.errors import ProgramError
@@ -117,6 +118,19 @@ class CoreBuilder:
             instr = pool[key] = make()
         self._stack[-1].append(instr)
         return self
+
+    def extend(self, instrs: Sequence[Instr]) -> CoreBuilder:
+        """Append instructions built elsewhere (:mod:`lowering.elk_layers` copies a layer's)."""
+        self._stack[-1].extend(instrs)
+        return self
+
+    def size(self) -> int:
+        """Instructions in the block being emitted."""
+        return len(self._stack[-1])
+
+    def emitted(self, start: int) -> list[Instr]:
+        """The instructions of the current block from position ``start`` on."""
+        return self._stack[-1][start:]
 
     def body(self) -> tuple[Instr, ...]:
         """The finished instruction list."""
@@ -301,6 +315,19 @@ class ProgramBuilder:
         """Whether channel ``name`` is declared."""
         return name in self._channels
 
+    def declared(self, name: str) -> Channel:
+        """The declaration of channel ``name``."""
+        return self._channels[name]
+
+    def channel_count(self) -> int:
+        """Channels declared so far."""
+        return len(self._channels)
+
+    def channels_since(self, count: int) -> list[str]:
+        """Names of the channels declared after the first ``count``, in declaration order."""
+        extra = len(self._channels) - count
+        return list(islice(reversed(self._channels), extra))[::-1] if extra > 0 else []
+
     def barrier_group(self, name: str, cores: Sequence[int]) -> str:
         """Declare barrier group ``name`` of ``cores``."""
         if name in self._barriers:
@@ -371,6 +398,9 @@ class _DiscardingCore(CoreBuilder):
         params: dict[str, int | float | str] | None = None,
         dtype: str = "bf16",
     ) -> CoreBuilder:
+        return self
+
+    def extend(self, instrs: Sequence[Instr]) -> CoreBuilder:
         return self
 
 

@@ -20,6 +20,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from lowering.builder import CoreBuilder, ProgramBuilder, region
 
@@ -107,6 +108,13 @@ class Flow:
     _sends: dict[tuple[int, int, str], list[tuple[str, Rect, int]]] = field(default_factory=dict)
     _stored: set[str] = field(default_factory=set)
     held: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    #: every recorded store, in order (a layer's are copied to the equal layers after it)
+    _putlog: list[tuple[str, _Put]] = field(default_factory=list)
+    #: load index -> (index of the load it copies, its :class:`lowering.elk_layers.Renamer`)
+    _copies: dict[int, tuple[int, Any]] = field(default_factory=dict)
+    #: ``(producer op, consumer op, producer core, consumer core)`` -> the pieces' channel
+    #: names in the order :meth:`plan` named them (:mod:`lowering.elk_layers` renames by it)
+    names: dict[tuple[int, int, int, int], list[str]] = field(default_factory=dict)
 
     def _source(self, tensor: str) -> str:
         return self.links.get(tensor, tensor)
@@ -161,9 +169,9 @@ class Flow:
         rect = _rect(self.tensors[tensor][0], st, ex)
         if self.recording:
             if rect is not None:
-                self._puts.setdefault(tensor, []).append(
-                    _Put(op, p.core, buf, rect, self.tensors[tensor][1])
-                )
+                put = _Put(op, p.core, buf, rect, self.tensors[tensor][1])
+                self._puts.setdefault(tensor, []).append(put)
+                self._putlog.append((tensor, put))
             p.store(buf, tensor, None if st is None else region(st, ex))
             return
         if tensor in self._stored or rect is None:
@@ -214,15 +222,44 @@ class Flow:
         if not whole:
             p.free(cut)
 
+    # -- copies of an equal layer's records (lowering.elk_layers) ------------------------------
+    def marks(self) -> tuple[int, int]:
+        """Loads and stores recorded so far (where a section's records start)."""
+        return len(self._gets), len(self._putlog)
+
+    def copy_records(self, gets: range, puts: range, ren: Any) -> None:
+        """Record the loads ``gets`` and stores ``puts`` (indices of earlier records) again for
+        the operators ``ren.shift`` later, with ``ren``'s tensor and buffer names."""
+        sh, out, copies = ren.shift, self._gets, self._copies
+        for g in gets:
+            op, core, tensor, rect = out[g]
+            copies[len(out)] = (g, ren)
+            out.append((op + sh, core, ren.tensor(tensor), rect))
+        log, all_puts = self._putlog, self._puts
+        for k in puts:
+            tensor, q = log[k]
+            put = _Put(q.op + sh, q.core, ren.name(q.buf), q.rect, q.dtype)
+            all_puts.setdefault(ren.tensor(tensor), []).append(put)
+
     # -- between the two passes ----------------------------------------------------------------
     def plan(self, b: ProgramBuilder) -> None:
         """Pair the recorded loads with the stored pieces they overlap and declare a channel per
-        piece; decide which tensors still reach HBM."""
+        piece; decide which tensors still reach HBM.  A load copied from an equal layer's
+        (:meth:`copy_records`) meets the copies of the pieces that one met."""
         read_on_chip: set[str] = set()
         from_hbm: set[str] = set()
         index: dict[str, _Overlaps] = {}
-        for op, core, tensor, rect in self._gets:
+        copies = self._copies
+        wanted = {g for g, _ in copies.values()}
+        outcome: dict[int, Any] = {}  # a copied load's: None (HBM), or its pieces
+        for g, (op, core, tensor, rect) in enumerate(self._gets):
             src = self._source(tensor)
+            copy = copies.get(g) if copies else None
+            if copy is not None:
+                if copy[0] in outcome:  # else no operator stored its tensor: HBM
+                    self._copy_pieces(b, op, core, outcome[copy[0]], copy[1])
+                    (from_hbm if outcome[copy[0]] is None else read_on_chip).add(src)
+                continue
             puts = self._puts.get(src)
             if not puts:
                 continue
@@ -231,6 +268,8 @@ class Flow:
                 where = index[src] = _Overlaps(puts)
             if rect is None or len(where.ops) != 1 or puts[0].op >= op:
                 from_hbm.add(src)
+                if g in wanted:
+                    outcome[g] = None
                 continue
             found = [
                 (puts[i], m)
@@ -239,18 +278,41 @@ class Flow:
             ]
             if sum(m[2] * m[3] for _, m in found) != rect[2] * rect[3]:
                 from_hbm.add(src)  # not every element was produced on chip
+                if g in wanted:
+                    outcome[g] = None
                 continue
             read_on_chip.add(src)
+            if g in wanted:
+                outcome[g] = [(q.op, q.core, q.buf, m) for q, m in found]
             pieces = []
             for q, m in found:
-                name = f"a{q.op}_{op}_{q.core}_{core}_{len(self.held.get(q.core, []))}"
-                if q.core != core:
-                    b.channel(name, q.core, core, depth=1)
-                self._sends.setdefault((q.op, q.core, q.buf), []).append((name, m, core))
+                name = self._piece(b, q.op, op, q.core, core, q.buf, m)
                 pieces.append((name, m, q.core))
-                self.held.setdefault(q.core, []).append((q.op, op, m[2] * m[3]))
             self._gathers.setdefault((op, core, tensor, rect), []).append(pieces)
         self._stored = {
             t for t in self._puts if t not in read_on_chip or t in self.results or t in from_hbm
         }
         self.recording = False
+
+    def _piece(
+        self, b: ProgramBuilder, qop: int, op: int, qcore: int, core: int, buf: str, m: Rect
+    ) -> str:
+        """Name (and declare the channel of) a piece of ``qop``'s output stored from ``buf`` on
+        ``qcore`` that ``op`` reads on ``core``."""
+        held = self.held.setdefault(qcore, [])
+        name = f"a{qop}_{op}_{qcore}_{core}_{len(held)}"
+        if qcore != core:
+            b.channel(name, qcore, core, depth=1)
+        self._sends.setdefault((qop, qcore, buf), []).append((name, m, core))
+        held.append((qop, op, m[2] * m[3]))
+        self.names.setdefault((qop, op, qcore, core), []).append(name)
+        return name
+
+    def _copy_pieces(self, b: ProgramBuilder, op: int, core: int, found: Any, ren: Any) -> None:
+        """The pieces of a copied load: those of the load it copies, ``ren.shift`` operators on
+        (``found`` ``None``: that one read HBM)."""
+        if found is None:
+            return
+        sh = ren.shift
+        for qop, qcore, buf, m in found:
+            self._piece(b, qop + sh, op, qcore, core, ren.name(buf), m)

@@ -34,6 +34,7 @@ from elk.ops import Operator
 from hwmodel.chip import Chip
 from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
 from lowering.elk_flow import Flow
+from lowering.elk_layers import Layering, find_layering
 from lowering.elk_placement import Placed, place
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
@@ -282,21 +283,27 @@ def elk_programs(
     name: str = "elk",
     links: Mapping[str, str] | None = None,
     results: Collection[str] = (),
+    layers: bool = True,
 ) -> ProgramSet:
     """Per-core programs of an ELK plan: ``plans[i]`` executes ``ops[i]``; ``order`` is the
     preload order and ``issued[i]`` the number of preloads issued before ``execute(i)``.
     Activations stay on chip between operators (:mod:`lowering.elk_flow`); ``results`` are
     tensors stored to HBM even when a later operator reads them on chip, ``links`` consumer
-    tensors that are the leading columns of a producer tensor."""
+    tensors that are the leading columns of a producer tensor.  ``layers``: the sections of
+    equal stacked layers are emitted once and copied (:mod:`lowering.elk_layers`; the same
+    program set, ``False`` emits every section)."""
     n = len(ops)
     if not (len(plans) == len(issued) == len(order) == n):
         raise ProgramError("elk_programs: ops, plans, order and issued must have equal lengths")
     placed = place(chip, ops, plans, order, issued)
     flow = Flow(tensors, dict(links or {}), frozenset(results))
-    _emit(RecordingBuilder(name), chip, ops, placed, order, issued, tensors, flow)
+    lay = None
+    if layers:
+        lay = find_layering(ops, placed, order, issued, tensors, flow.links, flow.results, flow)
+    _emit(RecordingBuilder(name), chip, ops, placed, order, issued, tensors, flow, lay)
     b = ProgramBuilder(name, share=True)
     flow.plan(b)
-    _emit(b, chip, ops, placed, order, issued, tensors, flow)
+    _emit(b, chip, ops, placed, order, issued, tensors, flow, lay)
     b.meta("order", " ".join(str(o) for o in order))
     b.meta("issued", " ".join(str(x) for x in issued))
     return b.build()
@@ -311,6 +318,7 @@ def _emit(
     issued: Sequence[int],
     tensors: Mapping[str, tuple[tuple[int, ...], str]],
     flow: Flow,
+    lay: Layering | None = None,
 ) -> None:
     n = len(ops)
     ctrl = chip.num_cores - 1
@@ -345,20 +353,31 @@ def _emit(
     for i in range(1, n):
         if listeners[i]:
             b.channel(f"go{i}", ctrl, sorted(listeners[i]))
+    first = [0] * n  # the preloads of section i are at positions first[i] .. issued[i]-1
+    for i in range(1, n):
+        first[i] = max(first[i - 1], issued[i - 1])
+    source = lay.source if lay is not None else [-1] * n
+    template = lay.template if lay is not None else [False] * n
+    held = lay.held(b) if lay is not None else ()
     for core in workers:
         p = b.core(core)
         mine = by_core_op[core]
         busy = set(sections.get(core, ()))
-        prev = 0
         for i in range(n):
+            if source[i] >= 0:
+                if (core, source[i]) in held:
+                    assert lay is not None
+                    lay.replay(b, p, i, finishers)
+                continue
+            mark = lay.mark(b, p) if template[i] and lay is not None else None
             if i > 0 and i in busy:
                 p.recv_value(f"go{i}", "go")
-            for k in range(prev, issued[i]):
+            for k in range(first[i], issued[i]):
                 jj = order[k]
                 if jj in mine:
                     r, c = mine[jj]
                     _preload(p, jj, placed[jj], r, c, ops[jj].dtype)
-            prev = max(prev, issued[i])
+            fin = False
             if i in mine:
                 r, c = mine[i]
                 pl = placed[i]
@@ -369,11 +388,15 @@ def _emit(
                     fin = _attention(b, p, i, pl, r, c, dt, flow)
                 else:
                     fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
-                if fin and i < n - 1:
+                fin = fin and i < n - 1
+                if fin:
                     ch = f"done{i}_{core}"
                     b.channel(ch, core, ctrl)
                     p.send_value(ch, 1)
                     finishers[i].append(core)
+            if mark is not None:
+                assert lay is not None
+                lay.capture(b, p, i, mark, fin)
     cp = b.core(ctrl)
     for i in range(n - 1):
         for core in finishers[i]:

@@ -79,16 +79,17 @@ def compile_programs(
     if not checked:
         check_declarations(ps, chip)
     where = f"program set {ps.name!r}"
-    chans = {
-        ch.name: ChanState(
-            ch.name,
-            ch.src,
-            tuple(ch.dsts),
-            fifo_depth(depths.get(ch.name, ch.depth) if depths else ch.depth, chip),
-            fabric.message_roots(ch.src, tuple(ch.dsts)),
-        )
-        for ch in ps.channels
-    }
+    # a message's route depends on its source and destinations only: the channels between
+    # the same cores (one per ELK operator and layer) share it
+    routes: dict[tuple[int, tuple[int, ...]], tuple] = {}
+    chans: dict[str, ChanState] = {}
+    for ch in ps.channels:
+        dsts = tuple(ch.dsts)
+        roots = routes.get((ch.src, dsts))
+        if roots is None:
+            roots = routes[(ch.src, dsts)] = fabric.message_roots(ch.src, dsts)
+        depth = fifo_depth(depths.get(ch.name, ch.depth) if depths else ch.depth, chip)
+        chans[ch.name] = ChanState(ch.name, ch.src, dsts, depth, roots)
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
     costs: dict[tuple, tuple] = {}
@@ -207,8 +208,26 @@ class _Compiler:
 
     def block(self, body: Sequence[Instr]) -> None:
         handlers = _HANDLERS
+        # Alloc, Free and Compute (most of a kernel program's instructions) inline: positional
+        # construction, no handler call (compiling a large chip builds millions of operations)
+        append, bufs, shared = self.code.append, self.bufs, self.shared
         for ins in body:
-            handler = handlers.get(type(ins))
+            cls = ins.__class__
+            if cls is Alloc:
+                size = shared.get(id(ins))
+                if size is None:
+                    size = shared[id(ins)] = self._size(ins)  # type: ignore[arg-type]
+                b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]
+                append(_ALLOC(_H_ALLOC, ins, b, size[0], ins.dtype, size[1], size[2]))  # type: ignore[union-attr]
+                continue
+            if cls is Free:
+                b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]
+                append(_FREE(_H_FREE, ins, b))
+                continue
+            if cls is Compute:
+                append(self.compute(ins))  # type: ignore[arg-type]
+                continue
+            handler = handlers.get(cls)
             if handler is None:
                 self.one(ins)  # raises
             handler(self, ins)
@@ -245,24 +264,15 @@ class _Compiler:
             if not self.routed_load:
                 self.routes(True)
                 self.routed_load = True
+            name, fn, acc = ins.dst, _H_LOAD, False
         else:
             self.stores.add(info.name)
             if not self.routed_store:
                 self.routes(False)
                 self.routed_store = True
-        self.code.append(
-            _MEM(
-                ops_comm.h_load if load else ops_comm.h_store,
-                ins,
-                buf=self.buf(ins.dst if load else ins.src),
-                info=info,
-                starts=starts,
-                extents=extents,
-                fixed=fixed,
-                cext=cext,
-                accumulate=not load and ins.accumulate,
-            )
-        )
+            name, fn, acc = ins.src, _H_STORE, ins.accumulate
+        b = self.bufs.get(name) or self.buf(name)
+        self.code.append(_MEM(fn, ins, b, info, starts, extents, fixed, cext, acc))
 
     def region(self, ins: Load | Store, info: TensorInfo) -> tuple:
         """``(starts, extents, fixed, cext)`` of a Load's or Store's region of tensor ``info``:
@@ -298,16 +308,14 @@ class _Compiler:
         return starts, extents, fixed, cext
 
     def _send(self, ins: Send | SendValue) -> None:
-        send = isinstance(ins, Send)
-        self.code.append(
-            _SEND(
-                ops_comm.h_send,
-                ins,
-                chan=self.chan(ins, ins.channel, True),
-                buf=self.buf(ins.src) if send else None,
-                value=None if send else ops.expr(ins.value),
-            )
-        )
+        ch = self.chans.get(ins.channel)
+        if ch is None or ch.src != self.core.id:
+            ch = self.chan(ins, ins.channel, True)  # raises
+        if ins.__class__ is Send:
+            b = self.bufs.get(ins.src) or self.buf(ins.src)  # type: ignore[union-attr]
+            self.code.append(_SEND(_H_SEND, ins, ch, b, None))
+        else:
+            self.code.append(_SEND(_H_SEND, ins, ch, None, ops.expr(ins.value)))  # type: ignore[union-attr]
 
     def _recv(self, ins: Recv | RecvValue) -> None:
         code = self.code
@@ -316,18 +324,12 @@ class _Compiler:
         if k is None:
             self.chan(ins, ins.channel, False)  # raises: not declared or not delivered here
         end = ch.ends[k]  # type: ignore[union-attr,index]
-        if isinstance(ins, Recv):
-            code.append(
-                _RECV(
-                    ops_comm.h_recv if ins.stop is None else ops_comm.h_recvstop,
-                    ins,
-                    end=end,
-                    buf=self.buf(ins.dst),
-                    reg=ins.stop,
-                )
-            )
+        if ins.__class__ is Recv:
+            b = self.bufs.get(ins.dst) or self.buf(ins.dst)  # type: ignore[union-attr]
+            stop = ins.stop  # type: ignore[union-attr]
+            code.append(_RECV(_H_RECV if stop is None else _H_RECVSTOP, ins, end, b, stop))
         else:
-            code.append(_RECV(ops_comm.h_recvvalue, ins, end=end, buf=None, reg=ins.reg))
+            code.append(_RECV(_H_RECVVALUE, ins, end, None, ins.reg))  # type: ignore[union-attr]
 
     def _loadvalue(self, ins: LoadValue) -> None:
         code, make = self.code, ops.make
@@ -444,16 +446,17 @@ class _Compiler:
         if hit is None:
             hit = self.shared[id(ins)] = self._kernel(ins)
         kernel, params, cache = hit
-        buf = self.buf
+        bufs, buf = self.bufs, self.buf
+        outs = tuple([bufs.get(b) or buf(b) for b in ins.outs])
         return _COMPUTE(
-            ops.h_compute,
+            _H_COMPUTE,
             ins,
-            kernel=kernel,
-            outs=tuple([buf(b) for b in ins.outs]),
-            ins=tuple([buf(b) for b in ins.ins]),
-            params=params,
-            dtype=ins.dtype,
-            cache=cache,
+            kernel,
+            outs,
+            tuple([bufs.get(b) or buf(b) for b in ins.ins]),
+            params,
+            ins.dtype,
+            cache,
         )
 
     def _kernel(self, ins: Compute) -> tuple:
@@ -514,6 +517,9 @@ _COMPUTE = ops.builder(ops.OpCompute)
 _MEM = ops.builder(ops_comm.OpMem)
 _SEND = ops.builder(ops_comm.OpSend)
 _RECV = ops.builder(ops_comm.OpRecv)
+_H_ALLOC, _H_FREE, _H_COMPUTE = ops.h_alloc, ops.h_free, ops.h_compute
+_H_LOAD, _H_STORE, _H_SEND = ops_comm.h_load, ops_comm.h_store, ops_comm.h_send
+_H_RECV, _H_RECVSTOP, _H_RECVVALUE = ops_comm.h_recv, ops_comm.h_recvstop, ops_comm.h_recvvalue
 
 _HANDLERS = {
     Compute: _Compiler._compute,

@@ -1,0 +1,416 @@
+"""Equal layers of a stacked ELK program emitted once and copied (ELK §4.4: the decoder layers
+of a step are the same operators, planned with the same preload order and issue points).
+
+The per-core programs of :mod:`lowering.elk_programs` are cut into sections: section ``i`` of
+core ``c`` is what ``c`` emits between ``go_i`` and ``go_{i+1}`` (the token, the preloads
+issued in section ``i``, its tile of operator ``i``, the ``done`` token; ELK §4.5), with the
+channels declared there and the activation loads and stores :class:`lowering.elk_flow.Flow`
+records there.  Two sections ``i`` and ``i + s`` (``s`` a multiple of the layer size) are
+*equal* when every operator the section touches — operator ``i``, the operators it preloads
+and the operators sharing an activation tensor with it — is, ``s`` operators on, the same
+operator (kind, shape, dtype, tensor roles and shapes with layer-relative names, plan tiles,
+placed cores), the preload lists match position by position and neither or both are the last
+section.  A section of layer 2 or later equal to its counterpart in layer 1 is not emitted:
+layer 1's section is recorded once and copied with every name shifted (:class:`Renamer`),
+so the program set is exactly the one the full emission builds, at the cost of renaming.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+from elk.ops import Operator
+from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder
+from lowering.elk_flow import Flow
+from lowering.elk_placement import Placed
+from lowering.errors import ProgramError
+from lowering.isa import (
+    Alloc,
+    Compute,
+    Free,
+    Instr,
+    Load,
+    Recv,
+    RecvValue,
+    Send,
+    SendValue,
+    Store,
+)
+
+__all__ = ["Layering", "Renamer", "find_layering"]
+
+#: a stacked tensor name: layer ``l``'s tensors are ``L<l>.<name>``
+_LAYER = re.compile(r"L(\d+)\.(.*)", re.S)
+
+
+class Renamer:
+    """Names ``shift`` operators (``layers`` layers) on: ``L<l>.`` tensors to ``L<l+layers>.``,
+    buffers and channels ``o<j>_*`` to ``o<j+shift>_*``, ``go<i>`` / ``done<i>_<c>`` tokens to
+    ``i + shift``, activation pieces ``a<q>_<j>_<qc>_<c>_<k>`` to the piece of the same
+    position between the shifted operators (:attr:`Flow.names`, whose counter ``k`` is
+    global)."""
+
+    def __init__(
+        self,
+        shift: int,
+        layers: int,
+        flow: Flow,
+        parsed: dict[str, tuple[str, Any, str]] | None = None,
+    ) -> None:
+        self.shift = shift
+        #: names taken apart (:func:`_parse`), shared by the renamers of one program set
+        self.parsed = {} if parsed is None else parsed
+        self.layers = layers
+        self.flow = flow
+        self._names: dict[str, str] = {}
+        self._tensors: dict[str, str] = {}
+        #: the renamed instruction of each of the template's (:class:`Layering`), by number
+        self.table: list[Instr | None] = []
+
+    def tensor(self, name: str) -> str:
+        out = self._tensors.get(name)
+        if out is None:
+            m = _LAYER.fullmatch(name)
+            out = f"L{int(m[1]) + self.layers}.{m[2]}" if m else name
+            self._tensors[name] = out
+        return out
+
+    def name(self, name: str) -> str:
+        out = self._names.get(name)
+        if out is None:
+            out = self._names[name] = self._rename(name)
+        return out
+
+    def _rename(self, name: str) -> str:
+        sh = self.shift
+        kind, i, rest = _parse(name, self.parsed)
+        if kind == "a":
+            names = self.flow.names
+            q, j, qc, c = i
+            try:
+                return names[(q + sh, j + sh, qc, c)][names[i].index(name)]
+            except (KeyError, IndexError, ValueError):
+                raise ProgramError(f"no piece {sh} operators on from {name!r}") from None
+        return f"{kind}{i + sh}{rest}"
+
+    def instr(self, x: Instr) -> Instr:
+        """``x`` with its names shifted."""
+        fn = _RENAME.get(x.__class__)
+        if fn is None:
+            raise ProgramError(f"cannot copy a {x.__class__.__name__} to another layer")
+        return fn(self, x)
+
+
+def _parse(name: str, cache: dict[str, tuple[str, Any, str]]) -> tuple[str, Any, str]:
+    """``name`` as ``(head, number to shift, tail)`` (pieces: ``("a", key, "")``), the number
+    :class:`Renamer` shifts and what surrounds it (kept in ``cache``)."""
+    out = cache.get(name)
+    if out is not None:
+        return out
+    try:
+        if name[:1] == "o":
+            j, rest = name[1:].split("_", 1)
+            out = ("o", int(j), "_" + rest)
+        elif name[:1] == "a":
+            q, j, qc, c, _ = (int(x) for x in name[1:].split("_"))
+            out = ("a", (q, j, qc, c), "")
+        elif name.startswith("go"):
+            out = ("go", int(name[2:]), "")
+        elif name.startswith("done"):
+            i, c = name[4:].split("_")
+            out = ("done", int(i), "_" + str(int(c)))
+    except ValueError:
+        out = None
+    if out is None:
+        raise ProgramError(f"cannot shift {name!r}: not a name of an ELK program")
+    cache[name] = out
+    return out
+
+
+def _maker(cls: type) -> Callable[..., Any]:
+    """A constructor of the frozen instruction class ``cls`` that stores each field through its
+    slot (the dataclass ``__init__`` goes through ``object.__setattr__`` per field)."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"s_{f}": getattr(cls, f).__set__ for f in fields})
+    body = "".join(f"    s_{f}(o, {f})\n" for f in fields)
+    exec(f"def make({', '.join(fields)}):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
+    return scope["make"]
+
+
+_MK = {
+    cls: _maker(cls)
+    for cls in (Alloc, Free, Compute, Load, Store, Send, Recv, SendValue, RecvValue)
+}
+
+
+def _n(r: Renamer, name: str) -> str:
+    return r._names.get(name) or r.name(name)
+
+
+def _alloc(r: Renamer, x: Alloc) -> Instr:
+    return _MK[Alloc](_n(r, x.buf), x.shape, x.dtype)
+
+
+def _free(r: Renamer, x: Free) -> Instr:
+    return _MK[Free](_n(r, x.buf))
+
+
+def _compute(r: Renamer, x: Compute) -> Instr:
+    outs = tuple([_n(r, b) for b in x.outs])
+    return _MK[Compute](x.kernel, outs, tuple([_n(r, b) for b in x.ins]), x.params, x.dtype)
+
+
+def _load(r: Renamer, x: Load) -> Instr:
+    return _MK[Load](_n(r, x.dst), r.tensor(x.tensor), x.region)
+
+
+def _store(r: Renamer, x: Store) -> Instr:
+    return _MK[Store](_n(r, x.src), r.tensor(x.tensor), x.region, x.accumulate)
+
+
+def _send(r: Renamer, x: Send) -> Instr:
+    return _MK[Send](_n(r, x.channel), _n(r, x.src))
+
+
+def _recv(r: Renamer, x: Recv) -> Instr:
+    return _MK[Recv](_n(r, x.channel), _n(r, x.dst), x.stop)
+
+
+def _send_value(r: Renamer, x: SendValue) -> Instr:
+    return _MK[SendValue](_n(r, x.channel), x.value)
+
+
+def _recv_value(r: Renamer, x: RecvValue) -> Instr:
+    return _MK[RecvValue](_n(r, x.channel), x.reg)
+
+
+_RENAME: dict[type, Callable[[Renamer, Any], Instr]] = {
+    Alloc: _alloc,
+    Free: _free,
+    Compute: _compute,
+    Load: _load,
+    Store: _store,
+    Send: _send,
+    Recv: _recv,
+    SendValue: _send_value,
+    RecvValue: _recv_value,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """One core's emitted section: its instructions (numbers in :attr:`Layering.uniq` and a
+    getter of them from a renamed table), the channels it declared, whether it reported to
+    the controller."""
+
+    uids: tuple[int, ...]
+    get: Callable[[list], tuple]
+    chans: tuple[str, ...]
+    fin: bool
+
+
+class Layering:
+    """Which sections are copies (``source[i]``: the section copied, ``-1``: emitted) and the
+    records of the copied ones, per pass (see the module docstring).  The template sections'
+    instruction objects are numbered as they are captured and renamed at once for every shift
+    their section is copied at, so a copy is one table lookup per instruction."""
+
+    def __init__(self, size: int, source: list[int], flow: Flow) -> None:
+        self.size = size  # operators per layer
+        self.source = source
+        self.template = [False] * len(source)
+        self.shifts: dict[int, list[int]] = {}
+        for i, s in enumerate(source):
+            if s >= 0:
+                self.template[s] = True
+                self.shifts.setdefault(s, []).append(i - s)
+        self.flow = flow
+        parsed: dict[str, tuple[str, Any, str]] = {}
+        self._renamers = {
+            d: Renamer(d, d // size, flow, parsed)
+            for d in sorted({d for v in self.shifts.values() for d in v})
+        }
+        self._records: dict[tuple[int, int], tuple[range, range]] = {}
+        self._chunks: dict[tuple[int, int], _Chunk] = {}
+        self._uid: dict[int, int] = {}
+        self.uniq: list[Instr] = []
+        self._owner: list[int] = []
+
+    def held(self, b: ProgramBuilder) -> Collection[tuple[int, int]]:
+        """The ``(core, section)`` template sections that hold something to copy in the pass
+        of ``b`` (a copy of any other is empty)."""
+        return self._records if isinstance(b, RecordingBuilder) else self._chunks
+
+    @property
+    def copies(self) -> int:
+        """Sections copied rather than emitted."""
+        return sum(1 for s in self.source if s >= 0)
+
+    def mark(self, b: ProgramBuilder, p: CoreBuilder) -> tuple[int, int, int, int]:
+        """Where a template section starts: instructions, channels, loads and stores so far."""
+        return (p.size(), b.channel_count(), *self.flow.marks())
+
+    def capture(
+        self,
+        b: ProgramBuilder,
+        p: CoreBuilder,
+        i: int,
+        mark: tuple[int, int, int, int],
+        fin: bool,
+    ) -> None:
+        """Keep what core ``p.core`` emitted in template section ``i`` since ``mark``."""
+        key = (p.core, i)
+        if isinstance(b, RecordingBuilder):
+            g, q = self.flow.marks()
+            if g > mark[2] or q > mark[3]:
+                self._records[key] = (range(mark[2], g), range(mark[3], q))
+            return
+        uids = self._number(p.emitted(mark[0]), i)
+        chans = tuple(b.channels_since(mark[1]))
+        if uids or chans or fin:
+            if len(uids) == 1:
+                get: Callable[[list], tuple] = lambda t, u=uids[0]: (t[u],)  # noqa: E731
+            else:
+                get = itemgetter(*uids) if uids else lambda t: ()
+            self._chunks[key] = _Chunk(uids, get, chans, fin)
+
+    def _number(self, instrs: Sequence[Instr], i: int) -> tuple[int, ...]:
+        """Numbers of template section ``i``'s instructions; each new one renamed for every
+        shift section ``i`` is copied at."""
+        uid_of, uniq, owner = self._uid, self.uniq, self._owner
+        rens = [self._renamers[d] for d in self.shifts[i]]
+        need = len(uniq) + len(instrs)  # every table long enough for any number given here
+        for r in rens:
+            if len(r.table) < need:
+                r.table.extend([None] * (need - len(r.table)))
+        out = []
+        for ins in instrs:
+            u = uid_of.get(id(ins))
+            if u is None:
+                u = uid_of[id(ins)] = len(uniq)
+                uniq.append(ins)
+                owner.append(i)
+                fill = rens
+            elif owner[u] == i:
+                out.append(u)
+                continue
+            else:  # an object of another section too (not one the emitters share so)
+                fill = [r for r in rens if r.table[u] is None]
+            fn = _RENAME.get(ins.__class__)
+            if fn is None:
+                raise ProgramError(f"cannot copy a {ins.__class__.__name__} to another layer")
+            for r in fill:
+                r.table[u] = fn(r, ins)
+            out.append(u)
+        return tuple(out)
+
+    def replay(self, b: ProgramBuilder, p: CoreBuilder, i: int, finishers: list[list[int]]) -> None:
+        """Core ``p.core``'s section ``i``: its template section's records, renamed."""
+        src = self.source[i]
+        key = (p.core, src)
+        ren = self._renamers[i - src]
+        if isinstance(b, RecordingBuilder):
+            rec = self._records.get(key)
+            if rec is not None:
+                self.flow.copy_records(rec[0], rec[1], ren)
+            return
+        chunk = self._chunks.get(key)
+        if chunk is None:
+            return
+        for name in chunk.chans:
+            ch = b.declared(name)
+            b.channel(ren.name(name), ch.src, ch.dsts, ch.depth)
+        if chunk.uids:
+            p.extend(chunk.get(ren.table))
+        if chunk.fin:
+            finishers[i].append(p.core)
+
+
+def _rel(name: str, base: int) -> tuple[int | None, str]:
+    m = _LAYER.fullmatch(name)
+    return (int(m[1]) - base, m[2]) if m else (None, name)
+
+
+def find_layering(
+    ops: Sequence[Operator],
+    placed: Sequence[Placed],
+    order: Sequence[int],
+    issued: Sequence[int],
+    tensors: Mapping[str, tuple[tuple[int, ...], str]],
+    links: Mapping[str, str],
+    results: Collection[str],
+    flow: Flow,
+) -> Layering | None:
+    """The equal sections of a stack of at least three layers (``Operator.layer`` of operator
+    ``i`` is ``i // layer size``), or ``None`` when there is nothing to copy."""
+    total = len(ops)
+    if total == 0 or ops[0].layer != 0:
+        return None
+    size = next((i for i, o in enumerate(ops) if o.layer != 0), total)
+    if total % size or total // size < 3:
+        return None
+    if any(o.layer != i // size for i, o in enumerate(ops)):
+        return None
+    users: dict[str, set[int]] = {}
+    for j, op in enumerate(ops):
+        for _, t in op.tensors:
+            users.setdefault(links.get(t, t), set()).add(j)
+    ids: dict[tuple, int] = {}
+    sig: list[int] = []
+    near: list[tuple[int, ...]] = []
+    for j, (op, pl) in enumerate(zip(ops, placed)):
+        base = j // size
+        roles = tuple(
+            (
+                role,
+                _rel(t, base),
+                tensors.get(t),
+                _rel(links[t], base) if t in links else None,
+                t in results,
+            )
+            for role, t in op.tensors
+        )
+        key = (
+            op.kind,
+            op.dims,
+            op.dtype,
+            op.flops_per_elem,
+            op.node,
+            op.row_reduce,
+            roles,
+            pl.plan.kind,
+            pl.plan.tiles,
+            pl.rows,
+            pl.cols,
+            pl.cores,
+        )
+        sig.append(ids.setdefault(key, len(ids)))
+        near.append(tuple(sorted({u - j for _, t in op.tensors for u in users[links.get(t, t)]})))
+    first = [0] * total  # the preload positions of section i: first[i] .. issued[i]-1
+    prev = 0
+    for i in range(total):
+        first[i] = prev
+        prev = max(prev, issued[i])
+
+    def section(i: int) -> tuple:
+        pre = tuple(order[k] - i for k in range(first[i], issued[i]))
+        touched = sorted({0, *pre, *near[i]})
+        return (
+            i == total - 1,
+            pre,
+            tuple((d, (i + d) // size - i // size, sig[i + d]) for d in touched),
+        )
+
+    source = [-1] * total
+    for i in range(2 * size, total):
+        t = size + i % size
+        if section(t) == section(i):
+            source[i] = t
+    lay = Layering(size, source, flow)
+    return lay if lay.copies else None

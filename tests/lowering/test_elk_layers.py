@@ -1,0 +1,94 @@
+"""Equal stacked layers emitted once and copied (lowering.elk_layers, ELK §4.4 identical layers):
+the program set is exactly the one of the full emission (and simulates the same) for timing
+stacks (shapes only) and for stacks with weights; and the renaming it relies on.  (On a mesh
+the placement's row offsets move from layer to layer, so no section is copied there.)"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch2step  # noqa: E402
+import torch2step.kernel.stack as stack  # noqa: E402
+from lowering import elk_layers  # noqa: E402
+from lowering.elk_flow import Flow  # noqa: E402
+from lowering.elk_layers import Renamer  # noqa: E402
+from lowering.elk_programs import elk_programs  # noqa: E402
+from lowering.errors import ProgramError  # noqa: E402
+from lowering.isa import Load, ProgramSet, Recv  # noqa: E402
+from runtime import simulate  # noqa: E402
+
+CFG = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "num_hidden_layers": 6, "vocab_size": 128,
+}  # fmt: skip
+
+
+def _both(prog, layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ProgramSet, ProgramSet]:
+    """The program set of the first ``layers`` layers built with copies and without."""
+    copied: list[int] = []
+    find = elk_layers.find_layering
+
+    def spy(*args, **kwargs):
+        lay = find(*args, **kwargs)
+        copied.append(0 if lay is None else lay.copies)
+        return lay
+
+    monkeypatch.setattr("lowering.elk_programs.find_layering", spy)
+    layered = prog.programs(layers)
+    assert copied and copied[-1] > 0, "no section was copied"
+    monkeypatch.setattr(stack, "elk_programs", lambda *a, **k: elk_programs(*a, layers=False, **k))
+    return layered, prog.programs(layers)
+
+
+def test_copied_layers_are_the_full_emission(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    prog = torch2step.compile_config(path, batch=2, past=8, layers=5, chip="ipu-hbm")
+    layered, full = _both(prog, 4, monkeypatch)
+    assert layered == full
+    assert [p.core for p in layered.programs] == [p.core for p in full.programs]
+    a, b = simulate(layered, prog.chip), simulate(full, prog.chip)
+    assert a.cycles == b.cycles > 0 and a.stats.to_dict() == b.stats.to_dict()
+
+
+def test_copied_layers_with_weights_are_the_full_emission(monkeypatch) -> None:
+    from models.decoder import decode_inputs, decoder_step, tiny_config
+    from torch2step.frontend import from_torch
+    from torch2step.layers.stack import stack_graph
+
+    cfg = tiny_config("llama")
+    steps = [decoder_step(cfg, device="cpu", seed=i) for i in range(4)]
+    x, k, v = decode_inputs(cfg, 2, 5, seed=3)
+    body = from_torch(steps[0], (x, k, v))
+    weights = [{n: p.detach() for n, p in s.named_parameters()} for s in steps]
+    g = stack_graph(body, 4, layer_params=weights)
+    import torch
+
+    ks, vs = torch.stack([k, k + 1, k - 1, 2 * k]), torch.stack([v, -v, v * 2, v + 3])
+    prog = torch2step.compile(g, (x, ks, vs), chip="ipu-hbm")
+    layered, full = _both(prog, 4, monkeypatch)
+    assert layered == full
+
+
+def test_renamer_shifts_operator_names_and_refuses_others() -> None:
+    flow = Flow({})
+    flow.names = {(3, 4, 7, 9): ["a3_4_7_9_0"], (13, 14, 7, 9): ["a13_14_7_9_5"]}
+    ren = Renamer(10, 1, flow)
+    assert ren.name("o4_w0") == "o14_w0"
+    assert ren.name("o4_x_g2") == "o14_x_g2"
+    assert ren.name("go5") == "go15" and ren.name("done5_12") == "done15_12"
+    assert ren.name("a3_4_7_9_0") == "a13_14_7_9_5"
+    assert ren.tensor("L2.n1_linear.w") == "L3.n1_linear.w" and ren.tensor("cos") == "cos"
+    assert ren.instr(Load("o4_w0", "L2.w", None)) == Load("o14_w0", "L3.w", None)
+    assert ren.instr(Recv("a3_4_7_9_0", "o4_x_g0")) == Recv("a13_14_7_9_5", "o14_x_g0")
+    with pytest.raises(ProgramError, match="not a name of an ELK program"):
+        ren.name("tmp")
+    with pytest.raises(ProgramError, match="no piece"):
+        Renamer(20, 2, flow).name("a3_4_7_9_0")
