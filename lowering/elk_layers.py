@@ -154,7 +154,7 @@ def _n(r: Renamer, name: str) -> str:
 
 
 def _alloc(r: Renamer, x: Alloc) -> Instr:
-    return _MK[Alloc](_n(r, x.buf), x.shape, x.dtype)
+    return _MK[Alloc](_n(r, x.buf), x.shape, x.dtype, x.held)
 
 
 def _free(r: Renamer, x: Free) -> Instr:

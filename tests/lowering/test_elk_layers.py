@@ -47,10 +47,14 @@ def _both(prog, layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ProgramSe
     return layered, prog.programs(layers)
 
 
+# The layer copies do not depend on the design; ELK-Dyn plans these tiny stacks without
+# ELK-Full's search over preload orders (most of the time where the whole model fits on chip).
+
+
 def test_copied_layers_are_the_full_emission(tmp_path, monkeypatch) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CFG))
-    prog = torch2step.compile_config(path, batch=2, past=8, layers=5, chip="ipu-hbm")
+    prog = torch2step.compile_config(path, batch=2, past=8, layers=5, chip="ipu-hbm", design="elk_dyn")
     layered, full = _both(prog, 4, monkeypatch)
     assert layered == full
     assert [p.core for p in layered.programs] == [p.core for p in full.programs]
@@ -72,7 +76,7 @@ def test_copied_layers_with_weights_are_the_full_emission(monkeypatch) -> None:
     import torch
 
     ks, vs = torch.stack([k, k + 1, k - 1, 2 * k]), torch.stack([v, -v, v * 2, v + 3])
-    prog = torch2step.compile(g, (x, ks, vs), chip="ipu-hbm")
+    prog = torch2step.compile(g, (x, ks, vs), chip="ipu-hbm", design="elk_dyn")
     layered, full = _both(prog, 4, monkeypatch)
     assert layered == full
 
