@@ -27,9 +27,10 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
+from .stop_loop import emit_stop_loop, stop_channel
 from .streams import Part, StreamInfo, declared_leaves, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
-from .unit import UnitBuilder
+from .unit import Elem, UnitBuilder
 from .unit_reuse import FORM
 
 __all__ = ["EMITTERS"]
@@ -149,12 +150,31 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cost = _Cost(ctx, op, x)
     data = control_data(ctx.structure.graph)
     computed = bool(x.flat)  # every output value is computed in a register at run time
-    for k, val in enumerate(x.flat):
+    steps = [
+        cost.map_step(op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, out.parts(k)))
+        for k, val in enumerate(x.flat)
+    ]
+    looped = stop_channel(b, op, x)
+    if (
+        looped is not None
+        and all(s == steps[0] and s[2] is None for s in steps)
+        and all(p.kind == "data" for k in range(len(x.flat)) for p in out.parts(k))
+        and all(out.parts(k) == out.parts(0) for k in range(len(x.flat)))
+    ):
+        # elements alike, sending data: loop until the Partition's stop token (.stop_loop)
+        c, fl, _ = steps[0]
+
+        def each(k: int, e: Elem) -> None:
+            parts = out.parts(k)
+            y = b.compute(c, (e,), parts, flops=fl)
+            b.send(out, k, lower_value(b, op.fn, e, y, data))
+
+        emit_stop_loop(ctx, b, x, out, *looped, each)
+        return
+    for k in range(len(x.flat)):
         e = b.recv(x, k)
         parts = out.parts(k)
-        c, fl, rule = cost.map_step(
-            op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, parts)
-        )
+        c, fl, rule = steps[k]
         y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
         computed = computed and all(q.kind == "value" and r is not None for q, r in y)
         b.send(out, k, y)

@@ -52,9 +52,15 @@ takes the bytes this run holds.  Such a unit's program is the same for every tok
 FLOPs, step cycles and bytes in a run follow from its row rules and buffers
 (:class:`~.sizing.Sizing`).
 
+A unit that handles every element of a Partition's output alike (the routing weights' Map of
+each expert) loops until the output's stop token (:mod:`.stop_loop`): a ``Loop`` bounded by the
+count's bound, its body guarded by ``If(stop < 0)`` over ``Recv(..., stop=reg)``, so its program
+is the same for every count; its elements, cycles and FLOPs in a run are counted from the run's
+streams.
+
 What is still baked from the run: the loop trip counts of the units that iterate over a count
 (an expert's Bufferize and Streamify, the ``retile_row`` Accums that pack its rows and routing
-weights into tiles, the routing weights' Map, the FlatMap back to rows), whether an expert gets
+weights into tiles, the FlatMap back to rows), whether an expert gets
 tokens at all (``P_e = [n_e > 0]``: every stream of an expert with no token is empty, so all
 its units differ from those of a run that gives it tokens), EagerMerge's chunk order, the static
 tiling's padding, and in decode attention everything from the KV-tile addresses on (the cursor
@@ -66,13 +72,12 @@ with what its emitter read of the run, at the level its program depends on it), 
 emits again only the units above of the experts whose token count changed (all units of one
 that gets tokens in only one of the runs), and a new KV-length set only the units from the
 KV-tile addresses on.  Making those units run-independent needs, besides
-``Recv(..., stop=reg)`` (a loop over a stream of unknown length ends on the Partition's stop
-token, which carries the count):
+the stop loop above (which ends on the Partition's stop token, carrying the count):
 
 * stop tokens on every channel whose stream has a dynamic dimension (not only a Partition's
-  outputs), so each unit of an expert can loop until its input ends (a bounded ``Loop`` whose
-  body is guarded by ``If(stop < 0)``) and forward the count, and an expert with no token runs
-  its units' guards only; a ``RecvValue`` that can also take a stop token, for streams of
+  outputs), so each unit of an expert can loop until its input ends and forward the count, and
+  an expert with no token runs its units' guards only (an empty stream has no element to
+  build the loop's body from, so such an expert's units are still built for the run); a ``RecvValue`` that can also take a stop token, for streams of
   buffer references and addresses;
 * a ``retile_row`` Accum's output size is the count, not a function of the rows of the tile it
   receives, so its ``step_unit`` needs a size read from a register (row rules take sizes from
@@ -88,8 +93,8 @@ streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles 
 Every unit after the Bufferize receives its first element only once the Bufferize has taken the
 Partition's stop token, so the count can reach those units ahead of their data (as the value
 of the buffer reference, or one count message) without delaying them; only the routing-weight
-Map and its ``retile_row`` Accum consume while the Partition produces and must loop until a stop
-token.
+Map (a stop loop now) and its ``retile_row`` Accum consume while the Partition produces and
+must loop until a stop token.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
