@@ -6,9 +6,9 @@ time, so they are kept for every routing; the elements each run takes through th
 from its streams.  An expert's units that read the rows of their tiles at run time (row rules,
 buffers allocated at the token count's bound, counted by what they hold: ``Alloc.held``) are
 kept for any token count: the matmuls, activation, column split, scaling, the repeats and the
-weight loads, and so is the routing weights' Map, which loops until its input's stop token.
-What still follows an expert's token count (loop trip counts) is rebuilt: its Bufferize, the
-Accum packing its rows into a tile, the routing weights' Accum, the FlatMap back to rows, and every unit of an expert that gets no token in one run and some in the
+weight loads, and so are the routing weights' Map and Accum, which loop until their input's
+stop token.  What still follows an expert's token count (loop trip counts) is rebuilt: its
+Bufferize, the Accum packing its rows into a tile, the FlatMap back to rows, and every unit of an expert that gets no token in one run and some in the
 other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
 and on-chip bytes, exactly), and the functional result stays PyTorch's."""
 
@@ -47,10 +47,10 @@ ROUTE_C = np.array([[0, 1]] * 7 + [[0, 2]] + [[1, 3]] * 8)
 KEPT = (
     "per_i", "xt1", "xh", "gate_w", "gate", "up_w", "up", "act", "down_w", "h_rep",
     "down_mm", "down_cat", "down", "scaled",
-    # loops over the Partition's output until its stop token (torch2step.spatial.stop_loop)
-    "gw",
+    # loop over the Partition's output until its stop token (torch2step.spatial.stop_loop)
+    "gw", "gw_col",
 )  # fmt: skip
-COUNTED = ("buf", "xt", "gw_col", "out")
+COUNTED = ("buf", "xt", "out")
 
 
 def _bodies(plan) -> dict[str, tuple]:

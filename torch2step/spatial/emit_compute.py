@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lowering.isa import SendValue
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Map, Scan
 from torch2step.step.types import DataType, TileType, TupleType
@@ -27,7 +28,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
-from .stop_loop import emit_stop_loop, stop_channel
+from .stop_loop import emit_pack_loop, emit_stop_loop, stop_channel
 from .streams import Part, StreamInfo, declared_leaves, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
 from .unit import Elem, UnitBuilder
@@ -154,6 +155,8 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         cost.map_step(op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, out.parts(k)))
         for k, val in enumerate(x.flat)
     ]
+    # a Map of a stream that ends with a stop token forwards it (after its last element)
+    fwd = out.channel if len(b.stops) == 1 and out.channel and b.has_dsts(out.channel) else None
     looped = stop_channel(b, op, x)
     if (
         looped is not None
@@ -169,7 +172,7 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             y = b.compute(c, (e,), parts, flops=fl)
             b.send(out, k, lower_value(b, op.fn, e, y, data))
 
-        emit_stop_loop(ctx, b, x, out, *looped, each)
+        emit_stop_loop(ctx, b, x, out, *looped, each, forward=fwd is not None)
         return
     for k in range(len(x.flat)):
         e = b.recv(x, k)
@@ -178,6 +181,11 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
         computed = computed and all(q.kind == "value" and r is not None for q, r in y)
         b.send(out, k, y)
+        b.step()
+    if fwd is not None:
+        (ch,) = b.stops
+        b.emit(SendValue(fwd, f"stop.{ch}"))
+        b.sent_seq[fwd] += 1
         b.step()
     if computed:  # the values it sends are the run's data, not part of its program
         ctx.relax(op.name, FORM)
@@ -218,6 +226,8 @@ def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
 def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Accum)
+    if emit_pack_loop(ctx, b, op, _Cost(ctx, op, ctx.stream(op.input))):
+        return
     _reduce(ctx, b, op)
 
 

@@ -14,6 +14,11 @@ know which element is the last), so the last element leaves as soon as it is mad
 Partition has routed every selector.  A ``Recv`` with ``stop`` waits for its message (the
 branch depends on it), as ``RecvValue`` does.
 
+A Map so looped forwards the stop token on its output (its value, the count, after its last
+element: :func:`emit_stop_loop` ``forward``), and a ``retile_row`` Accum over such a stream of
+``[1, c]`` rows is a loop too (:func:`emit_pack_loop`): the accumulator's size follows the rows
+it already holds, so no step needs the count.
+
 What such a unit reads of the run is the forms of its streams' elements, not their number
 (:data:`~.unit_reuse.EACH`); the elements, messages and step cycles of a run are counted from
 its streams (:data:`~.unit_reuse.Tally`), so a program kept from a run with another count
@@ -23,16 +28,19 @@ its streams (:data:`~.unit_reuse.Tally`), so a program kept from a run with anot
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from lowering.isa import Cond, If, Instr, Loop, Recv, Set
+from lowering.isa import Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
 from torch2step.step.op_base import Op
+from torch2step.step.ops_compute import Accum
 
 from .context import EmitCtx
 from .streams import StreamInfo
+from .timing import STEP_KERNEL, RowRule
 from .unit import Elem, UnitBuilder
 from .unit_reuse import EACH
 
-__all__ = ["stop_channel", "emit_stop_loop"]
+__all__ = ["stop_channel", "emit_stop_loop", "emit_pack_loop"]
 
 #: ``step(k, elem)``: the unit's work on element ``k`` received as ``elem``: its step(s) and
 #: sends.
@@ -73,10 +81,12 @@ def emit_stop_loop(
     bound: int,
     step: Step,
     rotation: int = 2,
+    forward: bool = False,
 ) -> None:
     """Emit the unit's loop over ``x`` (from channel ``ch``, at most ``bound`` elements) until
     its stop token, ``step`` doing each element's work (module docstring); ``out`` is the
-    stream it sends one element on per element received."""
+    stream it sends one element on per element received, ending with the stop token (its
+    value: the count) when ``forward``."""
     stop = f"stop.{ch}"
     count = b.stops.pop(ch)
     b.step()
@@ -92,7 +102,8 @@ def emit_stop_loop(
             raise AssertionError(f"unit %{b.name}: an element must start with its receive")
         take = Recv(first.channel, first.dst, stop)
         guard = Cond(stop, "<", 0)
-        body.append(If(guard, (take, If(guard, tuple(instrs[1:])))))
+        done = (SendValue(out.channel, stop),) if forward and out.channel else ()
+        body.append(If(guard, (take, If(guard, tuple(instrs[1:]), done))))
     per_recv = (b.received - recv0) // rotation
     per_sent = (b.sent - sent0) // rotation
     per_busy = (b.busy_cycles - busy0) // rotation
@@ -103,7 +114,7 @@ def emit_stop_loop(
     b.step()
     b.next_seq[ch] = count + 1
     if out.channel is not None and b.has_dsts(out.channel):
-        b.sent_seq[out.channel] = out.messages
+        b.sent_seq[out.channel] = out.messages + forward
     name = x.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:
@@ -117,3 +128,109 @@ def emit_stop_loop(
     b.flops += fl
     ctx.relax(x.name, EACH)
     ctx.relax(out.name, EACH)
+
+
+def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
+    """The unit of a ``retile_row`` Accum packing the rows of a stream that ends with a stop
+    token (an expert's routing weights, one ``[1, c]`` row each, into its ``[n_e, c]`` column)
+    as a loop until the token: the first row starts the tile, every other appends one, its
+    size following the rows the tile already holds (a row rule on the accumulator: one cycle,
+    ``c*rows + c`` elements), in a buffer allocated at the count's bound (``Alloc.held``); the
+    tile is sent once the token came, if it holds a row.  One program for every count;
+    ``False`` (nothing emitted) when the unit is not such a packing."""
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    decl = getattr(out.dtype, "shape", None)
+    if (
+        getattr(op.fn, "name", None) != "retile_row"
+        or op.rank != 1
+        or x.value.rank != 1
+        or len(x.value.data) != 1
+        or decl is None
+        or not decl[1].is_Integer
+    ):
+        return False
+    shape = getattr(op.input.type, "shape", ())
+    if len(shape) != 2 or b.bound is None:
+        return False
+    chans = {ch for pc in x.pieces for ch, _, _ in pc}
+    if len(chans) != 1 or not x.flat:
+        return False
+    (ch,) = chans
+    if ch is None or ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0):
+        return False
+    first = x.parts(0)
+    if (
+        len(first) != 1
+        or first[0].kind != "data"
+        or any(x.parts(k) != first for k in range(1, len(x.flat)))
+    ):
+        return False
+    cols = int(decl[1])
+    (part,) = out.parts(0)
+    n = len(x.flat)
+    if part.kind != "data" or first[0].elems != cols or part.elems != n * cols:
+        return False
+    bound = b.bound(decl[0])
+    if bound is None:
+        return False
+    steps = {
+        cost.update_step(op.fn, v, x.dtype, out.flat[0], out.dtype, first, (part,), k == n - 1)
+        for k, v in enumerate(x.flat)
+    }
+    if len(steps) != 1:
+        return False
+    ((cyc, fl, rule),) = steps
+    if cyc != 1 or rule is not None:
+        return False
+    ctx.ev(shape[0], f"reductions of unit %{b.name}")  # the loop serves one reduction
+    stop, idx = f"stop.{ch}", f"i.{ch}"
+    count = b.stops.pop(ch)
+    b.step()
+    (e,) = b.recv(x, 0)
+    recv, b.cur = b.cur, []
+    b.received -= 1
+    inb = e[1]
+    assert inb is not None and len(recv) == 1 and isinstance(recv[0], Recv)
+    acc = b.buffer(("acc", 0), part.dtype, part.elems, 2, (decl[0], bound, cols, 0))
+    b._holds(acc, (decl[0], bound))
+    t = b.timing
+    start = Compute(
+        STEP_KERNEL,
+        (acc,),
+        (inb,),
+        (("cycles", 1), ("outs", str(cols)), ("rate", t.enc_rate)),
+        t.enc_dtype,
+    )
+    append = Compute(
+        STEP_KERNEL,
+        (acc,),
+        (inb, acc),
+        RowRule(1, cols, (), ((cols, cols),)).params(1, t.enc_rate),
+        t.enc_dtype,
+    )
+    guard = Cond(stop, "<", 0)
+    update = If(Cond(idx, "==", 0), (start,), (append,))
+    b.emit(
+        Set(stop, -1),
+        Loop(bound + 1, (If(guard, (Recv(ch, inb, stop), If(guard, (update,)))),), idx),
+    )
+    b.step()
+    b.next_seq[ch] = count + 1
+    if out.channel is not None and b.has_dsts(out.channel):
+        b.emit(If(Cond(stop, ">", 0), (Send(out.channel, acc),)))
+        b.sent_seq[out.channel] = out.messages
+        b.step()
+    name = x.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        k = len(c.streams[name].flat)
+        return k, int(k > 0), k * cyc, k * fl
+
+    r, s, busy, flops = ctx.tally(tally)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += busy
+    b.flops += flops
+    ctx.relax(x.name, EACH)
+    ctx.relax(out.name, None)  # one tile per reduction of the input, sent from the buffer
+    return True

@@ -30,10 +30,10 @@ For a new routing of an MoE built with dynamic tiling this keeps the loads, the 
 (selector, Partition, Reassemble), the sum and store, every unit of an expert whose token count
 did not change, and of an expert whose count changed (but that has tokens in both runs) its
 weight loads, repeats, column split, matmuls, activation and scaling, and its routing weights'
-Map (a loop until the Partition's stop token, :mod:`.stop_loop`, read at level :data:`EACH`);
-emitted again are the units whose loops follow the count (Bufferize, the row packing, the
-routing weights' Accum, the FlatMap back to rows) and every unit of an expert that has tokens
-in only one of the runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
+Map and Accum (loops until a stop token, :mod:`.stop_loop`, reading their input at level
+:data:`EACH`); emitted again are the units whose loops follow the count (Bufferize, the row
+packing, the FlatMap back to rows) and every unit of an expert that has tokens in only one of
+the runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
 default), to compare them with a new run's, stream by stream, each comparison stopping at the
 first difference and made once per stream and level.
 """
@@ -288,8 +288,8 @@ class _Entry:
 
             info = dataclasses.replace(
                 info,
-                flops=d.sizing.flops(rows),
-                step_cycles=d.sizing.cycles(rows),
+                flops=d.sizing.flops(rows) + new[3],
+                step_cycles=d.sizing.cycles(rows) + new[2],
                 sram_bytes=d.sizing.sram_bytes(rows),
             )
         return dataclasses.replace(self, run=run, info=info, tallied=new)
