@@ -7,8 +7,9 @@ from its streams.  An expert's units that read the rows of their tiles at run ti
 buffers allocated at the token count's bound, counted by what they hold: ``Alloc.held``) are
 kept for any token count: the matmuls, activation, column split, scaling, the repeats and the
 weight loads, and so are the routing weights' Map and Accum, which loop until their input's
-stop token.  What still follows an expert's token count (loop trip counts) is rebuilt: its
-Bufferize, the Accum packing its rows into a tile, the FlatMap back to rows, and every unit of an expert that gets no token in one run and some in the
+stop token, and the FlatMap back to rows, which loops over the count that token carries.  What
+still follows an expert's token count (loop trip counts) is rebuilt: its Bufferize, the Accum
+packing its rows into a tile, and every unit of an expert that gets no token in one run and some in the
 other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
 and on-chip bytes, exactly), and the functional result stays PyTorch's."""
 
@@ -49,8 +50,10 @@ KEPT = (
     "down_mm", "down_cat", "down", "scaled",
     # loop over the Partition's output until its stop token (torch2step.spatial.stop_loop)
     "gw", "gw_col",
+    # its trip count is the count the stop token forwards
+    "out",
 )  # fmt: skip
-COUNTED = ("buf", "xt", "out")
+COUNTED = ("buf", "xt")
 
 
 def _bodies(plan) -> dict[str, tuple]:

@@ -28,7 +28,13 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
-from .stop_loop import emit_pack_loop, emit_stop_loop, stop_channel
+from .stop_loop import (
+    emit_pack_loop,
+    emit_piece_loop,
+    emit_stop_loop,
+    forwards_stop,
+    stop_channel,
+)
 from .streams import Part, StreamInfo, declared_leaves, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
 from .unit import Elem, UnitBuilder
@@ -229,6 +235,17 @@ def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     if emit_pack_loop(ctx, b, op, _Cost(ctx, op, ctx.stream(op.input))):
         return
     _reduce(ctx, b, op)
+    out = ctx.stream(op.name)
+    if (
+        out.channel is not None
+        and b.has_dsts(out.channel)
+        and len(b.stops) == 1
+        and forwards_stop(op, ctx.structure.sources(op.input.name), set(b.stops))
+    ):  # its stop token, after its last element (.stop_loop)
+        (ch,) = b.stops
+        b.emit(SendValue(out.channel, f"stop.{ch}"))
+        b.sent_seq[out.channel] += 1
+        b.step()
 
 
 def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
@@ -244,6 +261,14 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cost = _Cost(ctx, op, x)
     spec = op.fn.spec
     depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (STeP table 4)
+    if len(x.flat) == 1 and not (cost.cfg.reads_memory or cost.cfg.writes_memory):
+        val = x.flat[0]
+        produced = len(iter_nodes(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))), depth))
+        fl = ctx.timing.map_flops(op.fn, cost.type_of(val, x.dtype))
+        if not fl and emit_piece_loop(
+            ctx, b, x, out, produced, lambda j: _piece_rule(x, 0, out, j)
+        ):  # one piece per row of the count, the count from the stop token (.stop_loop)
+            return
     j = 0
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)

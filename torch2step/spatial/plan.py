@@ -58,12 +58,14 @@ count's bound, its body guarded by ``If(stop < 0)`` over ``Recv(..., stop=reg)``
 is the same for every count; a single-unit Map of such a stream forwards the stop token (the
 count) after its last element, so the ``retile_row`` Accum that packs the routing weights into
 a column loops until it too: its tile grows one row per element (a row rule on the
-accumulator), in a buffer held at the bound, and is sent once the token came.  Their elements,
-cycles and FLOPs in a run are counted from the run's streams (:data:`~.unit_reuse.Tally`).
+accumulator), in a buffer held at the bound, and is sent once the token came, followed by the
+token.  The scaling Map forwards it, and the FlatMap back to rows loops ``Loop(count=stop)``
+over the count it carries.  Their elements, cycles and FLOPs in a run are counted from the
+run's streams (:data:`~.unit_reuse.Tally`).
 
 What is still baked from the run: the loop trip counts of the units that iterate over a count
-(an expert's Bufferize and Streamify, the ``retile_row`` Accum that packs its rows into tiles,
-the FlatMap back to rows), whether an expert gets
+(an expert's Bufferize and Streamify, the ``retile_row`` Accum that packs its rows into tiles),
+whether an expert gets
 tokens at all (``P_e = [n_e > 0]``: every stream of an expert with no token is empty, so all
 its units differ from those of a run that gives it tokens), EagerMerge's chunk order, the static
 tiling's padding, and in decode attention everything from the KV-tile addresses on (the cursor
@@ -85,8 +87,7 @@ the stop loop above (which ends on the Partition's stop token, carrying the coun
   buffer references and addresses;
 * the Bufferize's rows (one buffer per row today) held in buffers allocated at the bound and
   read row by row, its Streamify and the row packing after it looping over the count
-  (forwarded as a stop token, as the routing weights' Map does); the FlatMap back to rows
-  looping over the rows of the tile it receives;
+  (forwarded as a stop token, as the routing weights' units do);
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
@@ -120,7 +121,6 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
-from torch2step.step.ops_compute import Map
 from torch2step.step.ops_routing import Partition, Reassemble
 
 from .context import EmitCtx, int_contents, tensor_layouts
@@ -131,6 +131,7 @@ from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
+from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
@@ -276,11 +277,11 @@ def _build_plan(
         for name, op in st.producer.items()
         if isinstance(op, Partition) and op.name in st.owner
     }
-    # a Map unit over such a stream forwards its stop token (:mod:`.stop_loop`)
+    # a single-node unit of a Map, or of a retile_row Accum, reading one such stream forwards
+    # its stop token (:mod:`.stop_loop`)
     for op in graph.nodes:
-        if isinstance(op, Map) and st.owner.get(op.name) == op.name:
-            src = st.sources(op.input.name)
-            if len(src) == 1 and src <= stops and len(st.units[st.unit_index(op.name)]) == 1:
+        if st.owner.get(op.name) == op.name and len(st.units[st.unit_index(op.name)]) == 1:
+            if forwards_stop(op, st.sources(op.input.name) if hasattr(op, "input") else (), stops):
                 stops.add(op.name)
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []

@@ -17,7 +17,9 @@ branch depends on it), as ``RecvValue`` does.
 A Map so looped forwards the stop token on its output (its value, the count, after its last
 element: :func:`emit_stop_loop` ``forward``), and a ``retile_row`` Accum over such a stream of
 ``[1, c]`` rows is a loop too (:func:`emit_pack_loop`): the accumulator's size follows the rows
-it already holds, so no step needs the count.
+it already holds, so no step needs the count; it sends its tile followed by the token.  A
+Map over that tile forwards it again, and the FlatMap cutting the tile into rows
+(:func:`emit_piece_loop`) loops ``Loop(count=stop)``: the trip count is the token's value.
 
 What such a unit reads of the run is the forms of its streams' elements, not their number
 (:data:`~.unit_reuse.EACH`); the elements, messages and step cycles of a run are counted from
@@ -27,12 +29,12 @@ its streams (:data:`~.unit_reuse.Tally`), so a program kept from a run with anot
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from lowering.isa import Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
+from lowering.isa import Calc, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
 from torch2step.step.op_base import Op
-from torch2step.step.ops_compute import Accum
+from torch2step.step.ops_compute import Accum, Map
 
 from .context import EmitCtx
 from .streams import StreamInfo
@@ -40,11 +42,29 @@ from .timing import STEP_KERNEL, RowRule
 from .unit import Elem, UnitBuilder
 from .unit_reuse import EACH
 
-__all__ = ["stop_channel", "emit_stop_loop", "emit_pack_loop"]
+__all__ = ["forwards_stop", "stop_channel", "emit_stop_loop", "emit_pack_loop", "emit_piece_loop"]
 
 #: ``step(k, elem)``: the unit's work on element ``k`` received as ``elem``: its step(s) and
 #: sends.
 Step = Callable[[int, Elem], None]
+
+
+def forwards_stop(op: Op, sources: Iterable[str], stops: set[str]) -> bool:
+    """Whether the single-node unit of ``op``, reading from channels ``sources``, ends its
+    output with the stop token of the one of them that has one (and its value): a Map (one
+    element out per element in), or a ``retile_row`` Accum of rank 1 reading one channel (its
+    token's value is the rows it packed: the count)."""
+    src = set(sources)
+    if len(src & stops) != 1:
+        return False
+    if isinstance(op, Map):
+        return True
+    return (
+        isinstance(op, Accum)
+        and getattr(op.fn, "name", None) == "retile_row"
+        and op.rank == 1
+        and len(src) == 1
+    )
 
 
 def stop_channel(b: UnitBuilder, op: Op, x: StreamInfo) -> tuple[str, int] | None:
@@ -217,8 +237,8 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     b.step()
     b.next_seq[ch] = count + 1
     if out.channel is not None and b.has_dsts(out.channel):
-        b.emit(If(Cond(stop, ">", 0), (Send(out.channel, acc),)))
-        b.sent_seq[out.channel] = out.messages
+        b.emit(If(Cond(stop, ">", 0), (Send(out.channel, acc),)), SendValue(out.channel, stop))
+        b.sent_seq[out.channel] = out.messages + 1
         b.step()
     name = x.name
 
@@ -234,3 +254,82 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     ctx.relax(x.name, EACH)
     ctx.relax(out.name, None)  # one tile per reduction of the input, sent from the buffer
     return True
+
+
+def emit_piece_loop(
+    ctx: EmitCtx,
+    b: UnitBuilder,
+    x: StreamInfo,
+    out: StreamInfo,
+    produced: int,
+    piece: Callable[[int], Any],
+    rotation: int = 2,
+) -> bool:
+    """A FlatMap unit that cuts the one tile it receives into one piece per row of the count
+    (``retile_streamify`` of an expert's scaled ``[n_e, H]`` tile, one cycle each: ``piece(j)``
+    the row rule of piece ``j``) as ``Loop(count=stop)``: the tile's stream ends with a stop
+    token whose value is the count (forwarded from the Partition), so the loop's trip count is
+    a register, not the run's.  ``False`` (nothing emitted) when the unit is not such a cut."""
+    chans = {ch for pc in x.pieces for ch, _, _ in pc}
+    if len(x.flat) != 1 or x.value.rank != 0 or len(chans) != 1 or produced < 1:
+        return False
+    (ch,) = chans
+    decls, dyn = x.decl()
+    if ch is None or ch not in b.stops or b.own(ch) or len(decls) != 1 or not dyn[0]:
+        return False
+    decl = decls[0]
+    assert decl is not None
+    deps, ctx.deps = ctx.deps, None  # a check of the structure, not a dependence on the run
+    try:
+        rows = ctx.ev(decl.shape[0], f"rows of unit %{b.name}")
+    finally:
+        ctx.deps = deps
+    if rows != produced:  # the forwarded count is the rows of the tile
+        return False
+    rules = [piece(j) for j in range(produced)]
+    if any(r is None or r != rules[0] for r in rules) or any(
+        out.parts(j) != out.parts(0) or out.parts(j)[0].kind != "data" for j in range(produced)
+    ):
+        return False
+    e = b.recv(x, 0)
+    b.step()
+    ruled, busy0, sent0 = len(b.rule_steps), b.busy_cycles, b.sent
+    copies = []
+    for _ in range(rotation):
+        y = b.compute(1, (e,), out.parts(0), rule=rules[0])
+        b.send(out, 0, y)
+        copies.append(tuple(b.cur))
+        b.cur = []
+    per_sent = (b.sent - sent0) // rotation
+    del b.rule_steps[ruled:]
+    b.busy_cycles, b.sent = busy0, sent0
+    j, m = f"j.{ch}", f"m.{ch}"
+    body = (Calc(m, "mod", j, rotation), *_rotate(m, copies))
+    b.emit(Loop(f"stop.{ch}", body, j))
+    b.step()
+    if out.channel is not None and b.has_dsts(out.channel):
+        b.sent_seq[out.channel] = out.messages
+    name = out.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        n = len(c.streams[name].flat)
+        return 0, n * per_sent, n, 0
+
+    _, s, busy, _ = ctx.tally(tally)
+    b.sent += s
+    b.busy_cycles += busy
+    ctx.relax(out.name, EACH)
+    return True
+
+
+def _rotate(m: str, copies: list[tuple[Instr, ...]]) -> tuple[Instr, ...]:
+    """``copies[m]``, chosen by register ``m`` at run time."""
+    if len(copies) == 1:
+        return copies[0]
+    return (If(Cond(m, "==", 0), copies[0], _rotate_from(m, copies, 1)),)
+
+
+def _rotate_from(m: str, copies: list[tuple[Instr, ...]], i: int) -> tuple[Instr, ...]:
+    if i == len(copies) - 1:
+        return copies[i]
+    return (If(Cond(m, "==", i), copies[i], _rotate_from(m, copies, i + 1)),)
