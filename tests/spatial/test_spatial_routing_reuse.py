@@ -23,7 +23,7 @@ from run_checks import assert_run_equals_module
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Alloc
+from lowering.isa import Alloc, Loop
 from models import get_layer
 from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
@@ -116,6 +116,11 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
     allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
     assert allocs and all(i.shape == (T * 32,) for i in allocs)
+    # its routing weights' units loop until the stop token (at most T elements and the token),
+    # and the FlatMap back to rows as many times as the token's value says
+    loops = {n: [i for i in b[f"moe_e1_{n}"] if isinstance(i, Loop)] for n in ("gw", "gw_col")}
+    assert loops["gw"][0].count * 2 == T + 2 and loops["gw_col"][0].count == T + 1
+    assert [i.count for i in b["moe_e1_out"] if isinstance(i, Loop)] == ["stop.moe_e1_scaled"]
     _check_fresh(g, chip, rb, pb, sb)
     # functionally the run that drives both is PyTorch's layer
     for x, r in zip(ins, (ra, rb)):
