@@ -6,9 +6,10 @@ time, so they are kept for every routing; the elements each run takes through th
 from its streams.  An expert's units that read the rows of their tiles at run time (row rules,
 buffers allocated at the token count's bound, counted by what they hold: ``Alloc.held``) are
 kept for any token count: the matmuls, activation, column split, scaling, the repeats and the
-weight loads.  What still follows an expert's token count (loop trip counts) is rebuilt: its
-Bufferize, the Accum packing its rows into a tile, the routing weights' Map and Accum, the
-FlatMap back to rows, and every unit of an expert that gets no token in one run and some in the
+weight loads, and so are the routing weights' Map and Accum, which loop until their input's
+stop token, and the FlatMap back to rows, which loops over the count that token carries.  What
+still follows an expert's token count (loop trip counts) is rebuilt: its Bufferize, the Accum
+packing its rows into a tile, and every unit of an expert that gets no token in one run and some in the
 other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
 and on-chip bytes, exactly), and the functional result stays PyTorch's."""
 
@@ -22,7 +23,7 @@ from run_checks import assert_run_equals_module
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Alloc
+from lowering.isa import Alloc, Loop
 from models import get_layer
 from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
@@ -47,8 +48,12 @@ ROUTE_C = np.array([[0, 1]] * 7 + [[0, 2]] + [[1, 3]] * 8)
 KEPT = (
     "per_i", "xt1", "xh", "gate_w", "gate", "up_w", "up", "act", "down_w", "h_rep",
     "down_mm", "down_cat", "down", "scaled",
+    # loop over the Partition's output until its stop token (torch2step.spatial.stop_loop)
+    "gw", "gw_col",
+    # its trip count is the count the stop token forwards
+    "out",
 )  # fmt: skip
-COUNTED = ("buf", "xt", "gw", "gw_col", "out")
+COUNTED = ("buf", "xt")
 
 
 def _bodies(plan) -> dict[str, tuple]:
@@ -111,6 +116,11 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
     allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
     assert allocs and all(i.shape == (T * 32,) for i in allocs)
+    # its routing weights' units loop until the stop token (at most T elements and the token),
+    # and the FlatMap back to rows as many times as the token's value says
+    loops = {n: [i for i in b[f"moe_e1_{n}"] if isinstance(i, Loop)] for n in ("gw", "gw_col")}
+    assert loops["gw"][0].count * 2 == T + 2 and loops["gw_col"][0].count == T + 1
+    assert [i.count for i in b["moe_e1_out"] if isinstance(i, Loop)] == ["stop.moe_e1_scaled"]
     _check_fresh(g, chip, rb, pb, sb)
     # functionally the run that drives both is PyTorch's layer
     for x, r in zip(ins, (ra, rb)):

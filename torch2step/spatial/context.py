@@ -174,8 +174,8 @@ class EmitCtx:
             else:
                 self.deps.streams[name] = level
 
-    def tally(self, fn: Tally) -> tuple[int, int, int]:
-        """``(received, sent, busy cycles)`` of the run-time decisions of the unit being
+    def tally(self, fn: Tally) -> tuple[int, int, int, int]:
+        """``(received, sent, busy cycles, FLOPs)`` of the run-time decisions of the unit being
         emitted, counted by ``fn`` from this run's streams (and again for every later run that
         reuses its program, :mod:`.unit_reuse`)."""
         if self.deps is not None:

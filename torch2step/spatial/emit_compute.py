@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lowering.isa import SendValue
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Map, Scan
 from torch2step.step.types import DataType, TileType, TupleType
@@ -27,9 +28,16 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
+from .stop_loop import (
+    emit_pack_loop,
+    emit_piece_loop,
+    emit_stop_loop,
+    forwards_stop,
+    stop_channel,
+)
 from .streams import Part, StreamInfo, declared_leaves, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
-from .unit import UnitBuilder
+from .unit import Elem, UnitBuilder
 from .unit_reuse import FORM
 
 __all__ = ["EMITTERS"]
@@ -149,15 +157,41 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cost = _Cost(ctx, op, x)
     data = control_data(ctx.structure.graph)
     computed = bool(x.flat)  # every output value is computed in a register at run time
-    for k, val in enumerate(x.flat):
+    steps = [
+        cost.map_step(op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, out.parts(k)))
+        for k, val in enumerate(x.flat)
+    ]
+    # a Map of a stream that ends with a stop token forwards it (after its last element)
+    fwd = out.channel if len(b.stops) == 1 and out.channel and b.has_dsts(out.channel) else None
+    looped = stop_channel(b, op, x)
+    if (
+        looped is not None
+        and all(s == steps[0] and s[2] is None for s in steps)
+        and all(p.kind == "data" for k in range(len(x.flat)) for p in out.parts(k))
+        and all(out.parts(k) == out.parts(0) for k in range(len(x.flat)))
+    ):
+        # elements alike, sending data: loop until the Partition's stop token (.stop_loop)
+        c, fl, _ = steps[0]
+
+        def each(k: int, e: Elem) -> None:
+            parts = out.parts(k)
+            y = b.compute(c, (e,), parts, flops=fl)
+            b.send(out, k, lower_value(b, op.fn, e, y, data))
+
+        emit_stop_loop(ctx, b, x, out, *looped, each, forward=fwd is not None)
+        return
+    for k in range(len(x.flat)):
         e = b.recv(x, k)
         parts = out.parts(k)
-        c, fl, rule = cost.map_step(
-            op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, parts)
-        )
+        c, fl, rule = steps[k]
         y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
         computed = computed and all(q.kind == "value" and r is not None for q, r in y)
         b.send(out, k, y)
+        b.step()
+    if fwd is not None:
+        (ch,) = b.stops
+        b.emit(SendValue(fwd, f"stop.{ch}"))
+        b.sent_seq[fwd] += 1
         b.step()
     if computed:  # the values it sends are the run's data, not part of its program
         ctx.relax(op.name, FORM)
@@ -198,7 +232,20 @@ def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
 def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Accum)
+    if emit_pack_loop(ctx, b, op, _Cost(ctx, op, ctx.stream(op.input))):
+        return
     _reduce(ctx, b, op)
+    out = ctx.stream(op.name)
+    if (
+        out.channel is not None
+        and b.has_dsts(out.channel)
+        and len(b.stops) == 1
+        and forwards_stop(op, ctx.structure.sources(op.input.name), set(b.stops))
+    ):  # its stop token, after its last element (.stop_loop)
+        (ch,) = b.stops
+        b.emit(SendValue(out.channel, f"stop.{ch}"))
+        b.sent_seq[out.channel] += 1
+        b.step()
 
 
 def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
@@ -214,6 +261,14 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cost = _Cost(ctx, op, x)
     spec = op.fn.spec
     depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (STeP table 4)
+    if len(x.flat) == 1 and not (cost.cfg.reads_memory or cost.cfg.writes_memory):
+        val = x.flat[0]
+        produced = len(iter_nodes(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))), depth))
+        fl = ctx.timing.map_flops(op.fn, cost.type_of(val, x.dtype))
+        if not fl and emit_piece_loop(
+            ctx, b, x, out, produced, lambda j: _piece_rule(x, 0, out, j)
+        ):  # one piece per row of the count, the count from the stop token (.stop_loop)
+            return
     j = 0
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)

@@ -125,7 +125,7 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         # selectors' values only at run time, and what the outputs receive not at all; the
         # elements a run sends are its bookkeeping, counted from each run's streams
         names = tuple(outs[i].name for i in live)
-        _, sent, _ = ctx.tally(lambda c: (0, sum(len(c.streams[n].flat) for n in names), 0))
+        _, sent, _, _ = ctx.tally(lambda c: (0, sum(len(c.streams[n].flat) for n in names), 0, 0))
         assert sent == routed
         ctx.relax(op.sel, FORM)
         for n in op.out_names():
@@ -220,11 +220,11 @@ def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> Non
     # and declared type: the elements a run takes are its bookkeeping, counted from its streams
     name = s.name
 
-    def taken(c: EmitCtx) -> tuple[int, int, int]:
+    def taken(c: EmitCtx) -> tuple[int, int, int, int]:
         n = sum(len(v.indices) for v in c.streams[name].flat)
-        return n, n if send else 0, n
+        return n, n if send else 0, n, 0
 
-    r, sent, cycles = ctx.tally(taken)
+    r, sent, cycles, _ = ctx.tally(taken)
     b.received += r
     b.sent += sent
     b.busy_cycles += cycles

@@ -52,9 +52,20 @@ takes the bytes this run holds.  Such a unit's program is the same for every tok
 FLOPs, step cycles and bytes in a run follow from its row rules and buffers
 (:class:`~.sizing.Sizing`).
 
+A unit that handles every element of a Partition's output alike (the routing weights' Map of
+each expert) loops until the output's stop token (:mod:`.stop_loop`): a ``Loop`` bounded by the
+count's bound, its body guarded by ``If(stop < 0)`` over ``Recv(..., stop=reg)``, so its program
+is the same for every count; a single-unit Map of such a stream forwards the stop token (the
+count) after its last element, so the ``retile_row`` Accum that packs the routing weights into
+a column loops until it too: its tile grows one row per element (a row rule on the
+accumulator), in a buffer held at the bound, and is sent once the token came, followed by the
+token.  The scaling Map forwards it, and the FlatMap back to rows loops ``Loop(count=stop)``
+over the count it carries.  Their elements, cycles and FLOPs in a run are counted from the
+run's streams (:data:`~.unit_reuse.Tally`).
+
 What is still baked from the run: the loop trip counts of the units that iterate over a count
-(an expert's Bufferize and Streamify, the ``retile_row`` Accums that pack its rows and routing
-weights into tiles, the routing weights' Map, the FlatMap back to rows), whether an expert gets
+(an expert's Bufferize and Streamify, the ``retile_row`` Accum that packs its rows into tiles),
+whether an expert gets
 tokens at all (``P_e = [n_e > 0]``: every stream of an expert with no token is empty, so all
 its units differ from those of a run that gives it tokens), EagerMerge's chunk order, the static
 tiling's padding, and in decode attention everything from the KV-tile addresses on (the cursor
@@ -66,18 +77,17 @@ with what its emitter read of the run, at the level its program depends on it), 
 emits again only the units above of the experts whose token count changed (all units of one
 that gets tokens in only one of the runs), and a new KV-length set only the units from the
 KV-tile addresses on.  Making those units run-independent needs, besides
-``Recv(..., stop=reg)`` (a loop over a stream of unknown length ends on the Partition's stop
-token, which carries the count):
+the stop loop above (which ends on the Partition's stop token, carrying the count):
 
 * stop tokens on every channel whose stream has a dynamic dimension (not only a Partition's
-  outputs), so each unit of an expert can loop until its input ends (a bounded ``Loop`` whose
-  body is guarded by ``If(stop < 0)``) and forward the count, and an expert with no token runs
-  its units' guards only; a ``RecvValue`` that can also take a stop token, for streams of
+  outputs and the Maps of them), so each unit of an expert can loop until its input ends and
+  forward the count, and
+  an expert with no token runs its units' guards only (an empty stream has no element to
+  build the loop's body from, so such an expert's units are still built for the run); a ``RecvValue`` that can also take a stop token, for streams of
   buffer references and addresses;
-* a ``retile_row`` Accum's output size is the count, not a function of the rows of the tile it
-  receives, so its ``step_unit`` needs a size read from a register (row rules take sizes from
-  input tiles only); the Bufferize's rows (one buffer per row today) held in buffers allocated
-  at the bound and read row by row;
+* the Bufferize's rows (one buffer per row today) held in buffers allocated at the bound and
+  read row by row, its Streamify and the row packing after it looping over the count
+  (forwarded as a stop token, as the routing weights' units do);
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
@@ -88,8 +98,8 @@ streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles 
 Every unit after the Bufferize receives its first element only once the Bufferize has taken the
 Partition's stop token, so the count can reach those units ahead of their data (as the value
 of the buffer reference, or one count message) without delaying them; only the routing-weight
-Map and its ``retile_row`` Accum consume while the Partition produces and must loop until a stop
-token.
+Map and its ``retile_row`` Accum consume while the Partition produces, and they loop until a
+stop token (above).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -97,6 +107,7 @@ units its selector steers start with the data, whatever order they follow.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -120,6 +131,7 @@ from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
+from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
@@ -265,6 +277,12 @@ def _build_plan(
         for name, op in st.producer.items()
         if isinstance(op, Partition) and op.name in st.owner
     }
+    # a single-node unit of a Map, or of a retile_row Accum, reading one such stream forwards
+    # its stop token (:mod:`.stop_loop`)
+    for op in graph.nodes:
+        if st.owner.get(op.name) == op.name and len(st.units[st.unit_index(op.name)]) == 1:
+            if forwards_stop(op, st.sources(op.input.name) if hasattr(op, "input") else (), stops):
+                stops.add(op.name)
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
@@ -376,6 +394,11 @@ def _build_plan(
         if units is not None:
             sizing = b.sizing()
             if sizing is not None:
+                # what its run-time decisions take is counted apart (Deps.tally)
+                _, _, cyc, fl = deps.tallied
+                sizing = dataclasses.replace(
+                    sizing, fixed=sizing.fixed - cyc, fixed_flops=sizing.fixed_flops - fl
+                )
                 # the program reads the rows of its tiles at run time: the same program for
                 # other row counts, its bookkeeping counted from them (:mod:`.unit_reuse`)
                 deps.sizing = sizing

@@ -29,10 +29,11 @@ gives.
 For a new routing of an MoE built with dynamic tiling this keeps the loads, the routing units
 (selector, Partition, Reassemble), the sum and store, every unit of an expert whose token count
 did not change, and of an expert whose count changed (but that has tokens in both runs) its
-weight loads, repeats, column split, matmuls, activation and scaling; emitted again are the
-units that loop over the count (Bufferize, the row packing, the routing weights' Map and
-Accum, the FlatMap back to rows) and every unit of an expert that has tokens in only one of the
-runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
+weight loads, repeats, column split, matmuls, activation and scaling, and its routing weights'
+Map and Accum and the FlatMap back to rows (loops until a stop token or over the count it
+carries, :mod:`.stop_loop`, reading their streams at level :data:`EACH`); emitted again are the
+units whose loops follow the count (Bufferize, the row packing) and every unit of an expert
+that has tokens in only one of the runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
 default), to compare them with a new run's, stream by stream, each comparison stopping at the
 first difference and made once per stream and level.
 """
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALL",
     "BOTH",
+    "EACH",
     "FORM",
     "ROWS",
     "Deps",
@@ -78,10 +80,17 @@ ROWS = "rows"
 #: Neither (``FORM`` and ``ROWS``): the channels, kinds and types of its messages and the
 #: stream's structure.
 BOTH = "form+rows"
+#: Or the distinct forms of its elements (each element's messages by channel, kind, type,
+#: size and control value, and its tiles' shapes) and its rank, not how many elements it has:
+#: a unit that loops over the stream until its stop token (:mod:`.stop_loop`), the same program
+#: for every element count.  It compares sizes and values, so no other level relaxes it.
+EACH = "each"
 
 
 def looser(level: str, than: str) -> str:
-    """``level`` relaxed by ``than`` (:data:`FORM` or :data:`ROWS`)."""
+    """``level`` relaxed by ``than`` (:data:`FORM`, :data:`ROWS` or :data:`EACH`)."""
+    if level == EACH or than == EACH:
+        return EACH
     if level == ALL:
         return than
     return level if level == than else BOTH
@@ -119,6 +128,7 @@ class RunStreams:
         self.order = next(_ORDER)
         self._form: dict[str, tuple[list, list]] = {}
         self._masked: dict[tuple[str, str], list] = {}
+        self._each: dict[str, tuple[int, frozenset]] = {}
         self._same: dict[tuple[int, str, str], bool] = {}
 
     def _shape_of(self, name: str) -> tuple[list, list]:
@@ -128,6 +138,23 @@ class RunStreams:
             f = self._form[name] = (
                 nesting(info.value.data, info.value.rank),
                 [_shape(x) for x in info.flat],
+            )
+        return f
+
+    def _forms(self, name: str) -> tuple[int, frozenset]:
+        """The stream's rank and the distinct forms of its elements (level :data:`EACH`)."""
+        f = self._each.get(name)
+        if f is None:
+            info = self.streams[name]
+            f = self._each[name] = (
+                info.value.rank,
+                frozenset(
+                    (
+                        tuple((ch, p.kind, p.dtype, p.elems, p.value) for ch, _, p in pc),
+                        _shape(x),
+                    )
+                    for pc, x in zip(info.pieces, info.flat)
+                ),
             )
         return f
 
@@ -161,6 +188,13 @@ class RunStreams:
         :data:`ROWS`: without the sizes of its tiles, :data:`BOTH`: without either)."""
         key = (other.order, name, level)
         r = self._same.get(key)
+        if r is None and level == EACH:
+            r = (
+                name in self.streams
+                and name in other.streams
+                and self._forms(name) == other._forms(name)
+            )
+            self._same[key] = r
         if r is None:
             r = (
                 name in self.streams
@@ -177,9 +211,10 @@ class RunStreams:
 
 
 #: The per-run part of a unit's bookkeeping that its program does not fix: ``(received, sent,
-#: busy cycles)`` of the elements a run-time decision takes (a Partition's sends, a Reassemble's
-#: selected inputs), computed from a run's streams.
-Tally = Callable[["EmitCtx"], tuple[int, int, int]]
+#: busy cycles, FLOPs)`` of the elements a run-time decision takes (a Partition's sends, a
+#: Reassemble's selected inputs, the elements of a loop until a stop token), computed from a
+#: run's streams.
+Tally = Callable[["EmitCtx"], tuple[int, int, int, int]]
 
 
 @dataclass
@@ -193,14 +228,14 @@ class Deps:
     evals: list[tuple[Any, int]] = field(default_factory=list)
     dsts: dict[str, bool] = field(default_factory=dict)
     tally: Tally | None = None
-    tallied: tuple[int, int, int] = (0, 0, 0)
+    tallied: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: a program that reads its tiles' rows at run time: its bookkeeping as functions of
     #: the row counts (:class:`~.sizing.Sizing`)
     sizing: Sizing | None = None
     #: the bounds of run-dependent row counts its buffers were allocated at
     bounds: dict[Any, int | None] = field(default_factory=dict)
 
-    def count(self, tally: Tally, ctx: EmitCtx) -> tuple[int, int, int]:
+    def count(self, tally: Tally, ctx: EmitCtx) -> tuple[int, int, int, int]:
         """Record ``tally`` as the unit's run-time bookkeeping and return its counts in the
         run of ``ctx`` (the emitter adds them to its builder's)."""
         self.tally = tally
@@ -229,7 +264,7 @@ class _Entry:
     run: RunStreams
     body: tuple[Instr, ...]
     info: UnitInfo
-    tallied: tuple[int, int, int] = (0, 0, 0)
+    tallied: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def retally(self, ctx: EmitCtx, run: RunStreams) -> _Entry:
         """This entry for the run of ``ctx`` / ``run``: the same program, its bookkeeping
@@ -238,12 +273,13 @@ class _Entry:
         info, new = self.info, self.tallied
         if d.tally is not None:
             new = d.tally(ctx)
-            r, s, c = (a - b for a, b in zip(new, self.tallied))
+            r, s, c, f = (a - b for a, b in zip(new, self.tallied))
             info = dataclasses.replace(
                 info,
                 received=info.received + r,
                 sent=info.sent + s,
                 step_cycles=info.step_cycles + c,
+                flops=info.flops + f,
             )
         if d.sizing is not None:
 
@@ -252,8 +288,8 @@ class _Entry:
 
             info = dataclasses.replace(
                 info,
-                flops=d.sizing.flops(rows),
-                step_cycles=d.sizing.cycles(rows),
+                flops=d.sizing.flops(rows) + new[3],
+                step_cycles=d.sizing.cycles(rows) + new[2],
                 sram_bytes=d.sizing.sram_bytes(rows),
             )
         return dataclasses.replace(self, run=run, info=info, tallied=new)

@@ -1,0 +1,335 @@
+"""A unit that loops over a stream until its stop token: one program for every element count.
+
+A Partition's output ends with a stop token carrying its count (STeP arXiv 2511.07776 §3.2.3),
+so a unit that handles each element of such a stream alike (the same messages, the same step,
+the same output) need not know the count when it is built: its program is a ``Loop`` bounded by
+the count's bound (the tokens routed, :func:`~.plan.count_bounds`) whose body is guarded by
+``If(stop < 0)`` over ``Recv(..., stop=reg)`` — a data message runs the element's step and
+sends its output, the stop token ends the unit's work (the remaining iterations test the guard
+only, in zero cycles).  Its rotating buffers rotate as in the unrolled program: each iteration
+handles one element per buffer copy.
+
+The stop token is taken after the last element's step rather than before it (the unit cannot
+know which element is the last), so the last element leaves as soon as it is made, not once the
+Partition has routed every selector.  A ``Recv`` with ``stop`` waits for its message (the
+branch depends on it), as ``RecvValue`` does.
+
+A Map so looped forwards the stop token on its output (its value, the count, after its last
+element: :func:`emit_stop_loop` ``forward``), and a ``retile_row`` Accum over such a stream of
+``[1, c]`` rows is a loop too (:func:`emit_pack_loop`): the accumulator's size follows the rows
+it already holds, so no step needs the count; it sends its tile followed by the token.  A
+Map over that tile forwards it again, and the FlatMap cutting the tile into rows
+(:func:`emit_piece_loop`) loops ``Loop(count=stop)``: the trip count is the token's value.
+
+What such a unit reads of the run is the forms of its streams' elements, not their number
+(:data:`~.unit_reuse.EACH`); the elements, messages and step cycles of a run are counted from
+its streams (:data:`~.unit_reuse.Tally`), so a program kept from a run with another count
+(:mod:`.unit_reuse`) gets the new run's bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from lowering.isa import Calc, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
+from torch2step.step.op_base import Op
+from torch2step.step.ops_compute import Accum, Map
+
+from .context import EmitCtx
+from .streams import StreamInfo
+from .timing import STEP_KERNEL, RowRule
+from .unit import Elem, UnitBuilder
+from .unit_reuse import EACH
+
+__all__ = ["forwards_stop", "stop_channel", "emit_stop_loop", "emit_pack_loop", "emit_piece_loop"]
+
+#: ``step(k, elem)``: the unit's work on element ``k`` received as ``elem``: its step(s) and
+#: sends.
+Step = Callable[[int, Elem], None]
+
+
+def forwards_stop(op: Op, sources: Iterable[str], stops: set[str]) -> bool:
+    """Whether the single-node unit of ``op``, reading from channels ``sources``, ends its
+    output with the stop token of the one of them that has one (and its value): a Map (one
+    element out per element in), or a ``retile_row`` Accum of rank 1 reading one channel (its
+    token's value is the rows it packed: the count)."""
+    src = set(sources)
+    if len(src & stops) != 1:
+        return False
+    if isinstance(op, Map):
+        return True
+    return (
+        isinstance(op, Accum)
+        and getattr(op.fn, "name", None) == "retile_row"
+        and op.rank == 1
+        and len(src) == 1
+    )
+
+
+def stop_channel(b: UnitBuilder, op: Op, x: StreamInfo) -> tuple[str, int] | None:
+    """``(channel, bound)`` when ``op``'s unit can loop over its input ``x`` until the stop
+    token: ``x`` is a rank-0 stream of a count with a bound, received whole from one channel
+    that ends with a stop token, every element with the same messages (and tile shapes)."""
+    shape = getattr(op.input.type, "shape", ())  # type: ignore[attr-defined]
+    if len(shape) != 1 or x.value.rank != 0 or not x.flat or b.bound is None:
+        return None
+    chans = {ch for pc in x.pieces for ch, _, _ in pc}
+    if len(chans) != 1:
+        return None
+    (ch,) = chans
+    if ch is None or ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0):
+        return None
+    first = x.parts(0)
+    if any(x.parts(k) != first for k in range(1, len(x.flat))):
+        return None
+    shape0 = getattr(x.flat[0], "shape", None)
+    if any(getattr(v, "shape", None) != shape0 for v in x.flat):
+        return None
+    bound = b.bound(shape[0])
+    if bound is None:
+        return None
+    return ch, bound
+
+
+def emit_stop_loop(
+    ctx: EmitCtx,
+    b: UnitBuilder,
+    x: StreamInfo,
+    out: StreamInfo,
+    ch: str,
+    bound: int,
+    step: Step,
+    rotation: int = 2,
+    forward: bool = False,
+) -> None:
+    """Emit the unit's loop over ``x`` (from channel ``ch``, at most ``bound`` elements) until
+    its stop token, ``step`` doing each element's work (module docstring); ``out`` is the
+    stream it sends one element on per element received, ending with the stop token (its
+    value: the count) when ``forward``."""
+    stop = f"stop.{ch}"
+    count = b.stops.pop(ch)
+    b.step()
+    recv0, sent0, busy0, flops0 = b.received, b.sent, b.busy_cycles, b.flops
+    body: list[Instr] = []
+    for _ in range(rotation):  # one element per copy of the rotating buffers
+        b.next_seq[ch] = 0
+        e = b.recv(x, 0)
+        step(0, e)
+        instrs, b.cur = b.cur, []
+        first = instrs[0]
+        if not isinstance(first, Recv) or first.channel != ch:  # pragma: no cover
+            raise AssertionError(f"unit %{b.name}: an element must start with its receive")
+        take = Recv(first.channel, first.dst, stop)
+        guard = Cond(stop, "<", 0)
+        done = (SendValue(out.channel, stop),) if forward and out.channel else ()
+        body.append(If(guard, (take, If(guard, tuple(instrs[1:]), done))))
+    per_recv = (b.received - recv0) // rotation
+    per_sent = (b.sent - sent0) // rotation
+    per_busy = (b.busy_cycles - busy0) // rotation
+    per_flops = (b.flops - flops0) // rotation
+    b.received, b.sent, b.busy_cycles, b.flops = recv0, sent0, busy0, flops0
+    iterations = -(-(bound + 1) // rotation)  # every element and the stop token
+    b.emit(Set(stop, -1), Loop(iterations, tuple(body)))
+    b.step()
+    b.next_seq[ch] = count + 1
+    if out.channel is not None and b.has_dsts(out.channel):
+        b.sent_seq[out.channel] = out.messages + forward
+    name = x.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        n = len(c.streams[name].flat)
+        return n * per_recv, n * per_sent, n * per_busy, n * per_flops
+
+    r, s, cyc, fl = ctx.tally(tally)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += cyc
+    b.flops += fl
+    ctx.relax(x.name, EACH)
+    ctx.relax(out.name, EACH)
+
+
+def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
+    """The unit of a ``retile_row`` Accum packing the rows of a stream that ends with a stop
+    token (an expert's routing weights, one ``[1, c]`` row each, into its ``[n_e, c]`` column)
+    as a loop until the token: the first row starts the tile, every other appends one, its
+    size following the rows the tile already holds (a row rule on the accumulator: one cycle,
+    ``c*rows + c`` elements), in a buffer allocated at the count's bound (``Alloc.held``); the
+    tile is sent once the token came, if it holds a row.  One program for every count;
+    ``False`` (nothing emitted) when the unit is not such a packing."""
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    decl = getattr(out.dtype, "shape", None)
+    if (
+        getattr(op.fn, "name", None) != "retile_row"
+        or op.rank != 1
+        or x.value.rank != 1
+        or len(x.value.data) != 1
+        or decl is None
+        or not decl[1].is_Integer
+    ):
+        return False
+    shape = getattr(op.input.type, "shape", ())
+    if len(shape) != 2 or b.bound is None:
+        return False
+    chans = {ch for pc in x.pieces for ch, _, _ in pc}
+    if len(chans) != 1 or not x.flat:
+        return False
+    (ch,) = chans
+    if ch is None or ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0):
+        return False
+    first = x.parts(0)
+    if (
+        len(first) != 1
+        or first[0].kind != "data"
+        or any(x.parts(k) != first for k in range(1, len(x.flat)))
+    ):
+        return False
+    cols = int(decl[1])
+    (part,) = out.parts(0)
+    n = len(x.flat)
+    if part.kind != "data" or first[0].elems != cols or part.elems != n * cols:
+        return False
+    bound = b.bound(decl[0])
+    if bound is None:
+        return False
+    steps = {
+        cost.update_step(op.fn, v, x.dtype, out.flat[0], out.dtype, first, (part,), k == n - 1)
+        for k, v in enumerate(x.flat)
+    }
+    if len(steps) != 1:
+        return False
+    ((cyc, fl, rule),) = steps
+    if cyc != 1 or rule is not None:
+        return False
+    ctx.ev(shape[0], f"reductions of unit %{b.name}")  # the loop serves one reduction
+    stop, idx = f"stop.{ch}", f"i.{ch}"
+    count = b.stops.pop(ch)
+    b.step()
+    (e,) = b.recv(x, 0)
+    recv, b.cur = b.cur, []
+    b.received -= 1
+    inb = e[1]
+    assert inb is not None and len(recv) == 1 and isinstance(recv[0], Recv)
+    acc = b.buffer(("acc", 0), part.dtype, part.elems, 2, (decl[0], bound, cols, 0))
+    b._holds(acc, (decl[0], bound))
+    t = b.timing
+    start = Compute(
+        STEP_KERNEL,
+        (acc,),
+        (inb,),
+        (("cycles", 1), ("outs", str(cols)), ("rate", t.enc_rate)),
+        t.enc_dtype,
+    )
+    append = Compute(
+        STEP_KERNEL,
+        (acc,),
+        (inb, acc),
+        RowRule(1, cols, (), ((cols, cols),)).params(1, t.enc_rate),
+        t.enc_dtype,
+    )
+    guard = Cond(stop, "<", 0)
+    update = If(Cond(idx, "==", 0), (start,), (append,))
+    b.emit(
+        Set(stop, -1),
+        Loop(bound + 1, (If(guard, (Recv(ch, inb, stop), If(guard, (update,)))),), idx),
+    )
+    b.step()
+    b.next_seq[ch] = count + 1
+    if out.channel is not None and b.has_dsts(out.channel):
+        b.emit(If(Cond(stop, ">", 0), (Send(out.channel, acc),)), SendValue(out.channel, stop))
+        b.sent_seq[out.channel] = out.messages + 1
+        b.step()
+    name = x.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        k = len(c.streams[name].flat)
+        return k, int(k > 0), k * cyc, k * fl
+
+    r, s, busy, flops = ctx.tally(tally)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += busy
+    b.flops += flops
+    ctx.relax(x.name, EACH)
+    ctx.relax(out.name, None)  # one tile per reduction of the input, sent from the buffer
+    return True
+
+
+def emit_piece_loop(
+    ctx: EmitCtx,
+    b: UnitBuilder,
+    x: StreamInfo,
+    out: StreamInfo,
+    produced: int,
+    piece: Callable[[int], Any],
+    rotation: int = 2,
+) -> bool:
+    """A FlatMap unit that cuts the one tile it receives into one piece per row of the count
+    (``retile_streamify`` of an expert's scaled ``[n_e, H]`` tile, one cycle each: ``piece(j)``
+    the row rule of piece ``j``) as ``Loop(count=stop)``: the tile's stream ends with a stop
+    token whose value is the count (forwarded from the Partition), so the loop's trip count is
+    a register, not the run's.  ``False`` (nothing emitted) when the unit is not such a cut."""
+    chans = {ch for pc in x.pieces for ch, _, _ in pc}
+    if len(x.flat) != 1 or x.value.rank != 0 or len(chans) != 1 or produced < 1:
+        return False
+    (ch,) = chans
+    decls, dyn = x.decl()
+    if ch is None or ch not in b.stops or b.own(ch) or len(decls) != 1 or not dyn[0]:
+        return False
+    decl = decls[0]
+    assert decl is not None
+    deps, ctx.deps = ctx.deps, None  # a check of the structure, not a dependence on the run
+    try:
+        rows = ctx.ev(decl.shape[0], f"rows of unit %{b.name}")
+    finally:
+        ctx.deps = deps
+    if rows != produced:  # the forwarded count is the rows of the tile
+        return False
+    rules = [piece(j) for j in range(produced)]
+    if any(r is None or r != rules[0] for r in rules) or any(
+        out.parts(j) != out.parts(0) or out.parts(j)[0].kind != "data" for j in range(produced)
+    ):
+        return False
+    e = b.recv(x, 0)
+    b.step()
+    ruled, busy0, sent0 = len(b.rule_steps), b.busy_cycles, b.sent
+    copies = []
+    for _ in range(rotation):
+        y = b.compute(1, (e,), out.parts(0), rule=rules[0])
+        b.send(out, 0, y)
+        copies.append(tuple(b.cur))
+        b.cur = []
+    per_sent = (b.sent - sent0) // rotation
+    del b.rule_steps[ruled:]
+    b.busy_cycles, b.sent = busy0, sent0
+    j, m = f"j.{ch}", f"m.{ch}"
+    body = (Calc(m, "mod", j, rotation), *_rotate(m, copies))
+    b.emit(Loop(f"stop.{ch}", body, j))
+    b.step()
+    if out.channel is not None and b.has_dsts(out.channel):
+        b.sent_seq[out.channel] = out.messages
+    name = out.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        n = len(c.streams[name].flat)
+        return 0, n * per_sent, n, 0
+
+    _, s, busy, _ = ctx.tally(tally)
+    b.sent += s
+    b.busy_cycles += busy
+    ctx.relax(out.name, EACH)
+    return True
+
+
+def _rotate(m: str, copies: list[tuple[Instr, ...]]) -> tuple[Instr, ...]:
+    """``copies[m]``, chosen by register ``m`` at run time."""
+    if len(copies) == 1:
+        return copies[0]
+    return (If(Cond(m, "==", 0), copies[0], _rotate_from(m, copies, 1)),)
+
+
+def _rotate_from(m: str, copies: list[tuple[Instr, ...]], i: int) -> tuple[Instr, ...]:
+    if i == len(copies) - 1:
+        return copies[i]
+    return (If(Cond(m, "==", i), copies[i], _rotate_from(m, copies, i + 1)),)
