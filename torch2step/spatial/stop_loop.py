@@ -141,11 +141,7 @@ def emit_stop_loop(
         n = len(c.streams[name].flat)
         return n * per_recv, n * per_sent, n * per_busy, n * per_flops
 
-    r, s, cyc, fl = ctx.tally(tally)
-    b.received += r
-    b.sent += s
-    b.busy_cycles += cyc
-    b.flops += fl
+    _count(ctx, b, tally)
     ctx.relax(x.name, EACH)
     ctx.relax(out.name, EACH)
 
@@ -246,11 +242,7 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         k = len(c.streams[name].flat)
         return k, int(k > 0), k * cyc, k * fl
 
-    r, s, busy, flops = ctx.tally(tally)
-    b.received += r
-    b.sent += s
-    b.busy_cycles += busy
-    b.flops += flops
+    _count(ctx, b, tally)
     ctx.relax(x.name, EACH)
     ctx.relax(out.name, None)  # one tile per reduction of the input, sent from the buffer
     return True
@@ -315,11 +307,21 @@ def emit_piece_loop(
         n = len(c.streams[name].flat)
         return 0, n * per_sent, n, 0
 
-    _, s, busy, _ = ctx.tally(tally)
-    b.sent += s
-    b.busy_cycles += busy
+    _count(ctx, b, tally)
     ctx.relax(out.name, EACH)
     return True
+
+
+def _count(
+    ctx: EmitCtx, b: UnitBuilder, fn: Callable[[EmitCtx], tuple[int, int, int, int]]
+) -> None:
+    """Add to the unit's received / sent elements, busy cycles and FLOPs what ``fn`` counts
+    from the run's streams (:meth:`EmitCtx.tally`: again for every run that reuses the unit)."""
+    r, s, busy, flops = ctx.tally(fn)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += busy
+    b.flops += flops
 
 
 def _rotate(m: str, copies: list[tuple[Instr, ...]]) -> tuple[Instr, ...]:
