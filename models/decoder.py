@@ -37,6 +37,7 @@ __all__ = [
     "decoder_step",
     "decode_inputs",
     "tiny_config",
+    "tiny_config_dict",
     "standin_config",
     "ModelStep",
     "model_step",
@@ -89,6 +90,11 @@ def hf_config(config: Any) -> Any:
 
 def tiny_config(model_type: str, **overrides: Any) -> Any:
     """A small config of ``model_type`` (hidden 64, 4 query / 2 KV heads of 16, 4 experts)."""
+    return hf_config(tiny_config_dict(model_type, **overrides))
+
+
+def tiny_config_dict(model_type: str, **overrides: Any) -> dict[str, Any]:
+    """:func:`tiny_config` as the fields of a HuggingFace ``config.json``."""
     base: dict[str, Any] = {
         "model_type": model_type,
         "hidden_size": 64,
@@ -106,7 +112,7 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
         if model_type == "qwen3_moe":
             base.update(moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1)
     base.update(overrides)
-    return hf_config(base)
+    return base
 
 
 def _field(cfg: Any, *names: str) -> Any:

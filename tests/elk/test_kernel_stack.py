@@ -14,17 +14,11 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch2step  # noqa: E402
-from models.decoder import decode_inputs, decoder_step, tiny_config  # noqa: E402
+from models.decoder import decode_inputs, decoder_step, tiny_config, tiny_config_dict  # noqa: E402
 from torch2step.frontend import from_torch  # noqa: E402
 from torch2step.kernel.stack import KernelStackProgram  # noqa: E402
 from torch2step.layers import evaluate  # noqa: E402
 from torch2step.layers.stack import stack_graph  # noqa: E402
-
-CFG = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "num_hidden_layers": 6, "vocab_size": 128,
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +85,7 @@ def test_config_stack_reports_without_weights_and_refuses_to_run(tmp_path, capsy
     from torch2step.cli import main
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(CFG))
+    path.write_text(json.dumps(tiny_config_dict("llama", num_hidden_layers=6)))
     prog = torch2step.compile_config(path, batch=2, past=8, layers=2, chip="ipu-hbm")
     assert isinstance(prog, KernelStackProgram) and prog.graph.shapes_only
     assert len(prog.schedule.ops) == 2 * len(prog.body_ops.ops)

@@ -92,13 +92,10 @@ def test_family_not_raised_is_named() -> None:
 def test_cli_reports_a_config_of_n_layers(tmp_path, capsys) -> None:
     import json
 
+    from models.decoder import tiny_config_dict
     from torch2step.cli import main
 
-    cfg = {
-        "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "num_hidden_layers": 6, "vocab_size": 128,
-    }  # fmt: skip
+    cfg = tiny_config_dict("llama", num_hidden_layers=6)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     assert (

@@ -21,13 +21,8 @@ from lowering.elk_layers import Renamer  # noqa: E402
 from lowering.elk_programs import elk_programs  # noqa: E402
 from lowering.errors import ProgramError  # noqa: E402
 from lowering.isa import Load, ProgramSet, Recv  # noqa: E402
+from models.decoder import tiny_config_dict  # noqa: E402
 from runtime import simulate  # noqa: E402
-
-CFG = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "num_hidden_layers": 6, "vocab_size": 128,
-}  # fmt: skip
 
 
 def _both(prog, layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ProgramSet, ProgramSet]:
@@ -53,8 +48,10 @@ def _both(prog, layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ProgramSe
 
 def test_copied_layers_are_the_full_emission(tmp_path, monkeypatch) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(CFG))
-    prog = torch2step.compile_config(path, batch=2, past=8, layers=5, chip="ipu-hbm", design="elk_dyn")
+    path.write_text(json.dumps(tiny_config_dict("llama", num_hidden_layers=6)))
+    prog = torch2step.compile_config(
+        path, batch=2, past=8, layers=5, chip="ipu-hbm", design="elk_dyn"
+    )
     layered, full = _both(prog, 4, monkeypatch)
     assert layered == full
     assert [p.core for p in layered.programs] == [p.core for p in full.programs]
