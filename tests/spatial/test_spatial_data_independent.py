@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering.isa import If, Loop, RecvValue, SendValue
+from lowering.isa import If, Loop, Recv, RecvValue, SendValue
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph
 from torch2step.spatial.plan import build_plan
@@ -32,6 +32,17 @@ def _flat(body):
             yield from _flat(ins.body)
 
 
+def _deep(body):
+    """Every instruction of ``body``, inside loops and both branches of ifs."""
+    for ins in body:
+        yield ins
+        if isinstance(ins, Loop):
+            yield from _deep(ins.body)
+        elif isinstance(ins, If):
+            yield from _deep(ins.then)
+            yield from _deep(ins.orelse)
+
+
 def test_one_partition_program_serves_two_routings() -> None:
     g = moe_graph(**KW, tokens=T, tile_h=32, tile_i=32)
     a = moe_inputs(**KW, tokens=T, seed=0)
@@ -48,9 +59,11 @@ def test_one_partition_program_serves_two_routings() -> None:
         assert {i.cond.rhs for i in guards} <= {1, 2, 4, 8} and guards
     # an expert's matmul takes its token count from the tiles it receives (row rules) and
     # holds them in buffers allocated at the count's bound (the routed tokens, Alloc.held);
-    # the units that pack the rows into a tile still loop over the count of the run
+    # and so do the units that keep its rows and pack them into a tile: they loop until the
+    # stop token, the count it carries (torch2step.spatial.buffer_loop)
     assert ba["moe_e0_gate"] == bb["moe_e0_gate"]
-    assert ba["moe_e0_xt"] != bb["moe_e0_xt"]
+    assert ba["moe_e0_buf"] == bb["moe_e0_buf"] and ba["moe_e0_xt"] == bb["moe_e0_xt"]
+    assert "Loop(count='stop.moe_route.0'" in repr(ba["moe_e0_buf"])
 
 
 def test_cycles_follow_the_routing_the_selectors_carry() -> None:
@@ -88,5 +101,6 @@ def test_the_stop_token_carries_the_count() -> None:
     stops = [i for i in flat if isinstance(i, SendValue)]
     assert [s.channel for s in stops] == [f"moe_route.{e}" for e in range(4)]
     assert all(s.value == f"sent.{e}" for e, s in enumerate(stops))
-    got = [i for i in _flat(bodies["moe_e0_buf"]) if isinstance(i, RecvValue)]
-    assert any(r.channel == "moe_route.0" for r in got)
+    # the expert's Bufferize receives its rows until the token (Recv with ``stop``)
+    got = [i for i in _deep(bodies["moe_e0_buf"]) if isinstance(i, Recv | RecvValue)]
+    assert any(r.channel == "moe_route.0" and getattr(r, "stop", None) for r in got)

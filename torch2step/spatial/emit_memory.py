@@ -38,6 +38,7 @@ from torch2step.step.ops_memory import (
     Streamify,
 )
 
+from .buffer_loop import emit_buffer_loop
 from .context import EmitCtx, tile_shape
 from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
@@ -202,6 +203,8 @@ def _bufferize(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     starts = list(itertools.accumulate([0, *counts]))
     nbuf = len(counts)
     fused = [s for s in ops[1:] if isinstance(s, Streamify)]
+    if emit_buffer_loop(ctx, b, op, fused):  # loops over the count (.buffer_loop)
+        return
     plans = [_streamify_plan(ctx, s, nbuf, out.value.rank, counts) for s in fused]
     ref_k = [0] * len(fused)
     out_k = [0] * len(fused)

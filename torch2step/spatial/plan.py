@@ -123,6 +123,7 @@ from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
 from torch2step.step.ops_routing import Partition, Reassemble
 
+from .buffer_loop import group_tokens, grouped_channels
 from .context import EmitCtx, int_contents, tensor_layouts
 from .emit_compute import EMITTERS as _COMPUTE
 from .emit_memory import EMITTERS as _MEMORY
@@ -188,10 +189,10 @@ def _channels_of(info: StreamInfo) -> set[str]:
 
 
 def _check_unit_inputs(
-    b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str], stops: set[str] = frozenset()
+    b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str], tokens: Mapping[str, int]
 ) -> None:
     for ch in reads:
-        want = ctx.streams[ch].messages + (ch in stops)
+        want = ctx.streams[ch].messages + tokens.get(ch, 0)
         if b.next_seq.get(ch, 0) != want:  # pragma: no cover - emitters read whole streams
             raise LoweringError(
                 f"unit %{b.name} received {b.next_seq.get(ch, 0)} of the {want} messages of "
@@ -200,10 +201,10 @@ def _check_unit_inputs(
 
 
 def _check_unit_outputs(
-    b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str], stops: set[str] = frozenset()
+    b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str], tokens: Mapping[str, int]
 ) -> None:
     for ch in sends:
-        want = ctx.streams[ch].messages + (ch in stops)
+        want = ctx.streams[ch].messages + tokens.get(ch, 0)
         if b.sent_seq.get(ch, 0) != want:
             raise LoweringError(
                 f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
@@ -283,6 +284,12 @@ def _build_plan(
         if st.owner.get(op.name) == op.name and len(st.units[st.unit_index(op.name)]) == 1:
             if forwards_stop(op, st.sources(op.input.name) if hasattr(op, "input") else (), stops):
                 stops.add(op.name)
+    # a Streamify reading an expert's buffer ends each read with a stop token (its count),
+    # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
+    grouped = grouped_channels(graph, st, stops)
+    tokens = {ch: 1 for ch in stops} | {
+        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped
+    }
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
@@ -353,7 +360,11 @@ def _build_plan(
                 f"no spatial unit program for {ops[0].op_name} %{ops[0].name}; emitters exist for "
                 f"{', '.join(sorted(t.__name__ for t in EMITTERS))}"
             )
-        unit_stops = {ch: streams[ch].messages for ch in reads[k] & stops}
+        unit_stops = {
+            ch: streams[ch].messages
+            for ch in reads[k]
+            if ch in stops or ch in grouped and tokens[ch] > 0
+        }
         # where a stop token falls is part of the streams a unit's emitter reads (recorded in
         # its Deps), not of its key: a unit that decides at run time reads it as data
         key = (frozenset(reads[k]), tuple(sorted(unit_stops)))
@@ -372,13 +383,14 @@ def _build_plan(
             notify.get(k),
             unit_stops,
             bound,
+            frozenset(grouped),
         )
         try:
             emit(ctx, b, ops)
         finally:
             ctx.deps = None
-        _check_unit_inputs(b, ctx, reads[k], stops)
-        _check_unit_outputs(b, ctx, sends.get(k, ()), stops)
+        _check_unit_inputs(b, ctx, reads[k], tokens)
+        _check_unit_outputs(b, ctx, sends.get(k, ()), tokens)
         bodies.append(b.body())
         infos.append(
             UnitInfo(
@@ -422,12 +434,12 @@ def _build_plan(
         Channel(ch, core[src], tuple(sorted(core[d] for d in token_dsts[ch])), fifo_depth)
         for src, ch in sorted(notify.items())
     )
-    messages = {ch: streams[ch].messages + (ch in stops) for ch in dsts} | {
+    messages = {ch: streams[ch].messages + tokens.get(ch, 0) for ch in dsts} | {
         ch: 1 for ch in token_dsts
     }
     message_bytes = {
         ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
-        + 4 * (ch in stops)
+        + 4 * tokens.get(ch, 0)
         for ch in dsts
     } | {ch: 4 for ch in token_dsts}
     fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))

@@ -152,45 +152,58 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     as a loop until the token: the first row starts the tile, every other appends one, its
     size following the rows the tile already holds (a row rule on the accumulator: one cycle,
     ``c*rows + c`` elements), in a buffer allocated at the count's bound (``Alloc.held``); the
-    tile is sent once the token came, if it holds a row.  One program for every count;
-    ``False`` (nothing emitted) when the unit is not such a packing."""
+    tile is sent once the token came, if it holds a row.  On a channel with a token after each
+    group of rows (a Streamify's reads of an expert's buffer, :mod:`.buffer_loop`) it packs one
+    tile per group, in a loop over the groups (two accumulators, alternating).  One program for
+    every count; ``False`` (nothing emitted) when the unit is not such a packing."""
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     decl = getattr(out.dtype, "shape", None)
+    chans = {ch for pc in x.pieces for ch, _, _ in pc}
+    if len(chans) != 1:
+        return False
+    (ch,) = chans
+    grouped = ch in b.grouped
+    rank = 2 if grouped else 1
     if (
         getattr(op.fn, "name", None) != "retile_row"
         or op.rank != 1
-        or x.value.rank != 1
+        or x.value.rank != rank
         or len(x.value.data) != 1
         or decl is None
         or not decl[1].is_Integer
     ):
         return False
     shape = getattr(op.input.type, "shape", ())
-    if len(shape) != 2 or b.bound is None:
+    if len(shape) != rank + 1 or b.bound is None or not x.flat:
         return False
-    chans = {ch for pc in x.pieces for ch, _, _ in pc}
-    if len(chans) != 1 or not x.flat:
-        return False
-    (ch,) = chans
     if ch is None or ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0):
         return False
+    groups = x.value.data[0] if grouped else x.value.data
+    n = len(groups[0])
     first = x.parts(0)
     if (
         len(first) != 1
         or first[0].kind != "data"
+        or any(len(g) != n for g in groups)
         or any(x.parts(k) != first for k in range(1, len(x.flat)))
     ):
         return False
     cols = int(decl[1])
     (part,) = out.parts(0)
-    n = len(x.flat)
-    if part.kind != "data" or first[0].elems != cols or part.elems != n * cols:
+    if (
+        part.kind != "data"
+        or first[0].elems != cols
+        or part.elems != n * cols
+        or any(out.parts(g) != (part,) for g in range(len(groups)))
+    ):
         return False
     bound = b.bound(decl[0])
     if bound is None:
         return False
     steps = {
-        cost.update_step(op.fn, v, x.dtype, out.flat[0], out.dtype, first, (part,), k == n - 1)
+        cost.update_step(
+            op.fn, v, x.dtype, out.flat[k // n], out.dtype, first, (part,), k % n == n - 1
+        )
         for k, v in enumerate(x.flat)
     }
     if len(steps) != 1:
@@ -198,7 +211,11 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     ((cyc, fl, rule),) = steps
     if cyc != 1 or rule is not None:
         return False
-    ctx.ev(shape[0], f"reductions of unit %{b.name}")  # the loop serves one reduction
+    reps = 1
+    for d in shape[:-1]:  # the loop serves one reduction per group
+        reps *= ctx.ev(d, f"reductions of unit %{b.name}")
+    if reps != len(groups):  # pragma: no cover - the interpreter agrees
+        return False
     stop, idx = f"stop.{ch}", f"i.{ch}"
     count = b.stops.pop(ch)
     b.step()
@@ -207,40 +224,56 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     b.received -= 1
     inb = e[1]
     assert inb is not None and len(recv) == 1 and isinstance(recv[0], Recv)
-    acc = b.buffer(("acc", 0), part.dtype, part.elems, 2, (decl[0], bound, cols, 0))
-    b._holds(acc, (decl[0], bound))
     t = b.timing
-    start = Compute(
-        STEP_KERNEL,
-        (acc,),
-        (inb,),
-        (("cycles", 1), ("outs", str(cols)), ("rate", t.enc_rate)),
-        t.enc_dtype,
-    )
-    append = Compute(
-        STEP_KERNEL,
-        (acc,),
-        (inb, acc),
-        RowRule(1, cols, (), ((cols, cols),)).params(1, t.enc_rate),
-        t.enc_dtype,
-    )
-    guard = Cond(stop, "<", 0)
-    update = If(Cond(idx, "==", 0), (start,), (append,))
-    b.emit(
-        Set(stop, -1),
-        Loop(bound + 1, (If(guard, (Recv(ch, inb, stop), If(guard, (update,)))),), idx),
-    )
-    b.step()
-    b.next_seq[ch] = count + 1
-    if out.channel is not None and b.has_dsts(out.channel):
-        b.emit(If(Cond(stop, ">", 0), (Send(out.channel, acc),)), SendValue(out.channel, stop))
-        b.sent_seq[out.channel] = out.messages + 1
+    sends = out.channel is not None and b.has_dsts(out.channel)
+    copies = []
+    for _ in range(min(reps, 2) if grouped else 1):
+        acc = b.buffer(("acc", 0), part.dtype, part.elems, 2, (decl[0], bound, cols, 0))
+        b._holds(acc, (decl[0], bound))
+        start = Compute(
+            STEP_KERNEL,
+            (acc,),
+            (inb,),
+            (("cycles", 1), ("outs", str(cols)), ("rate", t.enc_rate)),
+            t.enc_dtype,
+        )
+        append = Compute(
+            STEP_KERNEL,
+            (acc,),
+            (inb, acc),
+            RowRule(1, cols, (), ((cols, cols),)).params(1, t.enc_rate),
+            t.enc_dtype,
+        )
+        guard = Cond(stop, "<", 0)
+        update = If(Cond(idx, "==", 0), (start,), (append,))
+        body: tuple[Instr, ...] = (
+            Set(stop, -1),
+            Loop(bound + 1, (If(guard, (Recv(ch, inb, stop), If(guard, (update,)))),), idx),
+        )
+        if sends and out.channel is not None:
+            body += (If(Cond(stop, ">", 0), (Send(out.channel, acc),)),)
+            if not grouped:  # forwarded after the tile (its value: the count)
+                body += (SendValue(out.channel, stop),)
+        copies.append(body)
+    if grouped:
+        r, m = f"r.{ch}", f"m.{ch}"
+        rot = (Calc(m, "mod", r, 2),) if len(copies) > 1 else ()
+        b.emit(Loop(reps, (*rot, *_rotate(m, copies)), r))
+    else:
+        b.emit(*copies[0][:2])
         b.step()
+        b.emit(*copies[0][2:])
+    b.step()
+    b.next_seq[ch] = count + len(groups)
+    if sends and out.channel is not None:
+        b.sent_seq[out.channel] = out.messages + (not grouped)
     name = x.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:
-        k = len(c.streams[name].flat)
-        return k, int(k > 0), k * cyc, k * fl
+        s = c.streams[name]
+        k = len(s.flat)
+        gs = s.value.data[0] if grouped and s.value.data else [s.flat]
+        return k, sum(len(g) > 0 for g in gs) * (sends or not grouped), k * cyc, k * fl
 
     _count(ctx, b, tally)
     ctx.relax(x.name, EACH)

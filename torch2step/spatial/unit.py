@@ -109,6 +109,7 @@ class UnitBuilder:
         notify: str | None = None,
         stops: dict[str, int] | None = None,
         bound: Bound | None = None,
+        grouped: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
         self.bound = bound
@@ -126,6 +127,10 @@ class UnitBuilder:
         self.waits = {t: list(chs) for t, chs in (waits or {}).items()}
         self.notify = notify
         self.stops = dict(stops or {})
+        # channels with a stop token after each innermost group (:mod:`.buffer_loop`)
+        self.grouped = grouped
+        # one-row buffers of a count's rows: (names, dtype, cols, rows, rows this run)
+        self.row_pools: list[tuple[list[str], str, int, object, int]] = []
         self.steps: list[tuple[Instr, ...]] = []
         self.cur: list[Instr] = []
         self.pools: dict[tuple, _Pool] = {}
@@ -181,6 +186,17 @@ class UnitBuilder:
         name = pool.names[pool.used % len(pool.names)]
         pool.used += 1
         return name
+
+    def row_buffers(
+        self, role: tuple, dtype: str, cols: int, rows: object, bound: int, held: int
+    ) -> list[str]:
+        """``bound`` buffers of one ``cols``-element row each, for the rows of a count
+        ``rows`` (at most ``bound``; ``held`` of them in this run), allocated held
+        (``Alloc.held``: the simulator counts the rows they hold)."""
+        tag = ".".join(str(r) for r in role)
+        names = [f"{tag}.{j}.{dtype}" for j in range(bound)]
+        self.row_pools.append((names, dtype, cols, rows, held))
+        return names
 
     def _rows(self, decl: TileType | None) -> tuple[object, int] | None:
         """``(rows, bound)`` of a declared tile whose rows only the run knows and have a bound
@@ -483,6 +499,8 @@ class UnitBuilder:
                     out.append(Alloc(name, (pool.cap,), pool.dtype))
                 else:  # at its bound; the simulator counts what it holds (Alloc.held)
                     out.append(Alloc(name, (max(pool.cap, pool.bound),), pool.dtype, True))
+        for names, dtype, cols, _, _ in self.row_pools:
+            out.extend(Alloc(name, (cols,), dtype, True) for name in names)
         return tuple(out)
 
     def sizing(self) -> Sizing | None:
@@ -490,7 +508,9 @@ class UnitBuilder:
         every run-sized tile's rows at run time and holds it in a buffer allocated at its
         bound; ``None`` when the program depends on the rows of this run or has no run-sized
         tile."""
-        if not self.rows_free or not any(pool.sized for pool in self.pools.values()):
+        if not self.rows_free or not (
+            self.row_pools or any(pool.sized for pool in self.pools.values())
+        ):
             return None
         pools = tuple(
             (
@@ -499,6 +519,9 @@ class UnitBuilder:
                 tuple(sorted(pool.sized, key=str)),
             )
             for pool in self.pools.values()
+        ) + tuple(
+            (DTYPE_BYTES[dtype], 0, ((rows, cols, 0),))
+            for _, dtype, cols, rows, _ in self.row_pools
         )
         ruled = sum(c for _, _, c, _, _ in self.rule_steps)
         work = sum(f for _, _, _, f, _ in self.rule_steps)
@@ -507,11 +530,11 @@ class UnitBuilder:
 
     @property
     def sram_bytes(self) -> int:
-        """On-chip bytes of all the unit's buffers."""
+        """On-chip bytes of all the unit's buffers (of one-row buffers: the rows held)."""
         return sum(
             pool.cap * DTYPE_BYTES[pool.dtype] * min(pool.used, len(pool.names))
             for pool in self.pools.values()
-        )
+        ) + sum(DTYPE_BYTES[dt] * cols * held for _, dt, cols, _, held in self.row_pools)
 
     def body(self) -> tuple[Instr, ...]:
         """The program: allocations, then the steps with repetitions folded into loops, then
