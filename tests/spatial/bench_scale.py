@@ -4,11 +4,15 @@ simulation of large STeP graphs (not a test; run by hand)::
     python tests/spatial/bench_scale.py                      # all cases
     python tests/spatial/bench_scale.py moe --experts 128    # the full-size MoE block only
     python tests/spatial/bench_scale.py matmul --profile     # cProfile of plan + simulation
+    python tests/spatial/bench_scale.py replan --experts 32 --tokens 256   # a second routing
 
 Cases: ``matmul`` (a tiled matmul with thousands of tile products), ``moe`` (the SwiGLU MoE
 block of :func:`spatial_graphs.moe` at Qwen3-30B-A3B size: hidden 2048, intermediate 768, 128
 experts, top-8, 64 tokens, bf16), ``moe-example`` (``torch2step.lower.blocks.moe_graph``, fp32, at the
-same size).  Both MoE graphs give every expert a dedicated region, so they run on a 50x50 mesh
+same size); ``replan`` (``moe_graph`` H=512, I=256, top-4: the plan of a second routing, fresh
+and re-planned from the first routing's unit programs, :mod:`torch2step.spatial.reuse`, once
+with every expert routed tokens in both and once with one expert routed none in the second).
+Both MoE graphs give every expert a dedicated region, so they run on a 50x50 mesh
 of step-sda cores (the 1040-core preset is too small for ~2400 units).
 """
 
@@ -21,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's sources
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spatial_graphs import moe, tiled_matmul  # noqa: E402
@@ -62,6 +67,54 @@ def _example_moe(tokens: int, experts: int) -> tuple:
     return prog, run(prog, tensors=moe_inputs(tokens=tokens, **kw))
 
 
+def _replan(tokens: int, experts: int) -> None:
+    """Wall time of the plan of a second routing: fresh, and re-planned from the units of the
+    first (:class:`~torch2step.spatial.reuse.PlanCache`), with the units reused."""
+    import numpy as np
+
+    from torch2step.lower.blocks import moe_graph, moe_inputs
+    from torch2step.spatial.reuse import PlanCache
+    from torch2step.step import run
+
+    kw = dict(num_experts=experts, top_k=4, hidden=512, intermediate=256)
+    prog = moe_graph(tokens=tokens, **kw)
+    chip = load_chip("step-sda")
+    rng = np.random.default_rng(0)
+
+    def routing(skip: int | None) -> np.ndarray:
+        ids = np.stack([rng.permutation(experts)[:4] for _ in range(tokens)])
+        if skip is not None:  # expert `skip` gets no token: its choices go to the next one
+            ids[ids == skip] = (skip + 1) % experts
+            for row in ids:  # keep each token's choices distinct
+                while len(set(row)) < 4:
+                    row[np.argmax(np.bincount(row, minlength=experts)[row] > 1)] = rng.integers(
+                        experts
+                    )
+                    row[row == skip] = (skip + 2) % experts
+        return ids
+
+    first = run(prog, tensors=moe_inputs(tokens=tokens, seed=0, routing=routing(None), **kw))
+    for what, skip in (("every expert routed in both", None), ("one expert routed none", 0)):
+        ids = routing(skip)
+        second = run(prog, tensors=moe_inputs(tokens=tokens, seed=0, routing=ids, **kw))
+        t0 = time.perf_counter()
+        build_plan(prog, chip, second)
+        t1 = time.perf_counter()
+        cache = PlanCache()
+        cache.plan_for(prog, chip, first)
+        units = cache.units(prog, chip)
+        total = units.emitted
+        t2 = time.perf_counter()
+        cache.plan_for(prog, chip, second)
+        t3 = time.perf_counter()
+        empty = int((np.bincount(ids.reshape(-1), minlength=experts) == 0).sum())
+        print(
+            f"replan T={tokens} E={experts} top-4 ({what}: {empty} without tokens): {total} "
+            f"units, fresh plan {t1 - t0:.2f} s, re-plan {t3 - t2:.2f} s, "
+            f"{units.reused} units reused"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("cases", nargs="*", default=["matmul", "moe", "moe-example"])
@@ -93,6 +146,8 @@ def main() -> None:
                 big,
                 args.profile,
             )
+        elif case == "replan":
+            _replan(args.tokens, args.experts)
         else:
             raise SystemExit(f"unknown case {case!r}")
 
