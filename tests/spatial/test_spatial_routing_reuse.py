@@ -7,10 +7,11 @@ from its streams.  An expert's units that read the rows of their tiles at run ti
 buffers allocated at the token count's bound, counted by what they hold: ``Alloc.held``) are
 kept for any token count: the matmuls, activation, column split, scaling, the repeats and the
 weight loads, and so are the routing weights' Map and Accum, which loop until their input's
-stop token, and the FlatMap back to rows, which loops over the count that token carries.  What
-still follows an expert's token count (loop trip counts) is rebuilt: its Bufferize, the Accum
-packing its rows into a tile, and every unit of an expert that gets no token in one run and some in the
-other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
+stop token, and the FlatMap back to rows, which loops over the count that token carries, and
+its Bufferize, which receives its rows until the stop token, reads them back per block as many
+times as the count and ends each read with the count as a stop token, which the Accum packing
+the rows into a tile loops until.  Rebuilt is every unit of an expert that gets no token in one
+run and some in the other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
 and on-chip bytes, exactly), and the functional result stays PyTorch's."""
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     for n in rebuilt:
         assert a[n] is not b[n], f"unit %{n} was kept"
     assert units.reused == len(kept)
+    assert (len(a), len(rebuilt)) == (85, 19)  # only the units of the expert without tokens
     # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
     allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
     assert allocs and all(i.shape == (T * 32,) for i in allocs)
@@ -123,6 +125,12 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     loops = {n: [i for i in b[f"moe_e1_{n}"] if isinstance(i, Loop)] for n in ("gw", "gw_col")}
     assert loops["gw"][0].count * 2 == T + 2 and loops["gw_col"][0].count == T + 1
     assert [i.count for i in b["moe_e1_out"] if isinstance(i, Loop)] == ["stop.moe_e1_scaled"]
+    # its Bufferize receives until the stop token (at most T rows and the token) into T one-row
+    # buffers held at the bound; its row packing loops over the two tile_i reads of them
+    assert [i.count for i in b["moe_e1_buf"] if isinstance(i, Loop)] == [T + 1]
+    rows = [i for i in b["moe_e1_buf"] if isinstance(i, Alloc)]
+    assert len(rows) == T and all(i.held and i.shape == (64,) for i in rows)
+    assert [i.count for i in b["moe_e1_xt"] if isinstance(i, Loop)] == [2]
     _check_fresh(g, chip, rb, pb, sb)
     # functionally the run that drives both is PyTorch's layer
     for x, r in zip(ins, (ra, rb)):

@@ -194,7 +194,8 @@ def emit_buffer_loop(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[St
     b.step()
     ref_sent = int(out.channel is not None and b.has_dsts(out.channel))
     counted = [
-        (ref.name, int(so.channel is not None and b.has_dsts(so.channel))) for _, so, ref, _ in reads
+        (ref.name, int(so.channel is not None and b.has_dsts(so.channel)))
+        for _, so, ref, _ in reads
     ]
     name = x.name
 

@@ -63,31 +63,33 @@ token.  The scaling Map forwards it, and the FlatMap back to rows loops ``Loop(c
 over the count it carries.  Their elements, cycles and FLOPs in a run are counted from the
 run's streams (:data:`~.unit_reuse.Tally`).
 
-What is still baked from the run: the loop trip counts of the units that iterate over a count
-(an expert's Bufferize and Streamify, the ``retile_row`` Accum that packs its rows into tiles),
-whether an expert gets
-tokens at all (``P_e = [n_e > 0]``: every stream of an expert with no token is empty, so all
-its units differ from those of a run that gives it tokens), EagerMerge's chunk order, the static
-tiling's padding, and in decode attention everything from the KV-tile addresses on (the cursor
-tiles carry no values in timing mode, so the tile count and rows of each request are the
-run's).  :mod:`.reuse` therefore keys a plan by the run's control signature, and
-``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit, the programs of
-earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's program is kept
-with what its emitter read of the run, at the level its program depends on it), so a new routing
-emits again only the units above of the experts whose token count changed (all units of one
-that gets tokens in only one of the runs), and a new KV-length set only the units from the
-KV-tile addresses on.  Making those units run-independent needs, besides
-the stop loop above (which ends on the Partition's stop token, carrying the count):
+An expert's Bufferize (one buffer of its rows, ``[P_e, N_e]``) loops until the Partition's
+stop token too (:mod:`.buffer_loop`): row ``i`` lands in the ``i``-th of ``bound`` one-row
+buffers allocated held, each Streamify read of the buffer loops ``Loop(count=stop)`` over the
+rows and ends with the count as a stop token (its channel carries one token per read:
+:func:`~.buffer_loop.grouped_channels`), and the ``retile_row`` Accum packing each read into
+the expert's tile loops until that token (:func:`~.stop_loop.emit_pack_loop`).  So every unit
+of an expert is one program for every token count that is not zero.
 
-* stop tokens on every channel whose stream has a dynamic dimension (not only a Partition's
-  outputs and the Maps of them), so each unit of an expert can loop until its input ends and
-  forward the count, and
-  an expert with no token runs its units' guards only (an empty stream has no element to
-  build the loop's body from, so such an expert's units are still built for the run); a ``RecvValue`` that can also take a stop token, for streams of
-  buffer references and addresses;
-* the Bufferize's rows (one buffer per row today) held in buffers allocated at the bound and
-  read row by row, its Streamify and the row packing after it looping over the count
-  (forwarded as a stop token, as the routing weights' units do);
+What is still baked from the run: whether an expert gets tokens at all (``P_e = [n_e > 0]``:
+every stream of an expert with no token is empty, so all its units differ from those of a run
+that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
+attention everything from the KV-tile addresses on (the cursor tiles carry no values in timing
+mode, so the tile count and rows of each request are the run's).  :mod:`.reuse` therefore
+keys a plan by the run's control signature, and ``Program.report`` re-plans only for a new
+one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does not
+change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run,
+at the level its program depends on it), so a new routing emits again only the units of an
+expert that gets tokens in only one of the runs, and a new KV-length set only the units from
+the KV-tile addresses on.  Making those units run-independent needs:
+
+* stop tokens (or a count message) on every channel of an expert, so each of its units can
+  learn ``P_e`` at run time and an expert with no token runs its units' guards only; the
+  loops' bodies built from the streams' declared types (an empty stream has no element to
+  build a body from, so such an expert's units are still built for the run), and every
+  channel such a program names declared even when the run sends nothing on it; a
+  ``RecvValue`` that can also take a stop token, for streams of buffer references and
+  addresses;
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as

@@ -29,11 +29,11 @@ gives.
 For a new routing of an MoE built with dynamic tiling this keeps the loads, the routing units
 (selector, Partition, Reassemble), the sum and store, every unit of an expert whose token count
 did not change, and of an expert whose count changed (but that has tokens in both runs) its
-weight loads, repeats, column split, matmuls, activation and scaling, and its routing weights'
-Map and Accum and the FlatMap back to rows (loops until a stop token or over the count it
-carries, :mod:`.stop_loop`, reading their streams at level :data:`EACH`); emitted again are the
-units whose loops follow the count (Bufferize, the row packing) and every unit of an expert
-that has tokens in only one of the runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
+weight loads, repeats, column split, matmuls, activation and scaling, its routing weights'
+Map and Accum and the FlatMap back to rows, its Bufferize with its Streamify and the row
+packing (loops until a stop token or over the count it carries, :mod:`.stop_loop`,
+:mod:`.buffer_loop`, reading their streams at level :data:`EACH`); emitted again is every unit
+of an expert that has tokens in only one of the runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
 default), to compare them with a new run's, stream by stream, each comparison stopping at the
 first difference and made once per stream and level.
 """
