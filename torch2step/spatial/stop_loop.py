@@ -32,15 +32,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from lowering.isa import Calc, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, Map
 
 from .context import EmitCtx
-from .streams import StreamInfo
+from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, RowRule
 from .unit import Elem, UnitBuilder
-from .unit_reuse import EACH
+from .unit_reuse import EACH, EVERY
 
 __all__ = ["forwards_stop", "stop_channel", "emit_stop_loop", "emit_pack_loop", "emit_piece_loop"]
 
@@ -158,72 +160,74 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     every count; ``False`` (nothing emitted) when the unit is not such a packing."""
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     decl = getattr(out.dtype, "shape", None)
-    chans = {ch for pc in x.pieces for ch, _, _ in pc}
-    if len(chans) != 1:
+    src = ctx.structure.sources(op.input.name)
+    decls, dyn = x.decl()
+    if len(src) != 1 or len(decls) != 1 or decls[0] is None or dyn[0]:
         return False
-    (ch,) = chans
+    (ch,) = src
     grouped = ch in b.grouped
     rank = 2 if grouped else 1
+    shape = getattr(op.input.type, "shape", ())
     if (
         getattr(op.fn, "name", None) != "retile_row"
         or op.rank != 1
         or x.value.rank != rank
-        or len(x.value.data) != 1
+        or len(x.value.data) > 1
         or decl is None
         or not decl[1].is_Integer
+        or len(shape) != rank + 1
+        or b.bound is None
     ):
         return False
-    shape = getattr(op.input.type, "shape", ())
-    if len(shape) != rank + 1 or b.bound is None or not x.flat:
+    count = b.stops.get(ch)
+    if count is None or b.own(ch) or b.next_seq.get(ch, 0) != int(count == 0):
         return False
-    if ch is None or ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0):
+    # one tile per group of rows (per read of a buffer), also when the stream is empty
+    reps = 1
+    for d in shape[1:-1]:
+        reps *= ctx.ev(d, f"reductions of unit %{b.name}")
+    groups = (x.value.data[0] if x.value.data else []) if grouped else x.value.data
+    if grouped and not groups:  # an empty buffer is read no time (its unit is the run's)
         return False
-    groups = x.value.data[0] if grouped else x.value.data
-    n = len(groups[0])
-    first = x.parts(0)
-    if (
-        len(first) != 1
-        or first[0].kind != "data"
-        or any(len(g) != n for g in groups)
-        or any(x.parts(k) != first for k in range(1, len(x.flat)))
-    ):
-        return False
+    n = len(groups[0]) if groups else 0
     cols = int(decl[1])
-    (part,) = out.parts(0)
+    row = decls[0]
+    first = (Part("data", str(row.dtype), int(row.shape[0] * row.shape[1])),)
+    part = Part("data", str(out.dtype.dtype), n * cols)  # type: ignore[attr-defined]
     if (
-        part.kind != "data"
+        len(groups) not in (0, reps)
         or first[0].elems != cols
-        or part.elems != n * cols
+        or any(len(g) != n for g in groups)
+        or any(x.parts(k) != first for k in range(len(x.flat)))
         or any(out.parts(g) != (part,) for g in range(len(groups)))
     ):
         return False
     bound = b.bound(decl[0])
     if bound is None:
         return False
-    steps = {
-        cost.update_step(
-            op.fn, v, x.dtype, out.flat[k // n], out.dtype, first, (part,), k % n == n - 1
-        )
-        for k, v in enumerate(x.flat)
-    }
+    if x.flat:
+        steps = {
+            cost.update_step(
+                op.fn, v, x.dtype, out.flat[k // n], out.dtype, first, (part,), k % n == n - 1
+            )
+            for k, v in enumerate(x.flat)
+        }
+    else:  # no row this run: the step of a row of its declared tile on a one-row tile
+        one = np.zeros((1, cols))
+        steps = {
+            cost.update_step(
+                op.fn, one, x.dtype, one, out.dtype, first, (Part("data", part.dtype, cols),), True
+            )
+        }
     if len(steps) != 1:
         return False
     ((cyc, fl, rule),) = steps
     if cyc != 1 or rule is not None:
         return False
-    reps = 1
-    for d in shape[:-1]:  # the loop serves one reduction per group
-        reps *= ctx.ev(d, f"reductions of unit %{b.name}")
-    if reps != len(groups):  # pragma: no cover - the interpreter agrees
-        return False
     stop, idx = f"stop.{ch}", f"i.{ch}"
-    count = b.stops.pop(ch)
+    del b.stops[ch]
     b.step()
-    (e,) = b.recv(x, 0)
-    recv, b.cur = b.cur, []
-    b.received -= 1
-    inb = e[1]
-    assert inb is not None and len(recv) == 1 and isinstance(recv[0], Recv)
+    inb = b.buffer(("in", ch, 0), first[0].dtype, cols)  # as UnitBuilder.recv names it
     t = b.timing
     sends = out.channel is not None and b.has_dsts(out.channel)
     copies = []
@@ -264,7 +268,7 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         b.step()
         b.emit(*copies[0][2:])
     b.step()
-    b.next_seq[ch] = count + len(groups)
+    b.next_seq[ch] = count + (reps if grouped else 1)
     if sends and out.channel is not None:
         b.sent_seq[out.channel] = out.messages + (not grouped)
     name = x.name
@@ -276,7 +280,7 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         return k, sum(len(g) > 0 for g in gs) * (sends or not grouped), k * cyc, k * fl
 
     _count(ctx, b, tally)
-    ctx.relax(x.name, EACH)
+    ctx.relax(x.name, EACH if grouped else EVERY)  # the same program for an empty stream
     ctx.relax(out.name, None)  # one tile per reduction of the input, sent from the buffer
     return True
 

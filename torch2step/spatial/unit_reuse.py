@@ -58,6 +58,7 @@ __all__ = [
     "ALL",
     "BOTH",
     "EACH",
+    "EVERY",
     "FORM",
     "ROWS",
     "Deps",
@@ -83,12 +84,19 @@ BOTH = "form+rows"
 #: Or the distinct forms of its elements (each element's messages by channel, kind, type,
 #: size and control value, and its tiles' shapes) and its rank, not how many elements it has:
 #: a unit that loops over the stream until its stop token (:mod:`.stop_loop`), the same program
-#: for every element count.  It compares sizes and values, so no other level relaxes it.
+#: for every element count.  It compares sizes and values, so only :data:`EVERY` relaxes it.
 EACH = "each"
+#: Or as :data:`EACH`, an empty stream being the same as any of its rank: a loop until the stop
+#: token whose emitter builds the same program for an empty stream, the element's form taken
+#: from the stream's declared type (:func:`~.stop_loop.emit_pack_loop`).
+EVERY = "every"
 
 
 def looser(level: str, than: str) -> str:
-    """``level`` relaxed by ``than`` (:data:`FORM`, :data:`ROWS` or :data:`EACH`)."""
+    """``level`` relaxed by ``than`` (:data:`FORM`, :data:`ROWS`, :data:`EACH` or
+    :data:`EVERY`)."""
+    if EVERY in (level, than):
+        return EVERY
     if level == EACH or than == EACH:
         return EACH
     if level == ALL:
@@ -188,12 +196,12 @@ class RunStreams:
         :data:`ROWS`: without the sizes of its tiles, :data:`BOTH`: without either)."""
         key = (other.order, name, level)
         r = self._same.get(key)
-        if r is None and level == EACH:
-            r = (
-                name in self.streams
-                and name in other.streams
-                and self._forms(name) == other._forms(name)
-            )
+        if r is None and level in (EACH, EVERY):
+            r = name in self.streams and name in other.streams
+            if r:
+                (ra, fa), (rb, fb) = self._forms(name), other._forms(name)
+                # EVERY: an empty stream is as good as any (the loop takes its token only)
+                r = ra == rb and (fa == fb or level == EVERY and not (fa and fb))
             self._same[key] = r
         if r is None:
             r = (
