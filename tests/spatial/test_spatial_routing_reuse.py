@@ -58,10 +58,10 @@ KEPT = (
     # token that the row packing loops until (torch2step.spatial.buffer_loop)
     "buf", "xt",
 )  # fmt: skip
-#: Units of an expert that are one program also for no token: the routing weights' packing
-#: takes its row's form from the declared type when its stream is empty (the loop then takes
-#: the stop token only and forwards it).
-EMPTY_KEPT = ("gw_col",)
+#: Units of an expert that are one program also for no token: the routing weights' Map and
+#: packing take their element's form from the declared types when their stream is empty (the
+#: loop then takes the stop token only and forwards it).
+EMPTY_KEPT = ("gw", "gw_col")
 
 
 def _bodies(plan) -> dict[str, tuple]:
@@ -122,7 +122,7 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     for n in rebuilt:
         assert a[n] is not b[n], f"unit %{n} was kept"
     assert units.reused == len(kept)
-    assert (len(a), len(rebuilt)) == (85, 18)  # only units of the expert without tokens
+    assert (len(a), len(rebuilt)) == (85, 17)  # only units of the expert without tokens
     # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
     allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
     assert allocs and all(i.shape == (T * 32,) for i in allocs)

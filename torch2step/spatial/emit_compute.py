@@ -29,6 +29,7 @@ from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
 from .stop_loop import (
+    declared_element,
     emit_pack_loop,
     emit_piece_loop,
     emit_stop_loop,
@@ -38,7 +39,7 @@ from .stop_loop import (
 from .streams import Part, StreamInfo, declared_leaves, iter_nodes, leaves
 from .timing import RowRule, TimingModel, UnitConfig, concrete_type
 from .unit import Elem, UnitBuilder
-from .unit_reuse import FORM
+from .unit_reuse import EACH, EVERY, FORM
 
 __all__ = ["EMITTERS"]
 
@@ -163,23 +164,46 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     ]
     # a Map of a stream that ends with a stop token forwards it (after its last element)
     fwd = out.channel if len(b.stops) == 1 and out.channel and b.has_dsts(out.channel) else None
-    looped = stop_channel(b, op, x)
+    # one element of the declared types: the loop below is built alike for an empty stream
+    sx, so = declared_element(x), declared_element(out)
+    alike = (
+        sx is not None
+        and so is not None
+        and all(
+            x.parts(k) == sx.parts(0) and out.parts(k) == so.parts(0) for k in range(len(x.flat))
+        )
+    )
+    lx, lo, lsteps = x, out, steps
+    empty = not x.flat and sx is not None and so is not None and x.channel in b.stops
+    if empty:
+        assert sx is not None and so is not None
+        lx, lo = sx, so
+        b.next_seq[x.channel] = 0  # its stop token, taken by the loop
+        lsteps = [
+            cost.map_step(
+                op.fn, sx.flat[0], x.dtype, sx.parts(0), (so.flat[0], out.dtype, so.parts(0))
+            )
+        ]
+    looped = stop_channel(b, op, lx)
     if (
         looped is not None
-        and all(s == steps[0] and s[2] is None for s in steps)
-        and all(p.kind == "data" for k in range(len(x.flat)) for p in out.parts(k))
-        and all(out.parts(k) == out.parts(0) for k in range(len(x.flat)))
+        and all(s == lsteps[0] and s[2] is None for s in lsteps)
+        and all(p.kind == "data" for k in range(len(lx.flat)) for p in lo.parts(k))
+        and all(lo.parts(k) == lo.parts(0) for k in range(len(lx.flat)))
     ):
         # elements alike, sending data: loop until the Partition's stop token (.stop_loop)
-        c, fl, _ = steps[0]
+        c, fl, _ = lsteps[0]
 
         def each(k: int, e: Elem) -> None:
-            parts = out.parts(k)
+            parts = lo.parts(k)
             y = b.compute(c, (e,), parts, flops=fl)
-            b.send(out, k, lower_value(b, op.fn, e, y, data))
+            b.send(lo, k, lower_value(b, op.fn, e, y, data))
 
-        emit_stop_loop(ctx, b, x, out, *looped, each, forward=fwd is not None)
+        level = EVERY if alike else EACH
+        emit_stop_loop(ctx, b, lx, lo, *looped, each, forward=fwd is not None, level=level)
         return
+    if empty:
+        b.next_seq[x.channel] = 1  # type: ignore[index]
     for k in range(len(x.flat)):
         e = b.recv(x, k)
         parts = out.parts(k)

@@ -29,6 +29,7 @@ its streams (:data:`~.unit_reuse.Tally`), so a program kept from a run with anot
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -37,14 +38,22 @@ import numpy as np
 from lowering.isa import Calc, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, Map
+from torch2step.step.types import TileType, TupleType
 
 from .context import EmitCtx
-from .streams import Part, StreamInfo
+from .streams import Part, StreamInfo, unit_pieces
 from .timing import STEP_KERNEL, RowRule
 from .unit import Elem, UnitBuilder
 from .unit_reuse import EACH, EVERY
 
-__all__ = ["forwards_stop", "stop_channel", "emit_stop_loop", "emit_pack_loop", "emit_piece_loop"]
+__all__ = [
+    "declared_element",
+    "forwards_stop",
+    "stop_channel",
+    "emit_stop_loop",
+    "emit_pack_loop",
+    "emit_piece_loop",
+]
 
 #: ``step(k, elem)``: the unit's work on element ``k`` received as ``elem``: its step(s) and
 #: sends.
@@ -67,6 +76,32 @@ def forwards_stop(op: Op, sources: Iterable[str], stops: set[str]) -> bool:
         and op.rank == 1
         and len(src) == 1
     )
+
+
+def declared_element(x: StreamInfo) -> StreamInfo | None:
+    """A stand-in for stream ``x`` with one element of its declared type (zero tiles of the
+    declared static shapes) and that element's messages as a unit sends them, so a loop over
+    ``x`` until its stop token is built alike whether or not the run gives ``x`` an element;
+    ``None`` when the type has a tile of dynamic shape or a control value (whose value would
+    be part of the element's form), or ``x`` is no unit's output."""
+    val = _zeros(x.dtype)
+    if val is None or x.channel is None:
+        return None
+    pieces = unit_pieces(x.channel, x.dtype, [val])
+    if any(p.kind != "data" for _, _, p in pieces[0]):
+        return None
+    return dataclasses.replace(x, flat=[val], pieces=pieces, _parts=None, _decl=None)
+
+
+def _zeros(t: Any) -> Any:
+    if isinstance(t, TileType):
+        if not (t.shape[0].is_Integer and t.shape[1].is_Integer):
+            return None
+        return np.zeros((int(t.shape[0]), int(t.shape[1])))
+    if isinstance(t, TupleType):
+        vals = tuple(_zeros(e) for e in t.elems)
+        return None if any(v is None for v in vals) else vals
+    return None
 
 
 def stop_channel(b: UnitBuilder, op: Op, x: StreamInfo) -> tuple[str, int] | None:
@@ -104,11 +139,14 @@ def emit_stop_loop(
     step: Step,
     rotation: int = 2,
     forward: bool = False,
+    level: str = EACH,
 ) -> None:
     """Emit the unit's loop over ``x`` (from channel ``ch``, at most ``bound`` elements) until
     its stop token, ``step`` doing each element's work (module docstring); ``out`` is the
     stream it sends one element on per element received, ending with the stop token (its
-    value: the count) when ``forward``."""
+    value: the count) when ``forward``.  ``x`` and ``out`` may be stand-ins of one element
+    of an empty stream (:func:`declared_element`); ``level``: what the program read of the
+    streams (:data:`EVERY` when an empty stream gives the same program)."""
     stop = f"stop.{ch}"
     count = b.stops.pop(ch)
     b.step()
@@ -136,7 +174,7 @@ def emit_stop_loop(
     b.step()
     b.next_seq[ch] = count + 1
     if out.channel is not None and b.has_dsts(out.channel):
-        b.sent_seq[out.channel] = out.messages + forward
+        b.sent_seq[out.channel] = ctx.streams[out.name].messages + forward
     name = x.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:
@@ -144,8 +182,8 @@ def emit_stop_loop(
         return n * per_recv, n * per_sent, n * per_busy, n * per_flops
 
     _count(ctx, b, tally)
-    ctx.relax(x.name, EACH)
-    ctx.relax(out.name, EACH)
+    ctx.relax(x.name, level)
+    ctx.relax(out.name, level)
 
 
 def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:

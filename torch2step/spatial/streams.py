@@ -52,6 +52,7 @@ __all__ = [
     "flat_elements",
     "iter_nodes",
     "leaves",
+    "unit_pieces",
 ]
 
 _VALUE_DTYPES = frozenset({"int32", "int64", "bool"})
@@ -212,7 +213,9 @@ WIRE_RULES: dict[type, Callable[..., list]] = {
 }
 
 
-def _unit_pieces(name: str, t: DataType, flat: list[Any]) -> list[tuple[Piece, ...]]:
+def unit_pieces(name: str, t: DataType, flat: list[Any]) -> list[tuple[Piece, ...]]:
+    """The pieces of the elements ``flat`` (declared type ``t``) of a stream a unit sends on
+    channel ``name``: each part one message, numbered in order."""
     seq = 0
     out = []
     is_buf = isinstance(t, BufferType)
@@ -261,7 +264,7 @@ def build_streams(st: Structure, run: RunResult) -> dict[str, StreamInfo]:
                 s = sv(v.name)
                 flat = flat_elements(s)
                 infos[v.name] = StreamInfo(
-                    v.name, v.type.dtype, s, flat, _unit_pieces(v.name, v.type.dtype, flat), v.name
+                    v.name, v.type.dtype, s, flat, unit_pieces(v.name, v.type.dtype, flat), v.name
                 )
             continue
         ins = [infos[v.name] for v in op.inputs()]
