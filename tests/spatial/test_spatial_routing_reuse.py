@@ -11,8 +11,10 @@ stop token, and the FlatMap back to rows, which loops over the count that token 
 its Bufferize, which receives its rows until the stop token, reads them back per block as many
 times as the count and ends each read with the count as a stop token, which the Accum packing
 the rows into a tile loops until.  Rebuilt is every unit of an expert that gets no token in one
-run and some in the other.  The plan so assembled is the plan a fresh build gives (programs, bookkeeping, cycles
-and on-chip bytes, exactly), and the functional result stays PyTorch's."""
+run and some in the other, but its routing weights' Map and packing, whose loops are built from
+the declared types when their stream is empty.  The plan so assembled is the plan a fresh build
+gives (programs, bookkeeping, cycles and on-chip bytes, exactly), and the functional result
+stays PyTorch's."""
 
 from __future__ import annotations
 

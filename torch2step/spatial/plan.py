@@ -71,25 +71,31 @@ rows and ends with the count as a stop token (its channel carries one token per 
 the expert's tile loops until that token (:func:`~.stop_loop.emit_pack_loop`).  So every unit
 of an expert is one program for every token count that is not zero.
 
-What is still baked from the run: whether an expert gets tokens at all (``P_e = [n_e > 0]``:
-every stream of an expert with no token is empty, so all its units differ from those of a run
+The routing weights' Map and its packing are one program also for an expert with no token:
+their loop is built from one element of the stream's declared types when the run gives the
+stream none (:func:`~.stop_loop.declared_element`), and then takes the stop token only.
+
+What is still baked from the run: whether an expert gets tokens at all for its other units
+(``P_e = [n_e > 0]``: every stream of an expert with no token is empty and carries no stop
+token, so its units from the Bufferize to the FlatMap back to rows differ from those of a run
 that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
 attention everything from the KV-tile addresses on (the cursor tiles carry no values in timing
 mode, so the tile count and rows of each request are the run's).  :mod:`.reuse` therefore
 keys a plan by the run's control signature, and ``Program.report`` re-plans only for a new
 one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does not
 change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run,
-at the level its program depends on it), so a new routing emits again only the units of an
+at the level its program depends on it), so a new routing emits again only those units of an
 expert that gets tokens in only one of the runs, and a new KV-length set only the units from
 the KV-tile addresses on.  Making those units run-independent needs:
 
-* stop tokens (or a count message) on every channel of an expert, so each of its units can
-  learn ``P_e`` at run time and an expert with no token runs its units' guards only; the
-  loops' bodies built from the streams' declared types (an empty stream has no element to
-  build a body from, so such an expert's units are still built for the run), and every
-  channel such a program names declared even when the run sends nothing on it; a
-  ``RecvValue`` that can also take a stop token, for streams of buffer references and
-  addresses;
+* a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
+  so each of its units learns ``P_e`` at run time and an expert with no token runs its units'
+  guards only, with every channel such a program names declared (and received under a guard)
+  even when the run sends nothing on it: the validator accepts a channel only run-time
+  guarded receives read, but not a guarded send to a unit that never receives, such as the
+  buffer reference the weight loads read; a ``RecvValue`` that can also take a stop token,
+  for streams of buffer references and addresses; and bodies built from one element of the
+  declared types with the tile rows left to the run (``[0, c]``: nothing held);
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as

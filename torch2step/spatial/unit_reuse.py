@@ -33,9 +33,11 @@ weight loads, repeats, column split, matmuls, activation and scaling, its routin
 Map and Accum and the FlatMap back to rows, its Bufferize with its Streamify and the row
 packing (loops until a stop token or over the count it carries, :mod:`.stop_loop`,
 :mod:`.buffer_loop`, reading their streams at level :data:`EACH`); emitted again is every unit
-of an expert that has tokens in only one of the runs (:mod:`.plan`).  A cache keeps the streams of the latest runs it emitted units for (two by
-default), to compare them with a new run's, stream by stream, each comparison stopping at the
-first difference and made once per stream and level.
+of an expert that has tokens in only one of the runs but its routing weights' Map and
+packing, whose loops are built alike for an empty stream (level :data:`EVERY`, :mod:`.plan`).
+A cache keeps the streams of the latest runs it emitted units for (two by default), to
+compare them with a new run's, stream by stream, each comparison stopping at the first
+difference and made once per stream and level.
 """
 
 from __future__ import annotations
