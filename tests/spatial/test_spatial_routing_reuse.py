@@ -72,6 +72,14 @@ def _bodies(plan) -> dict[str, tuple]:
     return {u.name: at[u.core] for u in plan.placement.units}
 
 
+def _iterations(loop: Loop) -> int:
+    """The most iterations of a loop until a stop token, its inner loop (under the guard)
+    counted (torch2step.spatial.stop_loop.until_stop)."""
+    (guard,) = loop.body
+    inner = [i for i in guard.then if isinstance(i, Loop)]
+    return loop.count * (_iterations(inner[0]) if inner else 1)
+
+
 def _moe(routes=(ROUTE_A, ROUTE_B)):
     g = moe_graph(**KW, tokens=T, tile_h=32, tile_i=32)
     ins = [moe_inputs(**KW, tokens=T, seed=0, routing=r) for r in routes]
@@ -131,11 +139,12 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     # its routing weights' units loop until the stop token (at most T elements and the token),
     # and the FlatMap back to rows as many times as the token's value says
     loops = {n: [i for i in b[f"moe_e1_{n}"] if isinstance(i, Loop)] for n in ("gw", "gw_col")}
-    assert loops["gw"][0].count * 2 == T + 2 and loops["gw_col"][0].count == T + 1
+    assert loops["gw"][0].count * 2 == T + 2 and _iterations(loops["gw_col"][0]) >= T + 1
     assert [i.count for i in b["moe_e1_out"] if isinstance(i, Loop)] == ["stop.moe_e1_scaled"]
     # its Bufferize receives until the stop token (at most T rows and the token) into T one-row
     # buffers held at the bound; its row packing loops over the two tile_i reads of them
-    assert [i.count for i in b["moe_e1_buf"] if isinstance(i, Loop)] == [T + 1]
+    (recv, *_) = [i for i in b["moe_e1_buf"] if isinstance(i, Loop)]
+    assert T + 1 <= _iterations(recv) < T + 1 + 5  # two loops nested 5 deep (until_stop)
     rows = [i for i in b["moe_e1_buf"] if isinstance(i, Alloc)]
     assert len(rows) == T and all(i.held and i.shape == (64,) for i in rows)
     assert [i.count for i in b["moe_e1_xt"] if isinstance(i, Loop)] == [2]

@@ -41,6 +41,7 @@ from torch2step.step.ops_memory import Bufferize, Streamify
 from torch2step.step.ops_shape import Promote
 
 from .context import EmitCtx
+from .stop_loop import until_stop
 from .streams import Part, iter_nodes
 from .structure import Structure
 from .unit import UnitBuilder
@@ -160,7 +161,7 @@ def emit_buffer_loop(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[St
         return (Recv(ch, names[j], stop),) if j < bound else (RecvValue(ch, stop),)
 
     guard = Cond(stop, "<", 0)
-    b.emit(Set(stop, -1), Loop(bound + 1, (If(guard, select(i, 0, bound + 1, take)),), i))
+    b.emit(Set(stop, -1), *until_stop(bound + 1, guard, select(i, 0, bound + 1, take), i))
     b.step()
     b.next_seq[ch] = messages + 1
     recv0, sent0, busy0 = b.received, b.sent, b.busy_cycles

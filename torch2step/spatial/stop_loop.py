@@ -30,12 +30,13 @@ its streams (:data:`~.unit_reuse.Tally`), so a program kept from a run with anot
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from lowering.isa import Calc, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
+from lowering.isa import Affine, Calc, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, Map
 from torch2step.step.types import TileType, TupleType
@@ -50,6 +51,7 @@ __all__ = [
     "declared_element",
     "forwards_stop",
     "stop_channel",
+    "until_stop",
     "emit_stop_loop",
     "emit_pack_loop",
     "emit_piece_loop",
@@ -76,6 +78,21 @@ def forwards_stop(op: Op, sources: Iterable[str], stops: set[str]) -> bool:
         and op.rank == 1
         and len(src) == 1
     )
+
+
+def until_stop(count: int, guard: Cond, body: tuple[Instr, ...], var: str) -> tuple[Instr, ...]:
+    """At most ``count`` iterations of ``body`` while ``guard`` holds (the stop token has not
+    come), ``var`` holding the iteration index: two loops nested ``ceil(sqrt(count))`` deep,
+    so once the token came the iterations left test the guard about ``2*sqrt(count)`` times,
+    not ``count`` times (control instructions take no cycle, but each is an event the
+    simulator handles)."""
+    inner = math.isqrt(count - 1) + 1 if count > 1 else 1
+    if count <= 16:
+        return (Loop(count, (If(guard, body),), var),)
+    outer = -(-count // inner)
+    o, k = f"{var}.o", f"{var}.k"
+    at = Set(var, Affine(0, ((o, inner), (k, 1))))
+    return (Loop(outer, (If(guard, (Loop(inner, (If(guard, (at, *body)),), k),)),), o),)
 
 
 def declared_element(x: StreamInfo) -> StreamInfo | None:
@@ -290,7 +307,7 @@ def emit_pack_loop(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         update = If(Cond(idx, "==", 0), (start,), (append,))
         body: tuple[Instr, ...] = (
             Set(stop, -1),
-            Loop(bound + 1, (If(guard, (Recv(ch, inb, stop), If(guard, (update,)))),), idx),
+            *until_stop(bound + 1, guard, (Recv(ch, inb, stop), If(guard, (update,))), idx),
         )
         if sends and out.channel is not None:
             body += (If(Cond(stop, ">", 0), (Send(out.channel, acc),)),)
