@@ -230,12 +230,7 @@ class Simulator(Transfers):
             self.hver = 0
             self.cls_of = [0] * nch
             self.cmembers = [list(range(nch))] if nch and not self.attached else []
-            # free and busy per class, with room for a class per channel: numpy arrays in an
-            # untraced run (Transfers._channels serves a request over many classes at once)
-            if trace:
-                self.cfree, self.cbusy = [0.0] * nch, [0.0] * nch
-            else:
-                self.cfree, self.cbusy = np.zeros(nch), np.zeros(nch)
+            self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
             self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
             self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}

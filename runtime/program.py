@@ -83,13 +83,16 @@ def compile_programs(
     # the same cores (one per ELK operator and layer) share it
     routes: dict[tuple[int, tuple[int, ...]], tuple] = {}
     chans: dict[str, ChanState] = {}
+    default = fifo_depth(None, chip)
     for ch in ps.channels:
-        dsts = tuple(ch.dsts)
-        roots = routes.get((ch.src, dsts))
+        dsts = ch.dsts if ch.dsts.__class__ is tuple else tuple(ch.dsts)
+        key = (ch.src, dsts)
+        roots = routes.get(key)
         if roots is None:
-            roots = routes[(ch.src, dsts)] = fabric.message_roots(ch.src, dsts)
-        depth = fifo_depth(depths.get(ch.name, ch.depth) if depths else ch.depth, chip)
-        chans[ch.name] = ChanState(ch.name, ch.src, dsts, depth, roots)
+            roots = routes[key] = fabric.message_roots(ch.src, dsts)
+        depth = depths.get(ch.name, ch.depth) if depths else ch.depth
+        name = ch.name
+        chans[name] = ChanState(name, ch.src, dsts, default if depth is None else depth, roots)
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
     costs: dict[tuple, tuple] = {}
@@ -317,7 +320,11 @@ class _Compiler(LocalCompiler):
     def _recv(self, ins: Recv | RecvValue) -> None:
         code = self.code
         ch = self.chans.get(ins.channel)
-        k = None if ch is None else self.position(ch)
+        if ch is None:
+            k = None
+        else:  # position(), inlined for a unicast channel (most of them)
+            dsts = ch.dsts
+            k = (0 if dsts[0] == self.core.id else None) if len(dsts) == 1 else self.position(ch)
         if k is None:
             self.chan(ins, ins.channel, False)  # raises: not declared or not delivered here
         end = ch.ends[k]  # type: ignore[union-attr,index]

@@ -19,8 +19,6 @@ import math
 from heapq import heappush
 from typing import Any
 
-import numpy as np
-
 from runtime.network import RES_DELAY
 from runtime.state import Core, Pending, Post, Slot, StopPost, hold
 
@@ -29,9 +27,6 @@ __all__ = ["Transfers", "up"]
 
 _EPS = 1e-6
 _ceil = math.ceil
-_maximum = np.maximum
-#: an untraced HBM request touching at least this many channel classes is served by numpy
-_VECTOR_CLASSES = 16
 
 
 def up(x: float) -> int:
@@ -91,8 +86,8 @@ class Transfers:
     hver: int
     cls_of: list[int]
     cmembers: list[list[int]]
-    cfree: Any  # list[float], or a numpy array in an untraced run
-    cbusy: Any
+    cfree: list[float]
+    cbusy: list[float]
     hrate: float
     cbytes: list[int]
     ccnt: list[int]
@@ -195,10 +190,7 @@ class Transfers:
         class in closed form; a request that does not refines the classes first.  Per-member
         byte and transfer counts are added up per class and written back by
         :meth:`hbm_flush`.  The floats are those the per-channel loop computes, in the same
-        order, so cycles, statistics and the trace are unchanged: a request touching many
-        classes of an untraced run is served by numpy over its classes at once (``max`` and
-        ``+`` of float64 give the same values as Python's floats; the classes are distinct,
-        so no class is updated twice)."""
+        order, so cycles, statistics and the trace are unchanged."""
         split = x.split
         plan = self.hbm_plans.get(id(split))
         if plan is None or plan[0] != self.hver:
@@ -207,35 +199,23 @@ class Transfers:
         cfree, cbusy = self.cfree, self.cbusy
         classes = plan[1]
         self.n_cls += len(classes)
+        first = math.inf
         last = arrive if arrive > tail else tail
         rt = self.rtrace
         if rt is None:
-            vec = plan[4]
-            if vec is not None:  # many classes: (class index or slice, bytes / rate) arrays
-                ix, dv = vec
-                s = _maximum(cfree[ix], arrive)
-                e = s + dv
-                _maximum(e, tail, out=e)
-                cfree[ix] = e
-                cbusy[ix] += e - s
-                hi = e.max().item()
-                return s.min().item(), (hi if hi > last else last)
-            first = math.inf
-            get_f, get_b = cfree.item, cbusy.item
             for k, d in classes:  # the rule of _stage, per class (d: bytes / rate)
-                f = get_f(k)
+                f = cfree[k]
                 start = arrive if arrive > f else f
                 end = start + d
                 if tail > end:
                     end = tail
                 cfree[k] = end
-                cbusy[k] = get_b(k) + (end - start)
+                cbusy[k] += end - start
                 if start < first:
                     first = start
                 if end > last:
                     last = end
             return (first if classes else arrive), last
-        first = math.inf
         span: dict[int, tuple] = {}
         for k, d in classes:  # as above, keeping each class's span for the trace
             f = cfree[k]
@@ -258,7 +238,7 @@ class Transfers:
 
     def _plan(self, split: tuple) -> tuple:
         """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
-        ...), vector form or None)`` for ``split``, refining the channel classes so that every class it touches is
+        ...))`` for ``split``, refining the channel classes so that every class it touches is
         covered whole with equal bytes (``uses``: requests served with it whose bytes and
         grants are not yet added to their classes, see :meth:`_flush_uses`)."""
         cls = self.cls_of
@@ -281,8 +261,8 @@ class Transfers:
             for group in rest[1:]:
                 n = len(self.cmembers)
                 self.cmembers.append(group)
-                self.cfree[n] = self.cfree[k]  # room for a class per channel (engine.run)
-                self.cbusy[n] = self.cbusy[k]
+                self.cfree.append(self.cfree[k])
+                self.cbusy.append(self.cbusy[k])
                 self.cbytes.append(self.cbytes[k])
                 self.ccnt.append(self.ccnt[k])
                 for c in group:
@@ -299,14 +279,7 @@ class Transfers:
                 seen.add(k)
                 plan.append((k, b / rate))
                 nbytes.append((k, b))
-        vec = None
-        if self.rtrace is None and len(plan) >= _VECTOR_CLASSES:
-            ks = [k for k, _ in plan]
-            ix: Any = np.array(ks, dtype=np.intp)
-            if ks == list(range(ks[0], ks[0] + len(ks))):
-                ix = slice(ks[0], ks[0] + len(ks))  # a run of classes: served through a view
-            vec = (ix, np.array([d for _, d in plan]))
-        hit = (self.hver, tuple(plan), [0], tuple(nbytes), vec)
+        hit = (self.hver, tuple(plan), [0], tuple(nbytes))
         self.hbm_plans[id(split)] = hit
         return hit
 
@@ -329,8 +302,6 @@ class Transfers:
         rs, chan_res = self.rs, self.chan_res
         for k, members in enumerate(self.cmembers):
             f, bz, nb, nc = self.cfree[k], self.cbusy[k], self.cbytes[k], self.ccnt[k]
-            if f.__class__ is not float and f.__class__ is not int:  # numpy: untraced run
-                f, bz = f.item(), bz.item()
             for c in members:
                 r = rs[chan_res[c]]
                 r[0] = f
