@@ -217,11 +217,11 @@ class _Compiler(LocalCompiler):
         for ins in body:
             cls = ins.__class__
             if cls is Alloc:
-                size = shared.get(id(ins))
-                if size is None:
-                    size = shared[id(ins)] = self._size(ins)  # type: ignore[arg-type]
+                fields = shared.get(id(ins))
+                if fields is None:
+                    fields = shared[id(ins)] = self.alloc_fields(ins)  # type: ignore[arg-type]
                 b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]
-                append(_ALLOC(H_ALLOC, ins, b, size[0], ins.dtype, size[1], size[2]))  # type: ignore[union-attr]
+                append(_ALLOC(H_ALLOC, ins, b, *fields))
                 continue
             if cls is Free:
                 b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]

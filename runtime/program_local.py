@@ -48,24 +48,20 @@ class LocalCompiler:
         code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=ops.expr(ins.value)))
 
     def _alloc(self, ins: Alloc) -> None:
-        size = self.shared.get(id(ins))
-        if size is None:
-            size = self.shared[id(ins)] = self._size(ins)
-        shape, eb, nbytes = size
-        self.code.append(
-            ALLOC(
-                ops.h_alloc,
-                ins,
-                buf=self.buf(ins.buf),
-                shape=shape,
-                dtype=ins.dtype,
-                eb=eb,
-                nbytes=nbytes,
-            )
-        )
+        fields = self.shared.get(id(ins))
+        if fields is None:
+            fields = self.shared[id(ins)] = self.alloc_fields(ins)
+        self.code.append(ALLOC(ops.h_alloc, ins, self.buf(ins.buf), *fields))
 
-    def _size(self, ins: Alloc) -> tuple[tuple[int, ...], int, int]:
-        """``(shape, element bytes, bytes)`` of an Alloc, checked."""
+    def alloc_fields(self, ins: Alloc) -> tuple:
+        """The fields of an Alloc's operation after its buffer (:class:`runtime.ops.OpAlloc`:
+        shape, dtype, element bytes, bytes, elements, held), checked; the same for every core
+        the instruction is shared by."""
+        shape, eb, nbytes, cap = self._size(ins)
+        return (shape, ins.dtype, eb, nbytes, cap, ins.held)
+
+    def _size(self, ins: Alloc) -> tuple[tuple[int, ...], int, int, int]:
+        """``(shape, element bytes, bytes, elements)`` of an Alloc, checked."""
         key = (tuple(ins.shape), ins.dtype)
         size = _SIZES.get(key)
         if size is None:
@@ -77,10 +73,10 @@ class LocalCompiler:
             if any(d < 0 for d in ins.shape):
                 raise self.fail(ins, "negative buffer extent")
             eb = DTYPE_BYTES[ins.dtype]
-            nbytes = eb
+            cap = 1
             for d in ins.shape:
-                nbytes *= d
-            size = _SIZES[key] = (tuple(ins.shape), eb, nbytes)
+                cap *= d
+            size = _SIZES[key] = (tuple(ins.shape), eb, eb * cap, cap)
         return size
 
     def _free(self, ins: Free) -> None:
@@ -185,8 +181,8 @@ class LocalCompiler:
             fastop.exit_pc = len(code)
 
 
-#: (shape, dtype) of an Alloc -> (shape, element bytes, bytes)
-_SIZES: dict[tuple, tuple[tuple[int, ...], int, int]] = {}
+#: (shape, dtype) of an Alloc -> (shape, element bytes, bytes, elements)
+_SIZES: dict[tuple, tuple[tuple[int, ...], int, int, int]] = {}
 ALLOC = ops.builder(ops.OpAlloc)
 FREE = ops.builder(ops.OpFree)
 COMPUTE = ops.builder(ops.OpCompute)
