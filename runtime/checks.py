@@ -30,10 +30,19 @@ def check_declarations(ps: ProgramSet, chip: Chip) -> None:
     n = chip.num_cores
     where = f"program set {ps.name!r}"
     chans: set[str] = set()
+    default = fifo_depth(None, chip)
     for ch in ps.channels:
         if ch.name in chans:
             raise SimulationError(f"{where}: channel {ch.name!r} is declared twice; rename one")
         chans.add(ch.name)
+        dsts = ch.dsts
+        if (
+            len(dsts) == 1
+            and 0 <= ch.src < n
+            and 0 <= dsts[0] < n
+            and (default if ch.depth is None else ch.depth) >= 1
+        ):
+            continue  # a well-formed unicast channel (most of them): the checks below pass
         cores = (ch.src, *ch.dsts)
         if any(not 0 <= c < n for c in cores):
             raise SimulationError(

@@ -143,6 +143,7 @@ class Simulator(Transfers):
         self.mode = mode
         self.functional = mode == "functional"
         self.core_spec = chip.core
+        self.sram_bytes = chip.core.sram_bytes  # (ops.h_alloc)
         self.fabric = Fabric(chip)
         self.layout = HbmLayout(chip.hbm, programs.tensors)
         #: channel name -> FIFO depth set by :meth:`deepen` (over the declared one)

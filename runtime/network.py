@@ -116,6 +116,7 @@ class Fabric:
         ]
         self.attached = isinstance(self.noc, MeshNoC) and bool(hbm.attach_cores)
         self._load_cache: dict[int, object] = {}
+        self._eject_leaf: dict[int, Stage] = {}  # (message_roots)
         self._store_cache: dict[int, object] = {}
 
     def _add(self, name: str, kind: str, rate: float) -> int:
@@ -155,8 +156,16 @@ class Fabric:
 
     def message_roots(self, src: int, dsts: tuple[int, ...]) -> tuple[Stage, ...]:
         """Root stages of a message from ``src`` to ``dsts`` (delivery index = position)."""
-        roots: list[Stage] = []
         noc = self.noc
+        if len(dsts) == 1 and dsts[0] != src and noc.__class__ is AllToAllNoC:
+            # a unicast message (most channels): the destination's ejection stage is shared
+            # by every source's route to it
+            d = dsts[0]
+            leaf = self._eject_leaf.get(d)
+            if leaf is None:
+                leaf = self._eject_leaf[d] = (self.eject[d], noc.latency_cycles, (), (0,))
+            return ((self.inject[src], 0, (leaf,), ()),)
+        roots: list[Stage] = []
         if isinstance(noc, AllToAllNoC):
             children = tuple(
                 (self.eject[d], noc.latency_cycles, (), (i,))

@@ -50,7 +50,7 @@ from lowering.isa import Affine
 from lowering.kernels import Kernel, kernel_cycles
 from runtime.errors import SimulationError
 from runtime.layout import numpy_dtype
-from runtime.scoreboard import advance, fence, fold_w, ready
+from runtime.scoreboard import advance, fence, fold_r, fold_w, need_alloc, ready
 from runtime.state import BUSY, Buf, Core, hold
 
 __all__ = ["Op", "Expr", "expr", "ev", "CMP", "make", "builder"]
@@ -282,7 +282,9 @@ def h_jump(sim: Any, core: Core, op: OpJump) -> bool:
 
 
 class OpAlloc(Op):
-    __slots__ = ("buf", "shape", "dtype", "eb", "nbytes")
+    """``cap``: the buffer's elements; ``held``: the Alloc's ``held`` (compiled in)."""
+
+    __slots__ = ("buf", "shape", "dtype", "eb", "nbytes", "cap", "held")
 
 
 def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
@@ -291,21 +293,21 @@ def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
         raise sim.error(
             core, f"buffer {b.name!r} is already allocated; Free it first or use another name"
         )
-    held = op.src.held
+    held = op.held
     nbytes = 0 if held else op.nbytes  # a held buffer counts what it holds (``hold``)
-    core.sram += nbytes
-    if core.sram > sim.core_spec.sram_bytes:
+    sram = core.sram = core.sram + nbytes
+    if sram > sim.sram_bytes:
         raise sim.error(
             core,
             f"SRAM overflow: buffer {b.name!r} ({op.nbytes} bytes) brings the core to "
             f"{core.sram} bytes allocated, it has {sim.core_spec.sram_bytes}; free buffers "
             "earlier or use smaller tiles",
         )
-    if core.sram > core.sram_peak:
-        core.sram_peak = core.sram
+    if sram > core.sram_peak:
+        core.sram_peak = sram
     b.allocated = True
     b.dtype, b.eb, b.alloc_shape, b.shape = op.dtype, op.eb, op.shape, op.shape
-    b.cap = math.prod(op.shape)
+    b.cap = op.cap
     b.nbytes = nbytes
     b.held = held
     if sim.functional:
@@ -319,9 +321,21 @@ class OpFree(Op):
 
 
 def h_free(sim: Any, core: Core, op: OpFree) -> bool:
-    b = op.buf
-    if not ready(sim, core, (), (b,)):
+    b = op.buf  # ready(sim, core, (), (b,)), inlined (a kernel program frees every tile)
+    if not b.allocated:
+        need_alloc(sim, core, b)
+    if b.wp is not None and not fold_w(sim, core, b):
         return False
+    t = t0 = core.t
+    cat = BUSY
+    if b.w > t:
+        t, cat = b.w, b.wk
+    if b.rp and not fold_r(sim, core, b):
+        return False
+    if b.r > t:
+        t, cat = b.r, b.rk
+    if t > t0:
+        advance(sim, core, t, cat)
     b.allocated = False
     b.data = None
     core.sram -= b.nbytes

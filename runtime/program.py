@@ -15,9 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hwmodel.chip import Chip
-from lowering.errors import ProgramError
 from lowering.isa import (
-    DTYPE_BYTES,
     Alloc,
     Barrier,
     Compute,
@@ -35,12 +33,14 @@ from lowering.isa import (
     Set,
     Store,
 )
-from lowering.kernels import get_kernel
 from runtime import ops, ops_comm, ops_control
 from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout, TensorInfo
 from runtime.network import Fabric
+from runtime.program_local import ALLOC as _ALLOC
+from runtime.program_local import FREE as _FREE
+from runtime.program_local import H_ALLOC, H_FREE, LocalCompiler
 from runtime.state import Buf, ChanState, Core, Group, fifo_depth
 
 __all__ = ["compile_programs", "Compiled"]
@@ -83,13 +83,16 @@ def compile_programs(
     # the same cores (one per ELK operator and layer) share it
     routes: dict[tuple[int, tuple[int, ...]], tuple] = {}
     chans: dict[str, ChanState] = {}
+    default = fifo_depth(None, chip)
     for ch in ps.channels:
-        dsts = tuple(ch.dsts)
-        roots = routes.get((ch.src, dsts))
+        dsts = ch.dsts if ch.dsts.__class__ is tuple else tuple(ch.dsts)
+        key = (ch.src, dsts)
+        roots = routes.get(key)
         if roots is None:
-            roots = routes[(ch.src, dsts)] = fabric.message_roots(ch.src, dsts)
-        depth = fifo_depth(depths.get(ch.name, ch.depth) if depths else ch.depth, chip)
-        chans[ch.name] = ChanState(ch.name, ch.src, dsts, depth, roots)
+            roots = routes[key] = fabric.message_roots(ch.src, dsts)
+        depth = depths.get(ch.name, ch.depth) if depths else ch.depth
+        name = ch.name
+        chans[name] = ChanState(name, ch.src, dsts, default if depth is None else depth, roots)
     groups = {name: Group(name, tuple(members)) for name, members in ps.barriers}
     cores = [Core(i) for i in range(chip.num_cores)]
     costs: dict[tuple, tuple] = {}
@@ -115,7 +118,7 @@ def compile_programs(
     return out
 
 
-class _Compiler:
+class _Compiler(LocalCompiler):
     def __init__(
         self,
         core: Core,
@@ -214,15 +217,15 @@ class _Compiler:
         for ins in body:
             cls = ins.__class__
             if cls is Alloc:
-                size = shared.get(id(ins))
-                if size is None:
-                    size = shared[id(ins)] = self._size(ins)  # type: ignore[arg-type]
+                fields = shared.get(id(ins))
+                if fields is None:
+                    fields = shared[id(ins)] = self.alloc_fields(ins)  # type: ignore[arg-type]
                 b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]
-                append(_ALLOC(_H_ALLOC, ins, b, size[0], ins.dtype, size[1], size[2]))  # type: ignore[union-attr]
+                append(_ALLOC(H_ALLOC, ins, b, *fields))
                 continue
             if cls is Free:
                 b = bufs.get(ins.buf) or self.buf(ins.buf)  # type: ignore[union-attr]
-                append(_FREE(_H_FREE, ins, b))
+                append(_FREE(H_FREE, ins, b))
                 continue
             if cls is Compute:
                 append(self.compute(ins))  # type: ignore[arg-type]
@@ -239,9 +242,6 @@ class _Compiler:
         if handler is None:
             raise self.fail(ins, f"{type(ins).__name__} is not an instruction of lowering.isa")
         handler(self, ins)
-
-    def _compute(self, ins: Compute) -> None:
-        self.code.append(self.compute(ins))
 
     def _mem(self, ins: Load | Store) -> None:
         info = self.tensor(ins, ins.tensor)
@@ -320,7 +320,11 @@ class _Compiler:
     def _recv(self, ins: Recv | RecvValue) -> None:
         code = self.code
         ch = self.chans.get(ins.channel)
-        k = None if ch is None else self.position(ch)
+        if ch is None:
+            k = None
+        else:  # position(), inlined for a unicast channel (most of them)
+            dsts = ch.dsts
+            k = (0 if dsts[0] == self.core.id else None) if len(dsts) == 1 else self.position(ch)
         if k is None:
             self.chan(ins, ins.channel, False)  # raises: not declared or not delivered here
         end = ch.ends[k]  # type: ignore[union-attr,index]
@@ -356,49 +360,6 @@ class _Compiler:
             )
         )
 
-    def _set(self, ins: Set) -> None:
-        code, make = self.code, ops.make
-        code.append(make(ops.OpSet, ops.h_set, ins, reg=ins.reg, value=ops.expr(ins.value)))
-
-    def _alloc(self, ins: Alloc) -> None:
-        size = self.shared.get(id(ins))
-        if size is None:
-            size = self.shared[id(ins)] = self._size(ins)
-        shape, eb, nbytes = size
-        self.code.append(
-            _ALLOC(
-                ops.h_alloc,
-                ins,
-                buf=self.buf(ins.buf),
-                shape=shape,
-                dtype=ins.dtype,
-                eb=eb,
-                nbytes=nbytes,
-            )
-        )
-
-    def _size(self, ins: Alloc) -> tuple[tuple[int, ...], int, int]:
-        """``(shape, element bytes, bytes)`` of an Alloc, checked."""
-        key = (tuple(ins.shape), ins.dtype)
-        size = _SIZES.get(key)
-        if size is None:
-            if ins.dtype not in DTYPE_BYTES:
-                raise self.fail(
-                    ins,
-                    f"unknown dtype {ins.dtype!r}; use one of {', '.join(sorted(DTYPE_BYTES))}",
-                )
-            if any(d < 0 for d in ins.shape):
-                raise self.fail(ins, "negative buffer extent")
-            eb = DTYPE_BYTES[ins.dtype]
-            nbytes = eb
-            for d in ins.shape:
-                nbytes *= d
-            size = _SIZES[key] = (tuple(ins.shape), eb, nbytes)
-        return size
-
-    def _free(self, ins: Free) -> None:
-        self.code.append(_FREE(ops.h_free, ins, buf=self.buf(ins.buf)))
-
     def _barrier(self, ins: Barrier) -> None:
         code, make = self.code, ops.make
         g = self.groups.get(ins.group)
@@ -413,116 +374,15 @@ class _Compiler:
             )
         code.append(make(ops_comm.OpBarrier, ops_comm.h_barrier, ins, group=g))
 
-    def _if(self, ins: If) -> None:
-        code, make = self.code, ops.make
-        c = ins.cond
-        if c.op not in ops.CMP:
-            raise self.fail(ins, f"unknown comparison {c.op!r}; use one of {' '.join(ops.CMP)}")
-        br = make(
-            ops.OpIf,
-            ops.h_if,
-            ins,
-            lhs=ops.expr(c.lhs),
-            cmp=ops.CMP[c.op],
-            rhs=ops.expr(c.rhs),
-            else_pc=0,
-        )
-        code.append(br)
-        self.block(ins.then)
-        if ins.orelse:
-            jump = make(ops.OpJump, ops.h_jump, ins, target=0)
-            code.append(jump)
-            br.else_pc = len(code)
-            self.block(ins.orelse)
-            jump.target = len(code)
-        else:
-            br.else_pc = len(code)
 
-    def compute(self, ins: Compute) -> ops.Op:
-        # operations of one kernel with equal parameters share the kernel entry, the parameter
-        # dict and the cost cache per input shapes (a cost depends on nothing else:
-        # ops.h_compute)
-        hit = self.shared.get(id(ins))
-        if hit is None:
-            hit = self.shared[id(ins)] = self._kernel(ins)
-        kernel, params, cache = hit
-        bufs, buf = self.bufs, self.buf
-        outs = tuple([bufs.get(b) or buf(b) for b in ins.outs])
-        return _COMPUTE(
-            _H_COMPUTE,
-            ins,
-            kernel,
-            outs,
-            tuple([bufs.get(b) or buf(b) for b in ins.ins]),
-            params,
-            ins.dtype,
-            cache,
-        )
-
-    def _kernel(self, ins: Compute) -> tuple:
-        """``(kernel, parameter dict, cost cache)`` of a Compute, shared by the operations of
-        one kernel with equal parameters, dtype and output count."""
-        key = (ins.kernel, ins.params, ins.dtype, len(ins.outs))
-        try:
-            hit = self.costs.get(key)
-        except TypeError:  # unhashable parameter values
-            key, hit = None, None
-        if hit is None:
-            try:
-                kernel = get_kernel(ins.kernel)
-            except ProgramError as exc:
-                raise self.fail(ins, str(exc)) from None
-            if ins.dtype not in DTYPE_BYTES:
-                raise self.fail(ins, f"unknown dtype {ins.dtype!r}")
-            hit = (kernel, dict(ins.params), {})
-            if key is not None:
-                self.costs[key] = hit
-        return hit
-
-    def loop(self, ins: Loop) -> None:
-        code, make = self.code, ops.make
-        count = ops.expr(ins.count)
-        fastop = None
-        if self.fast and ins.body and all(isinstance(i, Compute) for i in ins.body):
-            body = [self.compute(i) for i in ins.body]
-            touched = tuple(dict.fromkeys(b for c in body for b in c.ins + c.outs))
-            fastop = make(
-                ops.OpFastLoop,
-                ops.h_fastloop,
-                ins,
-                count=count,
-                var=ins.var,
-                body=body,
-                touched=touched,
-                exit_pc=0,
-            )
-            code.append(fastop)
-        slot = self.slots
-        self.slots += 1
-        head = make(ops.OpLoop, ops.h_loop, ins, count=count, var=ins.var, slot=slot, exit_pc=0)
-        code.append(head)
-        body_pc = len(code)
-        self.block(ins.body)
-        code.append(make(ops.OpNext, ops.h_next, ins, slot=slot, var=ins.var, body_pc=body_pc))
-        head.exit_pc = len(code)
-        if fastop is not None:
-            fastop.exit_pc = len(code)
-
-
-#: (shape, dtype) of an Alloc -> (shape, element bytes, bytes)
-_SIZES: dict[tuple, tuple[tuple[int, ...], int, int]] = {}
-_ALLOC = ops.builder(ops.OpAlloc)
-_FREE = ops.builder(ops.OpFree)
-_COMPUTE = ops.builder(ops.OpCompute)
 _MEM = ops.builder(ops_comm.OpMem)
 _SEND = ops.builder(ops_comm.OpSend)
 _RECV = ops.builder(ops_comm.OpRecv)
-_H_ALLOC, _H_FREE, _H_COMPUTE = ops.h_alloc, ops.h_free, ops.h_compute
 _H_LOAD, _H_STORE, _H_SEND = ops_comm.h_load, ops_comm.h_store, ops_comm.h_send
 _H_RECV, _H_RECVSTOP, _H_RECVVALUE = ops_comm.h_recv, ops_comm.h_recvstop, ops_comm.h_recvvalue
 
 _HANDLERS = {
-    Compute: _Compiler._compute,
+    Compute: LocalCompiler._compute,
     Load: _Compiler._mem,
     Store: _Compiler._mem,
     Send: _Compiler._send,
@@ -530,11 +390,11 @@ _HANDLERS = {
     Recv: _Compiler._recv,
     RecvValue: _Compiler._recv,
     LoadValue: _Compiler._loadvalue,
-    Set: _Compiler._set,
-    Alloc: _Compiler._alloc,
-    Free: _Compiler._free,
+    Set: LocalCompiler._set,
+    Alloc: LocalCompiler._alloc,
+    Free: LocalCompiler._free,
     Barrier: _Compiler._barrier,
-    Loop: _Compiler.loop,
-    If: _Compiler._if,
+    Loop: LocalCompiler.loop,
+    If: LocalCompiler._if,
 }
 _HANDLERS.update(ops_control.COMPILERS)  # control values computed on a core

@@ -148,7 +148,9 @@ class ChanState:
         self.dsts = dsts
         self.depth = depth
         self.roots = roots
-        self.ends = tuple(ChanEnd(self, d) for d in dsts)
+        self.ends = (
+            (ChanEnd(self, dsts[0]),) if len(dsts) == 1 else tuple([ChanEnd(self, d) for d in dsts])
+        )
         self.sent = 0
         self.nbytes = 0
         if depth > LONG_FIFO:

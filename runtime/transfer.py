@@ -203,19 +203,29 @@ class Transfers:
         last = arrive if arrive > tail else tail
         rt = self.rtrace
         if rt is None:
-            for k, d in classes:  # the rule of _stage, per class (d: bytes / rate)
+            # the rule of _stage, per class (d: bytes / rate), split on which bound starts it:
+            # a class free before the request starts at ``arrive``, so the earliest start is
+            # ``arrive`` if any class is, else the earliest ``free`` (the same values)
+            early = False
+            for k, d in classes:
                 f = cfree[k]
-                start = arrive if arrive > f else f
-                end = start + d
-                if tail > end:
-                    end = tail
+                if arrive > f:
+                    end = arrive + d
+                    if tail > end:
+                        end = tail
+                    cbusy[k] += end - arrive
+                    early = True
+                else:
+                    end = f + d
+                    if tail > end:
+                        end = tail
+                    cbusy[k] += end - f
+                    if f < first:
+                        first = f
                 cfree[k] = end
-                cbusy[k] += end - start
-                if start < first:
-                    first = start
                 if end > last:
                     last = end
-            return (first if classes else arrive), last
+            return (arrive if early or not classes else first), last
         span: dict[int, tuple] = {}
         for k, d in classes:  # as above, keeping each class's span for the trace
             f = cfree[k]
