@@ -153,7 +153,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 continue
             kb, nb = k // tk, n // tn
             w, a, cc = kb * nb * e, m * kb * e, m * nb * e
-            axis = -1
+            axis = scatter_axis(m, nb, tk) if c.links is None and c.mesh is None else -1
             sl = cc // tk  # a reduce-scatter slice
             core_space = w + a + (cc + 2 * sl if axis >= 0 else 2 * cc)
             if core_space > c.sram:
