@@ -205,6 +205,10 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     return stream + c.net_lat * (tk + tn) + reduce
                 load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
                 store = max(out / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
+                # the row's first core multicasts each activation piece as it arrives, so only
+                # the last piece's multicast follows the gather (the pieces of :func:`chunks`)
+                if tn > 1:
+                    bcast = a / c.port * f / chunks(k // tk) + c.net_lat * hr
                 return load_a + bcast + comp + reduce + store
 
             xb = cores * a + (tk - 1) * tn * cc
@@ -485,8 +489,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
     # port, or on an edge-fed mesh the busiest link of its routes, which the execution's
     # messages between the cores of the same mesh region cross too (ELK §4.3)
     ports = tuple(
-        c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh))
-        for p in plans
+        c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh)) for p in plans
     )
     first = (
         tuple(
