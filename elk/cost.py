@@ -41,6 +41,7 @@ __all__ = [
     "footprint",
     "chunks",
     "CHUNKS",
+    "scatter_axis",
 ]
 
 
@@ -56,7 +57,11 @@ class Plan:
     cycles into the execution before a core of it receives a message sent during it (its
     input activation was pushed by the producer before), which is when a preload queued on
     its ports first holds it up; ``0`` when it receives none (a row-wise operator): the
-    queued pieces then hold up the next execution instead, so they are charged here."""
+    queued pieces then hold up the next execution instead, so they are charged here;
+    ``scatter``: a matrix product whose grid columns combine their partial sums by a
+    reduce-scatter, each core ending with one slice of the column's result cut along this
+    axis of the ``M x N/tn`` block (0 rows, 1 columns); ``-1``: a tree reduction onto the top
+    grid row (:func:`_matmul`)."""
 
     kind: str
     tiles: tuple[int, ...]
@@ -69,6 +74,7 @@ class Plan:
     preload_space: int
     slack: float = 0.0
     quiet: float = 0.0
+    scatter: int = -1
 
     def label(self) -> str:
         return "<" + ", ".join(str(t) for t in self.tiles) + ">"
@@ -105,13 +111,32 @@ def _levels(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
+def scatter_axis(m: int, nb: int, tk: int) -> int:
+    """The axis a grid column of ``tk`` cores cuts its ``m x nb`` partial sums along for a
+    reduce-scatter (:func:`_matmul`): columns when ``tk`` divides ``nb``, else rows when it
+    divides ``m``; ``-1`` when neither does (a tree reduction then)."""
+    if tk <= 1:
+        return -1
+    if nb % tk == 0:
+        return 1
+    return 0 if m % tk == 0 else -1
+
+
 def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
-    """Weight-stationary with broadcast activations and a tree reduction (Cyclotron's
-    weight-stationary dataflow with the activation multicast along grid rows instead of
-    streamed, so one token block needs no chain of dependent computes): grid ``tk x tn``;
-    the first core of each grid row loads its activation block and multicasts it along the row,
-    every core multiplies by its stationary weight block, partial sums are added pairwise down
-    each grid column in ``ceil(log2 tk)`` rounds and the top row stores the result."""
+    """Weight-stationary with broadcast activations (Cyclotron's weight-stationary dataflow
+    with the activation multicast along grid rows instead of streamed, so one token block needs
+    no chain of dependent computes): grid ``tk x tn``; the first core of each grid row loads its
+    activation block and multicasts it along the row, every core multiplies by its stationary
+    weight block.  The partial sums of a grid column are combined (ELK §2.2: "these cores will
+    exchange the partial results via the interconnect"):
+
+    * all-to-all: by a direct reduce-scatter: the product is computed straight into ``tk``
+      slices (:func:`scatter_axis`); in step ``s`` every core sends the slice of core ``r + s``
+      and adds the slice core ``r - s`` sent, so each port moves ``(tk - 1) / tk`` of the block
+      once (a tree would move the whole block ``log2 tk`` times through one port) and every
+      core keeps one reduced slice for the next operator to gather;
+    * mesh (or when ``tk`` divides neither side): pairwise down each grid column in
+      ``ceil(log2 tk)`` rounds between neighbours, the top row keeping the result."""
     m, k, n = op.dims
     e = op.elem
     rows_cap = c.mesh[0] if c.mesh else c.cores
@@ -128,10 +153,19 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 continue
             kb, nb = k // tk, n // tn
             w, a, cc = kb * nb * e, m * kb * e, m * nb * e
-            core_space = w + a + 2 * cc
+            axis = scatter_axis(m, nb, tk) if c.links is None and c.mesh is None else -1
+            sl = cc // tk  # a reduce-scatter slice
+            core_space = w + a + (cc + 2 * sl if axis >= 0 else 2 * cc)
             if core_space > c.sram:
                 continue
-            comp = _kernel(c, 2 * m * kb * nb, a + w + cc)
+            # one product per preloaded weight piece (:func:`chunks`), each after the first
+            # reading and writing the accumulator again in SRAM (the kernel of
+            # ``lowering.elk_programs``: matmul, then matmul_acc per piece)
+            nc = chunks(kb)
+            wp, ap = w // nc, a // nc
+            comp = _kernel(c, 2 * m * kb * nb // nc, ap + wp + cc) + (nc - 1) * _kernel(
+                c, 2 * m * kb * nb // nc, ap + wp + 3 * cc
+            )
             add = _kernel(c, m * nb, 3 * cc)
             lv = _levels(tk)
             hops_row = (tn / 2) if c.mesh else 1.0
@@ -148,9 +182,18 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 tn: int = tn,
                 hr: float = hops_row,
                 hc: float = hops_col,
+                axis: int = axis,
+                sl: int = sl,
+                nb: int = nb,
             ) -> float:
                 bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
                 reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
+                out = cc
+                if axis >= 0:
+                    # tk - 1 slices in through the port, each added as the next arrives
+                    msg, plus = sl / c.port * f, _kernel(c, m * nb // tk, 3 * sl)
+                    reduce = (tk - 1) * max(msg, plus) + min(msg, plus) + c.net_lat
+                    out = sl
                 if c.links is not None:
                     # mesh: the first grid column gathers the activation over the links into
                     # it, piece by piece (:func:`chunks`), each piece multicast along the row
@@ -161,7 +204,11 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     stream = slow + (sum(parts) - slow) / chunks(k // tk)
                     return stream + c.net_lat * (tk + tn) + reduce
                 load_a = max(a / c.port * f, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
-                store = max(cc / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
+                store = max(out / c.port * f, m * n * e / c.hbm_bw) + c.net_lat
+                # the row's first core multicasts each activation piece as it arrives, so only
+                # the last piece's multicast follows the gather (the pieces of :func:`chunks`)
+                if tn > 1:
+                    bcast = a / c.port * f / chunks(k // tk) + c.net_lat * hr
                 return load_a + bcast + comp + reduce + store
 
             xb = cores * a + (tk - 1) * tn * cc
@@ -189,6 +236,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     k * n * e,
                     first + comp * (pieces - 1) / pieces,
                     quiet,
+                    axis,
                 )
             )
     return out
@@ -441,8 +489,7 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
     # port, or on an edge-fed mesh the busiest link of its routes, which the execution's
     # messages between the cores of the same mesh region cross too (ELK §4.3)
     ports = tuple(
-        c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh))
-        for p in plans
+        c.hbm_link(p.preload_space / max(1, p.cores), footprint(p, c.mesh)) for p in plans
     )
     first = (
         tuple(

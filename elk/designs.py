@@ -8,9 +8,9 @@
   preloads share the preload space of all cores, whatever the executing operator leaves unused;
   all preloaded operators use either their largest or their smallest preload-state plan,
   whichever is faster.  Operators are preloaded in advance as SambaNova does, i.e. greedily:
-  before each ``execute`` every next operator whose preload space still fits is issued (the
-  best of a sweep of caps on how many are held); the preload numbers are not searched (that is
-  ELK's inductive scheduling, §4.2).
+  before each ``execute`` every next operator whose preload space still fits the reserved
+  preload space is issued (the split is Static's only size; how many operators it holds follows
+  from it); the preload numbers are not searched (that is ELK's inductive scheduling, §4.2).
 * **ELK-Dyn**: inductive scheduling (§4.2) + cost-aware allocation (§4.3), execution order.
 * **ELK-Full**: ELK-Dyn plus preload order permutation (§4.4).
 * **Ideal**: separate interconnects for preload and execution (no contention), unbounded on-chip
@@ -70,10 +70,9 @@ def plan_design(
                     beam=beam,
                     **kw,
                 )
-                for ahead in STATIC_AHEAD:
-                    t = greedy(items, pol, (1 - frac) * capacity, ahead)
-                    if t is not None and (best is None or t.total < best.total):
-                        best = t
+                t = greedy(items, pol, (1 - frac) * capacity, None)
+                if t is not None and (best is None or t.total < best.total):
+                    best = t
         if best is None:
             raise ElkError("Static: no fixed execute/preload split fits every operator")
         return best
@@ -91,10 +90,6 @@ def plan_design(
         assert t is not None
         return t
     raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
-
-
-#: Caps on how many preloaded operators Static holds at once (it takes the best).
-STATIC_AHEAD = (1, 2, 4, 8, None)
 
 
 def _static_plan(it: Item, pol: Policy) -> int:

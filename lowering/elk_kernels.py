@@ -2,6 +2,9 @@
 :mod:`lowering.kernels`: flash-decoding attention partials and their merge, a row-wise vector
 operator timed by its FLOPs per element, and a layer-graph node evaluated on one core.
 
+A matrix product may write its result as slices (``mm_parts``), the pieces a reduce-scatter
+sends to the other cores of a grid column (:mod:`lowering.elk_programs`).
+
 Attention partials travel as one buffer ``(rows, heads, D + 2)``: the unnormalised output, the
 running maximum and the running sum of exponentials, so merging two partials is elementwise.
 """
@@ -116,6 +119,33 @@ if "attn_partial" not in KERNELS:
             lambda s, p: _node(p)[0],
             lambda s, p: 2 * sum(math.prod(o) for o in _node(p)[0]),
             lambda x, p: _node(p)[1](x),
+        )
+    )
+
+
+def _parts_shapes(s: Sequence[tuple[int, ...]], p: Any) -> tuple[tuple[int, ...], ...]:
+    (m, k), (k2, n) = s[0], s[1]
+    t, axis = int(p["parts"]), int(p["axis"])
+    if k != k2 or (m, n)[axis] % t:
+        raise ProgramError(f"mm_parts: {m}x{k} @ {k2}x{n} into {t} parts along axis {axis}")
+    return ((m // t, n),) * t if axis == 0 else ((m, n // t),) * t
+
+
+def _parts_run(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    t, axis = int(p["parts"]), int(p["axis"])
+    y = x[0] @ x[1]
+    if len(x) > 2:  # accumulate into the parts
+        y = y + np.concatenate(x[2:], axis=axis)
+    return tuple(np.split(y, t, axis=axis))
+
+
+if "mm_parts" not in KERNELS:
+    register_kernel(
+        Kernel(  # params: parts, axis; ins (A, B) or (A, B, C_0 .. C_{parts-1}): C += A @ B
+            "mm_parts",  # the product written as ``parts`` slices (a reduce-scatter's sends)
+            _parts_shapes,
+            lambda s, p: 2 * s[0][0] * s[0][1] * s[1][1],
+            _parts_run,
         )
     )
 

@@ -86,9 +86,11 @@ def _matmul(
     nc = chunks(kb)
     rb = kb // nc
     acc, tmp = f"o{j}_p", f"o{j}_t"
-    p.alloc(acc, (m, nb), dt)
-    if _has_tmp(pl.rows, r):
-        p.alloc(tmp, (m, nb), dt)
+    axis = pl.plan.scatter
+    if axis < 0:
+        p.alloc(acc, (m, nb), dt)
+        if _has_tmp(pl.rows, r):
+            p.alloc(tmp, (m, nb), dt)
     chan = f"o{j}_a{r}"
     if pl.cols > 1 and not b.has_channel(chan):
         row = pl.cores[r * pl.cols : (r + 1) * pl.cols]
@@ -102,6 +104,8 @@ def _matmul(
                 p.send(chan, a)
         else:
             p.recv(chan, a)
+    if axis >= 0:
+        return _scatter(b, p, j, pl, r, c, dt, flow, axis)
     for q in range(nc):
         a, w = f"o{j}_a{q}", f"o{j}_w{q}"
         if q == 0:
@@ -132,6 +136,64 @@ def _matmul(
     if _has_tmp(pl.rows, r):
         p.free(tmp)
     return finisher
+
+
+def _scatter(
+    b: ProgramBuilder,
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dt: str,
+    flow: Flow,
+    axis: int,
+) -> bool:
+    """The product of core ``(r, c)`` written as ``tk`` slices along ``axis`` and combined by a
+    direct reduce-scatter down grid column ``c`` (:func:`elk.cost._matmul`): in step ``s`` it
+    sends slice ``r + s`` to that core and adds the slice core ``r - s`` sent; it then holds
+    slice ``r`` of the column's result."""
+    m, k, n = pl.op.dims
+    tk = pl.rows
+    kb, nb = k // tk, n // pl.cols
+    nc = chunks(kb)
+    ext = (m // tk, nb) if axis == 0 else (m, nb // tk)
+    parts = [f"o{j}_p{s}" for s in range(tk)]
+    for buf in parts:
+        p.alloc(buf, ext, dt)
+    params = {"parts": tk, "axis": axis}
+    for q in range(nc):
+        a, w = f"o{j}_a{q}", f"o{j}_w{q}"
+        p.compute("mm_parts", parts, (a, w) if q == 0 else (a, w, *parts), params, dt)
+        p.free(a)
+        p.free(w)
+    for s in range(1, tk):
+        dst = (r + s) % tk
+        ch = f"o{j}_x{r}_{dst}_{c}"
+        if not b.has_channel(ch):
+            b.channel(ch, pl.core(r, c), pl.core(dst, c))
+        p.send(ch, parts[dst])
+    tmps = [f"o{j}_t{u}" for u in range(min(2, tk - 1))]
+    for buf in tmps:
+        p.alloc(buf, ext, dt)
+    for s in range(1, tk):
+        src = (r - s) % tk
+        ch = f"o{j}_x{src}_{r}_{c}"
+        if not b.has_channel(ch):
+            b.channel(ch, pl.core(src, c), pl.core(r, c))
+        t = tmps[s % len(tmps)]
+        p.recv(ch, t)
+        p.compute("add", parts[r], (parts[r], t), dtype=dt)
+    for buf in tmps:
+        p.free(buf)
+    if axis == 0:
+        at = (r * ext[0], c * nb)
+    else:
+        at = (0, c * nb + r * ext[1])
+    flow.put(p, j, parts[r], pl.op.tensor("y"), at, ext)
+    for buf in parts:
+        p.free(buf)
+    return True
 
 
 def _has_tmp(rows: int, r: int) -> bool:
