@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from .buffer_loop import emit_buffer_loop
 from .context import EmitCtx, tile_shape
 from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
+from .unit_reuse import FORM, ROWS
 
 __all__ = ["EMITTERS"]
 
@@ -125,9 +127,12 @@ def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None
     most, cols = tile_shape(op)
     depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[lay.dtype])
     loaded: dict[int, Elem] = {}
+    regs = True  # every address and row count is a register received at run time
 
     def front(t: int) -> None:
+        nonlocal regs
         (p_row, reg_row), (p_n, reg_n) = b.recv(addrs, t)
+        regs = regs and reg_row is not None and reg_n is not None
         # whole rows of a row-major (or full-width-tiled) tensor: row k starts at k * cols
         start = (
             (op.base + p_row.value) * cols
@@ -138,6 +143,19 @@ def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None
         loaded[t] = b.load(lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols)
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
+    if regs:
+        # the addresses and row counts reach registers only and a tile is sent at the rows
+        # loaded: the program is the same for every address set of this structure whose
+        # largest tile (the buffers' size) is this run's
+        ctx.fact(functools.partial(_most_rows, op.raddr.name))
+        ctx.relax(op.raddr, FORM)
+        ctx.relax(op.name, ROWS)
+
+
+def _most_rows(addrs: str, ctx: EmitCtx) -> int:
+    """The most rows an address ``(row, r)`` of stream ``addrs`` asks for in ``ctx``'s run."""
+    info = ctx.streams[addrs]
+    return max((info.parts(k)[1].value for k in range(len(info.flat))), default=0)
 
 
 def _linear_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
