@@ -81,20 +81,23 @@ token, so its units from the Bufferize to the FlatMap back to rows differ from t
 that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
 attention the units from the KV-tile addresses on: the FlatMap cutting a request's cursor into
 tile addresses sends the run's addresses as literals (the cursor tiles the Scan computes carry
-no values in timing mode), the online softmax's update cycles are those of the run's tile rows,
-and the K and V loads and the query's Expand along the tiles follow the run's tile count per
-request.  The cursor Scan takes each KV length into a register no instruction reads, so it is
-one program for every length; the loads take each address and row count into registers and
-send a tile at the rows loaded, so they are kept for another KV-length set with as many tiles
-per request and the same largest tile, their buffers' size (a fact of the run the unit's reuse
-checks, ``Deps.facts``), as is the Expand (it only dequeues the addresses): the next decode
-step, every length one longer, mostly is such a set.  :mod:`.reuse` therefore
+no values in timing mode), and the K and V loads, the query's Expand along the tiles and the
+online softmax follow the run's tile count per request.  The cursor Scan takes each KV length
+into a register no instruction reads, so it is one program for every length; the loads take
+each address and row count into registers and send a tile at the rows loaded, so they are kept
+for another KV-length set with as many tiles per request and the same largest tile, their
+buffers' size (a fact of the run the unit's reuse checks, ``Deps.facts``); so is the Expand
+(it only dequeues the addresses) and the softmax, whose updates follow the K tile's run-time
+rows (a row rule) and whose tile buffers are held at the op's ``tile_kv`` rows (a KV tile's
+row count, ragged, one per tile, is bounded by :func:`count_bounds`, and a program kept reads
+each step's rows from the new run's message: :class:`~.unit_buffers.MessageRows`).  The next
+decode step, every length one longer, mostly is such a set.  :mod:`.reuse` therefore
 keys a plan by the run's control signature, and ``Program.report`` re-plans only for a new
 one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does not
 change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run,
 at the level its program depends on it), so a new routing emits again only those units of an
 expert that gets tokens in only one of the runs, and a new KV-length set only the tile
-addresses and the softmax (and the loads and the Expand for other tile counts per request).
+addresses (and, for other tile counts per request, the loads, the Expand and the softmax).
 Making those units run-independent needs:
 
 * a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
@@ -114,8 +117,7 @@ Making those units run-independent needs:
   is, :mod:`.control`); the FlatMap cutting it into tile addresses looping ``ceil(n / tile)``
   times from registers, ending each request's addresses with a stop token (a grouped channel,
   :func:`~.buffer_loop.grouped_channels`); the loads, the Expand and the softmax looping until
-  that token (:mod:`.stop_loop`), the softmax's update timed by a row rule on the K tile's
-  run-time rows (:mod:`.rows`), with a bound of ``tile_kv`` rows for the tile's row count.
+  that token (:mod:`.stop_loop`), the loads' buffers held at ``tile_kv`` rows.
 
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
@@ -145,6 +147,7 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
+from torch2step.step.ops_memory import RandomOffChipLoadRows
 from torch2step.step.ops_routing import Partition, Reassemble
 
 from .buffer_loop import group_tokens, grouped_channels
@@ -240,13 +243,22 @@ def count_bounds(ctx: EmitCtx) -> dict[str, int]:
     """Per chunk-count symbol of a Partition (an expert's token count), its bound: the
     selectors the Partition routes by (each sends a chunk to an output at most once: the
     tokens, for an MoE's router), so a buffer of tiles whose rows are that count can be
-    allocated once for every routing of those tokens."""
+    allocated once for every routing of those tokens; and per ragged row count of a
+    RandomOffChipLoadRows (a KV tile's rows, by the name of its indexed base), the op's tile
+    rows."""
     out: dict[str, int] = {}
     for op in ctx.structure.graph.nodes:
         if isinstance(op, Partition) and op.name in ctx.structure.owner:
             n = len(ctx.streams[op.sel.name].flat)
             for sym in op.counts():
                 out[sym.name] = n
+        elif isinstance(op, RandomOffChipLoadRows):  # a KV tile: at most the op's tile rows
+            (t,) = op.out_types()
+            rows = sp.sympify(t.dtype.shape[0])
+            if isinstance(rows, sp.Indexed):  # one count per address (a ragged size)
+                out[str(rows.base)] = int(op.tile.shape[0])
+            elif isinstance(rows, sp.Symbol):
+                out[rows.name] = int(op.tile.shape[0])
     return out
 
 
@@ -366,7 +378,9 @@ def _build_plan(
             expr = sp.sympify(rows)
             names = {x.name for x in expr.free_symbols}
             value = None
-            if names and names <= bounds.keys():
+            if isinstance(expr, sp.Indexed) and str(expr.base) in bounds:
+                value = bounds[str(expr.base)]  # a ragged size: one count per element
+            elif names and names <= bounds.keys():
                 v = expr.subs({x: bounds[x.name] for x in expr.free_symbols})
                 value = int(v) if v.is_Integer else None
             known[rows] = value

@@ -35,6 +35,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
+from sympy import Indexed
+
 from lowering.isa import (
     Affine,
     Barrier,
@@ -56,7 +58,7 @@ from .compress import compress
 from .hazards import fence_group
 from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, RowRule, TimingModel
-from .unit_buffers import Bound, UnitBuffers
+from .unit_buffers import Bound, MessageRows, UnitBuffers
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
 
@@ -157,6 +159,9 @@ class UnitBuilder(UnitBuffers):
                 decl = decls[i]
                 if dyn[i] or decl is not None and not decl.shape[1].is_Integer:
                     rows = self._rows(decl)
+                if rows is not None and isinstance(rows[0], Indexed):
+                    # a ragged row count, one per element (a KV tile's): this message's rows
+                    rows = (MessageRows(chan, seq), rows[1])
                 if rows is not None and decl is not None:
                     sized = (*rows, int(decl.shape[1]), 0)
                 b = self.buffer((*r, i), part.dtype, part.elems, rotation, sized)

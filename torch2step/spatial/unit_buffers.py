@@ -15,6 +15,7 @@ functions of the counts (:mod:`.sizing`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from lowering.isa import DTYPE_BYTES, Alloc
 from torch2step.step.types import TileType
@@ -22,7 +23,17 @@ from torch2step.step.types import TileType
 from .sizing import Sizing
 from .timing import RowRule
 
-__all__ = ["Bound", "UnitBuffers"]
+__all__ = ["Bound", "MessageRows", "UnitBuffers"]
+
+
+@dataclass(frozen=True)
+class MessageRows:
+    """The rows of the tile in message ``seq`` of ``channel``: a row count that is ragged,
+    one per element (a KV tile's ``(row, r)`` rows, STeP arXiv 2511.07776 §3.1), stands for
+    itself in a unit's :class:`~.sizing.Sizing` and is read from each run's messages."""
+
+    channel: str
+    seq: int
 
 
 class _Pool:
