@@ -79,26 +79,22 @@ What is still baked from the run: whether an expert gets tokens at all for its o
 (``P_e = [n_e > 0]``: every stream of an expert with no token is empty and carries no stop
 token, so its units from the Bufferize to the FlatMap back to rows differ from those of a run
 that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
-attention the units from the KV-tile addresses on: the FlatMap cutting a request's cursor into
-tile addresses sends the run's addresses as literals (the cursor tiles the Scan computes carry
-no values in timing mode), and the K and V loads, the query's Expand along the tiles and the
-online softmax follow the run's tile count per request.  The cursor Scan takes each KV length
-into a register no instruction reads, so it is one program for every length; the loads take
-each address and row count into registers and send a tile at the rows loaded, so they are kept
-for another KV-length set with as many tiles per request and the same largest tile, their
-buffers' size (a fact of the run the unit's reuse checks, ``Deps.facts``); so is the Expand
-(it only dequeues the addresses) and the softmax, whose updates follow the K tile's run-time
-rows (a row rule) and whose tile buffers are held at the op's ``tile_kv`` rows (a KV tile's
-row count, ragged, one per tile, is bounded by :func:`count_bounds`, and a program kept reads
-each step's rows from the new run's message: :class:`~.unit_buffers.MessageRows`).  The next
-decode step, every length one longer, mostly is such a set.  :mod:`.reuse` therefore
-keys a plan by the run's control signature, and ``Program.report`` re-plans only for a new
-one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does not
-change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run,
-at the level its program depends on it), so a new routing emits again only those units of an
-expert that gets tokens in only one of the runs, and a new KV-length set only the tile
-addresses (and, for other tile counts per request, the loads, the Expand and the softmax).
-Making those units run-independent needs:
+attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
+addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
+for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
+cursor Scan takes each KV length into a register no instruction reads (one program for every
+length); the loads take each address and row count into registers and size their buffers at
+the run's largest tile (``Deps.facts``), the Expand only dequeues the addresses, and the
+softmax holds its K and V tiles at the op's ``tile_kv`` rows (a KV tile's ragged rows bounded
+by :func:`count_bounds`, read per message in a new run: :class:`~.unit_buffers.MessageRows`)
+with row rules: all kept for as many tiles per request and the same largest tile (the next
+decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's control signature,
+and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit, the
+programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
+program is kept with what its emitter read of the run, at the level its program depends on
+it), so a new routing emits again only those units of an expert that gets tokens in only one
+of the runs, and a new KV-length set only the units named above.  Making them run-independent
+needs:
 
 * a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
   so each of its units learns ``P_e`` at run time and an expert with no token runs its units'
@@ -113,11 +109,10 @@ Making those units run-independent needs:
   FilterPadding reads, which are made where they are used from the run today, sent as
   messages by the unit that padded;
 * in decode attention, the cursor's values at run time (an instruction writing a register into
-  a buffer element, so the Scan's ``kv_cursor`` update is computed in registers as the selector
-  is, :mod:`.control`); the FlatMap cutting it into tile addresses looping ``ceil(n / tile)``
-  times from registers, ending each request's addresses with a stop token (a grouped channel,
-  :func:`~.buffer_loop.grouped_channels`); the loads, the Expand and the softmax looping until
-  that token (:mod:`.stop_loop`), the loads' buffers held at ``tile_kv`` rows.
+  a buffer element: the Scan's update computed in registers, as the selector's, :mod:`.control`);
+  the address FlatMap looping ``ceil(n / tile)`` times from registers and ending each request's
+  addresses with a stop token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand
+  and the softmax looping until it (:mod:`.stop_loop`), the loads' buffers held at ``tile_kv``.
 
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
