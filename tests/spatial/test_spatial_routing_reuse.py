@@ -235,10 +235,10 @@ KV_KEPT = (
     "attn_store",
 )  # fmt: skip
 #: Kept for a KV-length set with as many tiles per request (the next decode step, mostly): the
-#: K and V loads (addresses and row counts in registers, tiles sent at the rows loaded, buffers
-#: at the run's largest tile: kept while that is the same), the query's Expand along the
-#: tiles (their addresses dequeued only) and the online softmax (each update timed by a row
-#: rule on the K tile's run-time rows, its tile buffers held at ``tile_kv`` rows).
+#: K and V loads (addresses and row counts in registers, tiles held in buffers of ``tile_kv``
+#: rows and sent at the rows loaded), the query's Expand along the tiles (their addresses
+#: dequeued only) and the online softmax (each update timed by a row rule on the K tile's
+#: run-time rows, its tile buffers held at ``tile_kv`` rows).
 KV_SAME_TILES = ("attn_k", "attn_v", "attn_q_kv", "attn_softmax")
 #: Built for the run: the tile addresses (computed from the cursor tiles, which carry no values
 #: in timing mode).
@@ -285,23 +285,18 @@ def test_a_second_kv_length_set_reuses_the_units_it_does_not_change() -> None:
 
 
 def test_a_next_decode_step_keeps_the_tile_loads() -> None:
-    """Every length one longer, within the same tiles: the K and V loads (their buffers hold
-    the largest tile, ``tile_kv`` rows in both runs), the query's Expand and the softmax are
-    kept too; the tile addresses are built for the run.  Lengths whose largest tile differs
-    (all under ``tile_kv``) rebuild the loads: their buffers are the run's size."""
-    a, b = _kv_plans([5, 38, 17], [6, 39, 18])
-    _kept_and_rebuilt(a, b, list(KV_KEPT + KV_SAME_TILES), list(KV_BAKED))
-    allocs = [i for i in b["attn_k"] if isinstance(i, Alloc)]
-    assert allocs and all(i.shape == (16 * 16,) and not i.held for i in allocs)
-    a, b = _kv_plans([5, 3, 7], [6, 4, 8])  # one tile each; the largest has 7 rows, then 8
-    loads = ("attn_k", "attn_v")
-    kept = [n for n in KV_KEPT + KV_SAME_TILES if n not in loads]
-    _kept_and_rebuilt(a, b, kept, list(KV_BAKED + loads))
-    allocs = [i for i in b["attn_k"] if isinstance(i, Alloc)]
-    assert allocs and all(i.shape == (8 * 16,) for i in allocs)
-    # the softmax holds a K and a V tile in buffers of tile_kv rows, counted by what they hold
-    tiles = [i for i in b["attn_softmax"] if isinstance(i, Alloc) and i.shape == (16 * 16,)]
-    assert len(tiles) == 2 and all(i.held for i in tiles)
+    """Every length one longer, within the same tiles (also when every tile is shorter than
+    ``tile_kv``): the K and V loads, the query's Expand and the softmax are kept too; the tile
+    addresses are built for the run.  The loads and the softmax hold the K and V tiles in
+    buffers of ``tile_kv`` rows, counted by what they hold (``Alloc.held``)."""
+    for lens_a, lens_b in (([5, 38, 17], [6, 39, 18]), ([5, 3, 7], [6, 4, 8])):
+        a, b = _kv_plans(lens_a, lens_b)
+        _kept_and_rebuilt(a, b, list(KV_KEPT + KV_SAME_TILES), list(KV_BAKED))
+        for n in ("attn_k", "attn_v"):
+            allocs = [i for i in b[n] if isinstance(i, Alloc)]
+            assert allocs and all(i.shape == (16 * 16,) and i.held for i in allocs)
+        tiles = [i for i in b["attn_softmax"] if isinstance(i, Alloc) and i.shape == (16 * 16,)]
+        assert len(tiles) == 2 and all(i.held for i in tiles)
 
 
 def test_report_on_a_new_routing_takes_the_units_of_the_first() -> None:

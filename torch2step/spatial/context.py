@@ -15,7 +15,7 @@ tensor), so the address stays affine in the received register.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,14 +173,6 @@ class EmitCtx:
                 self.deps.streams[name] = looser(self.deps.streams[name], level)
             else:
                 self.deps.streams[name] = level
-
-    def fact(self, fn: Callable[[EmitCtx], Any]) -> Any:
-        """``fn`` of this run, recorded for the unit being emitted: a later run reuses its
-        program only when ``fn`` gives the same there (:class:`~.unit_reuse.Deps`)."""
-        v = fn(self)
-        if self.deps is not None:
-            self.deps.facts.append((fn, v))
-        return v
 
     def tally(self, fn: Tally) -> tuple[int, int, int, int]:
         """``(received, sent, busy cycles, FLOPs)`` of the run-time decisions of the unit being

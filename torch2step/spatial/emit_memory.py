@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from .buffer_loop import emit_buffer_loop
 from .context import EmitCtx, tile_shape
 from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
+from .unit_buffers import MessageRows
 from .unit_reuse import FORM, ROWS
 
 __all__ = ["EMITTERS"]
@@ -140,22 +140,21 @@ def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None
             else Affine(op.base * cols, ((reg_row, cols),))
         )
         extent = p_n.value * cols if reg_n is None else Affine(0, ((reg_n, cols),))
-        loaded[t] = b.load(lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols)
+        sized = None
+        if regs and out.channel is not None:  # held at the largest tile (its rows: the run's)
+            ((ch, seq, _),) = out.pieces[t]
+            sized = (MessageRows(ch, seq), most, cols, 0)
+        loaded[t] = b.load(
+            lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols, sized=sized
+        )
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
     if regs:
-        # the addresses and row counts reach registers only and a tile is sent at the rows
-        # loaded: the program is the same for every address set of this structure whose
-        # largest tile (the buffers' size) is this run's
-        ctx.fact(functools.partial(_most_rows, op.raddr.name))
+        # the addresses and row counts reach registers only, a tile is sent at the rows loaded
+        # and held in a buffer allocated at the op's tile (Alloc.held): the program is the
+        # same for every address set of this structure
         ctx.relax(op.raddr, FORM)
         ctx.relax(op.name, ROWS)
-
-
-def _most_rows(addrs: str, ctx: EmitCtx) -> int:
-    """The most rows an address ``(row, r)`` of stream ``addrs`` asks for in ``ctx``'s run."""
-    info = ctx.streams[addrs]
-    return max((info.parts(k)[1].value for k in range(len(info.flat))), default=0)
 
 
 def _linear_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:

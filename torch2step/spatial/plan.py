@@ -83,12 +83,11 @@ attention the KV-tile addresses (the FlatMap cutting a request's cursor sends th
 addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
 for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
 cursor Scan takes each KV length into a register no instruction reads (one program for every
-length); the loads take each address and row count into registers and size their buffers at
-the run's largest tile (``Deps.facts``), the Expand only dequeues the addresses, and the
-softmax holds its K and V tiles at the op's ``tile_kv`` rows (a KV tile's ragged rows bounded
-by :func:`count_bounds`, read per message in a new run: :class:`~.unit_buffers.MessageRows`)
-with row rules: all kept for as many tiles per request and the same largest tile (the next
-decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's control signature,
+length); the loads take each address and row count into registers, the Expand only dequeues
+the addresses, and the loads and the softmax hold the K and V tiles in buffers of the op's
+``tile_kv`` rows, ``Alloc.held`` (a KV tile's ragged rows bounded by :func:`count_bounds`,
+read per message in a new run: :class:`~.unit_buffers.MessageRows`), the softmax's updates
+timed by row rules: all kept for as many tiles per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's control signature,
 and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit, the
 programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
@@ -112,7 +111,7 @@ needs:
   a buffer element: the Scan's update computed in registers, as the selector's, :mod:`.control`);
   the address FlatMap looping ``ceil(n / tile)`` times from registers and ending each request's
   addresses with a stop token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand
-  and the softmax looping until it (:mod:`.stop_loop`), the loads' buffers held at ``tile_kv``.
+  and the softmax looping until it (:mod:`.stop_loop`).
 
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.

@@ -351,17 +351,21 @@ class UnitBuilder(UnitBuffers):
         rotation: int,
         reg: str = "ld",
         elems: int | None = None,
+        sized: tuple[object, int, int, int] | None = None,
     ) -> Elem:
         """Load the region ``starts`` / ``extents`` of ``tensor`` (literal starts, kept in
         address registers, or expressions of a received register) into the next buffer.
-        ``elems``: the element count of a region whose extents are run-time expressions."""
+        ``elems``: the element count of a region whose extents are run-time expressions;
+        ``sized``: ``(rows, bound, a, c)`` when they are ``a*rows + c`` of rows the program
+        reads at run time, at most ``bound`` (the buffer is held at the bound)."""
         self._await(tensor)
-        if elems is not None:  # a region the run sizes
+        if elems is not None and sized is None:  # a region the run sizes
             self.rows_free = False
         n = math.prod(extents) if elems is None else elems  # type: ignore[arg-type]
         part = Part("data", dtype, n)
         region = self._region(starts, extents, reg)
-        b = self.buffer(("ld",), part.dtype, part.elems, rotation)
+        b = self.buffer(("ld",), part.dtype, part.elems, rotation, sized)
+        self._holds(b, None if sized is None else (sized[0], sized[1]))
         self.content.pop(b, None)
         self.emit(Load(b, tensor, region))
         return ((part, b),)

@@ -18,9 +18,7 @@ rebuilt — when everything recorded is the same in it:
   run time (row rules, buffers at a bound: :class:`~.sizing.Sizing`) at level :data:`ROWS`,
   without the tiles' sizes; a routing unit reads the streams it routes to by their channels
   only;
-* an expression is the same when it evaluates to the same value under the new bindings, and
-  a fact (a function of the run, :meth:`~.context.EmitCtx.fact`: the largest tile of a stream
-  whose sizes the program otherwise leaves to the run) when it gives the same value.
+* an expression is the same when it evaluates to the same value under the new bindings.
 
 A unit kept for a run that differs from its own in what the program leaves to the run gets
 that run's bookkeeping (:class:`~.plan.UnitInfo`): the elements its run-time decisions take
@@ -207,8 +205,8 @@ class RunStreams:
         return f
 
     def message_rows(self, at: MessageRows) -> int:
-        """The rows of the tile in message ``at`` of this run (its size over the columns of
-        the stream's declared tile)."""
+        """The rows of the tile in message ``at`` of this run (a ragged row count's value
+        for one step of a kept program, :class:`~.unit_buffers.MessageRows`)."""
         rows = self._rows.get(at.channel)
         if rows is None:
             info = self.streams[at.channel]
@@ -258,16 +256,12 @@ Tally = Callable[["EmitCtx"], tuple[int, int, int, int]]
 @dataclass
 class Deps:
     """What one unit's emitter asked of the run: ``streams`` looked at (name -> :data:`ALL` or
-    :data:`FORM`), ``evals`` (expression, value) evaluated, ``facts`` (function of the run's
-    :class:`EmitCtx`, value) computed from a stream read at a looser level (the largest tile
-    of a stream whose sizes the program otherwise reads at run time), ``dsts`` (channel, has a
-    reader);
+    :data:`FORM`), ``evals`` (expression, value) evaluated, ``dsts`` (channel, has a reader);
     ``tally``: the bookkeeping of the run-time decisions of its program, if any (:data:`Tally`,
     recomputed for every run that reuses the program)."""
 
     streams: dict[str, str] = field(default_factory=dict)
     evals: list[tuple[Any, int]] = field(default_factory=list)
-    facts: list[tuple[Callable[[EmitCtx], Any], Any]] = field(default_factory=list)
     dsts: dict[str, bool] = field(default_factory=dict)
     tally: Tally | None = None
     tallied: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -388,7 +382,6 @@ class UnitCache:
                 and all(has_dsts(ch) == r for ch, r in d.dsts.items())
                 and all(bound(rows) == v for rows, v in d.bounds.items())
                 and all(ctx.ev(x, "unit reuse") == v for x, v in d.evals)
-                and all(f(ctx) == v for f, v in d.facts)
                 and all(run.same(s, e.run, lv) for s, lv in d.streams.items())
             ):
                 self.reused += 1
