@@ -82,18 +82,19 @@ that gives it tokens), EagerMerge's chunk order, the static tiling's padding, an
 attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
 addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
 for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
-cursor Scan takes each KV length into a register no instruction reads (one program for every
-length); the loads take each address and row count into registers, the Expand only dequeues
-the addresses, and the loads and the softmax hold the K and V tiles in buffers of the op's
-``tile_kv`` rows, ``Alloc.held`` (a KV tile's ragged rows bounded by :func:`count_bounds`,
-read per message in a new run: :class:`~.unit_buffers.MessageRows`), the softmax's updates
-timed by row rules: all kept for as many tiles per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's control signature,
-and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit, the
-programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
-program is kept with what its emitter read of the run, at the level its program depends on
-it), so a new routing emits again only those units of an expert that gets tokens in only one
-of the runs, and a new KV-length set only the units named above.  Making them run-independent
-needs:
+cursor Scan and a Map sending tiles only (the rotary Map) take a control value (a KV length, a
+position) into a register no instruction reads: one program for every value.  The loads take
+each address and row count into registers, the Expand only dequeues the addresses, the loads
+and the softmax hold K and V tiles in buffers of ``tile_kv`` rows, ``Alloc.held`` (a KV tile's
+ragged rows bounded by :func:`count_bounds`, read per message in a new run:
+:class:`~.unit_buffers.MessageRows`), the softmax timed by row rules: all kept for as many tiles
+per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's
+control signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit
+by unit, the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`:
+each unit's program is kept with what its emitter read of the run, at the level its program
+depends on it), so a new routing emits again only those units of an expert that gets tokens
+in only one of the runs, and a new KV-length set only the units named above.  Making them
+run-independent needs:
 
 * a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
   so each of its units learns ``P_e`` at run time and an expert with no token runs its units'
