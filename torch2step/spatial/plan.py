@@ -112,7 +112,8 @@ run-independent needs:
   a buffer element: the Scan's update computed in registers, as the selector's, :mod:`.control`);
   the address FlatMap looping ``ceil(n / tile)`` times from registers and ending each request's
   addresses with a stop token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand
-  and the softmax looping until it (:mod:`.stop_loop`).
+  and the softmax looping until it (:mod:`.stop_loop`); with lanes, the items balanced over
+  them by KV rows (``lane_pick``, ``lane_keep``) decided likewise in registers.
 
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
