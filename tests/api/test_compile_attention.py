@@ -8,6 +8,7 @@ import torch
 from torch_blocks import HEAD_DIM, HEADS, KV_HEADS, DecodeStep, decode_inputs
 
 import torch2step
+from torch2step.spatial.unit_reuse import UnitCache
 from torch2step.step import LinearOffChipStore, Map
 from torch2step.step.types import TupleType
 
@@ -103,3 +104,36 @@ def test_attention_regions_option_is_checked() -> None:
         LowerOptions(attn_regions=2, attn_assign="random")
     with pytest.raises(torch2step.Torch2StepError, match="attn_regions"):
         LowerOptions(attn_regions=0)
+
+
+def test_a_new_kv_length_set_rebuilds_only_the_tile_addresses(monkeypatch) -> None:
+    """``report`` on a second KV-length set (the next decode step) assembles its plan from the
+    first set's unit programs, emitting again only each attention lane's FlatMap cutting the
+    request cursors into tile addresses (it sends the run's addresses); its cycles and
+    on-chip bytes are those of a fresh program's report, and the run is PyTorch's (a request
+    of KV length 1 included)."""
+    module = DecodeStep("qwen3", "sdpa").eval()
+    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True))
+    first = list(decode_inputs(4, 64, 5, lengths=True))
+    second = list(first)
+    first[3] = torch.tensor([20, 64, 1, 33])
+    second[3] = torch.tensor([21, 63, 2, 34])
+    prog.report(*first)
+    built: list[str] = []
+    store = UnitCache.store
+
+    def record(self, k, key, deps, run, body, info) -> None:  # the units emitted again
+        built.append(info.name)
+        store(self, k, key, deps, run, body, info)
+
+    monkeypatch.setattr(UnitCache, "store", record)
+    again = prog.report(*second)
+    assert built and all(n.endswith("_kv_addr") for n in built), built
+    fresh = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True)).report(*second)
+    assert again.latency_cycles == fresh.latency_cycles
+    assert again.simulated_onchip_bytes == fresh.simulated_onchip_bytes
+    for xs in (first, second):
+        with torch.no_grad():
+            want = module(*xs)
+        for a, b in zip(prog.run(*xs), want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)

@@ -14,11 +14,17 @@ the rows into a tile loops until.  Rebuilt is every unit of an expert that gets 
 run and some in the other, but its routing weights' Map and packing, whose loops are built from
 the declared types when their stream is empty.  The plan so assembled is the plan a fresh build
 gives (programs, bookkeeping, cycles and on-chip bytes, exactly), and the functional result
-stays PyTorch's."""
+stays PyTorch's.
+
+Decode attention keeps, for any KV-length set, the query and length loads, the repeats, the
+cursor Scan, the output Map and the store; for a set with as many KV tiles per request and the
+same largest tile (the next decode step, mostly) the K and V loads, the query's Expand along the
+tiles and the online softmax too.  The tile addresses are built for the run."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -28,7 +34,7 @@ import torch2step
 from hwmodel.presets import load_chip
 from lowering.isa import Alloc, Loop
 from models import get_layer
-from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs
+from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs, gqa_reference
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_graph, simulate_plan
 from torch2step.spatial.plan import build_plan
@@ -221,28 +227,76 @@ def test_reused_units_change_only_timing_on_a_slower_hbm() -> None:
     )
 
 
-def test_a_second_kv_length_set_reuses_the_units_it_does_not_change() -> None:
-    """Decode attention: the query loads, the length loads and cursors, the output Map and
-    the store do not depend on the KV lengths and are kept; the units from the KV-tile
-    addresses on loop over each request's tiles and follow the new lengths (one of 1)."""
+#: Decode-attention units kept for any KV-length set: the query and length loads, the repeats,
+#: the cursor Scan (it takes each length into a register no instruction reads), the output
+#: Map and the store.
+KV_KEPT = (
+    "attn_len", "attn_len_h", "attn_cursor", "attn_cursor1", "attn_q", "attn_q1", "attn_o",
+    "attn_store",
+)  # fmt: skip
+#: Kept for a KV-length set with as many tiles per request (the next decode step, mostly): the
+#: K and V loads (addresses and row counts in registers, tiles held in buffers of ``tile_kv``
+#: rows and sent at the rows loaded), the query's Expand along the tiles (their addresses
+#: dequeued only) and the online softmax (each update timed by a row rule on the K tile's
+#: run-time rows, its tile buffers held at ``tile_kv`` rows).
+KV_SAME_TILES = ("attn_k", "attn_v", "attn_q_kv", "attn_softmax")
+#: Built for the run: the tile addresses (computed from the cursor tiles, which carry no values
+#: in timing mode).
+KV_BAKED = ("attn_kv_addr",)
+
+
+def _kv_plans(lens_a, lens_b):
     g = gqa_decode_graph(**GQA, batch=3, max_len=40, tile_kv=16)
-    ra, rb = (
-        run(g, tensors=gqa_inputs(**GQA, batch=3, max_len=40, kv_lens=lens, seed=0), check=False)
-        for lens in ([5, 40, 17], [5, 33, 1])
-    )
+    ins = [
+        gqa_inputs(**GQA, batch=3, max_len=40, kv_lens=lens, seed=0) for lens in (lens_a, lens_b)
+    ]
+    ra, rb = (run(g, tensors=x, check=False) for x in ins)
     chip = load_chip("step-sda")
     cache = PlanCache()
     cache.simulate(g, chip, ra)
     sb = cache.simulate(g, chip, rb)
     pa, _ = cache.plan_for(g, chip, ra)
     pb, _ = cache.plan_for(g, chip, rb)
-    a, b = _bodies(pa), _bodies(pb)
-    for n in ("attn_q", "attn_q1", "attn_o", "attn_store", "attn_len", "attn_len_h"):
-        assert a[n] is b[n], f"unit %{n} was rebuilt"
-    for n in ("attn_kv_addr", "attn_k", "attn_v", "attn_q_kv", "attn_softmax"):
-        assert a[n] != b[n], f"unit %{n} does not follow the KV lengths"
     _check_fresh(g, chip, rb, pb, sb)
     assert sb.cycles == simulate_graph(g, chip, rb).cycles
+    for x, r in zip(ins, (ra, rb)):  # functionally PyTorch's attention
+        want = gqa_reference(
+            x["q"], x["k_cache"], x["v_cache"], x["kv_len"], num_q_heads=4, num_kv_heads=2,
+            scale=1 / math.sqrt(16),
+        )  # fmt: skip
+        torch.testing.assert_close(torch.as_tensor(np.asarray(r.tensors["out"])), want)
+    return _bodies(pa), _bodies(pb)
+
+
+def _kept_and_rebuilt(a, b, kept, rebuilt) -> None:
+    assert sorted(kept + rebuilt) == sorted(a)
+    for n in kept:
+        assert a[n] is b[n], f"unit %{n} was rebuilt"
+    for n in rebuilt:
+        assert a[n] is not b[n], f"unit %{n} was kept"
+
+
+def test_a_second_kv_length_set_reuses_the_units_it_does_not_change() -> None:
+    """Decode attention, lengths with other tile counts per request (one of length 1): the
+    units of :data:`KV_KEPT` are kept; the units from the KV-tile addresses on follow the
+    number of tiles of each request and are built for the run."""
+    a, b = _kv_plans([5, 40, 17], [5, 33, 1])
+    _kept_and_rebuilt(a, b, list(KV_KEPT), list(KV_SAME_TILES + KV_BAKED))
+
+
+def test_a_next_decode_step_keeps_the_tile_loads() -> None:
+    """Every length one longer, within the same tiles (also when every tile is shorter than
+    ``tile_kv``): the K and V loads, the query's Expand and the softmax are kept too; the tile
+    addresses are built for the run.  The loads and the softmax hold the K and V tiles in
+    buffers of ``tile_kv`` rows, counted by what they hold (``Alloc.held``)."""
+    for lens_a, lens_b in (([5, 38, 17], [6, 39, 18]), ([5, 3, 7], [6, 4, 8])):
+        a, b = _kv_plans(lens_a, lens_b)
+        _kept_and_rebuilt(a, b, list(KV_KEPT + KV_SAME_TILES), list(KV_BAKED))
+        for n in ("attn_k", "attn_v"):
+            allocs = [i for i in b[n] if isinstance(i, Alloc)]
+            assert allocs and all(i.shape == (16 * 16,) and i.held for i in allocs)
+        tiles = [i for i in b["attn_softmax"] if isinstance(i, Alloc) and i.shape == (16 * 16,)]
+        assert len(tiles) == 2 and all(i.held for i in tiles)
 
 
 def test_report_on_a_new_routing_takes_the_units_of_the_first() -> None:

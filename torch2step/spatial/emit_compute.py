@@ -219,6 +219,11 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         b.step()
     if computed:  # the values it sends are the run's data, not part of its program
         ctx.relax(op.name, FORM)
+    elif all(p.kind == "data" for k in range(len(out.flat)) for p in out.parts(k)):
+        # it sends tiles only: a control value it receives (a rotary position, a request's
+        # KV length) reaches a register no instruction reads, and its steps are timed from
+        # the elements' types
+        ctx.relax(op.input, FORM)
 
 
 def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
@@ -251,6 +256,11 @@ def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
             assert state is not None
             b.send(out, r, state)
             b.step()
+    if x.flat and all(q.kind == "value" for k in range(len(x.flat)) for q in x.parts(k)):
+        # every element is a control value received into a register that no instruction
+        # reads: the updates are timed from the elements' types (a request's KV length into
+        # the cursor Scan), so the program is the same for every value the run sends
+        ctx.relax(op.input, FORM)
 
 
 def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:

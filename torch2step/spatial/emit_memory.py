@@ -42,6 +42,8 @@ from .buffer_loop import emit_buffer_loop
 from .context import EmitCtx, tile_shape
 from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
+from .unit_buffers import MessageRows
+from .unit_reuse import FORM, ROWS
 
 __all__ = ["EMITTERS"]
 
@@ -125,9 +127,12 @@ def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None
     most, cols = tile_shape(op)
     depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[lay.dtype])
     loaded: dict[int, Elem] = {}
+    regs = True  # every address and row count is a register received at run time
 
     def front(t: int) -> None:
+        nonlocal regs
         (p_row, reg_row), (p_n, reg_n) = b.recv(addrs, t)
+        regs = regs and reg_row is not None and reg_n is not None
         # whole rows of a row-major (or full-width-tiled) tensor: row k starts at k * cols
         start = (
             (op.base + p_row.value) * cols
@@ -135,9 +140,21 @@ def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None
             else Affine(op.base * cols, ((reg_row, cols),))
         )
         extent = p_n.value * cols if reg_n is None else Affine(0, ((reg_n, cols),))
-        loaded[t] = b.load(lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols)
+        sized = None
+        if regs and out.channel is not None:  # held at the largest tile (its rows: the run's)
+            ((ch, seq, _),) = out.pieces[t]
+            sized = (MessageRows(ch, seq), most, cols, 0)
+        loaded[t] = b.load(
+            lay.name, (start,), (extent,), lay.dtype, depth, elems=p_n.value * cols, sized=sized
+        )
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
+    if regs:
+        # the addresses and row counts reach registers only, a tile is sent at the rows loaded
+        # and held in a buffer allocated at the op's tile (Alloc.held): the program is the
+        # same for every address set of this structure
+        ctx.relax(op.raddr, FORM)
+        ctx.relax(op.name, ROWS)
 
 
 def _linear_store(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:

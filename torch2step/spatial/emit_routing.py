@@ -307,6 +307,10 @@ def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             o += 1
             b.step()
         b.step()
+    if all(q.kind == "value" for k in range(len(r.flat)) for q in r.parts(k)):
+        # the reference's control values (a request's KV-tile addresses) are dequeued into
+        # registers no instruction reads: only the reference's structure steers the program
+        ctx.relax(op.ref, FORM)
 
 
 def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:

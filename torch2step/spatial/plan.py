@@ -79,14 +79,22 @@ What is still baked from the run: whether an expert gets tokens at all for its o
 (``P_e = [n_e > 0]``: every stream of an expert with no token is empty and carries no stop
 token, so its units from the Bufferize to the FlatMap back to rows differ from those of a run
 that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
-attention everything from the KV-tile addresses on (the cursor tiles carry no values in timing
-mode, so the tile count and rows of each request are the run's).  :mod:`.reuse` therefore
-keys a plan by the run's control signature, and ``Program.report`` re-plans only for a new
-one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does not
-change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run,
-at the level its program depends on it), so a new routing emits again only those units of an
-expert that gets tokens in only one of the runs, and a new KV-length set only the units from
-the KV-tile addresses on.  Making those units run-independent needs:
+attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
+addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
+for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
+cursor Scan and a Map sending tiles only (the rotary Map) take a control value (a KV length, a
+position) into a register no instruction reads: one program for every value.  The loads take
+each address and row count into registers, the Expand only dequeues the addresses, the loads
+and the softmax hold K and V tiles in buffers of ``tile_kv`` rows, ``Alloc.held`` (a KV tile's
+ragged rows bounded by :func:`count_bounds`, read per message in a new run:
+:class:`~.unit_buffers.MessageRows`), the softmax timed by row rules: all kept for as many tiles
+per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's
+control signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit
+by unit, the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`:
+each unit's program is kept with what its emitter read of the run, at the level its program
+depends on it), so a new routing emits again only those units of an expert that gets tokens
+in only one of the runs, and a new KV-length set only the units named above.  Making them
+run-independent needs:
 
 * a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
   so each of its units learns ``P_e`` at run time and an expert with no token runs its units'
@@ -99,7 +107,13 @@ the KV-tile addresses on.  Making those units run-independent needs:
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
-  messages by the unit that padded.
+  messages by the unit that padded;
+* in decode attention, the cursor's values at run time (an instruction writing a register into
+  a buffer element: the Scan's update computed in registers, as the selector's, :mod:`.control`);
+  the address FlatMap looping ``ceil(n / tile)`` times from registers and ending each request's
+  addresses with a stop token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand
+  and the softmax looping until it (:mod:`.stop_loop`); with lanes, the items balanced over
+  them by KV rows (``lane_pick``, ``lane_keep``) decided likewise in registers.
 
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
@@ -129,6 +143,7 @@ from lowering.isa import Channel, Program, ProgramSet, TensorDecl
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
+from torch2step.step.ops_memory import RandomOffChipLoadRows
 from torch2step.step.ops_routing import Partition, Reassemble
 
 from .buffer_loop import group_tokens, grouped_channels
@@ -224,13 +239,22 @@ def count_bounds(ctx: EmitCtx) -> dict[str, int]:
     """Per chunk-count symbol of a Partition (an expert's token count), its bound: the
     selectors the Partition routes by (each sends a chunk to an output at most once: the
     tokens, for an MoE's router), so a buffer of tiles whose rows are that count can be
-    allocated once for every routing of those tokens."""
+    allocated once for every routing of those tokens; and per ragged row count of a
+    RandomOffChipLoadRows (a KV tile's rows, by the name of its indexed base), the op's tile
+    rows."""
     out: dict[str, int] = {}
     for op in ctx.structure.graph.nodes:
         if isinstance(op, Partition) and op.name in ctx.structure.owner:
             n = len(ctx.streams[op.sel.name].flat)
             for sym in op.counts():
                 out[sym.name] = n
+        elif isinstance(op, RandomOffChipLoadRows):  # a KV tile: at most the op's tile rows
+            (t,) = op.out_types()
+            rows = sp.sympify(t.dtype.shape[0])
+            if isinstance(rows, sp.Indexed):  # one count per address (a ragged size)
+                out[str(rows.base)] = int(op.tile.shape[0])
+            elif isinstance(rows, sp.Symbol):
+                out[rows.name] = int(op.tile.shape[0])
     return out
 
 
@@ -350,7 +374,9 @@ def _build_plan(
             expr = sp.sympify(rows)
             names = {x.name for x in expr.free_symbols}
             value = None
-            if names and names <= bounds.keys():
+            if isinstance(expr, sp.Indexed) and str(expr.base) in bounds:
+                value = bounds[str(expr.base)]  # a ragged size: one count per element
+            elif names and names <= bounds.keys():
                 v = expr.subs({x: bounds[x.name] for x in expr.free_symbols})
                 value = int(v) if v.is_Integer else None
             known[rows] = value

@@ -23,15 +23,10 @@ instructions of :mod:`lowering.isa`:
   channels its first ``load`` receives from first; ``notify`` is the token channel a storing
   unit sends on after a fence at its end.
 
-Buffers are named per role and rotate among ``rotation`` copies (so a unit can receive or
-compute the next element while the previous one is still being sent); each is allocated once, at
-the start, with the largest size it holds in the run — or, for a tile whose rows are a count
-with a bound (``bound``: an expert's tokens), at the bound, ``Alloc.held`` (the simulator counts
-what it holds).  A unit whose every step on such tiles follows their run-time rows (row rules,
-or one-cycle ``const`` steps) and whose buffers hold them at their bound is the same program
-for every count: :meth:`UnitBuilder.sizing` gives its bookkeeping as functions of the counts
-(:mod:`.sizing`).  Messages are sent flattened (a ``rows x cols`` tile is a ``(rows * cols,)``
-message: the bytes are what the simulator times).
+Buffers (named per role, rotating, allocated once at their largest size or held at a count's
+bound) and what the program leaves to the run's row counts are the builder's base,
+:class:`~.unit_buffers.UnitBuffers`.  Messages are sent flattened (a ``rows x cols`` tile is a
+``(rows * cols,)`` message: the bytes are what the simulator times).
 """
 
 from __future__ import annotations
@@ -40,10 +35,10 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
+from sympy import Indexed
+
 from lowering.isa import (
-    DTYPE_BYTES,
     Affine,
-    Alloc,
     Barrier,
     Compute,
     Instr,
@@ -58,13 +53,12 @@ from lowering.isa import (
     Store,
 )
 from torch2step.errors import LoweringError
-from torch2step.step.types import TileType
 
 from .compress import compress
 from .hazards import fence_group
-from .sizing import Sizing
 from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, RowRule, TimingModel
+from .unit_buffers import Bound, MessageRows, UnitBuffers
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
 
@@ -74,25 +68,7 @@ Slot = tuple[Part, str | None]
 Elem = tuple[Slot, ...]
 
 
-class _Pool:
-    __slots__ = ("names", "dtype", "cap", "bound", "fixed", "sized", "used")
-
-    def __init__(self, prefix: str, dtype: str, rotation: int) -> None:
-        self.names = [f"{prefix}{i}" if rotation > 1 else prefix for i in range(rotation)]
-        self.dtype = dtype
-        self.cap = 0  # the most elements a buffer of the pool holds in this run
-        self.bound: int | None = None  # capacity bound of tiles of run-dependent size
-        self.fixed = 0  # the most elements of its tiles of static size
-        self.sized: set[tuple[object, int, int]] = set()  # (rows, a, c): a*rows + c elements
-        self.used = 0
-
-
-#: ``bound(rows)``: the capacity bound of a declared row count whose value only the run knows
-#: (an expert's token count is at most the tokens routed), ``None`` when it has none.
-Bound = Callable[[object], "int | None"]
-
-
-class UnitBuilder:
+class UnitBuilder(UnitBuffers):
     """Instruction steps of one unit (see the module docstring).
 
     ``has_dsts(channel)`` tells whether any other unit receives a channel; ``own(channel)``
@@ -111,14 +87,8 @@ class UnitBuilder:
         bound: Bound | None = None,
         grouped: frozenset[str] = frozenset(),
     ) -> None:
+        super().__init__(bound)
         self.name = name
-        self.bound = bound
-        # buffer -> (rows, their bound) of the run-sized tile it holds
-        self.rows_of: dict[str, tuple[object, int]] = {}
-        # False once the program depends on a run's row counts (:meth:`sizing`)
-        self.rows_free = True
-        # (rule, rows, cycles, FLOPs, whether the rule's first term counts the FLOPs)
-        self.rule_steps: list[tuple[RowRule, object, int, int, bool]] = []
         # whether a control value this unit sends is the run's literal (not a register's)
         self.literal_values = False
         self.timing = timing
@@ -129,11 +99,8 @@ class UnitBuilder:
         self.stops = dict(stops or {})
         # channels with a stop token after each innermost group (:mod:`.buffer_loop`)
         self.grouped = grouped
-        # one-row buffers of a count's rows: (names, dtype, cols, rows, rows this run)
-        self.row_pools: list[tuple[list[str], str, int, object, int]] = []
         self.steps: list[tuple[Instr, ...]] = []
         self.cur: list[Instr] = []
-        self.pools: dict[tuple, _Pool] = {}
         self.next_seq: dict[str, int] = defaultdict(int)
         self.sent_seq: dict[str, int] = defaultdict(int)  # messages sent per channel
         for ch, n in self.stops.items():
@@ -142,8 +109,6 @@ class UnitBuilder:
         self.held: dict[tuple[str, int], str] = {}
         self.content: dict[str, tuple[str, int]] = {}
         self.regs: dict[str, int] = {}
-        self.flops = 0
-        self.busy_cycles = 0
         self.received = 0
         self.sent = 0
 
@@ -158,58 +123,6 @@ class UnitBuilder:
         if self.cur:
             self.steps.append(tuple(self.cur))
             self.cur = []
-
-    def buffer(
-        self,
-        role: tuple,
-        dtype: str,
-        elems: int,
-        rotation: int = 1,
-        sized: tuple[object, int, int, int] | None = None,
-    ) -> str:
-        """The next buffer of ``role`` (rotating among ``rotation`` copies), able to hold
-        ``elems`` elements of ``dtype``; ``sized``: ``(rows, bound, a, c)`` for a tile of
-        ``a*rows + c`` elements whose rows only the run knows, at most ``bound``: the buffer
-        is allocated at ``a*bound + c``."""
-        key = (role, dtype)
-        pool = self.pools.get(key)
-        if pool is None:
-            tag = ".".join(str(r) for r in role)
-            pool = self.pools[key] = _Pool(f"{tag}.{dtype}.", dtype, rotation)
-        pool.cap = max(pool.cap, elems)
-        if sized is None:
-            pool.fixed = max(pool.fixed, elems)
-        else:
-            rows, bound, a, c = sized
-            pool.bound = max(pool.bound or 0, a * bound + c)
-            pool.sized.add((rows, a, c))
-        name = pool.names[pool.used % len(pool.names)]
-        pool.used += 1
-        return name
-
-    def row_buffers(
-        self, role: tuple, dtype: str, cols: int, rows: object, bound: int, held: int
-    ) -> list[str]:
-        """``bound`` buffers of one ``cols``-element row each, for the rows of a count
-        ``rows`` (at most ``bound``; ``held`` of them in this run), allocated held
-        (``Alloc.held``: the simulator counts the rows they hold)."""
-        tag = ".".join(str(r) for r in role)
-        names = [f"{tag}.{j}.{dtype}" for j in range(bound)]
-        self.row_pools.append((names, dtype, cols, rows, held))
-        return names
-
-    def _rows(self, decl: TileType | None) -> tuple[object, int] | None:
-        """``(rows, bound)`` of a declared tile whose rows only the run knows and have a bound
-        (``None`` for a static tile); a tile of unbounded rows makes the program the run's."""
-        if decl is None or decl.shape[0].is_Integer and decl.shape[1].is_Integer:
-            return None
-        b = None
-        if self.bound is not None and decl.shape[1].is_Integer:
-            b = self.bound(decl.shape[0])
-        if b is None:
-            self.rows_free = False
-            return None
-        return decl.shape[0], b
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -246,6 +159,9 @@ class UnitBuilder:
                 decl = decls[i]
                 if dyn[i] or decl is not None and not decl.shape[1].is_Integer:
                     rows = self._rows(decl)
+                if rows is not None and isinstance(rows[0], Indexed):
+                    # a ragged row count, one per element (a KV tile's): this message's rows
+                    rows = (MessageRows(chan, seq), rows[1])
                 if rows is not None and decl is not None:
                     sized = (*rows, int(decl.shape[1]), 0)
                 b = self.buffer((*r, i), part.dtype, part.elems, rotation, sized)
@@ -348,21 +264,6 @@ class UnitBuilder:
             self.rule_steps.append((rule, rows[0], cycles, flops, counted))
         return tuple(slots)
 
-    def _holds(self, buf: str, rows: tuple[object, int] | None) -> None:
-        """``buf`` now holds a tile of ``rows`` (``None``: of static size)."""
-        if rows is not None:
-            self.rows_of[buf] = rows
-        elif self.rows_of:
-            self.rows_of.pop(buf, None)
-
-    def _resize(self, buf: str, sized: tuple[object, int, int, int]) -> None:
-        for pool in self.pools.values():
-            if buf in pool.names:
-                rows, bound, a, c = sized
-                pool.bound = max(pool.bound or 0, a * bound + c)
-                pool.sized.add((rows, a, c))
-                return
-
     def compute_instr(self, cycles: int, ins: Sequence[str]) -> Compute:
         """The ``Compute`` of a unit step of ``cycles`` that reads buffers ``ins`` and writes
         nothing, not yet emitted (for a step inside a run-time branch; the caller counts its
@@ -450,17 +351,21 @@ class UnitBuilder:
         rotation: int,
         reg: str = "ld",
         elems: int | None = None,
+        sized: tuple[object, int, int, int] | None = None,
     ) -> Elem:
         """Load the region ``starts`` / ``extents`` of ``tensor`` (literal starts, kept in
         address registers, or expressions of a received register) into the next buffer.
-        ``elems``: the element count of a region whose extents are run-time expressions."""
+        ``elems``: the element count of a region whose extents are run-time expressions;
+        ``sized``: ``(rows, bound, a, c)`` when they are ``a*rows + c`` of rows the program
+        reads at run time, at most ``bound`` (the buffer is held at the bound)."""
         self._await(tensor)
-        if elems is not None:  # a region the run sizes
+        if elems is not None and sized is None:  # a region the run sizes
             self.rows_free = False
         n = math.prod(extents) if elems is None else elems  # type: ignore[arg-type]
         part = Part("data", dtype, n)
         region = self._region(starts, extents, reg)
-        b = self.buffer(("ld",), part.dtype, part.elems, rotation)
+        b = self.buffer(("ld",), part.dtype, part.elems, rotation, sized)
+        self._holds(b, None if sized is None else (sized[0], sized[1]))
         self.content.pop(b, None)
         self.emit(Load(b, tensor, region))
         return ((part, b),)
@@ -489,52 +394,6 @@ class UnitBuilder:
             self.emit(RecvValue(ch, f"done.{ch}"))
 
     # -- result ----------------------------------------------------------------------------------
-
-    def allocs(self) -> tuple[Alloc, ...]:
-        """One ``Alloc`` per buffer used, at its largest size."""
-        out = []
-        for pool in self.pools.values():
-            for name in pool.names[: min(pool.used, len(pool.names))]:
-                if pool.bound is None:
-                    out.append(Alloc(name, (pool.cap,), pool.dtype))
-                else:  # at its bound; the simulator counts what it holds (Alloc.held)
-                    out.append(Alloc(name, (max(pool.cap, pool.bound),), pool.dtype, True))
-        for names, dtype, cols, _, _ in self.row_pools:
-            out.extend(Alloc(name, (cols,), dtype, True) for name in names)
-        return tuple(out)
-
-    def sizing(self) -> Sizing | None:
-        """What the program leaves to the run's row counts (:class:`Sizing`), when it reads
-        every run-sized tile's rows at run time and holds it in a buffer allocated at its
-        bound; ``None`` when the program depends on the rows of this run or has no run-sized
-        tile."""
-        if not self.rows_free or not (
-            self.row_pools or any(pool.sized for pool in self.pools.values())
-        ):
-            return None
-        pools = tuple(
-            (
-                DTYPE_BYTES[pool.dtype] * min(pool.used, len(pool.names)),
-                pool.fixed,
-                tuple(sorted(pool.sized, key=str)),
-            )
-            for pool in self.pools.values()
-        ) + tuple(
-            (DTYPE_BYTES[dtype], 0, ((rows, cols, 0),))
-            for _, dtype, cols, rows, _ in self.row_pools
-        )
-        ruled = sum(c for _, _, c, _, _ in self.rule_steps)
-        work = sum(f for _, _, _, f, _ in self.rule_steps)
-        steps = tuple((rule, rows, counted) for rule, rows, _, _, counted in self.rule_steps)
-        return Sizing(pools, self.busy_cycles - ruled, steps, self.flops - work)
-
-    @property
-    def sram_bytes(self) -> int:
-        """On-chip bytes of all the unit's buffers (of one-row buffers: the rows held)."""
-        return sum(
-            pool.cap * DTYPE_BYTES[pool.dtype] * min(pool.used, len(pool.names))
-            for pool in self.pools.values()
-        ) + sum(DTYPE_BYTES[dt] * cols * held for _, dt, cols, _, held in self.row_pools)
 
     def body(self) -> tuple[Instr, ...]:
         """The program: allocations, then the steps with repetitions folded into loops, then

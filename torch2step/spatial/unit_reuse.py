@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 from lowering.isa import Instr
 
+from .unit_buffers import MessageRows
+
 if TYPE_CHECKING:
     from .context import EmitCtx, TensorLayout
     from .plan import UnitInfo
@@ -127,6 +129,15 @@ def _shape(x: Any) -> Any:
     return None
 
 
+def _leaf_shapes(x: Any) -> list[tuple[int, ...] | None]:
+    """The shape of every leaf of element ``x`` (one message each), ``None`` for a value."""
+    if hasattr(x, "shape"):
+        return [tuple(x.shape)]
+    if isinstance(x, tuple):
+        return [s for v in x for s in _leaf_shapes(v)]
+    return [None]
+
+
 class RunStreams:
     """The streams of one run, compared with another run's stream by stream (module
     docstring): the messages (channel, sequence number, part: data by dtype and size, control
@@ -140,6 +151,7 @@ class RunStreams:
         self._masked: dict[tuple[str, str], list] = {}
         self._each: dict[str, tuple[int, frozenset]] = {}
         self._same: dict[tuple[int, str, str], bool] = {}
+        self._rows: dict[str, dict[int, int]] = {}
 
     def _shape_of(self, name: str) -> tuple[list, list]:
         f = self._form.get(name)
@@ -191,6 +203,20 @@ class RunStreams:
                 ]
             self._masked[(name, level)] = f
         return f
+
+    def message_rows(self, at: MessageRows) -> int:
+        """The rows of the tile in message ``at`` of this run (a ragged row count's value
+        for one step of a kept program, :class:`~.unit_buffers.MessageRows`)."""
+        rows = self._rows.get(at.channel)
+        if rows is None:
+            info = self.streams[at.channel]
+            rows = self._rows[at.channel] = {
+                seq: shape[0]
+                for pc, x in zip(info.pieces, info.flat)
+                for (ch, seq, _), shape in zip(pc, _leaf_shapes(x))
+                if ch == at.channel and shape is not None
+            }
+        return rows[at.seq]
 
     def same(self, name: str, other: RunStreams, level: str = ALL) -> bool:
         """Whether stream ``name`` is the same in ``other`` as in this run, at ``level``
@@ -294,6 +320,8 @@ class _Entry:
         if d.sizing is not None:
 
             def rows(expr: Any) -> int:
+                if isinstance(expr, MessageRows):  # a ragged count: its message in this run
+                    return run.message_rows(expr)
                 return ctx.ev(expr, f"rows of unit %{info.name}")
 
             info = dataclasses.replace(
