@@ -14,7 +14,7 @@ more receiving cores (multicast) and a FIFO depth in messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +43,7 @@ __all__ = [
     "If",
     "Barrier",
     "Instr",
+    "walk",
     "Channel",
     "TensorDecl",
     "Program",
@@ -303,6 +304,17 @@ Instr = (
     | If
     | Barrier
 )
+
+
+def walk(body: tuple[Instr, ...]) -> Iterator[Instr]:
+    """Every instruction of ``body``, a loop or branch before the instructions inside it."""
+    for ins in body:
+        yield ins
+        if isinstance(ins, Loop):
+            yield from walk(ins.body)
+        elif isinstance(ins, If):
+            yield from walk(ins.then)
+            yield from walk(ins.orelse)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,11 @@ import numpy as np
 
 import hwmodel
 from hwmodel.chip import Chip
-from lowering.isa import Compute, ProgramSet
+from lowering.isa import Compute, ProgramSet, walk
 from lowering.kernels import KERNELS
 from lowering.matmul import matmul_programs
 from lowering.recurrence import SCHEDULES
 from runtime.mpi.errors import MpiError
-from runtime.mpi.placement import walk
 
 __all__ = [
     "Bundle",

@@ -8,12 +8,11 @@ chip's HBM, on the root rank); every other tensor is read-only and each rank hol
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lowering.isa import If, Instr, Load, LoadValue, Loop, ProgramSet, Store
+from lowering.isa import Load, LoadValue, ProgramSet, Store, walk
 
-__all__ = ["RankPlan", "plan_ranks", "tensor_uses", "walk"]
+__all__ = ["RankPlan", "plan_ranks", "tensor_uses"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,17 +35,6 @@ def plan_ranks(ps: ProgramSet, size: int) -> RankPlan:
         start += n
     rank_of = {c: r for r, block in enumerate(blocks) for c in block}
     return RankPlan(size, rank_of, tuple(blocks))
-
-
-def walk(body: tuple[Instr, ...]) -> Iterator[Instr]:
-    """Every instruction of ``body``, a loop or branch before the instructions inside it."""
-    for ins in body:
-        yield ins
-        if isinstance(ins, Loop):
-            yield from walk(ins.body)
-        elif isinstance(ins, If):
-            yield from walk(ins.then)
-            yield from walk(ins.orelse)
 
 
 def tensor_uses(ps: ProgramSet) -> tuple[set[str], set[str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering.isa import If, Loop, Recv, RecvValue, SendValue
+from lowering.isa import If, Loop, Recv, RecvValue, SendValue, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph
 from torch2step.spatial.plan import build_plan
@@ -30,17 +30,6 @@ def _flat(body):
         yield ins
         if isinstance(ins, Loop):
             yield from _flat(ins.body)
-
-
-def _deep(body):
-    """Every instruction of ``body``, inside loops and both branches of ifs."""
-    for ins in body:
-        yield ins
-        if isinstance(ins, Loop):
-            yield from _deep(ins.body)
-        elif isinstance(ins, If):
-            yield from _deep(ins.then)
-            yield from _deep(ins.orelse)
 
 
 def test_one_partition_program_serves_two_routings() -> None:
@@ -102,5 +91,5 @@ def test_the_stop_token_carries_the_count() -> None:
     assert [s.channel for s in stops] == [f"moe_route.{e}" for e in range(4)]
     assert all(s.value == f"sent.{e}" for e, s in enumerate(stops))
     # the expert's Bufferize receives its rows until the token (Recv with ``stop``)
-    got = [i for i in _deep(bodies["moe_e0_buf"]) if isinstance(i, Recv | RecvValue)]
+    got = [i for i in walk(bodies["moe_e0_buf"]) if isinstance(i, Recv | RecvValue)]
     assert any(r.channel == "moe_route.0" and getattr(r, "stop", None) for r in got)

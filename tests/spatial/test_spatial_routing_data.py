@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from lowering.isa import Calc, If, Loop, ReadValue, RecvValue
+from lowering.isa import Calc, ReadValue, RecvValue, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph, simulate_plan
 from torch2step.spatial.plan import build_plan
@@ -32,16 +32,6 @@ def _bodies(plan):
     return {name: body[c] for name, c in core.items()}
 
 
-def _flat(body):
-    for ins in body:
-        yield ins
-        if isinstance(ins, Loop):
-            yield from _flat(ins.body)
-        elif isinstance(ins, If):
-            yield from _flat(ins.then)
-            yield from _flat(ins.orelse)
-
-
 def _permuted(ins: dict, perm: list[int]) -> dict:
     """The same tokens routed to experts renamed by ``perm`` (same counts per expert set)."""
     out = dict(ins)
@@ -58,7 +48,7 @@ def test_routing_units_are_the_same_for_every_routing() -> None:
     bb = _bodies(build_plan(g, "step-sda", run(g, tensors=b, check=False)))
     for unit in ROUTING_UNITS:
         assert ba[unit] == bb[unit], unit
-    sel = list(_flat(ba["moe_sel"]))
+    sel = list(walk(ba["moe_sel"]))
     # the mask is computed from the ids the unit receives: no selector value is a literal
     assert sum(isinstance(i, ReadValue) for i in sel) == KW["top_k"]
     assert [i.op for i in sel if isinstance(i, Calc)] == ["shl"] * KW["top_k"]
@@ -101,7 +91,7 @@ def test_kv_lengths_are_sent_from_the_loaded_values() -> None:
     plans = [_bodies(build_plan(g, "step-sda", r)) for r in runs]
     for unit in ("attn_len", "attn_len_h", "attn_cursor", "attn_cursor1"):
         assert plans[0][unit] == plans[1][unit], unit
-    assert any(isinstance(i, ReadValue) for i in _flat(plans[0]["attn_len"]))
+    assert any(isinstance(i, ReadValue) for i in walk(plans[0]["attn_len"]))
     watch = {"attn_len": -1}
     simulate_graph(g, "step-sda", runs[0], watch=watch)
     assert watch["attn_len"] >= load_chip("step-sda").hbm.latency_cycles
@@ -120,5 +110,5 @@ def test_regions_gather_from_partitions_at_run_time() -> None:
     assert sa.cycles > 0 and sb.cycles > 0
     ba, bb = _bodies(sa.plan), _bodies(sb.plan)
     assert ba["moe_back"] == bb["moe_back"]
-    stops = [i for i in _flat(ba["moe_back"]) if isinstance(i, RecvValue) and "stop" in i.reg]
+    stops = [i for i in walk(ba["moe_back"]) if isinstance(i, RecvValue) and "stop" in i.reg]
     assert len(stops) == KW["num_experts"]  # one per input: each region's Partition outputs
