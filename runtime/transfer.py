@@ -225,6 +225,8 @@ class Transfers:
                 cfree[k] = end
                 if end > last:
                     last = end
+            if len(classes) > 1 and cfree[classes[0][0]] == last == cfree[classes[-1][0]]:
+                self._merge(classes, last)
             return (arrive if early or not classes else first), last
         span: dict[int, tuple] = {}
         for k, d in classes:  # as above, keeping each class's span for the trace
@@ -245,6 +247,36 @@ class Transfers:
         for c, _ in x.split:
             rt.append((chan_res[c], *span[cls[c]], label))
         return (first if classes else arrive), last
+
+    def _merge(self, classes: tuple, end: float) -> None:
+        """Merge the classes a request just served into one when they all end it free at
+        ``end`` with equal busy cycles: their members' states are then the same, so later
+        requests giving them equal bytes are served once (their byte and grant counts so far
+        are written to their channels first, the merged class counting from zero)."""
+        cfree, cbusy = self.cfree, self.cbusy
+        bz = cbusy[classes[0][0]]
+        for k, _ in classes:
+            if cfree[k] != end or cbusy[k] != bz:
+                return
+        self._flush_uses()
+        rs, chan_res, cls, cmembers = self.rs, self.chan_res, self.cls_of, self.cmembers
+        cbytes, ccnt = self.cbytes, self.ccnt
+        k0 = classes[0][0]
+        into = cmembers[k0]
+        for k, _ in classes:
+            nb, nc = cbytes[k], ccnt[k]
+            members = cmembers[k]
+            for c in members:
+                r = rs[chan_res[c]]
+                r[2] += nb
+                r[3] += nc
+            cbytes[k] = ccnt[k] = 0
+            if k != k0:
+                into.extend(members)
+                for c in members:
+                    cls[c] = k0
+                cmembers[k] = []
+        self.hver += 1
 
     def _plan(self, split: tuple) -> tuple:
         """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
