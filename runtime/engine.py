@@ -233,6 +233,7 @@ class Simulator(Transfers):
             self.cmembers = [list(range(nch))] if nch and not self.attached else []
             self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
             self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
+            self.cparts, self.clogs = {}, {}  # merged classes' parts and busy logs
             self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
             self.dirty: set[str] = set()
