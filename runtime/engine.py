@@ -25,8 +25,8 @@ Cyclotron §9.1: per-PE interpreters talking over bounded FIFOs, roofline cycles
 What an *event* is (for the events/s figure), counted once, when the engine processes it: one
 operation a sequencer executes (an instruction, or a loop's back-edge), one grant the engine
 computes for a resource (a link, a port, or a class of HBM channels served together, see
-:meth:`Transfers._channels`), or one payload delivered (a message into a destination FIFO, an
-HBM access's data to its core).  Work done in closed form is counted separately and never as
+:meth:`runtime.hbm_classes.HbmClasses._channels`), or one payload delivered (a message into a
+destination FIFO, an HBM access's data to its core).  Work done in closed form is counted separately and never as
 events: instructions fast-forwarded (``fast_forwarded``) and the per-channel HBM grants a class
 grant stands for (``closed_form_grants``).
 
@@ -225,7 +225,7 @@ class Simulator(Transfers):
             self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
             self.chan_res = self.fabric.chan_res
             self.attached = self.fabric.attached
-            # HBM channel classes (see Transfers._channels): at first one class of every channel
+            # HBM channel classes (runtime.hbm_classes): at first one class of every channel
             nch = len(self.chan_res)
             self.hbm_plans: dict[int, tuple] = {}
             self.hver = 0
@@ -245,7 +245,7 @@ class Simulator(Transfers):
             self.now = 0
             self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
             self.hbm_rd = self.hbm_wr = 0
-            self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
+            self.n_cls = 0  # HBM channel-class grants computed (HbmClasses._channels)
             self.ndone = 0
             for core in comp.active:
                 self.schedule(core, 0)
