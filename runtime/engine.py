@@ -26,9 +26,9 @@ What an *event* is (for the events/s figure), counted once, when the engine proc
 operation a sequencer executes (an instruction, or a loop's back-edge), one grant the engine
 computes for a resource (a link, a port, or a class of HBM channels served together, see
 :meth:`runtime.hbm_classes.HbmClasses._channels`), or one payload delivered (a message into a
-destination FIFO, an HBM access's data to its core).  Work done in closed form is counted separately and never as
-events: instructions fast-forwarded (``fast_forwarded``) and the per-channel HBM grants a class
-grant stands for (``closed_form_grants``).
+destination FIFO, an HBM access's data to its core).  Work done in closed form is counted
+separately and never as events: instructions fast-forwarded (``fast_forwarded``) and the
+per-channel HBM grants a class grant stands for (``closed_form_grants``).
 
 Progress: ``run(progress=fn)`` (or every run inside ``with progress(fn):``) calls
 ``fn(cycle, events)`` while the queue advances — at most once per ``PROGRESS_EVENTS`` events and
