@@ -12,8 +12,9 @@ bytes compute the same grant, so they are kept in *classes* served in closed for
   one by one in order: the same float additions the per-channel rule makes, so the statistics
   are bit-identical;
 * a request that does not give every member of a class the same bytes refines the class first
-  (:meth:`HbmClasses._plan`); a request that leaves the classes it touched free at one cycle
-  merges them (:meth:`HbmClasses._merge`), so later requests over them are served once.
+  (:meth:`HbmClasses._plan`); the classes a request leaves free at one cycle merge into one
+  (:meth:`HbmClasses._merge`: all of them, or for a request over more than four classes each
+  set with equal ``free``), so later requests over them are served once.
 """
 
 from __future__ import annotations
@@ -112,8 +113,10 @@ class HbmClasses:
                     cfree[k] = end
                     if end > last:
                         last = end
-            if len(classes) > 1 and cfree[classes[0][0]] == last == cfree[classes[-1][0]]:
-                self._merge(classes, last)
+            if len(classes) > 4 or (
+                len(classes) > 1 and cfree[classes[0][0]] == last == cfree[classes[-1][0]]
+            ):
+                self._merge(classes)
             return (arrive if early or not classes else first), last
         # traced: no class is merged (see _merge), every class keeps one busy value
         span: dict[int, tuple] = {}
@@ -145,22 +148,31 @@ class HbmClasses:
         log = self.clogs[k]
         return [[m, reduce(add, log, b)] for m, b in parts]
 
-    def _merge(self, classes: tuple, end: float) -> None:
-        """Merge the classes an untraced request just served into one when they all end it
-        free at ``end``: their members' states then differ in busy cycles at most, kept as
-        parts of the merged class with one log of increments (module docstring), so later
-        requests giving them equal bytes are served once.  Their byte and grant counts so far
-        are written to their channels first, the merged class counting from zero."""
+    def _merge(self, classes: tuple) -> None:
+        """Merge the classes an untraced request just served that it leaves free at one cycle:
+        their members' states then differ in busy cycles at most, kept as parts of the merged
+        class with one log of increments (module docstring), so later requests giving them
+        equal bytes are served once.  Their byte and grant counts so far are written to their
+        channels first, a merged class counting from zero."""
         cfree = self.cfree
+        by_free: dict[float, list[int]] = {}
         for k, _ in classes:
-            if cfree[k] != end:
-                return
+            by_free.setdefault(cfree[k], []).append(k)
+        if len(by_free) == len(classes):
+            return
         self._flush_uses()
+        for ks in by_free.values():
+            if len(ks) > 1:
+                self._merge_into(ks)
+        self.hver += 1
+
+    def _merge_into(self, ks: list[int]) -> None:
+        """Merge classes ``ks`` (equal ``free``) into the first (see :meth:`_merge`)."""
         rs, chan_res, cls, cmembers = self.rs, self.chan_res, self.cls_of, self.cmembers
         cbytes, ccnt = self.cbytes, self.ccnt
-        k0 = classes[0][0]
+        k0 = ks[0]
         by_busy: dict[float, list[int]] = {}
-        for k, _ in classes:
+        for k in ks:
             nb, nc = cbytes[k], ccnt[k]
             for c in cmembers[k]:
                 r = rs[chan_res[c]]
@@ -181,7 +193,6 @@ class HbmClasses:
         else:
             self.cparts[k0] = [[m, b] for b, m in by_busy.items()]
             self.clogs[k0] = []
-        self.hver += 1
 
     def _unmerge(self, k: int) -> None:
         """Split merged class ``k`` into one class per part (its log applied), so it can be
