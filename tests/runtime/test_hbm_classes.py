@@ -48,3 +48,24 @@ def test_mixed_loads_give_the_per_channel_statistics(cores: int) -> None:
     assert merged.cycles == ref.cycles
     assert _channels(merged) == _channels(ref)
     assert [c.finish for c in merged.stats.cores] == [c.finish for c in ref.stats.cores]
+
+
+def test_a_request_over_many_classes_merges_those_free_together() -> None:
+    """Eight channels: core 0's first loads give five channels different states (six classes),
+    core 1 keeps channel 0 busy, so a whole-stripe load over the six classes leaves channel 0
+    free later than the other seven: those seven merge (with different busy cycles), channel 0
+    stays apart.  Everything as in the traced (unmerged) run."""
+    first = [((0,), (32,)), ((32,), (16,)), ((64,), (8,)), ((96,), (32,)), ((128,), (24,))]
+    stripes = [((512 * i,), (256,)) for i in range(1, 4)]
+    body = tuple(Load("a", "w", Region(*r)) for r in first + stripes + [((96,), (16,))])
+    p0 = Program(0, (Alloc("a", (256,)),) + body)
+    ch0 = tuple(Load("b", "w", Region((2048 + 256 * i,), (32,))) for i in range(6))
+    p1 = Program(1, (Alloc("b", (32,)),) + ch0)
+    ps = ProgramSet((p0, p1), tensors=(TensorDecl("w", (4096,)),))
+    chip = a2a_chip(2, mem=hbm(channels=8, bw=4.0))
+    merged = Simulator(ps, chip).run()
+    ref = Simulator(ps, chip).run(trace=True)
+    assert merged.cycles == ref.cycles
+    assert _channels(merged) == _channels(ref)
+    assert [c.finish for c in merged.stats.cores] == [c.finish for c in ref.stats.cores]
+    assert merged.stats.events.closed_form_grants > ref.stats.events.closed_form_grants
