@@ -164,7 +164,7 @@ class HbmClasses:
         for ks in by_free.values():
             if len(ks) > 1:
                 self._merge_into(ks)
-        self.hver += 1
+        self._changed()
 
     def _merge_into(self, ks: list[int]) -> None:
         """Merge classes ``ks`` (equal ``free``) into the first (see :meth:`_merge`)."""
@@ -215,7 +215,7 @@ class HbmClasses:
             self.cmembers[n] = members
             for c in members:
                 cls[c] = n
-        self.hver += 1
+        self._changed()
 
     def _plan(self, split: tuple) -> tuple:
         """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
@@ -264,7 +264,7 @@ class HbmClasses:
                 for c in group:
                     cls[c] = n
         if changed:
-            self.hver += 1
+            self._changed()
         plan: list[tuple[int, float]] = []
         nbytes: list[tuple[int, int]] = []
         seen: set[int] = set()
@@ -282,6 +282,13 @@ class HbmClasses:
         hit = (self.hver, tuple(plan), [0], tuple(nbytes), logged)
         self.hbm_plans[id(split)] = hit
         return hit
+
+    def _changed(self) -> None:
+        """The classes changed: every plan is out of date.  Each change follows a
+        :meth:`_flush_uses` with no request served since, so no plan holds uses and the plans
+        are dropped (a flush then walks only the plans made since)."""
+        self.hver += 1
+        self.hbm_plans.clear()
 
     def _flush_uses(self) -> None:
         """Add the bytes and grants of the requests served since the last call to their
