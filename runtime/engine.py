@@ -25,10 +25,10 @@ Cyclotron §9.1: per-PE interpreters talking over bounded FIFOs, roofline cycles
 What an *event* is (for the events/s figure), counted once, when the engine processes it: one
 operation a sequencer executes (an instruction, or a loop's back-edge), one grant the engine
 computes for a resource (a link, a port, or a class of HBM channels served together, see
-:meth:`Transfers._channels`), or one payload delivered (a message into a destination FIFO, an
-HBM access's data to its core).  Work done in closed form is counted separately and never as
-events: instructions fast-forwarded (``fast_forwarded``) and the per-channel HBM grants a class
-grant stands for (``closed_form_grants``).
+:meth:`runtime.hbm_classes.HbmClasses._channels`), or one payload delivered (a message into a
+destination FIFO, an HBM access's data to its core).  Work done in closed form is counted
+separately and never as events: instructions fast-forwarded (``fast_forwarded``) and the
+per-channel HBM grants a class grant stands for (``closed_form_grants``).
 
 Progress: ``run(progress=fn)`` (or every run inside ``with progress(fn):``) calls
 ``fn(cycle, events)`` while the queue advances — at most once per ``PROGRESS_EVENTS`` events and
@@ -225,7 +225,7 @@ class Simulator(Transfers):
             self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
             self.chan_res = self.fabric.chan_res
             self.attached = self.fabric.attached
-            # HBM channel classes (see Transfers._channels): at first one class of every channel
+            # HBM channel classes (runtime.hbm_classes): at first one class of every channel
             nch = len(self.chan_res)
             self.hbm_plans: dict[int, tuple] = {}
             self.hver = 0
@@ -233,6 +233,7 @@ class Simulator(Transfers):
             self.cmembers = [list(range(nch))] if nch and not self.attached else []
             self.cfree, self.cbusy = [0.0] * len(self.cmembers), [0.0] * len(self.cmembers)
             self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
+            self.cparts, self.clogs = {}, {}  # merged classes' parts and busy logs
             self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
             self.dirty: set[str] = set()
@@ -244,7 +245,7 @@ class Simulator(Transfers):
             self.now = 0
             self.n_pops = self.n_deliv = self.msg_bytes = self.unreceived = 0
             self.hbm_rd = self.hbm_wr = 0
-            self.n_cls = 0  # HBM channel-class grants computed (see Transfers._channels)
+            self.n_cls = 0  # HBM channel-class grants computed (HbmClasses._channels)
             self.ndone = 0
             for core in comp.active:
                 self.schedule(core, 0)

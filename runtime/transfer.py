@@ -19,6 +19,7 @@ import math
 from heapq import heappush
 from typing import Any
 
+from runtime.hbm_classes import HbmClasses
 from runtime.network import RES_DELAY
 from runtime.state import Core, Pending, Post, Slot, StopPost, hold
 
@@ -62,7 +63,7 @@ class _Hbm:
             sim.resolve(self.pending, self.end)
 
 
-class Transfers:
+class Transfers(HbmClasses):
     """Mixed into :class:`runtime.engine.Simulator`: resource reservation, messages, HBM access.
 
     Uses the simulator's clock ``now``, its calendar ``buckets``/``times`` and the resource
@@ -82,15 +83,6 @@ class Transfers:
     times: list[int]
     chan_res: list[int]
     attached: bool
-    hbm_plans: dict[int, tuple]
-    hver: int
-    cls_of: list[int]
-    cmembers: list[list[int]]
-    cfree: list[float]
-    cbusy: list[float]
-    hrate: float
-    cbytes: list[int]
-    ccnt: list[int]
 
     fabric: Any
     comp: Any
@@ -179,146 +171,6 @@ class Transfers:
                 for d in delivers:
                     x.deliver(self, d, end)
         return end
-
-    def _channels(self, x: _Hbm, arrive: int, tail: float) -> tuple[float, float]:
-        """Serve an HBM request's per-channel parts, each channel first come first served
-        (:meth:`_stage`'s rule, applied per channel class).
-
-        Channels are kept in *classes* whose members have identical ``free`` and ``busy``
-        values (at first one class of all channels).  A request giving every member of a class
-        the same bytes makes them all compute the same start and end, so it is served once per
-        class in closed form; a request that does not refines the classes first.  Per-member
-        byte and transfer counts are added up per class and written back by
-        :meth:`hbm_flush`.  The floats are those the per-channel loop computes, in the same
-        order, so cycles, statistics and the trace are unchanged."""
-        split = x.split
-        plan = self.hbm_plans.get(id(split))
-        if plan is None or plan[0] != self.hver:
-            plan = self._plan(split)
-        plan[2][0] += 1  # bytes and grant counts per class: added up by _flush_uses
-        cfree, cbusy = self.cfree, self.cbusy
-        classes = plan[1]
-        self.n_cls += len(classes)
-        first = math.inf
-        last = arrive if arrive > tail else tail
-        rt = self.rtrace
-        if rt is None:
-            # the rule of _stage, per class (d: bytes / rate), split on which bound starts it:
-            # a class free before the request starts at ``arrive``, so the earliest start is
-            # ``arrive`` if any class is, else the earliest ``free`` (the same values)
-            early = False
-            for k, d in classes:
-                f = cfree[k]
-                if arrive > f:
-                    end = arrive + d
-                    if tail > end:
-                        end = tail
-                    cbusy[k] += end - arrive
-                    early = True
-                else:
-                    end = f + d
-                    if tail > end:
-                        end = tail
-                    cbusy[k] += end - f
-                    if f < first:
-                        first = f
-                cfree[k] = end
-                if end > last:
-                    last = end
-            return (arrive if early or not classes else first), last
-        span: dict[int, tuple] = {}
-        for k, d in classes:  # as above, keeping each class's span for the trace
-            f = cfree[k]
-            start = arrive if arrive > f else f
-            end = start + d
-            if tail > end:
-                end = tail
-            cfree[k] = end
-            cbusy[k] += end - start
-            if start < first:
-                first = start
-            if end > last:
-                last = end
-            span[k] = (start, end)
-        # one trace entry per channel, in channel order
-        cls, chan_res, label = self.cls_of, self.chan_res, x.label
-        for c, _ in x.split:
-            rt.append((chan_res[c], *span[cls[c]], label))
-        return (first if classes else arrive), last
-
-    def _plan(self, split: tuple) -> tuple:
-        """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
-        ...))`` for ``split``, refining the channel classes so that every class it touches is
-        covered whole with equal bytes (``uses``: requests served with it whose bytes and
-        grants are not yet added to their classes, see :meth:`_flush_uses`)."""
-        cls = self.cls_of
-        want: dict[int, dict] = {}
-        for c, b in split:
-            want.setdefault(cls[c], {})[c] = b
-        changed = False
-        for k, got in want.items():
-            members = self.cmembers[k]
-            groups: dict = {}
-            for c in members:
-                groups.setdefault(got.get(c), []).append(c)
-            if len(groups) == 1:
-                continue
-            if not changed:
-                self._flush_uses()  # the counts go to the classes as they are now
-            changed = True
-            rest = list(groups.values())
-            self.cmembers[k] = rest[0]
-            for group in rest[1:]:
-                n = len(self.cmembers)
-                self.cmembers.append(group)
-                self.cfree.append(self.cfree[k])
-                self.cbusy.append(self.cbusy[k])
-                self.cbytes.append(self.cbytes[k])
-                self.ccnt.append(self.ccnt[k])
-                for c in group:
-                    cls[c] = n
-        if changed:
-            self.hver += 1
-        plan: list[tuple[int, float]] = []
-        nbytes: list[tuple[int, int]] = []
-        seen: set[int] = set()
-        rate = self.hrate
-        for c, b in split:
-            k = cls[c]
-            if k not in seen:
-                seen.add(k)
-                plan.append((k, b / rate))
-                nbytes.append((k, b))
-        hit = (self.hver, tuple(plan), [0], tuple(nbytes))
-        self.hbm_plans[id(split)] = hit
-        return hit
-
-    def _flush_uses(self) -> None:
-        """Add the bytes and grants of the requests served since the last call to their
-        channel classes (:meth:`_channels` counts requests per plan, not per class)."""
-        cbytes, ccnt = self.cbytes, self.ccnt
-        for plan in self.hbm_plans.values():
-            uses = plan[2]
-            n = uses[0]
-            if n:
-                uses[0] = 0
-                for k, b in plan[3]:
-                    cbytes[k] += b * n
-                    ccnt[k] += n
-
-    def hbm_flush(self) -> None:
-        """Write every channel class's state back to its member channels."""
-        self._flush_uses()
-        rs, chan_res = self.rs, self.chan_res
-        for k, members in enumerate(self.cmembers):
-            f, bz, nb, nc = self.cfree[k], self.cbusy[k], self.cbytes[k], self.ccnt[k]
-            for c in members:
-                r = rs[chan_res[c]]
-                r[0] = f
-                r[1] = bz
-                r[2] += nb
-                r[3] += nc
-            self.cbytes[k] = self.ccnt[k] = 0
 
     # -- channels -----------------------------------------------------------------------------
 

@@ -1,0 +1,319 @@
+"""HBM channel classes: the per-channel parts of an HBM request served once per class.
+
+An HBM request is split over the channels by address interleaving; each channel grants its part
+first come first served, as every resource does (ELK §5: "packets that share one NoC link are
+scheduled sequentially").  Channels whose states are the same and that requests give the same
+bytes compute the same grant, so they are kept in *classes* served in closed form:
+
+* a class's members share one ``free`` cycle; their busy cycles are either one value
+  (``cbusy``) or, for a class merged from members with different busy cycles, one base value
+  per *part* of the members (``cparts``) plus the list of increments every member has received
+  since the merge (``clogs``).  A member's busy cycles are its base plus the increments added
+  one by one in order: the same float additions the per-channel rule makes, so the statistics
+  are bit-identical;
+* a request that does not give every member of a class the same bytes refines the class first
+  (:meth:`HbmClasses._plan`); the classes a request leaves free at one cycle merge into one
+  (:meth:`HbmClasses._merge`: all of them, or for a request over more than four classes each
+  set with equal ``free``), so later requests over them are served once.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import reduce
+from operator import add
+from typing import Any
+
+__all__ = ["HbmClasses"]
+
+
+class HbmClasses:
+    """Mixed into :class:`runtime.transfer.Transfers`: the channel-class state (set up by
+    :meth:`runtime.engine.Simulator.run`) and the grants of an untraced or traced request."""
+
+    rs: list[list]
+    rtrace: list[tuple] | None
+    chan_res: list[int]
+    hbm_plans: dict[int, tuple]
+    hver: int
+    n_cls: int
+    cls_of: list[int]
+    cmembers: list[list[int]]
+    cfree: list[float]
+    cbusy: list[float]
+    cparts: dict[int, list[list]]
+    clogs: dict[int, list[float]]
+    hrate: float
+    cbytes: list[int]
+    ccnt: list[int]
+
+    def _channels(self, x: Any, arrive: int, tail: float) -> tuple[float, float]:
+        """Serve HBM request ``x``'s per-channel parts (:meth:`runtime.transfer.Transfers._stage`'s
+        rule, applied once per channel class); returns the earliest start and the latest end.
+
+        Per-member byte and grant counts are added up per plan use and written back by
+        :meth:`hbm_flush`.  The floats are those the per-channel rule computes, in the same
+        order, so cycles, statistics and the trace are unchanged."""
+        split = x.split
+        plan = self.hbm_plans.get(id(split))
+        if plan is None or plan[0] != self.hver:
+            plan = self._plan(split)
+        plan[2][0] += 1  # bytes and grant counts per class: added up by _flush_uses
+        cfree, cbusy = self.cfree, self.cbusy
+        classes = plan[1]
+        self.n_cls += len(classes)
+        first = math.inf
+        last = arrive if arrive > tail else tail
+        rt = self.rtrace
+        if rt is None:
+            # the rule of _stage, per class (d: bytes / rate), split on which bound starts it:
+            # a class free before the request starts at ``arrive``, so the earliest start is
+            # ``arrive`` if any class is, else the earliest ``free`` (the same values)
+            early = False
+            logged = plan[4]
+            if logged is None:
+                for k, d in classes:
+                    f = cfree[k]
+                    if arrive > f:
+                        end = arrive + d
+                        if tail > end:
+                            end = tail
+                        cbusy[k] += end - arrive
+                        early = True
+                    else:
+                        end = f + d
+                        if tail > end:
+                            end = tail
+                        cbusy[k] += end - f
+                        if f < first:
+                            first = f
+                    cfree[k] = end
+                    if end > last:
+                        last = end
+            else:  # the same, a merged class's busy increment logged (lg: its log or None)
+                for k, d, lg in logged:
+                    f = cfree[k]
+                    if arrive > f:
+                        end = arrive + d
+                        if tail > end:
+                            end = tail
+                        inc = end - arrive
+                        early = True
+                    else:
+                        end = f + d
+                        if tail > end:
+                            end = tail
+                        inc = end - f
+                        if f < first:
+                            first = f
+                    if lg is None:
+                        cbusy[k] += inc
+                    else:
+                        lg.append(inc)
+                    cfree[k] = end
+                    if end > last:
+                        last = end
+            if len(classes) > 4 or (
+                len(classes) > 1 and cfree[classes[0][0]] == last == cfree[classes[-1][0]]
+            ):
+                self._merge(classes)
+            return (arrive if early or not classes else first), last
+        # traced: no class is merged (see _merge), every class keeps one busy value
+        span: dict[int, tuple] = {}
+        for k, d in classes:  # as above, keeping each class's span for the trace
+            f = cfree[k]
+            start = arrive if arrive > f else f
+            end = start + d
+            if tail > end:
+                end = tail
+            cfree[k] = end
+            cbusy[k] += end - start
+            if start < first:
+                first = start
+            if end > last:
+                last = end
+            span[k] = (start, end)
+        # one trace entry per channel, in channel order
+        cls, chan_res, label = self.cls_of, self.chan_res, x.label
+        for c, _ in x.split:
+            rt.append((chan_res[c], *span[cls[c]], label))
+        return (first if classes else arrive), last
+
+    def _parts(self, k: int) -> list[list]:
+        """Class ``k``'s members as ``[members, busy cycles]`` parts, its log applied (the
+        increments added in order, as the per-channel rule adds them)."""
+        parts = self.cparts.get(k)
+        if parts is None:
+            return [[self.cmembers[k], self.cbusy[k]]]
+        log = self.clogs[k]
+        return [[m, reduce(add, log, b)] for m, b in parts]
+
+    def _merge(self, classes: tuple) -> None:
+        """Merge the classes an untraced request just served that it leaves free at one cycle:
+        their members' states then differ in busy cycles at most, kept as parts of the merged
+        class with one log of increments (module docstring), so later requests giving them
+        equal bytes are served once.  Their byte and grant counts so far are written to their
+        channels first, a merged class counting from zero."""
+        cfree = self.cfree
+        by_free: dict[float, list[int]] = {}
+        for k, _ in classes:
+            by_free.setdefault(cfree[k], []).append(k)
+        if len(by_free) == len(classes):
+            return
+        self._flush_uses()
+        for ks in by_free.values():
+            if len(ks) > 1:
+                self._merge_into(ks)
+        self._changed()
+
+    def _merge_into(self, ks: list[int]) -> None:
+        """Merge classes ``ks`` (equal ``free``) into the first (see :meth:`_merge`)."""
+        rs, chan_res, cls, cmembers = self.rs, self.chan_res, self.cls_of, self.cmembers
+        cbytes, ccnt = self.cbytes, self.ccnt
+        k0 = ks[0]
+        by_busy: dict[float, list[int]] = {}
+        for k in ks:
+            nb, nc = cbytes[k], ccnt[k]
+            for c in cmembers[k]:
+                r = rs[chan_res[c]]
+                r[2] += nb
+                r[3] += nc
+            cbytes[k] = ccnt[k] = 0
+            for m, b in self._parts(k):
+                by_busy.setdefault(b, []).extend(m)
+            self.cparts.pop(k, None)
+            self.clogs.pop(k, None)
+            if k != k0:
+                for c in cmembers[k]:
+                    cls[c] = k0
+                cmembers[k] = []
+        cmembers[k0] = [c for m in by_busy.values() for c in m]
+        if len(by_busy) == 1:
+            self.cbusy[k0] = next(iter(by_busy))
+        else:
+            self.cparts[k0] = [[m, b] for b, m in by_busy.items()]
+            self.clogs[k0] = []
+
+    def _unmerge(self, k: int) -> None:
+        """Split merged class ``k`` into one class per part (its log applied), so it can be
+        refined like any class."""
+        self._flush_uses()
+        parts = self._parts(k)
+        del self.cparts[k], self.clogs[k]
+        cls = self.cls_of
+        for j, (members, bz) in enumerate(parts):
+            if j == 0:
+                n = k
+                self.cbusy[k] = bz
+            else:
+                n = len(self.cmembers)
+                self.cfree.append(self.cfree[k])
+                self.cbusy.append(bz)
+                self.cbytes.append(self.cbytes[k])
+                self.ccnt.append(self.ccnt[k])
+                self.cmembers.append(members)
+            self.cmembers[n] = members
+            for c in members:
+                cls[c] = n
+        self._changed()
+
+    def _plan(self, split: tuple) -> tuple:
+        """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
+        ...), logged)`` for ``split``, refining the channel classes so that every class it
+        touches is covered whole with equal bytes (``uses``: requests served with it whose
+        bytes and grants are not yet added to their classes, see :meth:`_flush_uses`;
+        ``logged``: ``((class, bytes / rate, its log or None), ...)`` when a class is a merged
+        one, else None)."""
+        cls = self.cls_of
+        want: dict[int, dict] = {}
+        for c, b in split:
+            want.setdefault(cls[c], {})[c] = b
+        if self.cparts:  # a merged class to refine: split into its parts first
+            redo = False
+            for k, got in want.items():
+                if k in self.cparts:
+                    members = self.cmembers[k]
+                    b0 = got.get(members[0])
+                    if any(got.get(c) != b0 for c in members):
+                        self._unmerge(k)
+                        redo = True
+            if redo:
+                want = {}
+                for c, b in split:
+                    want.setdefault(cls[c], {})[c] = b
+        changed = False
+        for k, got in want.items():
+            members = self.cmembers[k]
+            groups: dict = {}
+            for c in members:
+                groups.setdefault(got.get(c), []).append(c)
+            if len(groups) == 1:
+                continue
+            if not changed:
+                self._flush_uses()  # the counts go to the classes as they are now
+            changed = True
+            rest = list(groups.values())
+            self.cmembers[k] = rest[0]
+            for group in rest[1:]:
+                n = len(self.cmembers)
+                self.cmembers.append(group)
+                self.cfree.append(self.cfree[k])
+                self.cbusy.append(self.cbusy[k])
+                self.cbytes.append(self.cbytes[k])
+                self.ccnt.append(self.ccnt[k])
+                for c in group:
+                    cls[c] = n
+        if changed:
+            self._changed()
+        plan: list[tuple[int, float]] = []
+        nbytes: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        rate = self.hrate
+        for c, b in split:
+            k = cls[c]
+            if k not in seen:
+                seen.add(k)
+                plan.append((k, b / rate))
+                nbytes.append((k, b))
+        logs = self.clogs
+        logged = None
+        if any(k in logs for k, _ in plan):
+            logged = tuple((k, d, logs.get(k)) for k, d in plan)
+        hit = (self.hver, tuple(plan), [0], tuple(nbytes), logged)
+        self.hbm_plans[id(split)] = hit
+        return hit
+
+    def _changed(self) -> None:
+        """The classes changed: every plan is out of date.  Each change follows a
+        :meth:`_flush_uses` with no request served since, so no plan holds uses and the plans
+        are dropped (a flush then walks only the plans made since)."""
+        self.hver += 1
+        self.hbm_plans.clear()
+
+    def _flush_uses(self) -> None:
+        """Add the bytes and grants of the requests served since the last call to their
+        channel classes (:meth:`_channels` counts requests per plan, not per class)."""
+        cbytes, ccnt = self.cbytes, self.ccnt
+        for plan in self.hbm_plans.values():
+            uses = plan[2]
+            n = uses[0]
+            if n:
+                uses[0] = 0
+                for k, b in plan[3]:
+                    cbytes[k] += b * n
+                    ccnt[k] += n
+
+    def hbm_flush(self) -> None:
+        """Write every channel class's state back to its member channels."""
+        self._flush_uses()
+        rs, chan_res = self.rs, self.chan_res
+        for k in range(len(self.cmembers)):
+            f, nb, nc = self.cfree[k], self.cbytes[k], self.ccnt[k]
+            for members, bz in self._parts(k):
+                for c in members:
+                    r = rs[chan_res[c]]
+                    r[0] = f
+                    r[1] = bz
+                    r[2] += nb
+                    r[3] += nc
+            self.cbytes[k] = self.ccnt[k] = 0
