@@ -14,21 +14,14 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch2step  # noqa: E402
-from models.decoder import decode_inputs, decoder_step, tiny_config, tiny_config_dict  # noqa: E402
-from torch2step.frontend import from_torch  # noqa: E402
+from models.decoder import tiny_config_dict  # noqa: E402
 from torch2step.kernel.stack import KernelStackProgram  # noqa: E402
 from torch2step.layers import evaluate  # noqa: E402
-from torch2step.layers.stack import stack_graph  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def stack3():
-    cfg = tiny_config("llama")
-    steps = [decoder_step(cfg, device="cpu", seed=i) for i in range(3)]
-    x, k, v = decode_inputs(cfg, 2, 5, seed=3)
-    body = from_torch(steps[0], (x, k, v))
-    weights = [{n: p.detach() for n, p in s.named_parameters()} for s in steps]
-    g = stack_graph(body, 3, layer_params=weights)
+def stack3(tiny_llama_stack):
+    g, x, k, v = tiny_llama_stack(3)
     ks, vs = torch.stack([k, k + 1, k - 1]), torch.stack([v, -v, v * 2])
     prog = torch2step.compile(g, (x, ks, vs), chip="ipu-hbm")
     return g, prog, (x, ks, vs)

@@ -59,17 +59,8 @@ def test_copied_layers_are_the_full_emission(tmp_path, monkeypatch) -> None:
     assert a.cycles == b.cycles > 0 and a.stats.to_dict() == b.stats.to_dict()
 
 
-def test_copied_layers_with_weights_are_the_full_emission(monkeypatch) -> None:
-    from models.decoder import decode_inputs, decoder_step, tiny_config
-    from torch2step.frontend import from_torch
-    from torch2step.layers.stack import stack_graph
-
-    cfg = tiny_config("llama")
-    steps = [decoder_step(cfg, device="cpu", seed=i) for i in range(4)]
-    x, k, v = decode_inputs(cfg, 2, 5, seed=3)
-    body = from_torch(steps[0], (x, k, v))
-    weights = [{n: p.detach() for n, p in s.named_parameters()} for s in steps]
-    g = stack_graph(body, 4, layer_params=weights)
+def test_copied_layers_with_weights_are_the_full_emission(monkeypatch, tiny_llama_stack) -> None:
+    g, x, k, v = tiny_llama_stack(4)
     import torch
 
     ks, vs = torch.stack([k, k + 1, k - 1, 2 * k]), torch.stack([v, -v, v * 2, v + 3])
