@@ -337,6 +337,8 @@ class _Walker:
         key = (i.channel, "value")
         counts.recvs[key] = _add(counts.recvs.get(key, 0), mult)
         state.regs.add(i.reg)
+        if i.stop is not None:  # one value message either way: a value or the stop token
+            state.regs.add(i.stop)
 
     def load_value(
         self, path: Path, i: LoadValue, state: _State, counts: _Counts, mult: Count

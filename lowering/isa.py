@@ -167,18 +167,29 @@ class Recv:
 
 @dataclass(frozen=True, slots=True)
 class SendValue:
-    """Send a control value (count, selector bitmask, stop-token level) on ``channel``."""
+    """Send a control value (count, selector bitmask, stop-token level) on ``channel``.
+
+    ``stop``: the value is the stream's stop token (its value: the count, STeP §3.2.3), marked
+    so that a ``RecvValue`` with ``stop`` tells it from a control value of the stream (a
+    buffer reference, an address); a ``Recv`` with ``stop`` takes any value as the token."""
 
     channel: str
     value: Operand | Affine
+    stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RecvValue:
-    """Receive a control value from ``channel`` into register ``reg``."""
+    """Receive a control value from ``channel`` into register ``reg``.
+
+    With ``stop`` (a register) the message may also be the stream's stop token (a
+    ``SendValue`` with ``stop``): ``stop`` is ``-1`` when a value landed in ``reg``, else the
+    token's value (``reg`` unchanged) — a stream of buffer references or addresses whose
+    length only the run knows, down to none."""
 
     channel: str
     reg: str
+    stop: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

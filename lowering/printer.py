@@ -104,8 +104,12 @@ _HEADS: dict[type, Callable[..., str]] = {
     Store: _store,
     Send: lambda i: f"send {i.channel} <- {i.src}",
     Recv: lambda i: f"recv {i.dst} <- {i.channel}" + (f" (stop -> {i.stop})" if i.stop else ""),
-    SendValue: lambda i: f"send_value {i.channel} <- {format_value(i.value)}",
-    RecvValue: lambda i: f"recv_value {i.reg} <- {i.channel}",
+    SendValue: lambda i: (
+        f"send_value {i.channel} <- {format_value(i.value)}" + (" (stop)" if i.stop else "")
+    ),
+    RecvValue: lambda i: (
+        f"recv_value {i.reg} <- {i.channel}" + (f" (stop -> {i.stop})" if i.stop else "")
+    ),
     LoadValue: lambda i: f"load_value {i.reg} <- {i.tensor}[{_index(i.index)}]",
     Compute: _compute,
     Set: lambda i: f"set {i.reg} = {format_value(i.value)}",

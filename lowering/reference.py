@@ -161,12 +161,24 @@ def _recv(c: _Core, i: Recv) -> Wait:
     c.bufs[i.dst] = msg  # type: ignore[assignment]
 
 
+class _Stop(int):
+    """A stream's stop token on its way (a ``SendValue`` with ``stop``)."""
+
+
 def _send_value(c: _Core, i: SendValue) -> Wait:
-    yield from _put(c, i.channel, c.value(i.value))
+    v = c.value(i.value)
+    yield from _put(c, i.channel, _Stop(v) if i.stop else v)
 
 
 def _recv_value(c: _Core, i: RecvValue) -> Wait:
-    c.regs[i.reg] = yield from _take(c, i.channel)  # type: ignore[assignment]
+    msg = yield from _take(c, i.channel)
+    if i.stop is None:
+        c.regs[i.reg] = int(msg)  # type: ignore[call-overload]
+    elif isinstance(msg, _Stop):  # the stream's stop token: ``reg`` unchanged
+        c.regs[i.stop] = int(msg)
+    else:
+        c.regs[i.reg] = int(msg)  # type: ignore[call-overload]
+        c.regs[i.stop] = -1
 
 
 def _load_value(c: _Core, i: LoadValue) -> Wait:

@@ -43,6 +43,10 @@ __all__ = [
     "h_recv",
     "h_recvvalue",
     "h_recvstop",
+    "h_recvvaluestop",
+    "StopExpr",
+    "StopToken",
+    "take_value",
     "h_barrier",
     "arrive",
 ]
@@ -276,6 +280,20 @@ def h_loadvalue(sim: Any, core: Core, op: OpLoadValue) -> bool:
 # -- channels --------------------------------------------------------------------------------
 
 
+class StopToken(int):
+    """The value of a stream's stop token (a ``SendValue`` with ``stop``) on its way: an
+    ``int`` a ``RecvValue`` with ``stop`` tells from a control value of the stream."""
+
+    __slots__ = ()
+
+
+class StopExpr(tuple):
+    """The compiled value of a ``SendValue`` with ``stop`` (:func:`~runtime.ops.expr`'s
+    form): its message carries a :class:`StopToken`."""
+
+    __slots__ = ()
+
+
 class OpSend(Op):
     __slots__ = ("chan", "buf", "value")
 
@@ -301,7 +319,10 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
             sim.schedule(core, c)
             return False
     if b is None:
-        inj = sim.send(chan, 4, None, None, "int32", ev(core.regs, op.value))
+        v = ev(core.regs, op.value)
+        if op.value.__class__ is StopExpr:
+            v = StopToken(v)
+        inj = sim.send(chan, 4, None, None, "int32", v)
     else:
         inj = sim.send(chan, math.prod(b.shape) * b.eb, b.data, b.shape, b.dtype, None)
         if inj > b.r:
@@ -363,6 +384,33 @@ def h_recvvalue(sim: Any, core: Core, op: OpRecv) -> bool:
         core.cur = p
         sim.post(op.end, p)
     return _value_arrived(sim, core, op, p)
+
+
+def h_recvvaluestop(sim: Any, core: Core, op: OpRecv) -> bool:
+    """``RecvValue`` with ``stop`` (``op.reg``: the value's and the stop's registers): a
+    control value or the stream's stop token, waited for (the program branches on which)."""
+    p = core.cur
+    if p is None:
+        p = Post(core, None, op.end, core.t)
+        core.cur = p
+        sim.post(op.end, p)
+    if p.time is None:
+        sim.block(core, ("value", p), p)
+        return False
+    core.cur = None
+    advance(sim, core, p.time, RECV)
+    take_value(core.regs, op.reg, p.value)
+    core.pc += 1
+    return True
+
+
+def take_value(regs: dict[str, int], reg: tuple[str, str], value: int) -> None:
+    """The registers a ``RecvValue`` with ``stop`` sets from the message's ``value``."""
+    if value.__class__ is StopToken:
+        regs[reg[1]] = int(value)
+    else:
+        regs[reg[0]] = value
+        regs[reg[1]] = -1
 
 
 def h_recvstop(sim: Any, core: Core, op: OpRecv) -> bool:

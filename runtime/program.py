@@ -315,7 +315,10 @@ class _Compiler(LocalCompiler):
             b = self.bufs.get(ins.src) or self.buf(ins.src)  # type: ignore[union-attr]
             self.code.append(_SEND(_H_SEND, ins, ch, b, None))
         else:
-            self.code.append(_SEND(_H_SEND, ins, ch, None, ops.expr(ins.value)))  # type: ignore[union-attr]
+            value = ops.expr(ins.value)  # type: ignore[union-attr]
+            if ins.stop:  # type: ignore[union-attr]  # the stream's stop token
+                value = ops_comm.StopExpr(value)
+            self.code.append(_SEND(_H_SEND, ins, ch, None, value))
 
     def _recv(self, ins: Recv | RecvValue) -> None:
         code = self.code
@@ -332,8 +335,11 @@ class _Compiler(LocalCompiler):
             b = self.bufs.get(ins.dst) or self.buf(ins.dst)  # type: ignore[union-attr]
             stop = ins.stop  # type: ignore[union-attr]
             code.append(_RECV(_H_RECV if stop is None else _H_RECVSTOP, ins, end, b, stop))
-        else:
+        elif ins.stop is None:  # type: ignore[union-attr]
             code.append(_RECV(_H_RECVVALUE, ins, end, None, ins.reg))  # type: ignore[union-attr]
+        else:  # a value or the stream's stop token
+            regs = (ins.reg, ins.stop)  # type: ignore[union-attr]
+            code.append(_RECV(ops_comm.h_recvvaluestop, ins, end, None, regs))
 
     def _loadvalue(self, ins: LoadValue) -> None:
         code, make = self.code, ops.make

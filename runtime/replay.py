@@ -314,7 +314,10 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
             core.blocked = ("credit", end)
             return False
     if b is None:
-        payload = (None, False, ops.ev(core.regs, op.value))
+        v = ops.ev(core.regs, op.value)
+        if op.value.__class__ is ops_comm.StopExpr:
+            v = ops_comm.StopToken(v)
+        payload = (None, False, v)
     else:
         payload = (b.data, True, None)
     for end in chan.ends:
@@ -365,6 +368,19 @@ def _recvvalue(rp: Replay, core: Core, op: Any) -> bool:
         p = core.cur = Post(core, None, op.end, 0)
         _post(rp, op.end, p)
     return _arrived(rp, core, op, p)
+
+
+def _recvvaluestop(rp: Replay, core: Core, op: Any) -> bool:
+    p = core.cur
+    if p is None:
+        p = core.cur = Post(core, None, op.end, 0)
+        _post(rp, op.end, p)
+    if p.time is None:
+        return rp.block(core, ("value", p), p)
+    core.cur = None
+    ops_comm.take_value(core.regs, op.reg, p.value)
+    core.pc += 1
+    return True
 
 
 def _recvstop(rp: Replay, core: Core, op: Any) -> bool:
@@ -426,5 +442,6 @@ _RULES: dict[Any, Any] = {
     ops_comm.h_recv: _recv,
     ops_comm.h_recvvalue: _recvvalue,
     ops_comm.h_recvstop: _recvstop,
+    ops_comm.h_recvvaluestop: _recvvaluestop,
     ops_comm.h_barrier: _barrier,
 }

@@ -276,7 +276,8 @@ def _send(c: CoreRun, i: Send) -> Steps:
 def _send_value(c: CoreRun, i: SendValue) -> Steps:
     v = c.value(i.value)
     yield from _wait_credit(c, i.channel)
-    c.ctx.net.send(i.channel, ("v", v))
+    # the stream's stop token: a control value marked for a RecvValue with stop
+    c.ctx.net.send(i.channel, ("v", v, "stop") if i.stop else ("v", v))
 
 
 def _recv(c: CoreRun, i: Recv) -> Steps:
@@ -308,11 +309,22 @@ def _fill_or_stop(c: CoreRun) -> Callable[[Post, Payload], None]:
 
 def _recv_value(c: CoreRun, i: RecvValue) -> Steps:
     _channel(c, i.channel, False)
-    post = Post(c.id, None, c.fill)
+    token: list[bool] = []
+
+    def fill(post: Post, payload: Payload) -> None:
+        token.append(len(payload) == 3)  # the stream's stop token (a SendValue with stop)
+        c.fill(post, payload)
+
+    post = Post(c.id, None, c.fill if i.stop is None else fill)
     c.ctx.net.post(i.channel, c.id, post)
     while not post.done:
         yield ("value", i.channel)
-    c.regs[i.reg] = post.value
+    if i.stop is None:
+        c.regs[i.reg] = post.value
+    elif token[0]:  # ``reg`` unchanged
+        c.regs[i.stop] = post.value
+    else:
+        c.regs[i.reg], c.regs[i.stop] = post.value, -1
 
 
 def _load_value(c: CoreRun, i: LoadValue) -> Steps:

@@ -274,3 +274,57 @@ def test_a_loop_receives_until_the_stop_token_on_an_mpi_rank():
     r = run_mpi(_until_stop(9), mesh_chip(1, 3), ins, timeout=30)
     np.testing.assert_array_equal(r.tensors["out"][0], ins["x"][:5].sum(axis=0))
     np.testing.assert_array_equal(r.tensors["res"], [[5, 5]])
+
+
+def _refs_or_stop() -> ProgramSet:
+    """Core 0 reads n from ``meta`` and sends a control value (a buffer reference, 7) when n is
+    not zero, else the stream's stop token carrying n (``SendValue`` with ``stop``); core 1
+    takes either with one ``RecvValue`` with ``stop`` and stores, under the guard it decides,
+    the value it got (or the token's value plus 100)."""
+    p0 = (
+        LoadValue("n", "meta", (0,)),
+        If(Cond("n", ">", 0), (SendValue("ref", 7),), (SendValue("ref", "n", stop=True),)),
+    )
+    p1 = (
+        Alloc("one", (1, 1), "fp32"),
+        Load("one", "ones"),
+        Set("v", 0),
+        RecvValue("ref", "v", stop="s"),
+        If(
+            Cond("s", "<", 0),
+            (Loop("v", (Store("one", "res", Region((0, 0), (1, 1)), accumulate=True),)),),
+            (
+                Loop(
+                    Affine(100, (("s", 1),)),
+                    (Store("one", "res", Region((0, 1), (1, 1)), accumulate=True),),
+                ),
+            ),
+        ),
+    )
+    return ProgramSet(
+        (Program(0, p0), Program(1, p1)),
+        (Channel("ref", 0, (1,)),),
+        (
+            TensorDecl("meta", (1,), "int32"),
+            TensorDecl("ones", (1, 1), "fp32"),
+            TensorDecl("res", (1, 2), "fp32"),
+        ),
+    )
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_a_value_receive_tells_a_value_from_the_stop_token(n):
+    """``RecvValue`` with ``stop``: one value message either way (the validator counts it), a
+    control value lands in ``reg`` with ``stop = -1``, a stop token sets ``stop`` to its value;
+    in functional and timing mode and in the reference interpreter."""
+    ins = {"meta": np.array([n]), "ones": np.ones((1, 1), np.float32)}
+    want = [[7, 0]] if n else [[0, 100]]
+    ps = _refs_or_stop()
+    lowering.validate_programs(ps, mesh_chip(1, 2))
+    f = simulate(ps, mesh_chip(1, 2), mode="functional", inputs=ins)
+    np.testing.assert_array_equal(f.tensors["res"], want)
+    t = simulate(ps, mesh_chip(1, 2), inputs={"meta": ins["meta"]})
+    assert t.cycles == f.cycles
+    np.testing.assert_array_equal(run_reference(ps, ins)["res"], want)
+    assert "recv_value v <- ref (stop -> s)" in lowering.format_programs(ps)
+    assert "send_value ref <- n (stop)" in lowering.format_programs(ps)
