@@ -10,11 +10,13 @@ weight loads, and so are the routing weights' Map and Accum, which loop until th
 stop token, and the FlatMap back to rows, which loops over the count that token carries, and
 its Bufferize, which receives its rows until the stop token, reads them back per block as many
 times as the count and ends each read with the count as a stop token, which the Accum packing
-the rows into a tile loops until.  Rebuilt is every unit of an expert that gets no token in one
-run and some in the other, but its routing weights' Map and packing, whose loops are built from
-the declared types when their stream is empty.  The plan so assembled is the plan a fresh build
-gives (programs, bookkeeping, cycles and on-chip bytes, exactly), and the functional result
-stays PyTorch's.
+the rows into a tile loops until.  An expert that gets no token in one run and some in the
+other keeps every unit too: its Bufferize sends the stop token instead of its buffer reference,
+and every unit after it takes either with a ``RecvValue`` with ``stop`` and runs its program or
+only the guard's other arm (torch2step.spatial.guard); its routing weights' Map and packing
+build their loops from the declared types when their stream is empty.  The plan so assembled
+is the plan a fresh build gives (programs, bookkeeping, cycles and on-chip bytes, exactly), and
+the functional result stays PyTorch's.
 
 Decode attention keeps, for any KV-length set, the query and length loads, the repeats, the
 cursor Scan, the output Map and the store; for a set with as many KV tiles per request and the
@@ -32,7 +34,7 @@ from run_checks import assert_run_equals_module
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Alloc, Loop
+from lowering.isa import Alloc, If, Loop, RecvValue
 from models import get_layer
 from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs, gqa_reference
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
@@ -66,10 +68,25 @@ KEPT = (
     # token that the row packing loops until (torch2step.spatial.buffer_loop)
     "buf", "xt",
 )  # fmt: skip
-#: Units of an expert that are one program also for no token: the routing weights' Map and
-#: packing take their element's form from the declared types when their stream is empty (the
-#: loop then takes the stop token only and forwards it).
-EMPTY_KEPT = ("gw", "gw_col")
+#: Units of an expert that are one program also for no token: all of them.  The routing
+#: weights' Map and packing take their element's form from the declared types when their
+#: stream is empty (the loop then takes the stop token only and forwards it); the units after
+#: the Bufferize learn from its buffer reference's channel whether it holds a row (the
+#: reference, or the stop token: torch2step.spatial.guard).
+EMPTY_KEPT = KEPT
+#: The units that start with the guard (all of an expert's units after its Bufferize).
+GUARDED = tuple(u for u in KEPT if u not in ("gw", "gw_col", "buf"))
+
+
+def _guarded(body: tuple, ref: str) -> tuple:
+    """The program of a guarded unit under its guard: ``RecvValue(ref, v, stop=s)``, then
+    ``If(s < 0, program, tokens)`` (after its allocations)."""
+    rest = [i for i in body if not isinstance(i, Alloc)]
+    assert len(rest) == 2, rest
+    take, guard = rest
+    assert isinstance(take, RecvValue) and take.channel == ref and take.stop is not None
+    assert isinstance(guard, If) and guard.cond.lhs == take.stop
+    return guard.then
 
 
 def _bodies(plan) -> dict[str, tuple]:
@@ -129,16 +146,19 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     ]  # fmt: skip
     # experts 1 and 2 get other token counts: every one of their units is kept
     kept += [f"moe_e{e}_{u}" for e in (1, 2) for u in KEPT]
+    # no token in routing B: every unit is kept too (its guard takes the stop token)
     kept += [f"moe_e3_{u}" for u in EMPTY_KEPT]
-    # no token in routing B: its other units are built for the run
-    rebuilt = [n for n in a if n.startswith("moe_e3_") and n[len("moe_e3_") :] not in EMPTY_KEPT]
+    rebuilt: list[str] = []
     assert sorted(kept + rebuilt) == sorted(a)
     for n in kept:
         assert a[n] is b[n], f"unit %{n} was rebuilt"
     for n in rebuilt:
         assert a[n] is not b[n], f"unit %{n} was kept"
     assert units.reused == len(kept)
-    assert (len(a), len(rebuilt)) == (85, 17)  # only units of the expert without tokens
+    assert (len(a), len(rebuilt)) == (85, 0)  # none, also of the expert without tokens
+    for e in range(4):  # every unit after the Bufferize starts with the guard
+        for u in GUARDED:
+            _guarded(b[f"moe_e{e}_{u}"], f"moe_e{e}_buf")
     # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
     allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
     assert allocs and all(i.shape == (T * 32,) for i in allocs)
@@ -146,14 +166,16 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     # and the FlatMap back to rows as many times as the token's value says
     loops = {n: [i for i in b[f"moe_e1_{n}"] if isinstance(i, Loop)] for n in ("gw", "gw_col")}
     assert loops["gw"][0].count * 2 == T + 2 and _iterations(loops["gw_col"][0]) >= T + 1
-    assert [i.count for i in b["moe_e1_out"] if isinstance(i, Loop)] == ["stop.moe_e1_scaled"]
+    out = _guarded(b["moe_e1_out"], "moe_e1_buf")
+    assert [i.count for i in out if isinstance(i, Loop)] == ["stop.moe_e1_scaled"]
     # its Bufferize receives until the stop token (at most T rows and the token) into T one-row
     # buffers held at the bound; its row packing loops over the two tile_i reads of them
     (recv, *_) = [i for i in b["moe_e1_buf"] if isinstance(i, Loop)]
     assert T + 1 <= _iterations(recv) < T + 1 + 5  # two loops nested 5 deep (until_stop)
     rows = [i for i in b["moe_e1_buf"] if isinstance(i, Alloc)]
     assert len(rows) == T and all(i.held and i.shape == (64,) for i in rows)
-    assert [i.count for i in b["moe_e1_xt"] if isinstance(i, Loop)] == [2]
+    xt = _guarded(b["moe_e1_xt"], "moe_e1_buf")
+    assert [i.count for i in xt if isinstance(i, Loop)] == [2]
     _check_fresh(g, chip, rb, pb, sb)
     # functionally the run that drives both is PyTorch's layer
     for x, r in zip(ins, (ra, rb)):
@@ -181,6 +203,9 @@ def test_a_third_routing_takes_units_kept_from_the_second() -> None:
     pc, _ = cache.plan_for(g, chip, runs[2])
     b, c = _bodies(pb), _bodies(pc)
     assert units.reused > before
+    # no unit is built again for B or C: every expert's units serve every routing
+    assert units.emitted == len(c) == 85
+    assert all(b[n] is c[n] for n in c)
     for u in KEPT:
         assert b[f"moe_e2_{u}"] is c[f"moe_e2_{u}"], f"unit %moe_e2_{u} was rebuilt"
     # expert 3 gets tokens again: the packing kept through B (no token) serves C

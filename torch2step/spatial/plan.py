@@ -132,6 +132,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from collections.abc import Iterable, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,6 +154,7 @@ from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
 from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
+from .guard import empty_info, guard_body, head_body, views
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
 from .stop_loop import forwards_stop
@@ -233,6 +235,14 @@ def _check_unit_outputs(
                 f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
                 f"%{ch} in this run; its emitter must send every element of its output streams"
             )
+
+
+def _info(info: UnitInfo, sizing: Any, empty: bool, ctx: EmitCtx) -> UnitInfo:
+    """A unit's bookkeeping in the run of ``ctx``: ``info``, or when its expert gets no token
+    (``empty``) only the bytes its buffers hold (:func:`~.guard.empty_info`)."""
+    if not empty:
+        return info
+    return empty_info(info, sizing, lambda rows: ctx.ev(rows, f"rows of unit %{info.name}"))
 
 
 def count_bounds(ctx: EmitCtx) -> dict[str, int]:
@@ -322,9 +332,13 @@ def _build_plan(
     tokens = {ch: 1 for ch in stops} | {
         ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped
     }
+    # an expert's units learn at run time whether it has tokens (:mod:`.guard`): built from
+    # the streams one token makes when it has none (the view ``vw``)
+    vw = views(st, ctx, grouped, stops, tokens)
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
+        view = vw.streams if k in vw.members else streams
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
@@ -333,7 +347,7 @@ def _build_plan(
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are
                 # made where they are used, so they are no read of the Reshape's input)
-                info = streams[v.name]
+                info = view[v.name]
                 empty = set()
                 if not info.pieces:
                     empty = st.sources(v.name) if whole else st.sources(v.name) & stops
@@ -342,6 +356,11 @@ def _build_plan(
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
         reads.append(mine)
+    heads = {g.head: g.ref for g in vw.guards}
+    guarded = {k: g.ref for g in vw.guards for k in g.units}
+    for k, ref in guarded.items():  # every member reads the buffer reference (or its token)
+        reads[k].add(ref)
+        dsts.setdefault(ref, set()).add(k)
     sends: dict[int, list[str]] = {}
     for ch in dsts:
         sends.setdefault(unit_of_chan[ch], []).append(ch)
@@ -360,6 +379,7 @@ def _build_plan(
     bodies = []
     infos = []
     run_streams = RunStreams(streams)
+    full_streams = RunStreams(vw.streams, run_streams.order) if vw.members else run_streams
     outputs = {op.name: [v.name for v in outs] for op, outs in zip(graph.nodes, graph.node_outputs)}
     bounds = count_bounds(ctx)
     if units is not None:
@@ -394,20 +414,23 @@ def _build_plan(
                 f"no spatial unit program for {ops[0].op_name} %{ops[0].name}; emitters exist for "
                 f"{', '.join(sorted(t.__name__ for t in EMITTERS))}"
             )
+        vctx, vrs, vtok = (ctx, run_streams, tokens)
+        if k in vw.members:
+            vctx, vrs, vtok = (vw.ctx, full_streams, vw.tokens)
         unit_stops = {
-            ch: streams[ch].messages
+            ch: vctx.streams[ch].messages
             for ch in reads[k]
-            if ch in stops or ch in grouped and tokens[ch] > 0
+            if ch in stops or ch in grouped and vtok[ch] > 0
         }
         # where a stop token falls is part of the streams a unit's emitter reads (recorded in
         # its Deps), not of its key: a unit that decides at run time reads it as data
         key = (frozenset(reads[k]), tuple(sorted(unit_stops)))
-        hit = units.lookup(k, key, ctx, run_streams, has_dsts, bound) if units is not None else None
+        hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            infos.append(hit.info)
+            infos.append(_info(hit.info, hit.deps.sizing, k in vw.members, ctx))
             continue
-        deps = ctx.deps = Deps()
+        deps = vctx.deps = Deps()
         b = UnitBuilder(
             ops[0].name,
             timing,
@@ -420,12 +443,21 @@ def _build_plan(
             frozenset(grouped),
         )
         try:
-            emit(ctx, b, ops)
+            emit(vctx, b, ops)
         finally:
-            ctx.deps = None
-        _check_unit_inputs(b, ctx, reads[k], tokens)
-        _check_unit_outputs(b, ctx, sends.get(k, ()), tokens)
-        bodies.append(b.body())
+            vctx.deps = None
+        # the guard's receive of the buffer reference is not the emitter's
+        own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
+        _check_unit_inputs(b, vctx, own, vtok)
+        _check_unit_outputs(b, vctx, sends.get(k, ()), vtok)
+        body = b.body()
+        if k in heads:
+            body = head_body(body, heads[k])
+        elif k in guarded:
+            ins = sorted(ch for ch in reads[k] if ch in stops)
+            outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
+            body = guard_body(body, guarded[k], ins, outs)
+        bodies.append(body)
         infos.append(
             UnitInfo(
                 ops[0].name,
@@ -457,7 +489,9 @@ def _build_plan(
                     for name in outputs[op.name]:
                         if name in deps.streams:
                             deps.streams[name] = looser(deps.streams[name], FORM)
-            units.store(k, key, deps, run_streams, bodies[-1], infos[-1])
+            units.store(k, key, deps, vrs, bodies[-1], infos[-1])
+        if k in vw.members:  # no token: the unit runs its guard only
+            infos[-1] = _info(infos[-1], b.sizing(), True, ctx)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     channels = tuple(
@@ -468,12 +502,14 @@ def _build_plan(
         Channel(ch, core[src], tuple(sorted(core[d] for d in token_dsts[ch])), fifo_depth)
         for src, ch in sorted(notify.items())
     )
-    messages = {ch: streams[ch].messages + tokens.get(ch, 0) for ch in dsts} | {
-        ch: 1 for ch in token_dsts
-    }
+    # an expert with no token: the stop token on its buffer reference's channel
+    absent = {g.ref: 1 for g in vw.empty}
+    messages = {
+        ch: streams[ch].messages + tokens.get(ch, 0) + absent.get(ch, 0) for ch in dsts
+    } | {ch: 1 for ch in token_dsts}
     message_bytes = {
         ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
-        + 4 * tokens.get(ch, 0)
+        + 4 * (tokens.get(ch, 0) + absent.get(ch, 0))
         for ch in dsts
     } | {ch: 4 for ch in token_dsts}
     fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))

@@ -144,9 +144,12 @@ class RunStreams:
     values by value), where the stop tokens fall and every tile's shape.  Comparisons are
     remembered, and stop at the first difference."""
 
-    def __init__(self, streams: Mapping[str, StreamInfo]) -> None:
+    def __init__(self, streams: Mapping[str, StreamInfo], run: int | None = None) -> None:
         self.streams = streams
         self.order = next(_ORDER)
+        #: the run these streams are of (another view of one run shares its number:
+        #: :mod:`.guard`)
+        self.run = self.order if run is None else run
         self._form: dict[str, tuple[list, list]] = {}
         self._masked: dict[tuple[str, str], list] = {}
         self._each: dict[str, tuple[int, frozenset]] = {}
@@ -353,15 +356,11 @@ class UnitCache:
         if setup != self._setup or layouts != self._layouts:
             self.entries.clear()
             self._setup, self._layouts = setup, layouts
-        runs: list[RunStreams] = []
-        for kept in self.entries.values():
-            for e in kept:
-                if not any(r is e.run for r in runs):
-                    runs.append(e.run)
+        runs = sorted({e.run.run for kept in self.entries.values() for e in kept})
         if len(runs) >= self.size:  # keep the programs of the latest runs (and their streams)
-            latest = sorted(runs, key=lambda r: r.order)[len(runs) - self.size + 1 :]
+            latest = set(runs[len(runs) - self.size + 1 :])
             for k, kept in list(self.entries.items()):
-                self.entries[k] = [e for e in kept if any(e.run is r for r in latest)]
+                self.entries[k] = [e for e in kept if e.run.run in latest]
 
     def lookup(
         self,

@@ -1,0 +1,290 @@
+"""An expert's units learn at run time whether it has tokens: one program for every routing.
+
+With dynamic tiling (STeP arXiv 2511.07776 §5.2) an expert's Bufferize keeps its rows in one
+buffer, a ``[P_e]`` stream of buffer references with ``P_e = [n_e > 0]``, and every unit after
+it handles ``[P_e, ...]`` streams: one element per ``tile_i`` block when the expert has tokens,
+nothing when it has none.  The Bufferize takes the Partition's stop token (its count) before
+any of those units receives its first element, so it tells them ``P_e`` ahead of their data
+(:class:`ExpertGuard`):
+
+* it sends its buffer reference when the count is not zero, else the stream's stop token
+  (``SendValue`` with ``stop``) — one message on the reference's channel either way, which
+  every unit of the expert reads (a multicast, the weight loads and the Repeat of the
+  reference among them);
+* each such unit starts with ``RecvValue(ref, v, stop=s)`` (:func:`guard_body`): a reference
+  (``s < 0``) runs its program, built for an expert with tokens; the stop token runs only the
+  guard's other arm, which takes the stop tokens that reach the unit also on an empty stream
+  (a Partition's, forwarded by the routing weights' units) and forwards them.
+
+So the programs are the same whether or not an expert gets a token.  For a run that gives an
+expert none they are built from stand-ins of its streams (:func:`standin_streams`): the
+streams as one token would make them (their sizes evaluated with the count at 1), whose
+elements' forms (one element per block, tiles whose rows the program reads at run time) are
+those of any count; the unit's bookkeeping in that run is then nothing but the bytes its
+buffers hold (:func:`empty_info`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sympy as sp
+
+from lowering.isa import Alloc, Cond, If, Instr, RecvValue, SendValue
+from torch2step.step.ops_memory import Bufferize
+from torch2step.step.types import BufferType, DataType, TileType, TupleType
+from torch2step.step.values import BufferValue, StreamValue
+
+from .sizing import Sizing
+from .streams import WIRE_RULES, StreamInfo, flat_elements, unit_pieces
+from .structure import Structure
+
+__all__ = [
+    "ExpertGuard",
+    "find_guards",
+    "standin_streams",
+    "guard_body",
+    "head_body",
+    "empty_info",
+]
+
+
+@dataclass(frozen=True)
+class ExpertGuard:
+    """One expert's Bufferize unit ``head`` (its reference stream ``ref``, of ``present``
+    elements: ``P_e``), the units after it that handle only ``[P_e, ...]`` streams
+    (``units``) and the streams built as one token makes them when it has none
+    (``streams``, in graph order)."""
+
+    head: int
+    ref: str
+    present: sp.Expr
+    units: frozenset[int]
+    streams: tuple[str, ...]
+
+    @property
+    def members(self) -> frozenset[int]:
+        """The head and the guarded units."""
+        return self.units | {self.head}
+
+
+def find_guards(st: Structure, grouped: set[str]) -> list[ExpertGuard]:
+    """Every expert's guard: a rank-1 Bufferize unit whose Streamify reads end with stop tokens
+    (:func:`~.buffer_loop.grouped_channels`) and the units downstream of it all of whose
+    streams have sizes of its ``P_e``."""
+    graph = st.graph
+    types = {v.name: v.type for outs in graph.node_outputs for v in outs}
+    out = []
+    for h, ops in enumerate(st.units):
+        head = ops[0]
+        if not isinstance(head, Bufferize) or not any(s.name in grouped for s in ops[1:]):
+            continue
+        present = types[head.name].shape[0]
+        if not isinstance(present, sp.Piecewise):
+            continue
+
+        def mine(name: str, present: sp.Expr = present) -> bool:
+            return any(sp.sympify(d).has(present) for d in types[name].shape)
+
+        reach = {v.name for op in ops for v in _outputs(graph, op)}
+        units: set[int] = set()
+        for op in graph.nodes:
+            if not any(v.name in reach for v in op.inputs()):
+                continue
+            reach |= {v.name for v in _outputs(graph, op)}
+            if op.name not in st.owner:  # a wire
+                continue
+            k = st.unit_index(op.name)
+            if k == h:
+                continue
+            own = {o.name for o in st.units[k]}
+            ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
+            outs = [v.name for o in st.units[k] for v in _outputs(graph, o)]
+            if ins and all(mine(n) for n in ins + outs):
+                units.add(k)
+        names = [v.name for o in graph.nodes for v in _outputs(graph, o) if mine(v.name)]
+        # the Bufferize's input as one token makes it: the Partition's output and its wires
+        src, chain = head.input.name, []
+        while src in st.producer:
+            chain.append(src)
+            op = st.producer[src]
+            if op.name in st.owner:
+                break
+            src = op.inputs()[0].name
+        order = {v.name: i for i, v in enumerate(v for o in graph.node_outputs for v in o)}
+        streams = tuple(sorted(set(names) | set(chain), key=order.__getitem__))
+        if units:
+            out.append(ExpertGuard(h, head.name, present, frozenset(units), streams))
+    return out
+
+
+def _outputs(graph: Any, op: Any) -> list:
+    return graph.node_outputs[graph.nodes.index(op)]
+
+
+def standin_streams(
+    st: Structure,
+    guard: ExpertGuard,
+    streams: Mapping[str, StreamInfo],
+    bindings: Mapping[str, Any],
+) -> dict[str, StreamInfo] | None:
+    """The guard's streams as the run would make them with the expert's count at 1
+    (``bindings``), zero tiles of their declared types; ``None`` when a size or type does not
+    evaluate."""
+    env = {k: v for k, v in bindings.items() if isinstance(v, int)}
+    types = {v.name: v.type for outs in st.graph.node_outputs for v in outs}
+    out: dict[str, StreamInfo] = {}
+    for name in guard.streams:
+        t = types[name]
+        try:
+            dims = [_ev(d, env) for d in t.shape]
+        except (TypeError, ValueError):
+            return None
+        data = _nest(dims, lambda: _zeros(t.dtype, env))
+        value = StreamValue(t.rank, data)
+        flat = flat_elements(value)
+        op = st.producer[name]
+        if op.name in st.owner:
+            pieces = unit_pieces(name, t.dtype, flat)
+            out[name] = StreamInfo(name, t.dtype, value, flat, pieces, name)
+            continue
+        if any(v.name not in out for v in op.inputs()):
+            continue  # a wire of streams the guard does not make (read by no member)
+        ins = [out[v.name] for v in op.inputs()]
+        rule = WIRE_RULES.get(type(op))
+        if rule is None:
+            return None
+        try:
+            (pieces,) = rule(op, ins, [value], None)
+        except Exception:
+            return None
+        out[name] = StreamInfo(name, t.dtype, value, flat, pieces)
+    return out
+
+
+def _ev(expr: Any, env: Mapping[str, int]) -> int:
+    """A size's value with the symbols (by name) bound by ``env``."""
+    e = sp.sympify(expr)
+    return int(e.subs({x: env[x.name] for x in e.free_symbols}))
+
+
+def _nest(dims: list[int], make: Any) -> list:
+    if len(dims) == 1:
+        return [make() for _ in range(dims[0])]
+    return [_nest(dims[1:], make) for _ in range(dims[0])]
+
+
+def _zeros(t: DataType, env: Mapping[str, int]) -> Any:
+    if isinstance(t, TileType):
+        shape = tuple(_ev(d, env) for d in t.shape)
+        return np.zeros(shape, np.int64 if t.dtype.startswith("int") else np.float32)
+    if isinstance(t, TupleType):
+        return tuple(_zeros(e, env) for e in t.elems)
+    if isinstance(t, BufferType):
+        rows = [_ev(d, env) for d in t.shape]
+        data = _nest(rows, lambda: _zeros(t.elem, env))
+        return BufferValue(data, sum(x.nbytes for x in flat_nested(data)))
+    raise TypeError(f"no stand-in element of type {t}")
+
+
+def flat_nested(data: list) -> list:
+    """The leaves of nested lists."""
+    out: list = []
+    for x in data:
+        out.extend(flat_nested(x) if isinstance(x, list) else [x])
+    return out
+
+
+def guard_body(
+    body: tuple[Instr, ...], ref: str, stop_ins: list[str], stop_outs: list[str]
+) -> tuple[Instr, ...]:
+    """A guarded unit's program: its allocations, ``RecvValue(ref, v, stop=s)`` (its own
+    first receive of the reference, if it reads it) and ``If(s < 0, program, tokens)``, the
+    other arm taking the stop tokens of ``stop_ins`` (which come also on an empty stream) and
+    forwarding the one it reads to ``stop_outs`` (module docstring)."""
+    n = 0
+    while n < len(body) and isinstance(body[n], Alloc):
+        n += 1
+    allocs, rest = body[:n], body[n:]
+    stop = f"stop.{ref}"
+    first = rest[0] if rest else None
+    if isinstance(first, RecvValue) and first.channel == ref and first.stop is None:
+        take, rest = RecvValue(ref, first.reg, stop), rest[1:]
+    else:
+        take = RecvValue(ref, f"ref.{ref}", stop)
+    tokens: list[Instr] = [RecvValue(ch, f"stop.{ch}") for ch in stop_ins]
+    if stop_outs:
+        (src,) = stop_ins
+        tokens += [SendValue(ch, f"stop.{src}") for ch in stop_outs]
+    return (*allocs, take, If(Cond(stop, "<", 0), rest, tuple(tokens)))
+
+
+def head_body(body: tuple[Instr, ...], ref: str) -> tuple[Instr, ...]:
+    """The Bufferize's program with the stop token (the count, zero) sent on its reference's
+    channel when the buffer holds no row (the other arm of its last ``If(stop > 0, ...)``,
+    :func:`~.buffer_loop.emit_buffer_loop`)."""
+    out = list(body)
+    for i in range(len(out) - 1, -1, -1):
+        x = out[i]
+        c = getattr(x, "cond", None)
+        if isinstance(x, If) and c.op == ">" and c.rhs == 0 and not x.orelse:
+            out[i] = dataclasses.replace(x, orelse=(SendValue(ref, c.lhs, stop=True),))
+            return tuple(out)
+    raise AssertionError(f"no guard on the count in the program of the buffer %{ref}")
+
+
+def empty_info(info: Any, sizing: Sizing | None, rows: Any) -> Any:
+    """A guarded unit's bookkeeping in a run that gives its expert no token: no element, step
+    or FLOP, only the bytes its buffers hold (``rows``: the run's row counts)."""
+    sram = sizing.sram_bytes(rows) if sizing is not None else info.sram_bytes
+    return dataclasses.replace(info, flops=0, step_cycles=0, sram_bytes=sram, received=0, sent=0)
+
+
+@dataclass
+class Views:
+    """The guards of a plan and the view of the run their members are built from: ``ctx`` /
+    ``streams`` / ``tokens`` (stop tokens per channel) with the streams of every expert that
+    gets no token (``empty``: its guard) made as one token would (:func:`standin_streams`);
+    ``members``: the units built from that view."""
+
+    guards: list[ExpertGuard]
+    empty: list[ExpertGuard]
+    ctx: Any
+    streams: dict[str, StreamInfo]
+    tokens: dict[str, int]
+    members: frozenset[int]
+
+
+def views(
+    st: Structure, ctx: Any, grouped: set[str], stops: set[str], tokens: dict[str, int]
+) -> Views:
+    """:class:`Views` of the run of ``ctx`` (``grouped``: the channels with a stop token per
+    read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one)."""
+    from .buffer_loop import group_tokens
+
+    guards = find_guards(st, grouped)
+    empty = [g for g in guards if ctx.ev(g.present, "an expert's buffers") == 0]
+    bindings = dict(ctx.bindings)
+    for g in empty:
+        bindings.update({s.name: 1 for s in g.present.free_symbols})
+    full = dict(ctx.streams)
+    made = []
+    for g in empty:
+        extra = standin_streams(st, g, full, bindings)
+        if extra is not None:
+            full.update(extra)
+            made.append(g)
+    # an expert whose streams cannot be made so keeps the programs of its run (unguarded)
+    guards = [g for g in guards if g in made or g not in empty]
+    if not made:
+        return Views(guards, [], ctx, ctx.streams, tokens, frozenset())
+    fctx = dataclasses.replace(ctx, streams=full, bindings=bindings)
+    ftok = {ch: 1 for ch in stops} | {
+        ch: group_tokens(full[ch].value.data, full[ch].value.rank) for ch in grouped
+    }
+    members = frozenset(k for g in made for k in g.members)
+    return Views(guards, made, fctx, full, ftok, members)
