@@ -52,7 +52,9 @@ def test_float_data_reuses_the_plan_a_new_routing_builds_one() -> None:
     assert sb.cycles == simulate_graph(g, chip, rb).cycles
     sc = cache.simulate(g, chip, rc)
     assert (cache.built, cache.reused) == (2, 1)
-    assert sc.plan.programs != sa.plan.programs
+    # a plan of its own (the run's counts, messages and bytes), but the same programs: every
+    # unit, also of the expert without tokens, decides at run time (torch2step.spatial.guard)
+    assert sc.plan.programs == sa.plan.programs and sc.plan.messages != sa.plan.messages
     assert sc.cycles == simulate_graph(g, chip, rc).cycles != sa.cycles
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import sympy as sp
 
 from hwmodel.presets import load_chip
-from lowering.isa import Alloc, Channel, Compute, Loop, Program, ProgramSet, Recv, Send
+from lowering.isa import Alloc, Channel, Compute, If, Loop, Program, ProgramSet, Recv, Send
 from runtime import Simulator
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.spatial import simulate_graph
@@ -37,6 +37,9 @@ def _computes(body):
             yield ins
         elif isinstance(ins, Loop):
             yield from _computes(ins.body)
+        elif isinstance(ins, If):  # an expert's units run under their guard
+            yield from _computes(ins.then)
+            yield from _computes(ins.orelse)
 
 
 def test_one_compute_prices_each_tile_it_receives() -> None:
