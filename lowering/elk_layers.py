@@ -183,11 +183,11 @@ def _recv(r: Renamer, x: Recv) -> Instr:
 
 
 def _send_value(r: Renamer, x: SendValue) -> Instr:
-    return _MK[SendValue](_n(r, x.channel), x.value)
+    return _MK[SendValue](_n(r, x.channel), x.value, x.stop)
 
 
 def _recv_value(r: Renamer, x: RecvValue) -> Instr:
-    return _MK[RecvValue](_n(r, x.channel), x.reg)
+    return _MK[RecvValue](_n(r, x.channel), x.reg, x.stop)
 
 
 _RENAME: dict[type, Callable[[Renamer, Any], Instr]] = {

@@ -144,7 +144,7 @@ def standin_streams(
             dims = [_ev(d, env) for d in t.shape]
         except (TypeError, ValueError):
             return None
-        data = _nest(dims, lambda: _zeros(t.dtype, env))
+        data = _nest(dims, lambda t=t: _zeros(t.dtype, env))
         value = StreamValue(t.rank, data)
         flat = flat_elements(value)
         op = st.producer[name]

@@ -132,8 +132,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 from collections.abc import Iterable, Mapping
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -504,9 +504,9 @@ def _build_plan(
     )
     # an expert with no token: the stop token on its buffer reference's channel
     absent = {g.ref: 1 for g in vw.empty}
-    messages = {
-        ch: streams[ch].messages + tokens.get(ch, 0) + absent.get(ch, 0) for ch in dsts
-    } | {ch: 1 for ch in token_dsts}
+    messages = {ch: streams[ch].messages + tokens.get(ch, 0) + absent.get(ch, 0) for ch in dsts} | {
+        ch: 1 for ch in token_dsts
+    }
     message_bytes = {
         ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
         + 4 * (tokens.get(ch, 0) + absent.get(ch, 0))
