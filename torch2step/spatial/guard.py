@@ -77,53 +77,51 @@ def find_guards(st: Structure, grouped: set[str]) -> list[ExpertGuard]:
     (:func:`~.buffer_loop.grouped_channels`) and the units downstream of it all of whose
     streams have sizes of its ``P_e``."""
     graph = st.graph
-    types = {v.name: v.type for outs in graph.node_outputs for v in outs}
+    outputs = {op.name: outs for op, outs in zip(graph.nodes, graph.node_outputs)}
+    values = [v for outs in graph.node_outputs for v in outs]
+    order = {v.name: i for i, v in enumerate(values)}
+    # per stream, the ``[n > 0]`` conditions its sizes use
+    conds = {
+        v.name: frozenset(a for d in v.type.shape for a in sp.sympify(d).atoms(sp.Piecewise))
+        for v in values
+    }
     out = []
     for h, ops in enumerate(st.units):
         head = ops[0]
         if not isinstance(head, Bufferize) or not any(s.name in grouped for s in ops[1:]):
             continue
-        present = types[head.name].shape[0]
+        present = sp.sympify(outputs[head.name][0].type.shape[0])
         if not isinstance(present, sp.Piecewise):
             continue
-
-        def mine(name: str, present: sp.Expr = present) -> bool:
-            return any(sp.sympify(d).has(present) for d in types[name].shape)
-
-        reach = {v.name for op in ops for v in _outputs(graph, op)}
+        reach = {v.name for op in ops for v in outputs[op.name]}
         units: set[int] = set()
         for op in graph.nodes:
             if not any(v.name in reach for v in op.inputs()):
                 continue
-            reach |= {v.name for v in _outputs(graph, op)}
+            reach |= {v.name for v in outputs[op.name]}
             if op.name not in st.owner:  # a wire
                 continue
             k = st.unit_index(op.name)
-            if k == h:
+            if k == h or k in units:
                 continue
             own = {o.name for o in st.units[k]}
             ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
-            outs = [v.name for o in st.units[k] for v in _outputs(graph, o)]
-            if ins and all(mine(n) for n in ins + outs):
+            outs = [v.name for o in st.units[k] for v in outputs[o.name]]
+            if ins and all(present in conds[n] for n in ins + outs):
                 units.add(k)
-        names = [v.name for o in graph.nodes for v in _outputs(graph, o) if mine(v.name)]
+        names = {v.name for v in values if present in conds[v.name]}
         # the Bufferize's input as one token makes it: the Partition's output and its wires
-        src, chain = head.input.name, []
+        src = head.input.name
         while src in st.producer:
-            chain.append(src)
+            names.add(src)
             op = st.producer[src]
             if op.name in st.owner:
                 break
             src = op.inputs()[0].name
-        order = {v.name: i for i, v in enumerate(v for o in graph.node_outputs for v in o)}
-        streams = tuple(sorted(set(names) | set(chain), key=order.__getitem__))
+        streams = tuple(sorted(names, key=order.__getitem__))
         if units:
             out.append(ExpertGuard(h, head.name, present, frozenset(units), streams))
     return out
-
-
-def _outputs(graph: Any, op: Any) -> list:
-    return graph.node_outputs[graph.nodes.index(op)]
 
 
 def standin_streams(
