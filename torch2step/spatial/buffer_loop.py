@@ -24,7 +24,9 @@ unrolled program did (a receive into the row's buffer; per read, a step of ``row
 on-chip memory bandwidth`` cycles and a send per row, STeP §4.2), so the only new traffic is
 the read's stop token.  Their elements, cycles and bytes in a run are counted from its streams
 and its count (:data:`~.unit_reuse.Tally`, :class:`~.sizing.Sizing`): one program for every
-token count that is not zero.
+token count that is not zero.  When the count is zero the Bufferize sends the stream's stop
+token instead of its reference, and the units after it run their guards only (:mod:`.guard`):
+one program for every count.
 """
 
 from __future__ import annotations

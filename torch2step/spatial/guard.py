@@ -235,10 +235,14 @@ def head_body(body: tuple[Instr, ...], ref: str) -> tuple[Instr, ...]:
     raise AssertionError(f"no guard on the count in the program of the buffer %{ref}")
 
 
-def empty_info(info: Any, sizing: Sizing | None, rows: Any) -> Any:
-    """A guarded unit's bookkeeping in a run that gives its expert no token: no element, step
-    or FLOP, only the bytes its buffers hold (``rows``: the run's row counts)."""
-    sram = sizing.sram_bytes(rows) if sizing is not None else info.sram_bytes
+def empty_info(info: Any, sizing: Sizing | None, ctx: Any) -> Any:
+    """A guarded unit's bookkeeping (``info``, :class:`~.plan.UnitInfo`) in the run of ``ctx``,
+    which gives its expert no token: no element, step or FLOP, only the bytes its buffers hold
+    (``sizing``: as functions of the run's row counts)."""
+    if sizing is None:
+        sram = info.sram_bytes
+    else:
+        sram = sizing.sram_bytes(lambda rows: ctx.ev(rows, f"rows of unit %{info.name}"))
     return dataclasses.replace(info, flops=0, step_cycles=0, sram_bytes=sram, received=0, sent=0)
 
 

@@ -71,15 +71,24 @@ rows and ends with the count as a stop token (its channel carries one token per 
 the expert's tile loops until that token (:func:`~.stop_loop.emit_pack_loop`).  So every unit
 of an expert is one program for every token count that is not zero.
 
-The routing weights' Map and its packing are one program also for an expert with no token:
-their loop is built from one element of the stream's declared types when the run gives the
-stream none (:func:`~.stop_loop.declared_element`), and then takes the stop token only.
+Whether an expert gets a token at all (``P_e = [n_e > 0]``) is decided at run time too
+(:mod:`.guard`): the Bufferize takes the Partition's stop token before any unit after it
+receives its first element, and then sends its buffer reference, or when it holds no row the
+stream's stop token (``SendValue`` with ``stop``), on the reference's channel, which every unit
+after it reads (multicast) with a ``RecvValue`` with ``stop``: a reference runs the unit's
+program, the stop token only the guard's other arm (the tokens the routing weights' units
+send also on an empty stream, taken and forwarded).  Every channel those programs name is
+declared in every run, and each is received under the guard.  For a run that gives an expert
+no token its units are built from its streams as one token would make them (the sizes
+evaluated with the count at 1: one element per block, tiles whose rows the programs read at
+run time), and its units' bookkeeping in the run is only the bytes their buffers hold.  The
+routing weights' Map and its packing are one program also for an expert with no token: their
+loop is built from one element of the stream's declared types when the run gives the stream
+none (:func:`~.stop_loop.declared_element`), and then takes the stop token only.  So every
+unit of an MoE is one program for every routing of the same tokens (with dynamic tiling).
 
-What is still baked from the run: whether an expert gets tokens at all for its other units
-(``P_e = [n_e > 0]``: every stream of an expert with no token is empty and carries no stop
-token, so its units from the Bufferize to the FlatMap back to rows differ from those of a run
-that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
-attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
+What is still baked from the run: EagerMerge's chunk order, the static tiling's padding, and
+in decode attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
 addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
 for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
 cursor Scan and a Map sending tiles only (the rotary Map) take a control value (a KV length, a
@@ -92,18 +101,9 @@ per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan
 control signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit
 by unit, the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`:
 each unit's program is kept with what its emitter read of the run, at the level its program
-depends on it), so a new routing emits again only those units of an expert that gets tokens
-in only one of the runs, and a new KV-length set only the units named above.  Making them
-run-independent needs:
+depends on it), so a new routing (with dynamic tiling) emits no unit again, and a new
+KV-length set only the units named above.  Making those run-independent needs:
 
-* a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
-  so each of its units learns ``P_e`` at run time and an expert with no token runs its units'
-  guards only, with every channel such a program names declared (and received under a guard)
-  even when the run sends nothing on it: the validator accepts a channel only run-time
-  guarded receives read, but not a guarded send to a unit that never receives, such as the
-  buffer reference the weight loads read; a ``RecvValue`` that can also take a stop token,
-  for streams of buffer references and addresses; and bodies built from one element of the
-  declared types with the tile rows left to the run (``[0, c]``: nothing held);
 * with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
@@ -118,10 +118,10 @@ run-independent needs:
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
 Every unit after the Bufferize receives its first element only once the Bufferize has taken the
-Partition's stop token, so the count can reach those units ahead of their data (as the value
-of the buffer reference, or one count message) without delaying them; only the routing-weight
-Map and its ``retile_row`` Accum consume while the Partition produces, and they loop until a
-stop token (above).
+Partition's stop token, so the reference (or the token) that tells them ``P_e`` reaches them
+ahead of their data without delaying them (the same cycles); only the routing-weight Map and
+its ``retile_row`` Accum consume while the Partition produces, and they loop until a stop token
+(above).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -133,7 +133,6 @@ import dataclasses
 import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -161,7 +160,7 @@ from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
-from .unit import UnitBuilder
+from .unit import UnitBuilder, check_unit_io
 from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
@@ -211,38 +210,6 @@ def _channels_of(info: StreamInfo) -> set[str]:
     if info.channel is not None:
         return {info.channel} if info.pieces else set()
     return {ch for pcs in info.pieces for ch, _, _ in pcs if ch is not None}
-
-
-def _check_unit_inputs(
-    b: UnitBuilder, ctx: EmitCtx, reads: Iterable[str], tokens: Mapping[str, int]
-) -> None:
-    for ch in reads:
-        want = ctx.streams[ch].messages + tokens.get(ch, 0)
-        if b.next_seq.get(ch, 0) != want:  # pragma: no cover - emitters read whole streams
-            raise LoweringError(
-                f"unit %{b.name} received {b.next_seq.get(ch, 0)} of the {want} messages of "
-                f"stream %{ch}"
-            )
-
-
-def _check_unit_outputs(
-    b: UnitBuilder, ctx: EmitCtx, sends: Iterable[str], tokens: Mapping[str, int]
-) -> None:
-    for ch in sends:
-        want = ctx.streams[ch].messages + tokens.get(ch, 0)
-        if b.sent_seq.get(ch, 0) != want:
-            raise LoweringError(
-                f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
-                f"%{ch} in this run; its emitter must send every element of its output streams"
-            )
-
-
-def _info(info: UnitInfo, sizing: Any, empty: bool, ctx: EmitCtx) -> UnitInfo:
-    """A unit's bookkeeping in the run of ``ctx``: ``info``, or when its expert gets no token
-    (``empty``) only the bytes its buffers hold (:func:`~.guard.empty_info`)."""
-    if not empty:
-        return info
-    return empty_info(info, sizing, lambda rows: ctx.ev(rows, f"rows of unit %{info.name}"))
 
 
 def count_bounds(ctx: EmitCtx) -> dict[str, int]:
@@ -428,7 +395,10 @@ def _build_plan(
         hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            infos.append(_info(hit.info, hit.deps.sizing, k in vw.members, ctx))
+            info = hit.info
+            if k in vw.members:  # no token: the unit runs its guard only
+                info = empty_info(info, hit.deps.sizing, ctx)
+            infos.append(info)
             continue
         deps = vctx.deps = Deps()
         b = UnitBuilder(
@@ -448,8 +418,7 @@ def _build_plan(
             vctx.deps = None
         # the guard's receive of the buffer reference is not the emitter's
         own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
-        _check_unit_inputs(b, vctx, own, vtok)
-        _check_unit_outputs(b, vctx, sends.get(k, ()), vtok)
+        check_unit_io(b, vctx, own, sends.get(k, ()), vtok)
         body = b.body()
         if k in heads:
             body = head_body(body, heads[k])
@@ -491,7 +460,7 @@ def _build_plan(
                             deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, vrs, bodies[-1], infos[-1])
         if k in vw.members:  # no token: the unit runs its guard only
-            infos[-1] = _info(infos[-1], b.sizing(), True, ctx)
+            infos[-1] = empty_info(infos[-1], b.sizing(), ctx)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     channels = tuple(

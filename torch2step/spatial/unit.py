@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from sympy import Indexed
 
@@ -58,6 +59,9 @@ from .compress import compress
 from .hazards import fence_group
 from .streams import Part, StreamInfo
 from .timing import STEP_KERNEL, RowRule, TimingModel
+
+if TYPE_CHECKING:
+    from .context import EmitCtx
 from .unit_buffers import Bound, MessageRows, UnitBuffers
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
@@ -408,3 +412,28 @@ class UnitBuilder(UnitBuffers):
             self.emit(Barrier(fence_group(self.name)), SendValue(self.notify, 1))
         self.step()
         return self.allocs() + compress(self.steps)
+
+
+def check_unit_io(
+    b: UnitBuilder,
+    ctx: EmitCtx,
+    reads: Iterable[str],
+    sends: Iterable[str],
+    tokens: Mapping[str, int],
+) -> None:
+    """That the unit of ``b`` received every message of the streams ``reads`` and sent every
+    message of ``sends`` in the run of ``ctx`` (``tokens``: the stop tokens per channel)."""
+    for ch in reads:
+        want = ctx.streams[ch].messages + tokens.get(ch, 0)
+        if b.next_seq.get(ch, 0) != want:  # pragma: no cover - emitters read whole streams
+            raise LoweringError(
+                f"unit %{b.name} received {b.next_seq.get(ch, 0)} of the {want} messages of "
+                f"stream %{ch}"
+            )
+    for ch in sends:
+        want = ctx.streams[ch].messages + tokens.get(ch, 0)
+        if b.sent_seq.get(ch, 0) != want:
+            raise LoweringError(
+                f"unit %{b.name} sent {b.sent_seq.get(ch, 0)} of the {want} messages of stream "
+                f"%{ch} in this run; its emitter must send every element of its output streams"
+            )

@@ -32,9 +32,12 @@ did not change, and of an expert whose count changed (but that has tokens in bot
 weight loads, repeats, column split, matmuls, activation and scaling, its routing weights'
 Map and Accum and the FlatMap back to rows, its Bufferize with its Streamify and the row
 packing (loops until a stop token or over the count it carries, :mod:`.stop_loop`,
-:mod:`.buffer_loop`, reading their streams at level :data:`EACH`); emitted again is every unit
-of an expert that has tokens in only one of the runs but its routing weights' Map and
-packing, whose loops are built alike for an empty stream (level :data:`EVERY`, :mod:`.plan`).
+:mod:`.buffer_loop`, reading their streams at level :data:`EACH`); and of an expert that has
+tokens in only one of the runs every unit too: its routing weights' Map and packing, whose
+loops are built alike for an empty stream (level :data:`EVERY`), and the units after its
+Bufferize, which learn at run time whether it holds a row and are built, for a run that gives
+it none, from its streams as one token would make them (:mod:`.guard`: compared in that view,
+their bookkeeping then only the bytes their buffers hold).
 A cache keeps the streams of the latest runs it emitted units for (two by default), to
 compare them with a new run's, stream by stream, each comparison stopping at the first
 difference and made once per stream and level.
