@@ -81,9 +81,7 @@ GUARDED = tuple(u for u in KEPT if u not in ("gw", "gw_col", "buf"))
 def _guarded(body: tuple, ref: str) -> tuple:
     """The program of a guarded unit under its guard: ``RecvValue(ref, v, stop=s)``, then
     ``If(s < 0, program, tokens)`` (after its allocations)."""
-    rest = [i for i in body if not isinstance(i, Alloc)]
-    assert len(rest) == 2, rest
-    take, guard = rest
+    take, guard = body  # its buffers are allocated under the guard
     assert isinstance(take, RecvValue) and take.channel == ref and take.stop is not None
     assert isinstance(guard, If) and guard.cond.lhs == take.stop
     return guard.then
@@ -160,7 +158,8 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
         for u in GUARDED:
             _guarded(b[f"moe_e{e}_{u}"], f"moe_e{e}_buf")
     # expert 1's matmul holds its tokens' rows in buffers allocated at the bound (16 tokens)
-    allocs = [i for i in b["moe_e1_gate"] if isinstance(i, Alloc) and i.held]
+    gate = _guarded(b["moe_e1_gate"], "moe_e1_buf")
+    allocs = [i for i in gate if isinstance(i, Alloc) and i.held]
     assert allocs and all(i.shape == (T * 32,) for i in allocs)
     # its routing weights' units loop until the stop token (at most T elements and the token),
     # and the FlatMap back to rows as many times as the token's value says
@@ -177,6 +176,10 @@ def test_a_second_routing_reuses_every_unit_that_reads_its_sizes_at_run_time() -
     xt = _guarded(b["moe_e1_xt"], "moe_e1_buf")
     assert [i.count for i in xt if isinstance(i, Loop)] == [2]
     _check_fresh(g, chip, rb, pb, sb)
+    # the expert without tokens runs its units' guards only: they hold no byte in routing B
+    empty = [u for u in sb.units if u.name in [f"moe_e3_{n}" for n in (*GUARDED, "buf")]]
+    assert len(empty) == 17 and all(u.sram_bytes == 0 for u in empty)
+    assert all(u.sram_bytes > 0 for u in sb.units if u.name in ("moe_e1_gate", "moe_e1_gate_w"))
     # functionally the run that drives both is PyTorch's layer
     for x, r in zip(ins, (ra, rb)):
         want = moe_reference(

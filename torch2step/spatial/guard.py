@@ -34,12 +34,11 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from lowering.isa import Alloc, Cond, If, Instr, RecvValue, SendValue
+from lowering.isa import Alloc, Cond, Free, If, Instr, RecvValue, SendValue
 from torch2step.step.ops_memory import Bufferize
 from torch2step.step.types import BufferType, DataType, TileType, TupleType
 from torch2step.step.values import BufferValue, StreamValue
 
-from .sizing import Sizing
 from .streams import WIRE_RULES, StreamInfo, flat_elements, unit_pieces
 from .structure import Structure
 
@@ -200,10 +199,11 @@ def flat_nested(data: list) -> list:
 def guard_body(
     body: tuple[Instr, ...], ref: str, stop_ins: list[str], stop_outs: list[str]
 ) -> tuple[Instr, ...]:
-    """A guarded unit's program: its allocations, ``RecvValue(ref, v, stop=s)`` (its own
-    first receive of the reference, if it reads it) and ``If(s < 0, program, tokens)``, the
-    other arm taking the stop tokens of ``stop_ins`` (which come also on an empty stream) and
-    forwarding the one it reads to ``stop_outs`` (module docstring)."""
+    """A guarded unit's program: ``RecvValue(ref, v, stop=s)`` (its own first receive of the
+    reference, if it reads it) and ``If(s < 0, program, tokens)``, the program's buffers
+    allocated and freed in its arm, the other arm taking the stop tokens of ``stop_ins``
+    (which come also on an empty stream) and forwarding the one it reads to ``stop_outs``
+    (module docstring)."""
     n = 0
     while n < len(body) and isinstance(body[n], Alloc):
         n += 1
@@ -218,7 +218,9 @@ def guard_body(
     if stop_outs:
         (src,) = stop_ins
         tokens += [SendValue(ch, f"stop.{src}") for ch in stop_outs]
-    return (*allocs, take, If(Cond(stop, "<", 0), rest, tuple(tokens)))
+    # its buffers live in the arm that uses them: an expert without tokens holds none
+    frees = tuple(Free(a.buf) for a in allocs)
+    return (take, If(Cond(stop, "<", 0), (*allocs, *rest, *frees), tuple(tokens)))
 
 
 def head_body(body: tuple[Instr, ...], ref: str) -> tuple[Instr, ...]:
@@ -235,15 +237,11 @@ def head_body(body: tuple[Instr, ...], ref: str) -> tuple[Instr, ...]:
     raise AssertionError(f"no guard on the count in the program of the buffer %{ref}")
 
 
-def empty_info(info: Any, sizing: Sizing | None, ctx: Any) -> Any:
-    """A guarded unit's bookkeeping (``info``, :class:`~.plan.UnitInfo`) in the run of ``ctx``,
-    which gives its expert no token: no element, step or FLOP, only the bytes its buffers hold
-    (``sizing``: as functions of the run's row counts)."""
-    if sizing is None:
-        sram = info.sram_bytes
-    else:
-        sram = sizing.sram_bytes(lambda rows: ctx.ev(rows, f"rows of unit %{info.name}"))
-    return dataclasses.replace(info, flops=0, step_cycles=0, sram_bytes=sram, received=0, sent=0)
+def empty_info(info: Any) -> Any:
+    """A guarded unit's bookkeeping (``info``, :class:`~.plan.UnitInfo`) in a run that gives
+    its expert no token: no element, step, FLOP or buffer (its buffers are allocated in the
+    arm it does not run, :func:`guard_body`; the Bufferize's rows are held, none)."""
+    return dataclasses.replace(info, flops=0, step_cycles=0, sram_bytes=0, received=0, sent=0)
 
 
 @dataclass

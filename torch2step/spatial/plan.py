@@ -397,7 +397,7 @@ def _build_plan(
             bodies.append(hit.body)
             info = hit.info
             if k in vw.members:  # no token: the unit runs its guard only
-                info = empty_info(info, hit.deps.sizing, ctx)
+                info = empty_info(info)
             infos.append(info)
             continue
         deps = vctx.deps = Deps()
@@ -460,7 +460,7 @@ def _build_plan(
                             deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, vrs, bodies[-1], infos[-1])
         if k in vw.members:  # no token: the unit runs its guard only
-            infos[-1] = empty_info(infos[-1], b.sizing(), ctx)
+            infos[-1] = empty_info(infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     channels = tuple(
