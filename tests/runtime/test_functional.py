@@ -328,3 +328,17 @@ def test_a_value_receive_tells_a_value_from_the_stop_token(n):
     np.testing.assert_array_equal(run_reference(ps, ins)["res"], want)
     assert "recv_value v <- ref (stop -> s)" in lowering.format_programs(ps)
     assert "send_value ref <- n (stop)" in lowering.format_programs(ps)
+
+
+def test_a_value_receive_tells_the_stop_token_on_an_mpi_rank():
+    """The MPI backend marks a ``SendValue`` with ``stop`` too: the same results."""
+    from runtime.mpi.launch import mpi_available
+
+    if mpi_available() is not None:
+        pytest.skip(f"the mpi extra is not installed: {mpi_available()}")
+    from runtime.mpi import run_mpi
+
+    for n, want in ((0, [[0, 100]]), (3, [[7, 0]])):
+        ins = {"meta": np.array([n]), "ones": np.ones((1, 1), np.float32)}
+        r = run_mpi(_refs_or_stop(), mesh_chip(1, 2), ins, timeout=30)
+        np.testing.assert_array_equal(r.tensors["res"], want)
