@@ -43,6 +43,7 @@ from torch2step.step.ops_memory import Bufferize, Streamify
 from torch2step.step.ops_shape import Promote
 
 from .context import EmitCtx
+from .static_pad import emit_padded_buffer
 from .stop_loop import until_stop
 from .streams import Part, iter_nodes
 from .structure import Structure
@@ -113,7 +114,10 @@ def _form(parts: tuple[Part, ...]) -> tuple:
 def emit_buffer_loop(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[Streamify]) -> bool:
     """The unit of an expert's Bufferize and the Streamify nodes fused with it, as loops over
     the rows of the stream that ends with a stop token (module docstring); ``False`` (nothing
-    emitted) when the unit is not such a buffer, or the run gives it no row."""
+    emitted) when the unit is not such a buffer, or the run gives it no row.  Statically tiled
+    rows are buffered with their padding decided at run time (:mod:`.static_pad`)."""
+    if emit_padded_buffer(ctx, b, op, fused):
+        return True
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     shape = getattr(op.input.type, "shape", ())
     if op.rank != 1 or x.value.rank != 1 or len(shape) != 2 or b.bound is None:

@@ -28,6 +28,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
+from .static_pad import emit_padded_pack
 from .stop_loop import (
     declared_element,
     emit_pack_loop,
@@ -266,7 +267,8 @@ def _reduce(ctx: EmitCtx, b: UnitBuilder, op: Accum | Scan) -> None:
 def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Accum)
-    if emit_pack_loop(ctx, b, op, _Cost(ctx, op, ctx.stream(op.input))):
+    cost = _Cost(ctx, op, ctx.stream(op.input))
+    if emit_padded_pack(ctx, b, op, cost) or emit_pack_loop(ctx, b, op, cost):
         return
     _reduce(ctx, b, op)
     out = ctx.stream(op.name)

@@ -67,6 +67,7 @@ __all__ = [
     "EACH",
     "EVERY",
     "FORM",
+    "SHAPE",
     "ROWS",
     "Deps",
     "looser",
@@ -97,11 +98,18 @@ EACH = "each"
 #: token whose emitter builds the same program for an empty stream, the element's form taken
 #: from the stream's declared type (:func:`~.stop_loop.emit_pack_loop`).
 EVERY = "every"
+#: Or only its structure (how many elements each dimension has) and the channels its
+#: messages come from: a unit that decides at run time which of a padded stream's elements are
+#: real (static tiling's padding, :mod:`.static_pad`), from the stop token of that channel.
+SHAPE = "shape"
 
 
 def looser(level: str, than: str) -> str:
-    """``level`` relaxed by ``than`` (:data:`FORM`, :data:`ROWS`, :data:`EACH` or
-    :data:`EVERY`)."""
+    """``level`` relaxed by ``than`` (:data:`FORM`, :data:`ROWS`, :data:`EACH`,
+    :data:`EVERY` or :data:`SHAPE`)."""
+    if SHAPE in (level, than):  # with a level that drops the structure: neither relaxes
+        other = than if level == SHAPE else level
+        return ALL if other in (EACH, EVERY) else SHAPE
     if EVERY in (level, than):
         return EVERY
     if level == EACH or than == EACH:
@@ -230,6 +238,14 @@ class RunStreams:
         :data:`ROWS`: without the sizes of its tiles, :data:`BOTH`: without either)."""
         key = (other.order, name, level)
         r = self._same.get(key)
+        if r is None and level == SHAPE:
+            r = name in self.streams and name in other.streams
+            if r:
+                a, b = self.streams[name], other.streams[name]
+                r = self._shape_of(name)[0] == other._shape_of(name)[0] and {
+                    pc[0][0] for pc in a.pieces if pc
+                } | {None} == {pc[0][0] for pc in b.pieces if pc} | {None}
+            self._same[key] = r
         if r is None and level in (EACH, EVERY):
             r = name in self.streams and name in other.streams
             if r:

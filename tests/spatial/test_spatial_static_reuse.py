@@ -1,0 +1,173 @@
+"""A second routing under static tiling (STeP arXiv 2511.07776 §5.2) and under expert regions
+shared in time (§5.3): which unit programs of the first routing it keeps (unit_reuse), and
+that the plan so assembled is the fresh one and the run PyTorch's.
+
+Static tiling cuts expert ``e``'s ``n_e`` rows into ``C_e = ceil(n_e / N)`` tiles, the last
+padded.  Its Bufferize and the routing weights' packing decide at run time which rows of the
+last tile are real, from the count the Partition's stop token carries
+(torch2step.spatial.static_pad): kept for every ``n_e`` of as many tiles.  Still built for the
+run: the FilterPadding unit (its padding flags are the run's), and every unit of an expert whose
+tile count changes (their loops are unrolled over the tiles).  With regions every lane's units
+follow the order and sizes of the chunks its EagerMerge takes, so a routing that changes a lane's
+experts' counts rebuilds the lane."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import torch2step
+from hwmodel.presets import load_chip
+from lowering.isa import Cond, If, Loop, Recv
+from models import get_layer
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
+from torch2step.spatial import simulate_plan
+from torch2step.spatial.plan import build_plan
+from torch2step.spatial.reuse import PlanCache
+from torch2step.step import run
+
+KW = {"num_experts": 4, "top_k": 2, "hidden": 64, "intermediate": 64}
+T = 16
+N = 4  # the static tile
+#: Counts [8, 11, 3, 10]: tiles [2, 3, 1, 3].
+ROUTE_A = np.array([[0, 1 + t % 3] for t in range(8)] + [[1, 3]] * 8)
+#: Counts [8, 12, 12, 0]: expert 2 gets 3 tiles, expert 3 none.
+ROUTE_B = np.array([[0, 1 + t % 2] for t in range(8)] + [[1, 2]] * 8)
+#: Counts [8, 12, 3, 9]: as many tiles as routing A, other padding for experts 1 and 3.
+ROUTE_D = np.array([[0, 1]] * 4 + [[0, 2]] * 3 + [[0, 3]] + [[1, 3]] * 8)
+
+#: Units of a statically tiled expert (``tile_h=32``: the column split and its concatenation).
+STATIC_UNITS = (
+    "buf", "per_i", "xt", "xt1", "xh", "gate_w", "gate", "up_w", "up", "act", "down_w", "h_rep",
+    "down_mm", "down_cat", "down", "gw", "gw_col", "scaled", "out", "unpad",
+)  # fmt: skip
+SHARED = (
+    "moe_x_ld", "moe_idx_ld", "moe_w_ld", "moe_sel", "moe_route", "moe_route_w", "moe_back",
+    "moe_sum", "moe_store",
+)  # fmt: skip
+
+
+def _bodies(plan) -> dict[str, tuple]:
+    at = {p.core: p.body for p in plan.programs.programs}
+    return {u.name: at[u.core] for u in plan.placement.units}
+
+
+def _two_routings(extra: dict, routes: tuple) -> tuple[dict, dict]:
+    """Unit name -> program of the first and of the second routing, the second assembled from
+    the first's units; checks it is the fresh plan and both runs are PyTorch's layer."""
+    g = moe_graph(**KW, tokens=T, tile_h=32, tile_i=32, **extra)
+    ins = [moe_inputs(**KW, tokens=T, seed=0, routing=r) for r in routes]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    chip = load_chip("step-sda")
+    cache = PlanCache()
+    cache.simulate(g, chip, runs[0])
+    sim = cache.simulate(g, chip, runs[1])
+    pa, _ = cache.plan_for(g, chip, runs[0])
+    pb, _ = cache.plan_for(g, chip, runs[1])
+    fresh = build_plan(g, chip, runs[1])
+    assert pb.programs == fresh.programs and pb.units == fresh.units
+    assert pb.placement == fresh.placement
+    again = simulate_plan(fresh)
+    assert (sim.cycles, sim.peak_onchip_bytes) == (again.cycles, again.peak_onchip_bytes)
+    for x, r in zip(ins, runs):  # functionally PyTorch's layer (also for an empty expert)
+        want = moe_reference(
+            *(torch.as_tensor(x[k]) for k in ("x", "topk_idx", "topk_w")),
+            *(torch.as_tensor(x[k]) for k in ("w_gate", "w_up", "w_down")),
+        )
+        got = torch.as_tensor(np.asarray(r.tensors["out"])).reshape(want.shape)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    return _bodies(pa), _bodies(pb)
+
+
+def _split(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    kept = sorted(n for n in a if a[n] is b[n])
+    return kept, sorted(n for n in a if a[n] is not b[n])
+
+
+def _counts(route: np.ndarray) -> list[int]:
+    return np.bincount(route.reshape(-1), minlength=4).tolist()
+
+
+def _ifs(body: tuple, unrolled: bool = False) -> list[If]:
+    """The ``If`` instructions of a program (``unrolled``: each as often as its loops run)."""
+    out = []
+    for i in body:
+        if isinstance(i, If):
+            out.append(i)
+            out += _ifs(i.then, unrolled) + _ifs(i.orelse, unrolled)
+        elif isinstance(i, Loop):
+            times = i.count if unrolled and isinstance(i.count, int) else 1
+            out += _ifs(i.body, unrolled) * times
+    return out
+
+
+def test_static_tiling_keeps_the_units_of_another_padding() -> None:
+    """Routing D after A: experts 1 and 3 get other token counts of as many tiles (other
+    padding of their last tile); their Bufferize and routing-weight packing are kept, only
+    the FilterPadding units are built again."""
+    na, nd = _counts(ROUTE_A), _counts(ROUTE_D)
+    assert [-(-n // N) for n in na] == [-(-n // N) for n in nd]
+    assert [n % N for n in na] != [n % N for n in nd] and na[0] == nd[0] and na[2] == nd[2]
+    a, d = _two_routings({"static_tile": N}, (ROUTE_A, ROUTE_D))
+    kept, rebuilt = _split(a, d)
+    assert rebuilt == ["moe_e1_unpad", "moe_e3_unpad"]
+    every = [f"moe_e{e}_{u}" for e in range(4) for u in STATIC_UNITS] + list(SHARED)
+    assert sorted(kept + rebuilt) == sorted(a) == sorted(every) and len(every) == 89
+    # the last tile's rows are received until the Partition's stop token, and each read sends
+    # row j if it is real, else a zero row: decided by the count the token carried
+    buf = d["moe_e1_buf"]
+    stop = "stop.moe_route.1"
+    guarded = [i for i in _ifs(buf) if i.cond == Cond(stop, "<", 0)]
+    assert sum(isinstance(i.then[0], Recv) and i.then[0].stop == stop for i in guarded) == N
+    rows = [i for i in _ifs(buf, True) if i.cond.rhs == stop and i.cond.op == "<" and i.orelse]
+    # rows 8..11 of the last tile, in each of its two reads (tile_i blocks)
+    assert sorted(i.cond.lhs for i in rows) == sorted([8, 9, 10, 11] * 2)
+    col = [i for i in _ifs(d["moe_e1_gw_col"], True) if i.cond == Cond("stop.moe_e1_gw", "<", 0)]
+    assert sum(bool(i.orelse) for i in col) == N - 1  # the last tile's first row is real
+
+
+def test_static_tiling_rebuilds_the_experts_whose_tile_count_changes() -> None:
+    """Routing B after A: expert 2 goes from one tile to three and expert 3 from three to none:
+    their units (but the routing weights' Map, a loop until the stop token) are built again;
+    expert 1 keeps its tiles (another padding): only its FilterPadding is."""
+    a, b = _two_routings({"static_tile": N}, (ROUTE_A, ROUTE_B))
+    _, rebuilt = _split(a, b)
+    want = ["moe_e1_unpad"] + [f"moe_e{e}_{u}" for e in (2, 3) for u in STATIC_UNITS if u != "gw"]
+    assert rebuilt == sorted(want)
+
+
+#: Under two regions (each shared in time by two experts, §5.3) the units a new routing keeps:
+#: the loads, the routing units, the sum and store, the chunk of expert 0 (its count is the
+#: same) and region 0's weight loads and address units, which follow only which experts it
+#: serves.  Every other unit of the regions follows the chunks its EagerMerge takes.
+LANES_KEPT = [
+    "moe_back", "moe_e0_chunk", "moe_idx_ld", "moe_l0_d_a", "moe_l0_down_w", "moe_l0_gate_w",
+    "moe_l0_gu_a", "moe_l0_j", "moe_l0_j1", "moe_l0_per_i", "moe_l0_up_w", "moe_l0_w0",
+    "moe_route", "moe_sel", "moe_store", "moe_sum", "moe_w_ld", "moe_x_ld",
+]  # fmt: skip
+
+
+def test_regions_rebuild_the_lanes_whose_chunks_change() -> None:
+    a, b = _two_routings({"lanes": 2}, (ROUTE_A, ROUTE_B))
+    kept, rebuilt = _split(a, b)
+    assert kept == LANES_KEPT
+    assert len(rebuilt) == 58 and all(
+        n.startswith(("moe_l0_", "moe_l1_", "moe_e")) for n in rebuilt
+    )
+
+
+def test_report_on_a_new_routing_under_static_tiling() -> None:
+    """``Program.report`` with another routing under static tiling takes units of the first
+    routing; its cycles and on-chip bytes are a fresh program's."""
+    spec = get_layer("qwen3-moe", tiny=True, batch=8)
+    x = spec.example_inputs
+    prog = torch2step.compile(spec.module, x, chip="step-sda", moe_static_tile=2)
+    prog.report(*x)
+    ids = np.stack([np.arange(8) % 2, 2 + np.arange(8) % 3], axis=1)
+    moved = prog.report(*x, routing=ids)
+    units = prog._plans.units(prog.lowered.program, prog.chip)
+    assert prog._plans.built == 2 and units.reused > 0
+    fresh = torch2step.compile(spec.module, x, chip="step-sda", moe_static_tile=2)
+    again = fresh.report(*x, routing=ids)
+    assert moved.latency_cycles == again.latency_cycles
+    assert moved.simulated_onchip_bytes == again.simulated_onchip_bytes
