@@ -4,10 +4,11 @@ that the plan so assembled is the fresh one and the run PyTorch's.
 
 Static tiling cuts expert ``e``'s ``n_e`` rows into ``C_e = ceil(n_e / N)`` tiles, the last
 padded.  Its Bufferize and the routing weights' packing decide at run time which rows of the
-last tile are real, from the count the Partition's stop token carries
-(torch2step.spatial.static_pad): kept for every ``n_e`` of as many tiles.  Still built for the
-run: the FilterPadding unit (its padding flags are the run's), and every unit of an expert whose
-tile count changes (their loops are unrolled over the tiles).  With regions every lane's units
+last tile are real, from the count the Partition's stop token carries, and so does the
+FilterPadding unit, from that count sent to it ahead of the last tile by the unit turning the
+expert's tiles back into rows (torch2step.spatial.static_pad): every unit is kept for every
+``n_e`` of as many tiles.  Still built for the run: every unit of an expert whose tile count
+changes (their loops are unrolled over the tiles).  With regions every lane's units
 follow the order and sizes of the chunks its EagerMerge takes, so a routing that changes a lane's
 experts' counts rebuilds the lane."""
 
@@ -18,7 +19,7 @@ import torch
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Cond, If, Loop, Recv
+from lowering.isa import Cond, If, Loop, Recv, RecvValue, Send
 from models import get_layer
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
@@ -103,14 +104,14 @@ def _ifs(body: tuple, unrolled: bool = False) -> list[If]:
 
 def test_static_tiling_keeps_the_units_of_another_padding() -> None:
     """Routing D after A: experts 1 and 3 get other token counts of as many tiles (other
-    padding of their last tile); their Bufferize and routing-weight packing are kept, only
-    the FilterPadding units are built again."""
+    padding of their last tile); every unit is kept, also their Bufferize, routing-weight
+    packing and FilterPadding, which decide the padding at run time."""
     na, nd = _counts(ROUTE_A), _counts(ROUTE_D)
     assert [-(-n // N) for n in na] == [-(-n // N) for n in nd]
     assert [n % N for n in na] != [n % N for n in nd] and na[0] == nd[0] and na[2] == nd[2]
     a, d = _two_routings({"static_tile": N}, (ROUTE_A, ROUTE_D))
     kept, rebuilt = _split(a, d)
-    assert rebuilt == ["moe_e1_unpad", "moe_e3_unpad"]
+    assert rebuilt == []
     every = [f"moe_e{e}_{u}" for e in range(4) for u in STATIC_UNITS] + list(SHARED)
     assert sorted(kept + rebuilt) == sorted(a) == sorted(every) and len(every) == 89
     # the last tile's rows are received until the Partition's stop token, and each read sends
@@ -124,15 +125,23 @@ def test_static_tiling_keeps_the_units_of_another_padding() -> None:
     assert sorted(i.cond.lhs for i in rows) == sorted([8, 9, 10, 11] * 2)
     col = [i for i in _ifs(d["moe_e1_gw_col"], True) if i.cond == Cond("stop.moe_e1_gw", "<", 0)]
     assert sum(bool(i.orelse) for i in col) == N - 1  # the last tile's first row is real
+    # the FilterPadding unit takes the count ahead of the last tile and keeps its real rows
+    unpad = d["moe_e1_unpad"]
+    (take,) = [i for i in unpad if isinstance(i, RecvValue)]
+    assert take == RecvValue("moe_e1_out", "stop.moe_e1_out")
+    keep = [i for i in _ifs(unpad, True) if i.cond.rhs == "stop.moe_e1_out"]
+    assert sorted(i.cond.lhs for i in keep) == [8, 9, 10, 11]
+    assert all(any(isinstance(j, Send) for j in i.then) for i in keep)
+    assert not any(isinstance(j, Send) for i in keep for j in i.orelse)
 
 
 def test_static_tiling_rebuilds_the_experts_whose_tile_count_changes() -> None:
     """Routing B after A: expert 2 goes from one tile to three and expert 3 from three to none:
     their units (but the routing weights' Map, a loop until the stop token) are built again;
-    expert 1 keeps its tiles (another padding): only its FilterPadding is."""
+    expert 1 keeps its tiles (another padding) and every unit."""
     a, b = _two_routings({"static_tile": N}, (ROUTE_A, ROUTE_B))
     _, rebuilt = _split(a, b)
-    want = ["moe_e1_unpad"] + [f"moe_e{e}_{u}" for e in (2, 3) for u in STATIC_UNITS if u != "gw"]
+    want = [f"moe_e{e}_{u}" for e in (2, 3) for u in STATIC_UNITS if u != "gw"]
     assert rebuilt == sorted(want)
 
 

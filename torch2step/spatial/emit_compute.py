@@ -28,7 +28,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 from .context import EmitCtx
 from .control import control_data, lower_value
 from .rows import row_rule, with_rows
-from .static_pad import emit_padded_pack
+from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
 from .stop_loop import (
     declared_element,
     emit_pack_loop,
@@ -293,11 +293,26 @@ def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, FlatMap)
+    if emit_padded_filter(ctx, b, op):  # static tiling's FilterPadding (.static_pad)
+        return
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
     spec = op.fn.spec
     depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (STeP table 4)
-    if len(x.flat) == 1 and not (cost.cfg.reads_memory or cost.cfg.writes_memory):
+    # the count of its input's stop token, sent to the FilterPadding unit ahead of the last
+    # tile's rows (.static_pad)
+    count = (
+        out.channel
+        if out.channel
+        and b.has_dsts(out.channel)
+        and op.name in counted_rows(ctx.structure.graph, ctx.structure, set(b.stops))
+        else None
+    )
+    if count is not None and not x.flat:
+        (src,) = b.stops
+        b.emit(SendValue(count, f"stop.{src}"))
+        b.sent_seq[count] += 1
+    if len(x.flat) == 1 and count is None and not (cost.cfg.reads_memory or cost.cfg.writes_memory):
         val = x.flat[0]
         produced = len(iter_nodes(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))), depth))
         fl = ctx.timing.map_flops(op.fn, cost.type_of(val, x.dtype))
@@ -308,6 +323,10 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     j = 0
     for k, val in enumerate(x.flat):
         e = b.recv(x, k)
+        if count is not None and k == len(x.flat) - 1:  # its stop token came with it
+            (src,) = b.stops
+            b.emit(SendValue(count, f"stop.{src}"))
+            b.sent_seq[count] += 1
         produced = len(iter_nodes(spec.impl(op.fn, *(val if spec.nargs > 1 else (val,))), depth))
         et = cost.type_of(val, x.dtype)
         fl = ctx.timing.map_flops(op.fn, et)

@@ -156,6 +156,7 @@ from .emit_shape import EMITTERS as _SHAPE
 from .guard import empty_info, guard_body, head_body, views
 from .hazards import fence_group, offchip_deps, token_channel
 from .placement import Placement, place_structure
+from .static_pad import counted_rows
 from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
@@ -293,6 +294,7 @@ def _build_plan(
         if st.owner.get(op.name) == op.name and len(st.units[st.unit_index(op.name)]) == 1:
             if forwards_stop(op, st.sources(op.input.name) if hasattr(op, "input") else (), stops):
                 stops.add(op.name)
+    stops |= counted_rows(graph, st, stops)  # static tiling's counts (.static_pad)
     # a Streamify reading an expert's buffer ends each read with a stop token (its count),
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)

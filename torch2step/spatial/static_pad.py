@@ -27,17 +27,21 @@ at level :data:`~.unit_reuse.SHAPE`: one program for every token count of as man
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lowering.isa import Compute, Cond, If, Instr, Recv, RecvValue, Send, SendValue, Set
-from torch2step.step.ops_compute import Accum
+from torch2step.step.graph import Program as StepProgram
+from torch2step.step.op_base import Op
+from torch2step.step.ops_compute import Accum, FlatMap
 from torch2step.step.ops_memory import Bufferize, Streamify
-from torch2step.step.ops_shape import Reshape
+from torch2step.step.ops_shape import Flatten, Reshape, Zip
 
 from .context import EmitCtx
 from .stop_loop import forwards_stop
 from .streams import Part, StreamInfo
+from .structure import Structure
 from .timing import STEP_KERNEL
 from .unit import Elem, UnitBuilder
 from .unit_reuse import SHAPE
@@ -268,3 +272,127 @@ def emit_padded_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool
     b.flops += fl
     ctx.relax(x.name, SHAPE)
     return True
+
+
+def _flags_chunk(st: Structure, value: str) -> int | None:
+    """The tile ``N`` of the Reshape whose padding flags stream ``value`` is (through
+    Flatten wires), or ``None``."""
+    op = st.producer.get(value)
+    while isinstance(op, Flatten) and op.name not in st.owner:
+        op = st.producer.get(op.input.name)
+    if isinstance(op, Reshape) and op.name not in st.owner and value != op.name:
+        return op.chunk
+    return None
+
+
+def _filter_of(st: Structure, readers: Mapping[str, list[Op]], op: Op) -> FlatMap | None:
+    """The FilterPadding unit reading FlatMap ``op``'s rows zipped with a Reshape's padding
+    flags, or ``None``."""
+    rd = readers.get(op.name, [])
+    if len(rd) != 1 or not isinstance(rd[0], Zip) or rd[0].name in st.owner:
+        return None
+    zipped = rd[0]
+    if len(zipped.ins) != 2 or zipped.ins[0].name != op.name:
+        return None
+    if _flags_chunk(st, zipped.ins[1].name) is None:
+        return None
+    f = readers.get(zipped.name, [])
+    if (
+        len(f) != 1
+        or not isinstance(f[0], FlatMap)
+        or getattr(f[0].fn, "name", None) != "filter_padding"
+        or st.owner.get(f[0].name) != f[0].name
+    ):
+        return None
+    return f[0]
+
+
+def counted_rows(graph: StepProgram, st: Structure, stops: set[str]) -> set[str]:
+    """The single-node FlatMap units (an expert's rows back from its tiles) that send the
+    count of a stream ending with a stop token (of ``stops``) to the FilterPadding unit
+    reading their rows, ahead of their last tile (:func:`emit_padded_filter`)."""
+    readers: dict[str, list[Op]] = defaultdict(list)
+    for op in graph.nodes:
+        for v in op.inputs():
+            readers[v.name].append(op)
+    out = set()
+    for op in graph.nodes:
+        if (
+            isinstance(op, FlatMap)
+            and st.owner.get(op.name) == op.name
+            and len(st.units[st.unit_index(op.name)]) == 1
+            and len(st.sources(op.input.name) & stops) == 1
+            and _filter_of(st, readers, op) is not None
+        ):
+            out.add(op.name)
+    return out
+
+
+def emit_padded_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
+    """The FilterPadding unit of statically tiled rows: the rows of every tile but the last are
+    real; the count comes ahead of the last tile (:func:`counted_rows`) and row ``j`` of it is
+    sent if ``(C - 1) N + j`` is below the count, else dropped: the padding flags decided at
+    run time (module docstring).  ``False`` (nothing emitted) when the unit is not such a
+    filter."""
+    st = ctx.structure
+    zipped = st.producer.get(op.input.name)
+    if getattr(op.fn, "name", None) != "filter_padding" or not isinstance(zipped, Zip):
+        return False
+    if len(zipped.ins) != 2:
+        return False
+    n = _flags_chunk(st, zipped.ins[1].name)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    rows = zipped.ins[0].name
+    if n is None or rows not in b.stops or not x.flat or len(x.flat) % n:
+        return False
+    if any(len(pc) != 2 or pc[0][0] != rows or pc[1][0] is not None for pc in x.pieces):
+        return False
+    data = x.parts(0)[0]
+    if data.kind != "data" or any(x.parts(k)[0] != data for k in range(len(x.flat))):
+        return False
+    last = len(x.flat) - n
+    stop = f"stop.{rows}"
+    messages = b.stops.pop(rows)
+    parts = (data,)
+    for k in range(len(x.flat)):
+        if k == last:  # the count, ahead of the last tile
+            b.emit(RecvValue(rows, stop))
+        e = b.recv(x, k)
+        if k < last:
+            b.send(out, k, b.compute(1, (e,), parts))
+        else:
+            sent = out.channel is not None and b.has_dsts(out.channel)
+            real, c1, _ = _step(b, lambda e=e: b.compute(1, (e,), parts))
+            buf = real[-1].outs[0]  # type: ignore[attr-defined]
+            pad, c2, _ = _step(b, lambda e=e: b.consume(e))
+            assert c1 == c2 == 1
+            send = (Send(out.channel, buf),) if sent and out.channel else ()
+            b.emit(If(Cond(k, "<", stop), (*real, *send), pad))
+            b.busy_cycles += 1
+        b.step()
+    b.next_seq[rows] = messages + 1
+    if out.channel is not None and b.has_dsts(out.channel):
+        real = _real(x.name, last)
+        b.sent_seq[out.channel] = last + real(ctx)
+        b.sent += ctx.tally(lambda c: (0, real(c), 0, 0))[1]
+    ctx.relax(x.name, SHAPE)
+    ctx.relax(op.name, None)  # its rows' count is the run's; its program is not
+    return True
+
+
+def _step(b: UnitBuilder, fn: Callable[[], Any]) -> tuple[tuple[Instr, ...], int, int]:
+    """The instructions, cycles and FLOPs of the step ``fn`` makes on ``b``, not emitted nor
+    counted (for a run-time branch)."""
+    cur, busy, flops = b.cur, b.busy_cycles, b.flops
+    b.cur = []
+    fn()
+    got = tuple(b.cur), b.busy_cycles - busy, b.flops - flops
+    b.cur, b.busy_cycles, b.flops = cur, busy, flops
+    return got
+
+
+def _real(name: str, last: int) -> Callable[[EmitCtx], int]:
+    """The real rows of the last tile of the zipped stream ``name`` in a run (its flags)."""
+    return lambda c: sum(
+        1 for pc in c.streams[name].pieces[last:] if pc[1][2].kind == "value" and not pc[1][2].value
+    )
