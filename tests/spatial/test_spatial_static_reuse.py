@@ -135,6 +135,15 @@ def test_static_tiling_keeps_the_units_of_another_padding() -> None:
     assert not any(isinstance(j, Send) for i in keep for j in i.orelse)
 
 
+def test_static_tiling_with_the_tile_packed_once_keeps_every_unit() -> None:
+    """As the paper's Fig. 2 builds it (``repeat_tile``: the expert's rows packed into its
+    tile once by a ``retile_row`` Accum, then repeated per ``tile_i`` block): that packing
+    appends the real rows or zeros as the count says, so routing D keeps every unit."""
+    a, d = _two_routings({"static_tile": N, "repeat_tile": True}, (ROUTE_A, ROUTE_D))
+    assert len(a) == 85 and "moe_e1_xt0" in a
+    assert _split(a, d)[1] == []
+
+
 def test_static_tiling_rebuilds_the_experts_whose_tile_count_changes() -> None:
     """Routing B after A: expert 2 goes from one tile to three and expert 3 from three to none:
     their units (but the routing weights' Map, a loop until the stop token) are built again;

@@ -72,56 +72,48 @@ the expert's tile loops until that token (:func:`~.stop_loop.emit_pack_loop`).  
 of an expert is one program for every token count that is not zero.
 
 Whether an expert gets a token at all (``P_e = [n_e > 0]``) is decided at run time too
-(:mod:`.guard`): the Bufferize takes the Partition's stop token before any unit after it
-receives its first element, and then sends its buffer reference, or when it holds no row the
-stream's stop token (``SendValue`` with ``stop``), on the reference's channel, which every unit
-after it reads (multicast) with a ``RecvValue`` with ``stop``: a reference runs the unit's
-program, the stop token only the guard's other arm (the tokens the routing weights' units
-send also on an empty stream, taken and forwarded).  Every channel those programs name is
-declared in every run, and each is received under the guard.  For a run that gives an expert
-no token its units are built from its streams as one token would make them (the sizes
-evaluated with the count at 1: one element per block, tiles whose rows the programs read at
-run time), and its units' bookkeeping in the run is only the bytes their buffers hold.  The
-routing weights' Map and its packing are one program also for an expert with no token: their
-loop is built from one element of the stream's declared types when the run gives the stream
-none (:func:`~.stop_loop.declared_element`), and then takes the stop token only.  So every
-unit of an MoE is one program for every routing of the same tokens (with dynamic tiling).
+(:mod:`.guard`): the Bufferize sends its buffer reference, or when it holds no row the
+stream's stop token, which every unit after it reads with a ``RecvValue`` with ``stop`` ahead
+of its data (the same cycles) and runs its program or only the guard's other arm; for a run
+that gives an expert no token its units are built as one token would make them, and the
+routing weights' Map and packing from the stream's declared types
+(:func:`~.stop_loop.declared_element`).  So every unit of an MoE is one program for every
+routing of the same tokens (with dynamic tiling).
 
-What is still baked from the run: EagerMerge's chunk order, the static tiling's padding, and
-in decode attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
-addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
-for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
-cursor Scan and a Map sending tiles only (the rotary Map) take a control value (a KV length, a
-position) into a register no instruction reads: one program for every value.  The loads take
-each address and row count into registers, the Expand only dequeues the addresses, the loads
-and the softmax hold K and V tiles in buffers of ``tile_kv`` rows, ``Alloc.held`` (a KV tile's
-ragged rows bounded by :func:`count_bounds`, read per message in a new run:
-:class:`~.unit_buffers.MessageRows`), the softmax timed by row rules: all kept for as many tiles
-per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's
-control signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit
-by unit, the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`:
-each unit's program is kept with what its emitter read of the run, at the level its program
-depends on it), so a new routing (with dynamic tiling) emits no unit again, and a new
-KV-length set only the units named above.  Making those run-independent needs:
+Static tiling's padding (STeP §5.2) is decided at run time too (:mod:`.static_pad`): an
+expert's Bufferize, its routing weights' packing and its FilterPadding take which rows of the
+last tile are real (row ``j`` while ``(C_e - 1) N + j < n_e``) from the count the Partition's
+stop token carries (the FlatMap back to rows sends it to the filter ahead of the last tile).
 
-* with static tiling (STeP §5.2), padding decided at run time: which rows of the last tile a
-  Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
-  FilterPadding reads, which are made where they are used from the run today, sent as
-  messages by the unit that padded;
-* in decode attention, the cursor's values at run time (an instruction writing a register into
-  a buffer element: the Scan's update computed in registers, as the selector's, :mod:`.control`);
-  the address FlatMap looping ``ceil(n / tile)`` times from registers and ending each request's
-  addresses with a stop token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand
-  and the softmax looping until it (:mod:`.stop_loop`); with lanes, the items balanced over
-  them by KV rows (``lane_pick``, ``lane_keep``) decided likewise in registers.
+What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
+regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
+over the chunks it takes); in decode attention the KV-tile addresses (the FlatMap cutting a
+request's cursor sends the run's addresses as literals: the cursor tiles the Scan computes
+carry no values in timing mode) and, for another tile count per request, the K and V loads,
+the query's Expand and the softmax.  The cursor Scan and a Map sending tiles only (the rotary
+Map) take a control value (a KV length, a position) into a register no instruction reads: one
+program for every value.  The loads take each address and row count into registers, the Expand
+only dequeues the addresses, the loads and the softmax hold K and V tiles in buffers of
+``tile_kv`` rows, ``Alloc.held`` (a KV tile's ragged rows bounded by :func:`count_bounds`, read
+per message in a new run: :class:`~.unit_buffers.MessageRows`), the softmax timed by row
+rules: all kept for as many tiles per request (the next decode step, mostly).  :mod:`.reuse`
+therefore keys a plan by the run's control signature, and ``Program.report`` re-plans only for
+a new one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does
+not change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the
+run, at the level its program depends on it), so a new routing emits no unit again with
+dynamic tiling, and with static tiling only the units of an expert whose tile count changed;
+a new KV-length set only the units named above.  Making those run-independent needs:
 
-With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
-streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
-Every unit after the Bufferize receives its first element only once the Bufferize has taken the
-Partition's stop token, so the reference (or the token) that tells them ``P_e`` reaches them
-ahead of their data without delaying them (the same cycles); only the routing-weight Map and
-its ``retile_row`` Accum consume while the Partition produces, and they loop until a stop token
-(above).
+* with static tiling, an expert's units looping over its tiles until a stop token (bounded
+  by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
+* with regions, each region's units looping until each chunk's stop token, the EagerMerge's
+  order then only the selector it sends (already a run-time value);
+* in decode attention, the cursor's values at run time (the Scan's update computed in
+  registers, as the selector's, :mod:`.control`); the address FlatMap looping
+  ``ceil(n / tile)`` times from registers and ending each request's addresses with a stop
+  token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand and the softmax
+  looping until it (:mod:`.stop_loop`); with lanes, the items balanced over them by KV rows
+  (``lane_pick``, ``lane_keep``) decided likewise in registers.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
