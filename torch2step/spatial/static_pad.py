@@ -15,7 +15,7 @@ padded stream need not be built for this run's padding:
   ``If((C_e - 1) N + j < stop)``;
 * the ``retile_row`` Accum packing the padded routing weights into a column
   (:func:`emit_padded_pack`) receives each element of the last tile likewise and appends it,
-  or a zero element, to the tile, and forwards the token after the tile.
+  or a zero element, to the tile, and forwards the token after the tile;
 * the FlatMap turning the expert's scaled tiles back into rows sends the count it received
   (the token the scaling Map forwards) to the FilterPadding unit ahead of its last tile's rows
   (:func:`counted_rows`: a 4-byte control message, the channel's stop token), and the filter
@@ -26,12 +26,14 @@ padded stream need not be built for this run's padding:
 The work per row is the unrolled program's (STeP §4.2): a padding row of a read costs the
 read's step and the one-cycle step making it, so the cycles are those of a program built for
 the run's padding, but for the packing taking the token after the last real row's step, not
-before it (it may finish a cycle earlier).  The rows of the last tile are held in the tile's ``N`` row
-buffers (the Bufferize's ``Buf[N]``), a padding row made in its own row's buffer, not in
-extra ones: an expert of fewer than ``N`` rows holds ``N`` (the static tile's bytes).  What a
-run's padding changes (the one-cycle steps of its padding rows, the rows the filter sends) is
-counted from its streams (:data:`~.unit_reuse.Tally`).  These units read the padded stream
-at level :data:`~.unit_reuse.SHAPE`: one program for every token count of as many tiles.
+before it (it may finish a cycle earlier).  The rows of the last tile are held in the tile's
+``N`` row buffers (the Bufferize's ``Buf[N]``), a padding row made in its own row's buffer,
+not in extra ones: an expert of fewer than ``N`` rows holds ``N`` (the static tile's bytes);
+the filter's two output buffers alternate over the last tile's rows, so an expert of one
+token holds both.  What a run's padding changes (the one-cycle steps of its padding rows, the
+rows the filter sends) is counted from its streams (:data:`~.unit_reuse.Tally`).  These units
+read the padded stream at level :data:`~.unit_reuse.SHAPE`: one program for every token count
+of as many tiles.
 """
 
 from __future__ import annotations
