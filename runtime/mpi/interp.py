@@ -42,6 +42,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WriteValue,
 )
 from lowering.kernels import get_kernel
 from runtime.checks import describe
@@ -377,6 +378,16 @@ def _read_value(c: CoreRun, i: ReadValue) -> Steps:
     c.regs[i.reg] = int(flat[i.index])
 
 
+def _write_value(c: CoreRun, i: WriteValue) -> Steps:
+    b = c.allocated(i.buf)
+    yield from c.settle(b)
+    assert b.data is not None
+    flat = b.data.reshape(-1)
+    if not 0 <= i.index < flat.size:
+        raise c.error(f"element {i.index} is outside buffer {b.name!r} of {flat.size}")
+    flat[i.index] = c.value(i.value)
+
+
 def _loop(c: CoreRun, i: Loop) -> Steps:
     for n in range(c.value(i.count)):
         if i.var:
@@ -414,6 +425,7 @@ _EXEC: dict[type, Callable[[CoreRun, Any], Steps]] = {
     Set: _set,
     Calc: _calc,
     ReadValue: _read_value,
+    WriteValue: _write_value,
     Loop: _loop,
     If: _if,
     Barrier: _barrier,
