@@ -145,6 +145,7 @@ from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
 from torch2step.step.ops_memory import RandomOffChipLoadRows
 from torch2step.step.ops_routing import Partition, Reassemble
+from torch2step.step.ops_shape import Expand
 
 from .buffer_loop import group_tokens, grouped_channels
 from .context import EmitCtx, int_contents, tensor_layouts
@@ -154,6 +155,7 @@ from .emit_routing import EMITTERS as _ROUTING
 from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
+from .kv_loop import expand_emitter, headed_channels
 from .placement import Placement, place_structure
 from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
@@ -165,7 +167,14 @@ from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
 #: Operator class -> emitter of the program of a unit whose primary node has that class.
-EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING, **_SHAPE}
+EMITTERS = {
+    **_MEMORY,
+    **_COMPUTE,
+    **_ROUTING,
+    **_SHAPE,
+    # decode attention's query Expand loops over each request's tile count (.kv_loop)
+    Expand: expand_emitter(_ROUTING[Expand]),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,8 +328,12 @@ def _build_plan(
     # a Streamify reading an expert's buffer ends each read with a stop token (its count),
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)
+    # decode attention's KV-tile addresses and query copies follow each request's count
+    headed = headed_channels(graph, st)
+    ctx.headed = frozenset(headed)
     tokens = {ch: 1 for ch in stops} | {
-        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped
+        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank)
+        for ch in grouped | headed
     }
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []

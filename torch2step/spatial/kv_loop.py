@@ -1,0 +1,599 @@
+"""Decode attention's KV-tile units as loops over each request's tile count, computed at run time
+(STeP arXiv 2511.07776 §5.1 FlashAttention, §5.4; STeP (revised) §3.1 ragged dimensions).
+
+A decode request's KV tiles are a ragged dimension ``C[b, kvh]`` learnt from the data
+(:mod:`torch2step.lower.blocks.gqa`): the cursor Scan turns the lengths into
+``[row_base, n, stride]`` cursors, a FlatMap(``kv_tiles``) cuts each into ``(row, r)`` runs of at
+most ``tile`` rows, the K and V loads read one tile per run, the query is expanded along the
+runs and an online-softmax Accum reduces each request's tiles.  Here none of these units needs
+the run's lengths when it is built:
+
+* the cursor Scan (:func:`emit_cursor_scan`) computes each cursor in registers
+  (``row_base += stride``, ``n`` the length received) and writes it into the tile it sends
+  (``WriteValue``), so the cursor tiles carry their values in timing mode too, as the integer
+  tiles loaded from HBM do (:func:`~.control.control_data`);
+* the address FlatMap (:func:`emit_kv_addresses`) reads each cursor into registers, sends the
+  request's tile count ``ceil(n / tile) + ceil(tail / tile)`` and then ``Loop(ceil(n / tile))``
+  the runs of its ``n`` rows and the (static) runs of its tail rows from registers;
+* the K and V loads (:func:`emit_kv_loads`) take each request's count and loop over its
+  addresses, loading each run into the next of ``depth`` rotating buffers held at ``tile``
+  rows and sending the tile ``depth - 1`` loads later, across requests (the pipelining of the
+  unrolled program, STeP §4.1);
+* the query's Expand (:func:`emit_kv_expand`) takes each count, forwards it ahead of the
+  request's query copies and sends one per address it dequeues;
+* the online softmax (:func:`emit_kv_softmax`) takes each count from the Expand's channel and
+  loops over the request's ``(q, k, v)`` tiles (the first starts the state, the others update
+  it, each step timed by its row rule on the K tile's run-time rows: :mod:`.rows`); a request
+  without a tile gets the initial state in one cycle, as the unrolled program does.
+
+The count travels as one control value ahead of each request's elements on the address
+channel and on the Expand's (:func:`headed_channels`; ``SpatialPlan.messages`` counts it, as it
+counts a Streamify's stop tokens): the addresses are control values themselves, so a stop
+token after them could not be told from an address by a receive into a register, and a count
+lets every consumer loop ``Loop(count)`` without a bound or a guard.  The K and V channels
+carry only tiles (their consumer takes the count from the Expand's channel).
+
+What each such program reads of the run is the number of requests and the declared types, not
+the tile counts: every address, count and row count is a register, the tiles' rows are the
+run's (row rules; buffers held at ``tile`` rows, ``Alloc.held``, sized by the most rows a
+message of their channel holds: :class:`~.unit_buffers.MessageRows` ``seq=-1``); their
+elements, cycles and FLOPs in a run are counted from its streams (:data:`~.unit_reuse.Tally`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lowering.isa import (
+    DTYPE_BYTES,
+    Affine,
+    Calc,
+    Compute,
+    Cond,
+    If,
+    Instr,
+    Load,
+    Loop,
+    ReadValue,
+    Recv,
+    RecvValue,
+    Region,
+    Send,
+    SendValue,
+    Set,
+    WriteValue,
+)
+from torch2step.step.graph import Program as StepProgram
+from torch2step.step.op_base import Op
+from torch2step.step.ops_compute import Accum, FlatMap, Scan
+from torch2step.step.ops_memory import RandomOffChipLoadRows
+from torch2step.step.ops_shape import Expand, Repeat, Zip
+from torch2step.step.types import TileType, TupleType
+
+from .buffer_loop import select
+from .context import EmitCtx, tile_shape
+from .control import control_data
+from .streams import Part, StreamInfo, iter_nodes, leaves
+from .structure import Structure
+from .timing import STEP_KERNEL, RowRule
+from .unit import UnitBuilder
+from .unit_buffers import MessageRows
+
+__all__ = [
+    "headed_channels",
+    "emit_cursor_scan",
+    "emit_kv_addresses",
+    "emit_kv_loads",
+    "emit_kv_expand",
+    "emit_kv_softmax",
+    "expand_emitter",
+]
+
+_INT = ("int32", "int64")
+
+
+def _single(st: Structure, op: Op) -> bool:
+    """Whether ``op`` is the only node of its own unit."""
+    return st.owner.get(op.name) == op.name and len(st.units[st.unit_index(op.name)]) == 1
+
+
+def _int_tile(t: Any, shape: tuple[int, int]) -> bool:
+    return (
+        isinstance(t, TileType)
+        and t.dtype in _INT
+        and all(d.is_Integer and int(d) == s for d, s in zip(t.shape, shape))
+    )
+
+
+def cursor_scan(op: Op) -> bool:
+    """Whether ``op`` is a ``kv_cursor`` Scan over ``[1, 1]`` lengths (control values received
+    into registers) from an ``int_row`` state of three values: its update is computed in
+    registers (:func:`emit_cursor_scan`)."""
+    return (
+        isinstance(op, Scan)
+        and getattr(op.fn, "name", None) == "kv_cursor"
+        and getattr(op.init, "name", None) == "int_row"
+        and len(tuple(op.init.get("values", ()))) == 3
+        and _int_tile(getattr(op.input.type, "dtype", None), (1, 1))
+    )
+
+
+def _readers(graph: StepProgram) -> dict[str, list[Op]]:
+    out: dict[str, list[Op]] = {}
+    for op in graph.nodes:
+        for v in op.inputs():
+            out.setdefault(v.name, []).append(op)
+    return out
+
+
+def _unit_readers(st: Structure, readers: dict[str, list[Op]], name: str) -> list[Op]:
+    """The unit nodes reading stream ``name``, through wires (Zip, Promote, Flatten...)."""
+    out: list[Op] = []
+    for op in readers.get(name, []):
+        if op.name in st.owner:
+            out.append(op)
+        else:
+            for v in st.graph.node_outputs[st.graph.nodes.index(op)]:
+                out.extend(_unit_readers(st, readers, v.name))
+    return out
+
+
+def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
+    """The channels whose every request's elements follow a count message (module docstring):
+    the output of a single-node FlatMap(``kv_tiles``) over cursor tiles a ``kv_cursor`` Scan
+    computes in registers (through single-node Repeat units), when every unit reading it is a
+    single-node RandomOffChipLoadRows or Expand, and the output of each such Expand, when its
+    only reader is a single-node rank-1 Accum over a Zip of it and those loads' tiles (or over
+    it alone); empty when the graph's integer tiles carry no values (:func:`control_data`)."""
+    if not control_data(graph):
+        return set()
+    readers = _readers(graph)
+    out: set[str] = set()
+    for op in graph.nodes:
+        if not (
+            isinstance(op, FlatMap)
+            and getattr(op.fn, "name", None) == "kv_tiles"
+            and _single(st, op)
+            and _int_tile(getattr(op.input.type, "dtype", None), (1, 3))
+        ):
+            continue
+        src = st.producer.get(op.input.name)
+        while isinstance(src, Repeat) and _single(st, src):
+            src = st.producer.get(src.input.name)
+        if src is None or not cursor_scan(src) or not _single(st, src):
+            continue
+        users = _unit_readers(st, readers, op.name)
+        loads = [u for u in users if isinstance(u, RandomOffChipLoadRows)]
+        expands = [u for u in users if isinstance(u, Expand) and u.ref.name == op.name]
+        if not users or len(loads) + len(expands) != len(users):
+            continue
+        if not all(_single(st, u) for u in users):
+            continue
+        tiles = {u.name for u in loads}
+        ok = []
+        for e in expands:
+            acc = _unit_readers(st, readers, e.name)
+            if len(acc) != 1 or not _softmax_over(st, acc[0], e.name, tiles):
+                break
+            ok.append(e.name)
+        else:
+            out.add(op.name)
+            out.update(ok)
+    return out
+
+
+def _softmax_over(st: Structure, op: Op, head: str, tiles: set[str]) -> bool:
+    """Whether ``op`` is a single-node rank-1 Accum over ``head`` or a Zip of ``head`` and
+    streams of ``tiles`` (each read once)."""
+    if not (isinstance(op, Accum) and op.rank == 1 and _single(st, op)):
+        return False
+    src = st.producer.get(op.input.name)
+    if op.input.name == head:
+        return True
+    if not isinstance(src, Zip) or src.name in st.owner:
+        return False
+    names = [v.name for v in src.ins]
+    return names.count(head) == 1 and len(set(names)) == len(names) and set(names) - {head} <= tiles
+
+
+# ---------------------------------------------------------------- the cursor Scan
+
+
+def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
+    """A ``kv_cursor`` Scan whose state is computed in registers and written into the tile it
+    sends (module docstring); ``False`` (nothing emitted) when ``op`` is not one, or its input
+    elements are not control values received into registers."""
+    if not cursor_scan(op) or not control_data(ctx.structure.graph):
+        return False
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    if any(len(x.parts(k)) != 1 or x.parts(k)[0].kind != "value" for k in range(len(x.flat))):
+        return False
+    base, _, stride = (ctx.ev(v, f"state of unit %{b.name}") for v in op.init.get("values"))
+    cut = x.value.rank + 1 - op.rank
+    k = 0
+    for sub in iter_nodes(x.value.data, cut):
+        state = None
+        b.emit(Set("cur.base", base))
+        b.step()
+        for val in iter_nodes(sub, op.rank):
+            e = b.recv(x, k)
+            parts = out.parts(k)
+            c, fl, rule = cost.update_step(
+                op.fn, val, x.dtype, out.flat[k], out.dtype, x.parts(k), parts, True
+            )
+            ins = (e,) if state is None else (e, state)
+            state = b.compute(c, ins, parts, role="acc", flops=fl, rule=rule)
+            ((_, buf),) = state
+            ((_, n),) = e
+            assert buf is not None and n is not None
+            b.emit(
+                Set("cur.base", Affine(stride, (("cur.base", 1),))),
+                WriteValue(buf, 0, "cur.base"),
+                WriteValue(buf, 1, n),
+                WriteValue(buf, 2, stride),
+            )
+            b.send(out, k, state)
+            k += 1
+            b.step()
+    ctx.relax(op.input, "form")  # the lengths reach registers: their values are the run's
+    return True
+
+
+# ---------------------------------------------------------------- the address FlatMap
+
+
+def _requests(ctx: EmitCtx, v: Any, what: str) -> int:
+    """The requests of a stream of declared shape ``[.., C]``: the product of its outer
+    dimensions (evaluated, so a kept program is checked against them)."""
+    shape = getattr(v.type, "shape", ())
+    return math.prod(ctx.ev(d, what) for d in shape[:-1])
+
+
+def _groups(info: StreamInfo) -> list[int]:
+    """Elements per innermost group (per request) of a stream."""
+    return [len(n) for n in iter_nodes(info.value.data, info.value.rank)]
+
+
+def _count(
+    ctx: EmitCtx, b: UnitBuilder, fn: Callable[[EmitCtx], tuple[int, int, int, int]]
+) -> None:
+    r, s, busy, flops = ctx.tally(fn)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += busy
+    b.flops += flops
+
+
+def emit_kv_addresses(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
+    """The address FlatMap as loops over registers (module docstring); ``False`` when its
+    output channel is not headed."""
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    if out.channel not in ctx.headed or getattr(op.fn, "name", None) != "kv_tiles":
+        return False
+    cfg = ctx.config(op)
+    if cfg.reads_memory or cfg.writes_memory or ctx.timing.map_flops(op.fn, op.input.type.dtype):
+        return False  # its steps are the plain FlatMap's (emit_compute._flat_map)
+    tile, tail = int(op.fn.get("tile")), int(op.fn.get("tail", 0))
+    sends = b.has_dsts(out.channel)
+    ch = out.channel
+    tails = [(t, min(tile, tail - t)) for t in range(0, tail, tile)]
+    for k in range(len(x.flat)):
+        e = b.recv(x, k)
+        ((_, buf),) = e
+        assert buf is not None
+        b.emit(
+            ReadValue("kv.base", buf, 0),
+            ReadValue("kv.n", buf, 1),
+            ReadValue("kv.stride", buf, 2),
+            Calc("kv.tiles", "ceildiv", "kv.n", tile),
+        )
+        if sends:
+            b.emit(SendValue(ch, Affine(len(tails), (("kv.tiles", 1),))))
+        if not tails:  # a request of no row still takes its cycle (emit_compute._flat_map)
+            b.emit(If(Cond("kv.tiles", "==", 0), (b.compute_instr(1, (buf,)),)))
+        step: list[Instr] = [b.compute_instr(1, (buf,))]
+        if sends:
+            step += [SendValue(ch, "kv.row"), SendValue(ch, "kv.r")]
+        row = Set("kv.row", Affine(0, (("kv.base", 1), ("kv.j", tile))))
+        rows = Calc("kv.r", "min", tile, Affine(0, (("kv.n", 1), ("kv.j", -tile))))
+        b.emit(Loop("kv.tiles", (row, rows, *step), "kv.j"))
+        for t, r in tails:  # the tail rows end the cache: static runs from the cursor's end
+            b.emit(
+                Set("kv.row", Affine(t - tail, (("kv.base", 1), ("kv.stride", 1)))),
+                Set("kv.r", r),
+                *step,
+            )
+        b.step()
+    groups = _groups(out)
+    if sends:
+        b.sent_seq[ch] = out.messages + len(groups)
+    name = op.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        per = _groups(c.streams[name])
+        return 0, sum(per), sum(max(n, 1) if not tails else n for n in per), 0
+
+    _count(ctx, b, tally)
+    ctx.relax(op.name, None)  # its sends follow the cursors' values at run time
+    return True
+
+
+# ---------------------------------------------------------------- the K and V loads
+
+
+def emit_kv_loads(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoadRows) -> bool:
+    """A K or V load over a headed address channel as a loop over each request's count,
+    pipelined across requests (module docstring); ``False`` when the channel is not headed."""
+    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
+    chans = {ch for pc in addrs.pieces for ch, _, _ in pc} or ctx.structure.sources(op.raddr.name)
+    if len(chans) != 1 or not chans <= ctx.headed:
+        return False
+    (ch,) = chans
+    lay = ctx.layouts[op.tensor.name]
+    most, cols = tile_shape(op)
+    dt = lay.dtype
+    depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[dt])
+    reqs = _requests(ctx, op.raddr, f"requests of unit %{b.name}")
+    sends = out.channel is not None and b.has_dsts(out.channel)
+    rows_at = MessageRows(out.channel or op.name, -1)
+    held = max((p.elems for k in range(len(out.flat)) for p in out.parts(k)), default=0)
+    names = [b.buffer(("ld",), dt, held, depth, (rows_at, most, cols, 0)) for _ in range(depth)]
+    b._await(lay.name)
+    start = Affine(op.base * cols, (("ld.row", cols),))
+    extent = Affine(0, (("ld.r", cols),))
+
+    def load(i: int) -> tuple[Instr, ...]:
+        return (Load(names[i], lay.name, Region((start,), (extent,))),)
+
+    def send(i: int) -> tuple[Instr, ...]:
+        return (Send(out.channel, names[i]),) if sends and out.channel else ()
+
+    body: tuple[Instr, ...] = (
+        RecvValue(ch, "ld.row"),
+        RecvValue(ch, "ld.r"),
+        Calc("ld.m", "mod", "ld.g", depth),
+        *select("ld.m", 0, depth, load),
+    )
+    if sends:
+        body += (
+            If(
+                Cond("ld.g", ">=", depth - 1),
+                (
+                    Calc("ld.s", "mod", Affine(1 - depth, (("ld.g", 1),)), depth),
+                    *select("ld.s", 0, depth, send),
+                ),
+            ),
+        )
+    body += (Set("ld.g", Affine(1, (("ld.g", 1),))),)
+    b.emit(Set("ld.g", 0))
+    b.step()
+    for _ in range(reqs):
+        b.emit(RecvValue(ch, "ld.n"), Loop("ld.n", body))
+        b.step()
+    if sends:  # the last depth - 1 tiles
+        for i in range(depth - 1):
+            t = Affine(1 - depth + i, (("ld.g", 1),))
+            b.emit(
+                If(
+                    Cond(t, ">=", 0),
+                    (Calc("ld.s", "mod", t, depth), *select("ld.s", 0, depth, send)),
+                )
+            )
+        b.step()
+    b.next_seq[ch] = addrs.messages + len(_groups(addrs))
+    if sends and out.channel is not None:
+        b.sent_seq[out.channel] = out.messages
+    name = op.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        n = len(c.streams[name].flat)
+        return n, n * sends, 0, 0
+
+    _count(ctx, b, tally)
+    ctx.relax(op.raddr, None)  # addresses, counts and rows reach registers only
+    ctx.relax(op.name, None)
+    return True
+
+
+# ---------------------------------------------------------------- the query's Expand
+
+
+def emit_kv_expand(ctx: EmitCtx, b: UnitBuilder, op: Expand) -> bool:
+    """The query's Expand along a headed address channel (module docstring); ``False`` when
+    the channel (or its own output's) is not headed."""
+    x, r, out = ctx.stream(op.input), ctx.stream(op.ref), ctx.stream(op.name)
+    chans = {ch for pc in r.pieces for ch, _, _ in pc} or ctx.structure.sources(op.ref.name)
+    if len(chans) != 1 or not chans <= ctx.headed or out.channel not in ctx.headed:
+        return False
+    (ch,) = chans
+    cut = x.value.rank - op.rank
+    nodes = iter_nodes(x.value.data, cut)
+    if any(len(leaves(n, op.rank + 1)) != 1 for n in nodes) or len(nodes) != len(x.flat):
+        return False  # one query tile per request
+    sends = b.has_dsts(out.channel)
+    for k in range(len(x.flat)):
+        e = b.recv(x, k, rotation=2)
+        ((_, buf),) = e
+        assert buf is not None
+        b.emit(RecvValue(ch, "ex.n"))
+        step: tuple[Instr, ...] = (
+            RecvValue(ch, "ex.row"),
+            RecvValue(ch, "ex.r"),
+            b.compute_instr(1, (buf,)),
+        )
+        if sends:
+            b.emit(SendValue(out.channel, "ex.n"))
+            step += (Send(out.channel, buf),)
+        b.emit(Loop("ex.n", step))
+        b.step()
+    b.next_seq[ch] = r.messages + len(_groups(r))
+    if sends:
+        b.sent_seq[out.channel] = out.messages + len(_groups(out))
+    name = op.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        n = len(c.streams[name].flat)
+        return n, n * sends, n, 0
+
+    _count(ctx, b, tally)
+    ctx.relax(op.ref, None)
+    ctx.relax(op.name, None)
+    return True
+
+
+# ---------------------------------------------------------------- the online softmax
+
+
+def _zeros(t: Any, rows: int) -> Any:
+    """An element of declared type ``t``, dynamic rows set to ``rows`` (``None``: a part that
+    is no static-width tile)."""
+    if isinstance(t, TileType):
+        if not t.shape[1].is_Integer:
+            return None
+        r = int(t.shape[0]) if t.shape[0].is_Integer else rows
+        return np.zeros((r, int(t.shape[1])))
+    if isinstance(t, TupleType):
+        vals = tuple(_zeros(e, rows) for e in t.elems)
+        return None if any(v is None for v in vals) else vals
+    return None
+
+
+def _data_parts(x: Any, t: Any) -> tuple[Part, ...]:
+    if isinstance(t, TupleType):
+        return tuple(p for v, s in zip(x, t.elems) for p in _data_parts(v, s))
+    return (Part("data", t.dtype, int(x.size)),)
+
+
+def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
+    """The online-softmax Accum over a headed channel as a loop over each request's count
+    (module docstring); ``False`` when it reads no headed channel or its steps have no row
+    rule."""
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    srcs = ctx.structure.sources(op.input.name)
+    heads = srcs & ctx.headed
+    if op.rank != 1 or len(heads) != 1:
+        return False
+    (hch,) = heads
+    # per part of an element, its channel (in the Zip's order)
+    src = ctx.structure.producer.get(op.input.name)
+    ins = [v.name for v in src.ins] if isinstance(src, Zip) else [op.input.name]
+    chans = [ctx.streams[v].channel for v in ins]  # structural: not the run's
+    decls, dyn = x.decl()
+    if len(chans) != len(decls) or any(c is None for c in chans) or any(d is None for d in decls):
+        return False
+    most = 0
+    for v in ins:
+        info = ctx.structure.producer.get(v)
+        if isinstance(info, RandomOffChipLoadRows):
+            most = max(most, int(info.tile.shape[0]))
+    sx = _zeros(x.dtype, most)
+    st = _zeros(out.dtype, most)
+    if sx is None or st is None or not most:
+        return False
+    in_parts = _data_parts(sx, x.dtype)
+    out_parts = _data_parts(st, out.dtype)
+    if cost.cfg.writes_memory or any(out.parts(k) != out_parts for k in range(len(out.flat))):
+        return False  # the last update of a reduction would be timed apart
+    c0, f0, rule = cost.update_step(op.fn, sx, x.dtype, st, out.dtype, in_parts, out_parts, True)
+    if rule is None or (rule.cycles(most), _rule_flops(rule, most)) != (c0, f0):
+        return False
+    # the run's steps are the rule's: its cycles and FLOPs for every tile of this run
+    for k, val in enumerate(x.flat):
+        n = x.parts(k)[rule.slot].elems // rule.cols
+        cyc, fl, _ = cost.update_step(
+            op.fn, val, x.dtype, st, out.dtype, x.parts(k), out_parts, True
+        )
+        if (cyc, fl) != (rule.cycles(n), _rule_flops(rule, n)):
+            return False
+    reqs = _requests(ctx, op.input, f"requests of unit %{b.name}")
+    if len(out.flat) != reqs:
+        return False
+    t = ctx.timing
+    bufs = []
+    for i, (ch, decl) in enumerate(zip(chans, decls)):
+        assert ch is not None and decl is not None
+        elems = int(decl.shape[1]) * (most if dyn[i] else int(decl.shape[0]))
+        sized = (MessageRows(ch, -1), most, int(decl.shape[1]), 0) if dyn[i] else None
+        held = max((x.parts(k)[i].elems for k in range(len(x.flat))), default=0)
+        bufs.append(b.buffer(("in", ch, i), in_parts[i].dtype, held if dyn[i] else elems, 1, sized))
+    sends = out.channel is not None and b.has_dsts(out.channel)
+    for _ in range(reqs):
+        accs = [b.buffer(("acc", i), p.dtype, p.elems, 2) for i, p in enumerate(out_parts)]
+        first = Compute(
+            STEP_KERNEL, tuple(accs), tuple(bufs), rule.params(rule.slot, t.enc_rate), t.enc_dtype
+        )
+        update = Compute(
+            STEP_KERNEL,
+            tuple(accs),
+            (*bufs, *accs),
+            rule.params(rule.slot, t.enc_rate),
+            t.enc_dtype,
+        )
+        init = Compute(
+            STEP_KERNEL,
+            tuple(accs),
+            (),
+            (
+                ("cycles", 1),
+                ("outs", ",".join(str(p.elems) for p in out_parts)),
+                ("rate", t.enc_rate),
+            ),
+            t.enc_dtype,
+        )
+        recvs = tuple(Recv(ch, buf) for ch, buf in zip(chans, bufs))  # type: ignore[arg-type]
+        body = (*recvs, If(Cond("sm.j", "==", 0), (first,), (update,)))
+        b.emit(
+            RecvValue(hch, "sm.n"),
+            Loop("sm.n", body, "sm.j"),
+            If(Cond("sm.n", "==", 0), (init,)),
+        )
+        if sends and out.channel is not None:
+            b.emit(*(Send(out.channel, a) for a in accs))
+        b.step()
+    for ch in chans:
+        assert ch is not None
+        b.next_seq[ch] = ctx.streams[ch].messages + (
+            len(_groups(ctx.streams[ch])) if ch == hch else 0
+        )
+    if sends and out.channel is not None:
+        b.sent_seq[out.channel] = out.messages
+    b.sent += reqs * sends
+    name, rule_ = op.input.name, rule
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        s = c.streams[name]
+        rows = [s.parts(k)[rule_.slot].elems // rule_.cols for k in range(len(s.flat))]
+        empty = sum(n == 0 for n in _groups(s))
+        cyc = sum(rule_.cycles(n) for n in rows) + empty
+        return len(rows), 0, cyc, sum(_rule_flops(rule_, n) for n in rows)
+
+    _count(ctx, b, tally)
+    ctx.relax(op.input, None)  # its tiles' count and rows are the run's, read at run time
+    return True
+
+
+def _rule_flops(rule: RowRule, rows: int) -> int:
+    """FLOPs of a step on ``rows`` rows: the first term of its rule (:func:`~.rows.row_rule`)."""
+    if not rule.terms:
+        return 0
+    a, c, _ = rule.terms[0]
+    return a * rows + c
+
+
+Emitter = Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]
+
+
+def expand_emitter(fallback: Emitter) -> Emitter:
+    """The Expand emitter: :func:`emit_kv_expand` where it applies, else ``fallback``."""
+
+    def emit(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
+        op = ops[0]
+        assert isinstance(op, Expand)
+        if not emit_kv_expand(ctx, b, op):
+            fallback(ctx, b, ops)
+
+    return emit
