@@ -332,8 +332,7 @@ def _build_plan(
     headed = headed_channels(graph, st)
     ctx.headed = frozenset(headed)
     tokens = {ch: 1 for ch in stops} | {
-        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank)
-        for ch in grouped | headed
+        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped | headed
     }
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
