@@ -27,7 +27,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
-from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_kv_softmax
+from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_kv_softmax, emit_lane_keep
 from .rows import row_rule, with_rows
 from .stop_loop import (
     declared_element,
@@ -296,7 +296,7 @@ def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, FlatMap)
-    if emit_kv_addresses(ctx, b, op):
+    if emit_kv_addresses(ctx, b, op) or emit_lane_keep(ctx, b, op):
         return  # a request's KV-tile addresses from its cursor's registers (.kv_loop)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)

@@ -42,7 +42,6 @@ elements, cycles and FLOPs in a run are counted from its streams (:data:`~.unit_
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +89,7 @@ __all__ = [
     "emit_kv_loads",
     "emit_kv_expand",
     "emit_kv_softmax",
+    "emit_lane_keep",
     "expand_emitter",
 ]
 
@@ -161,9 +161,7 @@ def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
             and _int_tile(getattr(op.input.type, "dtype", None), (1, 3))
         ):
             continue
-        src = st.producer.get(op.input.name)
-        while isinstance(src, Repeat) and _single(st, src):
-            src = st.producer.get(src.input.name)
+        src = _cursor_source(st, op.input.name)
         if src is None or not cursor_scan(src) or not _single(st, src):
             continue
         users = _unit_readers(st, readers, op.name)
@@ -184,6 +182,66 @@ def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
             out.add(op.name)
             out.update(ok)
     return out
+
+
+def _cursor_source(st: Structure, name: str) -> Op | None:
+    """The node making the cursor tiles of stream ``name``, through single-node units that
+    forward the tiles they receive: Repeat, and a lane's ``lane_keep`` FlatMap over a Zip of
+    the cursors and the lane decisions (:func:`emit_lane_keep`)."""
+    src = st.producer.get(name)
+    while src is not None and _single(st, src):
+        if isinstance(src, Repeat):
+            src = st.producer.get(src.input.name)
+        elif _lane_keep(st, src):
+            zipped = st.producer[src.input.name]
+            assert isinstance(zipped, Zip)
+            src = st.producer.get(zipped.ins[0].name)
+        else:
+            break
+    return src
+
+
+def _lane_keep(st: Structure, op: Op) -> bool:
+    """Whether ``op`` is a ``lane_keep`` FlatMap over a Zip (a wire) of a stream of ``[1, 3]``
+    cursor tiles and the lane decisions."""
+    if not (isinstance(op, FlatMap) and getattr(op.fn, "name", None) == "lane_keep"):
+        return False
+    zipped = st.producer.get(op.input.name)
+    return (
+        isinstance(zipped, Zip)
+        and zipped.name not in st.owner
+        and len(zipped.ins) == 2
+        and _int_tile(getattr(zipped.ins[0].type, "dtype", None), (1, 3))
+    )
+
+
+def emit_lane_keep(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
+    """A lane's ``lane_keep`` FlatMap forwarding each cursor tile it keeps from the buffer it
+    received it in (one cycle, as a FlatMap's piece), so the tile keeps the values the cursor
+    Scan wrote (:func:`emit_cursor_scan`); which items it keeps is the run's (the lane
+    decisions are not computed in registers).  ``False`` when ``op`` is not one."""
+    if not _lane_keep(ctx.structure, op) or not control_data(ctx.structure.graph):
+        return False
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (STeP table 4)
+    impl = op.fn.spec.impl
+    kept = [len(iter_nodes(impl(op.fn, *val), depth)) for val in x.flat]
+    if sum(kept) != len(out.flat) or any(
+        len(x.parts(k)) != 2 or x.pieces[k][0][0] is None for k in range(len(x.flat))
+    ):
+        return False
+    j = 0
+    for k, n in enumerate(kept):
+        e = b.recv(x, k)
+        if not n:
+            b.consume(e)
+        b.step()
+        for _ in range(n):
+            b.compute(1, (e,), const=True)
+            b.send(out, j, (e[0],))
+            j += 1
+            b.step()
+    return True
 
 
 def _softmax_over(st: Structure, op: Op, head: str, tiles: set[str]) -> bool:
@@ -246,11 +304,15 @@ def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
 # ---------------------------------------------------------------- the address FlatMap
 
 
-def _requests(ctx: EmitCtx, v: Any, what: str) -> int:
-    """The requests of a stream of declared shape ``[.., C]``: the product of its outer
-    dimensions (evaluated, so a kept program is checked against them)."""
-    shape = getattr(v.type, "shape", ())
-    return math.prod(ctx.ev(d, what) for d in shape[:-1])
+def _requests(ctx: EmitCtx, ch: str) -> int:
+    """The requests whose tiles headed channel ``ch`` carries: the cursors the FlatMap
+    cutting the addresses receives (that stream is recorded: a kept program is checked
+    against its structure, not against the tile counts)."""
+    op = ctx.structure.producer[ch]
+    if isinstance(op, Expand):
+        op = ctx.structure.producer[op.ref.name]
+    assert isinstance(op, FlatMap)
+    return len(ctx.stream(op.input).flat)
 
 
 def _groups(info: StreamInfo) -> list[int]:
@@ -337,7 +399,7 @@ def emit_kv_loads(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoadRows) -> bo
     most, cols = tile_shape(op)
     dt = lay.dtype
     depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[dt])
-    reqs = _requests(ctx, op.raddr, f"requests of unit %{b.name}")
+    reqs = _requests(ctx, ch)
     sends = out.channel is not None and b.has_dsts(out.channel)
     rows_at = MessageRows(out.channel or op.name, -1)
     held = max((p.elems for k in range(len(out.flat)) for p in out.parts(k)), default=0)
@@ -509,7 +571,7 @@ def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         )
         if (cyc, fl) != (rule.cycles(n), _rule_flops(rule, n)):
             return False
-    reqs = _requests(ctx, op.input, f"requests of unit %{b.name}")
+    reqs = _requests(ctx, hch)
     if len(out.flat) != reqs:
         return False
     t = ctx.timing
