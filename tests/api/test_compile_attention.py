@@ -106,15 +106,19 @@ def test_attention_regions_option_is_checked() -> None:
         LowerOptions(attn_regions=0)
 
 
-def test_a_new_kv_length_set_rebuilds_no_unit(monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "options", [{}, {"attn_regions": 2, "attn_assign": "interleave"}], ids=["lanes", "regions"]
+)
+def test_a_new_kv_length_set_rebuilds_no_unit(monkeypatch, options: dict) -> None:
     """``report`` on a second KV-length set assembles its plan from the first set's unit
     programs without emitting any again — the next decode step, and a set with other tile
-    counts per request (a request of KV length 1 included): every attention lane computes its
-    request cursors in registers, cuts them into tile addresses and loops over each request's
-    tile count at run time (torch2step.spatial.kv_loop); its cycles and on-chip bytes are
-    those of a fresh program's report, and the run is PyTorch's."""
+    counts per request (a request of KV length 1 included): every attention lane (or region
+    of STeP §5.4, with a static assignment) computes its request cursors in registers, cuts
+    them into tile addresses and loops over each request's tile count at run time
+    (torch2step.spatial.kv_loop); its cycles and on-chip bytes are those of a fresh program's
+    report, and the run is PyTorch's."""
     module = DecodeStep("qwen3", "sdpa").eval()
-    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True))
+    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True), **options)
     first = list(decode_inputs(4, 160, 5, lengths=True))
     first[3] = torch.tensor([20, 64, 1, 33])
     prog.report(*first)
@@ -131,7 +135,7 @@ def test_a_new_kv_length_set_rebuilds_no_unit(monkeypatch) -> None:
         second[3] = torch.tensor(lengths)
         again = prog.report(*second)
         assert built == [], built
-        fresh = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True))
+        fresh = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True), **options)
         want = fresh.report(*second)
         built.clear()
         assert again.latency_cycles == want.latency_cycles

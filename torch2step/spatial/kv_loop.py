@@ -70,6 +70,7 @@ from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Scan
 from torch2step.step.ops_memory import RandomOffChipLoadRows
+from torch2step.step.ops_routing import Partition
 from torch2step.step.ops_shape import Expand, Repeat, Zip
 from torch2step.step.types import TileType, TupleType
 
@@ -186,11 +187,13 @@ def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
 
 def _cursor_source(st: Structure, name: str) -> Op | None:
     """The node making the cursor tiles of stream ``name``, through single-node units that
-    forward the tiles they receive: Repeat, and a lane's ``lane_keep`` FlatMap over a Zip of
-    the cursors and the lane decisions (:func:`emit_lane_keep`)."""
+    forward the tiles they receive: Repeat, a Partition routing the requests over regions
+    (its received buffers sent under the selector's bits: STeP §5.4), and a lane's
+    ``lane_keep`` FlatMap over a Zip of the cursors and the lane decisions
+    (:func:`emit_lane_keep`)."""
     src = st.producer.get(name)
     while src is not None and _single(st, src):
-        if isinstance(src, Repeat):
+        if isinstance(src, (Repeat, Partition)):
             src = st.producer.get(src.input.name)
         elif _lane_keep(st, src):
             zipped = st.producer[src.input.name]
