@@ -27,7 +27,8 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
-from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_kv_softmax, emit_lane_keep
+from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
+from .kv_tiles import emit_kv_softmax
 from .rows import row_rule, with_rows
 from .stop_loop import (
     declared_element,

@@ -40,7 +40,7 @@ from torch2step.step.ops_memory import (
 
 from .buffer_loop import emit_buffer_loop
 from .context import EmitCtx, tile_shape
-from .kv_loop import emit_kv_loads
+from .kv_tiles import emit_kv_loads
 from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
 from .unit_buffers import MessageRows

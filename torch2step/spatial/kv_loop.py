@@ -11,20 +11,25 @@ the run's lengths when it is built:
 * the cursor Scan (:func:`emit_cursor_scan`) computes each cursor in registers
   (``row_base += stride``, ``n`` the length received) and writes it into the tile it sends
   (``WriteValue``), so the cursor tiles carry their values in timing mode too, as the integer
-  tiles loaded from HBM do (:func:`~.control.control_data`);
+  tiles loaded from HBM do (the lengths' tensor is an input no node stores:
+  :func:`lengths_carry_values`);
 * the address FlatMap (:func:`emit_kv_addresses`) reads each cursor into registers, sends the
   request's tile count ``ceil(n / tile) + ceil(tail / tile)`` and then ``Loop(ceil(n / tile))``
   the runs of its ``n`` rows and the (static) runs of its tail rows from registers;
-* the K and V loads (:func:`emit_kv_loads`) take each request's count and loop over its
+* the K and V loads (:func:`~.kv_tiles.emit_kv_loads`) take each request's count and loop over its
   addresses, loading each run into the next of ``depth`` rotating buffers held at ``tile``
   rows and sending the tile ``depth - 1`` loads later, across requests (the pipelining of the
   unrolled program, STeP §4.1);
-* the query's Expand (:func:`emit_kv_expand`) takes each count, forwards it ahead of the
+* the query's Expand (:func:`~.kv_tiles.emit_kv_expand`) takes each count, forwards it ahead of the
   request's query copies and sends one per address it dequeues;
-* the online softmax (:func:`emit_kv_softmax`) takes each count from the Expand's channel and
+* the online softmax (:func:`~.kv_tiles.emit_kv_softmax`) takes each count from the Expand's channel and
   loops over the request's ``(q, k, v)`` tiles (the first starts the state, the others update
   it, each step timed by its row rule on the K tile's run-time rows: :mod:`.rows`); a request
-  without a tile gets the initial state in one cycle, as the unrolled program does.
+  without a tile gets the initial state in one cycle, as the unrolled program does;
+* between the Scan and the address FlatMap, the units that forward the cursor tiles send the
+  buffers they received them in, so the tiles keep their values: Repeat, a region's Partition
+  (STeP §5.4) and a lane's ``lane_keep`` FlatMap (:func:`emit_lane_keep`; which items a lane
+  keeps is still the run's).
 
 The count travels as one control value ahead of each request's elements on the address
 channel and on the Expand's (:func:`headed_channels`; ``SpatialPlan.messages`` counts it, as it
@@ -33,8 +38,8 @@ token after them could not be told from an address by a receive into a register,
 lets every consumer loop ``Loop(count)`` without a bound or a guard.  The K and V channels
 carry only tiles (their consumer takes the count from the Expand's channel).
 
-What each such program reads of the run is the number of requests and the declared types, not
-the tile counts: every address, count and row count is a register, the tiles' rows are the
+What each such program reads of the run is the number of requests (the cursors the address
+FlatMap receives) and the declared types, not the tile counts: every address, count and row count is a register, the tiles' rows are the
 run's (row rules; buffers held at ``tile`` rows, ``Alloc.held``, sized by the most rows a
 message of their channel holds: :class:`~.unit_buffers.MessageRows` ``seq=-1``); their
 elements, cycles and FLOPs in a run are counted from its streams (:data:`~.unit_reuse.Tally`).
@@ -45,23 +50,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from lowering.isa import (
-    DTYPE_BYTES,
     Affine,
     Calc,
-    Compute,
     Cond,
     If,
     Instr,
-    Load,
     Loop,
     ReadValue,
-    Recv,
-    RecvValue,
-    Region,
-    Send,
     SendValue,
     Set,
     WriteValue,
@@ -69,29 +65,31 @@ from lowering.isa import (
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Scan
-from torch2step.step.ops_memory import RandomOffChipLoadRows
+from torch2step.step.ops_memory import (
+    LinearOffChipLoad,
+    LinearOffChipStore,
+    RandomOffChipLoadRows,
+    RandomOffChipStore,
+)
 from torch2step.step.ops_routing import Partition
 from torch2step.step.ops_shape import Expand, Repeat, Zip
-from torch2step.step.types import TileType, TupleType
+from torch2step.step.types import TileType
 
-from .buffer_loop import select
-from .context import EmitCtx, tile_shape
-from .control import control_data
-from .streams import Part, StreamInfo, iter_nodes, leaves
+from .context import EmitCtx
+from .streams import StreamInfo, iter_nodes
 from .structure import Structure
-from .timing import STEP_KERNEL, RowRule
 from .unit import UnitBuilder
-from .unit_buffers import MessageRows
 
 __all__ = [
     "headed_channels",
+    "lengths_carry_values",
+    "cursor_scan",
     "emit_cursor_scan",
     "emit_kv_addresses",
-    "emit_kv_loads",
-    "emit_kv_expand",
-    "emit_kv_softmax",
     "emit_lane_keep",
-    "expand_emitter",
+    "requests_of",
+    "groups_of",
+    "tally_into",
 ]
 
 _INT = ("int32", "int64")
@@ -107,6 +105,28 @@ def _int_tile(t: Any, shape: tuple[int, int]) -> bool:
         isinstance(t, TileType)
         and t.dtype in _INT
         and all(d.is_Integer and int(d) == s for d, s in zip(t.shape, shape))
+    )
+
+
+def lengths_carry_values(graph: StepProgram, st: Structure, op: Op) -> bool:
+    """Whether the lengths Scan ``op`` receives come, through single-node Repeat units, from
+    a load of an integer tensor no node of ``graph`` stores: such a tensor keeps its values in
+    timing mode (the run's inputs), and the messages forwarding them carry them (control values
+    received into registers), whatever else the graph computes (a router storing its top-k ids
+    makes only those tiles value-less: :func:`~.control.control_data`)."""
+    stored = {
+        o.tensor.name
+        for o in graph.nodes
+        if isinstance(o, (LinearOffChipStore, RandomOffChipStore))
+    }
+    src = st.producer.get(op.input.name)  # type: ignore[attr-defined]
+    while isinstance(src, Repeat) and _single(st, src):
+        src = st.producer.get(src.input.name)
+    return (
+        isinstance(src, LinearOffChipLoad)
+        and src.tensor.dtype in _INT
+        and src.tensor.name not in stored
+        and src.ref is None
     )
 
 
@@ -149,9 +169,7 @@ def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
     computes in registers (through single-node Repeat units), when every unit reading it is a
     single-node RandomOffChipLoadRows or Expand, and the output of each such Expand, when its
     only reader is a single-node rank-1 Accum over a Zip of it and those loads' tiles (or over
-    it alone); empty when the graph's integer tiles carry no values (:func:`control_data`)."""
-    if not control_data(graph):
-        return set()
+    it alone), when the Scan's lengths carry their values (:func:`lengths_carry_values`)."""
     readers = _readers(graph)
     out: set[str] = set()
     for op in graph.nodes:
@@ -164,6 +182,8 @@ def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
             continue
         src = _cursor_source(st, op.input.name)
         if src is None or not cursor_scan(src) or not _single(st, src):
+            continue
+        if not lengths_carry_values(graph, st, src):
             continue
         users = _unit_readers(st, readers, op.name)
         loads = [u for u in users if isinstance(u, RandomOffChipLoadRows)]
@@ -223,7 +243,11 @@ def emit_lane_keep(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
     received it in (one cycle, as a FlatMap's piece), so the tile keeps the values the cursor
     Scan wrote (:func:`emit_cursor_scan`); which items it keeps is the run's (the lane
     decisions are not computed in registers).  ``False`` when ``op`` is not one."""
-    if not _lane_keep(ctx.structure, op) or not control_data(ctx.structure.graph):
+    st = ctx.structure
+    if not _lane_keep(st, op):
+        return False
+    src = _cursor_source(st, op.name)
+    if src is None or not cursor_scan(src) or not lengths_carry_values(st.graph, st, src):
         return False
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     depth = out.value.rank - x.value.rank + 1  # the expansion's rank + 1 (STeP table 4)
@@ -268,7 +292,7 @@ def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
     """A ``kv_cursor`` Scan whose state is computed in registers and written into the tile it
     sends (module docstring); ``False`` (nothing emitted) when ``op`` is not one, or its input
     elements are not control values received into registers."""
-    if not cursor_scan(op) or not control_data(ctx.structure.graph):
+    if not cursor_scan(op) or not lengths_carry_values(ctx.structure.graph, ctx.structure, op):
         return False
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     if any(len(x.parts(k)) != 1 or x.parts(k)[0].kind != "value" for k in range(len(x.flat))):
@@ -307,7 +331,7 @@ def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
 # ---------------------------------------------------------------- the address FlatMap
 
 
-def _requests(ctx: EmitCtx, ch: str) -> int:
+def requests_of(ctx: EmitCtx, ch: str) -> int:
     """The requests whose tiles headed channel ``ch`` carries: the cursors the FlatMap
     cutting the addresses receives (that stream is recorded: a kept program is checked
     against its structure, not against the tile counts)."""
@@ -318,12 +342,12 @@ def _requests(ctx: EmitCtx, ch: str) -> int:
     return len(ctx.stream(op.input).flat)
 
 
-def _groups(info: StreamInfo) -> list[int]:
+def groups_of(info: StreamInfo) -> list[int]:
     """Elements per innermost group (per request) of a stream."""
     return [len(n) for n in iter_nodes(info.value.data, info.value.rank)]
 
 
-def _count(
+def tally_into(
     ctx: EmitCtx, b: UnitBuilder, fn: Callable[[EmitCtx], tuple[int, int, int, int]]
 ) -> None:
     r, s, busy, flops = ctx.tally(fn)
@@ -373,292 +397,15 @@ def emit_kv_addresses(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
                 *step,
             )
         b.step()
-    groups = _groups(out)
+    groups = groups_of(out)
     if sends:
         b.sent_seq[ch] = out.messages + len(groups)
     name = op.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:
-        per = _groups(c.streams[name])
+        per = groups_of(c.streams[name])
         return 0, sum(per), sum(max(n, 1) if not tails else n for n in per), 0
 
-    _count(ctx, b, tally)
+    tally_into(ctx, b, tally)
     ctx.relax(op.name, None)  # its sends follow the cursors' values at run time
     return True
-
-
-# ---------------------------------------------------------------- the K and V loads
-
-
-def emit_kv_loads(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoadRows) -> bool:
-    """A K or V load over a headed address channel as a loop over each request's count,
-    pipelined across requests (module docstring); ``False`` when the channel is not headed."""
-    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
-    chans = {ch for pc in addrs.pieces for ch, _, _ in pc} or ctx.structure.sources(op.raddr.name)
-    if len(chans) != 1 or not chans <= ctx.headed:
-        return False
-    (ch,) = chans
-    lay = ctx.layouts[op.tensor.name]
-    most, cols = tile_shape(op)
-    dt = lay.dtype
-    depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[dt])
-    reqs = _requests(ctx, ch)
-    sends = out.channel is not None and b.has_dsts(out.channel)
-    rows_at = MessageRows(out.channel or op.name, -1)
-    held = max((p.elems for k in range(len(out.flat)) for p in out.parts(k)), default=0)
-    names = [b.buffer(("ld",), dt, held, depth, (rows_at, most, cols, 0)) for _ in range(depth)]
-    b._await(lay.name)
-    start = Affine(op.base * cols, (("ld.row", cols),))
-    extent = Affine(0, (("ld.r", cols),))
-
-    def load(i: int) -> tuple[Instr, ...]:
-        return (Load(names[i], lay.name, Region((start,), (extent,))),)
-
-    def send(i: int) -> tuple[Instr, ...]:
-        return (Send(out.channel, names[i]),) if sends and out.channel else ()
-
-    body: tuple[Instr, ...] = (
-        RecvValue(ch, "ld.row"),
-        RecvValue(ch, "ld.r"),
-        Calc("ld.m", "mod", "ld.g", depth),
-        *select("ld.m", 0, depth, load),
-    )
-    if sends:
-        body += (
-            If(
-                Cond("ld.g", ">=", depth - 1),
-                (
-                    Calc("ld.s", "mod", Affine(1 - depth, (("ld.g", 1),)), depth),
-                    *select("ld.s", 0, depth, send),
-                ),
-            ),
-        )
-    body += (Set("ld.g", Affine(1, (("ld.g", 1),))),)
-    b.emit(Set("ld.g", 0))
-    b.step()
-    for _ in range(reqs):
-        b.emit(RecvValue(ch, "ld.n"), Loop("ld.n", body))
-        b.step()
-    if sends:  # the last depth - 1 tiles
-        for i in range(depth - 1):
-            t = Affine(1 - depth + i, (("ld.g", 1),))
-            b.emit(
-                If(
-                    Cond(t, ">=", 0),
-                    (Calc("ld.s", "mod", t, depth), *select("ld.s", 0, depth, send)),
-                )
-            )
-        b.step()
-    b.next_seq[ch] = addrs.messages + len(_groups(addrs))
-    if sends and out.channel is not None:
-        b.sent_seq[out.channel] = out.messages
-    name = op.name
-
-    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
-        n = len(c.streams[name].flat)
-        return n, n * sends, 0, 0
-
-    _count(ctx, b, tally)
-    ctx.relax(op.raddr, None)  # addresses, counts and rows reach registers only
-    ctx.relax(op.name, None)
-    return True
-
-
-# ---------------------------------------------------------------- the query's Expand
-
-
-def emit_kv_expand(ctx: EmitCtx, b: UnitBuilder, op: Expand) -> bool:
-    """The query's Expand along a headed address channel (module docstring); ``False`` when
-    the channel (or its own output's) is not headed."""
-    x, r, out = ctx.stream(op.input), ctx.stream(op.ref), ctx.stream(op.name)
-    chans = {ch for pc in r.pieces for ch, _, _ in pc} or ctx.structure.sources(op.ref.name)
-    if len(chans) != 1 or not chans <= ctx.headed or out.channel not in ctx.headed:
-        return False
-    (ch,) = chans
-    cut = x.value.rank - op.rank
-    nodes = iter_nodes(x.value.data, cut)
-    if any(len(leaves(n, op.rank + 1)) != 1 for n in nodes) or len(nodes) != len(x.flat):
-        return False  # one query tile per request
-    sends = b.has_dsts(out.channel)
-    for k in range(len(x.flat)):
-        e = b.recv(x, k, rotation=2)
-        ((_, buf),) = e
-        assert buf is not None
-        b.emit(RecvValue(ch, "ex.n"))
-        step: tuple[Instr, ...] = (
-            RecvValue(ch, "ex.row"),
-            RecvValue(ch, "ex.r"),
-            b.compute_instr(1, (buf,)),
-        )
-        if sends:
-            b.emit(SendValue(out.channel, "ex.n"))
-            step += (Send(out.channel, buf),)
-        b.emit(Loop("ex.n", step))
-        b.step()
-    b.next_seq[ch] = r.messages + len(_groups(r))
-    if sends:
-        b.sent_seq[out.channel] = out.messages + len(_groups(out))
-    name = op.name
-
-    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
-        n = len(c.streams[name].flat)
-        return n, n * sends, n, 0
-
-    _count(ctx, b, tally)
-    ctx.relax(op.ref, None)
-    ctx.relax(op.name, None)
-    return True
-
-
-# ---------------------------------------------------------------- the online softmax
-
-
-def _zeros(t: Any, rows: int) -> Any:
-    """An element of declared type ``t``, dynamic rows set to ``rows`` (``None``: a part that
-    is no static-width tile)."""
-    if isinstance(t, TileType):
-        if not t.shape[1].is_Integer:
-            return None
-        r = int(t.shape[0]) if t.shape[0].is_Integer else rows
-        return np.zeros((r, int(t.shape[1])))
-    if isinstance(t, TupleType):
-        vals = tuple(_zeros(e, rows) for e in t.elems)
-        return None if any(v is None for v in vals) else vals
-    return None
-
-
-def _data_parts(x: Any, t: Any) -> tuple[Part, ...]:
-    if isinstance(t, TupleType):
-        return tuple(p for v, s in zip(x, t.elems) for p in _data_parts(v, s))
-    return (Part("data", t.dtype, int(x.size)),)
-
-
-def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
-    """The online-softmax Accum over a headed channel as a loop over each request's count
-    (module docstring); ``False`` when it reads no headed channel or its steps have no row
-    rule."""
-    x, out = ctx.stream(op.input), ctx.stream(op.name)
-    srcs = ctx.structure.sources(op.input.name)
-    heads = srcs & ctx.headed
-    if op.rank != 1 or len(heads) != 1:
-        return False
-    (hch,) = heads
-    # per part of an element, its channel (in the Zip's order)
-    src = ctx.structure.producer.get(op.input.name)
-    ins = [v.name for v in src.ins] if isinstance(src, Zip) else [op.input.name]
-    chans = [ctx.streams[v].channel for v in ins]  # structural: not the run's
-    decls, dyn = x.decl()
-    if len(chans) != len(decls) or any(c is None for c in chans) or any(d is None for d in decls):
-        return False
-    most = 0
-    for v in ins:
-        info = ctx.structure.producer.get(v)
-        if isinstance(info, RandomOffChipLoadRows):
-            most = max(most, int(info.tile.shape[0]))
-    sx = _zeros(x.dtype, most)
-    st = _zeros(out.dtype, most)
-    if sx is None or st is None or not most:
-        return False
-    in_parts = _data_parts(sx, x.dtype)
-    out_parts = _data_parts(st, out.dtype)
-    if cost.cfg.writes_memory or any(out.parts(k) != out_parts for k in range(len(out.flat))):
-        return False  # the last update of a reduction would be timed apart
-    c0, f0, rule = cost.update_step(op.fn, sx, x.dtype, st, out.dtype, in_parts, out_parts, True)
-    if rule is None or (rule.cycles(most), _rule_flops(rule, most)) != (c0, f0):
-        return False
-    # the run's steps are the rule's: its cycles and FLOPs for every tile of this run
-    for k, val in enumerate(x.flat):
-        n = x.parts(k)[rule.slot].elems // rule.cols
-        cyc, fl, _ = cost.update_step(
-            op.fn, val, x.dtype, st, out.dtype, x.parts(k), out_parts, True
-        )
-        if (cyc, fl) != (rule.cycles(n), _rule_flops(rule, n)):
-            return False
-    reqs = _requests(ctx, hch)
-    if len(out.flat) != reqs:
-        return False
-    t = ctx.timing
-    bufs = []
-    for i, (ch, decl) in enumerate(zip(chans, decls)):
-        assert ch is not None and decl is not None
-        elems = int(decl.shape[1]) * (most if dyn[i] else int(decl.shape[0]))
-        sized = (MessageRows(ch, -1), most, int(decl.shape[1]), 0) if dyn[i] else None
-        held = max((x.parts(k)[i].elems for k in range(len(x.flat))), default=0)
-        bufs.append(b.buffer(("in", ch, i), in_parts[i].dtype, held if dyn[i] else elems, 1, sized))
-    sends = out.channel is not None and b.has_dsts(out.channel)
-    for _ in range(reqs):
-        accs = [b.buffer(("acc", i), p.dtype, p.elems, 2) for i, p in enumerate(out_parts)]
-        first = Compute(
-            STEP_KERNEL, tuple(accs), tuple(bufs), rule.params(rule.slot, t.enc_rate), t.enc_dtype
-        )
-        update = Compute(
-            STEP_KERNEL,
-            tuple(accs),
-            (*bufs, *accs),
-            rule.params(rule.slot, t.enc_rate),
-            t.enc_dtype,
-        )
-        init = Compute(
-            STEP_KERNEL,
-            tuple(accs),
-            (),
-            (
-                ("cycles", 1),
-                ("outs", ",".join(str(p.elems) for p in out_parts)),
-                ("rate", t.enc_rate),
-            ),
-            t.enc_dtype,
-        )
-        recvs = tuple(Recv(ch, buf) for ch, buf in zip(chans, bufs))  # type: ignore[arg-type]
-        body = (*recvs, If(Cond("sm.j", "==", 0), (first,), (update,)))
-        b.emit(
-            RecvValue(hch, "sm.n"),
-            Loop("sm.n", body, "sm.j"),
-            If(Cond("sm.n", "==", 0), (init,)),
-        )
-        if sends and out.channel is not None:
-            b.emit(*(Send(out.channel, a) for a in accs))
-        b.step()
-    for ch in chans:
-        assert ch is not None
-        b.next_seq[ch] = ctx.streams[ch].messages + (
-            len(_groups(ctx.streams[ch])) if ch == hch else 0
-        )
-    if sends and out.channel is not None:
-        b.sent_seq[out.channel] = out.messages
-    b.sent += reqs * sends
-    name, rule_ = op.input.name, rule
-
-    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
-        s = c.streams[name]
-        rows = [s.parts(k)[rule_.slot].elems // rule_.cols for k in range(len(s.flat))]
-        empty = sum(n == 0 for n in _groups(s))
-        cyc = sum(rule_.cycles(n) for n in rows) + empty
-        return len(rows), 0, cyc, sum(_rule_flops(rule_, n) for n in rows)
-
-    _count(ctx, b, tally)
-    ctx.relax(op.input, None)  # its tiles' count and rows are the run's, read at run time
-    return True
-
-
-def _rule_flops(rule: RowRule, rows: int) -> int:
-    """FLOPs of a step on ``rows`` rows: the first term of its rule (:func:`~.rows.row_rule`)."""
-    if not rule.terms:
-        return 0
-    a, c, _ = rule.terms[0]
-    return a * rows + c
-
-
-Emitter = Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]
-
-
-def expand_emitter(fallback: Emitter) -> Emitter:
-    """The Expand emitter: :func:`emit_kv_expand` where it applies, else ``fallback``."""
-
-    def emit(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
-        op = ops[0]
-        assert isinstance(op, Expand)
-        if not emit_kv_expand(ctx, b, op):
-            fallback(ctx, b, ops)
-
-    return emit

@@ -75,25 +75,37 @@ The routing weights' Map and its packing are one program also for an expert with
 their loop is built from one element of the stream's declared types when the run gives the
 stream none (:func:`~.stop_loop.declared_element`), and then takes the stop token only.
 
+Decode attention's KV-tile units read the run's KV lengths at run time (:mod:`.kv_loop`): the
+cursor Scan computes each request's ``[row_base, n, stride]`` in registers and writes it into
+the tile it sends (``WriteValue``); the address FlatMap reads it back into registers, sends the
+request's tile count ahead of its ``(row, r)`` runs (one control value per request on the
+channel: :func:`~.kv_loop.headed_channels`, counted in ``SpatialPlan.messages``) and loops
+``ceil(n / tile)`` times; the K and V loads, the query's Expand and the online softmax loop over
+that count (the loads pipelined across requests, their tiles and the softmax's held in buffers
+of ``tile_kv`` rows, ``Alloc.held``, the softmax's steps timed by row rules); a lane's
+``lane_keep`` FlatMap and a region's Partition forward the cursor tiles they receive.  So every
+unit of decode attention is one program for every KV-length set of the same requests (the same
+lane or region of each), their elements, cycles and FLOPs counted from each run's streams.
+
 What is still baked from the run: whether an expert gets tokens at all for its other units
 (``P_e = [n_e > 0]``: every stream of an expert with no token is empty and carries no stop
 token, so its units from the Bufferize to the FlatMap back to rows differ from those of a run
 that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
-attention the KV-tile addresses (the FlatMap cutting a request's cursor sends the run's
-addresses as literals: the cursor tiles the Scan computes carry no values in timing mode) and,
-for another tile count per request, the K and V loads, the query's Expand and the softmax.  The
-cursor Scan and a Map sending tiles only (the rotary Map) take a control value (a KV length, a
-position) into a register no instruction reads: one program for every value.  The loads take
-each address and row count into registers, the Expand only dequeues the addresses, the loads
-and the softmax hold K and V tiles in buffers of ``tile_kv`` rows, ``Alloc.held`` (a KV tile's
-ragged rows bounded by :func:`count_bounds`, read per message in a new run:
-:class:`~.unit_buffers.MessageRows`), the softmax timed by row rules: all kept for as many tiles
-per request (the next decode step, mostly).  :mod:`.reuse` therefore keys a plan by the run's
-control signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit
-by unit, the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`:
-each unit's program is kept with what its emitter read of the run, at the level its program
-depends on it), so a new routing emits again only those units of an expert that gets tokens
-in only one of the runs, and a new KV-length set only the units named above.  Making them
+attention which lane (or region) takes each request: the ``lane_pick`` Scan's state is
+computed by a unit step (no values in timing mode) and ``lane_keep`` keeps the run's items, so a
+KV-length set that moves a request to another lane rebuilds that lane's units from
+``lane_keep`` on (a region's Partition routes by its selector at run time, but the units after
+it follow the region's request count).  (The cursors need the lengths' values: they are loaded
+from an integer tensor no node stores, :func:`~.kv_loop.lengths_carry_values`, so a decoder
+layer whose MoE router stores its top-k ids keeps them too; otherwise the address FlatMap sends
+the run's addresses as literals and the units after it follow each request's tile count.)  A
+Map sending tiles only (the rotary Map) takes a control value (a position) into a register no
+instruction reads: one program for every value.  :mod:`.reuse` therefore keys a plan
+by the run's control signature, and ``Program.report`` re-plans only for a new one; a re-plan
+takes, unit by unit, the programs of earlier runs that the new run does not change
+(:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run, at the
+level its program depends on it), so a new routing emits again only those units of an expert
+that gets tokens in only one of the runs, and a new KV-length set none.  Making the rest
 run-independent needs:
 
 * a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
@@ -108,12 +120,12 @@ run-independent needs:
   Bufferize pads (row ``i`` is real while ``i < n_e``), and the padding flags that
   FilterPadding reads, which are made where they are used from the run today, sent as
   messages by the unit that padded;
-* in decode attention, the cursor's values at run time (an instruction writing a register into
-  a buffer element: the Scan's update computed in registers, as the selector's, :mod:`.control`);
-  the address FlatMap looping ``ceil(n / tile)`` times from registers and ending each request's
-  addresses with a stop token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand
-  and the softmax looping until it (:mod:`.stop_loop`); with lanes, the items balanced over
-  them by KV rows (``lane_pick``, ``lane_keep``) decided likewise in registers.
+* in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
+  ``Calc`` / ``WriteValue``, ``lane_keep`` sending a cursor under ``If`` on the decided lane)
+  and every unit of a lane looping over its item count (a stop token or count after the
+  lane's items, as the KV-tile units loop over each request's tile count); likewise a region's
+  units over the region's request count (the Partition's stop token), for the dynamic
+  assignment of STeP §5.4.
 
 With dynamic tiling an expert's units depend on the run only through its count ``n_e``: their
 streams' dimensions are ``n_e``, ``P_e = [n_e > 0]`` and constants, their tiles ``[n_e, c]``.
@@ -155,7 +167,8 @@ from .emit_routing import EMITTERS as _ROUTING
 from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .hazards import fence_group, offchip_deps, token_channel
-from .kv_loop import expand_emitter, headed_channels
+from .kv_loop import headed_channels
+from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
 from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
