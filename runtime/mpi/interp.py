@@ -382,10 +382,12 @@ def _write_value(c: CoreRun, i: WriteValue) -> Steps:
     b = c.allocated(i.buf)
     yield from c.settle(b)
     assert b.data is not None
-    flat = b.data.reshape(-1)
+    data = b.data.copy()  # a message sent from the buffer keeps the values it had
+    flat = data.reshape(-1)
     if not 0 <= i.index < flat.size:
         raise c.error(f"element {i.index} is outside buffer {b.name!r} of {flat.size}")
     flat[i.index] = c.value(i.value)
+    b.data = data
 
 
 def _loop(c: CoreRun, i: Loop) -> Steps:

@@ -104,3 +104,16 @@ def test_timing_mode_carries_the_written_values() -> None:
     loads 8 elements into its held buffer, which its on-chip peak counts."""
     res = simulate(_programs(), mesh_chip(1, 2), inputs={"init": INIT})
     assert res.stats.cores[1].sram_peak_bytes == 8 * (3 + 1 + 8)
+
+
+def test_the_mpi_backend_writes_the_values_too() -> None:
+    """The MPI backend's interpreter (one rank, in this process) stores what the simulator
+    does."""
+    from runtime.mpi.launch import mpi_available
+
+    if mpi_available() is not None:
+        pytest.skip("the mpi extra is not installed")
+    from runtime.mpi import run_mpi
+
+    r = run_mpi(_programs(), mesh_chip(1, 2), {"init": INIT}, timeout=30)
+    assert r.tensors["out"].tolist() == [3, 8, 7, 9]
