@@ -16,16 +16,17 @@ the run's lengths when it is built:
 * the address FlatMap (:func:`emit_kv_addresses`) reads each cursor into registers, sends the
   request's tile count ``ceil(n / tile) + ceil(tail / tile)`` and then ``Loop(ceil(n / tile))``
   the runs of its ``n`` rows and the (static) runs of its tail rows from registers;
-* the K and V loads (:func:`~.kv_tiles.emit_kv_loads`) take each request's count and loop over its
-  addresses, loading each run into the next of ``depth`` rotating buffers held at ``tile``
-  rows and sending the tile ``depth - 1`` loads later, across requests (the pipelining of the
-  unrolled program, STeP §4.1);
-* the query's Expand (:func:`~.kv_tiles.emit_kv_expand`) takes each count, forwards it ahead of the
-  request's query copies and sends one per address it dequeues;
-* the online softmax (:func:`~.kv_tiles.emit_kv_softmax`) takes each count from the Expand's channel and
-  loops over the request's ``(q, k, v)`` tiles (the first starts the state, the others update
-  it, each step timed by its row rule on the K tile's run-time rows: :mod:`.rows`); a request
-  without a tile gets the initial state in one cycle, as the unrolled program does;
+* the K and V loads (:func:`~.kv_tiles.emit_kv_loads`) take each request's count and loop
+  over its addresses, loading each run into the next of ``depth`` rotating buffers held at
+  ``tile`` rows and sending the tile ``depth - 1`` loads later, across requests (the
+  pipelining of the unrolled program, STeP §4.1);
+* the query's Expand (:func:`~.kv_tiles.emit_kv_expand`) takes each count, forwards it ahead of
+  the request's query copies and sends one per address it dequeues;
+* the online softmax (:func:`~.kv_tiles.emit_kv_softmax`) takes each count from the Expand's
+  channel and loops over the request's ``(q, k, v)`` tiles (the first starts the state, the
+  others update it, each step timed by its row rule on the K tile's run-time rows:
+  :mod:`.rows`); a request without a tile gets the initial state in one cycle, as the
+  unrolled program does;
 * between the Scan and the address FlatMap, the units that forward the cursor tiles send the
   buffers they received them in, so the tiles keep their values: Repeat, a region's Partition
   (STeP §5.4) and a lane's ``lane_keep`` FlatMap (:func:`emit_lane_keep`; which items a lane
@@ -39,10 +40,11 @@ lets every consumer loop ``Loop(count)`` without a bound or a guard.  The K and 
 carry only tiles (their consumer takes the count from the Expand's channel).
 
 What each such program reads of the run is the number of requests (the cursors the address
-FlatMap receives) and the declared types, not the tile counts: every address, count and row count is a register, the tiles' rows are the
-run's (row rules; buffers held at ``tile`` rows, ``Alloc.held``, sized by the most rows a
-message of their channel holds: :class:`~.unit_buffers.MessageRows` ``seq=-1``); their
-elements, cycles and FLOPs in a run are counted from its streams (:data:`~.unit_reuse.Tally`).
+FlatMap receives) and the declared types, not the tile counts: every address, count and row
+count is a register, the tiles' rows are the run's (row rules; buffers held at ``tile``
+rows, ``Alloc.held``, sized by the most rows a message of their channel holds:
+:class:`~.unit_buffers.MessageRows` ``seq=-1``); their elements, cycles and FLOPs in a run are
+counted from its streams (:data:`~.unit_reuse.Tally`).
 """
 
 from __future__ import annotations

@@ -75,38 +75,33 @@ The routing weights' Map and its packing are one program also for an expert with
 their loop is built from one element of the stream's declared types when the run gives the
 stream none (:func:`~.stop_loop.declared_element`), and then takes the stop token only.
 
-Decode attention's KV-tile units read the run's KV lengths at run time (:mod:`.kv_loop`): the
-cursor Scan computes each request's ``[row_base, n, stride]`` in registers and writes it into
-the tile it sends (``WriteValue``); the address FlatMap reads it back into registers, sends the
-request's tile count ahead of its ``(row, r)`` runs (one control value per request on the
-channel: :func:`~.kv_loop.headed_channels`, counted in ``SpatialPlan.messages``) and loops
-``ceil(n / tile)`` times; the K and V loads, the query's Expand and the online softmax loop over
-that count (the loads pipelined across requests, their tiles and the softmax's held in buffers
-of ``tile_kv`` rows, ``Alloc.held``, the softmax's steps timed by row rules); a lane's
-``lane_keep`` FlatMap and a region's Partition forward the cursor tiles they receive.  So every
-unit of decode attention is one program for every KV-length set of the same requests (the same
-lane or region of each), their elements, cycles and FLOPs counted from each run's streams.
+Decode attention's KV-tile units read the KV lengths at run time (:mod:`.kv_loop`,
+:mod:`.kv_tiles`): the cursor Scan computes each ``[row_base, n, stride]`` in registers and
+writes it into the tile it sends (``WriteValue``); the address FlatMap reads it back, sends the
+request's tile count ahead of its ``(row, r)`` runs (one more message per request:
+:func:`~.kv_loop.headed_channels`) and loops ``ceil(n / tile)`` times; the K and V loads (pipelined
+across requests), the query's Expand and the online softmax loop over that count, their tiles
+held in buffers of ``tile_kv`` rows (``Alloc.held``), the softmax timed by row rules; Repeat, a
+region's Partition and a lane's ``lane_keep`` forward the cursor tiles they receive.  The
+lengths must be loaded from an integer tensor no node stores
+(:func:`~.kv_loop.lengths_carry_values`; otherwise the addresses are the run's literals).  A Map
+sending tiles only (the rotary Map) takes a control value (a position) into a register no
+instruction reads: one program for every value.
 
 What is still baked from the run: whether an expert gets tokens at all for its other units
 (``P_e = [n_e > 0]``: every stream of an expert with no token is empty and carries no stop
 token, so its units from the Bufferize to the FlatMap back to rows differ from those of a run
 that gives it tokens), EagerMerge's chunk order, the static tiling's padding, and in decode
-attention which lane (or region) takes each request: the ``lane_pick`` Scan's state is
-computed by a unit step (no values in timing mode) and ``lane_keep`` keeps the run's items, so a
-KV-length set that moves a request to another lane rebuilds that lane's units from
-``lane_keep`` on (a region's Partition routes by its selector at run time, but the units after
-it follow the region's request count).  (The cursors need the lengths' values: they are loaded
-from an integer tensor no node stores, :func:`~.kv_loop.lengths_carry_values`, so a decoder
-layer whose MoE router stores its top-k ids keeps them too; otherwise the address FlatMap sends
-the run's addresses as literals and the units after it follow each request's tile count.)  A
-Map sending tiles only (the rotary Map) takes a control value (a position) into a register no
-instruction reads: one program for every value.  :mod:`.reuse` therefore keys a plan
-by the run's control signature, and ``Program.report`` re-plans only for a new one; a re-plan
-takes, unit by unit, the programs of earlier runs that the new run does not change
-(:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the run, at the
-level its program depends on it), so a new routing emits again only those units of an expert
-that gets tokens in only one of the runs, and a new KV-length set none.  Making the rest
-run-independent needs:
+attention which lane (or region) takes each request: the ``lane_pick`` Scan's state comes from
+a unit step (no values in timing mode) and ``lane_keep`` keeps the run's items, so a KV-length
+set that moves a request to another lane rebuilds that lane's units from ``lane_keep`` on (a
+region's Partition routes at run time, but its region's units follow their request count).
+:mod:`.reuse` therefore keys a plan by the run's control signature, and ``Program.report``
+re-plans only for a new one; a re-plan takes, unit by unit, the programs of earlier runs that
+the new run does not change (:mod:`.unit_reuse`: each unit's program is kept with what its
+emitter read of the run, at the level its program depends on it), so a new routing emits again
+only those units of an expert that gets tokens in only one of the runs, and a new KV-length set
+none while every request keeps its lane or region.  Making the rest run-independent needs:
 
 * a stop token (or a count message) at the end of every ``[P_e, ...]`` channel of an expert,
   so each of its units learns ``P_e`` at run time and an expert with no token runs its units'
