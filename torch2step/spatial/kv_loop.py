@@ -37,7 +37,10 @@ channel and on the Expand's (:func:`headed_channels`; ``SpatialPlan.messages`` c
 counts a Streamify's stop tokens): the addresses are control values themselves, so a stop
 token after them could not be told from an address by a receive into a register, and a count
 lets every consumer loop ``Loop(count)`` without a bound or a guard.  The K and V channels
-carry only tiles (their consumer takes the count from the Expand's channel).
+carry only tiles (their consumer takes the count from the Expand's channel).  The address
+channel's FIFOs have one slot more than the others (:mod:`.plan`): the loads, pipelined across
+requests, send a request's last tiles only once they have the next request's first address,
+which reaches them through the FIFOs (the Expand's too) that also hold the next count.
 
 What each such program reads of the run is the number of requests (the cursors the address
 FlatMap receives) and the declared types, not the tile counts: every address, count and row

@@ -480,16 +480,16 @@ def _build_plan(
             units.store(k, key, deps, run_streams, bodies[-1], infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
-    # a headed channel's FIFOs have a slot more, for the count ahead of a request's elements:
-    # a unit that pipelines across requests (the K and V loads) takes the next request's first
-    # element through a FIFO that also holds its count (.kv_loop)
+    # a headed address channel's FIFOs have a slot more, for the count ahead of a request's
+    # addresses: the K and V loads pipeline across requests and take the next request's first
+    # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
     channels = tuple(
         Channel(
             ch,
             core[unit_of_chan[ch]],
             tuple(sorted(core[d] for d in dsts[ch])),
-            extra if ch in headed else fifo_depth,
+            extra if ch in headed and not isinstance(st.producer[ch], Expand) else fifo_depth,
         )
         for ch in streams
         if ch in dsts
