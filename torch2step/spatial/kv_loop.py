@@ -67,6 +67,7 @@ from lowering.isa import (
     Set,
     WriteValue,
 )
+from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Scan
@@ -84,6 +85,7 @@ from .context import EmitCtx
 from .streams import StreamInfo, iter_nodes
 from .structure import Structure
 from .unit import UnitBuilder
+from .unit_reuse import FORM
 
 __all__ = [
     "headed_channels",
@@ -329,7 +331,7 @@ def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
             b.send(out, k, state)
             k += 1
             b.step()
-    ctx.relax(op.input, "form")  # the lengths reach registers: their values are the run's
+    ctx.relax(op.input, FORM)  # the lengths reach registers: their values are the run's
     return True
 
 
@@ -370,7 +372,11 @@ def emit_kv_addresses(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
         return False
     cfg = ctx.config(op)
     if cfg.reads_memory or cfg.writes_memory or ctx.timing.map_flops(op.fn, op.input.type.dtype):
-        return False  # its steps are the plain FlatMap's (emit_compute._flat_map)
+        raise LoweringError(
+            f"FlatMap %{op.name} cuts KV-tile addresses in one cycle per run from its cursor's "
+            "registers (torch2step.spatial.kv_loop); give it no memory-reading or -writing "
+            "unit configuration"
+        )
     tile, tail = int(op.fn.get("tile")), int(op.fn.get("tail", 0))
     sends = b.has_dsts(out.channel)
     ch = out.channel
@@ -409,7 +415,7 @@ def emit_kv_addresses(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:
         per = groups_of(c.streams[name])
-        return 0, sum(per), sum(max(n, 1) if not tails else n for n in per), 0
+        return 0, sum(per) * sends, sum(max(n, 1) if not tails else n for n in per), 0
 
     tally_into(ctx, b, tally)
     ctx.relax(op.name, None)  # its sends follow the cursors' values at run time
