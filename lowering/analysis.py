@@ -43,6 +43,7 @@ from lowering.isa import (
     Set,
     Store,
     TensorDecl,
+    WriteValue,
 )
 from lowering.kernels import KERNELS
 from lowering.printer import format_instr
@@ -392,6 +393,12 @@ class _Walker:
         self.need_buf(path, i, state, i.buf)
         state.regs.add(i.reg)
 
+    def write_value(
+        self, path: Path, i: WriteValue, state: _State, counts: _Counts, mult: Count
+    ) -> None:
+        self.need_buf(path, i, state, i.buf)
+        self.need_regs(path, i, state, i.value)
+
     def barrier(self, path: Path, i: Barrier, state: _State, counts: _Counts, mult: Count) -> None:
         members = self.barriers.get(i.group)
         if members is None:
@@ -494,6 +501,7 @@ _RULES = {
     Set: _Walker.set,
     Calc: _Walker.calc,
     ReadValue: _Walker.read_value,
+    WriteValue: _Walker.write_value,
     Loop: _Walker.loop,
     If: _Walker.if_,
     Barrier: _Walker.barrier,

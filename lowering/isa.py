@@ -36,6 +36,7 @@ __all__ = [
     "Set",
     "Calc",
     "ReadValue",
+    "WriteValue",
     "CALC_OPS",
     "CALC_FNS",
     "Loop",
@@ -264,6 +265,19 @@ class ReadValue:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteValue:
+    """``buf[index] = value`` (flat element index) of an integer buffer: a control value a
+    unit computes in registers, sent as data (a decode request's ``[row_base, n, stride]``
+    cursor, STeP (arXiv 2511.07776) §5.1).  It waits until the buffer may be written (its
+    pending writes and reads done), as an instruction writing the buffer does, and then takes
+    no cycle; the buffer keeps its shape and its other elements."""
+
+    buf: str
+    index: int
+    value: Operand | Affine
+
+
+@dataclass(frozen=True, slots=True)
 class Loop:
     """Run ``body`` ``count`` times; ``var`` (if given) holds the iteration index 0..count-1."""
 
@@ -311,6 +325,7 @@ Instr = (
     | Set
     | Calc
     | ReadValue
+    | WriteValue
     | Loop
     | If
     | Barrier

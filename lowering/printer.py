@@ -35,6 +35,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WriteValue,
 )
 
 __all__ = ["format_programs", "format_program", "format_instr", "format_value", "format_region"]
@@ -115,6 +116,7 @@ _HEADS: dict[type, Callable[..., str]] = {
     Set: lambda i: f"set {i.reg} = {format_value(i.value)}",
     Calc: lambda i: f"calc {i.reg} = {i.op}({format_value(i.lhs)}, {format_value(i.rhs)})",
     ReadValue: lambda i: f"read_value {i.reg} <- {i.buf}[{i.index}]",
+    WriteValue: lambda i: f"write_value {i.buf}[{i.index}] <- {format_value(i.value)}",
     Loop: _loop,
     If: lambda i: f"if {_cond(i.cond)}:",
     Barrier: lambda i: f"barrier {i.group}",

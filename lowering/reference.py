@@ -43,6 +43,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WriteValue,
 )
 from lowering.kernels import get_kernel
 from lowering.printer import format_instr
@@ -209,6 +210,13 @@ def _read_value(c: _Core, i: ReadValue) -> Wait:
     yield from ()
 
 
+def _write_value(c: _Core, i: WriteValue) -> Wait:
+    buf = np.array(c.buffer(i.buf))
+    buf.reshape(-1)[i.index] = c.value(i.value)
+    c.bufs[i.buf] = buf
+    yield from ()
+
+
 def _loop(c: _Core, i: Loop) -> Wait:
     for n in range(c.value(i.count)):
         if i.var:
@@ -250,6 +258,7 @@ _EXEC: dict[type, Callable[..., Wait]] = {
     Set: _set,
     Calc: _calc,
     ReadValue: _read_value,
+    WriteValue: _write_value,
     Loop: _loop,
     If: _if,
     Barrier: _barrier,

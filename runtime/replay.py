@@ -271,6 +271,17 @@ def _readvalue(rp: Replay, core: Core, op: Any) -> bool:
     return True
 
 
+def _writevalue(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    problem = ops_control.write_element(b, op.index, ops.ev(core.regs, op.value))
+    if problem is not None:
+        raise rp.error(core, problem)
+    core.pc += 1
+    return True
+
+
 def _load(rp: Replay, core: Core, op: Any) -> bool:
     b = op.buf
     if not _free(rp, core, (b,)):
@@ -435,6 +446,7 @@ _RULES: dict[Any, Any] = {
     ops.h_end: _end,
     ops_control.h_calc: ops_control.h_calc,
     ops_control.h_readvalue: _readvalue,
+    ops_control.h_writevalue: _writevalue,
     ops_comm.h_load: _load,
     ops_comm.h_store: _store,
     ops_comm.h_loadvalue: _loadvalue,

@@ -42,6 +42,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WriteValue,
 )
 from lowering.kernels import get_kernel
 from runtime.checks import describe
@@ -389,6 +390,18 @@ def _read_value(c: CoreRun, i: ReadValue) -> Steps:
     c.regs[i.reg] = int(flat[i.index])
 
 
+def _write_value(c: CoreRun, i: WriteValue) -> Steps:
+    b = c.allocated(i.buf)
+    yield from c.settle(b)
+    assert b.data is not None
+    data = b.data.copy()  # a message sent from the buffer keeps the values it had
+    flat = data.reshape(-1)
+    if not 0 <= i.index < flat.size:
+        raise c.error(f"element {i.index} is outside buffer {b.name!r} of {flat.size}")
+    flat[i.index] = c.value(i.value)
+    b.data = data
+
+
 def _loop(c: CoreRun, i: Loop) -> Steps:
     for n in range(c.value(i.count)):
         if i.var:
@@ -426,6 +439,7 @@ _EXEC: dict[type, Callable[[CoreRun, Any], Steps]] = {
     Set: _set,
     Calc: _calc,
     ReadValue: _read_value,
+    WriteValue: _write_value,
     Loop: _loop,
     If: _if,
     Barrier: _barrier,

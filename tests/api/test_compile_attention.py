@@ -106,18 +106,21 @@ def test_attention_regions_option_is_checked() -> None:
         LowerOptions(attn_regions=0)
 
 
-def test_a_new_kv_length_set_rebuilds_only_the_tile_addresses(monkeypatch) -> None:
-    """``report`` on a second KV-length set (the next decode step) assembles its plan from the
-    first set's unit programs, emitting again only each attention lane's FlatMap cutting the
-    request cursors into tile addresses (it sends the run's addresses); its cycles and
-    on-chip bytes are those of a fresh program's report, and the run is PyTorch's (a request
-    of KV length 1 included)."""
+@pytest.mark.parametrize(
+    "options", [{}, {"attn_regions": 2, "attn_assign": "interleave"}], ids=["lanes", "regions"]
+)
+def test_a_new_kv_length_set_rebuilds_no_unit(monkeypatch, options: dict) -> None:
+    """``report`` on a second KV-length set assembles its plan from the first set's unit
+    programs without emitting any again — the next decode step, and a set with other tile
+    counts per request (a request of KV length 1 included): every attention lane (or region
+    of STeP §5.4, with a static assignment) computes its request cursors in registers, cuts
+    them into tile addresses and loops over each request's tile count at run time
+    (torch2step.spatial.kv_loop); its cycles and on-chip bytes are those of a fresh program's
+    report, and the run is PyTorch's."""
     module = DecodeStep("qwen3", "sdpa").eval()
-    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True))
-    first = list(decode_inputs(4, 64, 5, lengths=True))
-    second = list(first)
+    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True), **options)
+    first = list(decode_inputs(4, 160, 5, lengths=True))
     first[3] = torch.tensor([20, 64, 1, 33])
-    second[3] = torch.tensor([21, 63, 2, 34])
     prog.report(*first)
     built: list[str] = []
     store = UnitCache.store
@@ -127,13 +130,18 @@ def test_a_new_kv_length_set_rebuilds_only_the_tile_addresses(monkeypatch) -> No
         store(self, k, key, deps, run, body, info)
 
     monkeypatch.setattr(UnitCache, "store", record)
-    again = prog.report(*second)
-    assert built and all(n.endswith("_kv_addr") for n in built), built
-    fresh = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True)).report(*second)
-    assert again.latency_cycles == fresh.latency_cycles
-    assert again.simulated_onchip_bytes == fresh.simulated_onchip_bytes
-    for xs in (first, second):
-        with torch.no_grad():
-            want = module(*xs)
-        for a, b in zip(prog.run(*xs), want):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    for lengths in ([21, 63, 2, 34], [150, 1, 65, 129]):  # next step; other tile counts
+        second = list(first)
+        second[3] = torch.tensor(lengths)
+        again = prog.report(*second)
+        assert built == [], built
+        fresh = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True), **options)
+        want = fresh.report(*second)
+        built.clear()
+        assert again.latency_cycles == want.latency_cycles
+        assert again.simulated_onchip_bytes == want.simulated_onchip_bytes
+        for xs in (first, second):
+            with torch.no_grad():
+                ref = module(*xs)
+            for a, b in zip(prog.run(*xs), ref):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=0)

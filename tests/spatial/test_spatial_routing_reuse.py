@@ -18,10 +18,10 @@ build their loops from the declared types when their stream is empty.  The plan 
 is the plan a fresh build gives (programs, bookkeeping, cycles and on-chip bytes, exactly), and
 the functional result stays PyTorch's.
 
-Decode attention keeps, for any KV-length set, the query and length loads, the repeats, the
-cursor Scan, the output Map and the store; for a set with as many KV tiles per request and the
-same largest tile (the next decode step, mostly) the K and V loads, the query's Expand along the
-tiles and the online softmax too.  The tile addresses are built for the run."""
+Decode attention keeps every unit for any KV-length set: the cursor Scan computes the cursors
+in registers and sends them as data, the tile addresses, the K and V loads, the query's Expand
+and the online softmax loop over each request's tile count at run time
+(torch2step.spatial.kv_loop)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from run_checks import assert_run_equals_module
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Alloc, If, Loop, RecvValue
+from lowering.isa import Alloc, If, Loop, RecvValue, SendValue, walk
 from models import get_layer
 from torch2step.lower.blocks.gqa import gqa_decode_graph, gqa_inputs, gqa_reference
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
@@ -255,22 +255,18 @@ def test_reused_units_change_only_timing_on_a_slower_hbm() -> None:
     )
 
 
-#: Decode-attention units kept for any KV-length set: the query and length loads, the repeats,
-#: the cursor Scan (it takes each length into a register no instruction reads), the output
-#: Map and the store.
+#: Decode-attention units, every one kept for any KV-length set: the query and length loads,
+#: the repeats, the cursor Scan (its cursors computed in registers and written into the tiles
+#: it sends), the tile addresses (a loop over ``ceil(n / tile)`` from each cursor's registers,
+#: the request's tile count sent ahead of its addresses), the K and V loads and the query's
+#: Expand (loops over each request's count, addresses and row counts in registers, tiles held
+#: in buffers of ``tile_kv`` rows), the online softmax (a loop over the count the Expand
+#: forwards, each update timed by a row rule on the K tile's run-time rows), the output Map
+#: and the store (torch2step.spatial.kv_loop).
 KV_KEPT = (
     "attn_len", "attn_len_h", "attn_cursor", "attn_cursor1", "attn_q", "attn_q1", "attn_o",
-    "attn_store",
+    "attn_store", "attn_kv_addr", "attn_k", "attn_v", "attn_q_kv", "attn_softmax",
 )  # fmt: skip
-#: Kept for a KV-length set with as many tiles per request (the next decode step, mostly): the
-#: K and V loads (addresses and row counts in registers, tiles held in buffers of ``tile_kv``
-#: rows and sent at the rows loaded), the query's Expand along the tiles (their addresses
-#: dequeued only) and the online softmax (each update timed by a row rule on the K tile's
-#: run-time rows, its tile buffers held at ``tile_kv`` rows).
-KV_SAME_TILES = ("attn_k", "attn_v", "attn_q_kv", "attn_softmax")
-#: Built for the run: the tile addresses (computed from the cursor tiles, which carry no values
-#: in timing mode).
-KV_BAKED = ("attn_kv_addr",)
 
 
 def _kv_plans(lens_a, lens_b):
@@ -304,27 +300,37 @@ def _kept_and_rebuilt(a, b, kept, rebuilt) -> None:
         assert a[n] is not b[n], f"unit %{n} was kept"
 
 
-def test_a_second_kv_length_set_reuses_the_units_it_does_not_change() -> None:
-    """Decode attention, lengths with other tile counts per request (one of length 1): the
-    units of :data:`KV_KEPT` are kept; the units from the KV-tile addresses on follow the
-    number of tiles of each request and are built for the run."""
-    a, b = _kv_plans([5, 40, 17], [5, 33, 1])
-    _kept_and_rebuilt(a, b, list(KV_KEPT), list(KV_SAME_TILES + KV_BAKED))
-
-
-def test_a_next_decode_step_keeps_the_tile_loads() -> None:
-    """Every length one longer, within the same tiles (also when every tile is shorter than
-    ``tile_kv``): the K and V loads, the query's Expand and the softmax are kept too; the tile
-    addresses are built for the run.  The loads and the softmax hold the K and V tiles in
-    buffers of ``tile_kv`` rows, counted by what they hold (``Alloc.held``)."""
-    for lens_a, lens_b in (([5, 38, 17], [6, 39, 18]), ([5, 3, 7], [6, 4, 8])):
+def test_a_second_kv_length_set_reuses_every_unit() -> None:
+    """Decode attention, lengths with other tile counts per request (one of length 1, one of
+    length 0: no tile at all): every unit of :data:`KV_KEPT` is kept, and the plan so
+    assembled is a fresh build's (programs, bookkeeping, cycles, on-chip bytes)."""
+    for lens_a, lens_b in (([5, 40, 17], [5, 33, 1]), ([5, 40, 17], [0, 1, 40])):
         a, b = _kv_plans(lens_a, lens_b)
-        _kept_and_rebuilt(a, b, list(KV_KEPT + KV_SAME_TILES), list(KV_BAKED))
+        _kept_and_rebuilt(a, b, list(KV_KEPT), [])
+
+
+def test_a_next_decode_step_keeps_every_unit() -> None:
+    """Every length one longer, within the same tiles (also when every tile is shorter than
+    ``tile_kv``), or crossing into a new tile: every unit is kept.  The loads and the softmax
+    hold the K and V tiles in buffers of ``tile_kv`` rows, counted by what they hold
+    (``Alloc.held``), and loop over each request's tile count."""
+    cases = (([5, 38, 17], [6, 39, 18]), ([5, 3, 7], [6, 4, 8]), ([15, 16, 31], [16, 17, 32]))
+    for lens_a, lens_b in cases:
+        a, b = _kv_plans(lens_a, lens_b)
+        _kept_and_rebuilt(a, b, list(KV_KEPT), [])
         for n in ("attn_k", "attn_v"):
             allocs = [i for i in b[n] if isinstance(i, Alloc)]
             assert allocs and all(i.shape == (16 * 16,) and i.held for i in allocs)
+            # one loop per request over its tile count, received at run time
+            loops = [i for i in b[n] if isinstance(i, Loop)]
+            assert loops and all(isinstance(i.count, int) for i in loops)
+            inner = [j for i in loops for j in i.body if isinstance(j, Loop)]
+            assert inner and all(j.count == "ld.n" for j in inner)
         tiles = [i for i in b["attn_softmax"] if isinstance(i, Alloc) and i.shape == (16 * 16,)]
         assert len(tiles) == 2 and all(i.held for i in tiles)
+        # the addresses and counts it sends are registers, none the run's literal
+        sent = [i.value for i in walk(b["attn_kv_addr"]) if isinstance(i, SendValue)]
+        assert sent and not any(isinstance(v, int) for v in sent)
 
 
 def test_report_on_a_new_routing_takes_the_units_of_the_first() -> None:

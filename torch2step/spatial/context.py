@@ -150,6 +150,8 @@ class EmitCtx:
     bindings: Mapping[str, Any]
     layouts: dict[str, TensorLayout]
     configs: Mapping[str, UnitConfig] = field(default_factory=dict)
+    #: channels whose every request's elements follow a count message (:mod:`.kv_loop`)
+    headed: frozenset[str] = frozenset()
     #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
     deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)

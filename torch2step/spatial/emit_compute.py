@@ -27,6 +27,8 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
+from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
+from .kv_tiles import emit_kv_softmax
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
 from .stop_loop import (
@@ -270,6 +272,8 @@ def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     cost = _Cost(ctx, op, ctx.stream(op.input))
     if emit_padded_pack(ctx, b, op, cost) or emit_pack_loop(ctx, b, op, cost):
         return
+    if emit_kv_softmax(ctx, b, op, cost):
+        return  # a loop over each request's KV tiles (.kv_loop)
     _reduce(ctx, b, op)
     out = ctx.stream(op.name)
     if (
@@ -287,6 +291,8 @@ def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Scan)
+    if emit_cursor_scan(ctx, b, op, _Cost(ctx, op, ctx.stream(op.input))):
+        return  # a KV cursor computed in registers (.kv_loop)
     _reduce(ctx, b, op)
 
 
@@ -295,6 +301,8 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, FlatMap)
     if emit_padded_filter(ctx, b, op):  # static tiling's FilterPadding (.static_pad)
         return
+    if emit_kv_addresses(ctx, b, op) or emit_lane_keep(ctx, b, op):
+        return  # a request's KV-tile addresses from its cursor's registers (.kv_loop)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
     spec = op.fn.spec

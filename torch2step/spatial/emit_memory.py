@@ -40,6 +40,7 @@ from torch2step.step.ops_memory import (
 
 from .buffer_loop import emit_buffer_loop
 from .context import EmitCtx, tile_shape
+from .kv_tiles import emit_kv_loads
 from .streams import iter_nodes, leaves
 from .unit import Elem, UnitBuilder
 from .unit_buffers import MessageRows
@@ -122,6 +123,8 @@ def _random_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, RandomOffChipLoadRows)
+    if emit_kv_loads(ctx, b, op):
+        return  # a loop over each request's KV-tile addresses (.kv_loop)
     out, addrs = ctx.stream(op.name), ctx.stream(op.raddr)
     lay = ctx.layouts[op.tensor.name]
     most, cols = tile_shape(op)

@@ -85,35 +85,41 @@ expert's Bufferize, its routing weights' packing and its FilterPadding take whic
 last tile are real (row ``j`` while ``(C_e - 1) N + j < n_e``) from the count the Partition's
 stop token carries (the FlatMap back to rows sends it to the filter ahead of the last tile).
 
+Decode attention's KV-tile units read the KV lengths at run time (:mod:`.kv_loop`,
+:mod:`.kv_tiles`): the cursor Scan computes each ``[row_base, n, stride]`` in registers and
+writes it into the tile it sends (``WriteValue``); the address FlatMap reads it back, sends the
+request's tile count ahead of its ``(row, r)`` runs (one more message per request:
+:func:`~.kv_loop.headed_channels`) and loops ``ceil(n / tile)`` times; the K and V loads
+(pipelined across requests), the query's Expand and the online softmax loop over that count,
+their tiles held in buffers of ``tile_kv`` rows (``Alloc.held``), the softmax timed by row
+rules; Repeat, a region's Partition and a lane's ``lane_keep`` forward the cursor tiles they
+receive.  The lengths must be loaded from an integer tensor no node stores
+(:func:`~.kv_loop.lengths_carry_values`; otherwise the addresses are the run's literals).  A Map
+sending tiles only (the rotary Map) takes a control value (a position) into a register no
+instruction reads: one program for every value.
+
 What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
 regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
-over the chunks it takes); in decode attention the KV-tile addresses (the FlatMap cutting a
-request's cursor sends the run's addresses as literals: the cursor tiles the Scan computes
-carry no values in timing mode) and, for another tile count per request, the K and V loads,
-the query's Expand and the softmax.  The cursor Scan and a Map sending tiles only (the rotary
-Map) take a control value (a KV length, a position) into a register no instruction reads: one
-program for every value.  The loads take each address and row count into registers, the Expand
-only dequeues the addresses, the loads and the softmax hold K and V tiles in buffers of
-``tile_kv`` rows, ``Alloc.held`` (a KV tile's ragged rows bounded by :func:`count_bounds`, read
-per message in a new run: :class:`~.unit_buffers.MessageRows`), the softmax timed by row
-rules: all kept for as many tiles per request (the next decode step, mostly).  :mod:`.reuse`
-therefore keys a plan by the run's control signature, and ``Program.report`` re-plans only for
-a new one; a re-plan takes, unit by unit, the programs of earlier runs that the new run does
-not change (:mod:`.unit_reuse`: each unit's program is kept with what its emitter read of the
-run, at the level its program depends on it), so a new routing emits no unit again with
-dynamic tiling, and with static tiling only the units of an expert whose tile count changed;
-a new KV-length set only the units named above.  Making those run-independent needs:
+over the chunks it takes); in decode attention which lane (or region) takes each request (the
+``lane_pick`` Scan's state comes from a unit step, with no values in timing mode, and
+``lane_keep`` keeps the run's items; a region's Partition routes at run time, but its region's
+units follow their request count).  :mod:`.reuse` therefore keys a plan by the run's control
+signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
+the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
+program is kept with what its emitter read of the run, at the level its program depends on
+it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
+units of an expert whose tile count changed; a new KV-length set none while every request
+keeps its lane or region.  Making the rest run-independent needs:
 
 * with static tiling, an expert's units looping over its tiles until a stop token (bounded
   by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
 * with regions, each region's units looping until each chunk's stop token, the EagerMerge's
   order then only the selector it sends (already a run-time value);
-* in decode attention, the cursor's values at run time (the Scan's update computed in
-  registers, as the selector's, :mod:`.control`); the address FlatMap looping
-  ``ceil(n / tile)`` times from registers and ending each request's addresses with a stop
-  token (:func:`~.buffer_loop.grouped_channels`); the loads, the Expand and the softmax
-  looping until it (:mod:`.stop_loop`); with lanes, the items balanced over them by KV rows
-  (``lane_pick``, ``lane_keep``) decided likewise in registers.
+* in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
+  ``Calc`` / ``WriteValue``, ``lane_keep`` sending a cursor under ``If`` on the decided lane)
+  and every unit of a lane or region looping over its item count (a count ahead of its items,
+  as the KV-tile units loop over each request's tile count), for the dynamic assignment of
+  STeP §5.4.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -137,6 +143,7 @@ from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
 from torch2step.step.ops_memory import RandomOffChipLoadRows
 from torch2step.step.ops_routing import Partition, Reassemble
+from torch2step.step.ops_shape import Expand
 
 from .buffer_loop import group_tokens, grouped_channels
 from .context import EmitCtx, int_contents, tensor_layouts
@@ -147,6 +154,8 @@ from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .guard import empty_info, guard_body, head_body, views
 from .hazards import fence_group, offchip_deps, token_channel
+from .kv_loop import headed_channels
+from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
 from .static_pad import counted_rows
 from .stop_loop import forwards_stop
@@ -159,7 +168,14 @@ from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
 #: Operator class -> emitter of the program of a unit whose primary node has that class.
-EMITTERS = {**_MEMORY, **_COMPUTE, **_ROUTING, **_SHAPE}
+EMITTERS = {
+    **_MEMORY,
+    **_COMPUTE,
+    **_ROUTING,
+    **_SHAPE,
+    # decode attention's query Expand loops over each request's tile count (.kv_loop)
+    Expand: expand_emitter(_ROUTING[Expand]),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,8 +306,11 @@ def _build_plan(
     # a Streamify reading an expert's buffer ends each read with a stop token (its count),
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)
+    # decode attention's KV-tile addresses and query copies follow each request's count
+    headed = headed_channels(graph, st)
+    ctx.headed = frozenset(headed)
     tokens = {ch: 1 for ch in stops} | {
-        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped
+        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped | headed
     }
     # an expert's units learn at run time whether it has tokens (:mod:`.guard`): built from
     # the streams one token makes when it has none (the view ``vw``)
@@ -457,8 +476,17 @@ def _build_plan(
             infos[-1] = empty_info(infos[-1])
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
+    # a headed address channel's FIFOs have a slot more, for the count ahead of a request's
+    # addresses: the K and V loads pipeline across requests and take the next request's first
+    # address through a FIFO that also holds its count (.kv_loop)
+    extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
     channels = tuple(
-        Channel(ch, core[unit_of_chan[ch]], tuple(sorted(core[d] for d in dsts[ch])), fifo_depth)
+        Channel(
+            ch,
+            core[unit_of_chan[ch]],
+            tuple(sorted(core[d] for d in dsts[ch])),
+            extra if ch in headed and not isinstance(st.producer[ch], Expand) else fifo_depth,
+        )
         for ch in streams
         if ch in dsts
     ) + tuple(

@@ -30,7 +30,9 @@ __all__ = ["Bound", "MessageRows", "UnitBuffers"]
 class MessageRows:
     """The rows of the tile in message ``seq`` of ``channel``: a row count that is ragged,
     one per element (a KV tile's ``(row, r)`` rows, STeP arXiv 2511.07776 §3.1), stands for
-    itself in a unit's :class:`~.sizing.Sizing` and is read from each run's messages."""
+    itself in a unit's :class:`~.sizing.Sizing` and is read from each run's messages; ``seq``
+    ``-1``: the most rows any message of ``channel`` holds (a buffer that a loop receives or
+    loads every tile of the channel into, :mod:`.kv_loop`)."""
 
     channel: str
     seq: int

@@ -223,7 +223,8 @@ class RunStreams:
 
     def message_rows(self, at: MessageRows) -> int:
         """The rows of the tile in message ``at`` of this run (a ragged row count's value
-        for one step of a kept program, :class:`~.unit_buffers.MessageRows`)."""
+        for one step of a kept program, :class:`~.unit_buffers.MessageRows`; ``seq < 0``:
+        the most rows of any of the channel's messages, 0 without one)."""
         rows = self._rows.get(at.channel)
         if rows is None:
             info = self.streams[at.channel]
@@ -233,6 +234,8 @@ class RunStreams:
                 for (ch, seq, _), shape in zip(pc, _leaf_shapes(x))
                 if ch == at.channel and shape is not None
             }
+        if at.seq < 0:  # the most rows of any message of the channel
+            return max(rows.values(), default=0)
         return rows[at.seq]
 
     def same(self, name: str, other: RunStreams, level: str = ALL) -> bool:
