@@ -164,7 +164,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             nc = chunks(kb)
             wp, ap = w // nc, a // nc
             comp = _kernel(c, 2 * m * kb * nb // nc, ap + wp + cc) + (nc - 1) * _kernel(
-                c, 2 * m * kb * nb // nc, ap + wp + 3 * cc
+                c, 2 * m * kb * nb // nc, ap + wp + 2 * cc
             )
             add = _kernel(c, m * nb, 3 * cc)
             lv = _levels(tk)
