@@ -35,6 +35,7 @@ from hwmodel.chip import Chip
 from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
 from lowering.elk_flow import Flow
 from lowering.elk_layers import Layering, find_layering
+from lowering.elk_pieces import piece_order, rotates
 from lowering.elk_placement import Placed, place
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
@@ -42,8 +43,11 @@ from lowering.isa import ProgramSet
 __all__ = ["elk_programs"]
 
 
-def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple, tuple]]:
-    """(buffer, tensor, starts, extents) of core ``(r, c)``'s share of ``j``'s preload."""
+def _pre_bufs(
+    j: int, pl: Placed, r: int, c: int, order: Sequence[int] | None = None
+) -> list[tuple[str, str, tuple, tuple]]:
+    """(buffer, tensor, starts, extents) of core ``(r, c)``'s share of ``j``'s preload, piece by
+    piece in ``order`` (default: in turn; :func:`lowering.elk_pieces.piece_order`)."""
     op, plan = pl.op, pl.plan
     if op.kind == "matmul":
         _, k, n = op.dims
@@ -52,7 +56,8 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
         rb = kb // nc
         # weights are stored tile-major (see :func:`tile_major`): one contiguous block per core
         base = (r * pl.cols + c) * kb
-        return [(f"o{j}_w{q}", op.tensor("w"), (base + q * rb, 0), (rb, nb)) for q in range(nc)]
+        qs = range(nc) if order is None else order
+        return [(f"o{j}_w{q}", op.tensor("w"), (base + q * rb, 0), (rb, nb)) for q in qs]
     if op.kind == "attention":
         b, _, hkv, d, length = op.dims
         tb, tg, ts = plan.tiles
@@ -61,7 +66,7 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
         nc = chunks(lb)
         sb = lb // nc
         out = []
-        for q in range(nc):
+        for q in range(nc) if order is None else order:
             st = (ib * bb, ig * hb, c * lb + q * sb, 0)
             ex = (bb, hb, sb, d)
             out += [
@@ -72,15 +77,33 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
     return []
 
 
-def _preload(p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dtype: str) -> None:
-    for buf, tensor, st, ex in _pre_bufs(j, pl, r, c):
+def _preload(
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dtype: str,
+    order: Sequence[int] | None = None,
+) -> None:
+    for buf, tensor, st, ex in _pre_bufs(j, pl, r, c, order):
         p.alloc(buf, ex, dtype)
         p.load(buf, tensor, region(st, ex))
 
 
 def _matmul(
-    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str, flow: Flow
+    b: ProgramBuilder,
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dt: str,
+    flow: Flow,
+    order: Sequence[int],
 ) -> bool:
+    """Core ``(r, c)``'s tile of product ``j``; ``order``: its weight pieces in the order they
+    were preloaded (:mod:`lowering.elk_pieces`), each multiplied as it arrives."""
     m, k, n = pl.op.dims
     kb, nb = k // pl.rows, n // pl.cols
     nc = chunks(kb)
@@ -105,10 +128,10 @@ def _matmul(
         else:
             p.recv(chan, a)
     if axis >= 0:
-        return _scatter(b, p, j, pl, r, c, dt, flow, axis)
-    for q in range(nc):
+        return _scatter(b, p, j, pl, r, c, dt, flow, axis, order)
+    for q in order:
         a, w = f"o{j}_a{q}", f"o{j}_w{q}"
-        if q == 0:
+        if q == order[0]:
             p.compute("matmul", acc, (a, w), dtype=dt)
         else:
             p.compute("matmul_acc", acc, (a, w, acc), dtype=dt)
@@ -169,6 +192,7 @@ def _scatter(
     dt: str,
     flow: Flow,
     axis: int,
+    order: Sequence[int],
 ) -> bool:
     """The product of core ``(r, c)`` combined by a reduce-scatter down grid column ``c``
     (:func:`elk.cost._matmul`), after which the core holds slice ``r`` (along ``axis``) of the
@@ -177,10 +201,9 @@ def _scatter(
     received half is added into the pieces of the kept half by one ``add_parts``, so a core sends
     ``log2 tk`` messages.  Otherwise the reduce-scatter is direct: in step ``s`` the core sends
     slice ``r + s`` to that core and adds the slice core ``r - s`` sent."""
-    m, k, n = pl.op.dims
+    m, _, n = pl.op.dims
     tk = pl.rows
-    kb, nb = k // tk, n // pl.cols
-    nc = chunks(kb)
+    nb = n // pl.cols
     ext = (m // tk, nb) if axis == 0 else (m, nb // tk)
 
     def extent(slices: int) -> tuple[int, int]:
@@ -202,9 +225,9 @@ def _scatter(
         for buf in parts:
             p.alloc(buf, ext, dt)
         params = {"parts": tk, "axis": axis}
-    for q in range(nc):
+    for q in order:
         a, w = f"o{j}_a{q}", f"o{j}_w{q}"
-        p.compute("mm_parts", parts, (a, w) if q == 0 else (a, w, *parts), params, dt)
+        p.compute("mm_parts", parts, (a, w) if q == order[0] else (a, w, *parts), params, dt)
         p.free(a)
         p.free(w)
     mine = parts[r] if not steps else f"o{j}_p{r}"
@@ -257,7 +280,15 @@ def _has_tmp(rows: int, r: int) -> bool:
 
 
 def _attention(
-    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str, flow: Flow
+    b: ProgramBuilder,
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dt: str,
+    flow: Flow,
+    order: Sequence[int],
 ) -> bool:
     op = pl.op
     bsz, hq, hkv, d, length = op.dims
@@ -271,10 +302,11 @@ def _attention(
     flow.get(p, j, q, op.tensor("q"), (ib * bb, ig * hb * g, 0), (bb, hb * g, d))
     params = {"group": g, "scale": 1.0 / math.sqrt(d)}
     nc = chunks(length // ts)
-    p.compute("attn_partial", part, (q, f"o{j}_k0", f"o{j}_v0"), params, dt)
+    o0 = order[0]  # the KV pieces in the order they were preloaded (lowering.elk_pieces)
+    p.compute("attn_partial", part, (q, f"o{j}_k{o0}", f"o{j}_v{o0}"), params, dt)
     if nc > 1:
         p.alloc(f"o{j}_w", (bb, hb * g, d + 2), "fp32")
-    for ch_ in range(1, nc):
+    for ch_ in order[1:]:
         p.compute("attn_partial", f"o{j}_w", (q, f"o{j}_k{ch_}", f"o{j}_v{ch_}"), params, dt)
         p.compute("attn_merge", part, (part, f"o{j}_w"), dtype="fp32")
     if nc > 1:
@@ -473,6 +505,7 @@ def _emit(
     first = [0] * n  # the preloads of section i are at positions first[i] .. issued[i]-1
     for i in range(1, n):
         first[i] = max(first[i - 1], issued[i - 1])
+    rot = [rotates(chip.hbm, pl) for pl in placed]
     source = lay.source if lay is not None else [-1] * n
     template = lay.template if lay is not None else [False] * n
     held = lay.held(b) if lay is not None else ()
@@ -493,16 +526,18 @@ def _emit(
                 jj = order[k]
                 if jj in mine:
                     r, c = mine[jj]
-                    _preload(p, jj, placed[jj], r, c, ops[jj].dtype)
+                    order_j = piece_order(placed[jj], r, c, rot[jj])
+                    _preload(p, jj, placed[jj], r, c, ops[jj].dtype, order_j)
             fin = False
             if i in mine:
                 r, c = mine[i]
                 pl = placed[i]
                 dt = ops[i].dtype
+                order_i = piece_order(pl, r, c, rot[i])
                 if pl.op.kind == "matmul":
-                    fin = _matmul(b, p, i, pl, r, c, dt, flow)
+                    fin = _matmul(b, p, i, pl, r, c, dt, flow, order_i)
                 elif pl.op.kind == "attention":
-                    fin = _attention(b, p, i, pl, r, c, dt, flow)
+                    fin = _attention(b, p, i, pl, r, c, dt, flow, order_i)
                 else:
                     fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
                 fin = fin and i < n - 1
