@@ -421,6 +421,47 @@ def _vector(
     return True
 
 
+def _finishes(pl: Placed, r: int, c: int) -> bool:
+    """Whether core ``(r, c)`` of ``pl`` writes part of the operator's output (what its kernel
+    emitter returns): every core of a reduce-scattered product or a vector operator, the top
+    grid row of a product reduced by a tree, the first column of an attention grid."""
+    kind = pl.op.kind
+    if kind == "matmul":
+        return pl.plan.scatter >= 0 or r == 0
+    if kind == "attention":
+        return c == 0
+    return True
+
+
+def _report(
+    b: ProgramBuilder, p: CoreBuilder, i: int, pl: Placed, r: int, c: int, ctrl: int
+) -> bool:
+    """Core ``(r, c)``, done with its tile of operator ``i``, reports it (ELK §4.5's one-way
+    synchronisation).  The finishing cores of a grid row report through the row's first
+    finishing core, which waits for the others' tokens and sends one to the controller ``ctrl``,
+    so the controller's port takes one token per grid row rather than one per core (a
+    reduce-scattered product or a vector operator finishes on every core: thousands of tokens
+    on the four-chip set-up).  Returns whether this core reports to the controller."""
+    first = next(k for k in range(pl.cols) if _finishes(pl, r, k))
+    core = pl.core(r, c)
+    if c != first:
+        ch = f"done{i}_{core}"
+        if not b.has_channel(ch):
+            b.channel(ch, core, pl.core(r, first))
+        p.send_value(ch, 1)
+        return False
+    for k in range(c + 1, pl.cols):
+        if _finishes(pl, r, k):
+            ch = f"done{i}_{pl.core(r, k)}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r, k), core)
+            p.recv_value(ch, "d")
+    ch = f"done{i}_{core}"
+    b.channel(ch, core, ctrl)
+    p.send_value(ch, 1)
+    return True
+
+
 def elk_programs(
     chip: Chip,
     ops: Sequence[Operator],
@@ -540,11 +581,10 @@ def _emit(
                     fin = _attention(b, p, i, pl, r, c, dt, flow, order_i)
                 else:
                     fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
-                fin = fin and i < n - 1
+                if fin != _finishes(pl, r, c):
+                    raise ProgramError(f"operator {i}: core ({r}, {c}) finishing is {fin}")
+                fin = fin and i < n - 1 and _report(b, p, i, pl, r, c, ctrl)
                 if fin:
-                    ch = f"done{i}_{core}"
-                    b.channel(ch, core, ctrl)
-                    p.send_value(ch, 1)
                     finishers[i].append(core)
             if mark is not None:
                 assert lay is not None
