@@ -16,7 +16,8 @@ from elk.cost import ChipCosts, _generated, halves, scatter_axis
 from elk.ops import Operator
 from hwmodel.presets import load_chip
 from lowering.elk_placement import tile_major
-from lowering.elk_programs import elk_programs, halving_steps
+from lowering.elk_programs import elk_programs
+from lowering.elk_reduce import halving_steps
 from lowering.isa import Send, walk
 from runtime import simulate
 from torch2step.kernel.build import bind_timing, timing_links
