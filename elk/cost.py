@@ -42,6 +42,7 @@ __all__ = [
     "chunks",
     "CHUNKS",
     "scatter_axis",
+    "halves",
 ]
 
 
@@ -122,6 +123,12 @@ def scatter_axis(m: int, nb: int, tk: int) -> int:
     return 0 if m % tk == 0 else -1
 
 
+def halves(tk: int) -> bool:
+    """Whether a grid column of ``tk`` cores reduce-scatters by recursive halving (``tk`` a
+    power of two above one); other columns use the direct form (:func:`_matmul`)."""
+    return tk > 1 and tk & (tk - 1) == 0
+
+
 def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
     """Weight-stationary with broadcast activations (Cyclotron's weight-stationary dataflow
     with the activation multicast along grid rows instead of streamed, so one token block needs
@@ -130,11 +137,16 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
     weight block.  The partial sums of a grid column are combined (ELK §2.2: "these cores will
     exchange the partial results via the interconnect"):
 
-    * all-to-all: by a direct reduce-scatter: the product is computed straight into ``tk``
-      slices (:func:`scatter_axis`); in step ``s`` every core sends the slice of core ``r + s``
-      and adds the slice core ``r - s`` sent, so each port moves ``(tk - 1) / tk`` of the block
-      once (a tree would move the whole block ``log2 tk`` times through one port) and every
-      core keeps one reduced slice for the next operator to gather;
+    * all-to-all: by a reduce-scatter, after which every core keeps one reduced slice of its
+      column's block (:func:`scatter_axis`) for the next operator to gather; each port moves
+      ``(tk - 1) / tk`` of the block once (a tree would move the whole block ``log2 tk`` times
+      through one port).  A power-of-two column halves recursively (:func:`halves`): in each of
+      ``log2 tk`` steps a core sends the half of its kept slices without its own to the core
+      that keeps them and adds the other half it receives, so it sends ``log2 tk`` messages;
+      the product is computed straight into the pieces the steps send.  Other columns
+      reduce-scatter directly: the product is written as ``tk`` slices and in step ``s`` every
+      core sends the slice of core ``r + s`` and adds the slice core ``r - s`` sent
+      (``tk - 1`` messages, each added as the next arrives);
     * mesh (or when ``tk`` divides neither side): pairwise down each grid column in
       ``ceil(log2 tk)`` rounds between neighbours, the top row keeping the result."""
     m, k, n = op.dims
@@ -155,7 +167,11 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             w, a, cc = kb * nb * e, m * kb * e, m * nb * e
             axis = scatter_axis(m, nb, tk) if c.links is None and c.mesh is None else -1
             sl = cc // tk  # a reduce-scatter slice
-            core_space = w + a + (cc + 2 * sl if axis >= 0 else 2 * cc)
+            halving = axis >= 0 and halves(tk)
+            # the pieces of the product plus the receive buffers: the first half received
+            # (recursive halving) or two slices (direct); the tree's second whole block
+            recv = (cc // 2 if halving else 2 * sl) if axis >= 0 else cc
+            core_space = w + a + cc + recv
             if core_space > c.sram:
                 continue
             # one product per preloaded weight piece (:func:`chunks`), each after the first
@@ -164,7 +180,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
             nc = chunks(kb)
             wp, ap = w // nc, a // nc
             comp = _kernel(c, 2 * m * kb * nb // nc, ap + wp + cc) + (nc - 1) * _kernel(
-                c, 2 * m * kb * nb // nc, ap + wp + 3 * cc
+                c, 2 * m * kb * nb // nc, ap + wp + 2 * cc
             )
             add = _kernel(c, m * nb, 3 * cc)
             lv = _levels(tk)
@@ -189,7 +205,17 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 bcast = (a / c.port * f + c.net_lat * hr) if tn > 1 else 0.0
                 reduce = lv * (cc / c.port * f + c.net_lat * hc + add)
                 out = cc
-                if axis >= 0:
+                if axis >= 0 and halves(tk):
+                    # recursive halving: log2 tk steps, each sending half the kept slices and
+                    # adding the half received before the next step sends part of it
+                    reduce = 0.0
+                    d = tk // 2
+                    while d >= 1:
+                        reduce += d * sl / c.port * f + c.net_lat
+                        reduce += _kernel(c, m * nb // tk * d, 3 * sl * d)
+                        d //= 2
+                    out = sl
+                elif axis >= 0:
                     # tk - 1 slices in through the port, each added as the next arrives
                     msg, plus = sl / c.port * f, _kernel(c, m * nb // tk, 3 * sl)
                     reduce = (tk - 1) * max(msg, plus) + min(msg, plus) + c.net_lat

@@ -2,8 +2,9 @@
 :mod:`lowering.kernels`: flash-decoding attention partials and their merge, a row-wise vector
 operator timed by its FLOPs per element, and a layer-graph node evaluated on one core.
 
-A matrix product may write its result as slices (``mm_parts``), the pieces a reduce-scatter
-sends to the other cores of a grid column (:mod:`lowering.elk_programs`).
+A matrix product may write its result as pieces of whole slices (``mm_parts``), the pieces a
+reduce-scatter sends to the other cores of a grid column, and ``add_parts`` adds a received
+buffer into the pieces it covers (the recursive halving of :mod:`lowering.elk_programs`).
 
 Attention partials travel as one buffer ``(rows, heads, D + 2)``: the unnormalised output, the
 running maximum and the running sum of exponentials, so merging two partials is elementwise.
@@ -123,29 +124,67 @@ if "attn_partial" not in KERNELS:
     )
 
 
+def _sizes(p: Any) -> tuple[int, ...]:
+    """Slices per output of ``mm_parts``: ``sizes`` ("2,1,1") or ``parts`` slices of one."""
+    if "sizes" in p:
+        return _ints(p["sizes"])
+    return (1,) * int(p["parts"])
+
+
 def _parts_shapes(s: Sequence[tuple[int, ...]], p: Any) -> tuple[tuple[int, ...], ...]:
     (m, k), (k2, n) = s[0], s[1]
-    t, axis = int(p["parts"]), int(p["axis"])
+    sizes, axis = _sizes(p), int(p["axis"])
+    t = sum(sizes)
     if k != k2 or (m, n)[axis] % t:
-        raise ProgramError(f"mm_parts: {m}x{k} @ {k2}x{n} into {t} parts along axis {axis}")
-    return ((m // t, n),) * t if axis == 0 else ((m, n // t),) * t
+        raise ProgramError(f"mm_parts: {m}x{k} @ {k2}x{n} into {t} slices along axis {axis}")
+    if axis == 0:
+        return tuple((m // t * z, n) for z in sizes)
+    return tuple((m, n // t * z) for z in sizes)
+
+
+def _cuts(extents: Sequence[int]) -> list[int]:
+    """Split points of consecutive pieces ``extents`` long (for ``np.split``)."""
+    return list(np.cumsum(extents)[:-1])
 
 
 def _parts_run(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
-    t, axis = int(p["parts"]), int(p["axis"])
+    sizes, axis = _sizes(p), int(p["axis"])
     y = x[0] @ x[1]
     if len(x) > 2:  # accumulate into the parts
         y = y + np.concatenate(x[2:], axis=axis)
-    return tuple(np.split(y, t, axis=axis))
+    step = y.shape[axis] // sum(sizes)
+    return tuple(np.split(y, _cuts([z * step for z in sizes]), axis=axis))
+
+
+def _add_shapes(s: Sequence[tuple[int, ...]], p: Any) -> tuple[tuple[int, ...], ...]:
+    axis = int(p["axis"])
+    if len(s) < 2 or sum(q[axis] for q in s[1:]) != s[0][axis]:
+        raise ProgramError(f"add_parts: pieces {s[1:]} do not tile {s[0]} along axis {axis}")
+    return tuple(s[1:])
+
+
+def _add_run(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
+    axis = int(p["axis"])
+    pieces = np.split(x[0], _cuts([q.shape[axis] for q in x[1:]]), axis=axis)
+    return tuple(q + t for q, t in zip(x[1:], pieces))
 
 
 if "mm_parts" not in KERNELS:
     register_kernel(
-        Kernel(  # params: parts, axis; ins (A, B) or (A, B, C_0 .. C_{parts-1}): C += A @ B
-            "mm_parts",  # the product written as ``parts`` slices (a reduce-scatter's sends)
+        Kernel(  # params: axis and parts (slices of one) or sizes (slices per output, "2,1,1");
+            # ins (A, B) or (A, B, C_0 .. C_last): C += A @ B
+            "mm_parts",  # the product written as pieces (a reduce-scatter's sends)
             _parts_shapes,
             lambda s, p: 2 * s[0][0] * s[0][1] * s[1][1],
             _parts_run,
+        )
+    )
+    register_kernel(
+        Kernel(  # params: axis; ins (T, P_0 .. P_last), the P_i tiling T along axis in order
+            "add_parts",  # P_i += its part of T (a received half added into the kept pieces)
+            _add_shapes,
+            lambda s, p: math.prod(s[0]),
+            _add_run,
         )
     )
 

@@ -35,15 +35,20 @@ from hwmodel.chip import Chip
 from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
 from lowering.elk_flow import Flow
 from lowering.elk_layers import Layering, find_layering
+from lowering.elk_pieces import piece_order, rotates
 from lowering.elk_placement import Placed, place
+from lowering.elk_reduce import scatter
 from lowering.errors import ProgramError
 from lowering.isa import ProgramSet
 
 __all__ = ["elk_programs"]
 
 
-def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple, tuple]]:
-    """(buffer, tensor, starts, extents) of core ``(r, c)``'s share of ``j``'s preload."""
+def _pre_bufs(
+    j: int, pl: Placed, r: int, c: int, order: Sequence[int] | None = None
+) -> list[tuple[str, str, tuple, tuple]]:
+    """(buffer, tensor, starts, extents) of core ``(r, c)``'s share of ``j``'s preload, piece by
+    piece in ``order`` (default: in turn; :func:`lowering.elk_pieces.piece_order`)."""
     op, plan = pl.op, pl.plan
     if op.kind == "matmul":
         _, k, n = op.dims
@@ -52,7 +57,8 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
         rb = kb // nc
         # weights are stored tile-major (see :func:`tile_major`): one contiguous block per core
         base = (r * pl.cols + c) * kb
-        return [(f"o{j}_w{q}", op.tensor("w"), (base + q * rb, 0), (rb, nb)) for q in range(nc)]
+        qs = range(nc) if order is None else order
+        return [(f"o{j}_w{q}", op.tensor("w"), (base + q * rb, 0), (rb, nb)) for q in qs]
     if op.kind == "attention":
         b, _, hkv, d, length = op.dims
         tb, tg, ts = plan.tiles
@@ -61,7 +67,7 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
         nc = chunks(lb)
         sb = lb // nc
         out = []
-        for q in range(nc):
+        for q in range(nc) if order is None else order:
             st = (ib * bb, ig * hb, c * lb + q * sb, 0)
             ex = (bb, hb, sb, d)
             out += [
@@ -72,15 +78,33 @@ def _pre_bufs(j: int, pl: Placed, r: int, c: int) -> list[tuple[str, str, tuple,
     return []
 
 
-def _preload(p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dtype: str) -> None:
-    for buf, tensor, st, ex in _pre_bufs(j, pl, r, c):
+def _preload(
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dtype: str,
+    order: Sequence[int] | None = None,
+) -> None:
+    for buf, tensor, st, ex in _pre_bufs(j, pl, r, c, order):
         p.alloc(buf, ex, dtype)
         p.load(buf, tensor, region(st, ex))
 
 
 def _matmul(
-    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str, flow: Flow
+    b: ProgramBuilder,
+    p: CoreBuilder,
+    j: int,
+    pl: Placed,
+    r: int,
+    c: int,
+    dt: str,
+    flow: Flow,
+    order: Sequence[int],
 ) -> bool:
+    """Core ``(r, c)``'s tile of product ``j``; ``order``: its weight pieces in the order they
+    were preloaded (:mod:`lowering.elk_pieces`), each multiplied as it arrives."""
     m, k, n = pl.op.dims
     kb, nb = k // pl.rows, n // pl.cols
     nc = chunks(kb)
@@ -105,10 +129,10 @@ def _matmul(
         else:
             p.recv(chan, a)
     if axis >= 0:
-        return _scatter(b, p, j, pl, r, c, dt, flow, axis)
-    for q in range(nc):
+        return scatter(b, p, j, pl, r, c, dt, flow, axis, order)
+    for q in order:
         a, w = f"o{j}_a{q}", f"o{j}_w{q}"
-        if q == 0:
+        if q == order[0]:
             p.compute("matmul", acc, (a, w), dtype=dt)
         else:
             p.compute("matmul_acc", acc, (a, w, acc), dtype=dt)
@@ -138,7 +162,12 @@ def _matmul(
     return finisher
 
 
-def _scatter(
+def _has_tmp(rows: int, r: int) -> bool:
+    """Whether grid row ``r`` receives at least one partial sum in the tree reduction."""
+    return r % 2 == 0 and r + 1 < rows
+
+
+def _attention(
     b: ProgramBuilder,
     p: CoreBuilder,
     j: int,
@@ -147,62 +176,7 @@ def _scatter(
     c: int,
     dt: str,
     flow: Flow,
-    axis: int,
-) -> bool:
-    """The product of core ``(r, c)`` written as ``tk`` slices along ``axis`` and combined by a
-    direct reduce-scatter down grid column ``c`` (:func:`elk.cost._matmul`): in step ``s`` it
-    sends slice ``r + s`` to that core and adds the slice core ``r - s`` sent; it then holds
-    slice ``r`` of the column's result."""
-    m, k, n = pl.op.dims
-    tk = pl.rows
-    kb, nb = k // tk, n // pl.cols
-    nc = chunks(kb)
-    ext = (m // tk, nb) if axis == 0 else (m, nb // tk)
-    parts = [f"o{j}_p{s}" for s in range(tk)]
-    for buf in parts:
-        p.alloc(buf, ext, dt)
-    params = {"parts": tk, "axis": axis}
-    for q in range(nc):
-        a, w = f"o{j}_a{q}", f"o{j}_w{q}"
-        p.compute("mm_parts", parts, (a, w) if q == 0 else (a, w, *parts), params, dt)
-        p.free(a)
-        p.free(w)
-    for s in range(1, tk):
-        dst = (r + s) % tk
-        ch = f"o{j}_x{r}_{dst}_{c}"
-        if not b.has_channel(ch):
-            b.channel(ch, pl.core(r, c), pl.core(dst, c))
-        p.send(ch, parts[dst])
-    tmps = [f"o{j}_t{u}" for u in range(min(2, tk - 1))]
-    for buf in tmps:
-        p.alloc(buf, ext, dt)
-    for s in range(1, tk):
-        src = (r - s) % tk
-        ch = f"o{j}_x{src}_{r}_{c}"
-        if not b.has_channel(ch):
-            b.channel(ch, pl.core(src, c), pl.core(r, c))
-        t = tmps[s % len(tmps)]
-        p.recv(ch, t)
-        p.compute("add", parts[r], (parts[r], t), dtype=dt)
-    for buf in tmps:
-        p.free(buf)
-    if axis == 0:
-        at = (r * ext[0], c * nb)
-    else:
-        at = (0, c * nb + r * ext[1])
-    flow.put(p, j, parts[r], pl.op.tensor("y"), at, ext)
-    for buf in parts:
-        p.free(buf)
-    return True
-
-
-def _has_tmp(rows: int, r: int) -> bool:
-    """Whether grid row ``r`` receives at least one partial sum in the tree reduction."""
-    return r % 2 == 0 and r + 1 < rows
-
-
-def _attention(
-    b: ProgramBuilder, p: CoreBuilder, j: int, pl: Placed, r: int, c: int, dt: str, flow: Flow
+    order: Sequence[int],
 ) -> bool:
     op = pl.op
     bsz, hq, hkv, d, length = op.dims
@@ -216,10 +190,11 @@ def _attention(
     flow.get(p, j, q, op.tensor("q"), (ib * bb, ig * hb * g, 0), (bb, hb * g, d))
     params = {"group": g, "scale": 1.0 / math.sqrt(d)}
     nc = chunks(length // ts)
-    p.compute("attn_partial", part, (q, f"o{j}_k0", f"o{j}_v0"), params, dt)
+    o0 = order[0]  # the KV pieces in the order they were preloaded (lowering.elk_pieces)
+    p.compute("attn_partial", part, (q, f"o{j}_k{o0}", f"o{j}_v{o0}"), params, dt)
     if nc > 1:
         p.alloc(f"o{j}_w", (bb, hb * g, d + 2), "fp32")
-    for ch_ in range(1, nc):
+    for ch_ in order[1:]:
         p.compute("attn_partial", f"o{j}_w", (q, f"o{j}_k{ch_}", f"o{j}_v{ch_}"), params, dt)
         p.compute("attn_merge", part, (part, f"o{j}_w"), dtype="fp32")
     if nc > 1:
@@ -334,6 +309,47 @@ def _vector(
     return True
 
 
+def _finishes(pl: Placed, r: int, c: int) -> bool:
+    """Whether core ``(r, c)`` of ``pl`` writes part of the operator's output (what its kernel
+    emitter returns): every core of a reduce-scattered product or a vector operator, the top
+    grid row of a product reduced by a tree, the first column of an attention grid."""
+    kind = pl.op.kind
+    if kind == "matmul":
+        return pl.plan.scatter >= 0 or r == 0
+    if kind == "attention":
+        return c == 0
+    return True
+
+
+def _report(
+    b: ProgramBuilder, p: CoreBuilder, i: int, pl: Placed, r: int, c: int, ctrl: int
+) -> bool:
+    """Core ``(r, c)``, done with its tile of operator ``i``, reports it (ELK §4.5's one-way
+    synchronisation).  The finishing cores of a grid row report through the row's first
+    finishing core, which waits for the others' tokens and sends one to the controller ``ctrl``,
+    so the controller's port takes one token per grid row rather than one per core (a
+    reduce-scattered product or a vector operator finishes on every core: thousands of tokens
+    on the four-chip set-up).  Returns whether this core reports to the controller."""
+    first = next(k for k in range(pl.cols) if _finishes(pl, r, k))
+    core = pl.core(r, c)
+    if c != first:
+        ch = f"done{i}_{core}"
+        if not b.has_channel(ch):
+            b.channel(ch, core, pl.core(r, first))
+        p.send_value(ch, 1)
+        return False
+    for k in range(c + 1, pl.cols):
+        if _finishes(pl, r, k):
+            ch = f"done{i}_{pl.core(r, k)}"
+            if not b.has_channel(ch):
+                b.channel(ch, pl.core(r, k), core)
+            p.recv_value(ch, "d")
+    ch = f"done{i}_{core}"
+    b.channel(ch, core, ctrl)
+    p.send_value(ch, 1)
+    return True
+
+
 def elk_programs(
     chip: Chip,
     ops: Sequence[Operator],
@@ -418,6 +434,7 @@ def _emit(
     first = [0] * n  # the preloads of section i are at positions first[i] .. issued[i]-1
     for i in range(1, n):
         first[i] = max(first[i - 1], issued[i - 1])
+    rot = [rotates(chip.hbm, pl) for pl in placed]
     source = lay.source if lay is not None else [-1] * n
     template = lay.template if lay is not None else [False] * n
     held = lay.held(b) if lay is not None else ()
@@ -438,23 +455,24 @@ def _emit(
                 jj = order[k]
                 if jj in mine:
                     r, c = mine[jj]
-                    _preload(p, jj, placed[jj], r, c, ops[jj].dtype)
+                    order_j = piece_order(placed[jj], r, c, rot[jj])
+                    _preload(p, jj, placed[jj], r, c, ops[jj].dtype, order_j)
             fin = False
             if i in mine:
                 r, c = mine[i]
                 pl = placed[i]
                 dt = ops[i].dtype
+                order_i = piece_order(pl, r, c, rot[i])
                 if pl.op.kind == "matmul":
-                    fin = _matmul(b, p, i, pl, r, c, dt, flow)
+                    fin = _matmul(b, p, i, pl, r, c, dt, flow, order_i)
                 elif pl.op.kind == "attention":
-                    fin = _attention(b, p, i, pl, r, c, dt, flow)
+                    fin = _attention(b, p, i, pl, r, c, dt, flow, order_i)
                 else:
                     fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
-                fin = fin and i < n - 1
+                if fin != _finishes(pl, r, c):
+                    raise ProgramError(f"operator {i}: core ({r}, {c}) finishing is {fin}")
+                fin = fin and i < n - 1 and _report(b, p, i, pl, r, c, ctrl)
                 if fin:
-                    ch = f"done{i}_{core}"
-                    b.channel(ch, core, ctrl)
-                    p.send_value(ch, 1)
                     finishers[i].append(core)
             if mark is not None:
                 assert lay is not None

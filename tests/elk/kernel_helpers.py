@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lowering.builder import ProgramBuilder
+from lowering.elk_pieces import piece_order, rotates
 from lowering.elk_placement import place
 from lowering.elk_programs import _preload
 from runtime import simulate
@@ -12,12 +13,14 @@ from runtime import simulate
 
 def preload_alone_cycles(chip: Any, ops: list, plan: Any, tensors: dict) -> int:
     """Cycles of the preload of ``ops[0]`` under ``plan`` when every core of its grid loads its
-    share at once and nothing else runs (ELK §4.5 ``preload_async``)."""
+    share at once, in the programs' piece order, and nothing else runs (ELK §4.5
+    ``preload_async``)."""
     pl = place(chip, ops, [plan])[0]
     b = ProgramBuilder("preload")
     for t, (shape, dt) in tensors.items():
         b.tensor(t, shape, dt)
+    rot = rotates(chip.hbm, pl)
     for r in range(pl.rows):
         for c in range(pl.cols):
-            _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16")
+            _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16", piece_order(pl, r, c, rot))
     return simulate(b.build(), chip).cycles
