@@ -14,7 +14,8 @@ operations the template then runs are field for field the ones compiling the cop
 built (same handlers, kernels, cost caches, regions and objects), so cycles, statistics and
 traces are those of compiling every copy, while compiling costs one table per copy instead of
 one operation per instruction.  The call and the return are bookkeeping, not instructions: they
-do not count as executed operations (``Core.stepped``).
+do not count as executed operations (``Core.stepped``).  A run-time error inside a copy names
+the template's instruction (the copy's with layer 1's names).
 """
 
 from __future__ import annotations
