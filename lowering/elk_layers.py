@@ -341,7 +341,6 @@ class Layering:
         if chunk.fin:
             finishers[i].append(p.core)
 
-
     def attach(self, ps: ProgramSet) -> CopiedProgramSet:
         """``ps`` (built with this layering) with the body ranges that are copies marked."""
         out = CopiedProgramSet(**{f: getattr(ps, f) for f in _PS_FIELDS})

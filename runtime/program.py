@@ -51,7 +51,15 @@ class Compiled:
     the programs ``load``, ``store`` and read ``values`` of (LoadValue)."""
 
     __slots__ = (
-        "cores", "chans", "groups", "active", "load", "store", "values", "templates", "frames"
+        "cores",
+        "chans",
+        "groups",
+        "active",
+        "load",
+        "store",
+        "values",
+        "templates",
+        "frames",
     )
 
     def __init__(self, cores: list[Core], chans: dict[str, ChanState], groups: dict[str, Group]):

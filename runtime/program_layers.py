@@ -208,6 +208,9 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
     index: dict[tuple[str, Any], tuple[str, int]] = {}
     groups: dict[tuple[type, str], tuple[list[ops.Op], list[tuple[str, int]]]] = {}
     bnames, bt = tm.bnames, tm.bt
+    hb: list[Any] = []  # the template's own objects, in table order (its home table)
+    hbt: list[Any] = []
+    ce: list[Any] = []
     field_of = _FIELDS.get
     for ins, op in zip(body[s : s + n], code[pc0:]):
         fields = field_of(ins.__class__)
@@ -223,10 +226,13 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
                 if kind == "b":
                     ref = ("b", len(bnames))
                     bnames.append(name)
+                    hb.append(obj)
                 elif kind == "bt":
                     ref = ("bt", len(bt))
                     bt.append((len(bnames), len(bnames) + len(name)))
                     bnames.extend(name)
+                    hb.extend(obj)
+                    hbt.append(obj)
                 elif kind == "cs":
                     ref = ("cs", len(tm.cnames))
                     tm.cnames.append(name)
@@ -236,6 +242,7 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
                     tm.enames.append(name)
                     tm.eidx.append(comp.position(obj.chan) if len(obj.chan.ends) > 1 else 0)
                     tm.eobjs.append(obj.chan)
+                    ce.append(obj)
                 else:
                     ref = ("t", len(tm.tnames))
                     tm.tnames.append(name)
@@ -253,32 +260,30 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
         (getattr(cls, of).__set__, g[0], [base[k] + j for k, j in g[1]])
         for (cls, of), g in groups.items()
     ]
-    tm.home = _table(comp, tm, None, None)
+    tm.home = hb + hbt + tm.cobjs + ce + tm.tobjs
     return tm
 
 
 def _table(
-    comp: Any, tm: Template, names: Mapping[str, str] | None, tensors: Mapping[str, str] | None
+    comp: Any, tm: Template, names: Mapping[str, str], tensors: Mapping[str, str]
 ) -> list[Any]:
-    """The objects a copy of ``tm`` binds: its names are ``names`` / ``tensors`` of the
-    template's (``None``: the template's own); checked once per name against the template's
-    (a copy differs in names only).  ``KeyError``: a name is not renamed or not declared."""
+    """The objects a copy of ``tm`` binds, its names being ``names`` / ``tensors`` of the
+    template's; checked once per name against the template's (a copy differs in names only).
+    ``KeyError``: a name is not renamed or not declared."""
     bufs, buf = comp.bufs, comp.buf
-    bn = tm.bnames if names is None else list(map(names.__getitem__, tm.bnames))
-    b = [bufs.get(x) or buf(x) for x in bn]  # created in the order compiling would
+    b = [bufs.get(x) or buf(x) for x in map(names.__getitem__, tm.bnames)]  # compile's order
     bt = [tuple(b[i:j]) for i, j in tm.bt]
     chans = comp.chans
-    cn = tm.cnames if names is None else list(map(names.__getitem__, tm.cnames))
+    cn = list(map(names.__getitem__, tm.cnames))
     cs = list(map(chans.__getitem__, cn))
-    en = tm.enames if names is None else list(map(names.__getitem__, tm.enames))
+    en = list(map(names.__getitem__, tm.enames))
     ec = list(map(chans.__getitem__, en))
     ce = [c.ends[i] for c, i in zip(ec, tm.eidx)]
-    tn = tm.tnames if tensors is None else list(map(tensors.__getitem__, tm.tnames))
+    tn = list(map(tensors.__getitem__, tm.tnames))
     ts = list(map(comp.layout.tensors.__getitem__, tn))
-    if names is not None:
-        seen = comp.shared.setdefault(("copied",), set())
-        if not seen.issuperset(cn) or not seen.issuperset(en) or not seen.issuperset(tn):
-            _check(comp, seen, zip(cn, cs, tm.cobjs), zip(en, ec, tm.eobjs), zip(tn, ts, tm.tobjs))
+    seen = comp.shared.setdefault(("copied",), set())
+    if not seen.issuperset(cn) or not seen.issuperset(en) or not seen.issuperset(tn):
+        _check(comp, seen, zip(cn, cs, tm.cobjs), zip(en, ec, tm.eobjs), zip(tn, ts, tm.tobjs))
     for name, load in zip(tn, tm.tload):
         (comp.loads if load else comp.stores).add(name)
     return b + bt + cs + ce + ts
