@@ -6,8 +6,8 @@ A :class:`lowering.elk_layers.CopiedProgramSet` marks the ranges of each core's 
 renamed copies of an earlier range, their *template*.  The template is compiled as usual, once,
 followed by an :class:`OpRet`; each copy compiles to one :class:`OpCall` holding a *table*: the
 objects the copy's names resolve to (its buffers, created in the order compiling the copy would
-create them, its tensors' placements, its channels' states and FIFO ends), in the order of the
-template's *slots* (the name-bearing fields of its operations, each distinct name once).  When
+create them, its tensors' placements, its channels' states and FIFO ends), one entry per
+distinct name in the name-bearing fields of the template's operations (:class:`Template`).  When
 the core reaches the call, the template's operations are bound to the table (one attribute store
 per name-bearing field) and the core jumps to the template; the return jumps back.  The
 operations the template then runs are field for field the ones compiling the copy would have
