@@ -26,6 +26,7 @@ from typing import Any
 from lowering.isa import Alloc, Compute, Free, Instr, Load, Recv, RecvValue, Send, SendValue, Store
 from runtime import ops
 from runtime.errors import SimulationError
+from runtime.state import Buf
 
 __all__ = ["Template", "Frame", "OpCall", "OpRet", "compile_layered", "h_call", "h_ret", "bind"]
 
@@ -270,8 +271,9 @@ def _table(
     """The objects a copy of ``tm`` binds, its names being ``names`` / ``tensors`` of the
     template's; checked once per name against the template's (a copy differs in names only).
     ``KeyError``: a name is not renamed or not declared."""
-    bufs, buf = comp.bufs, comp.buf
-    b = [bufs.get(x) or buf(x) for x in map(names.__getitem__, tm.bnames)]  # compile's order
+    get, put = comp.bufs.get, comp.bufs.setdefault
+    # created in the order compiling the copy would create them (Core.bufs keeps it)
+    b = [get(x) or put(x, Buf(x)) for x in map(names.__getitem__, tm.bnames)]
     bt = [tuple(b[i:j]) for i, j in tm.bt]
     chans = comp.chans
     cn = list(map(names.__getitem__, tm.cnames))
