@@ -9,7 +9,8 @@ as one model), all layers simulated in timing mode — the path of ``torch2step 
 --hf-config ... --layers N --sim-layers N``.  Printed, one JSON object: the plan's seconds
 (``ElkSchedule.plan_seconds``), CPU seconds of this process for building the per-core
 programs, compiling them (the :class:`runtime.Simulator` constructor) and the event loop (on a
-shared machine CPU seconds are the work's own, wall seconds are not), instructions, simulated
+shared machine CPU seconds are the work's own, wall seconds are not), instructions (``copied``:
+those in equal layers' copies, compiled once as their template), simulated
 cycles, peak RSS and, with ``--digest``, SHA-256 prefixes of the schedule, the program set and
 the run's statistics (events excluded, as ``sim_golden.py`` does), so two versions can be shown
 to plan, build and simulate the same thing.
@@ -66,6 +67,8 @@ def main() -> None:
         compile_cpu_s=round(t2 - t1, 2),
         run_cpu_s=round(t3 - t2, 2),
         instructions=sum(len(p.body) for p in ps.programs),
+        # of which in layer copies run from their compiled template (runtime.program_layers)
+        copied=sum(n for marks in getattr(ps, "copies", {}).values() for _, n, _, _ in marks),
         events=res.stats.events.events,
         cycles=res.cycles,
         peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),

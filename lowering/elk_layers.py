@@ -35,6 +35,7 @@ from lowering.isa import (
     Free,
     Instr,
     Load,
+    ProgramSet,
     Recv,
     RecvValue,
     Send,
@@ -42,7 +43,7 @@ from lowering.isa import (
     Store,
 )
 
-__all__ = ["Layering", "Renamer", "find_layering"]
+__all__ = ["CopiedProgramSet", "Layering", "Renamer", "find_layering"]
 
 #: a stacked tensor name: layer ``l``'s tensors are ``L<l>.<name>``
 _LAYER = re.compile(r"L(\d+)\.(.*)", re.S)
@@ -241,6 +242,10 @@ class Layering:
         self._uid: dict[int, int] = {}
         self.uniq: list[Instr] = []
         self._owner: list[int] = []
+        #: (core, template section) -> (start, length) of its instructions in the core's body
+        self._spans: dict[tuple[int, int], tuple[int, int]] = {}
+        #: core -> [(start, length, template start, shift)]: the body ranges that are copies
+        self._copied: dict[int, list[tuple[int, int, int, int]]] = {}
 
     def held(self, b: ProgramBuilder) -> Collection[tuple[int, int]]:
         """The ``(core, section)`` template sections that hold something to copy in the pass
@@ -272,6 +277,8 @@ class Layering:
                 self._records[key] = (range(mark[2], g), range(mark[3], q))
             return
         uids = self._number(p.emitted(mark[0]), i)
+        if uids:
+            self._spans[key] = (mark[0], len(uids))
         chans = tuple(b.channels_since(mark[1]))
         if uids or chans or fin:
             if len(uids) == 1:
@@ -327,9 +334,45 @@ class Layering:
             ch = b.declared(name)
             b.channel(ren.name(name), ch.src, ch.dsts, ch.depth)
         if chunk.uids:
+            start = p.size()
             p.extend(chunk.get(ren.table))
+            mark = (start, len(chunk.uids), self._spans[key][0], i - src)
+            self._copied.setdefault(p.core, []).append(mark)
         if chunk.fin:
             finishers[i].append(p.core)
+
+    def attach(self, ps: ProgramSet) -> CopiedProgramSet:
+        """``ps`` (built with this layering) with the body ranges that are copies marked."""
+        out = CopiedProgramSet(**{f: getattr(ps, f) for f in _PS_FIELDS})
+        object.__setattr__(out, "copies", {c: tuple(v) for c, v in self._copied.items()})
+        # every name of a template instruction, renamed for each shift it is copied at
+        names = {d: (r._names, r._tensors) for d, r in self._renamers.items()}
+        object.__setattr__(out, "renames", names)
+        return out
+
+
+_PS_FIELDS = tuple(f.name for f in dataclasses.fields(ProgramSet))
+
+
+class CopiedProgramSet(ProgramSet):
+    """A :class:`~lowering.isa.ProgramSet` that also says which ranges of each core's body are
+    a layer's sections copied with every name shifted (ELK §4.4: equal layers): ``copies`` maps
+    a core to ``(start, length, template start, shift)``, ``body[start:start+length]`` being
+    ``body[template start:template start+length]`` renamed instruction by instruction (only
+    names differ); ``renames[shift]`` is ``(buffer and channel names, tensor names)``, each a
+    dict from a template's name to the copy's.  A simulator may compile a template once and run each copy from it with the
+    copy's names bound (:mod:`runtime.program_layers`).  Equal to the plain program set with the
+    same fields (the marks are a hint, not part of the programs)."""
+
+    copies: dict[int, tuple[tuple[int, int, int, int], ...]]
+    renames: dict[int, tuple[dict[str, str], dict[str, str]]]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ProgramSet):
+            return all(getattr(self, f) == getattr(other, f) for f in _PS_FIELDS)
+        return NotImplemented
+
+    __hash__ = ProgramSet.__hash__
 
 
 def _rel(name: str, base: int) -> tuple[int | None, str]:

@@ -384,7 +384,8 @@ def elk_programs(
     _emit(b, chip, ops, placed, order, issued, tensors, flow, lay)
     b.meta("order", " ".join(str(o) for o in order))
     b.meta("issued", " ".join(str(x) for x in issued))
-    return b.build()
+    ps = b.build()
+    return lay.attach(ps) if lay is not None else ps  # copies marked (runtime.program_layers)
 
 
 def _emit(

@@ -270,6 +270,8 @@ class Simulator(Transfers):
         for core in self.comp.cores:
             core.code = []
             core.bufs = {}
+        self.comp.templates = []  # (runtime.program_layers) their operations hold buffers
+        self.comp.frames = []
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)

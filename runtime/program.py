@@ -33,7 +33,7 @@ from lowering.isa import (
     Set,
     Store,
 )
-from runtime import ops, ops_comm, ops_control
+from runtime import ops, ops_comm, ops_control, program_layers
 from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout, TensorInfo
@@ -50,7 +50,17 @@ class Compiled:
     """Cores (one per chip core), channel states by name, barrier groups by name; the tensors
     the programs ``load``, ``store`` and read ``values`` of (LoadValue)."""
 
-    __slots__ = ("cores", "chans", "groups", "active", "load", "store", "values")
+    __slots__ = (
+        "cores",
+        "chans",
+        "groups",
+        "active",
+        "load",
+        "store",
+        "values",
+        "templates",
+        "frames",
+    )
 
     def __init__(self, cores: list[Core], chans: dict[str, ChanState], groups: dict[str, Group]):
         self.cores = cores
@@ -60,6 +70,13 @@ class Compiled:
         self.load: set[str] = set()
         self.store: set[str] = set()
         self.values: set[str] = set()
+        #: templates of copied layers and the cores' call frames (:mod:`runtime.program_layers`)
+        self.templates: list[program_layers.Template] = []
+        self.frames: list[program_layers.Frame] = []
+
+    def rebind(self) -> None:
+        """Templates back on their own names, frames cleared (after a replay)."""
+        program_layers.reset(self.templates, self.frames)
 
 
 def compile_programs(
@@ -108,9 +125,20 @@ def compile_programs(
         )
         for prog in ps.programs
     ]
-    for comp, prog in zip(compilers, ps.programs):
-        comp.run(prog.body)
+    # a body's ranges marked as renamed copies of another range (equal layers, ELK §4.4:
+    # lowering.elk_layers.CopiedProgramSet) run from that range, compiled once
+    copies = getattr(ps, "copies", None) or {}
+    renames = getattr(ps, "renames", None) or {}
     out = Compiled(cores, chans, groups)
+    for comp, prog in zip(compilers, ps.programs):
+        marks = copies.get(prog.core)
+        if marks:
+            tmpls, frame = program_layers.compile_layered(comp, prog.body, marks, renames)
+            out.templates += tmpls
+            out.frames.append(frame)
+        else:
+            comp.run(prog.body)
+    out.active = [c for c in cores if c.code]
     for comp in compilers:
         out.load |= comp.loads
         out.store |= comp.stores

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime import ops, ops_comm, ops_control
+from runtime import ops, ops_comm, ops_control, program_layers
 from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import numpy_dtype
@@ -126,6 +126,7 @@ class Replay:
         for g in comp.groups.values():
             g.arrived = []
             g.gen = 0
+        comp.rebind()
         give_back, self.give_back = self.give_back, None
         del self.comp
         if give_back is not None:
@@ -456,4 +457,6 @@ _RULES: dict[Any, Any] = {
     ops_comm.h_recvstop: _recvstop,
     ops_comm.h_recvvaluestop: _recvvaluestop,
     ops_comm.h_barrier: _barrier,
+    program_layers.h_call: program_layers.r_call,
+    program_layers.h_ret: program_layers.r_ret,
 }

@@ -22,7 +22,8 @@ from lowering.elk_programs import elk_programs  # noqa: E402
 from lowering.errors import ProgramError  # noqa: E402
 from lowering.isa import Load, ProgramSet, Recv  # noqa: E402
 from models.decoder import tiny_config_dict  # noqa: E402
-from runtime import simulate  # noqa: E402
+from runtime import Simulator, simulate  # noqa: E402
+from runtime.program_layers import OpCall  # noqa: E402
 
 
 def _both(prog, layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ProgramSet, ProgramSet]:
@@ -55,7 +56,29 @@ def test_copied_layers_are_the_full_emission(tmp_path, monkeypatch) -> None:
     layered, full = _both(prog, 4, monkeypatch)
     assert layered == full
     assert [p.core for p in layered.programs] == [p.core for p in full.programs]
-    a, b = simulate(layered, prog.chip), simulate(full, prog.chip)
+    assert layered.copies and not hasattr(full, "copies")
+    a, b = simulate(layered, prog.chip, trace=True), simulate(full, prog.chip, trace=True)
+    assert a.cycles == b.cycles > 0 and a.stats.to_dict() == b.stats.to_dict()
+    assert a.trace_json() == b.trace_json()
+
+
+def test_copied_layers_compile_once_and_replay(tmp_path, monkeypatch) -> None:
+    """The copies run from their template's operations (runtime.program_layers): fewer
+    operations compiled, the same run, also after an untimed replay borrowed them."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_config_dict("llama", num_hidden_layers=6)))
+    prog = torch2step.compile_config(
+        path, batch=2, past=8, layers=5, chip="ipu-hbm", design="elk_dyn"
+    )
+    layered, full = _both(prog, 5, monkeypatch)
+    sa, sb = Simulator(layered, prog.chip), Simulator(full, prog.chip)
+    ca, cb = sa._compiled, sb._compiled
+    assert ca is not None and cb is not None and ca.templates
+    calls = sum(op.__class__ is OpCall for c in ca.cores for op in c.code)
+    assert calls > 0
+    assert sum(len(c.code) for c in ca.cores) < sum(len(c.code) for c in cb.cores) - calls
+    sa.replay().close()  # runs every copy, then hands the programs back bound to layer 1
+    a, b = sa.run(), sb.run()
     assert a.cycles == b.cycles > 0 and a.stats.to_dict() == b.stats.to_dict()
 
 
@@ -67,6 +90,11 @@ def test_copied_layers_with_weights_are_the_full_emission(monkeypatch, tiny_llam
     prog = torch2step.compile(g, (x, ks, vs), chip="ipu-hbm", design="elk_dyn")
     layered, full = _both(prog, 4, monkeypatch)
     assert layered == full
+    inputs = prog._bound((x, ks, vs))
+    a = simulate(layered, prog.chip, mode="functional", inputs=inputs)
+    b = simulate(full, prog.chip, mode="functional", inputs=inputs)
+    assert a.cycles == b.cycles and sorted(a.tensors) == sorted(b.tensors)
+    assert all((a.tensors[t] == b.tensors[t]).all() for t in a.tensors)
 
 
 def test_renamer_shifts_operator_names_and_refuses_others() -> None:

@@ -1,0 +1,316 @@
+"""Equal layers compiled once (ELK §4.4: the decoder layers of a step are the same operators
+with the same plans, preload order and issue points, so their per-core programs differ only in
+the names of buffers, tensors and channels).
+
+A :class:`lowering.elk_layers.CopiedProgramSet` marks the ranges of each core's body that are
+renamed copies of an earlier range, their *template*.  The template is compiled as usual, once,
+followed by an :class:`OpRet`; each copy compiles to one :class:`OpCall` holding a *table*: the
+objects the copy's names resolve to (its buffers, created in the order compiling the copy would
+create them, its tensors' placements, its channels' states and FIFO ends), one entry per
+distinct name in the name-bearing fields of the template's operations (:class:`Template`).  When
+the core reaches the call, the template's operations are bound to the table (one attribute store
+per name-bearing field) and the core jumps to the template; the return jumps back.  The
+operations the template then runs are field for field the ones compiling the copy would have
+built (same handlers, kernels, cost caches, regions and objects), so cycles, statistics and
+traces are those of compiling every copy, while compiling costs one table per copy instead of
+one operation per instruction.  The call and the return are bookkeeping, not instructions: they
+do not count as executed operations (``Core.stepped``).  A run-time error inside a copy names
+the template's instruction (the copy's with layer 1's names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lowering.isa import Alloc, Compute, Free, Instr, Load, Recv, RecvValue, Send, SendValue, Store
+from runtime import ops
+from runtime.errors import SimulationError
+from runtime.state import Buf
+
+__all__ = ["Template", "Frame", "OpCall", "OpRet", "compile_layered", "h_call", "h_ret", "bind"]
+
+#: instruction class -> (operation field, instruction field, kind) of each name it holds,
+#: in the order :class:`runtime.program._Compiler` resolves them (buffers are created in that
+#: order, which fixes the order of ``Core.bufs``)
+_FIELDS: dict[type, tuple[tuple[str, str, str], ...]] = {
+    Alloc: (("buf", "buf", "b"),),
+    Free: (("buf", "buf", "b"),),
+    Compute: (("outs", "outs", "bt"), ("ins", "ins", "bt")),
+    Load: (("info", "tensor", "tl"), ("buf", "dst", "b")),
+    Store: (("info", "tensor", "ts"), ("buf", "src", "b")),
+    Send: (("chan", "channel", "cs"), ("buf", "src", "b")),
+    SendValue: (("chan", "channel", "cs"),),
+    Recv: (("end", "channel", "ce"), ("buf", "dst", "b")),
+    RecvValue: (("end", "channel", "ce"),),
+}
+
+
+class Template:
+    """A template range compiled once: its operations ``code[start:stop]`` (the return at
+    ``stop``); the names its operations bind, by kind: buffers (``bnames``, a Compute's
+    buffer tuples as ranges ``bt`` of them), sent channels (``cnames``), received channels and
+    the FIFO end of this core (``enames``, ``eidx``), tensors (``tnames``; ``tload``: read by a
+    Load); per operation field the operations and table positions to bind (``binds``:
+    ``(setter, operations, positions)``); its own table (``home``).  A table lists the
+    buffers, the buffer tuples, the channels, the FIFO ends and the tensors, in that order."""
+
+    __slots__ = (
+        "start", "stop", "bnames", "bt", "cnames", "cobjs", "enames", "eidx", "eobjs",
+        "tnames", "tload", "tobjs", "binds", "home",
+    )  # fmt: skip
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start = start
+        self.stop = stop
+        self.bnames: list[str] = []
+        self.bt: list[tuple[int, int]] = []
+        self.cnames: list[str] = []
+        self.cobjs: list[Any] = []
+        self.enames: list[str] = []
+        self.eidx: list[int] = []
+        self.eobjs: list[Any] = []
+        self.tnames: list[str] = []
+        self.tload: list[bool] = []
+        self.tobjs: list[Any] = []
+        self.binds: list[tuple[Any, list[ops.Op], list[int]]] = []
+        self.home: list[Any] = []
+
+
+def bind(t: Template, table: Sequence[Any]) -> None:
+    """Point ``t``'s operations at ``table``'s objects."""
+    get = table.__getitem__
+    for setter, targets, slots in t.binds:
+        for _ in map(setter, targets, map(get, slots)):
+            pass
+
+
+class Frame:
+    """A core's call state: the template running for a copy (``None``: none) and where the
+    copy's caller goes on."""
+
+    __slots__ = ("tmpl", "back")
+
+    def __init__(self) -> None:
+        self.tmpl: Template | None = None
+        self.back = 0
+
+
+class OpCall(ops.Op):
+    """Run template ``tmpl`` with ``table`` bound, then go on after this operation."""
+
+    __slots__ = ("fr", "tmpl", "table")
+
+
+class OpRet(ops.Op):
+    """The end of template ``tmpl``: back to the caller when a copy called it, else on."""
+
+    __slots__ = ("fr", "tmpl")
+
+
+def h_call(sim: Any, core: Any, op: OpCall) -> bool:
+    bind(op.tmpl, op.table)
+    fr = op.fr
+    fr.tmpl = op.tmpl
+    fr.back = core.pc + 1
+    core.pc = op.tmpl.start
+    core.stepped -= 1  # bookkeeping, not an instruction (the loop counts it)
+    return True
+
+
+def h_ret(sim: Any, core: Any, op: OpRet) -> bool:
+    fr = op.fr
+    if fr.tmpl is op.tmpl:
+        fr.tmpl = None
+        core.pc = fr.back
+    else:
+        core.pc += 1
+    core.stepped -= 1
+    return True
+
+
+def r_call(sim: Any, core: Any, op: OpCall) -> bool:
+    """:func:`h_call` for the untimed replay (which counts no operations)."""
+    core.stepped += 1
+    return h_call(sim, core, op)
+
+
+def r_ret(sim: Any, core: Any, op: OpRet) -> bool:
+    core.stepped += 1
+    return h_ret(sim, core, op)
+
+
+def reset(templates: Sequence[Template], frames: Sequence[Frame]) -> None:
+    """Bind every template to its own names again and clear the frames (a replay's
+    :meth:`runtime.replay.Replay.close` hands the compiled programs back)."""
+    for t in templates:
+        bind(t, t.home)
+    for f in frames:
+        f.tmpl = None
+        f.back = 0
+
+
+def compile_layered(
+    comp: Any,
+    body: Sequence[Instr],
+    copies: Sequence[tuple[int, int, int, int]],
+    renames: Mapping[int, tuple[Mapping[str, str], Mapping[str, str]]],
+) -> tuple[list[Template], Frame]:
+    """Compile ``body`` with compiler ``comp`` (:class:`runtime.program._Compiler`; its
+    :meth:`run` for a body with ``copies``: ``(start, length, template start, shift)``, and
+    ``renames[shift]``: the buffer / channel and tensor names of the copies, see the module
+    docstring).  A template whose operations are not one per instruction of the kinds a copy
+    holds is compiled as usual, and so are its copies and any copy a name is missing for."""
+    fr = Frame()
+    length = {t: n for _, n, t, _ in copies}
+    marks = sorted([(t, n, -1, 0) for t, n in length.items()] + list(copies))
+    tmpls: dict[int, Template] = {}
+    code = comp.code
+    pos = 0
+    for s, n, t, d in marks:
+        if s < pos:  # overlapping marks: not a layering this compiler understands
+            raise SimulationError(f"core {comp.core.id}: copied ranges overlap at {s}")
+        if s > pos:
+            comp.block(body[pos:s])
+        pos = s + n
+        if t < 0:
+            pc0 = len(code)
+            comp.block(body[s:pos])
+            tm = _template(comp, body, s, n, pc0)
+            if tm is not None:
+                tmpls[s] = tm
+                code.append(_RET(h_ret, None, fr, tm))
+            continue
+        tm = tmpls.get(t)
+        table = None
+        if tm is not None and length[t] == n and d in renames:
+            try:
+                table = _table(comp, tm, *renames[d])
+            except KeyError:  # a name not renamed or not declared: compiled as usual
+                table = None
+        if table is None:
+            comp.block(body[s:pos])
+        else:
+            code.append(_CALL(h_call, None, fr, tm, table))
+    comp.block(body[pos:])
+    code.append(ops.make(ops.Op, ops.h_end, None))
+    core = comp.core
+    core.code = code
+    core.lc = [0] * comp.slots
+    core.li = [0] * comp.slots
+    return list(tmpls.values()), fr
+
+
+def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Template | None:
+    code = comp.code
+    if len(code) - pc0 != n:
+        return None
+    tm = Template(pc0, pc0 + n)
+    index: dict[tuple[str, Any], tuple[str, int]] = {}
+    groups: dict[tuple[type, str], tuple[list[ops.Op], list[tuple[str, int]]]] = {}
+    bnames, bt = tm.bnames, tm.bt
+    hb: list[Any] = []  # the template's own objects, in table order (its home table)
+    hbt: list[Any] = []
+    ce: list[Any] = []
+    field_of = _FIELDS.get
+    for ins, op in zip(body[s : s + n], code[pc0:]):
+        fields = field_of(ins.__class__)
+        if fields is None or op.src is not ins:
+            return None
+        cls = op.__class__
+        for of, inf, kind in fields:
+            name = getattr(ins, inf)
+            key = (kind, name)
+            ref = index.get(key)
+            if ref is None:
+                obj = getattr(op, of)
+                if kind == "b":
+                    ref = ("b", len(bnames))
+                    bnames.append(name)
+                    hb.append(obj)
+                elif kind == "bt":
+                    ref = ("bt", len(bt))
+                    bt.append((len(bnames), len(bnames) + len(name)))
+                    bnames.extend(name)
+                    hb.extend(obj)
+                    hbt.append(obj)
+                elif kind == "cs":
+                    ref = ("cs", len(tm.cnames))
+                    tm.cnames.append(name)
+                    tm.cobjs.append(obj)
+                elif kind == "ce":
+                    ref = ("ce", len(tm.enames))
+                    tm.enames.append(name)
+                    tm.eidx.append(comp.position(obj.chan) if len(obj.chan.ends) > 1 else 0)
+                    tm.eobjs.append(obj.chan)
+                    ce.append(obj)
+                else:
+                    ref = ("t", len(tm.tnames))
+                    tm.tnames.append(name)
+                    tm.tload.append(kind == "tl")
+                    tm.tobjs.append(obj)
+                index[key] = ref
+            g = groups.get((cls, of))
+            if g is None:
+                g = groups[(cls, of)] = ([], [])
+            g[0].append(op)
+            g[1].append(ref)
+    nb, nbt, nc, ne = len(bnames), len(bt), len(tm.cnames), len(tm.enames)
+    base = {"b": 0, "bt": nb, "cs": nb + nbt, "ce": nb + nbt + nc, "t": nb + nbt + nc + ne}
+    tm.binds = [
+        (getattr(cls, of).__set__, g[0], [base[k] + j for k, j in g[1]])
+        for (cls, of), g in groups.items()
+    ]
+    tm.home = hb + hbt + tm.cobjs + ce + tm.tobjs
+    return tm
+
+
+def _table(
+    comp: Any, tm: Template, names: Mapping[str, str], tensors: Mapping[str, str]
+) -> list[Any]:
+    """The objects a copy of ``tm`` binds, its names being ``names`` / ``tensors`` of the
+    template's; checked once per name against the template's (a copy differs in names only).
+    ``KeyError``: a name is not renamed or not declared."""
+    get, put = comp.bufs.get, comp.bufs.setdefault
+    # created in the order compiling the copy would create them (Core.bufs keeps it)
+    b = [get(x) or put(x, Buf(x)) for x in map(names.__getitem__, tm.bnames)]
+    bt = [tuple(b[i:j]) for i, j in tm.bt]
+    chans = comp.chans
+    cn = list(map(names.__getitem__, tm.cnames))
+    cs = list(map(chans.__getitem__, cn))
+    en = list(map(names.__getitem__, tm.enames))
+    ec = list(map(chans.__getitem__, en))
+    ce = [c.ends[i] for c, i in zip(ec, tm.eidx)]
+    tn = list(map(tensors.__getitem__, tm.tnames))
+    ts = list(map(comp.layout.tensors.__getitem__, tn))
+    seen = comp.shared.setdefault(("copied",), set())
+    if not seen.issuperset(cn) or not seen.issuperset(en) or not seen.issuperset(tn):
+        _check(comp, seen, zip(cn, cs, tm.cobjs), zip(en, ec, tm.eobjs), zip(tn, ts, tm.tobjs))
+    for name, load in zip(tn, tm.tload):
+        (comp.loads if load else comp.stores).add(name)
+    return b + bt + cs + ce + ts
+
+
+def _check(comp: Any, seen: set[str], sent: Any, received: Any, tensors: Any) -> None:
+    """A copy's channels join the cores its template's join; its tensors have the template's
+    shapes and dtypes (each name checked once per program set)."""
+    for name, ch, tc in (*sent, *received):
+        if name not in seen:
+            if ch.src != tc.src or (ch.dsts is not tc.dsts and ch.dsts != tc.dsts):
+                raise SimulationError(
+                    f"core {comp.core.id}: channel {name!r} joins other cores than "
+                    f"{tc.name!r}, whose copy it is"
+                )
+            seen.add(name)
+    for name, info, ti in tensors:
+        if name not in seen:
+            if info.shape != ti.shape or info.dtype != ti.dtype:
+                raise SimulationError(
+                    f"core {comp.core.id}: tensor {name!r} {info.shape} {info.dtype} is not "
+                    f"shaped as {ti.name!r}, whose copy it is"
+                )
+            seen.add(name)
+
+
+_CALL = ops.builder(OpCall)
+_RET = ops.builder(OpRet)
