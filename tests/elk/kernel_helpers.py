@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from lowering.builder import ProgramBuilder
 from lowering.elk_pieces import piece_order, rotates
 from lowering.elk_placement import place
@@ -24,3 +26,14 @@ def preload_alone_cycles(chip: Any, ops: list, plan: Any, tensors: dict) -> int:
         for c in range(pl.cols):
             _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16", piece_order(pl, r, c, rot))
     return simulate(b.build(), chip).cycles
+
+
+def assert_kernel_run_equals(m: Any, inp: tuple, prog: Any) -> None:
+    """A compiled kernel-by-kernel program's functional run equals the module's output."""
+    got = prog.run()
+    with torch.no_grad():
+        ref = m(*inp)
+    if isinstance(ref, torch.Tensor):
+        got, ref = (got,), (ref,)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import preload_alone_cycles
+from kernel_helpers import assert_kernel_run_equals, preload_alone_cycles
 
 import torch2step
 from elk.cost import ChipCosts, item_for
@@ -34,13 +34,7 @@ def test_kernel_execution_equals_pytorch(layer: str, chip: str) -> None:
     m, inp, ds, _ = get_layer(layer, tiny=True, batch=4)
     prog = torch2step.compile(m, inp, chip=chip, dynamic_shapes=ds)
     assert isinstance(prog, KernelProgram)  # ICCA presets default to kernel execution
-    got = prog.run()
-    with torch.no_grad():
-        ref = m(*inp)
-    if isinstance(ref, torch.Tensor):
-        got, ref = (got,), (ref,)
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert_kernel_run_equals(m, inp, prog)
     if layer == "qwen3-moe":
         # 4 tokens x top-2 of 8 experts: some experts get no token and still add nothing
         ids = torch.topk(torch.softmax(m.router(inp[0].reshape(4, -1)), -1), 2).indices

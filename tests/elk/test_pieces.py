@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
+from kernel_helpers import assert_kernel_run_equals, preload_alone_cycles
 
 import lowering.elk_programs as elk_programs_mod
 import torch2step
@@ -80,7 +80,6 @@ def test_rotated_attention_preload_is_faster_in_simulation() -> None:
     """On the four-chip set-up the KV preload of a 4096-core attention grid, issued in turn by
     every core, leaves half the channels idle; rotated it is within 20% of the cost model's
     preload time (which assumes balanced channels)."""
-    from kernel_helpers import preload_alone_cycles
 
     chip = _x4()
     pl, it, ops, tensors, plan = _placed(chip, "attention", (32, 8, 16))
@@ -96,10 +95,4 @@ def test_rotated_pieces_compute_the_same_layer(monkeypatch: pytest.MonkeyPatch) 
     m, inp, ds, _ = get_layer("llama-decoder", tiny=True, batch=4)
     prog = torch2step.compile(m, inp, chip="ipu-hbm", dynamic_shapes=ds)
     assert isinstance(prog, KernelProgram)
-    got = prog.run()
-    with torch.no_grad():
-        ref = m(*inp)
-    if isinstance(ref, torch.Tensor):
-        got, ref = (got,), (ref,)
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert_kernel_run_equals(m, inp, prog)
