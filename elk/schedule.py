@@ -38,7 +38,7 @@ from elk.contention import (  # noqa: F401 (_crowd: re-export)
 )
 from elk.errors import ElkError
 from elk.model import Item, Policy, Step, Timeline
-from elk.suffix import _by_load, _keep, _last, _plain, _State, _vector
+from elk.suffix import _by_load, _keep, _Kept, _last, _plain, _State, _vector
 
 __all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
 
@@ -54,6 +54,7 @@ def _check(items: Sequence[Item], order: Sequence[int]) -> list[int]:
 
 
 _Got = tuple[Step, tuple[float, ...], tuple, float]
+
 
 def _step(
     items: Sequence[Item],
@@ -139,8 +140,10 @@ def _stepper(
         # with per-core port times, contention is charged per section (see :func:`_lead`)
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
-    every = _plain(item) if item.ports else tuple(
-        Option(o.space, cost(e), e) for e, o in enumerate(item.execs)
+    every = (
+        _plain(item)
+        if item.ports
+        else tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
     )
     base = every[: item.pareto]
     if pol.fastest_exec:
@@ -444,7 +447,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
         new: dict[int, list[_State]] = {}
         top = n if policy.window is None else min(n, lo[i] + policy.window)
         for P in range(lo[i], min(top, cap[i]) + 1):
-            kept: dict[tuple[int, ...], list[tuple[tuple[float, ...], _State]]] = {}
+            kept: dict[tuple[int, ...], list[_Kept]] = {}
             for P2, parents in states.items():
                 if P2 < P:
                     continue
@@ -454,7 +457,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
                         vec = _vector(st, items, policy)
                         kept[sig] = _keep(kept.get(sig, []), vec, st, policy.beam)
             if kept:
-                new[P] = [st for group in kept.values() for _, st in group]
+                new[P] = [st for group in kept.values() for _, _, st in group]
         if not new:
             raise ElkError(
                 f"operator {items[i].name!r} cannot be scheduled: its smallest execute plan "

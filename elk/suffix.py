@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import ge as _ge
+from operator import itemgetter
+from operator import sub as _sub
 
 from elk.allocate import Option
 from elk.model import Item, Policy, Step
@@ -67,26 +70,30 @@ def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]
     )
 
 
-def _keep(
-    kept: list[tuple[tuple[float, ...], _State]],
-    vec: tuple[float, ...],
-    st: _State,
-    beam: int | None,
-) -> list[tuple[tuple[float, ...], _State]]:
+_EPS = 1e-12
+
+# a kept suffix: its vector, the vector less ``_EPS`` (what dominates it is at least that
+# throughout; worked out once per suffix, not per comparison), the suffix
+_Kept = tuple[tuple[float, ...], tuple[float, ...], _State]
+
+
+def _keep(kept: list[_Kept], vec: tuple[float, ...], st: _State, beam: int | None) -> list[_Kept]:
     """Add ``st`` to the non-dominated suffixes of one ``(operator, P)``; ``beam`` caps them
-    (best start first)."""
-    eps = 1e-12
-    low = tuple([b - eps for b in vec])
-    for v, _ in kept:
+    (best start first).  The vectors grow with the later operators (their preload starts), so
+    every pass over one runs in C (``map``), none in Python bytecode."""
+    low = tuple(map(_sub, vec, repeat(_EPS)))
+    for v, _, _ in kept:
         if all(map(_ge, v, low)):  # v >= vec - eps throughout: vec is dominated
             return kept
-    out = [(v, s) for v, s in kept if not all(map(_ge, vec, [b - eps for b in v]))]
-    out.append((vec, st))
+    out = [k for k in kept if not all(map(_ge, vec, k[1]))]
+    out.append((vec, low, st))
     if beam is not None and len(out) > beam:
-        out.sort(key=lambda vs: vs[0], reverse=True)
+        out.sort(key=_first, reverse=True)
         out = out[:beam]
     return out
 
+
+_first = itemgetter(0)
 
 _PLAIN: dict[int, tuple[Item, tuple[Option, ...]]] = {}
 
@@ -97,7 +104,10 @@ def _plain(it: Item) -> tuple[Option, ...]:
     if hit is None or hit[0] is not it:
         if len(_PLAIN) > 65536:
             _PLAIN.clear()
-        hit = _PLAIN[id(it)] = (it, tuple(Option(o.space, o.time, e) for e, o in enumerate(it.execs)))
+        hit = _PLAIN[id(it)] = (
+            it,
+            tuple(Option(o.space, o.time, e) for e, o in enumerate(it.execs)),
+        )
     return hit[1]
 
 
