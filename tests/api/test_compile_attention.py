@@ -145,3 +145,69 @@ def test_a_new_kv_length_set_rebuilds_no_unit(monkeypatch, options: dict) -> Non
                 ref = module(*xs)
             for a, b in zip(prog.run(*xs), ref):
                 torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def _lane_items(lengths: list[int], lanes: int, tail: int = 1) -> list[int]:
+    """Items per lane of the lanes' list scheduling (``lane_pick``): each (request, KV head)
+    to the lane with the fewest rows so far, ties to the lowest."""
+    load, items = [0] * lanes, [0] * lanes
+    for n in lengths:
+        for _ in range(KV_HEADS):
+            lane = load.index(min(load))
+            load[lane] += n + tail + 1
+            items[lane] += 1
+    return items
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"attn_lanes": 2}, {"attn_regions": 2, "attn_assign": "dynamic"}],
+    ids=["lanes", "dynamic-regions"],
+)
+def test_a_new_assignment_of_requests_rebuilds_no_unit(monkeypatch, options: dict) -> None:
+    """STeP §5.4: a KV-length set that gives the lanes (list scheduling by KV rows) or the
+    regions (the first region that becomes free, decided in simulated time) other requests
+    takes every unit program of the first set as it is — the lane decisions are computed in
+    registers and every unit of a lane or region loops until its items' stop token
+    (torch2step.spatial.item_loop); the report is a fresh program's and the run PyTorch's."""
+    module = DecodeStep("qwen3", "sdpa").eval()
+    prog = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True), **options)
+    first = list(decode_inputs(5, 160, 5, lengths=True))
+    second = list(first)
+    first[3] = torch.tensor([150, 1, 2, 3, 100])
+    second[3] = torch.tensor([1, 150, 3, 140, 1])
+    rep = prog.report(*first)
+    built: list[str] = []
+    kept: list[str] = []
+    store, lookup = UnitCache.store, UnitCache.lookup
+
+    def record(self, k, key, deps, run, body, info) -> None:  # the units emitted again
+        built.append(info.name)
+        store(self, k, key, deps, run, body, info)
+
+    def found(self, *args, **kw):  # the units taken as they were
+        hit = lookup(self, *args, **kw)
+        if hit is not None:
+            kept.append(hit.info.name)
+        return hit
+
+    monkeypatch.setattr(UnitCache, "store", record)
+    monkeypatch.setattr(UnitCache, "lookup", found)
+    again = prog.report(*second)
+    if "attn_regions" in options:  # the dispatch decided another assignment
+        assert rep.dynamic["attn_regions_of_requests"] != again.dynamic["attn_regions_of_requests"]
+    else:
+        lens = [[int(n) for n in xs[3]] for xs in (first, second)]
+        assert _lane_items(lens[0], 2) != _lane_items(lens[1], 2)
+    assert built == [], f"rebuilt {built}; kept {kept}"
+    assert len(kept) == len(again.units) > 0, kept
+    monkeypatch.undo()
+    fresh = torch2step.compile(module, decode_inputs(2, 6, 0, lengths=True), **options)
+    want = fresh.report(*second)
+    assert again.latency_cycles == want.latency_cycles
+    assert again.simulated_onchip_bytes == want.simulated_onchip_bytes
+    for xs in (first, second):
+        with torch.no_grad():
+            ref = module(*xs)
+        for a, b in zip(prog.run(*xs), ref):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)

@@ -152,6 +152,8 @@ class EmitCtx:
     configs: Mapping[str, UnitConfig] = field(default_factory=dict)
     #: channels whose every request's elements follow a count message (:mod:`.kv_loop`)
     headed: frozenset[str] = frozenset()
+    #: streams of a decode-attention lane or region ending with a stop token (:mod:`.item_loop`)
+    looped: frozenset[str] = frozenset()
     #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
     deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)

@@ -27,8 +27,10 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
+from .item_loop import emit_item_map
 from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
+from .lane_pick import emit_lane_keep_loop, emit_lane_pick
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
 from .stop_loop import (
@@ -159,6 +161,15 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, Map)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)
+    if emit_item_map(  # a lane's or region's loop until its items' stop token (.item_loop)
+        ctx,
+        b,
+        op,
+        lambda sx, so: cost.map_step(
+            op.fn, sx.flat[0], x.dtype, sx.parts(0), (so.flat[0], out.dtype, so.parts(0))
+        ),
+    ):
+        return
     data = control_data(ctx.structure.graph)
     computed = bool(x.flat)  # every output value is computed in a register at run time
     steps = [
@@ -291,8 +302,9 @@ def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _scan(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Scan)
-    if emit_cursor_scan(ctx, b, op, _Cost(ctx, op, ctx.stream(op.input))):
-        return  # a KV cursor computed in registers (.kv_loop)
+    cost = _Cost(ctx, op, ctx.stream(op.input))
+    if emit_cursor_scan(ctx, b, op, cost) or emit_lane_pick(ctx, b, op, cost):
+        return  # a KV cursor or a lane decision computed in registers (.kv_loop, .lane_pick)
     _reduce(ctx, b, op)
 
 
@@ -301,7 +313,9 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     assert isinstance(op, FlatMap)
     if emit_padded_filter(ctx, b, op):  # static tiling's FilterPadding (.static_pad)
         return
-    if emit_kv_addresses(ctx, b, op) or emit_lane_keep(ctx, b, op):
+    if emit_kv_addresses(ctx, b, op) or emit_lane_keep_loop(ctx, b, op):
+        return  # a lane keeping its items by the decisions in registers (.lane_pick)
+    if emit_lane_keep(ctx, b, op):
         return  # a request's KV-tile addresses from its cursor's registers (.kv_loop)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cost = _Cost(ctx, op, x)

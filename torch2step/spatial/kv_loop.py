@@ -381,8 +381,8 @@ def emit_kv_addresses(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
     sends = b.has_dsts(out.channel)
     ch = out.channel
     tails = [(t, min(tile, tail - t)) for t in range(0, tail, tile)]
-    for k in range(len(x.flat)):
-        e = b.recv(x, k)
+
+    def request(e: Any) -> None:
         ((_, buf),) = e
         assert buf is not None
         b.emit(
@@ -407,10 +407,21 @@ def emit_kv_addresses(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
                 Set("kv.r", r),
                 *step,
             )
-        b.step()
+
+    looped = op.name in ctx.looped
+    if looped:  # a lane's or region's requests, until their stop token (.item_loop)
+        from .item_loop import item_requests
+
+        item_requests(
+            ctx, b, op.input, request, lambda stop: (SendValue(ch, stop, True),) if sends else ()
+        )
+    else:
+        for k in range(len(x.flat)):
+            request(b.recv(x, k))
+            b.step()
     groups = groups_of(out)
     if sends:
-        b.sent_seq[ch] = out.messages + len(groups)
+        b.sent_seq[ch] = out.messages + len(groups) + looped
     name = op.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:

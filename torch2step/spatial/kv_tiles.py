@@ -52,6 +52,16 @@ from torch2step.step.types import TileType, TupleType
 
 from .buffer_loop import select
 from .context import EmitCtx, tile_shape
+from .item_loop import (
+    alike,
+    counted,
+    item_bound,
+    item_loop,
+    lead_channel,
+    level,
+    take_stop,
+    template,
+)
 from .kv_loop import groups_of, requests_of, tally_into
 from .streams import Part, iter_nodes, leaves
 from .timing import STEP_KERNEL
@@ -76,7 +86,7 @@ def emit_kv_loads(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoadRows) -> bo
     most, cols = tile_shape(op)
     dt = lay.dtype
     depth = ctx.timing.dma_depth(most * cols * DTYPE_BYTES[dt])
-    reqs = requests_of(ctx, ch)
+    looped = ch in ctx.looped  # a lane's or region's requests, until their stop token
     sends = out.channel is not None and b.has_dsts(out.channel)
     rows_at = MessageRows(out.channel or op.name, -1)
     held = max((p.elems for k in range(len(out.flat)) for p in out.parts(k)), default=0)
@@ -110,9 +120,14 @@ def emit_kv_loads(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoadRows) -> bo
     body += (Set("ld.g", Affine(1, (("ld.g", 1),))),)
     b.emit(Set("ld.g", 0))
     b.step()
-    for _ in range(reqs):
-        b.emit(RecvValue(ch, "ld.n"), Loop("ld.n", body))
-        b.step()
+    if looped:
+        item_loop(
+            b, [(RecvValue(ch, "ld.n"), Loop("ld.n", body))], (), item_bound(ctx, ch), "ld.stop"
+        )
+    else:
+        for _ in range(requests_of(ctx, ch)):
+            b.emit(RecvValue(ch, "ld.n"), Loop("ld.n", body))
+            b.step()
     if sends:  # the last depth - 1 tiles
         for i in range(depth - 1):
             t = Affine(1 - depth + i, (("ld.g", 1),))
@@ -123,7 +138,7 @@ def emit_kv_loads(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoadRows) -> bo
                 )
             )
         b.step()
-    b.next_seq[ch] = addrs.messages + len(groups_of(addrs))
+    b.next_seq[ch] = addrs.messages + len(groups_of(addrs)) + looped
     if sends and out.channel is not None:
         b.sent_seq[out.channel] = out.messages
     name = op.name
@@ -157,11 +172,13 @@ def emit_kv_expand(ctx: EmitCtx, b: UnitBuilder, op: Expand) -> bool:
             "element per request (torch2step.spatial.kv_loop)"
         )
     sends = b.has_dsts(out.channel)
-    for k in range(len(x.flat)):
-        e = b.recv(x, k, rotation=2)
+    looped = ch in ctx.looped  # a lane's or region's requests, until their stop token
+    bufs: list[str] = []
+
+    def request(e: Any) -> None:
         ((_, buf),) = e
         assert buf is not None
-        b.emit(RecvValue(ch, "ex.n"))
+        bufs.append(buf)
         step: tuple[Instr, ...] = (
             RecvValue(ch, "ex.row"),
             RecvValue(ch, "ex.r"),
@@ -171,10 +188,34 @@ def emit_kv_expand(ctx: EmitCtx, b: UnitBuilder, op: Expand) -> bool:
             b.emit(SendValue(out.channel, "ex.n"))
             step += (Send(out.channel, buf),)
         b.emit(Loop("ex.n", step))
-        b.step()
-    b.next_seq[ch] = r.messages + len(groups_of(r))
+
+    if looped:  # the count leads (it may be the token), then the query tile
+        qch = lead_channel(ctx, op.input)
+        qstop, count = take_stop(b, qch)
+        sx = alike(x, f"Expand %{op.name}")
+
+        def one() -> None:
+            b.emit(RecvValue(ch, "ex.n"))
+            b.next_seq[qch] = 0
+            request(b.recv(sx, 0, rotation=2))
+
+        copies, per = template(b, one, 2)
+        done: tuple[Instr, ...] = (Recv(qch, bufs[0], qstop),)
+        if sends:
+            done += (SendValue(out.channel, "ex.stop", True),)
+        item_loop(b, copies, done, item_bound(ctx, ch), "ex.stop")
+        b.next_seq[qch] = count + 1
+        counted(ctx, b, op.input.name, per)
+        ctx.relax(op.input, level(x))
+    else:
+        for k in range(len(x.flat)):
+            e = b.recv(x, k, rotation=2)
+            b.emit(RecvValue(ch, "ex.n"))
+            request(e)
+            b.step()
+    b.next_seq[ch] = r.messages + len(groups_of(r)) + looped
     if sends:
-        b.sent_seq[out.channel] = out.messages + len(groups_of(out))
+        b.sent_seq[out.channel] = out.messages + len(groups_of(out)) + looped
     name = op.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:
@@ -235,7 +276,8 @@ def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     if sx is not None and st is not None and most and not cost.cfg.writes_memory:
         in_parts, out_parts = _data_parts(sx, x.dtype), _data_parts(st, out.dtype)
         _, _, rule = cost.update_step(op.fn, sx, x.dtype, st, out.dtype, in_parts, out_parts, True)
-    reqs = requests_of(ctx, hch)
+    looped = hch in ctx.looped  # a lane's or region's requests, until their stop token
+    reqs = len(out.flat) if looped else requests_of(ctx, hch)
     if (
         rule is None
         or len(chans) != len(decls)
@@ -259,7 +301,8 @@ def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         held = max((x.parts(k)[i].elems for k in range(len(x.flat))), default=0)
         bufs.append(b.buffer(("in", ch, i), in_parts[i].dtype, held if dyn[i] else elems, 1, sized))
     sends = out.channel is not None and b.has_dsts(out.channel)
-    for _ in range(reqs):
+
+    def request() -> None:
         accs = [b.buffer(("acc", i), p.dtype, p.elems, 2) for i, p in enumerate(out_parts)]
         first = Compute(
             STEP_KERNEL, tuple(accs), tuple(bufs), rule.params(rule.slot, t.enc_rate), t.enc_dtype
@@ -291,15 +334,25 @@ def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         )
         if sends and out.channel is not None:
             b.emit(*(Send(out.channel, a) for a in accs))
-        b.step()
+
+    if looped:
+        copies, _ = template(b, request, 2)
+        done = (SendValue(out.channel, "sm.stop"),) if sends and out.channel else ()
+        item_loop(b, copies, done, item_bound(ctx, hch), "sm.stop")
+        counted(ctx, b, op.name, (0, int(sends), 0, 0))
+        ctx.relax(op.name, level(out))
+    else:
+        for _ in range(reqs):
+            request()
+            b.step()
+        b.sent += reqs * sends
     for ch in chans:
         assert ch is not None
         b.next_seq[ch] = ctx.streams[ch].messages + (
-            len(groups_of(ctx.streams[ch])) if ch == hch else 0
+            len(groups_of(ctx.streams[ch])) + looped if ch == hch else 0
         )
     if sends and out.channel is not None:
-        b.sent_seq[out.channel] = out.messages
-    b.sent += reqs * sends
+        b.sent_seq[out.channel] = out.messages + looped
     name, fn, dtype = op.input.name, op.fn, x.dtype
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:

@@ -93,33 +93,32 @@ request's tile count ahead of its ``(row, r)`` runs (one more message per reques
 (pipelined across requests), the query's Expand and the online softmax loop over that count,
 their tiles held in buffers of ``tile_kv`` rows (``Alloc.held``), the softmax timed by row
 rules; Repeat, a region's Partition and a lane's ``lane_keep`` forward the cursor tiles they
-receive.  The lengths must be loaded from an integer tensor no node stores
+receive.  Which lane or region takes each request is decided at run time too (STeP §5.4): the
+``lane_pick`` Scan keeps the lanes' loads in registers and writes its argmin into the state
+tile (:mod:`.lane_pick`), ``lane_keep`` sends a cursor under ``If`` on the decided lane and ends
+its items with a stop token, as a region's Partition does, and every unit of a lane or region
+loops until that token (:mod:`.item_loop`: bounded by the layer's items, the token forwarded),
+so its program is the same for every assignment, the dynamic one decided in simulated time
+included.  The lengths must be loaded from an integer tensor no node stores
 (:func:`~.kv_loop.lengths_carry_values`; otherwise the addresses are the run's literals).  A Map
 sending tiles only (the rotary Map) takes a control value (a position) into a register no
 instruction reads: one program for every value.
 
 What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
 regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
-over the chunks it takes); in decode attention which lane (or region) takes each request (the
-``lane_pick`` Scan's state comes from a unit step, with no values in timing mode, and
-``lane_keep`` keeps the run's items; a region's Partition routes at run time, but its region's
-units follow their request count).  :mod:`.reuse` therefore keys a plan by the run's control
+over the chunks it takes).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
 it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
-units of an expert whose tile count changed; a new KV-length set none while every request
-keeps its lane or region.  Making the rest run-independent needs:
+units of an expert whose tile count changed; a new KV-length set none, under every attention
+strategy (lanes, regions with a static or the dynamic assignment).  Making the rest
+run-independent needs:
 
 * with static tiling, an expert's units looping over its tiles until a stop token (bounded
   by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
 * with regions, each region's units looping until each chunk's stop token, the EagerMerge's
-  order then only the selector it sends (already a run-time value);
-* in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
-  ``Calc`` / ``WriteValue``, ``lane_keep`` sending a cursor under ``If`` on the decided lane)
-  and every unit of a lane or region looping over its item count (a count ahead of its items,
-  as the KV-tile units loop over each request's tile count), for the dynamic assignment of
-  STeP §5.4.
+  order then only the selector it sends (already a run-time value).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -154,6 +153,7 @@ from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .guard import empty_info, guard_body, head_body, views
 from .hazards import fence_group, offchip_deps, token_channel
+from .item_loop import item_emitters, looped_channels
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
@@ -175,6 +175,8 @@ EMITTERS = {
     **_SHAPE,
     # decode attention's query Expand loops over each request's tile count (.kv_loop)
     Expand: expand_emitter(_ROUTING[Expand]),
+    # a lane's or region's units loop until its items' stop token (.item_loop)
+    **item_emitters({**_MEMORY, **_ROUTING}),
 }
 
 
@@ -309,8 +311,13 @@ def _build_plan(
     # decode attention's KV-tile addresses and query copies follow each request's count
     headed = headed_channels(graph, st)
     ctx.headed = frozenset(headed)
+    # a lane's or region's item streams end with a stop token too (.item_loop)
+    looped, chained = looped_channels(graph, st, stops, headed)
+    ctx.looped = frozenset(looped)
+    stops |= looped - headed
     tokens = {ch: 1 for ch in stops} | {
-        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) for ch in grouped | headed
+        ch: group_tokens(streams[ch].value.data, streams[ch].value.rank) + (ch in looped)
+        for ch in grouped | headed
     }
     # an expert's units learn at run time whether it has tokens (:mod:`.guard`): built from
     # the streams one token makes when it has none (the view ``vw``)
@@ -330,7 +337,7 @@ def _build_plan(
                 info = view[v.name]
                 empty = set()
                 if not info.pieces:
-                    empty = st.sources(v.name) if whole else st.sources(v.name) & stops
+                    empty = st.sources(v.name) if whole else st.sources(v.name) & (stops | chained)
                 for ch in _channels_of(info) | empty:
                     if unit_of_chan[ch] != k:
                         dsts.setdefault(ch, set()).add(k)
