@@ -161,7 +161,7 @@ def _lane_items(lengths: list[int], lanes: int, tail: int = 1) -> list[int]:
 
 @pytest.mark.parametrize(
     "options",
-    [{"attn_lanes": 2}, {"attn_regions": 2, "attn_assign": "dynamic"}],
+    [{"attn_lanes": 3}, {"attn_regions": 2, "attn_assign": "dynamic"}],
     ids=["lanes", "dynamic-regions"],
 )
 def test_a_new_assignment_of_requests_rebuilds_no_unit(monkeypatch, options: dict) -> None:
@@ -198,7 +198,7 @@ def test_a_new_assignment_of_requests_rebuilds_no_unit(monkeypatch, options: dic
         assert rep.dynamic["attn_regions_of_requests"] != again.dynamic["attn_regions_of_requests"]
     else:
         lens = [[int(n) for n in xs[3]] for xs in (first, second)]
-        assert _lane_items(lens[0], 2) != _lane_items(lens[1], 2)
+        assert _lane_items(lens[0], 3) != _lane_items(lens[1], 3)
     assert built == [], f"rebuilt {built}; kept {kept}"
     assert len(kept) == len(again.units) > 0, kept
     monkeypatch.undo()

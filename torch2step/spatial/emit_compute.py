@@ -233,6 +233,9 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         b.step()
     if computed:  # the values it sends are the run's data, not part of its program
         ctx.relax(op.name, FORM)
+        # and what it computes them from reaches registers only (a region's id into its
+        # one-hot selector, STeP §5.4: the assignment is data)
+        ctx.relax(op.input, FORM)
     elif all(p.kind == "data" for k in range(len(out.flat)) for p in out.parts(k)):
         # it sends tiles only: a control value it receives (a rotary position, a request's
         # KV length) reaches a register no instruction reads, and its steps are timed from
