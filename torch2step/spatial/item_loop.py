@@ -20,8 +20,9 @@ the stream the Partition or ``lane_keep`` chooses from) until the token, the tok
   ``SendValue`` with ``stop``, the softmax its results with the token);
 * the finalize Map loops until the softmax's token and sends no token: its results are the
   region's completions that :mod:`.dispatch` watches (one message per item);
-* the RandomOffChipStore takes each item's row block with ``RecvValue(..., stop=s)`` and stores
-  the next result tile, until the block channel's token.
+* the RandomOffChipStore (:mod:`.item_memory`) takes each item's row block with
+  ``RecvValue(..., stop=s)`` and stores the next result tile there, until the block channel's
+  token; a lane's query load likewise loads at each block (pipelined across items).
 
 The loops' iterations left after the token test their guard only (two nested loops,
 :func:`~.stop_loop.until_stop`); a receive with ``stop`` waits for its message, as the control
@@ -38,7 +39,6 @@ from collections.abc import Callable
 from typing import Any
 
 from lowering.isa import (
-    DTYPE_BYTES,
     Calc,
     Cond,
     If,
@@ -57,7 +57,7 @@ from torch2step.step.ops_memory import RandomOffChipLoad, RandomOffChipStore
 from torch2step.step.ops_routing import Partition
 from torch2step.step.ops_shape import Expand, Repeat
 
-from .context import EmitCtx, tile_shape
+from .context import EmitCtx
 from .kv_loop import _lane_keep, _readers, _single, _unit_readers, tally_into
 from .lane_pick import lane_pick_scan
 from .stop_loop import declared_element, until_stop
@@ -79,9 +79,6 @@ __all__ = [
     "lead_channel",
     "emit_item_repeat",
     "emit_item_map",
-    "emit_item_store",
-    "emit_item_load",
-    "item_emitters",
 ]
 
 
@@ -393,108 +390,3 @@ def emit_item_map(
     ctx.relax(op.input, level(x))
     ctx.relax(op.name, None if block else level(out))  # blocks: values from registers
     return True
-
-
-def _recv_value(b: UnitBuilder, ch: str) -> str:
-    """The register a control value of channel ``ch`` is received into (as ``recv`` names
-    it), its ``RecvValue`` emitted."""
-    reg = f"v.{ch}.0"
-    b.emit(RecvValue(ch, reg))
-    b.received += 1
-    return reg
-
-
-def _recv_tile(b: UnitBuilder, x: StreamInfo, ch: str, rotation: int) -> Elem:
-    """The next buffer for a tile of stream ``x`` (declared static shape) from channel ``ch``,
-    its ``Recv`` emitted (as ``recv`` names it)."""
-    sx = alike(x, f"unit %{b.name}")
-    b.next_seq[ch] = 0
-    return b.recv(sx, 0, rotation=rotation)
-
-
-def emit_item_store(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipStore) -> bool:
-    """A lane's or region's RandomOffChipStore as a loop until its row blocks' token: per item
-    ``RecvValue`` the block (with ``stop``), receive the result tile and store it there."""
-    if op.waddr.name not in ctx.looped:
-        return False
-    addrs, data, ack = ctx.stream(op.waddr), ctx.stream(op.wdata), ctx.stream(op.name)
-    if ack.channel is not None and b.has_dsts(ack.channel):
-        raise LoweringError(f"RandomOffChipStore %{op.name}: its acknowledgements have a reader")
-    ach, dch = lead_channel(ctx, op.waddr), lead_channel(ctx, op.wdata)
-    stop, _ = f"stop.{ach}", b.stops.pop(ach, None)
-    lay = ctx.layouts[op.tensor.name]
-    tile = tile_shape(op)
-    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
-    what = f"RandomOffChipStore %{op.name}"
-
-    def one() -> None:
-        reg = _recv_value(b, ach)
-        d = _recv_tile(b, data, dch, depth)
-        b.store(lay.name, *lay.region_at(op.base, reg, tile, what), d)
-
-    copies, per = template(b, one, depth)
-    item_loop(b, copies, (), item_bound(ctx, op.waddr.name), stop)
-    b.next_seq[ach] = addrs.messages + 1
-    b.next_seq[dch] = data.messages
-    counted(ctx, b, op.waddr.name, per)
-    ctx.relax(op.waddr, None)  # the blocks reach registers only
-    ctx.relax(op.wdata, level(data))
-    ctx.relax(op.name, None)
-    return True
-
-
-def emit_item_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad) -> bool:
-    """A lane's query load as a loop until its row blocks' token: per item ``RecvValue`` the
-    block (with ``stop``), load the tile there and send it; the token forwarded."""
-    if op.name not in ctx.looped:
-        return False
-    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
-    ach = lead_channel(ctx, op.raddr)
-    stop = f"stop.{ach}"
-    b.stops.pop(ach, None)
-    lay = ctx.layouts[op.tensor.name]
-    tile = tile_shape(op)
-    so = alike(out, f"RandomOffChipLoad %{op.name}")
-    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
-    what = f"RandomOffChipLoad %{op.name}"
-    b._await(lay.name)  # the completion tokens of earlier stores, once ahead of the loop
-
-    def one() -> None:
-        reg = _recv_value(b, ach)
-        e = b.load(lay.name, *lay.region_at(op.base, reg, tile, what), lay.dtype, depth)
-        b.send(so, 0, e)
-
-    copies, per = template(b, one, depth)
-    sends = out.channel is not None and b.has_dsts(out.channel)
-    done = (SendValue(out.channel, stop),) if sends and out.channel else ()
-    item_loop(b, copies, done, item_bound(ctx, op.raddr.name), stop)
-    b.next_seq[ach] = addrs.messages + 1
-    if sends and out.channel:
-        b.sent_seq[out.channel] = out.messages + 1
-    counted(ctx, b, op.raddr.name, per)
-    ctx.relax(op.raddr, None)
-    ctx.relax(op.name, level(out))
-    return True
-
-
-Emitter = Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]
-
-_ITEM_EMITTERS: dict[type, Callable[[EmitCtx, UnitBuilder, Any], bool]] = {
-    Repeat: emit_item_repeat,
-    RandomOffChipStore: emit_item_store,
-    RandomOffChipLoad: emit_item_load,
-}
-
-
-def item_emitters(base: dict[type, Emitter]) -> dict[type, Emitter]:
-    """``base``'s emitters of Repeat, RandomOffChipLoad and RandomOffChipStore, each trying
-    its lane's or region's item loop first (module docstring)."""
-
-    def wrap(fallback: Emitter, first: Callable[[EmitCtx, UnitBuilder, Any], bool]) -> Emitter:
-        def emit(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
-            if not first(ctx, b, ops[0]):
-                fallback(ctx, b, ops)
-
-        return emit
-
-    return {cls: wrap(base[cls], first) for cls, first in _ITEM_EMITTERS.items()}

@@ -29,8 +29,12 @@ the run's lengths when it is built:
   unrolled program does;
 * between the Scan and the address FlatMap, the units that forward the cursor tiles send the
   buffers they received them in, so the tiles keep their values: Repeat, a region's Partition
-  (STeP §5.4) and a lane's ``lane_keep`` FlatMap (:func:`emit_lane_keep`; which items a lane
-  keeps is still the run's).
+  (STeP §5.4) and a lane's ``lane_keep`` FlatMap (:func:`emit_lane_keep`, or with its lane
+  decisions in registers :func:`~.lane_pick.emit_lane_keep_loop`);
+* in a lane or region (STeP §5.4) every one of these units loops over the requests until the
+  items' stop token rather than over the run's request count (:mod:`.item_loop`): the address
+  FlatMap and the Expand end their headed channels with a ``SendValue`` with ``stop``, which
+  the loads, the Expand and the softmax take in place of a request's count.
 
 The count travels as one control value ahead of each request's elements on the address
 channel and on the Expand's (:func:`headed_channels`; ``SpatialPlan.messages`` counts it, as it

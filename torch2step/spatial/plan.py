@@ -153,7 +153,8 @@ from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
 from .guard import empty_info, guard_body, head_body, views
 from .hazards import fence_group, offchip_deps, token_channel
-from .item_loop import item_emitters, looped_channels
+from .item_loop import looped_channels
+from .item_memory import item_emitters
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure

@@ -24,7 +24,10 @@ The assignment is data (the ``region`` tensor): one graph serves every strategy 
 the paper uses 16), :func:`assign_interleave` (round-robin) and the dynamic assignment, which
 depends on simulated time and is decided by
 :func:`torch2step.spatial.dispatch.simulate_dispatched` (first ``R`` requests round-robin,
-then each request to the region that becomes free first).
+then each request to the region that becomes free first).  The units of a lane or region are
+one program for every assignment: the lane decisions are computed in registers and each unit
+loops until its items' stop token (:mod:`torch2step.spatial.lane_pick`,
+:mod:`torch2step.spatial.item_loop`), so a new KV-length set or assignment rebuilds none.
 """
 
 from __future__ import annotations
