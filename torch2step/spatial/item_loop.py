@@ -72,6 +72,7 @@ __all__ = [
     "item_loop",
     "item_requests",
     "take_stop",
+    "hold_buffers",
     "alike",
     "level",
     "counted",
@@ -263,6 +264,15 @@ def counted(ctx: EmitCtx, b: UnitBuilder, name: str, per: tuple, scale: int = 1)
     tally_into(ctx, b, tally)
 
 
+def hold_buffers(b: UnitBuilder) -> None:
+    """Allocate every buffer of the unit held (``Alloc.held``, at the capacity it has): the
+    loop's rotating buffers hold the items a run gives the lane or region, so the on-chip
+    bytes counted are those it holds (none for a lane without an item), as the program
+    unrolled over the run's items allocated only the copies it used."""
+    for pool in b.pools.values():
+        pool.bound = max(pool.bound or 0, pool.cap)
+
+
 def take_stop(b: UnitBuilder, ch: str) -> tuple[str, int]:
     """The stop register of channel ``ch`` and its elements' messages this run (the builder's
     automatic receive of the token is taken over by the loop)."""
@@ -297,6 +307,7 @@ def item_requests(
     b.next_seq[ch] = count + 1
     counted(ctx, b, x.name, per)
     ctx.relax(v, level(x))
+    hold_buffers(b)
 
 
 # ---------------------------------------------------------------- the units
@@ -329,6 +340,7 @@ def emit_item_repeat(ctx: EmitCtx, b: UnitBuilder, op: Repeat) -> bool:
     counted(ctx, b, op.input.name, per)
     ctx.relax(op.input, level(x))
     ctx.relax(op.name, level(out))
+    hold_buffers(b)
     return True
 
 
@@ -389,4 +401,5 @@ def emit_item_map(
     counted(ctx, b, op.input.name, per)
     ctx.relax(op.input, level(x))
     ctx.relax(op.name, None if block else level(out))  # blocks: values from registers
+    hold_buffers(b)
     return True

@@ -36,6 +36,7 @@ from .item_loop import (
     alike,
     counted,
     emit_item_repeat,
+    hold_buffers,
     item_bound,
     item_loop,
     lead_channel,
@@ -93,6 +94,7 @@ def emit_item_store(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipStore) -> boo
     ctx.relax(op.waddr, None)  # the blocks reach registers only
     ctx.relax(op.wdata, level(data))
     ctx.relax(op.name, None)
+    hold_buffers(b)
     return True
 
 
@@ -149,6 +151,7 @@ def emit_item_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad) -> bool:
     counted(ctx, b, op.raddr.name, (1, int(sends), 0, 0))
     ctx.relax(op.raddr, None)
     ctx.relax(op.name, level(out))
+    hold_buffers(b)
     return True
 
 

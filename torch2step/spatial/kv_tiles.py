@@ -55,6 +55,7 @@ from .context import EmitCtx, tile_shape
 from .item_loop import (
     alike,
     counted,
+    hold_buffers,
     item_bound,
     item_loop,
     lead_channel,
@@ -207,6 +208,7 @@ def emit_kv_expand(ctx: EmitCtx, b: UnitBuilder, op: Expand) -> bool:
         b.next_seq[qch] = count + 1
         counted(ctx, b, op.input.name, per)
         ctx.relax(op.input, level(x))
+        hold_buffers(b)
     else:
         for k in range(len(x.flat)):
             e = b.recv(x, k, rotation=2)
@@ -341,6 +343,7 @@ def emit_kv_softmax(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         item_loop(b, copies, done, item_bound(ctx, hch), "sm.stop")
         counted(ctx, b, op.name, (0, int(sends), 0, 0))
         ctx.relax(op.name, level(out))
+        hold_buffers(b)
     else:
         for _ in range(reqs):
             request()
