@@ -27,6 +27,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
+from .region_values import emit_value_grid
 from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
 from .rows import row_rule, with_rows
@@ -221,7 +222,9 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         b.sent_seq[fwd] += 1
         b.step()
     if computed:  # the values it sends are the run's data, not part of its program
-        ctx.relax(op.name, FORM)
+        # computed from the control values it received, in registers: their values are
+        # read at run time only (.region_values)
+        ctx.relax(op.input, FORM)
     elif all(p.kind == "data" for k in range(len(out.flat)) for p in out.parts(k)):
         # it sends tiles only: a control value it receives (a rotary position, a request's
         # KV length) reaches a register no instruction reads, and its steps are timed from
@@ -300,6 +303,8 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, FlatMap)
     if emit_padded_filter(ctx, b, op):  # static tiling's FilterPadding (.static_pad)
+        return
+    if emit_value_grid(ctx, b, op):  # a region's weight addresses in registers (.region_values)
         return
     if emit_kv_addresses(ctx, b, op) or emit_lane_keep(ctx, b, op):
         return  # a request's KV-tile addresses from its cursor's registers (.kv_loop)

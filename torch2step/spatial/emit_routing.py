@@ -311,6 +311,8 @@ def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         # the reference's control values (a request's KV-tile addresses) are dequeued into
         # registers no instruction reads: only the reference's structure steers the program
         ctx.relax(op.ref, FORM)
+    if not b.literal_values:  # the values it copies are sent from the registers they came in
+        ctx.relax(op.input, FORM)
 
 
 def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
