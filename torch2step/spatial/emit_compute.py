@@ -27,9 +27,9 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .control import control_data, lower_value
-from .region_values import emit_value_grid
 from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
+from .region_values import emit_value_grid
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
 from .stop_loop import (
