@@ -29,6 +29,7 @@ from .context import EmitCtx
 from .control import control_data, lower_value
 from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
+from .region_rows import emit_chunk_rows, emit_zip_loop
 from .region_values import emit_value_grid
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
@@ -188,6 +189,12 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
                 op.fn, sx.flat[0], x.dtype, sx.parts(0), (so.flat[0], out.dtype, so.parts(0))
             )
         ]
+    if emit_zip_loop(  # an expert's rows back from its region (.region_rows, §5.3)
+        ctx, b, op, steps,
+        lambda i, o: cost.map_step(op.fn, i.flat[0], x.dtype, i.parts(0),
+                                   (o.flat[0], out.dtype, o.parts(0))),
+    ):  # fmt: skip
+        return
     looped = stop_channel(b, op, lx)
     if (
         looped is not None
@@ -305,6 +312,8 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     if emit_padded_filter(ctx, b, op):  # static tiling's FilterPadding (.static_pad)
         return
     if emit_value_grid(ctx, b, op):  # a region's weight addresses in registers (.region_values)
+        return
+    if emit_chunk_rows(ctx, b, op):  # an expert's rows as its region's chunk (.region_rows)
         return
     if emit_kv_addresses(ctx, b, op) or emit_lane_keep(ctx, b, op):
         return  # a request's KV-tile addresses from its cursor's registers (.kv_loop)

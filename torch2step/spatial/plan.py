@@ -142,7 +142,7 @@ from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
 from torch2step.step.ops_memory import RandomOffChipLoadRows
-from torch2step.step.ops_routing import Partition, Reassemble
+from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
 from torch2step.step.ops_shape import Expand
 
 from .buffer_loop import group_tokens, grouped_channels
@@ -157,6 +157,8 @@ from .hazards import fence_group, offchip_deps, token_channel
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
+from .region_rows import chunk_stops
+from .region_values import ragged_bounds
 from .static_pad import counted_rows
 from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
@@ -232,8 +234,8 @@ def count_bounds(ctx: EmitCtx) -> dict[str, int]:
     for op in ctx.structure.graph.nodes:
         if isinstance(op, Partition) and op.name in ctx.structure.owner:
             n = len(ctx.streams[op.sel.name].flat)
-            for sym in op.counts():
-                out[sym.name] = n
+            for sym in op.counts():  # the first Partition naming it: the router's
+                out.setdefault(sym.name, n)  # (a region's names its experts' counts again)
         elif isinstance(op, RandomOffChipLoadRows):  # a KV tile: at most the op's tile rows
             (t,) = op.out_types()
             rows = sp.sympify(t.dtype.shape[0])
@@ -241,6 +243,7 @@ def count_bounds(ctx: EmitCtx) -> dict[str, int]:
                 out[str(rows.base)] = int(op.tile.shape[0])
             elif isinstance(rows, sp.Symbol):
                 out[rows.name] = int(op.tile.shape[0])
+    out.update(ragged_bounds(ctx.structure.graph, out))  # a region's chunks (§5.3)
     return out
 
 
@@ -303,6 +306,7 @@ def _build_plan(
             if forwards_stop(op, st.sources(op.input.name) if hasattr(op, "input") else (), stops):
                 stops.add(op.name)
     stops |= counted_rows(graph, st, stops)  # static tiling's counts (.static_pad)
+    stops |= chunk_stops(graph, st, stops)  # an expert's chunk for its region (.region_rows)
     # a Streamify reading an expert's buffer ends each read with a stop token (its count),
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)
@@ -323,6 +327,7 @@ def _build_plan(
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
         whole = isinstance(ops[0], Reassemble) and runtime_reassemble(ctx, ops[0])
+        whole = whole or isinstance(ops[0], EagerMerge)  # a region's experts, chunk or none
         for op in ops:
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are

@@ -24,11 +24,16 @@ bytes are those of the literal programs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import sympy as sp
+
 from lowering.isa import Affine, Calc, Cond, If, Set
+from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import FlatMap
+from torch2step.step.ops_routing import EagerMerge
 
 from .context import EmitCtx
 from .control import REGISTER_FNS, control_data
@@ -36,7 +41,7 @@ from .streams import Part, iter_nodes
 from .unit import Elem, UnitBuilder
 from .unit_reuse import FORM
 
-__all__ = ["emit_value_grid"]
+__all__ = ["emit_value_grid", "ragged_bounds"]
 
 
 def _reg(elem: Elem, i: int = 0) -> str | None:
@@ -134,3 +139,43 @@ def emit_value_grid(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
     ctx.relax(op.input, FORM)
     ctx.relax(op.name, FORM)
     return True
+
+
+def ragged_bounds(graph: StepProgram, bounds: Mapping[str, int]) -> dict[str, int]:
+    """Per ragged chunk size of an expert region (by the name of its indexed base), a bound:
+    the rows of the chunk an expert's ``as_ragged`` FlatMap makes are its token count, and a
+    chunk an EagerMerge takes is one of its inputs' (STeP (revised) §3.1: a chunk's size is
+    data-known), so at most the largest of their bounds (``bounds``: the Partition counts',
+    :func:`~.plan.count_bounds`).  A region's tiles of a chunk's rows are then held in
+    buffers allocated at that bound and timed from their run-time rows (:mod:`.rows`), the
+    same program for every chunk size."""
+    out: dict[str, int] = {}
+
+    def of(d: Any) -> int | None:
+        e = sp.sympify(d)
+        if isinstance(e, sp.Indexed):
+            return out.get(str(e.base))
+        if e.is_Integer:
+            return int(e)
+        names = {x.name for x in e.free_symbols}
+        if not names or not names <= bounds.keys():
+            return None
+        v = e.subs({x: bounds[x.name] for x in e.free_symbols})
+        return int(v) if v.is_Integer else None
+
+    for op, outs in zip(graph.nodes, graph.node_outputs):
+        ragged = isinstance(op, EagerMerge) or (
+            isinstance(op, FlatMap) and getattr(op.fn, "name", None) == "as_ragged"
+        )
+        if not ragged:
+            continue
+        ins = op.ins if isinstance(op, EagerMerge) else [op.input]
+        shape = outs[0].type.shape
+        for d, size in enumerate(shape):
+            e = sp.sympify(size)
+            if not isinstance(e, sp.Indexed) or str(e.base) in out:
+                continue
+            got = [of(v.type.shape[d]) for v in ins if len(v.type.shape) > d]
+            if got and all(g is not None for g in got):
+                out[str(e.base)] = max(got)  # type: ignore[type-var]
+    return out
