@@ -313,7 +313,11 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         return
     if emit_value_grid(ctx, b, op):  # a region's weight addresses in registers (.region_values)
         return
-    if emit_chunk_rows(ctx, b, op):  # an expert's rows as its region's chunk (.region_rows)
+    if emit_chunk_rows(  # an expert's rows as its region's chunk (.region_rows)
+        ctx, b, op,
+        lambda i: _Cost(ctx, op, i).cycles(0, concrete_type(i.flat[0], i.dtype), i.parts(0),
+                                           i.parts(0)),
+    ):  # fmt: skip
         return
     if emit_kv_addresses(ctx, b, op) or emit_lane_keep(ctx, b, op):
         return  # a request's KV-tile addresses from its cursor's registers (.kv_loop)

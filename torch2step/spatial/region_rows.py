@@ -60,10 +60,14 @@ def _alike(x: StreamInfo) -> bool:
     )
 
 
-def emit_chunk_rows(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
+def emit_chunk_rows(
+    ctx: EmitCtx, b: UnitBuilder, op: Op, memory: Callable[[StreamInfo], int] | None = None
+) -> bool:
     """The unit of an expert's ``as_ragged`` FlatMap over the Promote of a Partition output
-    (module docstring): a loop until the output's stop token, one cycle per row, each row
-    forwarded; ``False`` (nothing emitted) when the unit is not such a FlatMap."""
+    (module docstring): a loop until the output's stop token, one cycle per row (after the
+    row's pass through an on-chip memory unit, ``memory(x)`` cycles for the stream's first
+    element, when the unit is configured so), each row forwarded; ``False`` (nothing
+    emitted) when the unit is not such a FlatMap."""
     if not isinstance(op, FlatMap) or getattr(op.fn, "name", None) != "as_ragged":
         return False
     src = ctx.structure.producer.get(op.input.name)
@@ -95,7 +99,12 @@ def emit_chunk_rows(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
     if not x.flat:
         b.next_seq[ch] = 0  # its stop token, taken by the loop
 
+    cfg = ctx.config(op)
+    staged = memory(lx) if memory is not None and (cfg.reads_memory or cfg.writes_memory) else 0
+
     def each(k: int, e: Elem) -> None:
+        if staged:
+            b.compute(staged, (e,))
         b.compute(1, (e,), const=True)
         b.send(lo, 0, e)
 
