@@ -17,6 +17,8 @@ selection stream is blocked until the routing for the current selection is finis
   one cycle; the one-hot selector naming the chunk's input is sent once the chunk's first
   element is there (the merge cannot name an input before that input is ready, STeP §3.2.3),
   so the units the selector steers (a region's weight addresses, §5.3) start with the data.
+  It reads every input's channel: an expert's chunk ends with the count its FlatMap forwards
+  (:mod:`.region_rows`), taken after the chunk's rows, or alone when the expert sends none.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element
   of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
 

@@ -98,9 +98,19 @@ receive.  The lengths must be loaded from an integer tensor no node stores
 sending tiles only (the rotary Map) takes a control value (a position) into a register no
 instruction reads: one program for every value.
 
+With expert regions (§5.3) a region's expert id, weight-tile addresses and padding index are
+computed in registers from the selector its EagerMerge sends, and its weight RandomOffChipLoads
+load from them (:mod:`.region_values`); its tiles of a chunk's rows are held at the experts'
+token bound and timed by row rules (the chunk sizes' bound, :func:`~.region_values.ragged_bounds`);
+each expert's chunk and its scaling after the region loop until the Partition's stop token
+(:mod:`.region_rows`).
+
 What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
-regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
-over the chunks it takes); in decode attention which lane (or region) takes each request (the
+regions EagerMerge's chunk order (the merge's program takes the chunks in the run's order), a
+region's chunk count (its units are unrolled over the chunks it takes) and, with dynamic
+tiling, the chunks' sizes where a region handles them row by row (its Bufferize, row packing,
+selector Expand and Map, the FlatMap back to rows and the Partition back to the experts); in
+decode attention which lane (or region) takes each request (the
 ``lane_pick`` Scan's state comes from a unit step, with no values in timing mode, and
 ``lane_keep`` keeps the run's items; a region's Partition routes at run time, but its region's
 units follow their request count).  :mod:`.reuse` therefore keys a plan by the run's control
@@ -109,12 +119,17 @@ the programs of earlier runs that the new run does not change (:mod:`.unit_reuse
 program is kept with what its emitter read of the run, at the level its program depends on
 it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
 units of an expert whose tile count changed; a new KV-length set none while every request
-keeps its lane or region.  Making the rest run-independent needs:
+keeps its lane or region; a new chunk order (decided in simulated time, :mod:`.dynamic`) of
+statically tiled regions only the merges.  Making the rest run-independent needs:
 
 * with static tiling, an expert's units looping over its tiles until a stop token (bounded
   by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
-* with regions, each region's units looping until each chunk's stop token, the EagerMerge's
-  order then only the selector it sends (already a run-time value);
+* with regions, each region's units looping over its chunks until a stop token after the
+  last (guarded by the selector the merge sends per chunk, as :mod:`.guard` guards an
+  expert's units by its buffer reference), its row units looping until each chunk's stop
+  token (the merge forwarding the count each expert's chunk ends with), and the merge taking
+  whichever input is ready at run time (a receive from any of several channels, which the
+  simulator does not have: its order is now the only run value its program follows);
 * in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
   ``Calc`` / ``WriteValue``, ``lane_keep`` sending a cursor under ``If`` on the decided lane)
   and every unit of a lane or region looping over its item count (a count ahead of its items,
