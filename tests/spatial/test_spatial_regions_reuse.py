@@ -163,3 +163,22 @@ def test_a_new_routing_keeps_every_expert_unit() -> None:
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_routing_of_as_many_static_tiles_keeps_every_unit_but_the_merges() -> None:
+    """Static tiling, routing D after A: every expert keeps its tile count (experts 1 and 3
+    another padding of their last tile), so every region takes as many chunks in the same
+    order: every unit is kept but the merges, whose chunks carry the padding flags as
+    messages (a tile of other padding has other messages)."""
+    route_d = np.array([[0, 1]] * 4 + [[0, 2]] * 3 + [[0, 3]] + [[1, 3]] * 8)
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, route_d)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    counts = [[runs[i].bindings[f"moe_n{e}"] for e in range(4)] for i in (0, 1)]
+    assert [-(-n // 4) for n in counts[0]] == [-(-n // 4) for n in counts[1]]
+    assert counts[0] != counts[1]
+    kept, rebuilt, _ = _kept_rebuilt(g, runs)
+    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 71
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

@@ -291,6 +291,11 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         if not leaves(chunk, rank):  # pragma: no cover - an empty chunk: only its selector
             b.send(sel, ci, named)
         b.step()
+    # the control values of the chunks (a static tile's padding flags) are forwarded from the
+    # registers they came in: the program follows the chunks' order and forms, not the values
+    # (its selectors name the inputs in that order, STeP §5.3)
+    for v in (*op.ins, data.name):
+        ctx.relax(v, FORM)
 
 
 def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
