@@ -98,18 +98,15 @@ receive.  The lengths must be loaded from an integer tensor no node stores
 sending tiles only (the rotary Map) takes a control value (a position) into a register no
 instruction reads: one program for every value.
 
-With expert regions (§5.3) a region's expert id, weight-tile addresses and padding index are
-computed in registers from the selector its EagerMerge sends, and its weight RandomOffChipLoads
-load from them (:mod:`.region_values`); its tiles of a chunk's rows are held at the experts'
-token bound and timed by row rules (the chunk sizes' bound, :func:`~.region_values.ragged_bounds`);
-each expert's chunk and its scaling after the region loop until the Partition's stop token
-(:mod:`.region_rows`).
+With expert regions (§5.3) a region computes its expert id and weight-tile addresses in
+registers from its EagerMerge's selector (:mod:`.region_values`), holds its tiles of a
+chunk's rows at the experts' token bound, and each expert's chunk and scaling loop until the
+Partition's stop token (:mod:`.region_rows`).
 
 What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
-regions EagerMerge's chunk order (the merge's program takes the chunks in the run's order), a
-region's chunk count (its units are unrolled over the chunks it takes) and, with dynamic
-tiling, the chunks' sizes where a region handles them row by row (its Bufferize, row packing,
-selector Expand and Map, the FlatMap back to rows and the Partition back to the experts); in
+regions EagerMerge's chunk order, a region's chunk count (its units are unrolled over its
+chunks) and, with dynamic tiling, the sizes of the chunks its row units handle (Bufferize,
+row packing, selector Expand and Map, the FlatMap back to rows, the Partition back); in
 decode attention which lane (or region) takes each request (the
 ``lane_pick`` Scan's state comes from a unit step, with no values in timing mode, and
 ``lane_keep`` keeps the run's items; a region's Partition routes at run time, but its region's
@@ -129,7 +126,7 @@ statically tiled regions only the merges.  Making the rest run-independent needs
   expert's units by its buffer reference), its row units looping until each chunk's stop
   token (the merge forwarding the count each expert's chunk ends with), and the merge taking
   whichever input is ready at run time (a receive from any of several channels, which the
-  simulator does not have: its order is now the only run value its program follows);
+  simulator does not have);
 * in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
   ``Calc`` / ``WriteValue``, ``lane_keep`` sending a cursor under ``If`` on the decided lane)
   and every unit of a lane or region looping over its item count (a count ahead of its items,

@@ -41,14 +41,6 @@ from .unit_reuse import EACH, EVERY
 __all__ = ["chunk_stops", "emit_chunk_rows", "emit_zip_loop"]
 
 
-def _channel(x: StreamInfo) -> str | None:
-    chans = {ch for pc in x.pieces for ch, _, _ in pc}
-    if len(chans) != 1:
-        return None
-    (ch,) = chans
-    return ch
-
-
 def _alike(x: StreamInfo) -> bool:
     """Every element of ``x`` has the same messages and tile shapes."""
     if not x.flat:
