@@ -31,6 +31,8 @@ from .item_loop import emit_item_map
 from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
 from .lane_pick import emit_lane_keep_loop, emit_lane_pick
+from .region_rows import emit_chunk_rows, emit_zip_loop
+from .region_values import emit_value_grid
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
 from .stop_loop import (
@@ -198,6 +200,12 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
                 op.fn, sx.flat[0], x.dtype, sx.parts(0), (so.flat[0], out.dtype, so.parts(0))
             )
         ]
+    if emit_zip_loop(  # an expert's rows back from its region (.region_rows, §5.3)
+        ctx, b, op, steps,
+        lambda i, o: cost.map_step(op.fn, i.flat[0], x.dtype, i.parts(0),
+                                   (o.flat[0], out.dtype, o.parts(0))),
+    ):  # fmt: skip
+        return
     looped = stop_channel(b, op, lx)
     if (
         looped is not None
@@ -234,7 +242,8 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     if computed:  # the values it sends are the run's data, not part of its program
         ctx.relax(op.name, FORM)
         # and what it computes them from reaches registers only (a region's id into its
-        # one-hot selector, STeP §5.4: the assignment is data)
+        # one-hot selector, STeP §5.4: the assignment is data; an expert id and weight
+        # addresses from an EagerMerge's selector, §5.3: .region_values)
         ctx.relax(op.input, FORM)
     elif all(p.kind == "data" for k in range(len(out.flat)) for p in out.parts(k)):
         # it sends tiles only: a control value it receives (a rotary position, a request's
@@ -315,6 +324,14 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, FlatMap)
     if emit_padded_filter(ctx, b, op):  # static tiling's FilterPadding (.static_pad)
+        return
+    if emit_value_grid(ctx, b, op):  # a region's weight addresses in registers (.region_values)
+        return
+    if emit_chunk_rows(  # an expert's rows as its region's chunk (.region_rows)
+        ctx, b, op,
+        lambda i: _Cost(ctx, op, i).cycles(0, concrete_type(i.flat[0], i.dtype), i.parts(0),
+                                           i.parts(0)),
+    ):  # fmt: skip
         return
     if emit_kv_addresses(ctx, b, op) or emit_lane_keep_loop(ctx, b, op):
         return  # a lane keeping its items by the decisions in registers (.lane_pick)

@@ -107,9 +107,12 @@ def _random_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
     loaded: dict[int, Elem] = {}
     what = f"RandomOffChipLoad %{op.name}"
+    literal: list[int] = []
 
     def front(t: int) -> None:
         ((p, reg),) = b.recv(addrs, t)
+        if reg is None:
+            literal.append(t)
         where = (
             lay.region(op.base + p.value, tile)
             if reg is None
@@ -118,6 +121,10 @@ def _random_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         loaded[t] = b.load(lay.name, *where, lay.dtype, depth)
 
     _pipelined(b, len(out.flat), depth, front, lambda t: b.send(out, t, loaded.pop(t)))
+    if not literal:
+        # every address is received into a register and loaded from: the program reads the
+        # addresses' values at run time (a region's expert weights, STeP §5.3)
+        ctx.relax(op.raddr, FORM)
 
 
 def _random_load_rows(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:

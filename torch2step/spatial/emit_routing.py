@@ -17,6 +17,8 @@ selection stream is blocked until the routing for the current selection is finis
   one cycle; the one-hot selector naming the chunk's input is sent once the chunk's first
   element is there (the merge cannot name an input before that input is ready, STeP §3.2.3),
   so the units the selector steers (a region's weight addresses, §5.3) start with the data.
+  It reads every input's channel: an expert's chunk ends with the count its FlatMap forwards
+  (:mod:`.region_rows`), taken after the chunk's rows, or alone when the expert sends none.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element
   of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
 
@@ -289,6 +291,11 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         if not leaves(chunk, rank):  # pragma: no cover - an empty chunk: only its selector
             b.send(sel, ci, named)
         b.step()
+    # the control values of the chunks (a static tile's padding flags) are forwarded from the
+    # registers they came in: the program follows the chunks' order and forms, not the values
+    # (its selectors name the inputs in that order, STeP §5.3)
+    for v in (*op.ins, data.name):
+        ctx.relax(v, FORM)
 
 
 def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
@@ -311,6 +318,8 @@ def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         # the reference's control values (a request's KV-tile addresses) are dequeued into
         # registers no instruction reads: only the reference's structure steers the program
         ctx.relax(op.ref, FORM)
+    if not b.literal_values:  # the values it copies are sent from the registers they came in
+        ctx.relax(op.input, FORM)
 
 
 def _repeat(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:

@@ -104,21 +104,33 @@ included.  The lengths must be loaded from an integer tensor no node stores
 sending tiles only (the rotary Map) takes a control value (a position) into a register no
 instruction reads: one program for every value.
 
+With expert regions (§5.3) a region computes its expert id and weight-tile addresses in
+registers from its EagerMerge's selector (:mod:`.region_values`), holds its tiles of a
+chunk's rows at the experts' token bound, and each expert's chunk and scaling loop until the
+Partition's stop token (:mod:`.region_rows`).
+
 What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
-regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
-over the chunks it takes).  :mod:`.reuse` therefore keys a plan by the run's control
+regions EagerMerge's chunk order, a region's chunk count (its units are unrolled over its
+chunks) and, with dynamic tiling, the sizes of the chunks its row units handle (Bufferize,
+row packing, selector Expand and Map, the FlatMap back to rows, the Partition back).
+:mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
 it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
 units of an expert whose tile count changed; a new KV-length set none, under every attention
-strategy (lanes, regions with a static or the dynamic assignment).  Making the rest
-run-independent needs:
+strategy (lanes, regions with a static or the dynamic assignment); a new chunk order (decided
+in simulated time, :mod:`.dynamic`) of statically tiled regions only the merges.  Making the
+rest run-independent needs:
 
 * with static tiling, an expert's units looping over its tiles until a stop token (bounded
   by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
-* with regions, each region's units looping until each chunk's stop token, the EagerMerge's
-  order then only the selector it sends (already a run-time value).
+* with regions, each region's units looping over its chunks until a stop token after the
+  last (guarded by the selector the merge sends per chunk, as :mod:`.guard` guards an
+  expert's units by its buffer reference), its row units looping until each chunk's stop
+  token (the merge forwarding the count each expert's chunk ends with), and the merge taking
+  whichever input is ready at run time (a receive from any of several channels, which the
+  simulator does not have).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -141,7 +153,7 @@ from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
 from torch2step.step.ops_memory import RandomOffChipLoadRows
-from torch2step.step.ops_routing import Partition, Reassemble
+from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
 from torch2step.step.ops_shape import Expand
 
 from .buffer_loop import group_tokens, grouped_channels
@@ -158,6 +170,8 @@ from .item_memory import item_emitters
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
+from .region_rows import chunk_stops
+from .region_values import ragged_bounds
 from .static_pad import counted_rows
 from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
@@ -235,8 +249,8 @@ def count_bounds(ctx: EmitCtx) -> dict[str, int]:
     for op in ctx.structure.graph.nodes:
         if isinstance(op, Partition) and op.name in ctx.structure.owner:
             n = len(ctx.streams[op.sel.name].flat)
-            for sym in op.counts():
-                out[sym.name] = n
+            for sym in op.counts():  # the first Partition naming it: the router's
+                out.setdefault(sym.name, n)  # (a region's names its experts' counts again)
         elif isinstance(op, RandomOffChipLoadRows):  # a KV tile: at most the op's tile rows
             (t,) = op.out_types()
             rows = sp.sympify(t.dtype.shape[0])
@@ -244,6 +258,7 @@ def count_bounds(ctx: EmitCtx) -> dict[str, int]:
                 out[str(rows.base)] = int(op.tile.shape[0])
             elif isinstance(rows, sp.Symbol):
                 out[rows.name] = int(op.tile.shape[0])
+    out.update(ragged_bounds(ctx.structure.graph, out))  # a region's chunks (§5.3)
     return out
 
 
@@ -306,6 +321,7 @@ def _build_plan(
             if forwards_stop(op, st.sources(op.input.name) if hasattr(op, "input") else (), stops):
                 stops.add(op.name)
     stops |= counted_rows(graph, st, stops)  # static tiling's counts (.static_pad)
+    stops |= chunk_stops(graph, st, stops)  # an expert's chunk for its region (.region_rows)
     # a Streamify reading an expert's buffer ends each read with a stop token (its count),
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)
@@ -331,6 +347,7 @@ def _build_plan(
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
         whole = isinstance(ops[0], Reassemble) and runtime_reassemble(ctx, ops[0])
+        whole = whole or isinstance(ops[0], EagerMerge)  # a region's experts, chunk or none
         for op in ops:
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are

@@ -33,7 +33,10 @@ consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per l
    unit per expert (:func:`torch2step.lower.blocks.moe.add_moe`).  The Reassemble of the
    dedicated-region graph then gathers them.
 
-The off-chip traffic is that of the dedicated graph; only the unit count changes.
+The off-chip traffic is that of the dedicated graph; only the unit count changes.  In the
+spatial plan the expert id, the weight addresses and the padding index are computed in
+registers from the selector the merge sends (:mod:`torch2step.spatial.region_values`), so a
+region's value path is one program whichever expert a chunk holds.
 """
 
 from __future__ import annotations

@@ -1,0 +1,184 @@
+"""A new chunk order and a new routing of expert regions shared in time (STeP arXiv 2511.07776
+§5.3, ``moe_graph(..., lanes=R)``): which unit programs of the first run a plan keeps
+(torch2step.spatial.unit_reuse), that the plan so assembled is a fresh build's, and that the run
+stays PyTorch's.
+
+What every run keeps:
+
+* a region's expert id, weight-tile addresses, padding index and flags are computed in
+  registers from the selector its EagerMerge sends (torch2step.spatial.region_values), and its
+  weight RandomOffChipLoads load from the received registers: the region's value path is one
+  program for every expert a chunk holds;
+* a region's tiles of a chunk's rows are held in buffers allocated at the experts' token
+  bound and timed by row rules: its matmuls, activation, repeats and column split are one
+  program for every chunk size;
+* each expert's chunk FlatMap and its scaling after the region loop until the Partition's
+  stop token, also when the expert has no token (torch2step.spatial.region_rows).
+
+What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
+
+* the EagerMerge of a region whose chunk order changes (its program takes the chunks in the
+  run's order: the simulator has no receive from whichever channel is ready first);
+* with dynamic tiling, the units of a region handling its chunks row by row (the Bufferize,
+  the row packing, the selector Expand and Map, the FlatMap back to rows, the Partition back
+  to the experts) when a position in its order gets a chunk of other rows: they are unrolled
+  over the rows of each chunk;
+* every unit of a region whose chunk count changes (an expert with no token, a static tile
+  more): its units are unrolled over the chunks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hwmodel.presets import load_chip
+from lowering.isa import Load, SendValue, walk
+from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
+from torch2step.spatial import simulate_plan
+from torch2step.spatial.dynamic import simulate_decided
+from torch2step.spatial.plan import build_plan
+from torch2step.spatial.reuse import PlanCache
+from torch2step.step import run
+
+CHIP = load_chip("step-sda")
+#: Eight experts in two regions (four each), sixteen tokens: with seed 3 the order the
+#: simulation decides for region 1 is not the interpreter's default one.
+KW8 = {"num_experts": 8, "top_k": 2, "hidden": 64, "intermediate": 64}
+#: Four experts in two regions; routing A then B (B gives expert 3 no token, so region 1
+#: takes one chunk instead of two, and expert 1 one token more).
+KW4 = {"num_experts": 4, "top_k": 2, "hidden": 64, "intermediate": 64}
+ROUTE_A = np.array([[0, 1 + t % 3] for t in range(8)] + [[1, 3]] * 8)
+ROUTE_B = np.array([[0, 1 + t % 2] for t in range(8)] + [[1, 2]] * 8)
+#: The §5.3 artifact's layer (the figures' configuration): routing weights after the regions.
+ARTIFACT = {"scale_in_lanes": False}
+
+#: A region's units that handle its chunks row by row (dynamic tiling).
+ROW_UNITS = ("buf", "xt", "j_r", "out", "sel", "back")
+#: Every unit of a region of the artifact's layer (dynamic tiling; static tiling adds the
+#: padding flags' Map and index).
+REGION_UNITS = (
+    "merge", "j", "buf", "per_i", "xt", "xt1", "xh", "w0", "gu_a", "d_a", "gate_w", "gate",
+    "up_w", "up", "act", "down_w", "h_rep", "down_mm", "down_cat", "down", "j1", "j_r", "out",
+    "sel", "back",
+)  # fmt: skip
+
+
+def _bodies(plan) -> dict[str, tuple]:
+    at = {p.core: p.body for p in plan.programs.programs}
+    return {u.name: at[u.core] for u in plan.placement.units}
+
+
+def _check(g, chip, r, plan, sim) -> None:
+    """The assembled plan of run ``r`` is its fresh plan (programs, bookkeeping, placement,
+    cycles and on-chip bytes)."""
+    fresh = build_plan(g, chip, r)
+    assert plan.programs == fresh.programs
+    assert plan.units == fresh.units
+    assert plan.placement == fresh.placement
+    again = simulate_plan(fresh)
+    assert (sim.cycles, sim.peak_onchip_bytes) == (again.cycles, again.peak_onchip_bytes)
+
+
+def _reference(x: dict) -> torch.Tensor:
+    return moe_reference(
+        *(torch.as_tensor(x[k]) for k in ("x", "topk_idx", "topk_w")),
+        *(torch.as_tensor(x[k]) for k in ("w_gate", "w_up", "w_down")),
+    )
+
+
+def _kept_rebuilt(g, runs) -> tuple[list[str], list[str], dict]:
+    """Kept and rebuilt units of the second run's plan, assembled from the first's."""
+    cache = PlanCache()
+    cache.simulate(g, CHIP, runs[0])
+    sim = cache.simulate(g, CHIP, runs[1])
+    pa, _ = cache.plan_for(g, CHIP, runs[0])
+    pb, _ = cache.plan_for(g, CHIP, runs[1])
+    _check(g, CHIP, runs[1], pb, sim)
+    a, b = _bodies(pa), _bodies(pb)
+    units = cache.units(g, CHIP)
+    kept = sorted(n for n in a if a[n] is b[n])
+    assert units.reused == len(kept) and units.emitted == len(a) + len(a) - len(kept)
+    return kept, sorted(n for n in a if a[n] is not b[n]), b
+
+
+def _decided_order(extra: dict):
+    """The graph, its inputs, the interpreter's run (default chunk order) and the run whose
+    order the simulation decided (STeP §5.3: whichever expert's chunk is ready first)."""
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **extra)
+    ins = moe_inputs(**KW8, tokens=16, seed=3)
+    first = run(g, tensors=ins, check=False)
+    decided = simulate_decided(g, CHIP, ins, timing_only=False)
+    assert decided.converged
+    return g, ins, first, decided
+
+
+def test_a_chunk_order_decided_in_simulated_time_rebuilds_only_the_merges_static() -> None:
+    """Static tiling: the order the simulation decides is not the interpreter's, and the
+    region's units keep their programs (every chunk a tile of the same rows, the expert's id
+    and weight addresses in registers); only the merges taking the chunks are rebuilt."""
+    g, ins, first, decided = _decided_order({**ARTIFACT, "static_tile": 4})
+    order = {op: [s.indices[0] for s in first.values[f"{op}.1"].data] for op in decided.arrival}
+    assert decided.arrival != order
+    kept, rebuilt, b = _kept_rebuilt(g, (first, decided.run))
+    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"]
+    assert len(kept) == 79
+    # the weight loads read their tile addresses from registers, the id and addresses are
+    # computed from the selector's register: no literal value is sent
+    for u in ("j", "w0", "gu_a", "d_a", "j1", "j_r", "pad", "jpad", "sel"):
+        sent = [i.value for i in walk(b[f"moe_l1_{u}"]) if isinstance(i, SendValue)]
+        assert sent and not any(isinstance(v, int) for v in sent), u
+    loads = [i for i in walk(b["moe_l1_gate_w"]) if isinstance(i, Load)]
+    assert loads and all(i.region.starts[0].terms for i in loads)
+    for r in (first, decided.run):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(ins), atol=1e-4, rtol=1e-4)
+
+
+def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
+    """Dynamic tiling: region 1's order changes, so its positions get chunks of other rows;
+    its tile units keep their programs (rows at run time), its row units and merge do not."""
+    g, _, first, decided = _decided_order(ARTIFACT)
+    assert decided.arrival["moe_l1_merge"] != [0, 1, 2, 3]
+    kept, rebuilt, _ = _kept_rebuilt(g, (first, decided.run))
+    assert rebuilt == sorted(["moe_l1_merge"] + [f"moe_l1_{u}" for u in ROW_UNITS])
+    assert len(kept) + len(rebuilt) == 83
+
+
+def test_a_new_routing_keeps_every_expert_unit() -> None:
+    """Routing B after A (artifact's layer, dynamic tiling): every unit outside the regions
+    is kept (the routing, each expert's chunk and its scaling after the region, also of
+    expert 3, which gets no token), region 0 keeps its tile units; region 1 takes one chunk
+    instead of two and is rebuilt whole."""
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    assert runs[1].bindings["moe_n3"] == 0 < runs[0].bindings["moe_n3"]
+    kept, rebuilt, b = _kept_rebuilt(g, runs)
+    want = [f"moe_l0_{u}" for u in ("merge", *ROW_UNITS)]
+    want += [f"moe_l1_{u}" for u in REGION_UNITS]
+    assert rebuilt == sorted(want)
+    experts = [f"moe_e{e}_{u}" for e in range(4) for u in ("chunk", "gw", "scaled")]
+    assert set(experts) <= set(kept) and len(kept) + len(rebuilt) == 71
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_routing_of_as_many_static_tiles_keeps_every_unit_but_the_merges() -> None:
+    """Static tiling, routing D after A: every expert keeps its tile count (experts 1 and 3
+    another padding of their last tile), so every region takes as many chunks in the same
+    order: every unit is kept but the merges, whose chunks carry the padding flags as
+    messages (a tile of other padding has other messages)."""
+    route_d = np.array([[0, 1]] * 4 + [[0, 2]] * 3 + [[0, 3]] + [[1, 3]] * 8)
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, route_d)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    counts = [[runs[i].bindings[f"moe_n{e}"] for e in range(4)] for i in (0, 1)]
+    assert [-(-n // 4) for n in counts[0]] == [-(-n // 4) for n in counts[1]]
+    assert counts[0] != counts[1]
+    kept, rebuilt, _ = _kept_rebuilt(g, runs)
+    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 71
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
