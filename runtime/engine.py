@@ -223,6 +223,7 @@ class Simulator(Transfers):
             self.comp = comp
             # per resource: [free from, busy cycles, bytes, grants, rate] (Transfers)
             self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
+            self.bgs = [None] * len(self.rs)  # background traffic per resource (runtime.transfer)
             self.chan_res = self.fabric.chan_res
             self.attached = self.fabric.attached
             # HBM channel classes (runtime.hbm_classes): at first one class of every channel
