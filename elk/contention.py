@@ -40,7 +40,11 @@ def _lead(
     Its input activation, pushed by the producing cores before these preloads were issued,
     is not held up: the wait counts from its first message sent during the execution
     (``Item.quiet``; an execution shorter than that wait, i.e. one without such a message,
-    passes it on to the next execution, so it is charged in full)."""
+    passes it on to the next execution, so it is charged in full).  On an all-to-all chip a
+    core's port serves execute traffic ahead of queued preload pieces (``runtime.network``:
+    preload reads are background traffic), so ``Item.quiet`` is every cycle of the execution
+    its ports do not receive its own traffic (:func:`elk.cost._free`) and only the preload
+    share beyond those cycles holds it up."""
     it = items[i]
     if not pol.contention or not it.ports:
         return 0.0
