@@ -576,14 +576,18 @@ def _free(c: ChipCosts, p: Plan) -> float:
 
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
     """:func:`item_for` of every operator (a routed operator's ``after`` set to the index of
-    the operator named by its ``routed_by``)."""
+    the operator named by its ``routed_by``).  ``Item.hbm_input`` / ``hbm_output`` mark the
+    executions whose HBM activation reads / stores queue behind the preload requests the HBM
+    channels hold, first come first served: on a mesh.  On an all-to-all chip the HBM serves
+    execute requests ahead of preload reads (:mod:`runtime.network`: ELK §3.2, §4.3 preload
+    and execute traffic share the HBM bandwidth), so no execution waits for them there."""
     index = {op.name: k for k, op in enumerate(ops)}
     out = []
     for k, op in enumerate(ops):
         it = item_for(c, op)
         hbm_in = not input_on_chip(ops[k - 1] if k else None, op)
         hbm_out = k + 1 == len(ops) or not input_on_chip(op, ops[k + 1])
-        if hbm_in or hbm_out:
+        if (hbm_in or hbm_out) and c.mesh:
             it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
             if c.edge_fed:
                 it = with_hbm_io(c, op, it, hbm_in, hbm_out)

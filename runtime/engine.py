@@ -223,7 +223,6 @@ class Simulator(Transfers):
             self.comp = comp
             # per resource: [free from, busy cycles, bytes, grants, rate] (Transfers)
             self.rs = [[0.0, 0.0, 0, 0, r.rate] for r in self.fabric.res]
-            self.bgs = [None] * len(self.rs)  # background traffic per resource (runtime.transfer)
             self.chan_res = self.fabric.chan_res
             self.attached = self.fabric.attached
             # HBM channel classes (runtime.hbm_classes): at first one class of every channel
@@ -236,6 +235,7 @@ class Simulator(Transfers):
             self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
             self.cparts, self.clogs = {}, {}  # merged classes' parts and busy logs
             self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
+            self.bg_reset()  # background traffic (runtime.transfer)
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
             self.dirty: set[str] = set()
             self.tracing = bool(trace)

@@ -31,18 +31,22 @@ at ``max(port slot end, last channel end) + hbm latency + exchange latency``.  O
 ``hbm.attach_cores`` every channel's data travels the mesh between the channel's router and the
 core; with no attach points the HBM is uniform and has no NoC hop.
 
-Two traffic classes at an all-to-all ejection port (ELK §3.2, §4.3: preload and execute traffic
-share the interconnect's bandwidth).  A read marked *background* (an ELK ``preload_async`` piece,
-:class:`lowering.isa.Load`) takes its slot on the reader's ejection port in the cycles the port's
-ordinary traffic leaves free, and is released to the HBM channels (first come first served, as
-every request) when that slot begins: the exchange interleaves packets, and a port arbitrating
-between its traffic classes sends an execute's packet ahead of queued preload packets.  Packets are small against the
+Two traffic classes on an all-to-all chip (ELK §3.2, §4.3: preload and execute traffic share
+the interconnect's and the HBM's bandwidth).  A read marked *background* (an ELK
+``preload_async`` piece, :class:`lowering.isa.Load`) takes its slot on the reader's ejection port
+in the cycles the port's ordinary traffic leaves free, and is released to the HBM when that slot
+begins, where it is served in the cycles ordinary requests leave free: the exchange interleaves
+packets, and a port or memory controller arbitrating between its traffic classes serves an
+execute's packet or request ahead of queued preload ones.  At the HBM the background reads are
+served from one pool of all channels (``Fabric.pool``; every tensor is sliced evenly over all
+channels, ELK §6.1), first come first served among themselves at the channels' summed
+bandwidth, each ordinary request taking its bytes' share of that bandwidth first.  Packets are small against the
 messages (256 B take 62 cycles of a 4.1 B/cycle port), so the arbitration is modelled as fluid
 (preemptive-resume): background transfers at a port are served first come first served among
 themselves, one at a time; an ordinary reservation of the port that starts before the
 background transfer in service has finished pushes that transfer's end back by the cycles it
 holds the port (:meth:`runtime.transfer.Transfers._bg`).  A background read completes, as an
-ordinary one, at ``max(port slot end, last channel end) + hbm latency + exchange latency``.  Ordinary traffic
+ordinary one, at ``max(port slot end, HBM end) + hbm latency + exchange latency``.  Ordinary traffic
 never waits for background traffic, so a program without background reads runs exactly as
 before; on a mesh a background read takes the ordinary route.
 """
@@ -142,6 +146,8 @@ class Fabric:
             for c in range(hbm.channels)
         ]
         self.attached = isinstance(self.noc, MeshNoC) and bool(hbm.attach_cores)
+        #: the id past the resources: the HBM channels pooled for background reads
+        self.pool = len(self.res)
         self._load_cache: dict[int, object] = {}
         self._eject_leaf: dict[int, Stage] = {}  # (message_roots)
         self._store_cache: dict[int, object] = {}
@@ -248,7 +254,7 @@ class Fabric:
         hit = self._bg_cache.get(core)
         if hit is None:
             lat = self.chip.hbm.latency_cycles + self.noc.latency_cycles
-            chans = (RES_HBM, 0, ((RES_DELAY, lat, (), (0,)),), ())
+            chans = bg_stage(self.pool, lat, (), (0,))
             hit = bg_stage(self.eject[core], lat, (chans,), (0,))
             self._bg_cache[core] = hit
         return hit

@@ -84,6 +84,10 @@ class Transfers(HbmClasses):
     chan_res: list[int]
     attached: bool
     bgs: list[list | None]
+    hrate: float
+    hagg: float
+    hfg: float
+    hbgbusy: list[float]
 
     fabric: Any
     comp: Any
@@ -135,6 +139,13 @@ class Transfers(HbmClasses):
                 end = start
         elif res == RES_HBM:
             start, end = self._channels(x, arrive, prev_end + lat)
+            # ahead of the background reads (runtime.network): their share of the bandwidth
+            d = nbytes / self.hagg
+            h = self.hfg
+            self.hfg = (h if h > arrive else arrive) + d
+            bg = self.bgs[-1]
+            if bg is not None and arrive < bg[0]:
+                bg[0] += d
         else:
             return self._bg(x, stage, nbytes, prev_end, arrive)
         if children:
@@ -180,6 +191,18 @@ class Transfers(HbmClasses):
 
     # -- background traffic ---------------------------------------------------------------------
 
+    def bg_reset(self) -> None:
+        """Background traffic state of a new run (set up by :meth:`runtime.engine.Simulator.run`
+        once the resources and the HBM channel rate are): per resource and for the HBM pool
+        (the last entry, :attr:`runtime.network.Fabric.pool`) the transfer in service; the
+        fluid end of the ordinary HBM requests (``hfg``) at the channels' summed bandwidth
+        (``hagg``); the channel cycles the pool has served per channel (``hbgbusy``)."""
+        self.bgs = [None] * (len(self.rs) + 1)
+        nch = len(self.chan_res)
+        self.hagg = self.hrate * max(1, nch)
+        self.hfg = 0.0
+        self.hbgbusy = [0.0] * nch
+
     def _bg(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """A background stage (``RES_BG - res``: transfer ``x`` takes resource ``res`` in the
         cycles ordinary traffic leaves free, :mod:`runtime.network`) or a wake-up of resource
@@ -207,11 +230,15 @@ class Transfers(HbmClasses):
     def _bg_start(self, res: int, entry: tuple, t0: float) -> None:
         """Begin serving background ``entry`` on ``res`` from cycle ``t0`` (its arrival, or the
         end of the one before it): after the ordinary traffic already reserved there."""
-        r = self.rs[res]
-        start = t0 if t0 > r[0] else r[0]
+        if res < len(self.rs):
+            r = self.rs[res]
+            f, rate = r[0], r[4]
+        else:  # the HBM pool: after the ordinary requests' share
+            f, rate = self.hfg, self.hagg
+        start = t0 if t0 > f else f
         st = self.bgs[res]
         x, nbytes, _, stage, _ = entry
-        end = start + nbytes / r[4]
+        end = start + nbytes / rate
         if st is None:
             self.bgs[res] = [end, start, entry, []]
         else:
@@ -248,12 +275,23 @@ class Transfers(HbmClasses):
             self._bg_alarm(res, end)
             return
         x, nbytes, prev_end, stage, _ = st[2]
-        r = self.rs[res]
-        r[1] += nbytes / r[4]
-        r[2] += nbytes
-        r[3] += 1
-        if self.rtrace is not None:
-            self.rtrace.append((res, st[1], end, x.label))
+        rs = self.rs
+        if res < len(rs):
+            r = rs[res]
+            r[1] += nbytes / r[4]
+            r[2] += nbytes
+            r[3] += 1
+            if self.rtrace is not None:
+                self.rtrace.append((res, st[1], end, x.label))
+        else:  # the HBM pool: each channel's part (hbm_flush adds the busy cycles)
+            chan_res, hb, rate = self.chan_res, self.hbgbusy, self.hrate
+            for c, b in x.split:
+                r = rs[chan_res[c]]
+                hb[c] += b / rate
+                r[2] += b
+                r[3] += 1
+                if self.rtrace is not None:
+                    self.rtrace.append((chan_res[c], st[1], end, x.label))
         done = up((end if end > prev_end else prev_end) + stage[1])
         delivers = stage[3]
         self.n_deliv += len(delivers)

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from runtime_testkit import a2a_chip  # noqa: E402
+from runtime_testkit import a2a_chip, hbm  # noqa: E402
 
 from lowering.isa import (  # noqa: E402
     Alloc,
@@ -76,3 +76,33 @@ def test_background_read_alone_is_timed_as_an_ordinary_one():
 def test_background_flag_is_printed(background):
     text = format_program(_programs(background, send=False).programs[0])
     assert ("(background)" in text) == background
+
+
+def _hbm_programs(background: bool) -> ProgramSet:
+    """Core 0 preloads ``p`` (background or ordinary); core 1 reads ``s`` from HBM at the same
+    cycle, an ordinary read, and stores it back."""
+    p0 = Program(0, (Alloc("p", (PRE,)), Load("p", "w", None, background)))
+    p1 = Program(1, (Alloc("s", (MSG,)), Load("s", "x"), Store("s", "out")))
+    return ProgramSet(
+        (p0, p1),
+        tensors=(TensorDecl("w", (PRE,)), TensorDecl("x", (MSG,)), TensorDecl("out", (MSG,))),
+    )
+
+
+def test_execute_hbm_read_passes_queued_preload_requests():
+    # HBM of 4 channels x 1 B/cycle (slower than the 8 B/cycle ports).  Ordinary: core 0's 16
+    # KiB take every channel 4096 cycles first, core 1's 1 KiB (256 B per channel) follows:
+    # read done at 4096 + 256 + 110; its store reaches the channels 10 cycles later, takes
+    # 256 cycles there and ends 100 cycles after
+    chip = a2a_chip(2, mem=hbm(channels=4, bw=1.0))
+    fcfs = simulate(_hbm_programs(False), chip)
+    store = 10 + 256 + 100
+    assert fcfs.stats.core(1).finish == 4096 + 256 + 110 + store
+    assert fcfs.stats.core(0).finish == 4096 + 110
+    # background: core 1's read and store are served first; the preload takes the pooled
+    # channels' 4 B/cycle in the cycles they leave: 4096 + 2 * 256, done 110 cycles later
+    bg = simulate(_hbm_programs(True), chip)
+    assert bg.stats.core(1).finish == 256 + 110 + store
+    assert bg.cycles == bg.stats.core(0).finish == 4096 + 2 * 256 + 110
+    # the channels were busy as long in both runs (the preload's cycles added per channel)
+    assert [c.busy for c in bg.stats.hbm_channels] == [c.busy for c in fcfs.stats.hbm_channels]
