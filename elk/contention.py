@@ -40,13 +40,18 @@ def _lead(
     Its input activation, pushed by the producing cores before these preloads were issued,
     is not held up: the wait counts from its first message sent during the execution
     (``Item.quiet``; an execution shorter than that wait, i.e. one without such a message,
-    passes it on to the next execution, so it is charged in full)."""
+    passes it on to the next execution, so it is charged in full).  On an all-to-all chip a
+    core's port serves execute traffic ahead of queued preload pieces (``runtime.network``:
+    preload reads are background traffic), so ``Item.quiet`` is every cycle of the execution
+    its ports do not receive its own traffic (:func:`elk.cost._free`) and only the preload
+    share beyond those cycles holds it up."""
     it = items[i]
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
     crowded = g is not None and _crowded(items, g, res, pol)
     tot = hbm = every = 0.0
+    shares: list[tuple[int, float]] = []  # (consumer, port cycles) of the queued preloads
     for k in positions:
         j = order[k]
         pj = items[j]
@@ -56,6 +61,7 @@ def _lead(
         if j == i:  # its own preload's pieces queue ahead of its input on every core
             tot += pj.ports[e]
             hbm += pj.hbm_time
+            shares.append((j, pj.ports[e]))
             continue
         if j not in res:
             continue
@@ -64,6 +70,9 @@ def _lead(
         if g is None or gj is None or crowded or pol.must_share(g, gj):
             tot += pj.ports[plan]
             hbm += pj.hbm_time
+            shares.append((j, pj.ports[plan]))
+    if pol.mesh is None:
+        return _spill(items, i, e, res, shares)
     # a core's input activation was pushed to it before these preloads were issued: the
     # queued pieces hold the execution up from its first message sent during it on
     tot = max(0.0, tot - it.quiet(e))
@@ -72,6 +81,39 @@ def _lead(
     if it.hbm_output:
         tot = max(tot, every - it.execs[e].time)
     return tot
+
+
+def _spill(
+    items: Sequence[Item],
+    i: int,
+    e: int,
+    res: dict[int, tuple[int, float, int, int]],
+    shares: Sequence[tuple[int, float]],
+) -> float:
+    """:func:`_lead` on an all-to-all chip, whose ports serve execute traffic ahead of queued
+    preload pieces (``runtime.network``; ELK §3.2, §4.3: preload and execute traffic share the
+    bandwidth): the pieces of a preload consumed by ``execute(j)`` (port cycles ``shares``)
+    pass in the free port cycles (``Item.quiet``) of ``execute(i)`` and of every execution
+    before ``execute(j)``, and of ``execute(j)``'s own first ``slack`` cycles; only what does
+    not fit by then holds the executions up.  Preloads are served first come first served among
+    themselves, so the check runs over the consumers in order (the earliest deadline first:
+    the preloads of nearer consumers must fit in fewer free cycles)."""
+    it = items[i]
+    free = it.quiet(e)  # free port cycles up to the consumer so far
+    k = i + 1
+    need = lead = 0.0
+    for j, port in sorted(shares):
+        while k < j:  # the executions between: their free port cycles
+            item = items[k]
+            if item.execs:
+                plan = res[k][3] if k in res else item.fastest
+                free += item.quiet(plan)
+            k += 1
+        need += port
+        room = free if j == i else free + items[j].slack(res[j][3])
+        if need - room > lead:
+            lead = need - room
+    return lead
 
 
 def _crowded(

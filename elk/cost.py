@@ -62,7 +62,10 @@ class Plan:
     ``scatter``: a matrix product whose grid columns combine their partial sums by a
     reduce-scatter, each core ending with one slice of the column's result cut along this
     axis of the ``M x N/tn`` block (0 rows, 1 columns); ``-1``: a tree reduction onto the top
-    grid row (:func:`_matmul`)."""
+    grid row (:func:`_matmul`); ``port``: cycles the busiest core's port spends receiving the
+    execution's own traffic (its input activation, partial sums, statistics), the rest of
+    the execution being free for preload pieces where the port serves them behind execute
+    traffic (:func:`item_for`)."""
 
     kind: str
     tiles: tuple[int, ...]
@@ -76,6 +79,7 @@ class Plan:
     slack: float = 0.0
     quiet: float = 0.0
     scatter: int = -1
+    port: float = 0.0
 
     def label(self) -> str:
         return "<" + ", ".join(str(t) for t in self.tiles) + ">"
@@ -263,6 +267,9 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     first + comp * (pieces - 1) / pieces,
                     quiet,
                     axis,
+                    # received: the activation block, then the partial sums (a reduce-scatter
+                    # brings tk - 1 slices, direct or halving; the tree a block per level)
+                    (a + ((tk - 1) * sl if axis >= 0 else lv * cc)) / c.port,
                 )
             )
     return out
@@ -331,6 +338,7 @@ def _attention(c: ChipCosts, op: Operator) -> list[Plan]:
                         op.hbm_bytes,
                         load_q + comp * (pieces - 1) / pieces,
                         load_q + comp if ts > 1 else 0.0,  # the partials' gather
+                        port=(q + (ts - 1) * part) / c.port,  # the queries, the partials
                     )
                 )
     return out
@@ -397,6 +405,7 @@ def _vector(c: ChipCosts, op: Operator) -> list[Plan]:
                     0.0,
                     # the row statistics' exchange, right after the input tile arrived
                     max(tile / c.port, every) + c.hbm_lat + c.net_lat if red else 0.0,
+                    port=(tile + (tc * 4 * rb if red else 0)) / c.port,  # the tile, statistics
                 )
             )
     return out
@@ -545,22 +554,40 @@ def item_for(c: ChipCosts, op: Operator) -> Item:
         ports=ports,
         front=len(front),
         slacks=tuple(p.slack for p in plans),
-        quiets=tuple(p.quiet for p in plans),
+        quiets=tuple(_free(c, p) for p in plans),
         hbm_time=op.hbm_bytes / c.hbm_bw,
         first_loads=first,
     )
 
 
+def _free(c: ChipCosts, p: Plan) -> float:
+    """Cycles of plan ``p``'s execution a preload queued on its cores' ports takes without
+    holding the execution up (``Item.quiets``, :func:`elk.contention._lead`).  On an
+    all-to-all chip a core's port serves execute traffic ahead of preload pieces
+    (:mod:`runtime.network`: ELK §3.2, §4.3, preload and execute traffic share the
+    interconnect's bandwidth), so the pieces pass whenever the port is not receiving the
+    execution's own traffic: ``time - port``.  On a mesh the links serve both first come first
+    served: the pieces pass only before the execution's first message reaches its cores
+    (``quiet``)."""
+    if c.mesh:
+        return p.quiet
+    return max(p.quiet, p.time - p.port)
+
+
 def items_for(c: ChipCosts, ops: list[Operator]) -> list[Item]:
     """:func:`item_for` of every operator (a routed operator's ``after`` set to the index of
-    the operator named by its ``routed_by``)."""
+    the operator named by its ``routed_by``).  ``Item.hbm_input`` / ``hbm_output`` mark the
+    executions whose HBM activation reads / stores queue behind the preload requests the HBM
+    channels hold, first come first served: on a mesh.  On an all-to-all chip the HBM serves
+    execute requests ahead of preload reads (:mod:`runtime.network`: ELK §3.2, §4.3 preload
+    and execute traffic share the HBM bandwidth), so no execution waits for them there."""
     index = {op.name: k for k, op in enumerate(ops)}
     out = []
     for k, op in enumerate(ops):
         it = item_for(c, op)
         hbm_in = not input_on_chip(ops[k - 1] if k else None, op)
         hbm_out = k + 1 == len(ops) or not input_on_chip(op, ops[k + 1])
-        if hbm_in or hbm_out:
+        if (hbm_in or hbm_out) and c.mesh:
             it = dataclasses.replace(it, hbm_input=hbm_in, hbm_output=hbm_out)
             if c.edge_fed:
                 it = with_hbm_io(c, op, it, hbm_in, hbm_out)

@@ -163,9 +163,12 @@ class CoreBuilder:
         self._stack[-1].append(instr)
         return self
 
-    def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
-        """HBM ``tensor`` (or its ``region``) -> buffer ``dst``."""
-        return self.emit(Load(dst, tensor, region))
+    def load(
+        self, dst: str, tensor: str, region: Region | None = None, background: bool = False
+    ) -> CoreBuilder:
+        """HBM ``tensor`` (or its ``region``) -> buffer ``dst``; ``background``: a preload
+        read served behind execute traffic (:class:`lowering.isa.Load`)."""
+        return self.emit(Load(dst, tensor, region, background))
 
     def store(
         self, src: str, tensor: str, region: Region | None = None, accumulate: bool = False
@@ -370,7 +373,9 @@ class _DiscardingCore(CoreBuilder):
     def free(self, buf: str) -> CoreBuilder:
         return self
 
-    def load(self, dst: str, tensor: str, region: Region | None = None) -> CoreBuilder:
+    def load(
+        self, dst: str, tensor: str, region: Region | None = None, background: bool = False
+    ) -> CoreBuilder:
         return self
 
     def store(

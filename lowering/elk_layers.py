@@ -168,7 +168,7 @@ def _compute(r: Renamer, x: Compute) -> Instr:
 
 
 def _load(r: Renamer, x: Load) -> Instr:
-    return _MK[Load](_n(r, x.dst), r.tensor(x.tensor), x.region)
+    return _MK[Load](_n(r, x.dst), r.tensor(x.tensor), x.region, x.background)
 
 
 def _store(r: Renamer, x: Store) -> Instr:

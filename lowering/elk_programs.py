@@ -89,7 +89,7 @@ def _preload(
 ) -> None:
     for buf, tensor, st, ex in _pre_bufs(j, pl, r, c, order):
         p.alloc(buf, ex, dtype)
-        p.load(buf, tensor, region(st, ex))
+        p.load(buf, tensor, region(st, ex), background=True)
 
 
 def _matmul(

@@ -118,11 +118,15 @@ class Free:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """HBM -> SRAM: read ``region`` of ``tensor`` (whole tensor when ``None``) into ``dst``."""
+    """HBM -> SRAM: read ``region`` of ``tensor`` (whole tensor when ``None``) into ``dst``.
+    ``background``: the read is background traffic (an ELK ``preload_async`` piece, ELK §4.5):
+    the core's network port serves it in the cycles execute traffic leaves free
+    (:mod:`runtime.network`); ``False`` (default): ordinary traffic."""
 
     dst: str
     tensor: str
     region: Region | None = None
+    background: bool = False
 
 
 @dataclass(frozen=True, slots=True)

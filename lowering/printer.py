@@ -101,7 +101,10 @@ def _loop(loop: Loop) -> str:
 _HEADS: dict[type, Callable[..., str]] = {
     Alloc: _alloc,
     Free: lambda i: f"free {i.buf}",
-    Load: lambda i: f"load {i.dst} <- {format_region(i.tensor, i.region)}",
+    Load: lambda i: (
+        f"load {i.dst} <- {format_region(i.tensor, i.region)}"
+        + (" (background)" if i.background else "")
+    ),
     Store: _store,
     Send: lambda i: f"send {i.channel} <- {i.src}",
     Recv: lambda i: f"recv {i.dst} <- {i.channel}" + (f" (stop -> {i.stop})" if i.stop else ""),

@@ -235,6 +235,7 @@ class Simulator(Transfers):
             self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
             self.cparts, self.clogs = {}, {}  # merged classes' parts and busy logs
             self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
+            self.bg_reset()  # background traffic (runtime.transfer)
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
             self.dirty: set[str] = set()
             self.tracing = bool(trace)

@@ -44,6 +44,7 @@ class HbmClasses:
     cparts: dict[int, list[list]]
     clogs: dict[int, list[float]]
     hrate: float
+    hbgbusy: list[float]
     cbytes: list[int]
     ccnt: list[int]
 
@@ -307,13 +308,14 @@ class HbmClasses:
         """Write every channel class's state back to its member channels."""
         self._flush_uses()
         rs, chan_res = self.rs, self.chan_res
+        hb = self.hbgbusy  # the channel cycles background reads took (runtime.transfer)
         for k in range(len(self.cmembers)):
             f, nb, nc = self.cfree[k], self.cbytes[k], self.ccnt[k]
             for members, bz in self._parts(k):
                 for c in members:
                     r = rs[chan_res[c]]
                     r[0] = f
-                    r[1] = bz
+                    r[1] = bz + hb[c]
                     r[2] += nb
                     r[3] += nc
             self.cbytes[k] = self.ccnt[k] = 0

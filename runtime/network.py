@@ -30,6 +30,25 @@ core with a slow port cannot fill the controllers' queues ahead of the others.  
 at ``max(port slot end, last channel end) + hbm latency + exchange latency``.  On a mesh with
 ``hbm.attach_cores`` every channel's data travels the mesh between the channel's router and the
 core; with no attach points the HBM is uniform and has no NoC hop.
+
+Two traffic classes on an all-to-all chip (ELK §3.2, §4.3: preload and execute traffic share
+the interconnect's and the HBM's bandwidth).  A read marked *background* (an ELK
+``preload_async`` piece, :class:`lowering.isa.Load`) takes its slot on the reader's ejection port
+in the cycles the port's ordinary traffic leaves free, and is released to the HBM when that slot
+begins, where it is served in the cycles ordinary requests leave free: the exchange interleaves
+packets, and a port or memory controller arbitrating between its traffic classes serves an
+execute's packet or request ahead of queued preload ones.  At the HBM the background reads are
+served from one pool of all channels (``Fabric.pool``; every tensor is sliced evenly over all
+channels, ELK §6.1), first come first served among themselves at the channels' summed
+bandwidth, each ordinary request taking its bytes' share of that bandwidth first.  Packets are small against the
+messages (256 B take 62 cycles of a 4.1 B/cycle port), so the arbitration is modelled as fluid
+(preemptive-resume): background transfers at a port are served first come first served among
+themselves, one at a time; an ordinary reservation of the port that starts before the
+background transfer in service has finished pushes that transfer's end back by the cycles it
+holds the port (:meth:`runtime.transfer.Transfers._bg`).  A background read completes, as an
+ordinary one, at ``max(port slot end, HBM end) + hbm latency + exchange latency``.  Ordinary traffic
+never waits for background traffic, so a program without background reads runs exactly as
+before; on a mesh a background read takes the ordinary route.
 """
 
 from __future__ import annotations
@@ -39,13 +58,25 @@ from dataclasses import dataclass
 from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 from runtime.errors import SimulationError
 
-__all__ = ["Fabric", "Stage", "RES_DELAY", "RES_HBM"]
+__all__ = ["Fabric", "Stage", "RES_DELAY", "RES_HBM", "RES_WAKE", "RES_BG", "bg_stage"]
 
 #: A stage: ``(res, lat, children, delivers)``; see the module docstring.
 Stage = tuple
 
 RES_DELAY = -1
 RES_HBM = -2
+#: a calendar entry that re-examines resource ``lat``'s background queue (no transfer)
+RES_WAKE = -3
+#: resource ``r`` taken as background traffic is the stage code ``RES_BG - r``
+RES_BG = -4
+
+
+def bg_stage(res: int, lat: int, children: tuple, delivers: tuple[int, ...]) -> Stage:
+    """A stage taking resource ``res`` as background traffic (module docstring): its
+    ``children`` are released when its service begins, ``delivers`` get the payload ``lat``
+    cycles after it ends."""
+    return (RES_BG - res, lat, children, delivers)
+
 
 _DIRS = {(0, 1): "E", (0, -1): "W", (1, 0): "S", (-1, 0): "N"}
 
@@ -115,9 +146,12 @@ class Fabric:
             for c in range(hbm.channels)
         ]
         self.attached = isinstance(self.noc, MeshNoC) and bool(hbm.attach_cores)
+        #: the id past the resources: the HBM channels pooled for background reads
+        self.pool = len(self.res)
         self._load_cache: dict[int, object] = {}
         self._eject_leaf: dict[int, Stage] = {}  # (message_roots)
         self._store_cache: dict[int, object] = {}
+        self._bg_cache: dict[int, object] = {}
 
     def _add(self, name: str, kind: str, rate: float) -> int:
         self.res.append(_Res(name, kind, float(rate)))
@@ -210,6 +244,19 @@ class Fabric:
                     per.append((self.chan_res[c], 0, (child,), ()))
                 hit = tuple(per)
             self._load_cache[core] = hit
+        return hit
+
+    def background_roots(self, core: int) -> object:
+        """HBM -> core route of a background read (module docstring): the joined channels,
+        then the core's ejection port as background traffic; on a mesh :meth:`load_roots`."""
+        if not isinstance(self.noc, AllToAllNoC):
+            return self.load_roots(core)
+        hit = self._bg_cache.get(core)
+        if hit is None:
+            lat = self.chip.hbm.latency_cycles + self.noc.latency_cycles
+            chans = bg_stage(self.pool, lat, (), (0,))
+            hit = bg_stage(self.eject[core], lat, (chans,), (0,))
+            self._bg_cache[core] = hit
         return hit
 
     def store_roots(self, core: int) -> object:

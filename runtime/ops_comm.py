@@ -57,9 +57,10 @@ __all__ = [
 
 class OpMem(Op):
     """Load / Store: ``buf``, tensor ``info``, region as compiled expressions (``fixed``:
-    precomputed ``(starts, extents)`` when constant; ``cext``: the extents when they are)."""
+    precomputed ``(starts, extents)`` when constant; ``cext``: the extents when they are);
+    ``background``: a Load of background traffic (:class:`lowering.isa.Load`)."""
 
-    __slots__ = ("buf", "info", "starts", "extents", "fixed", "cext", "accumulate")
+    __slots__ = ("buf", "info", "starts", "extents", "fixed", "cext", "accumulate", "background")
 
     info: TensorInfo
 
@@ -167,7 +168,9 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             f"tensor {info.name!r} is {info.dtype} but buffer {b.name!r} is {b.dtype}; allocate the buffer as {info.dtype}",
         )
     nbytes = n * info.elem_bytes
-    done = sim.hbm_read(core, sim.layout.split(info, starts, extents), nbytes, info.name, None)
+    done = sim.hbm_read(
+        core, sim.layout.split(info, starts, extents), nbytes, info.name, None, op.background
+    )
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:

@@ -292,15 +292,15 @@ class _Compiler(LocalCompiler):
             if not self.routed_load:
                 self.routes(True)
                 self.routed_load = True
-            name, fn, acc = ins.dst, _H_LOAD, False
+            name, fn, acc, bg = ins.dst, _H_LOAD, False, ins.background
         else:
             self.stores.add(info.name)
             if not self.routed_store:
                 self.routes(False)
                 self.routed_store = True
-            name, fn, acc = ins.src, _H_STORE, ins.accumulate
+            name, fn, acc, bg = ins.src, _H_STORE, ins.accumulate, False
         b = self.bufs.get(name) or self.buf(name)
-        self.code.append(_MEM(fn, ins, b, info, starts, extents, fixed, cext, acc))
+        self.code.append(_MEM(fn, ins, b, info, starts, extents, fixed, cext, acc, bg))
 
     def region(self, ins: Load | Store, info: TensorInfo) -> tuple:
         """``(starts, extents, fixed, cext)`` of a Load's or Store's region of tensor ``info``:

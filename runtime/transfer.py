@@ -20,7 +20,7 @@ from heapq import heappush
 from typing import Any
 
 from runtime.hbm_classes import HbmClasses
-from runtime.network import RES_DELAY
+from runtime.network import RES_BG, RES_DELAY, RES_HBM, RES_WAKE
 from runtime.state import Core, Pending, Post, Slot, StopPost, hold
 
 __all__ = ["Transfers", "up"]
@@ -83,6 +83,11 @@ class Transfers(HbmClasses):
     times: list[int]
     chan_res: list[int]
     attached: bool
+    bgs: list[list | None]
+    hrate: float
+    hagg: float
+    hfg: float
+    hbgbusy: list[float]
 
     fabric: Any
     comp: Any
@@ -124,13 +129,25 @@ class Transfers(HbmClasses):
             r[3] += 1
             if self.rtrace is not None:
                 self.rtrace.append((res, start, end, x.label))
+            bg = self.bgs[res]
+            if bg is not None and start < bg[0]:
+                bg[0] += end - start  # ahead of the background transfer in service
         elif res == RES_DELAY:
             start = arrive
             end = prev_end + lat
             if end < start:
                 end = start
-        else:
+        elif res == RES_HBM:
             start, end = self._channels(x, arrive, prev_end + lat)
+            # ahead of the background reads (runtime.network): their share of the bandwidth
+            d = nbytes / self.hagg
+            h = self.hfg
+            self.hfg = (h if h > arrive else arrive) + d
+            bg = self.bgs[-1]
+            if bg is not None and arrive < bg[0]:
+                bg[0] += d
+        else:
+            return self._bg(x, stage, nbytes, prev_end, arrive)
         if children:
             head = start if start.__class__ is int else _ceil(start - _EPS)
             for ch in children:
@@ -171,6 +188,121 @@ class Transfers(HbmClasses):
                 for d in delivers:
                     x.deliver(self, d, end)
         return end
+
+    # -- background traffic ---------------------------------------------------------------------
+
+    def bg_reset(self) -> None:
+        """Background traffic state of a new run (set up by :meth:`runtime.engine.Simulator.run`
+        once the resources and the HBM channel rate are): per resource and for the HBM pool
+        (the last entry, :attr:`runtime.network.Fabric.pool`) the transfer in service; the
+        fluid end of the ordinary HBM requests (``hfg``) at the channels' summed bandwidth
+        (``hagg``); the channel cycles the pool has served per channel (``hbgbusy``)."""
+        self.bgs = [None] * (len(self.rs) + 1)
+        nch = len(self.chan_res)
+        self.hagg = self.hrate * max(1, nch)
+        self.hfg = 0.0
+        self.hbgbusy = [0.0] * nch
+
+    def _bg(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
+        """A background stage (``RES_BG - res``: transfer ``x`` takes resource ``res`` in the
+        cycles ordinary traffic leaves free, :mod:`runtime.network`) or a wake-up of resource
+        ``stage[1]``'s background queue (``RES_WAKE``).
+
+        Per resource with background work, ``bgs[res]`` is ``[end, start, entry, queue]``: the
+        transfer in service (``entry``), when its service began and its tentative end, pushed
+        back by every ordinary reservation that starts before it (see :meth:`_stage`); the
+        transfers waiting behind it, first come first served.  One calendar entry per such
+        resource wakes it at its tentative end: the transfer completes there unless it was
+        pushed back meanwhile.  Returns 0 (the end is not known yet)."""
+        code = stage[0]
+        if code == RES_WAKE:
+            self._bg_wake(stage[1])
+            return 0
+        res = RES_BG - code
+        entry = (x, nbytes, prev_end, stage, arrive)
+        st = self.bgs[res]
+        if st is None:
+            self._bg_start(res, entry, arrive)
+        else:
+            st[3].append(entry)
+        return 0
+
+    def _bg_start(self, res: int, entry: tuple, t0: float) -> None:
+        """Begin serving background ``entry`` on ``res`` from cycle ``t0`` (its arrival, or the
+        end of the one before it): after the ordinary traffic already reserved there."""
+        if res < len(self.rs):
+            r = self.rs[res]
+            f, rate = r[0], r[4]
+        else:  # the HBM pool: after the ordinary requests' share
+            f, rate = self.hfg, self.hagg
+        start = t0 if t0 > f else f
+        st = self.bgs[res]
+        x, nbytes, _, stage, _ = entry
+        end = start + nbytes / rate
+        if st is None:
+            self.bgs[res] = [end, start, entry, []]
+        else:
+            st[0], st[1], st[2] = end, start, entry
+        self._bg_alarm(res, end)
+        head = up(start)
+        if head < self.now:
+            head = self.now
+        for ch in stage[2]:  # released when the service begins (module docstring)
+            t = head + ch[1]
+            b = self.buckets.get(t)
+            if b is None:
+                b = self.buckets[t] = ([], [])
+                heappush(self.times, t)
+            b[0].append((x, ch, nbytes, start, t))
+
+    def _bg_alarm(self, res: int, end: float) -> None:
+        """A calendar entry waking resource ``res``'s background queue at cycle ``end``."""
+        t = up(end)
+        if t < self.now:
+            t = self.now
+        b = self.buckets.get(t)
+        if b is None:
+            b = self.buckets[t] = ([], [])
+            heappush(self.times, t)
+        b[0].append((None, (RES_WAKE, res, (), ()), 0, 0, t))
+
+    def _bg_wake(self, res: int) -> None:
+        """Complete ``res``'s background transfer in service if its end has come (else wait
+        for its new end), deliver it and begin the next."""
+        st = self.bgs[res]
+        end = st[0]
+        if up(end) > self.now:  # pushed back by ordinary traffic since the alarm was set
+            self._bg_alarm(res, end)
+            return
+        x, nbytes, prev_end, stage, _ = st[2]
+        rs = self.rs
+        if res < len(rs):
+            r = rs[res]
+            r[1] += nbytes / r[4]
+            r[2] += nbytes
+            r[3] += 1
+            if self.rtrace is not None:
+                self.rtrace.append((res, st[1], end, x.label))
+        else:  # the HBM pool: each channel's part (hbm_flush adds the busy cycles)
+            chan_res, hb, rate = self.chan_res, self.hbgbusy, self.hrate
+            for c, b in x.split:
+                r = rs[chan_res[c]]
+                hb[c] += b / rate
+                r[2] += b
+                r[3] += 1
+                if self.rtrace is not None:
+                    self.rtrace.append((chan_res[c], st[1], end, x.label))
+        done = up((end if end > prev_end else prev_end) + stage[1])
+        delivers = stage[3]
+        self.n_deliv += len(delivers)
+        for d in delivers:
+            x.deliver(self, d, done)
+        q = st[3]
+        if q:
+            nxt = q.pop(0)
+            self._bg_start(res, nxt, end if end > nxt[4] else nxt[4])
+        else:
+            self.bgs[res] = None
 
     # -- channels -----------------------------------------------------------------------------
 
@@ -327,7 +459,8 @@ class Transfers(HbmClasses):
             for c, b in split:
                 self._stage(x, roots[c], b, now, now)
         else:
-            x.left = 1
+            # a background read (runtime.network) is delivered by its port slot and its channels
+            x.left = 1 if roots[0] >= RES_HBM else 2
             self._stage(x, roots, nbytes, now, now)
         if x.left == 0:
             return x.end
@@ -336,13 +469,22 @@ class Transfers(HbmClasses):
         return p
 
     def hbm_read(
-        self, core: Core, split: tuple, nbytes: int, label: str, pending: Pending | None
+        self,
+        core: Core,
+        split: tuple,
+        nbytes: int,
+        label: str,
+        pending: Pending | None,
+        background: bool = False,
     ) -> int | Pending:
-        """Start an HBM -> ``core`` transfer now; its completion cycle or a :class:`Pending`."""
+        """Start an HBM -> ``core`` transfer now; its completion cycle or a :class:`Pending`
+        (``background``: background traffic at the core's port, :mod:`runtime.network`)."""
         self.hbm_rd += nbytes
         if not nbytes:
             return self.now
-        return self._hbm(self.fabric.load_roots(core.id), split, nbytes, label, pending)
+        fab = self.fabric
+        roots = fab.background_roots(core.id) if background else fab.load_roots(core.id)
+        return self._hbm(roots, split, nbytes, label, pending)
 
     def hbm_write(self, core: Core, split: tuple, nbytes: int, label: str) -> int | Pending:
         """Start a ``core`` -> HBM transfer now."""

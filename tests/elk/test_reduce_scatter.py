@@ -145,8 +145,11 @@ def test_cost_model_matches_simulated(
     dims: tuple[int, int, int], tk: int, tn: int, axis: int
 ) -> None:
     """Preload and execute of one product reduce-scattered (halving for 16 and 8, direct for
-    7): the cost model's preload plus plan time within 10% of the simulated cycles.  At 256 or
-    224 rows the execute, the accumulating product pieces and the reduce-scatter dominate."""
+    7): the cost model's preload plus plan time, less the plan's slack, within 10% of the
+    simulated cycles.  The execution's traffic passes the preload's pieces at the ports and the
+    HBM (runtime.network), so it runs while the preload arrives, its kernel needing the last
+    piece ``slack`` cycles in.  At 256 or 224 rows the execute, the accumulating product pieces
+    and the reduce-scatter dominate."""
     chip = load_chip("ipu-hbm")
     c = ChipCosts.from_chip(chip)
     op = Operator("A", "matmul", dims, "bf16")
@@ -155,4 +158,4 @@ def test_cost_model_matches_simulated(
     ops, tensors = bind_timing([op], [plan])
     total = simulate(elk_programs(chip, ops, [plan], [0], [1], tensors), chip).cycles
     load = c.load(plan.preload_space, plan.preload_space / plan.cores, grid=(tk, tn))
-    assert abs((load + plan.time) / total - 1) < 0.10
+    assert abs((max(load, plan.slack) + plan.time - plan.slack) / total - 1) < 0.10
