@@ -18,7 +18,7 @@ split printed in the notes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, Node
 from torch2step.layers.standins import standin_inputs, standin_params
 
-__all__ = ["split_layer", "split_report", "subgraph"]
+__all__ = ["cores_by_operator", "split_layer", "split_report", "subgraph"]
 
 _SUMMED = ("latency_cycles", "latency_s", "hbm_bytes", "hbm_bytes_symbolic", "flops",
            "roofline_cycles", "events", "simulation_s")  # fmt: skip
@@ -70,6 +70,18 @@ def _units(layer: LayerGraph, node: Node, options: Any) -> int:
     return len(analyse(lower(subgraph(layer, [node], "probe"), options).program).units)
 
 
+def cores_by_operator(lowered: Any, cores: Mapping[str, int]) -> dict[str, int]:
+    """The cores each layer operator's units took in a placement of the whole layer that did
+    not fit (``cores``: unit name -> cores, :class:`~torch2step.spatial.placement.PlacementError`;
+    ``lowered.made_by`` names the operator that made each STeP node)."""
+    out: dict[str, int] = {}
+    for unit, k in cores.items():
+        op = lowered.made_by.get(unit)
+        if op is not None:
+            out[op] = out.get(op, 0) + k
+    return out
+
+
 def split_layer(layer: LayerGraph, cores: int, options: Any) -> list[list[Node]]:
     """Consecutive groups of ``layer``'s operators whose units fit ``cores`` each."""
     groups: list[list[Node]] = [[]]
@@ -88,6 +100,18 @@ def split_layer(layer: LayerGraph, cores: int, options: Any) -> list[list[Node]]
         groups[-1].append(n)
         used += need
     return groups
+
+
+def _oversized(prog: Any, failed: ScheduleError) -> list[Node]:
+    """The layer operators that took more cores than the chip has in the whole layer's failed
+    placement ``failed``: halving the layer ends with such an operator alone (or with
+    operators that add no unit), which does not fit either."""
+    from torch2step.spatial.placement import PlacementError
+
+    if not isinstance(failed, PlacementError):
+        return []
+    need = cores_by_operator(prog.lowered, failed.cores)
+    return [n for n in prog.layer.nodes if need.get(n.name, 0) > prog.chip.num_cores]
 
 
 class _Values:
@@ -159,9 +183,18 @@ class _Values:
         return tuple(out)
 
 
-def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> Any:
+def split_report(
+    prog: Any,
+    inputs: Sequence[torch.Tensor],
+    failed: ScheduleError | None = None,
+    **kwargs: Any,
+) -> Any:
     """Report ``prog`` (a :class:`~torch2step.program.Program` that does not fit its chip)
-    as sequential configurations (see the module docstring)."""
+    as sequential configurations (see the module docstring).  ``failed``: the error of the
+    whole layer's placement, when it was tried: the whole layer is not tried again, and an
+    operator that took more cores than the chip has is tried alone first, so a layer that
+    cannot be split to fit reports that operator's error after one more plan, not after
+    every halving."""
     from torch2step.lower import lower
     from torch2step.program import Program
 
@@ -170,6 +203,18 @@ def split_report(prog: Any, inputs: Sequence[torch.Tensor], **kwargs: Any) -> An
     inputs = tuple(inputs) or prog.example_inputs
     values = _Values(layer, inputs)
     pending = split_layer(layer, chip.num_cores, opts)
+    if failed is not None and len(pending) == 1:  # the whole layer, which did not fit
+        for n in _oversized(prog, failed):  # alone it does not fit either: its error first
+            sub = subgraph(layer, [n], f"{layer.name}_{n.name}")
+            lowered = lower(sub, opts)
+            part = Program(sub, lowered, chip, values.inputs(sub, lowered))
+            part.split = False
+            args = dict(kwargs)
+            if not isinstance(n.op, L.TopKRouting):
+                args.pop("routing", None)
+            part.report(**args)  # raises its placement error (or fits: halving decides)
+        group = pending.pop()  # halved at once (it is not tried again)
+        pending = [group[: len(group) // 2], group[len(group) // 2 :]]
     reports, lines, parts = [], [], []
     while pending:
         group = pending.pop(0)

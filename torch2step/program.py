@@ -262,12 +262,12 @@ class Program:
             self._plans = PlanCache()
         try:
             sim = self._plans.simulate(lw.program, self.chip, res, trace=trace)
-        except ScheduleError:
+        except ScheduleError as err:
             if not self.split or len(self.layer.nodes) < 2:
                 raise
             from torch2step.configurations import split_report
 
-            return split_report(self, inputs, routing=routing, trace=trace, notes=notes)
+            return split_report(self, inputs, err, routing=routing, trace=trace, notes=notes)
         sim_s = time.perf_counter() - t0
         self._last, self._split_parts = sim, []
         m = self.metrics

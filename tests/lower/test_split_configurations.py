@@ -90,3 +90,31 @@ def test_split_report_writes_one_timeline_of_its_configurations(layer, tmp_path)
     cycles = [int(n.rsplit(", ", 1)[1].split()[0].replace(",", "")) for n in lines]
     # the configurations run one after another: the last one's events end after the others'
     assert max(ends) > sum(cycles[:-1])
+
+
+def test_operator_too_large_alone_reports_its_error_after_one_more_plan(layer, monkeypatch) -> None:
+    # SRAM so small that an operator's buffers alone take more cores than the chip has: its
+    # placement error comes from the whole layer's plan and that operator's, not from halving
+    import dataclasses
+
+    import torch2step.spatial.reuse as reuse
+    from torch2step.spatial.placement import PlacementError
+
+    step, args = layer
+    chip = load_chip("step-sda")
+    chip = dataclasses.replace(chip, core=dataclasses.replace(chip.core, sram_bytes=16))
+    built: list[str] = []
+    plan = reuse.build_plan
+
+    def counting(graph, *a, **k):
+        built.append(graph.name)
+        return plan(graph, *a, **k)
+
+    monkeypatch.setattr(reuse, "build_plan", counting)
+    prog = torch2step.compile(step, args, chip=chip, execution="spatial")
+    with pytest.raises(PlacementError, match=r"needs \d+ cores") as err:
+        prog.report(*args)
+    assert len(built) == 2 and built[0] == prog.layer.name
+    op = built[1].removeprefix(f"{prog.layer.name}_")
+    assert op in {n.name for n in prog.layer.nodes} and f"graph '{built[1]}'" in str(err.value)
+    assert sum(err.value.cores.values()) > chip.num_cores

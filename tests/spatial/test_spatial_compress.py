@@ -60,3 +60,57 @@ def test_folding_is_exact(names: list[str], period: int) -> None:
     out = compress(steps, max_period=period)
     assert _unfold(out) == _flat(steps)
     assert len(_unfold(out)) >= len(out)
+
+
+def _by_value(steps: list[tuple[Instr, ...]], max_period: int = 64) -> tuple[Instr, ...]:
+    """The folding with blocks compared by value (hashing every block on every pass): what
+    :func:`compress` must give, with its ids found once per instruction object."""
+    from torch2step.spatial import compress as c
+
+    items = [s for s in steps if s]
+    while True:
+        table: dict[tuple[Instr, ...], int] = {}
+        ids = [table.setdefault(b, len(table)) for b in items]
+        n = len(ids)
+        nxt, last = [n] * n, {}
+        for j in range(n - 1, -1, -1):
+            nxt[j] = last.get(ids[j], n)
+            last[ids[j]] = j
+        periods = [c._shortest_period(ids, nxt, i, max_period) for i in range(n)]
+        found = [p for p in periods if p]
+        if not found:
+            return tuple(x for b in items for x in b)
+        want, out, i = min(found), [], 0
+        while i < n:
+            if periods[i] == want:
+                k = c._repeats(ids, i, want, n)
+                out.append((Loop(k, tuple(x for b in items[i : i + want] for x in b)),))
+                i += k * want
+            else:
+                out.append(items[i])
+                i += 1
+        items = out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from("abc"), min_size=1, max_size=6),
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.booleans(),
+)
+def test_interned_ids_fold_as_values_do(
+    names: list[str], inner: int, outer: int, given_loop: bool
+) -> None:
+    # equal instructions as distinct objects and as one shared object, and a Loop already in
+    # the steps equal to one the folding makes: ids by object must agree with ids by value
+    shared = {n: Set(n, 0) for n in names}
+    steps: list[tuple[Instr, ...]] = []
+    for _ in range(outer):
+        for k, n in enumerate(names):
+            steps += [(shared[n],) if k % 2 else (Set(n, 0),)] * inner
+        if given_loop:
+            steps.append((Loop(2, (Set("a", 0),)),))
+            steps += [(Set("a", 0),)] * 2
+    assert compress(steps) == _by_value(steps)
+    assert _unfold(compress(steps)) == _unfold(_by_value(steps))

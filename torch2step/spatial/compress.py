@@ -11,6 +11,11 @@ Each pass folds the repetitions of the shortest period that repeats anywhere, so
 form before outer ones (a reduction's repeated middle steps, then the reductions).  Only periods
 at which the block at ``i`` recurs are tried (the distances to the next occurrences of the same
 id, from a next-occurrence array), so a pass costs about one comparison of blocks per step.
+
+An instruction's id is found once per instruction object (:class:`_Interner`): instructions are
+hashed by value only on first sight, and a ``Loop`` a pass folds is identified by its count and
+its body's ids, so later passes never rehash the instructions nested in it (hashing a frozen
+dataclass recurses through everything it holds).
 """
 
 from __future__ import annotations
@@ -38,11 +43,33 @@ def _repeats(ids: list[int], i: int, p: int, n: int) -> int:
     return c
 
 
-def _ids(items: list[Block]) -> tuple[list[int], list[int]]:
+class _Interner:
+    """One integer per distinct instruction value (equal instructions, equal ids), found once
+    per instruction object: a ``Loop`` by its count, variable and its body's ids, any other
+    instruction by its value.  The objects seen are kept, so their ``id`` stays theirs."""
+
+    def __init__(self) -> None:
+        self.by_obj: dict[int, int] = {}
+        self.by_key: dict[object, int] = {}
+        self.keep: list[Instr] = []
+
+    def __call__(self, x: Instr) -> int:
+        i = self.by_obj.get(id(x))
+        if i is None:
+            key: object = x
+            if type(x) is Loop:
+                key = ("loop", x.count, x.var, tuple(map(self, x.body)))
+            i = self.by_key.setdefault(key, len(self.by_key))
+            self.by_obj[id(x)] = i
+            self.keep.append(x)
+        return i
+
+
+def _ids(items: list[Block], intern: _Interner) -> tuple[list[int], list[int]]:
     """One id per distinct block, and for every position the next position with the same id
     (``len(items)`` when none)."""
-    table: dict[Block, int] = {}
-    ids = [table.setdefault(b, len(table)) for b in items]
+    table: dict[tuple[int, ...], int] = {}
+    ids = [table.setdefault(tuple(map(intern, b)), len(table)) for b in items]
     n = len(ids)
     nxt = [n] * n
     last: dict[int, int] = {}
@@ -66,10 +93,10 @@ def _shortest_period(ids: list[int], nxt: list[int], i: int, max_period: int) ->
     return 0
 
 
-def _fold_once(items: list[Block], max_period: int) -> list[Block]:
+def _fold_once(items: list[Block], max_period: int, intern: _Interner) -> list[Block]:
     """Fold every repetition of the shortest period that repeats anywhere (innermost loops
     first, so nested stream structure becomes nested loops)."""
-    ids, nxt = _ids(items)
+    ids, nxt = _ids(items, intern)
     n = len(items)
     periods = [_shortest_period(ids, nxt, i, max_period) for i in range(n)]
     found = [p for p in periods if p]
@@ -93,8 +120,9 @@ def _fold_once(items: list[Block], max_period: int) -> list[Block]:
 def compress(steps: Sequence[Block], max_period: int = MAX_PERIOD) -> tuple[Instr, ...]:
     """The instructions of ``steps`` with repetitions folded into (nested) loops."""
     items = [s for s in steps if s]
+    intern = _Interner()
     while True:
-        folded = _fold_once(items, max_period)
+        folded = _fold_once(items, max_period, intern)
         if len(folded) == len(items):
             break
         items = folded

@@ -55,10 +55,19 @@ def _forward(b: UnitBuilder, src: StreamInfo, k: int, outs: list[tuple[StreamInf
     b.step()
 
 
-def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[StreamInfo]) -> bool:
+def _routed(
+    b: UnitBuilder,
+    src: StreamInfo,
+    k: int,
+    reg: str,
+    outs: list[StreamInfo],
+    made: dict[tuple[object, ...], tuple[If, ...]],
+) -> bool:
     """One element sent to the outputs whose bit is set in the selector register ``reg`` at
     run time (``If`` per output): the instructions do not depend on the routing.  ``False``
-    (nothing emitted) when the element is not all received data (then :func:`_forward`)."""
+    (nothing emitted) when the element is not all received data (then :func:`_forward`).
+    ``made``: the ``If`` s already built, by register and buffers (elements received into the
+    same buffers branch alike; the instructions are immutable, so they are shared)."""
     parts = src.parts(k)
     if any(p.kind != "data" for p in parts):
         return False
@@ -66,11 +75,21 @@ def _routed(b: UnitBuilder, src: StreamInfo, k: int, reg: str, outs: list[Stream
     if any(buf is None for _, buf in e):
         return False  # pragma: no cover - a data part generated locally
     b.compute(1, (e,), const=True)
-    for i, out in enumerate(outs):
-        if out.channel is not None and b.has_dsts(out.channel):
-            sends = tuple(Send(out.channel, buf) for _, buf in e if buf is not None)
-            n = _counter(i)
-            b.emit(If(Cond(reg, "&", 1 << i), (*sends, Set(n, Affine(1, ((n, 1),))))))
+    key = (reg, *(buf for _, buf in e))
+    branches = made.get(key)
+    if branches is None:
+        branches = made[key] = tuple(
+            If(
+                Cond(reg, "&", 1 << i),
+                (
+                    *(Send(out.channel, buf) for _, buf in e if buf is not None),
+                    Set(_counter(i), Affine(1, ((_counter(i), 1),))),
+                ),
+            )
+            for i, out in enumerate(outs)
+            if out.channel is not None and b.has_dsts(out.channel)
+        )
+    b.emit(*branches)
     b.step()
     return True
 
@@ -96,6 +115,7 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     guarded = False
     forwarded = False
     routed = 0  # elements this run sends through run-time branches
+    made: dict[tuple[object, ...], tuple[If, ...]] = {}
     k = 0
     for si, (selv, chunk) in enumerate(zip(s.flat, chunks)):
         sel = b.recv(s, si)
@@ -106,7 +126,7 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             for i in selv.indices:
                 targets.append((outs[i], cursor[i]))
                 cursor[i] += 1
-            if reg is not None and _routed(b, x, k, reg, outs):
+            if reg is not None and _routed(b, x, k, reg, outs, made):
                 guarded = True
                 for out, j in targets:  # the messages this run sends (checked by the plan)
                     if out.channel is not None and b.has_dsts(out.channel):
@@ -190,21 +210,19 @@ def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> Non
             pool = [b.buffer(("in", ch, 0), part.dtype, part.elems, 2) for _ in range(2)]
             bufs[i] = pool
             b.emit(Set(_parity(i), 0))
+    made: dict[str, tuple[If, ...]] = {}  # the branches per selector register (immutable)
     for si, selv in enumerate(s.flat):
         sel = b.recv(s, si)
         b.consume(sel)
         ((_, reg),) = sel
         assert reg is not None
-        for i, pool in bufs.items():
-            ch, par = chans[i], _parity(i)
-            arms = []
-            for buf in pool:
-                body = [Recv(ch, buf), b.compute_instr(1, (buf,))]
-                if send:
-                    body.append(Send(out.channel, buf))
-                arms.append(tuple(body))
-            flip = Set(par, Affine(1, ((par, -1),)))
-            b.emit(If(Cond(reg, "&", 1 << i), (If(Cond(par, "==", 0), arms[0], arms[1]), flip)))
+        branches = made.get(reg)
+        if branches is None:
+            branches = made[reg] = tuple(
+                _taken(b, reg, i, chans[i], pool, out.channel if send else None)
+                for i, pool in bufs.items()
+            )
+        b.emit(*branches)
         for i in selv.indices:  # the messages this run moves (checked by the plan)
             assert chans[i] is not None
             b.next_seq[chans[i]] += 1
@@ -233,6 +251,24 @@ def _reassemble_by_selector(ctx: EmitCtx, b: UnitBuilder, op: Reassemble) -> Non
     ctx.relax(op.sel, FORM)
     for v in (*op.ins, op.name):
         ctx.relax(v, None)
+
+
+def _taken(
+    b: UnitBuilder, reg: str, i: int, ch: str | None, pool: list[str], out: str | None
+) -> If:
+    """Input ``i``'s branch of a Reassemble by selector: when bit ``i`` of ``reg`` is set,
+    receive into the buffer of ``pool`` the parity register picks, one cycle, send to ``out``
+    (unless ``None``), and flip the parity."""
+    assert ch is not None
+    par = _parity(i)
+    arms = []
+    for buf in pool:
+        body = [Recv(ch, buf), b.compute_instr(1, (buf,))]
+        if out is not None:
+            body.append(Send(out, buf))
+        arms.append(tuple(body))
+    flip = Set(par, Affine(1, ((par, -1),)))
+    return If(Cond(reg, "&", 1 << i), (If(Cond(par, "==", 0), arms[0], arms[1]), flip))
 
 
 def _parity(i: int) -> str:

@@ -28,6 +28,7 @@ from torch2step.step.graph import Program
 from .structure import DEFAULT_WIRES, Structure, analyse
 
 __all__ = [
+    "PlacementError",
     "Unit",
     "Placement",
     "WALKS",
@@ -84,6 +85,16 @@ class Placement:
     def cores_used(self) -> int:
         """Cores taken by all units, extra memory units included."""
         return sum(len(u.cores) for u in self.units)
+
+
+class PlacementError(ScheduleError):
+    """The chip has too few cores for a graph's units; ``cores`` maps each unit (its primary
+    node's name) to the cores it needs (one, or more for buffers beyond one core's SRAM), so a
+    caller splitting the layer knows where the cores go (:mod:`torch2step.configurations`)."""
+
+    def __init__(self, message: str, cores: Mapping[str, int]) -> None:
+        super().__init__(message)
+        self.cores = dict(cores)
 
 
 # -- walks ---------------------------------------------------------------------------------------
@@ -233,12 +244,13 @@ def place_structure(
             if extra
             else ""
         )
-        raise ScheduleError(
+        raise PlacementError(
             f"graph {st.graph.name!r} needs {total} cores for its {len(st.units)} units (one per "
             f"STeP operator: {listing}{mem}) but chip {chip.name!r} has {chip.num_cores} cores; "
             "use a chip with more cores (e.g. hwmodel.with_mesh_shape or a bigger preset), or "
             "give the graph fewer operators: coarser tiles, fewer parallel regions, or "
-            "time-multiplexed expert regions (EagerMerge + RandomOffChipLoad, STeP §5.3)"
+            "time-multiplexed expert regions (EagerMerge + RandomOffChipLoad, STeP §5.3)",
+            {ops[0].name: k for ops, k in zip(st.units, need)},
         )
     cores = walk_cores(chip, walk)
     slots: dict[int, tuple[int, ...]] = {}

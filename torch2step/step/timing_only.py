@@ -99,6 +99,12 @@ def _rows(f: Any, row: Any, acc: Any) -> np.ndarray:
     return _zeros((acc.shape[0] + row.shape[0], acc.shape[1]))
 
 
+def _cols(f: Any, t: Any, acc: Any) -> np.ndarray:
+    """``retile_col`` shaped: the accumulator with the tile's columns appended (a real run
+    copies the whole accumulator per tile, quadratic in the row block's width)."""
+    return _zeros((acc.shape[0], acc.shape[1] + t.shape[1]), acc, t)
+
+
 def _bcast(f: Any, a: Any, b: Any) -> np.ndarray:
     return _zeros(_broadcast(tuple(a.shape), tuple(b.shape)), a, b)
 
@@ -125,13 +131,15 @@ def _finalize(f: Any, m: Any, s: Any, o: Any) -> np.ndarray:
 
 
 #: Tile function name -> shape-only implementation (same signature as the real one): the
-#: matrix products, the row packing of dynamic tiles and the elementwise maps on data tiles.
+#: matrix products, the row and column packing of dynamic tiles and the elementwise maps on
+#: data tiles.
 SHAPE_ONLY: dict[str, Callable[..., Any]] = {
     "matmul": _mm,
     "matmul_t": _mm,
     "matmul_acc": _mm_acc,
     "matmul_t_acc": _mm_acc,
     "retile_row": _rows,
+    "retile_col": _cols,
     "online_softmax": _osm,
     "softmax_finalize": _finalize,
     **{n: _bcast for n in ("add", "sub", "mul", "div", "maximum")},
