@@ -47,7 +47,9 @@ def test_allocation_shortcut_is_the_heuristic(seed: int) -> None:
     rng = random.Random(4300 + seed)
     for _ in range(50):
         groups = [
-            pareto([Option(rng.randint(1, 12), rng.uniform(0, 9)) for _ in range(rng.randint(0, 4))])
+            pareto(
+                [Option(rng.randint(1, 12), rng.uniform(0, 9)) for _ in range(rng.randint(0, 4))]
+            )
             for _ in range(rng.randint(1, 2))
         ]
         cap = rng.randint(0, 24)
