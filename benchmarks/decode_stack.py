@@ -9,7 +9,8 @@ as one model), all layers simulated in timing mode — the path of ``torch2step 
 --hf-config ... --layers N --sim-layers N``.  Printed, one JSON object: the plan's seconds
 (``ElkSchedule.plan_seconds``), CPU seconds of this process for building the per-core
 programs, compiling them (the :class:`runtime.Simulator` constructor) and the event loop (on a
-shared machine CPU seconds are the work's own, wall seconds are not), instructions (``copied``:
+shared machine CPU seconds are the work's own, wall seconds are not; the plan's candidate
+orders run on ``plan_jobs`` processes, ``TORCH2STEP_PLAN_JOBS``), instructions (``copied``:
 those in equal layers' copies, compiled once as their template), simulated
 cycles, peak RSS and, with ``--digest``, SHA-256 prefixes of the schedule, the program set and
 the run's statistics (events excluded, as ``sim_golden.py`` does), so two versions can be shown
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch2step  # noqa: E402
+from elk.reorder import plan_jobs  # noqa: E402
 from hwmodel.presets import load_chip  # noqa: E402
 from runtime import Simulator, gc_paused  # noqa: E402
 
@@ -53,7 +55,12 @@ def main() -> None:
         execution="kernel", design="elk_full",
     )  # fmt: skip
     s = prog.schedule
-    out: dict[str, object] = {"layers": args.layers, "plan_s": round(s.plan_seconds, 2)}
+    # plan_s: wall seconds; the candidate preload orders run on plan_jobs processes
+    out: dict[str, object] = {
+        "layers": args.layers,
+        "plan_s": round(s.plan_seconds, 2),
+        "plan_jobs": plan_jobs(),
+    }
     with gc_paused():  # as KernelStackProgram.report: one pause across build, compile and run
         t0 = time.process_time()
         ps = prog.programs(args.layers)

@@ -50,6 +50,10 @@ def pareto(options: Sequence[Option]) -> tuple[Option, ...]:
 def allocate(groups: Sequence[Sequence[Option]], capacity: int) -> Allocation | None:
     """ELK §4.3's Δ heuristic over Pareto curves ``groups`` (each sorted by space ascending, as
     :func:`pareto` returns); ``None`` when even the smallest plans do not fit."""
+    if len(groups) <= 2:  # the scheduler's steps: the executing and at most the next operator
+        quick = _fits_fastest(groups, capacity)
+        if quick is not None:
+            return quick
     if any(not g for g in groups):
         return None
     choice = [len(g) - 1 for g in groups]
@@ -71,6 +75,27 @@ def allocate(groups: Sequence[Sequence[Option]], capacity: int) -> Allocation | 
         choice[best] -= 1
     time = sum(g[c].time for g, c in zip(groups, choice))
     return Allocation(tuple(choice), space, time)
+
+
+def _fits_fastest(groups: Sequence[Sequence[Option]], capacity: int) -> Allocation | None:
+    """:func:`allocate`'s answer for one or two groups whose fastest plans fit together (the
+    same sums in the same order); ``None``: not that case."""
+    if len(groups) == 1:
+        (g,) = groups
+        if not g:
+            return None
+        o = g[-1]
+        if o.space > capacity:
+            return None
+        return Allocation((len(g) - 1,), 0 + o.space, 0 + o.time)
+    g, h = groups
+    if not g or not h:
+        return None
+    a, b = g[-1], h[-1]
+    space = 0 + a.space + b.space
+    if space > capacity:
+        return None
+    return Allocation((len(g) - 1, len(h) - 1), space, 0 + a.time + b.time)
 
 
 def allocate_exhaustive(groups: Sequence[Sequence[Option]], capacity: int) -> Allocation | None:

@@ -34,11 +34,10 @@ from elk.contention import (  # noqa: F401 (_crowd: re-export)
     _crowd_with,
     _lead,
     _sharers,
-    _totals,
 )
 from elk.errors import ElkError
 from elk.model import Item, Policy, Step, Timeline
-from elk.suffix import _by_load, _keep, _Kept, _last, _plain, _State, _vector
+from elk.suffix import _by_load, _keep, _Kept, _last, _plain, _resident, _State, _vector
 
 __all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
 
@@ -94,7 +93,7 @@ def _stepper(
         lead = 0.0
     else:
         spre_tail, tail_from = parent.spre, parent.step.P
-        res_parent = {op: (sp, bound, q, e) for op, sp, bound, q, e in parent.res}
+        res_parent = _resident(parent)
         # the preloads issued between execute(i) and execute(i+1) delay execute(i+1)
         lead = _lead(
             items, order, range(P, tail_from), i + 1, parent.step.exec_plan, res_parent, pol
@@ -124,7 +123,10 @@ def _stepper(
     residents = [j for j in range(i + 1, min(n, last + 1)) if pos[j] < P]
     if pol.max_ahead is not None and len(residents) > pol.max_ahead:
         return None
-    fixed = sum(res_parent[j][0] for j in residents if j != i + 1)
+    fixed = 0
+    for j in residents:
+        if j != i + 1:
+            fixed += res_parent[j][0]
     if pol.exec_space is not None and fixed > pol.capacity - pol.exec_space:
         return None
     # Preloads of the resident operators run as late as possible, i.e. up to this step's end:
@@ -140,35 +142,33 @@ def _stepper(
         # with per-core port times, contention is charged per section (see :func:`_lead`)
         return item.execs[e].time if item.ports else item.exec_time(e, busy)
 
-    every = (
-        _plain(item)
-        if item.ports
-        else tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
-    )
-    base = every[: item.pareto]
-    if pol.fastest_exec:
-        base = base[-1:]
-    elif pol.exec_space is not None:
-        fit = tuple(
-            o
-            for o in base
-            if (
-                item.exec_core_space(int(o.ref)) <= pol.exec_core  # type: ignore[arg-type]
-                if pol.exec_core is not None
-                else o.space <= pol.exec_space
-            )
-        )
-        if not fit and pol.exec_core is not None:
-            return None  # no plan of this operator fits the fixed per-core execute space
-        base = fit[-1:] if fit else base[:1]
+    if item.ports:  # the plans do not depend on the contention: worked out once per item
+        fixed_bases = _bases(item, pol)
+        if fixed_bases is None:
+            return None
+        every, base, in_base = fixed_bases
+    else:
+        every = tuple(Option(o.space, cost(e), e) for e, o in enumerate(item.execs))
+        got_bases = _choose_bases(item, pol, every)
+        if got_bases is None:
+            return None
+        base = got_bases
+        in_base = {o.ref for o in base}
     held: list[tuple[tuple[int, int], float]] = []
+    held_space: float = 0
+    rows = cols = area = 0  # the held grids' :func:`_totals`, summed in the same pass
     if pol.core_sram is not None and item.grids and residents:
         for j in residents:
             pj = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
             if items[j].grids:
-                held.append((items[j].grids[pj], items[j].exec_core_space(pj)))
-    held_space = sum(cs for _, cs in held)
-    held_grids = _totals([gj for gj, _ in held])
+                gj = items[j].grids[pj]
+                cs = items[j].exec_core_space(pj)
+                held.append((gj, cs))
+                held_space += cs
+                rows += gj[0]
+                cols += gj[1]
+                area += gj[0] * gj[1]
+    held_grids = (len(held), rows, cols, area)
     fitted: dict[int, bool] = {}
 
     def fits(e: int) -> bool:
@@ -191,14 +191,7 @@ def _stepper(
     opts: tuple[Option, ...] = ()
     if nxt_res:
         assert parent is not None
-        pre = items[i + 1].preloads[parent.step.exec_plan]
-        opts = tuple(
-            Option(o.space, 0.0 if pol.zero_dist else o.time, k) for k, o in enumerate(pre)
-        )
-        if pol.preload_mode == "largest":
-            opts = opts[-1:]
-        elif pol.preload_mode == "smallest":
-            opts = opts[:1]
+        opts = _preload_opts(items[i + 1], parent.step.exec_plan, pol)
     cap = pol.capacity - fixed
     if nxt_res and pol.exec_space is not None:
         # Static: the next operator's preload space comes out of the fixed preload space
@@ -212,8 +205,6 @@ def _stepper(
         j: (j, *res_parent[j]) for j in residents if j != i + 1
     }  # residents other than i + 1 carry over unchanged
 
-    in_base = {o.ref for o in base}
-
     def pick(only: int | None) -> _Got | None:
         execs = base
         if only is not None:
@@ -222,7 +213,7 @@ def _stepper(
                 return None
             execs = (every[only],)
         if held:
-            execs = tuple(o for o in execs if fits(int(o.ref)))  # type: ignore[arg-type]
+            execs = tuple([o for o in execs if fits(int(o.ref))])  # type: ignore[arg-type]
             if not execs:
                 return None
         groups: list[tuple[Option, ...]] = [execs, opts] if nxt_res else [execs]
@@ -257,6 +248,71 @@ def _stepper(
         return step, spre, tuple(res), gate
 
     return pick
+
+
+#: per item (and policy) the exec plans :func:`_stepper` offers an item with ``ports``
+_BASES: dict[int, tuple[Item, Policy, tuple | None]] = {}
+
+
+def _choose_bases(item: Item, pol: Policy, every: tuple[Option, ...]) -> tuple[Option, ...] | None:
+    """The exec plans the allocation chooses from (``every``: all of them as options): the
+    Pareto curve, its fastest plan (Basic), or the fastest that fits the fixed execute space
+    (Static); ``None``: none fits the fixed per-core execute space."""
+    base = every[: item.pareto]
+    if pol.fastest_exec:
+        return base[-1:]
+    if pol.exec_space is not None:
+        fit = tuple(
+            o
+            for o in base
+            if (
+                item.exec_core_space(int(o.ref)) <= pol.exec_core  # type: ignore[arg-type]
+                if pol.exec_core is not None
+                else o.space <= pol.exec_space
+            )
+        )
+        if not fit and pol.exec_core is not None:
+            return None  # no plan of this operator fits the fixed per-core execute space
+        return fit[-1:] if fit else base[:1]
+    return base
+
+
+def _bases(item: Item, pol: Policy) -> tuple | None:
+    """``(every, base, refs of base)`` of an item with ``ports`` (:func:`_choose_bases` over
+    :func:`elk.suffix._plain`), kept per item and policy; ``None``: no plan fits."""
+    hit = _BASES.get(id(item))
+    if hit is None or hit[0] is not item or hit[1] is not pol:
+        if len(_BASES) > 65536:
+            _BASES.clear()
+        every = _plain(item)
+        base = _choose_bases(item, pol, every)
+        got = None if base is None else (every, base, {o.ref for o in base})
+        hit = _BASES[id(item)] = (item, pol, got)
+    return hit[2]
+
+
+#: per next item and exec plan the preload-state options (:func:`_preload_opts`)
+_OPTS: dict[tuple[int, int], tuple[Item, Policy, tuple[Option, ...]]] = {}
+
+
+def _preload_opts(nxt: Item, e: int, pol: Policy) -> tuple[Option, ...]:
+    """The preload-state plans of ``nxt`` executing with plan ``e`` as allocation options
+    (data distribution free under ``zero_dist``; Static's largest or smallest only), kept per
+    item, plan and policy."""
+    hit = _OPTS.get((id(nxt), e))
+    if hit is None or hit[0] is not nxt or hit[1] is not pol:
+        if len(_OPTS) > 65536:
+            _OPTS.clear()
+        pre = nxt.preloads[e]
+        opts = tuple(
+            Option(o.space, 0.0 if pol.zero_dist else o.time, k) for k, o in enumerate(pre)
+        )
+        if pol.preload_mode == "largest":
+            opts = opts[-1:]
+        elif pol.preload_mode == "smallest":
+            opts = opts[:1]
+        hit = _OPTS[(id(nxt), e)] = (nxt, pol, opts)
+    return hit[2]
 
 
 def _finish(items: Sequence[Item], order: Sequence[int], state: _State, pol: Policy) -> Timeline:

@@ -5,7 +5,7 @@ lookups the scheduler repeats for every suffix, computed once (per preload order
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import ge as _ge
 from operator import itemgetter
@@ -25,6 +25,20 @@ class _State:
         tuple[int, int, float, int, int], ...
     ]  # (op, space, end bound, preload plan, exec plan)
     parent: _State | None
+    # ``res`` by operator (:func:`_resident`), worked out when a step after this one first asks
+    resd: dict[int, tuple[int, float, int, int]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+
+def _resident(st: _State) -> dict[int, tuple[int, float, int, int]]:
+    """``st``'s resident table by operator: op -> (space, end bound, preload plan, exec plan)
+    (kept on the suffix: every ``P`` of the step before it reads the same table)."""
+    d = st.resd
+    if d is None:
+        d = {op: (sp, bound, q, e) for op, sp, bound, q, e in st.res}
+        object.__setattr__(st, "resd", d)
+    return d
 
 
 _PMAX: dict[int, tuple[Sequence[int], list[int]]] = {}

@@ -1,0 +1,87 @@
+"""Planning speed-ups that must not change the plan: the candidate preload orders of ELK §4.4
+scheduled on several processes, and the allocation's shortcut when the fastest plans fit
+(ELK §4.3)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+from test_algorithms import _items
+
+import elk.reorder as reorder
+from elk.allocate import Allocation, Option, allocate, pareto
+from elk.reorder import best_order, candidate_orders
+from elk.schedule import Policy
+
+
+def _reference_allocate(groups: list[tuple[Option, ...]], capacity: float) -> Allocation | None:
+    """ELK §4.3's Δ heuristic as written before the shortcut (the general loop only)."""
+    if any(not g for g in groups):
+        return None
+    choice = [len(g) - 1 for g in groups]
+    space = sum(g[c].space for g, c in zip(groups, choice))
+    while space > capacity:
+        best, best_delta = -1, -1.0
+        for n, g in enumerate(groups):
+            c = choice[n]
+            if c == 0:
+                continue
+            saved = g[c].space - g[c - 1].space
+            slower = g[c - 1].time - g[c].time
+            delta = math.inf if slower <= 0 else saved / slower
+            if delta > best_delta:
+                best, best_delta = n, delta
+        if best < 0:
+            return None
+        space -= groups[best][choice[best]].space - groups[best][choice[best] - 1].space
+        choice[best] -= 1
+    time = sum(g[c].time for g, c in zip(groups, choice))
+    return Allocation(tuple(choice), space, time)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_allocation_shortcut_is_the_heuristic(seed: int) -> None:
+    rng = random.Random(4300 + seed)
+    for _ in range(50):
+        groups = [
+            pareto(
+                [Option(rng.randint(1, 12), rng.uniform(0, 9)) for _ in range(rng.randint(0, 4))]
+            )
+            for _ in range(rng.randint(1, 2))
+        ]
+        cap = rng.randint(0, 24)
+        got, want = allocate(groups, cap), _reference_allocate(groups, cap)
+        assert got == want
+        if got is not None:  # the same sums: bit for bit, not only close
+            assert repr(got.time) == repr(want.time) and type(got.space) is type(want.space)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_orders_on_two_processes_plan_as_one(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5100 + seed)
+    # slots 0 and 2 of every layer read the most HBM bytes: their preloads may swap (ELK §4.4)
+    items = [
+        replace(it, hbm_bytes=1000 + it.hbm_bytes if it.slot != 1 else it.hbm_bytes)
+        for it in _items(rng, 12, multi_preload=True, ports=True)
+    ]
+    cap = rng.randint(30, 40)
+    pol = Policy(cap, window=4, beam=2, plan_branch=True, core_sram=8.0, workers=8)
+    orders = candidate_orders(items, cap, 8)
+    assert len(orders) > 1
+    alone = reorder._schedules(items, pol, orders, 1)
+    monkeypatch.setattr(reorder, "PARALLEL_OPS", 2)  # small enough to fork for
+    assert reorder._schedules(items, pol, orders, 2) == alone
+    assert best_order(items, pol, 8, jobs=2) == best_order(items, pol, 8, jobs=1)
+    assert reorder._JOB is None  # nothing of the run is left behind
+
+
+def test_plan_jobs_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH2STEP_PLAN_JOBS", "3")
+    assert reorder.plan_jobs() == 3
+    monkeypatch.setenv("TORCH2STEP_PLAN_JOBS", "0")
+    assert reorder.plan_jobs() == 1
+    monkeypatch.delenv("TORCH2STEP_PLAN_JOBS")
+    assert reorder.plan_jobs() >= 1
