@@ -14,6 +14,10 @@ after ``t``, so every message arriving by ``t`` is known when the core looks: th
 the same whatever order the cores of a cycle run in.  While a next message is on its way the
 core looks again every cycle (its arrival cycle is known only once its last hop is reserved);
 while none is sent it blocks, and the ``Send`` of one wakes it (``ChanEnd.watch``).
+
+A caller may record the choices: ``Simulator.watch[watch_key(reg)] = []`` gets the index each
+``WaitAny`` writing register ``reg`` chose, in order (the decisions a run made in simulated
+time, :mod:`torch2step.spatial.dynamic`).
 """
 
 from __future__ import annotations
@@ -25,13 +29,18 @@ from runtime import ops
 from runtime.scoreboard import advance
 from runtime.state import RECV, Core
 
-__all__ = ["OpWaitAny", "h_waitany", "COMPILERS"]
+__all__ = ["OpWaitAny", "h_waitany", "watch_key", "COMPILERS"]
+
+
+def watch_key(reg: str) -> str:
+    """The ``Simulator.watch`` entry recording the choices of the ``WaitAny`` into ``reg``."""
+    return f"wait_any:{reg}"
 
 
 class OpWaitAny(ops.Op):
     """``ends``: this core's end of each channel, in the instruction's order."""
 
-    __slots__ = ("ends", "reg")
+    __slots__ = ("ends", "reg", "key")
 
 
 def h_waitany(sim: Any, core: Core, op: OpWaitAny) -> bool:
@@ -57,6 +66,11 @@ def h_waitany(sim: Any, core: Core, op: OpWaitAny) -> bool:
     if best >= 0:
         advance(sim, core, first, RECV)
         core.regs[op.reg] = best
+        w = sim.watch
+        if w is not None:
+            log = w.get(op.key)
+            if log is not None:
+                log.append(best)
         core.pc += 1
         return True
     if coming:  # a message is on its way: look again next cycle
@@ -79,7 +93,9 @@ def _compile_waitany(comp: Any, ins: WaitAny) -> None:
         if k is None:
             comp.chan(ins, name, False)  # raises: not declared or not delivered here
         ends.append(ch.ends[k])
-    comp.code.append(ops.make(OpWaitAny, h_waitany, ins, ends=tuple(ends), reg=ins.reg))
+    comp.code.append(ops.make(
+            OpWaitAny, h_waitany, ins, ends=tuple(ends), reg=ins.reg, key=watch_key(ins.reg)
+        ))
 
 
 #: Instruction class -> compile step (registered by :mod:`runtime.program`).

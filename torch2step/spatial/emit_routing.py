@@ -39,6 +39,7 @@ from torch2step.step.ops_shape import Expand, Repeat
 from torch2step.step.types import TileType
 
 from .context import EmitCtx
+from .merge_any import emit_merge_any, merge_any
 from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
 from .unit import UnitBuilder
 from .unit_reuse import FORM
@@ -268,6 +269,10 @@ def _reassemble(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, EagerMerge)
+    found = merge_any(ctx, b, op)
+    if found is not None:  # whichever input is ready, decided in simulated time
+        emit_merge_any(ctx, b, op, found)
+        return
     ins = [ctx.stream(v) for v in op.ins]
     data, sel = (ctx.stream(n) for n in op.out_names())
     rank = ins[0].value.rank
