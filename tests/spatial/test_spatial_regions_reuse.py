@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from hwmodel.presets import load_chip
-from lowering.isa import Load, SendValue, walk
+from lowering.isa import Load, SendValue, WaitAny, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
 from torch2step.spatial.dynamic import simulate_decided
@@ -187,3 +187,39 @@ def test_a_routing_of_as_many_static_tiles_keeps_every_unit() -> None:
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_static_merge_decides_in_the_simulation() -> None:
+    """Static tiling: each region's merge program waits for any of its experts' channels
+    (WaitAny) instead of naming a chunk order, and the order simulate_decided reports is the
+    one those WaitAny choices made in a single simulation of the interpreter's run (an
+    expert's choice past its tiles took its stop token alone: expert 1 of region 0 has no
+    token)."""
+    from runtime.ops_select import watch_key
+    from torch2step.spatial import simulate_graph
+    from torch2step.spatial.merge_any import pick
+
+    g, _, first, decided = _decided_order({**ARTIFACT, "static_tile": 4})
+    merges = {op.name: op for op in g.nodes if op.name in decided.arrival}
+    bodies = _bodies(build_plan(g, CHIP, first))
+    watch = {watch_key(pick(op)): [] for op in merges.values()}
+    simulate_graph(g, CHIP, first, watch=watch)
+    for name, op in merges.items():
+        waits = [i for i in walk(bodies[name]) if isinstance(i, WaitAny)]
+        assert len(waits) == 1 and len(waits[0].channels) == len(op.ins)
+        # one selector per input, whichever order the run took them in
+        sel = [
+            i.value
+            for i in walk(bodies[name])
+            if isinstance(i, SendValue) and i.channel == f"{name}.1"
+        ]
+        assert sel == [1 << k for k in range(len(op.ins))]
+        chose = watch[watch_key(pick(op))]
+        left = [len(first.values[v.name].data) for v in op.ins]
+        tiles = []
+        for i in chose:
+            if left[i]:
+                left[i] -= 1
+                tiles.append(i)
+        assert tiles == decided.arrival[name] and not any(left)
+    assert len(watch[watch_key("pick.moe_l0_merge")]) > len(decided.arrival["moe_l0_merge"])
