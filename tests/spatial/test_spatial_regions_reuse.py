@@ -223,3 +223,19 @@ def test_a_static_merge_decides_in_the_simulation() -> None:
                 tiles.append(i)
         assert tiles == decided.arrival[name] and not any(left)
     assert len(watch[watch_key("pick.moe_l0_merge")]) > len(decided.arrival["moe_l0_merge"])
+
+
+def test_a_region_without_tokens_waits_for_its_stop_tokens_only() -> None:
+    """Static tiling, no token for region 1 (experts 4-7): its merge is the same run-time
+    program (its row type from the declared stream type) and takes only the experts' stop
+    tokens; the simulation decides in one round and the run is PyTorch's."""
+    route = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    x = moe_inputs(**KW8, tokens=16, seed=0, routing=route)
+    decided = simulate_decided(g, CHIP, x, timing_only=False)
+    assert decided.converged and decided.rounds == 1
+    assert decided.arrival["moe_l1_merge"] == []
+    body = _bodies(build_plan(g, CHIP, decided.run))["moe_l1_merge"]
+    assert [len(i.channels) for i in walk(body) if isinstance(i, WaitAny)] == [4]
+    got = torch.as_tensor(np.asarray(decided.run.tensors["out"]))
+    torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

@@ -31,18 +31,22 @@ from dataclasses import dataclass
 
 from lowering.isa import Affine, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set, WaitAny
 from torch2step.step.ops_routing import EagerMerge
+from torch2step.step.types import TileType, TupleType
 
 from .context import EmitCtx
-from .streams import Part, iter_nodes
+from .streams import Part, StreamInfo, iter_nodes
 from .timing import STEP_KERNEL
 from .unit import UnitBuilder
 
 __all__ = ["MergeAny", "merge_any", "emit_merge_any", "pick"]
 
+
 def pick(op: EagerMerge) -> str:
     """The register merge ``op``'s ``WaitAny`` writes (the input it takes next); its choices
     are recorded under :func:`runtime.ops_select.watch_key` of it."""
     return f"pick.{op.name}"
+
+
 #: The register counting the inputs whose stop token has not come.
 OPEN = "open"
 
@@ -102,11 +106,24 @@ def merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> MergeAny | None:
         chans.append(ch)
         tiles.append(bound)
         rows.add(int(shape[1]))
+    if not row:  # no expert of the region has a token this run: the row from the type
+        row = {p for p in (_declared_row(ins[0]),) if p is not None}
     if len(rows) != 1 or len(row) != 1:
         return None
     if any(len(pc) != 2 or pc[0][2] not in row for pc in data.pieces):
         return None
     return MergeAny(tuple(chans), tuple(tiles), rows.pop(), row.pop())
+
+
+def _declared_row(info: StreamInfo) -> Part | None:
+    """The row part of an element ``(row tile, padding flag)`` of ``info``'s declared type."""
+    t = info.dtype
+    if not isinstance(t, TupleType) or len(t.elems) != 2 or not isinstance(t.elems[0], TileType):
+        return None
+    shape = t.elems[0].shape
+    if not all(_integer(d) for d in shape):
+        return None
+    return Part("data", t.elems[0].dtype, int(shape[0]) * int(shape[1]))
 
 
 def _integer(d: object) -> bool:
@@ -119,6 +136,8 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
     data, sel = (ctx.stream(n) for n in op.out_names())
     out, tell = data.channel, sel.channel
     assert out is not None and tell is not None
+    # a region no expert gives a token to has no reader of its outputs in this run
+    send, named = b.has_dsts(out), b.has_dsts(tell)
     counts = [b.stops.pop(ch) for ch in m.chans]
     b.step()
     part = m.row
@@ -133,21 +152,16 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
         more = Cond(stop, "<", 0)
 
         def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
-            head = (SendValue(tell, 1 << i),) if first else ()
-            return (
-                Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype),
-                *head,
-                Send(out, buf),
-                SendValue(out, 0),
-            )
+            head = (SendValue(tell, 1 << i),) if first and named else ()
+            sends = (Send(out, buf), SendValue(out, 0)) if send else ()
+            return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head, *sends)
 
         def row(k: int, ch: str = ch, stop: str = stop, bufs: list[str] = bufs) -> tuple:
             buf, gen = bufs[k % 2], gens[k % 2]
             pad = (
                 Compute(STEP_KERNEL, (), (), fwd, t.enc_dtype),
                 Compute(STEP_KERNEL, (gen,), (), make, t.enc_dtype),
-                Send(out, gen),
-                SendValue(out, 1),
+                *((Send(out, gen), SendValue(out, 1)) if send else ()),
             )
             return (
                 If(Cond(stop, "<", 0), (Recv(ch, buf, stop),)),
@@ -185,7 +199,7 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
             elems += len(info.flat)
             pads += sum(pc[0][0] is None for pc in info.pieces)
             tiles += len(iter_nodes(info.value.data, 1))
-        return elems, elems + tiles, elems + pads, 0
+        return elems, elems * send + tiles * named, elems + pads, 0
 
     r, s, cycles, _ = ctx.tally(taken)
     b.received += r
