@@ -93,9 +93,9 @@ def _compile_waitany(comp: Any, ins: WaitAny) -> None:
         if k is None:
             comp.chan(ins, name, False)  # raises: not declared or not delivered here
         ends.append(ch.ends[k])
-    comp.code.append(ops.make(
-            OpWaitAny, h_waitany, ins, ends=tuple(ends), reg=ins.reg, key=watch_key(ins.reg)
-        ))
+    comp.code.append(
+        ops.make(OpWaitAny, h_waitany, ins, ends=tuple(ends), reg=ins.reg, key=watch_key(ins.reg))
+    )
 
 
 #: Instruction class -> compile step (registered by :mod:`runtime.program`).
