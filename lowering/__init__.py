@@ -36,6 +36,7 @@ from lowering.isa import (
     Set,
     Store,
     TensorDecl,
+    WaitAny,
 )
 from lowering.kernels import KERNELS, Kernel, get_kernel, kernel_cycles, register_kernel
 from lowering.matmul import (
@@ -100,6 +101,7 @@ __all__ = [
     "Set",
     "Store",
     "TensorDecl",
+    "WaitAny",
     # kernels
     "KERNELS",
     "Kernel",

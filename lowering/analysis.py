@@ -43,6 +43,7 @@ from lowering.isa import (
     Set,
     Store,
     TensorDecl,
+    WaitAny,
     WriteValue,
 )
 from lowering.kernels import KERNELS
@@ -341,6 +342,14 @@ class _Walker:
         if i.stop is not None:  # one value message either way: a value or the stop token
             state.regs.add(i.stop)
 
+    def wait_any(self, path: Path, i: WaitAny, state: _State, counts: _Counts, mult: Count) -> None:
+        """A choice among channels: it takes no message (the receive after it does)."""
+        if not i.channels:
+            self.problem(path, i, "wait_any names no channel; give it at least one")
+        for name in i.channels:
+            self.need_channel(path, i, name, sending=False)
+        state.regs.add(i.reg)
+
     def load_value(
         self, path: Path, i: LoadValue, state: _State, counts: _Counts, mult: Count
     ) -> None:
@@ -496,6 +505,7 @@ _RULES = {
     Recv: _Walker.recv,
     SendValue: _Walker.send_value,
     RecvValue: _Walker.recv_value,
+    WaitAny: _Walker.wait_any,
     LoadValue: _Walker.load_value,
     Compute: _Walker.compute,
     Set: _Walker.set,

@@ -31,6 +31,7 @@ __all__ = [
     "Recv",
     "SendValue",
     "RecvValue",
+    "WaitAny",
     "LoadValue",
     "Compute",
     "Set",
@@ -198,6 +199,23 @@ class RecvValue:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitAny:
+    """Wait until the next message of one of ``channels`` has arrived and write that channel's
+    index (in ``channels``) into register ``reg``: the choice of an EagerMerge, "whichever
+    input is ready" (STeP arXiv 2511.07776 §3.2.3, §5.3), made as the run proceeds.
+
+    The message is not taken: the program receives it next (a ``Recv`` or ``RecvValue`` on the
+    chosen channel, under ``If`` on ``reg``).  The simulator chooses the channel whose next
+    message (the first no earlier receive of this core takes) arrived first in simulated time,
+    ties by the lowest index, at the cycle it arrived (or at once when one is there); the
+    untimed interpreters (reference, replay, MPI) take the lowest index holding a message when
+    the core looks, so the choice there depends on their schedule, not on timing."""
+
+    channels: tuple[str, ...]
+    reg: str
+
+
+@dataclass(frozen=True, slots=True)
 class LoadValue:
     """Read one integer element of an HBM tensor into register ``reg`` (a routing table entry, a
     request's KV length).  Integer tensors carry real values in timing mode too, so control flow
@@ -324,6 +342,7 @@ Instr = (
     | Recv
     | SendValue
     | RecvValue
+    | WaitAny
     | LoadValue
     | Compute
     | Set

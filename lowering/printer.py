@@ -35,6 +35,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WaitAny,
     WriteValue,
 )
 
@@ -114,6 +115,7 @@ _HEADS: dict[type, Callable[..., str]] = {
     RecvValue: lambda i: (
         f"recv_value {i.reg} <- {i.channel}" + (f" (stop -> {i.stop})" if i.stop else "")
     ),
+    WaitAny: lambda i: f"wait_any {i.reg} <- first of {', '.join(i.channels)}",
     LoadValue: lambda i: f"load_value {i.reg} <- {i.tensor}[{_index(i.index)}]",
     Compute: _compute,
     Set: lambda i: f"set {i.reg} = {format_value(i.value)}",

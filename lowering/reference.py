@@ -43,6 +43,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WaitAny,
     WriteValue,
 )
 from lowering.kernels import get_kernel
@@ -182,6 +183,17 @@ def _recv_value(c: _Core, i: RecvValue) -> Wait:
         c.regs[i.stop] = -1
 
 
+def _wait_any(c: _Core, i: WaitAny) -> Wait:
+    """The lowest index of ``i.channels`` whose FIFO holds a message when the core looks (no
+    timing here: the order the round-robin schedule delivered them)."""
+    while True:
+        for k, name in enumerate(i.channels):
+            if c.world.queues[(name, c.core)]:
+                c.regs[i.reg] = k
+                return
+        yield f"wait_any on {', '.join(i.channels)} (all empty)"
+
+
 def _load_value(c: _Core, i: LoadValue) -> Wait:
     c.regs[i.reg] = int(c.world.tensors[i.tensor][tuple(c.value(x) for x in i.index)])
     yield from ()
@@ -253,6 +265,7 @@ _EXEC: dict[type, Callable[..., Wait]] = {
     Recv: _recv,
     SendValue: _send_value,
     RecvValue: _recv_value,
+    WaitAny: _wait_any,
     LoadValue: _load_value,
     Compute: _compute,
     Set: _set,

@@ -330,6 +330,11 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         inj = sim.send(chan, math.prod(b.shape) * b.eb, b.data, b.shape, b.dtype, None)
         if inj > b.r:
             b.r, b.rk = inj, SEND
+    for end in ends:  # a receiver waiting in a WaitAny polls the message's arrival
+        w = end.watch
+        if w is not None:
+            end.watch = None
+            sim.wake(w, sim.now)
     if inj > core.dma:
         core.dma, core.dma_k = inj, SEND
     core.pc += 1

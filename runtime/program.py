@@ -33,7 +33,7 @@ from lowering.isa import (
     Set,
     Store,
 )
-from runtime import ops, ops_comm, ops_control, program_layers
+from runtime import ops, ops_comm, ops_control, ops_select, program_layers
 from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout, TensorInfo
@@ -432,3 +432,4 @@ _HANDLERS = {
     If: LocalCompiler._if,
 }
 _HANDLERS.update(ops_control.COMPILERS)  # control values computed on a core
+_HANDLERS.update(ops_select.COMPILERS)  # a choice among channels in simulated time

@@ -1,7 +1,9 @@
 """Untimed replay: the unit programs in their functional order, to find where they deadlock.
 
 The programs on the simulator's cores make no timing-dependent choices (every receive names
-its channel, control flow reads only registers, control values and integer data), so they form
+its channel, control flow reads only registers, control values and integer data; the one
+exception, :class:`~lowering.isa.WaitAny`, takes here the lowest index holding a message when
+the core looks, so with it the replay is one fair schedule, not every one), so they form
 a Kahn process network on bounded channels (Cyclotron §9.1, DAM's bounded channels; STeP arXiv
 2511.07776 §4.2).  Its channel histories, and the state in which it deadlocks (where every
 program stands, which messages each FIFO holds), do not depend on timing: any fair schedule
@@ -37,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime import ops, ops_comm, ops_control, program_layers
+from runtime import ops, ops_comm, ops_control, ops_select, program_layers
 from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.layout import numpy_dtype
@@ -122,7 +124,7 @@ class Replay:
             for end in ch.ends:
                 end.unmatched.clear()
                 end.posts.clear()
-                end.waiter = None
+                end.waiter = end.watch = None
         for g in comp.groups.values():
             g.arrived = []
             g.gen = 0
@@ -340,8 +342,28 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
             rp.match(p, payload)
         else:
             end.unmatched.append(payload)
+            w = end.watch
+            if w is not None:  # a core waiting in a WaitAny
+                end.watch = None
+                rp.wake(w)
     core.pc += 1
     return True
+
+
+def _waitany(rp: Replay, core: Core, op: Any) -> bool:
+    """``WaitAny`` untimed: the lowest index whose FIFO holds a message the core has not
+    posted a receive for, when the core looks (the schedule's order, not timing's)."""
+    for end in op.ends:
+        end.watch = None
+    for k, end in enumerate(op.ends):
+        if end.unmatched:
+            core.regs[op.reg] = k
+            core.pc += 1
+            return True
+    for end in op.ends:
+        end.watch = core
+    core.blocked = ("any", op.ends)
+    return False
 
 
 def _post(rp: Replay, end: Any, post: Post) -> None:
@@ -457,6 +479,7 @@ _RULES: dict[Any, Any] = {
     ops_comm.h_recvstop: _recvstop,
     ops_comm.h_recvvaluestop: _recvvaluestop,
     ops_comm.h_barrier: _barrier,
+    ops_select.h_waitany: _waitany,
     program_layers.h_call: program_layers.r_call,
     program_layers.h_ret: program_layers.r_ret,
 }

@@ -50,6 +50,8 @@ def _why(core: Core, finished: set[int]) -> str:
             f"waits for space in the FIFO of channel {ch.name!r} to core {end.dst}: all "
             f"{ch.depth} slots hold messages core {end.dst} has not received{done}"
         )
+    if kind == "any":  # a WaitAny (runtime.ops_select)
+        return f"waits for a message on any of channels {[e.chan.name for e in why[1]]}"
     if kind == "barrier":
         g = why[1]
         here = {c.id for c in g.arrived}

@@ -42,6 +42,7 @@ from lowering.isa import (
     SendValue,
     Set,
     Store,
+    WaitAny,
     WriteValue,
 )
 from lowering.kernels import get_kernel
@@ -418,6 +419,20 @@ def _if(c: CoreRun, i: If) -> Steps:
     yield from c._block(i.then if taken else i.orelse)
 
 
+def _wait_any(c: CoreRun, i: WaitAny) -> Steps:
+    """The lowest index of ``i.channels`` whose next message (one no posted receive of this
+    core takes) has come to this rank; arrival order here is the ranks' wall clock."""
+    for name in i.channels:
+        _channel(c, name, False)
+    ends = [c.ctx.net.ends[(name, c.id)] for name in i.channels]
+    while True:
+        for k, end in enumerate(ends):
+            if len(end.queue) > len(end.posts):
+                c.regs[i.reg] = k
+                return
+        yield ("any", i.channels)
+
+
 def _barrier(c: CoreRun, i: Barrier) -> Steps:
     group = c.ctx.barrier(i.group, c.id)
     gen = group.arrive(c.id)
@@ -434,6 +449,7 @@ _EXEC: dict[type, Callable[[CoreRun, Any], Steps]] = {
     Recv: _recv,
     SendValue: _send_value,
     RecvValue: _recv_value,
+    WaitAny: _wait_any,
     LoadValue: _load_value,
     Compute: _compute,
     Set: _set,

@@ -348,6 +348,8 @@ def _why(wait: tuple, rr: RankRun, finished: set[int], arrived: dict[str, set[in
         here = arrived.get(wait[1], set())
         missing = [c for c in members if c not in here]
         return f"waits at barrier {wait[1]!r} for cores {missing}"
+    if kind == "any":
+        return f"waits for a message on any of channels {list(wait[1])}"
     return "waits (unknown)"
 
 

@@ -15,10 +15,14 @@ What every run keeps:
 * each expert's chunk FlatMap and its scaling after the region loop until the Partition's
   stop token, also when the expert has no token (torch2step.spatial.region_rows).
 
+* with static tiling, a region's EagerMerge takes whichever expert's tile is ready
+  (torch2step.spatial.merge_any: a WaitAny over the experts' channels, decided in simulated
+  time), so a new chunk order, and a routing of as many tiles per expert, rebuild no unit.
+
 What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
 
-* the EagerMerge of a region whose chunk order changes (its program takes the chunks in the
-  run's order: the simulator has no receive from whichever channel is ready first);
+* with dynamic tiling, the EagerMerge of a region whose chunk order changes (its program takes
+  the ragged chunks in the run's order, which its region's row units follow);
 * with dynamic tiling, the units of a region handling its chunks row by row (the Bufferize,
   the row packing, the selector Expand and Map, the FlatMap back to rows, the Partition back
   to the experts) when a position in its order gets a chunk of other rows: they are unrolled
@@ -33,7 +37,7 @@ import numpy as np
 import torch
 
 from hwmodel.presets import load_chip
-from lowering.isa import Load, SendValue, walk
+from lowering.isa import Load, SendValue, WaitAny, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
 from torch2step.spatial.dynamic import simulate_decided
@@ -113,16 +117,18 @@ def _decided_order(extra: dict):
     return g, ins, first, decided
 
 
-def test_a_chunk_order_decided_in_simulated_time_rebuilds_only_the_merges_static() -> None:
-    """Static tiling: the order the simulation decides is not the interpreter's, and the
-    region's units keep their programs (every chunk a tile of the same rows, the expert's id
-    and weight addresses in registers); only the merges taking the chunks are rebuilt."""
+def test_a_chunk_order_decided_in_simulated_time_rebuilds_no_unit_static() -> None:
+    """Static tiling: the order the simulation decides is not the interpreter's; the merges
+    decide it in the one simulation (WaitAny), and every unit keeps its program (every chunk a
+    tile of the same rows, the expert's id and weight addresses in registers, the merge
+    taking whichever expert is ready)."""
     g, ins, first, decided = _decided_order({**ARTIFACT, "static_tile": 4})
     order = {op: [s.indices[0] for s in first.values[f"{op}.1"].data] for op in decided.arrival}
     assert decided.arrival != order
+    assert decided.rounds == 1
     kept, rebuilt, b = _kept_rebuilt(g, (first, decided.run))
-    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"]
-    assert len(kept) == 79
+    assert rebuilt == []
+    assert len(kept) == 81
     # the weight loads read their tile addresses from registers, the id and addresses are
     # computed from the selector's register: no literal value is sent
     for u in ("j", "w0", "gu_a", "d_a", "j1", "j_r", "pad", "jpad", "sel"):
@@ -165,11 +171,10 @@ def test_a_new_routing_keeps_every_expert_unit() -> None:
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
 
 
-def test_a_routing_of_as_many_static_tiles_keeps_every_unit_but_the_merges() -> None:
+def test_a_routing_of_as_many_static_tiles_keeps_every_unit() -> None:
     """Static tiling, routing D after A: every expert keeps its tile count (experts 1 and 3
-    another padding of their last tile), so every region takes as many chunks in the same
-    order: every unit is kept but the merges, whose chunks carry the padding flags as
-    messages (a tile of other padding has other messages)."""
+    another padding of their last tile), so every region takes as many chunks: every unit is
+    kept, the merges too (a row is real until the expert's stop token came, padding after)."""
     route_d = np.array([[0, 1]] * 4 + [[0, 2]] * 3 + [[0, 3]] + [[1, 3]] * 8)
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, route_d)]
@@ -178,7 +183,59 @@ def test_a_routing_of_as_many_static_tiles_keeps_every_unit_but_the_merges() -> 
     assert [-(-n // 4) for n in counts[0]] == [-(-n // 4) for n in counts[1]]
     assert counts[0] != counts[1]
     kept, rebuilt, _ = _kept_rebuilt(g, runs)
-    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 71
+    assert rebuilt == [] and len(kept) == 73
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_static_merge_decides_in_the_simulation() -> None:
+    """Static tiling: each region's merge program waits for any of its experts' channels
+    (WaitAny) instead of naming a chunk order, and the order simulate_decided reports is the
+    one those WaitAny choices made in a single simulation of the interpreter's run (an
+    expert's choice past its tiles took its stop token alone: expert 1 of region 0 has no
+    token)."""
+    from runtime.ops_select import watch_key
+    from torch2step.spatial import simulate_graph
+    from torch2step.spatial.merge_any import pick
+
+    g, _, first, decided = _decided_order({**ARTIFACT, "static_tile": 4})
+    merges = {op.name: op for op in g.nodes if op.name in decided.arrival}
+    bodies = _bodies(build_plan(g, CHIP, first))
+    watch = {watch_key(pick(op)): [] for op in merges.values()}
+    simulate_graph(g, CHIP, first, watch=watch)
+    for name, op in merges.items():
+        waits = [i for i in walk(bodies[name]) if isinstance(i, WaitAny)]
+        assert len(waits) == 1 and len(waits[0].channels) == len(op.ins)
+        # one selector per input, whichever order the run took them in
+        sel = [
+            i.value
+            for i in walk(bodies[name])
+            if isinstance(i, SendValue) and i.channel == f"{name}.1"
+        ]
+        assert sel == [1 << k for k in range(len(op.ins))]
+        chose = watch[watch_key(pick(op))]
+        left = [len(first.values[v.name].data) for v in op.ins]
+        tiles = []
+        for i in chose:
+            if left[i]:
+                left[i] -= 1
+                tiles.append(i)
+        assert tiles == decided.arrival[name] and not any(left)
+    assert len(watch[watch_key("pick.moe_l0_merge")]) > len(decided.arrival["moe_l0_merge"])
+
+
+def test_a_region_without_tokens_waits_for_its_stop_tokens_only() -> None:
+    """Static tiling, no token for region 1 (experts 4-7): its merge is the same run-time
+    program (its row type from the declared stream type) and takes only the experts' stop
+    tokens; the simulation decides in one round and the run is PyTorch's."""
+    route = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    x = moe_inputs(**KW8, tokens=16, seed=0, routing=route)
+    decided = simulate_decided(g, CHIP, x, timing_only=False)
+    assert decided.converged and decided.rounds == 1
+    assert decided.arrival["moe_l1_merge"] == []
+    body = _bodies(build_plan(g, CHIP, decided.run))["moe_l1_merge"]
+    assert [len(i.channels) for i in walk(body) if isinstance(i, WaitAny)] == [4]
+    got = torch.as_tensor(np.asarray(decided.run.tensors["out"]))
+    torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

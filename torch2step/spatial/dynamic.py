@@ -1,14 +1,23 @@
 """Timing-dependent decisions made in simulated time (STeP, arXiv 2511.07776, §5.3, §5.4).
 
 An EagerMerge forwards "whichever input is ready first": which one that is depends on the
-simulated timing of its producers, not on data.  The unit programs of a spatial plan are
-specialised to one run of the reference interpreter, whose ``arrival`` parameter fixes each
-merge's order.  :func:`simulate_decided` closes the loop: it simulates with an order, reads
-from the simulation the cycle at which every merge input sent its first element, re-runs the
-interpreter with the chunks ordered by those cycles (ties by input index) and simulates again,
-until the order the programs follow is the order the simulation produces (a fixed point) or
-``max_rounds`` is reached (the result says which).  The decisions therefore follow simulated
-time: a slower HBM or a slower unit upstream of a merge changes them.
+simulated timing of its producers, not on data.  A statically tiled region's merge makes that
+choice in the simulation itself (:mod:`.merge_any`: a ``WaitAny`` over its inputs' channels,
+the first arrival taken), and its region's units read what it chose at run time, so one
+simulation decides and runs the order: :func:`simulate_decided` records the merge's choices
+(``runtime.ops_select.watch_key``), re-runs the reference interpreter with the chunks in that
+order (the run whose streams the plan's bookkeeping and the functional result follow) and, when
+that run's plan is the simulated one (every unit's program independent of the order, as the
+regions' are), returns without simulating again.
+
+A merge whose program follows the run's order (ragged chunks, dynamic tiling: its region's row
+units are unrolled over each chunk's rows in that order) still needs the search over rounds:
+simulate with an order, read from the simulation the cycle at which every merge input sent its
+first element, re-run the interpreter with the chunks ordered by those cycles (ties by input
+index) and simulate again, until the order the programs follow is the order the simulation
+produces (a fixed point) or ``max_rounds`` is reached (the result says which).  Either way the
+decisions follow simulated time: a slower HBM or a slower unit upstream of a merge changes
+them.
 """
 
 from __future__ import annotations
@@ -18,11 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodel.chip import Chip
+from runtime.ops_select import watch_key
 from torch2step.step.graph import Program
 from torch2step.step.interpreter import RunResult, run
 from torch2step.step.ops_routing import EagerMerge
 from torch2step.step.ops_shape import Flatten, Promote
 
+from .merge_any import pick
+from .plan import build_plan
 from .result import SpatialResult
 from .simulate import simulate_graph
 from .timing import UnitConfig
@@ -92,16 +104,60 @@ def simulate_decided(
     arrival: dict[str, list[int]] = {}
     res = run(graph, tensors=tensors, env=env, check=False, timing_only=timing_only)
     for k in range(1, max_rounds + 1):
-        watch = {src.get(v.name, v.name): -1 for op in merges for v in op.ins}
+        watch: dict[str, Any] = {src.get(v.name, v.name): -1 for op in merges for v in op.ins}
+        watch.update({watch_key(pick(op)): [] for op in merges})
         sim = simulate_graph(graph, chip, res, configs=configs, watch=watch or None)
-        new = {op.name: _order(op, res, watch, src) for op in merges}
+        new = {op.name: _decided(op, res, watch, src) for op in merges}
         if not merges or new == _current(merges, res, arrival):
             return Decided(sim, res, new, k, True)
         arrival = new
         res = run(
             graph, tensors=tensors, env=env, check=False, timing_only=timing_only, arrival=arrival
         )
+        if all(watch[watch_key(pick(op))] for op in merges) and _same_plan(sim, res, configs):
+            # every merge decided in the simulation and no program follows the order: the
+            # simulation already ran the decided order
+            return Decided(sim, res, new, k, True)
     return Decided(sim, res, arrival, max_rounds, False)
+
+
+def _decided(
+    op: EagerMerge, res: RunResult, watch: Mapping[str, Any], src: Mapping[str, str]
+) -> list[int]:
+    """The input of each chunk merge ``op`` took: its ``WaitAny``'s choices when it made them
+    in the simulation (an input's choices past its chunks took its stop token alone), else
+    the inputs ordered by the cycle their first element was sent (:func:`_order`)."""
+    chose = watch.get(watch_key(pick(op)))
+    if not chose:
+        return _order(op, res, watch, src)
+    left = [_chunks(res, v.name) for v in op.ins]
+    out = []
+    for i in chose:
+        if left[i]:
+            left[i] -= 1
+            out.append(i)
+    return out
+
+
+def _same_plan(
+    sim: SpatialResult, res: RunResult, configs: Mapping[str, UnitConfig] | None
+) -> bool:
+    """Whether run ``res``'s plan has the programs and bookkeeping ``sim`` simulated."""
+    plan = sim.plan
+    again = build_plan(plan.graph, plan.chip, res, configs=configs)
+    a, b = again.programs, plan.programs
+    return (
+        again.units == plan.units
+        and a.programs == b.programs
+        and (a.tensors, a.barriers) == (b.tensors, b.barriers)
+        and _routes(a.channels) == _routes(b.channels)
+    )
+
+
+def _routes(channels: Any) -> set[tuple[str, int, tuple[int, ...]]]:
+    """The channels as declared, in any order and at any depth (the simulation deepens the
+    channels that deadlock it, :mod:`.fifos`)."""
+    return {(c.name, c.src, c.dsts) for c in channels}
 
 
 def _current(merges: list[EagerMerge], res: RunResult, arrival: dict[str, list[int]]) -> dict:

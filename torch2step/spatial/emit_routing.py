@@ -13,17 +13,21 @@ selection stream is blocked until the routing for the current selection is finis
   token rows) are taken at run time: the selector register decides under ``If`` per input,
   inputs in index order, so the program is the same for every routing; other chunks follow the
   order the run's chunks arrived (STeP (revised) §3.2.3).
-* **EagerMerge** — chunks in the run's arrival order: each element received and forwarded in
-  one cycle; the one-hot selector naming the chunk's input is sent once the chunk's first
-  element is there (the merge cannot name an input before that input is ready, STeP §3.2.3),
-  so the units the selector steers (a region's weight addresses, §5.3) start with the data.
-  It reads every input's channel: an expert's chunk ends with the count its FlatMap forwards
-  (:mod:`.region_rows`), taken after the chunk's rows, or alone when the expert sends none.
+* **EagerMerge** — a statically tiled region's merge takes whichever input's tile is ready,
+  decided in simulated time (:mod:`.merge_any`: ``WaitAny``); otherwise chunks in the run's
+  arrival order: each element received and forwarded in one cycle; the one-hot selector
+  naming the chunk's input is sent once the chunk's first element is there (the merge cannot
+  name an input before that input is ready, STeP §3.2.3), so the units the selector steers (a
+  region's weight addresses, §5.3) start with the data.  It reads every input's channel: an
+  expert's chunk ends with the count its FlatMap forwards (:mod:`.region_rows`), taken after
+  the chunk's rows, or alone when the expert sends none.
 * **Expand** / **Repeat** — each input element is received once and re-sent for every element
   of ``ref`` (Expand, which dequeues those too) or ``count`` times (Repeat), one cycle per copy.
 
-Arrival order (EagerMerge, Reassemble of larger chunks) is the run's: the reference interpreter's (equal-rate producers unless
-``run(..., arrival=...)`` said otherwise); the programs follow it.
+Arrival order otherwise (EagerMerge of ragged chunks, Reassemble of larger chunks) is the run's:
+the reference interpreter's (equal-rate producers unless ``run(..., arrival=...)`` said
+otherwise); the programs follow it (:mod:`.dynamic` searches for the run whose order the
+simulation reproduces).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from torch2step.step.ops_shape import Expand, Repeat
 from torch2step.step.types import TileType
 
 from .context import EmitCtx
+from .merge_any import emit_merge_any, merge_any
 from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
 from .unit import UnitBuilder
 from .unit_reuse import FORM
@@ -304,6 +309,10 @@ def _reassemble(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, EagerMerge)
+    found = merge_any(ctx, b, op)
+    if found is not None:  # whichever input is ready, decided in simulated time
+        emit_merge_any(ctx, b, op, found)
+        return
     ins = [ctx.stream(v) for v in op.ins]
     data, sel = (ctx.stream(n) for n in op.out_names())
     rank = ins[0].value.rank

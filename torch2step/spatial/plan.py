@@ -107,11 +107,12 @@ instruction reads: one program for every value.
 With expert regions (§5.3) a region computes its expert id and weight-tile addresses in
 registers from its EagerMerge's selector (:mod:`.region_values`), holds its tiles of a
 chunk's rows at the experts' token bound, and each expert's chunk and scaling loop until the
-Partition's stop token (:mod:`.region_rows`).
+Partition's stop token (:mod:`.region_rows`); with static tiling the merge takes whichever
+expert's tile arrived first in simulated time (``WaitAny``, :mod:`.merge_any`).
 
 What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
-regions EagerMerge's chunk order, a region's chunk count (its units are unrolled over its
-chunks) and, with dynamic tiling, the sizes of the chunks its row units handle (Bufferize,
+regions a region's chunk count (its units are unrolled over its chunks) and, with dynamic
+tiling, EagerMerge's chunk order and the sizes of the chunks its row units handle (Bufferize,
 row packing, selector Expand and Map, the FlatMap back to rows, the Partition back).
 :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
@@ -120,17 +121,16 @@ program is kept with what its emitter read of the run, at the level its program 
 it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
 units of an expert whose tile count changed; a new KV-length set none, under every attention
 strategy (lanes, regions with a static or the dynamic assignment); a new chunk order (decided
-in simulated time, :mod:`.dynamic`) of statically tiled regions only the merges.  Making the
-rest run-independent needs:
+in simulated time, :mod:`.dynamic`) of statically tiled regions none.  Making the rest
+run-independent needs:
 
 * with static tiling, an expert's units looping over its tiles until a stop token (bounded
   by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
 * with regions, each region's units looping over its chunks until a stop token after the
   last (guarded by the selector the merge sends per chunk, as :mod:`.guard` guards an
-  expert's units by its buffer reference), its row units looping until each chunk's stop
-  token (the merge forwarding the count each expert's chunk ends with), and the merge taking
-  whichever input is ready at run time (a receive from any of several channels, which the
-  simulator does not have).
+  expert's units by its buffer reference), and with dynamic tiling its row units looping
+  until each chunk's stop token (the merge forwarding the count each expert's chunk ends
+  with), after which its merge too can take whichever input is ready (:mod:`.merge_any`).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.

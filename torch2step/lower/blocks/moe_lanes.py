@@ -36,7 +36,9 @@ consecutive experts ``first_l, first_l + 1, ...`` (:func:`lane_experts`).  Per l
 The off-chip traffic is that of the dedicated graph; only the unit count changes.  In the
 spatial plan the expert id, the weight addresses and the padding index are computed in
 registers from the selector the merge sends (:mod:`torch2step.spatial.region_values`), so a
-region's value path is one program whichever expert a chunk holds.
+region's value path is one program whichever expert a chunk holds; with static tiling the merge
+itself takes whichever expert's tile is ready, decided in simulated time
+(:mod:`torch2step.spatial.merge_any`).
 """
 
 from __future__ import annotations

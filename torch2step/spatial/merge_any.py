@@ -1,0 +1,216 @@
+"""An EagerMerge that takes whichever input is ready, decided in simulated time (STeP arXiv
+2511.07776 §3.2.3, §5.3: "Every data- or timing-dependent choice of a STeP operator
+(EagerMerge's next input ...) is made by the simulator as the run proceeds").
+
+A statically tiled region's merge (§5.2, §5.3) reads each expert's rows from the Partition's
+output (one channel per expert, ending with its stop token: the count) and takes them in tiles
+of ``N`` rows, the rows past the count padding (a padding flag per row).  Its program is a loop
+while some expert has not ended (at most its tiles' bound plus one per expert):
+
+* ``WaitAny`` over the experts' channels (:class:`~lowering.isa.WaitAny`): the expert whose
+  next message arrived first (ties: the lowest index) into a register;
+* under ``If`` on it, that expert's next tile: its first row received with ``Recv(...,
+  stop)``; a row starts a tile — one cycle, the one-hot selector naming the expert sent with
+  it (the merge names an input once it is ready, so the units the selector steers start with
+  the data), the row and its flag 0 forwarded — and each of the ``N - 1`` rows after it is
+  received and forwarded alike until the stop token came, then made as padding (two cycles:
+  the dequeue and the generated tile, as the unrolled program's) with flag 1.  The stop token
+  instead of a first row ends the expert with no tile.
+
+So each expert's tiles leave in the order their first rows arrived, and the program is the same
+for every chunk order and every routing of as many tiles per expert's bound: the decision is
+the simulation's, not the reference interpreter's.  What it takes in a run is counted from the
+run's streams (:meth:`~.context.EmitCtx.tally`).  A merge of ragged chunks (dynamic tiling)
+keeps the run's order (:mod:`.emit_routing`): its region's row units are unrolled over each
+chunk's rows in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lowering.isa import Affine, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set, WaitAny
+from torch2step.step.ops_routing import EagerMerge
+from torch2step.step.types import TileType, TupleType
+
+from .context import EmitCtx
+from .streams import Part, StreamInfo, iter_nodes
+from .timing import STEP_KERNEL
+from .unit import UnitBuilder
+
+__all__ = ["MergeAny", "merge_any", "emit_merge_any", "pick"]
+
+
+def pick(op: EagerMerge) -> str:
+    """The register merge ``op``'s ``WaitAny`` writes (the input it takes next); its choices
+    are recorded under :func:`runtime.ops_select.watch_key` of it."""
+    return f"pick.{op.name}"
+
+
+#: The register counting the inputs whose stop token has not come.
+OPEN = "open"
+
+
+@dataclass(frozen=True)
+class MergeAny:
+    """What a run-time merge needs: each input's channel and tile-count bound, the rows per
+    tile, the row's data part and the flag's dtype."""
+
+    chans: tuple[str, ...]
+    tiles: tuple[int, ...]
+    rows: int
+    row: Part
+
+
+def merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> MergeAny | None:
+    """A :class:`MergeAny` when merge ``op`` takes its inputs at run time (module docstring):
+    every input a stream of tiles of ``N`` elements, each a row received whole from the
+    input's own channel (which ends with its stop token) and a padding flag made here, or a
+    padding row and flag made here; the outputs sent as row and flag, and a one-value
+    selector; else ``None``."""
+    ins = [ctx.stream(v) for v in op.ins]
+    data, sel = (ctx.stream(n) for n in op.out_names())
+    if data.channel is None or sel.channel is None or b.bound is None:
+        return None
+    if not all(len(pc) == 1 and pc[0][2].kind == "value" for pc in sel.pieces):
+        return None
+    chans: list[str] = []
+    tiles: list[int] = []
+    rows: set[int] = set()
+    row: set[Part] = set()
+    for v, info in zip(op.ins, ins):
+        shape = getattr(v.type, "shape", ())
+        if info.value.rank != 1 or len(shape) != 2 or not _integer(shape[1]):
+            return None
+        # an input this run gives no row: its channel carries the stop token only
+        own = set() if info.pieces else set(ctx.structure.sources(v.name))
+        for pc in info.pieces:
+            if len(pc) != 2 or pc[1][0] is not None or pc[1][2].kind != "value":
+                return None
+            ch, _, part = pc[0]
+            if part.kind != "data":
+                return None
+            row.add(part)
+            if ch is not None:
+                own.add(ch)
+        if len(own) != 1:
+            return None
+        (ch,) = own
+        if b.own(ch) or ch not in b.stops or ch in chans:
+            return None
+        if b.next_seq[ch] != (b.stops[ch] == 0):  # nothing taken yet (but an empty one's token)
+            return None
+        bound = b.bound(shape[0])
+        if bound is None:
+            return None
+        chans.append(ch)
+        tiles.append(bound)
+        rows.add(int(shape[1]))
+    if not row:  # no expert of the region has a token this run: the row from the type
+        row = {p for p in (_declared_row(ins[0]),) if p is not None}
+    if len(rows) != 1 or len(row) != 1:
+        return None
+    if any(len(pc) != 2 or pc[0][2] not in row for pc in data.pieces):
+        return None
+    return MergeAny(tuple(chans), tuple(tiles), rows.pop(), row.pop())
+
+
+def _declared_row(info: StreamInfo) -> Part | None:
+    """The row part of an element ``(row tile, padding flag)`` of ``info``'s declared type."""
+    t = info.dtype
+    if not isinstance(t, TupleType) or len(t.elems) != 2 or not isinstance(t.elems[0], TileType):
+        return None
+    shape = t.elems[0].shape
+    if not all(_integer(d) for d in shape):
+        return None
+    return Part("data", t.elems[0].dtype, int(shape[0]) * int(shape[1]))
+
+
+def _integer(d: object) -> bool:
+    return isinstance(d, int) or bool(getattr(d, "is_Integer", False))
+
+
+def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) -> None:
+    """Emit merge ``op``'s loop over its inputs' tiles in their arrival order (module
+    docstring)."""
+    data, sel = (ctx.stream(n) for n in op.out_names())
+    out, tell = data.channel, sel.channel
+    assert out is not None and tell is not None
+    # a region no expert gives a token to has no reader of its outputs in this run
+    send, named = b.has_dsts(out), b.has_dsts(tell)
+    counts = [b.stops.pop(ch) for ch in m.chans]
+    b.step()
+    part = m.row
+    t = b.timing
+    fwd = (("cycles", 1), ("outs", ""), ("rate", t.enc_rate))
+    make = (("cycles", 1), ("outs", str(part.elems)), ("rate", t.enc_rate))
+    gens = [b.buffer(("gen", 0), part.dtype, part.elems, 2) for _ in range(2)]
+    branches: list[tuple[Instr, ...]] = []
+    for i, ch in enumerate(m.chans):
+        bufs = [b.buffer(("in", ch, 0), part.dtype, part.elems, 2) for _ in range(2)]
+        stop = f"stop.{ch}"
+        more = Cond(stop, "<", 0)
+
+        def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
+            head = (SendValue(tell, 1 << i),) if first and named else ()
+            sends = (Send(out, buf), SendValue(out, 0)) if send else ()
+            return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head, *sends)
+
+        def row(k: int, ch: str = ch, stop: str = stop, bufs: list[str] = bufs) -> tuple:
+            buf, gen = bufs[k % 2], gens[k % 2]
+            pad = (
+                Compute(STEP_KERNEL, (), (), fwd, t.enc_dtype),
+                Compute(STEP_KERNEL, (gen,), (), make, t.enc_dtype),
+                *((Send(out, gen), SendValue(out, 1)) if send else ()),
+            )
+            return (
+                If(Cond(stop, "<", 0), (Recv(ch, buf, stop),)),
+                If(Cond(stop, "<", 0), real(buf), pad),
+            )
+
+        tile: list[Instr] = list(real(bufs[0], True))
+        rest = m.rows - 1
+        if rest >= 2:
+            tile.append(Loop(rest // 2, (*row(1), *row(2))))
+        if rest % 2:
+            tile.extend(row(1))
+        done = Set(OPEN, Affine(-1, ((OPEN, 1),)))
+        branches.append(
+            (Recv(ch, bufs[0], stop), If(more, tuple(tile)), If(Cond(stop, ">=", 0), (done,)))
+        )
+    b.emit(*(Set(f"stop.{ch}", -1) for ch in m.chans), Set(OPEN, len(m.chans)))
+    iterations = sum(m.tiles) + len(m.chans)  # every tile, and each stop token alone
+    reg = pick(op)
+    take = (WaitAny(m.chans, reg), *_select(reg, branches, 0))
+    b.emit(Loop(iterations, (If(Cond(OPEN, ">", 0), take),)))
+    b.step()
+    for ch, n in zip(m.chans, counts):
+        b.next_seq[ch] = n + 1
+    if b.has_dsts(out):
+        b.sent_seq[out] = ctx.streams[data.name].messages
+    if b.has_dsts(tell):
+        b.sent_seq[tell] = ctx.streams[sel.name].messages
+    names = [v.name for v in op.ins]
+
+    def taken(c: EmitCtx) -> tuple[int, int, int, int]:
+        elems = pads = tiles = 0
+        for n in names:
+            info = c.streams[n]
+            elems += len(info.flat)
+            pads += sum(pc[0][0] is None for pc in info.pieces)
+            tiles += len(iter_nodes(info.value.data, 1))
+        return elems, elems * send + tiles * named, elems + pads, 0
+
+    r, s, cycles, _ = ctx.tally(taken)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += cycles
+    for v in (*op.ins, *op.out_names()):
+        ctx.relax(v, None)
+
+
+def _select(reg: str, branches: list[tuple[Instr, ...]], i: int) -> tuple[Instr, ...]:
+    """``branches[reg]``, chosen at run time."""
+    if i == len(branches) - 1:
+        return branches[i]
+    return (If(Cond(reg, "==", i), branches[i], _select(reg, branches, i + 1)),)
