@@ -30,15 +30,34 @@ from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import FlatMap, Map
 from torch2step.step.ops_shape import Promote, Zip
+from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .stop_loop import declared_element, emit_stop_loop
-from .streams import StreamInfo
+from .streams import _VALUE_DTYPES, StreamInfo
 from .structure import Structure
 from .unit import Elem, UnitBuilder
 from .unit_reuse import EACH, EVERY
 
 __all__ = ["chunk_stops", "emit_chunk_rows", "emit_zip_loop"]
+
+
+def _data_only(t: DataType) -> bool:
+    """That every message of an element of declared type ``t`` is data (no control value:
+    :func:`~.streams.element_parts`)."""
+    if isinstance(t, TileType):
+        return not (t.dtype in _VALUE_DTYPES and tuple(t.shape) == (1, 1))
+    if isinstance(t, TupleType):
+        return all(_data_only(e) for e in t.elems)
+    return False
+
+
+def _tiles(op: FlatMap) -> bool:
+    """That the chunk's elements carry data only: a chunk zipped with a control member (a
+    token id routed on by value, STeP §5.3's lanes) keeps the run's unrolled program, and
+    then :func:`chunk_stops` does not end it with a stop token either."""
+    t = getattr(op.input.type, "dtype", None)
+    return t is not None and _data_only(t)
 
 
 def _alike(x: StreamInfo) -> bool:
@@ -61,6 +80,8 @@ def emit_chunk_rows(
     element, when the unit is configured so), each row forwarded; ``False`` (nothing
     emitted) when the unit is not such a FlatMap."""
     if not isinstance(op, FlatMap) or getattr(op.fn, "name", None) != "as_ragged":
+        return False
+    if not _tiles(op):
         return False
     src = ctx.structure.producer.get(op.input.name)
     shape = getattr(op.input.type, "shape", ())
@@ -116,6 +137,7 @@ def chunk_stops(graph: StepProgram, st: Structure, stops: Iterable[str]) -> set[
         if (
             isinstance(op, FlatMap)
             and getattr(op.fn, "name", None) == "as_ragged"
+            and _tiles(op)
             and st.owner.get(op.name) == op.name
             and len(st.units[st.unit_index(op.name)]) == 1
             and isinstance(st.producer.get(op.input.name), Promote)
