@@ -54,6 +54,13 @@ def allocate(groups: Sequence[Sequence[Option]], capacity: int) -> Allocation | 
         quick = _fits_fastest(groups, capacity)
         if quick is not None:
             return quick
+    return delta_heuristic(groups, capacity)
+
+
+def delta_heuristic(groups: Sequence[Sequence[Option]], capacity: int) -> Allocation | None:
+    """ELK §4.3's Δ loop alone (what :func:`allocate` runs when its shortcut does not apply):
+    from every group's fastest plan, step the group with the largest reduced space per
+    increased time to its next smaller plan until the plans fit ``capacity``."""
     if any(not g for g in groups):
         return None
     choice = [len(g) - 1 for g in groups]
