@@ -153,7 +153,7 @@ from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
 from torch2step.step.ops_memory import RandomOffChipLoadRows
-from torch2step.step.ops_routing import EagerMerge, Partition, Reassemble
+from torch2step.step.ops_routing import Partition, Reassemble
 from torch2step.step.ops_shape import Expand
 
 from .buffer_loop import group_tokens, grouped_channels
@@ -347,7 +347,8 @@ def _build_plan(
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
         whole = isinstance(ops[0], Reassemble) and runtime_reassemble(ctx, ops[0])
-        whole = whole or isinstance(ops[0], EagerMerge)  # a region's experts, chunk or none
+        # (a region's EagerMerge reads an expert's chunk channel also when the run sends it
+        # nothing, when that chunk ends with a stop token: .region_rows ``chunk_stops``)
         for op in ops:
             for v in op.inputs():
                 # the channels the elements actually come from (a Reshape's padding flags are
