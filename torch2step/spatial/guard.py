@@ -248,15 +248,64 @@ def empty_info(info: Any) -> Any:
 class Views:
     """The guards of a plan and the view of the run their members are built from: ``ctx`` /
     ``streams`` / ``tokens`` (stop tokens per channel) with the streams of every expert that
-    gets no token (``empty``: its guard) made as one token would (:func:`standin_streams`);
-    ``members``: the units built from that view."""
+    gets no token (``empty``: its guard) made as one token would (:func:`standin_streams`),
+    and of every statically tiled expert as one full tile makes them (``tiles``,
+    :mod:`.tile_loop`); ``members``: the units built from that view."""
 
-    guards: list[ExpertGuard]
+    guards: list[Any]
     empty: list[ExpertGuard]
     ctx: Any
     streams: dict[str, StreamInfo]
     tokens: dict[str, int]
     members: frozenset[int]
+    tiles: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def ref_tokens(self) -> dict[str, int]:
+        """The stop tokens on buffer references' channels in the run: an empty expert's, and
+        the one ending every tile group's references."""
+        return {g.ref: 1 for g in self.empty} | {g.ref: 1 for g in self.tiles}
+
+    def more_depth(self, ch: str) -> int:
+        """The entries channel ``ch``'s FIFO holds more than the plan's depth: a tile group's
+        rows channel a tile more, the rows of the next tile that its head receives once the
+        current one is read (:func:`~.tile_emit.emit_tile_buffer`)."""
+        return max((g.size for g in self.tiles if ch == g.rows_in), default=0)
+
+    def _tile(self, k: int) -> Any:
+        return next((g for g in self.tiles if k in g.members), None)
+
+    def prepare(self, k: int, b: Any) -> None:
+        """Before unit ``k`` is emitted: a unit of a tile group loops at most the group's
+        ``limit`` times, which follows the count's bound (recorded with its program)."""
+        g = self._tile(k)
+        if g is not None and k != g.head:
+            b.bound(g.count)
+
+    def info(self, k: int, info: Any) -> Any:
+        """Unit ``k``'s bookkeeping in the run from that of its program in the view."""
+        g = self._tile(k)
+        if g is not None:
+            return g.info(k, info)
+        return empty_info(info) if k in self.members else info
+
+    def wrap(
+        self, k: int, body: tuple[Instr, ...], stop_ins: list[str], stop_outs: list[str]
+    ) -> tuple[Instr, ...]:
+        """Unit ``k``'s program (a head or a guarded unit) with its guard: a dynamic head's
+        stop token (:func:`head_body`), a guarded unit's arms (:func:`guard_body`), a tile
+        group's loop over the tiles (:func:`~.tile_loop.tile_body`; its head loops itself)."""
+        from .tile_loop import tile_body
+
+        g = self._tile(k)
+        if g is not None:
+            return body if k == g.head else tile_body(body, g.ref, g.limit, stop_ins, stop_outs)
+        for d in self.guards:
+            if d.head == k:
+                return head_body(body, d.ref)
+            if k in d.units:
+                return guard_body(body, d.ref, stop_ins, stop_outs)
+        return body
 
 
 def views(
@@ -265,6 +314,8 @@ def views(
     """:class:`Views` of the run of ``ctx`` (``grouped``: the channels with a stop token per
     read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one)."""
     from .buffer_loop import group_tokens
+    from .plan import count_bounds
+    from .tile_loop import find_tile_groups, group_reads, tile_view
 
     guards = find_guards(st, grouped)
     empty = [g for g in guards if ctx.ev(g.present, "an expert's buffers") == 0]
@@ -280,11 +331,37 @@ def views(
             made.append(g)
     # an expert whose streams cannot be made so keeps the programs of its run (unguarded)
     guards = [g for g in guards if g in made or g not in empty]
-    if not made:
+    tiles = []
+    found = find_tile_groups(st, stops, count_bounds(ctx)) if not guards else []
+    for t in found:
+        c = ctx.ev(t.tiles, "an expert's tiles")
+        pads = c * t.size - ctx.ev(t.count, "an expert's rows")
+        extra = tile_view(st, t, full, bindings)
+        if extra is not None:
+            full.update(extra)
+            tiles.append(dataclasses.replace(t, run_tiles=c, run_pads=pads))
+    tiles = [dataclasses.replace(t, reads=group_reads(st, t, full)) for t in tiles]
+    if not made and not tiles:
         return Views(guards, [], ctx, ctx.streams, tokens, frozenset())
+    ctx.tiled = {n: t.ref for t in tiles for n in _tile_names(st, t)}
     fctx = dataclasses.replace(ctx, streams=full, bindings=bindings)
     ftok = {ch: 1 for ch in stops} | {
         ch: group_tokens(full[ch].value.data, full[ch].value.rank) for ch in grouped
     }
-    members = frozenset(k for g in made for k in g.members)
-    return Views(guards, made, fctx, full, ftok, members)
+    for t in tiles:  # the stop tokens a tile loop takes after its loop: not its program's
+        for k in t.units:
+            for o in st.units[k]:
+                for v in o.inputs():
+                    chans = {c for pc in full[v.name].pieces for c, _, _ in pc}
+                    ftok.update({ch: 0 for ch in chans & stops})
+                if o.name in stops:
+                    ftok[o.name] = 0
+    members = frozenset(k for g in made for k in g.members) | frozenset(
+        k for t in tiles for k in t.members
+    )
+    return Views(guards + tiles, made, fctx, full, ftok, members, tiles)
+
+
+def _tile_names(st: Structure, t: Any) -> list[str]:
+    """The node names of a tile group's units and packers (``EmitCtx.tiled``)."""
+    return [o.name for k in t.members for o in st.units[k]] + sorted(t.packers)

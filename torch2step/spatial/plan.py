@@ -80,10 +80,16 @@ routing weights' Map and packing from the stream's declared types
 (:func:`~.stop_loop.declared_element`).  So every unit of an MoE is one program for every
 routing of the same tokens (with dynamic tiling).
 
-Static tiling's padding (STeP §5.2) is decided at run time too (:mod:`.static_pad`): an
-expert's Bufferize, its routing weights' packing and its FilterPadding take which rows of the
-last tile are real (row ``j`` while ``(C_e - 1) N + j < n_e``) from the count the Partition's
-stop token carries (the FlatMap back to rows sends it to the filter ahead of the last tile).
+Static tiling's tile count and padding (STeP §5.2) are decided at run time too
+(:mod:`.tile_loop`): an expert's Bufferize loops over its tiles until the Partition's stop
+token (at most ``ceil(bound / N) + 1`` times), sends each tile's reference with the tile's real
+rows as its value and then the token on the reference's channel; every unit after it loops,
+reading that channel once per tile, over its program for one full tile (built from a view of
+the run in which the expert has ``N`` rows), and ends its loop at the token (``C_e = 0``: the
+token only, :mod:`.guard`'s other arm); the routing weights' packing loops until its own
+input's token and the FilterPadding keeps row ``j`` of a tile while ``j`` is below the
+reference's value.  (Without a tile group, the unrolled units of :mod:`.static_pad` take the
+last tile's padding from the token's count.)
 
 Decode attention's KV-tile units read the KV lengths at run time (:mod:`.kv_loop`,
 :mod:`.kv_tiles`): the cursor Scan computes each ``[row_base, n, stride]`` in registers and
@@ -98,8 +104,9 @@ receive.  The lengths must be loaded from an integer tensor no node stores
 sending tiles only (the rotary Map) takes a control value (a position) into a register no
 instruction reads: one program for every value.
 
-What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
-regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
+What is still baked from the run: with static tiling and the tile packed once
+(``repeat_tile``, Fig. 2: no Bufferize whose references could tell the units each tile) each
+expert's tile count ``C_e``; with regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
 over the chunks it takes); in decode attention which lane (or region) takes each request (the
 ``lane_pick`` Scan's state comes from a unit step, with no values in timing mode, and
 ``lane_keep`` keeps the run's items; a region's Partition routes at run time, but its region's
@@ -107,12 +114,14 @@ units follow their request count).  :mod:`.reuse` therefore keys a plan by the r
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
-it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
-units of an expert whose tile count changed; a new KV-length set none while every request
-keeps its lane or region.  Making the rest run-independent needs:
+it), so a new routing emits no unit again with dynamic tiling or with static tiling of a
+buffered expert, and with the tile packed once only the units of an expert whose tile count
+changed; a new KV-length set none while every request keeps its lane or region.  Making the
+rest run-independent needs:
 
-* with static tiling, an expert's units looping over its tiles until a stop token (bounded
-  by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
+* with the tile packed once, the packing's tiles followed by a stop token that every unit
+  of the expert forwards after its last tile, and a count of each tile's real rows for the
+  FilterPadding (the loops of :mod:`.tile_loop` read them from the Bufferize's references);
 * with regions, each region's units looping until each chunk's stop token, the EagerMerge's
   order then only the selector it sends (already a run-time value);
 * in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
@@ -152,7 +161,7 @@ from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
 from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
-from .guard import empty_info, guard_body, head_body, views
+from .guard import views
 from .hazards import fence_group, offchip_deps, token_channel
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
@@ -400,7 +409,7 @@ def _build_plan(
         unit_stops = {
             ch: vctx.streams[ch].messages
             for ch in reads[k]
-            if ch in stops or ch in grouped and vtok[ch] > 0
+            if (ch in stops or ch in grouped) and vtok.get(ch, 1) > 0
         }
         # where a stop token falls is part of the streams a unit's emitter reads (recorded in
         # its Deps), not of its key: a unit that decides at run time reads it as data
@@ -408,10 +417,7 @@ def _build_plan(
         hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            info = hit.info
-            if k in vw.members:  # no token: the unit runs its guard only
-                info = empty_info(info)
-            infos.append(info)
+            infos.append(vw.info(k, hit.info))  # in this run (no token, its tiles: .guard)
             continue
         deps = vctx.deps = Deps()
         b = UnitBuilder(
@@ -425,6 +431,7 @@ def _build_plan(
             bound,
             frozenset(grouped),
         )
+        vw.prepare(k, b)
         try:
             emit(vctx, b, ops)
         finally:
@@ -433,12 +440,10 @@ def _build_plan(
         own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
         check_unit_io(b, vctx, own, sends.get(k, ()), vtok)
         body = b.body()
-        if k in heads:
-            body = head_body(body, heads[k])
-        elif k in guarded:
+        if k in heads or k in guarded:
             ins = sorted(ch for ch in reads[k] if ch in stops)
             outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
-            body = guard_body(body, guarded[k], ins, outs)
+            body = vw.wrap(k, body, ins, outs)
         bodies.append(body)
         infos.append(
             UnitInfo(
@@ -472,20 +477,24 @@ def _build_plan(
                         if name in deps.streams:
                             deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, vrs, bodies[-1], infos[-1])
-        if k in vw.members:  # no token: the unit runs its guard only
-            infos[-1] = empty_info(infos[-1])
+        infos[-1] = vw.info(k, infos[-1])  # no token: its guard only; or per tile (.guard)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     # a headed address channel's FIFOs have a slot more, for the count ahead of a request's
     # addresses: the K and V loads pipeline across requests and take the next request's first
     # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
+
+    def deep(ch: str) -> int | None:  # a tile group's rows channel holds a tile more (.guard)
+        more = vw.more_depth(ch)
+        return extra - 1 + more if more else fifo_depth
+
     channels = tuple(
         Channel(
             ch,
             core[unit_of_chan[ch]],
             tuple(sorted(core[d] for d in dsts[ch])),
-            extra if ch in headed and not isinstance(st.producer[ch], Expand) else fifo_depth,
+            extra if ch in headed and not isinstance(st.producer[ch], Expand) else deep(ch),
         )
         for ch in streams
         if ch in dsts
@@ -494,7 +503,7 @@ def _build_plan(
         for src, ch in sorted(notify.items())
     )
     # an expert with no token: the stop token on its buffer reference's channel
-    absent = {g.ref: 1 for g in vw.empty}
+    absent = vw.ref_tokens
     messages = {ch: streams[ch].messages + tokens.get(ch, 0) + absent.get(ch, 0) for ch in dsts} | {
         ch: 1 for ch in token_dsts
     }

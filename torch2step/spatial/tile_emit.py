@@ -1,0 +1,253 @@
+"""The programs of a statically tiled expert's units that loop over its tiles themselves.
+
+STeP arXiv 2511.07776 §5.2, :mod:`.tile_loop`: the expert's Bufferize (the tile group's head)
+and its routing weights' packing loop until the Partition's stop token, a tile of ``N`` rows
+per iteration, and its FilterPadding keeps each tile's real rows, the count of them the value
+of the tile's buffer reference.  Each step is the one the unrolled program of
+:mod:`.static_pad` takes for a tile (STeP §4.2); these programs are the same for every count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lowering.isa import Affine, Calc, Cond, If, Instr, Loop, Recv, RecvValue, Send, SendValue, Set
+from torch2step.step.ops_compute import Accum, FlatMap
+from torch2step.step.ops_memory import Bufferize, Streamify
+from torch2step.step.ops_shape import Reshape, Zip
+
+from .context import EmitCtx
+from .static_pad import _flags_chunk, _zero_row, padded_rows
+from .stop_loop import _rotate, forwards_stop, until_stop
+from .streams import Part
+from .tile_loop import tile_rows_reg
+from .unit import UnitBuilder
+
+__all__ = ["emit_tile_buffer", "emit_tile_pack", "emit_tile_filter"]
+
+
+def emit_tile_buffer(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[Streamify]) -> bool:
+    """The head of a tile group (built from its one-tile view): per tile, until the stop
+    token, up to ``N`` rows into its ``N`` row buffers, ``r`` the rows it got; if ``r > 0``
+    its reference (value ``r``) and each read of it, row ``j`` sent from its buffer if
+    ``j < r`` or else a zero row made there; after the loop the token (the count) on the
+    reference's channel.  A receive that may be the token waits for its message, so the next
+    tile's rows are received once this tile's reads are sent: they wait in the channel's
+    FIFO, a tile deeper (:meth:`~.guard.Views.more_depth`), where the unrolled program's double
+    buffering kept them in a second set of row buffers (STeP §4.1).  ``False`` (nothing
+    emitted) when the unit is not such a head."""
+    ref = ctx.tiled.get(op.name)
+    if ref != op.name or op.rank != 1:
+        return False
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    found = padded_rows(ctx, b, x)
+    if found is None or len(x.value.data) != 1 or out.channel is None:
+        return False
+    ch, n, part = found
+    cut = ctx.structure.producer[op.input.name]
+    assert isinstance(cut, Reshape)
+    rows_in = cut.inputs()[0].type.shape[0]  # type: ignore[attr-defined]
+    bound = b.bound(rows_in)
+    if bound is None:
+        return False
+    reads = []
+    for s in fused:
+        so, rs = ctx.stream(s.name), ctx.stream(s.ref)
+        chans = {c for pc in rs.pieces for c, _, _ in pc}
+        if s.out_shape is not None or len(chans) != 1 or None in chans or so.channel is None:
+            return False
+        if any(len(pc) != 1 or pc[0][2].kind != "value" for pc in rs.pieces):
+            return False
+        reads.append((so.channel, next(iter(chans)), len(rs.flat)))
+    messages = b.stops.pop(ch)
+    stop, rows, t = f"stop.{ch}", f"rows.{ref}", f"t.{ref}"
+    names = [b.buffer(("mem", 0, j, 0), part.dtype, part.elems) for j in range(n)]
+    mc = ctx.timing.memory_cycles(part.nbytes)
+    more = Cond(stop, "<", 0)
+    sends_ref = b.has_dsts(out.channel)
+
+    def tile() -> tuple[Instr, ...]:
+        bufs = names
+        fill = tuple(If(more, (Recv(ch, nm, stop),)) for nm in bufs)
+        got = If(more, (Set(rows, n),), (Set(rows, Affine(0, ((stop, 1), (t, -n)))),))
+        then: list[Instr] = [b.compute_instr(1, tuple(bufs))]
+        if sends_ref:
+            then.append(SendValue(out.channel, rows))  # type: ignore[arg-type]
+        for ch_out, ch_ref, per in reads:
+            sends = b.has_dsts(ch_out)
+            body: list[Instr] = [RecvValue(ch_ref, f"v.{ch_ref}.0"), b.compute_instr(1, ())]
+            for j, nm in enumerate(bufs):
+                send = (Send(ch_out, nm),) if sends else ()
+                real = (b.compute_instr(mc, (nm,)), *send)
+                pad = (b.compute_instr(mc, ()), _zero_row(b, nm, part), *send)
+                body.append(If(Cond(j, "<", rows), real, pad))
+            then.append(Loop(per, tuple(body)))
+        return (*fill, got, If(Cond(rows, ">", 0), tuple(then)))
+
+    b.emit(Set(stop, -1))
+    b.step()
+    b.emit(*until_stop(-(-bound // n) + 1, more, tile(), t))
+    b.step()
+    if sends_ref:
+        b.emit(SendValue(out.channel, stop, stop=True))
+    b.step()
+    # one full tile's bookkeeping (the view's): its rows, reads and sends
+    b.next_seq[ch] = messages + 1
+    b.received += n
+    b.busy_cycles += 1
+    if sends_ref:
+        b.sent += 1
+        b.sent_seq[out.channel] += 1
+    for ch_out, ch_ref, per in reads:
+        b.next_seq[ch_ref] = per
+        b.received += per
+        b.busy_cycles += per * (1 + n * mc)
+        if b.has_dsts(ch_out):
+            b.sent += per * n
+            b.sent_seq[ch_out] += per * n
+    return True
+
+
+def _captured(b: UnitBuilder, fn: Callable[[], Any]) -> tuple[tuple[Instr, ...], Any]:
+    """The instructions of the step ``fn`` makes on ``b`` (not emitted nor counted) and what
+    it returned."""
+    cur, busy, flops = b.cur, b.busy_cycles, b.flops
+    b.cur = []
+    got = fn()
+    instrs = tuple(b.cur)
+    b.cur, b.busy_cycles, b.flops = cur, busy, flops
+    return instrs, got
+
+
+def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
+    """The routing weights' packing of a tile group (a ``retile_row`` Accum of a Reshape's
+    ``[C_e, N]`` rows of a channel ending with a stop token): per tile, until the token, row
+    0 starts the tile, each of rows ``1 .. N-1`` is appended if it came or a zero element
+    appended if the token came instead, and the tile is sent; then the token.  Built from the
+    declared types, so the same program for every count (down to none); its bookkeeping is
+    counted from the run's streams.  ``False`` when the unit is not such a packing."""
+    if op.name not in ctx.tiled or getattr(op.fn, "name", None) != "retile_row" or op.rank != 1:
+        return False
+    cut = ctx.structure.producer.get(op.input.name)
+    src = ctx.structure.sources(op.input.name)
+    if not isinstance(cut, Reshape) or cut.name in ctx.structure.owner or len(src) != 1:
+        return False
+    (ch,) = src
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    xt, ot = x.dtype, out.dtype
+    if ch not in b.stops or b.own(ch) or out.channel is None:
+        return False
+    n = cut.chunk
+    rows_in = cut.inputs()[0].type.shape[0]  # type: ignore[attr-defined]
+    bound = b.bound(rows_in)
+    shape = getattr(xt, "shape", None)
+    if bound is None or shape is None or not all(d.is_Integer for d in shape) or shape[0] != 1:
+        return False
+    cols = int(shape[1])
+    row = Part("data", str(xt.dtype), cols)  # type: ignore[attr-defined]
+    whole = Part("data", str(ot.dtype), n * cols)  # type: ignore[attr-defined]
+    steps = [
+        cost.update_step(
+            op.fn, np.zeros((1, cols)), xt, np.zeros((n, cols)), ot, (row,), (whole,), j == n - 1
+        )
+        for j in range(n)
+    ]
+    if any(rule is not None for _, _, rule in steps):
+        return False
+    count = b.stops.pop(ch)
+    stop, t, m = f"stop.{ch}", f"t.{op.name}", f"m.{op.name}"
+    more = Cond(stop, "<", 0)
+    inb = b.buffer(("in", ch, 0), row.dtype, cols)
+    sends = b.has_dsts(out.channel)
+
+    def tile() -> tuple[Instr, ...]:
+        c0, f0, _ = steps[0]
+        start, acc = _captured(
+            b, lambda: b.compute(c0, (((row, inb),),), (whole,), role="acc", flops=f0)
+        )
+        body: list[Instr] = [*start]
+        for j in range(1, n):
+            c, fl, _ = steps[j]
+            real, _ = _captured(
+                b,
+                lambda c=c, fl=fl: b.compute(c, (((row, inb),), acc), (whole,), flops=fl, into=acc),
+            )
+            pad, _ = _captured(
+                b,
+                lambda c=c, fl=fl: b.compute(
+                    c, (((row, None),), acc), (whole,), flops=fl, into=acc
+                ),
+            )
+            body += [If(more, (Recv(ch, inb, stop),)), If(more, real, pad)]
+        if sends:
+            body.append(Send(out.channel, acc[0][1]))  # type: ignore[arg-type]
+        return (Recv(ch, inb, stop), If(more, tuple(body)))
+
+    copies = [tile(), tile()]  # the accumulator alternates, as the unrolled program's
+    b.emit(Set(stop, -1))
+    b.step()
+    b.emit(*until_stop(-(-bound // n) + 1, more, (Calc(m, "mod", t, 2), *_rotate(m, copies)), t))
+    b.step()
+    fwd = sends and forwards_stop(op, src, {ch})
+    if fwd:  # its stop token (the count), after its last tile (.stop_loop)
+        b.emit(SendValue(out.channel, stop))
+    b.step()
+    b.next_seq[ch] = count + 1
+    if sends:
+        b.sent_seq[out.channel] = out.messages + fwd
+    per_c = sum(c for c, _, _ in steps)
+    per_f = sum(f for _, f, _ in steps)
+    name = x.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        k = len(c.streams[name].flat) // n  # the run's tiles
+        return k * n, k * sends, k * per_c, k * per_f
+
+    r, s_, busy, fl = ctx.tally(tally)
+    b.received += r
+    b.sent += s_
+    b.busy_cycles += busy
+    b.flops += fl
+    ctx.relax(x.name, None)  # its program is the declared types'; its tiles are the run's
+    ctx.relax(out.name, None)
+    return True
+
+
+def emit_tile_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
+    """The FilterPadding unit of a tile group (built from its one-tile view, its program run
+    once per tile): row ``j`` of the tile is sent if ``j`` is below the tile's real rows (the
+    reference's value, received into :func:`~.tile_loop.tile_rows_reg`), else dropped, both
+    one step.  ``False`` when the unit is not such a filter."""
+    ref = ctx.tiled.get(op.name)
+    zipped = ctx.structure.producer.get(op.input.name)
+    if ref is None or getattr(op.fn, "name", None) != "filter_padding":
+        return False
+    if not isinstance(zipped, Zip) or len(zipped.ins) != 2:
+        return False
+    n = _flags_chunk(ctx.structure, zipped.ins[1].name)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    rows = zipped.ins[0].name
+    if n is None or len(x.flat) != n:
+        return False
+    if any(len(pc) != 2 or pc[0][0] != rows or pc[1][0] is not None for pc in x.pieces):
+        return False
+    data = x.parts(0)[0]
+    if data.kind != "data" or any(x.parts(k)[0] != data for k in range(n)):
+        return False
+    reg = tile_rows_reg(ref)
+    sends = out.channel is not None and b.has_dsts(out.channel)
+    for k in range(n):
+        e = b.recv(x, k)
+        real, y = _captured(b, lambda e=e: b.compute(1, (e,), (data,)))
+        pad, _ = _captured(b, lambda e=e: b.consume(e))
+        send = (Send(out.channel, y[0][1]),) if sends and out.channel else ()
+        b.emit(If(Cond(k, "<", reg), (*real, *send), pad))
+        b.busy_cycles += 1
+        if sends:
+            b.sent += 1
+            b.sent_seq[out.channel] += 1  # type: ignore[index]
+        b.step()
+    return True
