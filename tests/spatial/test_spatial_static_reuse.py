@@ -8,10 +8,10 @@ tile's reference with the tile's real rows as its value, then the token; every u
 loops over its one-tile program once per reference until that token, the routing weights'
 packing loops until its own input's token, and the FilterPadding keeps the rows below the
 reference's value (torch2step.spatial.tile_loop): every unit is kept for every routing, whatever
-the experts' tile counts (down to none).  With the tile packed once (``repeat_tile``) the units
-of an expert whose tile count changes are still built for the run.  With regions every lane's
-units follow the order and sizes of the chunks its EagerMerge takes, so a routing that changes
-a lane's experts' counts rebuilds the lane."""
+the experts' tile counts (down to none); with the tile packed once (``repeat_tile``) too, its
+packing sending each tile's real rows on a control channel.  With regions every lane's units
+follow the order and sizes of the chunks its EagerMerge takes, so a routing that changes a
+lane's experts' counts rebuilds the lane."""
 
 from __future__ import annotations
 
@@ -167,14 +167,20 @@ def test_static_tiling_keeps_every_unit_when_tile_counts_change() -> None:
     assert _split(b2, a2)[1] == []
 
 
-def test_static_tiling_packed_once_rebuilds_the_experts_whose_tile_count_changes() -> None:
-    """With the tile packed once (``repeat_tile``, no Bufferize references to loop over) the
-    units of experts 2 and 3 (but the routing weights' Map, a loop until the stop token) are
-    built again for routing B; expert 1 keeps its tiles (another padding) and every unit."""
+def test_static_tiling_packed_once_keeps_every_unit_when_tile_counts_change() -> None:
+    """With the tile packed once (``repeat_tile``, no Bufferize references) the packing sends
+    each tile's real rows, then the stop token, on a control channel of its own, which the
+    units after it read as references: routing B after A rebuilds no unit either."""
     a, b = _two_routings({"static_tile": N, "repeat_tile": True}, (ROUTE_A, ROUTE_B))
-    _, rebuilt = _split(a, b)
-    assert rebuilt and all(n.startswith(("moe_e2_", "moe_e3_")) for n in rebuilt)
-    assert "moe_e2_gw" not in rebuilt and "moe_e1_xt0" not in rebuilt
+    kept, rebuilt = _split(a, b)
+    assert rebuilt == [] and len(kept) == 85
+    head = b["moe_e2_xt0"]
+    ctl = "moe_e2_xt0.tiles"
+    assert head[-1] == SendValue(ctl, "stop.moe_route.2", stop=True)
+    assert any(isinstance(i, SendValue) and i.channel == ctl for j in _ifs(head) for i in j.then)
+    assert not any(isinstance(i, SendValue) and i.channel == "moe_e2_xt0" for i in head)
+    gate_w = b["moe_e2_gate_w"]  # a weight load: one tile's loads per control message
+    assert gate_w[0] == RecvValue(ctl, "ref." + ctl, "stop." + ctl)
 
 
 #: Under two regions (each shared in time by two experts, §5.3) the units a new routing keeps:

@@ -259,6 +259,8 @@ class Views:
     tokens: dict[str, int]
     members: frozenset[int]
     tiles: list[Any] = dataclasses.field(default_factory=list)
+    #: per control channel of a tile group (:func:`~.tile_loop.tile_channel`), its head unit
+    control: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def ref_tokens(self) -> dict[str, int]:
@@ -315,7 +317,7 @@ def views(
     read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one)."""
     from .buffer_loop import group_tokens
     from .plan import count_bounds
-    from .tile_loop import find_tile_groups, group_reads, tile_view
+    from .tile_loop import control_stream, find_tile_groups, group_reads, tile_view
 
     guards = find_guards(st, grouped)
     empty = [g for g in guards if ctx.ev(g.present, "an expert's buffers") == 0]
@@ -341,6 +343,21 @@ def views(
             full.update(extra)
             tiles.append(dataclasses.replace(t, run_tiles=c, run_pads=pads))
     tiles = [dataclasses.replace(t, reads=group_reads(st, t, full)) for t in tiles]
+    control: dict[str, int] = {}
+    for t in tiles:
+        if t.ref in st.producer:  # a Bufferize's references
+            continue
+        # a head packing its tile sends each tile's real rows on a channel of its own, then
+        # the stop token there: the tiles' channel ends with none (.tile_loop)
+        head = st.units[t.head][0].name
+        stops.discard(head)
+        tokens.pop(head, None)
+        n = ctx.ev(t.count, "an expert's rows")
+        ctx.streams[t.ref] = control_stream(
+            t.ref, [min(t.size, n - i * t.size) for i in range(t.run_tiles)]
+        )
+        full[t.ref] = control_stream(t.ref, [t.size])
+        control[t.ref] = t.head
     if not made and not tiles:
         return Views(guards, [], ctx, ctx.streams, tokens, frozenset())
     ctx.tiled = {n: t.ref for t in tiles for n in _tile_names(st, t)}
@@ -359,7 +376,7 @@ def views(
     members = frozenset(k for g in made for k in g.members) | frozenset(
         k for t in tiles for k in t.members
     )
-    return Views(guards + tiles, made, fctx, full, ftok, members, tiles)
+    return Views(guards + tiles, made, fctx, full, ftok, members, tiles, control)
 
 
 def _tile_names(st: Structure, t: Any) -> list[str]:

@@ -88,8 +88,10 @@ reading that channel once per tile, over its program for one full tile (built fr
 the run in which the expert has ``N`` rows), and ends its loop at the token (``C_e = 0``: the
 token only, :mod:`.guard`'s other arm); the routing weights' packing loops until its own
 input's token and the FilterPadding keeps row ``j`` of a tile while ``j`` is below the
-reference's value.  (Without a tile group, the unrolled units of :mod:`.static_pad` take the
-last tile's padding from the token's count.)
+reference's value.  A tile packed once (``repeat_tile``) is packed by a loop that sends each
+tile's real rows and then the token on a control channel of its own, read as the references.
+(Without a tile group, the unrolled units of :mod:`.static_pad` take the last tile's padding
+from the token's count.)
 
 Decode attention's KV-tile units read the KV lengths at run time (:mod:`.kv_loop`,
 :mod:`.kv_tiles`): the cursor Scan computes each ``[row_base, n, stride]`` in registers and
@@ -104,24 +106,17 @@ receive.  The lengths must be loaded from an integer tensor no node stores
 sending tiles only (the rotary Map) takes a control value (a position) into a register no
 instruction reads: one program for every value.
 
-What is still baked from the run: with static tiling and the tile packed once
-(``repeat_tile``, Fig. 2: no Bufferize whose references could tell the units each tile) each
-expert's tile count ``C_e``; with regions (§5.3) EagerMerge's chunk order and the chunks' sizes (a region's units are unrolled
-over the chunks it takes); in decode attention which lane (or region) takes each request (the
+What is still baked from the run: with regions (§5.3) EagerMerge's chunk order and the
+chunks' sizes (a region's units are unrolled over the chunks it takes); in decode attention which lane (or region) takes each request (the
 ``lane_pick`` Scan's state comes from a unit step, with no values in timing mode, and
 ``lane_keep`` keeps the run's items; a region's Partition routes at run time, but its region's
 units follow their request count).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
-it), so a new routing emits no unit again with dynamic tiling or with static tiling of a
-buffered expert, and with the tile packed once only the units of an expert whose tile count
-changed; a new KV-length set none while every request keeps its lane or region.  Making the
-rest run-independent needs:
+it), so a new routing emits no unit again with dynamic or static tiling; a new KV-length set
+none while every request keeps its lane or region.  Making the rest run-independent needs:
 
-* with the tile packed once, the packing's tiles followed by a stop token that every unit
-  of the expert forwards after its last tile, and a count of each tile's real rows for the
-  FilterPadding (the loops of :mod:`.tile_loop` read them from the Bufferize's references);
 * with regions, each region's units looping until each chunk's stop token, the EagerMerge's
   order then only the selector it sends (already a run-time value);
 * in decode attention, the lane decisions in registers (``lane_pick``'s loads and argmin with
@@ -324,6 +319,7 @@ def _build_plan(
     # an expert's units learn at run time whether it has tokens (:mod:`.guard`): built from
     # the streams one token makes when it has none (the view ``vw``)
     vw = views(st, ctx, grouped, stops, tokens)
+    unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):

@@ -23,7 +23,7 @@ from .context import EmitCtx
 from .static_pad import _flags_chunk, _zero_row, padded_rows
 from .stop_loop import _rotate, forwards_stop, until_stop
 from .streams import Part
-from .tile_loop import tile_rows_reg
+from .tile_loop import tile_channel, tile_rows_reg
 from .unit import UnitBuilder
 
 __all__ = ["emit_tile_buffer", "emit_tile_pack", "emit_tile_filter"]
@@ -128,7 +128,10 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     0 starts the tile, each of rows ``1 .. N-1`` is appended if it came or a zero element
     appended if the token came instead, and the tile is sent; then the token.  Built from the
     declared types, so the same program for every count (down to none); its bookkeeping is
-    counted from the run's streams.  ``False`` when the unit is not such a packing."""
+    counted from the run's streams.  The head of a tile group packing its tile (built from
+    its one-tile view) also sends each tile's real rows on its control channel
+    (:func:`~.tile_loop.tile_channel`) and the token there, not on its tiles' channel.
+    ``False`` when the unit is not such a packing."""
     if op.name not in ctx.tiled or getattr(op.fn, "name", None) != "retile_row" or op.rank != 1:
         return False
     cut = ctx.structure.producer.get(op.input.name)
@@ -158,7 +161,11 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     if any(rule is not None for _, _, rule in steps):
         return False
     count = b.stops.pop(ch)
-    stop, t, m = f"stop.{ch}", f"t.{op.name}", f"m.{op.name}"
+    stop, t, m, rows = f"stop.{ch}", f"t.{op.name}", f"m.{op.name}", f"rows.{op.name}"
+    # the head of a tile group that packs its tile (.tile_loop): its control channel
+    ctl = tile_channel(op.name)
+    head = ctx.tiled.get(op.name) == ctl
+    tell = head and b.has_dsts(ctl)
     more = Cond(stop, "<", 0)
     inb = b.buffer(("in", ch, 0), row.dtype, cols)
     sends = b.has_dsts(out.channel)
@@ -184,6 +191,9 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
             body += [If(more, (Recv(ch, inb, stop),)), If(more, real, pad)]
         if sends:
             body.append(Send(out.channel, acc[0][1]))  # type: ignore[arg-type]
+        if tell:  # the tile's real rows on the control channel
+            got = If(more, (Set(rows, n),), (Set(rows, Affine(0, ((stop, 1), (t, -n)))),))
+            body += [got, SendValue(ctl, rows)]
         return (Recv(ch, inb, stop), If(more, tuple(body)))
 
     copies = [tile(), tile()]  # the accumulator alternates, as the unrolled program's
@@ -191,9 +201,12 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     b.step()
     b.emit(*until_stop(-(-bound // n) + 1, more, (Calc(m, "mod", t, 2), *_rotate(m, copies)), t))
     b.step()
-    fwd = sends and forwards_stop(op, src, {ch})
+    fwd = sends and not head and forwards_stop(op, src, {ch})
     if fwd:  # its stop token (the count), after its last tile (.stop_loop)
         b.emit(SendValue(out.channel, stop))
+    if tell:  # a head's: on its control channel
+        b.emit(SendValue(ctl, stop, stop=True))
+        b.sent_seq[ctl] = 1
     b.step()
     b.next_seq[ch] = count + 1
     if sends:

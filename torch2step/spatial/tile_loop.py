@@ -26,10 +26,17 @@ carrying the count (STeP §3.2.3), so no unit needs ``C_e`` when it is built
   FilterPadding unit (:func:`~.tile_emit.emit_tile_filter`) keeps row ``j`` of a tile while
   ``j`` is below the reference's value.
 
+When the expert's tile is packed once (``repeat_tile``, Fig. 2: a ``retile_row`` Accum of the
+padded rows, its ``[N, H]`` tiles read by the Repeat and as the weight loads' references) the
+packing is the head: a loop like the routing weights' packing that also sends each tile's
+real rows, then the stop token, on a control channel of its own (:func:`tile_channel`: a
+4-byte message per tile, multicast to the units after it, which read it as they would a
+Bufferize's references); its tiles' channel then ends with no token.
+
 So every unit of a statically tiled expert is one program for every routing.  The work per
 tile is the unrolled program's (STeP §4.2): each tile's steps and messages are those of a
 full tile (a padding row costs its read's step and the one-cycle step making it), the only new
-traffic the token on the reference's channel.  A unit's bookkeeping in a run
+traffic the token on the reference's channel (and a packed-once head's control messages).  A unit's bookkeeping in a run
 (:meth:`TileGroup.info`) is its one-tile program's times ``C_e``, the padding rows' one-cycle
 steps added to the head's and the dropped rows taken from the filter's sends.
 """
@@ -49,11 +56,11 @@ from torch2step.step.ops_compute import Accum, FlatMap
 from torch2step.step.ops_memory import Bufferize, Streamify
 from torch2step.step.ops_routing import Partition
 from torch2step.step.ops_shape import Reshape
-from torch2step.step.values import StreamValue
+from torch2step.step.types import BufferType, TileType, TupleType
+from torch2step.step.values import BufferValue, StreamValue
 
-from .guard import standin_streams
 from .stop_loop import until_stop
-from .streams import WIRE_RULES, StreamInfo, flat_elements
+from .streams import WIRE_RULES, Part, StreamInfo, flat_elements, unit_pieces
 from .structure import Structure
 
 __all__ = ["TileGroup", "find_tile_groups", "tile_rows_reg", "tile_body", "tile_view"]
@@ -85,7 +92,7 @@ class TileGroup:
     limit: int
     streams: tuple[str, ...]
     reads: int = 0
-    rows_in: str = ""
+    rows_in: str = ""  # a Bufferize head's rows channel (its FIFO a tile deeper)
     run_tiles: int = 0
     run_pads: int = 0
 
@@ -133,7 +140,8 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
     out = []
     for h, ops in enumerate(st.units):
         head = ops[0]
-        if not isinstance(head, Bufferize) or head.rank != 1:
+        packed = len(ops) == 1 and _packs(head)  # the tile packed once (Fig. 2)
+        if not (isinstance(head, Bufferize) and head.rank == 1 or packed):
             continue
         cut = st.producer.get(head.input.name)
         tiles = sp.sympify(outputs[head.name][0].type.shape[0])
@@ -176,9 +184,7 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
             if k not in units
             and k != h
             and len(os) == 1
-            and isinstance(o, Accum)
-            and getattr(o.fn, "name", None) == "retile_row"
-            and o.rank == 1
+            and _packs(o)
             and tiles in ceils[o.input.name]
             and isinstance(st.producer.get(o.input.name), Reshape)
         }
@@ -186,23 +192,32 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
         names |= {v.name for k in units for o in st.units[k] for v in outputs[o.name]}
         streams = tuple(sorted(names, key=order.__getitem__))
         limit = -(-bounds[count.name] // cut.chunk)
-        out.append(
-            TileGroup(
-                h,
-                head.name,
-                count,
-                cut.chunk,
-                tiles,
-                frozenset(units),
-                frozenset(filters),
-                frozenset(packers),
-                limit,
-                streams,
-                0,
-                next(iter(src)),
-            )  # fmt: skip
-        )
+        ref = tile_channel(head.name) if packed else head.name
+        rows_in = "" if packed else next(iter(src))
+        group = TileGroup(h, ref, count, cut.chunk, tiles, frozenset(units), frozenset(filters),
+                          frozenset(packers), limit, streams, 0, rows_in)  # fmt: skip
+        out.append(group)
     return out
+
+
+def _packs(op: Any) -> bool:
+    """Whether ``op`` is a ``retile_row`` Accum of rank 1 (rows packed into a tile)."""
+    return isinstance(op, Accum) and getattr(op.fn, "name", None) == "retile_row" and op.rank == 1
+
+
+def tile_channel(head: str) -> str:
+    """The control channel on which a tile group whose head packs its tile (no Bufferize
+    references) sends each tile's real rows, then the stop token."""
+    return f"{head}.tiles"
+
+
+def control_stream(name: str, rows: list[int]) -> StreamInfo:
+    """The control stream of :func:`tile_channel`: one ``int32`` value per tile, its real
+    rows (a 4-byte message each)."""
+    t = TileType((1, 1), "int32")
+    flat = [np.full((1, 1), r, np.int32) for r in rows]
+    pieces = [((name, k, Part("value", "int32", 1, r)),) for k, r in enumerate(rows)]
+    return StreamInfo(name, t, StreamValue(0, flat), flat, pieces, name)
 
 
 def _free(t: Any) -> set[sp.Symbol]:
@@ -239,10 +254,10 @@ def tile_view(
             out[name] = rows if name == rows.name else flags
             continue
         if op.name in st.owner:
-            one = standin_streams(st, _Only((name,)), out, bindings)
-            if one is None or name not in one:
+            made = _unit_stream(st, name, env)
+            if made is None:
                 return None
-            out.update(one)
+            out[name] = made
             continue
         if any(v.name not in out for v in op.inputs()):
             continue  # a wire of streams the view does not make (read by no member)
@@ -268,8 +283,7 @@ def _wire(
             return None
         flat = [tuple(i.flat[k] for i in ins) for k in range(len(flat))]
     try:
-        dims = [int(sp.sympify(d).subs({x: env[x.name] for x in sp.sympify(d).free_symbols}))
-                for d in t.shape]  # fmt: skip
+        dims = [_size(d, env) for d in t.shape]
     except (KeyError, TypeError, ValueError):
         return None
     if np.prod(dims) != len(flat):
@@ -288,11 +302,38 @@ def _nested(dims: list[int], it: Any) -> list:
     return [_nested(dims[1:], it) for _ in range(dims[0])]
 
 
-@dataclass(frozen=True)
-class _Only:
-    """The streams :func:`~.guard.standin_streams` makes (one at a time)."""
+def _unit_stream(st: Structure, name: str, env: Mapping[str, int]) -> StreamInfo | None:
+    """A unit's output stream in the view: zero elements of its declared type (read-only
+    broadcasts, no memory), as many as its sizes evaluate to."""
+    t = next(v.type for vs in st.graph.node_outputs for v in vs if v.name == name)
+    try:
+        dims = [_size(d, env) for d in t.shape]
+        count = int(np.prod(dims))
+        flat = [_blank(t.dtype, env) for _ in range(count)]
+    except (KeyError, TypeError, ValueError):
+        return None
+    value = StreamValue(t.rank, _nested(dims, iter(flat)))
+    flat = flat_elements(value)
+    return StreamInfo(name, t.dtype, value, flat, unit_pieces(name, t.dtype, flat), name)
 
-    streams: tuple[str, ...]
+
+def _size(d: Any, env: Mapping[str, int]) -> int:
+    e = sp.sympify(d)
+    return int(e.subs({x: env[x.name] for x in e.free_symbols}))
+
+
+def _blank(t: Any, env: Mapping[str, int]) -> Any:
+    """A zero element of declared type ``t`` (tiles as read-only broadcasts)."""
+    if isinstance(t, TileType):
+        dt = np.int64 if t.dtype.startswith("int") else np.float32
+        return np.broadcast_to(np.zeros((), dt), tuple(_size(d, env) for d in t.shape))
+    if isinstance(t, TupleType):
+        return tuple(_blank(e, env) for e in t.elems)
+    if isinstance(t, BufferType):
+        rows = [_size(d, env) for d in t.shape]
+        tiles = [_blank(t.elem, env) for _ in range(int(np.prod(rows)))]
+        return BufferValue(_nested(rows, iter(tiles)), sum(x.nbytes for x in tiles))
+    raise TypeError(f"no stand-in element of type {t}")
 
 
 def _cut(
