@@ -179,8 +179,11 @@ def test_static_tiling_packed_once_keeps_every_unit_when_tile_counts_change() ->
     assert head[-1] == SendValue(ctl, "stop.moe_route.2", stop=True)
     assert any(isinstance(i, SendValue) and i.channel == ctl for j in _ifs(head) for i in j.then)
     assert not any(isinstance(i, SendValue) and i.channel == "moe_e2_xt0" for i in head)
-    gate_w = b["moe_e2_gate_w"]  # a weight load: one tile's loads per control message
-    assert gate_w[0] == RecvValue(ctl, "ref." + ctl, "stop." + ctl)
+    # a weight load takes the control message as its reference, not the packed tile, and loads
+    # one tile's weights per message
+    gate_w = b["moe_e2_gate_w"]
+    assert gate_w[0] == RecvValue(ctl, f"v.{ctl}.0", "stop." + ctl)
+    assert "moe_e2_xt0" not in repr(gate_w)
 
 
 #: Under two regions (each shared in time by two experts, §5.3) the units a new routing keeps:

@@ -35,7 +35,7 @@ import numpy as np
 import sympy as sp
 
 from lowering.isa import Alloc, Cond, Free, If, Instr, RecvValue, SendValue
-from torch2step.step.ops_memory import Bufferize
+from torch2step.step.ops_memory import Bufferize, LinearOffChipLoad
 from torch2step.step.types import BufferType, DataType, TileType, TupleType
 from torch2step.step.values import BufferValue, StreamValue
 
@@ -261,6 +261,21 @@ class Views:
     tiles: list[Any] = dataclasses.field(default_factory=list)
     #: per control channel of a tile group (:func:`~.tile_loop.tile_channel`), its head unit
     control: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: per unit reading a stream of the view otherwise (a weight load of a packed tile reads
+    #: its control channel as its reference), its streams
+    overrides: dict[int, dict[str, StreamInfo]] = dataclasses.field(default_factory=dict)
+
+    def streams_of(self, k: int, run: dict[str, StreamInfo]) -> dict[str, StreamInfo]:
+        """The streams unit ``k`` is built from (``run``: the run's)."""
+        if k in self.overrides:
+            return self.overrides[k]
+        return self.streams if k in self.members else run
+
+    def ctx_of(self, k: int) -> Any:
+        """The context unit ``k`` (a member) is built in."""
+        if k in self.overrides:
+            return dataclasses.replace(self.ctx, streams=self.overrides[k])
+        return self.ctx
 
     @property
     def ref_tokens(self) -> dict[str, int]:
@@ -344,6 +359,7 @@ def views(
             tiles.append(dataclasses.replace(t, run_tiles=c, run_pads=pads))
     tiles = [dataclasses.replace(t, reads=group_reads(st, t, full)) for t in tiles]
     control: dict[str, int] = {}
+    overrides: dict[int, dict[str, StreamInfo]] = {}
     for t in tiles:
         if t.ref in st.producer:  # a Bufferize's references
             continue
@@ -358,6 +374,18 @@ def views(
         )
         full[t.ref] = control_stream(t.ref, [t.size])
         control[t.ref] = t.head
+        # a weight load whose reference is the packed tile takes the control message instead
+        # (STeP §3.2.1: a load reads its reference stream only for its elements' count)
+        for k in t.units:
+            (op, *more) = st.units[k]
+            if more or not isinstance(op, LinearOffChipLoad) or op.ref is None:
+                continue
+            if op.ref.name == head and [v.name for v in op.inputs()] == [head]:
+                mine = dict(full)
+                mine[head] = dataclasses.replace(
+                    full[head], pieces=full[t.ref].pieces, channel=None, _parts=None, _decl=None
+                )
+                overrides[k] = mine
     if not made and not tiles:
         return Views(guards, [], ctx, ctx.streams, tokens, frozenset())
     ctx.tiled = {n: t.ref for t in tiles for n in _tile_names(st, t)}
@@ -376,7 +404,7 @@ def views(
     members = frozenset(k for g in made for k in g.members) | frozenset(
         k for t in tiles for k in t.members
     )
-    return Views(guards + tiles, made, fctx, full, ftok, members, tiles, control)
+    return Views(guards + tiles, made, fctx, full, ftok, members, tiles, control, overrides)
 
 
 def _tile_names(st: Structure, t: Any) -> list[str]:

@@ -323,7 +323,7 @@ def _build_plan(
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
-        view = vw.streams if k in vw.members else streams
+        view = vw.streams_of(k, streams)
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
@@ -401,7 +401,7 @@ def _build_plan(
             )
         vctx, vrs, vtok = (ctx, run_streams, tokens)
         if k in vw.members:
-            vctx, vrs, vtok = (vw.ctx, full_streams, vw.tokens)
+            vctx, vrs, vtok = (vw.ctx_of(k), full_streams, vw.tokens)
         unit_stops = {
             ch: vctx.streams[ch].messages
             for ch in reads[k]
