@@ -183,7 +183,7 @@ def test_static_tiling_packed_once_keeps_every_unit_when_tile_counts_change() ->
     # one tile's weights per message
     gate_w = b["moe_e2_gate_w"]
     assert gate_w[0] == RecvValue(ctl, f"v.{ctl}.0", "stop." + ctl)
-    assert "moe_e2_xt0" not in repr(gate_w)
+    assert "'moe_e2_xt0'" not in repr(gate_w)  # no instruction on the tiles' channel
 
 
 #: Under two regions (each shared in time by two experts, §5.3) the units a new routing keeps:
