@@ -9,24 +9,39 @@ of the tile's buffer reference.  Each step is the one the unrolled program of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import sympy as sp
 
-from lowering.isa import Affine, Calc, Cond, If, Instr, Loop, Recv, RecvValue, Send, SendValue, Set
+from lowering.isa import (
+    DTYPE_BYTES,
+    Affine,
+    Calc,
+    Cond,
+    If,
+    Instr,
+    Loop,
+    Recv,
+    RecvValue,
+    Send,
+    SendValue,
+    Set,
+)
 from torch2step.step.ops_compute import Accum, FlatMap
-from torch2step.step.ops_memory import Bufferize, Streamify
+from torch2step.step.ops_memory import Bufferize, LinearOffChipLoad, Streamify
 from torch2step.step.ops_shape import Reshape, Zip
 
-from .context import EmitCtx
+from .context import EmitCtx, tile_shape
 from .static_pad import _flags_chunk, _zero_row, padded_rows
 from .stop_loop import _rotate, forwards_stop, until_stop
 from .streams import Part
 from .tile_loop import tile_channel, tile_rows_reg
 from .unit import UnitBuilder
 
-__all__ = ["emit_tile_buffer", "emit_tile_pack", "emit_tile_filter"]
+__all__ = ["emit_tile_buffer", "emit_tile_pack", "emit_tile_filter", "emit_tile_load"]
 
 
 def emit_tile_buffer(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[Streamify]) -> bool:
@@ -263,4 +278,69 @@ def emit_tile_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
             b.sent += 1
             b.sent_seq[out.channel] += 1  # type: ignore[index]
         b.step()
+    return True
+
+
+def emit_tile_load(ctx: EmitCtx, b: UnitBuilder, op: LinearOffChipLoad) -> bool:
+    """A weight load of a tile group (built from its one-tile view) that loops over the tiles
+    itself, its loads pipelined across them as the unrolled program's were (STeP §4.1): while
+    it sends a tile's last ``d - 1`` weight tiles it takes the next tile's reference and, if
+    one came (not the stop token), starts that tile's first loads.  ``False`` when the unit is
+    not such a load."""
+    ref = ctx.tiled.get(op.name)
+    if ref is None or op.ref is None:
+        return False
+    refs, out = ctx.stream(op.ref), ctx.stream(op.name)
+    tiles = sp.sympify(op.ref.type.shape[0])  # type: ignore[attr-defined]
+    if (
+        len(refs.flat) != 1
+        or len(refs.pieces[0]) != 1
+        or refs.pieces[0][0][0] != ref
+        or refs.pieces[0][0][2].kind != "value"
+        or not isinstance(tiles, sp.ceiling)
+        or len(tiles.free_symbols) != 1
+    ):
+        return False
+    from .emit_memory import _affine_offsets
+
+    (count,) = tiles.free_symbols
+    size = sp.simplify(count / tiles.args[0])
+    bound = b.bound(count)
+    lay = ctx.layouts[op.tensor.name]
+    lins = _affine_offsets(ctx, op, op.out_shape, op.stride, op.base)
+    n = len(lins)
+    if bound is None or not size.is_Integer or n == 0 or n != len(out.flat):
+        return False
+    tile = tile_shape(op)
+    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
+    ahead = min(depth - 1, n)
+    stop, v = f"stop.{ref}", f"v.{ref}.0"
+    more = Cond(stop, "<", 0)
+    loads, held = [], []
+    for j in range(n):
+        instrs, e = _captured(
+            b, lambda j=j: b.load(lay.name, *lay.region(lins[j], tile), lay.dtype, depth)
+        )
+        loads.append(instrs)
+        held.append(e)
+    sends = [_captured(b, lambda j=j: b.send(out, j, held[j]))[0] for j in range(n)]
+    consume = b.compute_instr(1, ())
+    take = RecvValue(ref, v, stop)
+    body: list[Instr] = []
+    for t in range(n):
+        x = t + ahead
+        if x < n:
+            body += loads[x]
+        elif x == n:
+            body += [take, If(more, (consume, *loads[0]))]
+        else:
+            body.append(If(more, loads[x - n]))
+        body += sends[t]
+    limit = -(-bound // int(size))
+    first = [consume] + [i for j in range(ahead) for i in loads[j]]
+    b.emit(take, If(more, (*first, *until_stop(limit, more, tuple(body), f"t.{ref}"))))
+    b.step()
+    b.next_seq[ref] = 1
+    b.received += 1
+    b.busy_cycles += 1
     return True

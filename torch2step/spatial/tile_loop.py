@@ -137,6 +137,7 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
     values = [v for outs in graph.node_outputs for v in outs]
     order = {v.name: i for i, v in enumerate(values)}
     ceils = {v.name: _ceilings(v.type) for v in values}
+    frees = {v.name: _free(v.type) for v in values}
     out = []
     for h, ops in enumerate(st.units):
         head = ops[0]
@@ -188,7 +189,7 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
             and tiles in ceils[o.input.name]
             and isinstance(st.producer.get(o.input.name), Reshape)
         }
-        names = {v.name for v in values if count in _free(v.type)}
+        names = {v.name for v in values if count in frees[v.name]}
         names |= {v.name for k in units for o in st.units[k] for v in outputs[o.name]}
         streams = tuple(sorted(names, key=order.__getitem__))
         limit = -(-bounds[count.name] // cut.chunk)
@@ -309,7 +310,8 @@ def _unit_stream(st: Structure, name: str, env: Mapping[str, int]) -> StreamInfo
     try:
         dims = [_size(d, env) for d in t.shape]
         count = int(np.prod(dims))
-        flat = [_blank(t.dtype, env) for _ in range(count)]
+        blank = _blank(t.dtype, env)  # one read-only element, the same for all
+        flat = [blank] * count
     except (KeyError, TypeError, ValueError):
         return None
     value = StreamValue(t.rank, _nested(dims, iter(flat)))
@@ -331,7 +333,7 @@ def _blank(t: Any, env: Mapping[str, int]) -> Any:
         return tuple(_blank(e, env) for e in t.elems)
     if isinstance(t, BufferType):
         rows = [_size(d, env) for d in t.shape]
-        tiles = [_blank(t.elem, env) for _ in range(int(np.prod(rows)))]
+        tiles = [_blank(t.elem, env)] * int(np.prod(rows))
         return BufferValue(_nested(rows, iter(tiles)), sum(x.nbytes for x in tiles))
     raise TypeError(f"no stand-in element of type {t}")
 
@@ -383,14 +385,19 @@ def tile_body(
     stop = f"stop.{ref}"
     reg = tile_rows_reg(ref)
     first = rest[0] if rest else None
-    if isinstance(first, RecvValue) and first.channel == ref and first.stop is None:
-        reg, rest = first.reg, rest[1:]
-    take = RecvValue(ref, reg, stop)
+    frees = tuple(Free(a.buf) for a in allocs)
     more = Cond(stop, "<", 0)
-    loop = until_stop(limit, more, (*rest, take), f"t.{ref}")
     tokens: list[Instr] = [RecvValue(ch, f"stop.{ch}") for ch in stop_ins]
     if stop_outs:
         (src,) = stop_ins
         tokens += [SendValue(ch, f"stop.{src}") for ch in stop_outs]
-    frees = tuple(Free(a.buf) for a in allocs)
+    if isinstance(first, RecvValue) and first.channel == ref and first.stop == stop:
+        # a unit that loops over the tiles itself (:func:`~.tile_emit.emit_tile_load`)
+        (arm,) = rest[1:]
+        assert isinstance(arm, If) and arm.cond == more and not arm.orelse
+        return (first, If(more, (*allocs, *arm.then, *frees)), *tokens)
+    if isinstance(first, RecvValue) and first.channel == ref and first.stop is None:
+        reg, rest = first.reg, rest[1:]
+    take = RecvValue(ref, reg, stop)
+    loop = until_stop(limit, more, (*rest, take), f"t.{ref}")
     return (take, If(more, (*allocs, *loop, *frees)), *tokens)
