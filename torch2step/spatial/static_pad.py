@@ -33,7 +33,8 @@ the filter's two output buffers alternate over the last tile's rows, so an exper
 token holds both.  What a run's padding changes (the one-cycle steps of its padding rows, the
 rows the filter sends) is counted from its streams (:data:`~.unit_reuse.Tally`).  These units
 read the padded stream at level :data:`~.unit_reuse.SHAPE`: one program for every token count
-of as many tiles.
+of as many tiles.  The units of a statically tiled expert found as a tile group loop over
+its tiles instead, one program for every tile count (:mod:`.tile_loop`).
 """
 
 from __future__ import annotations

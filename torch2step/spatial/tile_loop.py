@@ -26,12 +26,19 @@ carrying the count (STeP §3.2.3), so no unit needs ``C_e`` when it is built
   FilterPadding unit (:func:`~.tile_emit.emit_tile_filter`) keeps row ``j`` of a tile while
   ``j`` is below the reference's value.
 
+The expert's weight loads loop over the tiles themselves (:func:`~.tile_emit.emit_tile_load`):
+while sending a tile's last ``d - 1`` weight tiles they take the next tile's reference and,
+if it came, start its first loads, the DMA pipelined across tiles as in the unrolled program.
+
 When the expert's tile is packed once (``repeat_tile``, Fig. 2: a ``retile_row`` Accum of the
 padded rows, its ``[N, H]`` tiles read by the Repeat and as the weight loads' references) the
 packing is the head: a loop like the routing weights' packing that also sends each tile's
 real rows, then the stop token, on a control channel of its own (:func:`tile_channel`: a
 4-byte message per tile, multicast to the units after it, which read it as they would a
-Bufferize's references); its tiles' channel then ends with no token.
+Bufferize's references); its tiles' channel then ends with no token, and the weight loads
+take the control message as their reference instead of the ``[N, H]`` tile (a load reads
+its reference stream only for its elements' count, STeP §3.2.1), so the packing never waits
+for them.
 
 So every unit of a statically tiled expert is one program for every routing.  The work per
 tile is the unrolled program's (STeP §4.2): each tile's steps and messages are those of a
