@@ -283,11 +283,12 @@ class Views:
         the one ending every tile group's references."""
         return {g.ref: 1 for g in self.empty} | {g.ref: 1 for g in self.tiles}
 
-    def more_depth(self, ch: str) -> int:
-        """The entries channel ``ch``'s FIFO holds more than the plan's depth: a tile group's
-        rows channel a tile more, the rows of the next tile that its head receives once the
-        current one is read (:func:`~.tile_emit.emit_tile_buffer`)."""
-        return max((g.size for g in self.tiles if ch == g.rows_in), default=0)
+    def depth(self, ch: str, depth: int | None, base: int) -> int | None:
+        """Channel ``ch``'s FIFO depth (``depth``: the plan's, ``base`` its value): a tile
+        group's rows channel holds a tile more, the rows of the next tile that its head
+        receives once the current one is read (:func:`~.tile_emit.emit_tile_buffer`)."""
+        more = max((g.size for g in self.tiles if ch == g.rows_in), default=0)
+        return base + more if more else depth
 
     def _tile(self, k: int) -> Any:
         return next((g for g in self.tiles if k in g.members), None)

@@ -480,17 +480,14 @@ def _build_plan(
     # addresses: the K and V loads pipeline across requests and take the next request's first
     # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
-
-    def deep(ch: str) -> int | None:  # a tile group's rows channel holds a tile more (.guard)
-        more = vw.more_depth(ch)
-        return extra - 1 + more if more else fifo_depth
-
     channels = tuple(
         Channel(
             ch,
             core[unit_of_chan[ch]],
             tuple(sorted(core[d] for d in dsts[ch])),
-            extra if ch in headed and not isinstance(st.producer[ch], Expand) else deep(ch),
+            extra
+            if ch in headed and not isinstance(st.producer[ch], Expand)
+            else vw.depth(ch, fifo_depth, extra - 1),  # a tile group's rows: a tile more
         )
         for ch in streams
         if ch in dsts

@@ -51,7 +51,7 @@ def emit_tile_buffer(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[St
     ``j < r`` or else a zero row made there; after the loop the token (the count) on the
     reference's channel.  A receive that may be the token waits for its message, so the next
     tile's rows are received once this tile's reads are sent: they wait in the channel's
-    FIFO, a tile deeper (:meth:`~.guard.Views.more_depth`), where the unrolled program's double
+    FIFO, a tile deeper (:meth:`~.guard.Views.depth`), where the unrolled program's double
     buffering kept them in a second set of row buffers (STeP §4.1).  ``False`` (nothing
     emitted) when the unit is not such a head."""
     ref = ctx.tiled.get(op.name)
