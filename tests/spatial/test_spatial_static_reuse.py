@@ -184,6 +184,12 @@ def test_static_tiling_packed_once_keeps_every_unit_when_tile_counts_change() ->
     gate_w = b["moe_e2_gate_w"]
     assert gate_w[0] == RecvValue(ctl, f"v.{ctl}.0", "stop." + ctl)
     assert "'moe_e2_xt0'" not in repr(gate_w)  # no instruction on the tiles' channel
+    # the next tile's reference is taken inside the loop, amid the current tile's sends (the
+    # loads pipelined across tiles)
+    (arm,) = [i for i in gate_w if isinstance(i, If)]
+    (loop,) = [i for i in arm.then if isinstance(i, Loop)]
+    assert repr(loop).count(f"RecvValue(channel='{ctl}'") == 1
+    assert "Send(" in repr(loop)
 
 
 #: Under two regions (each shared in time by two experts, §5.3) the units a new routing keeps:
