@@ -204,11 +204,11 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
                 ),
             )
             body += [If(more, (Recv(ch, inb, stop),)), If(more, real, pad)]
-        if sends:
-            body.append(Send(out.channel, acc[0][1]))  # type: ignore[arg-type]
-        if tell:  # the tile's real rows on the control channel
+        if tell:  # the tile's real rows on the control channel, ahead of the tile
             got = If(more, (Set(rows, n),), (Set(rows, Affine(0, ((stop, 1), (t, -n)))),))
             body += [got, SendValue(ctl, rows)]
+        if sends:
+            body.append(Send(out.channel, acc[0][1]))  # type: ignore[arg-type]
         return (Recv(ch, inb, stop), If(more, tuple(body)))
 
     copies = [tile(), tile()]  # the accumulator alternates, as the unrolled program's
@@ -283,10 +283,12 @@ def emit_tile_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
 
 def emit_tile_load(ctx: EmitCtx, b: UnitBuilder, op: LinearOffChipLoad) -> bool:
     """A weight load of a tile group (built from its one-tile view) that loops over the tiles
-    itself, its loads pipelined across them as the unrolled program's were (STeP §4.1): while
-    it sends a tile's last ``d - 1`` weight tiles it takes the next tile's reference and, if
-    one came (not the stop token), starts that tile's first loads.  ``False`` when the unit is
-    not such a load."""
+    itself, its loads pipelined across them (STeP §4.1): before it sends a tile's last weight
+    tile it takes the next tile's reference and, if one came (not the stop token), issues that
+    tile's first load, the others (up to ``d - 1`` ahead) at the next tile's start.  (Taking
+    the reference ``d - 1`` sends early, as the unrolled program did, holds the current tile's
+    weights back until the next tile is packed.)  ``False`` when the unit is not such a
+    load."""
     ref = ctx.tiled.get(op.name)
     if ref is None or op.ref is None:
         return False
@@ -326,18 +328,17 @@ def emit_tile_load(ctx: EmitCtx, b: UnitBuilder, op: LinearOffChipLoad) -> bool:
     sends = [_captured(b, lambda j=j: b.send(out, j, held[j]))[0] for j in range(n)]
     consume = b.compute_instr(1, ())
     take = RecvValue(ref, v, stop)
-    body: list[Instr] = []
+    # the next tile's first load is issued before this tile's last send (its reference
+    # taken then), the others at the next tile's start
+    body: list[Instr] = [i for j in range(1, ahead) for i in loads[j]]
     for t in range(n):
-        x = t + ahead
-        if x < n:
-            body += loads[x]
-        elif x == n:
+        if t + ahead < n:
+            body += loads[t + ahead]
+        if t == n - 1:
             body += [take, If(more, (consume, *loads[0]))]
-        else:
-            body.append(If(more, loads[x - n]))
         body += sends[t]
     limit = -(-bound // int(size))
-    first = [consume] + [i for j in range(ahead) for i in loads[j]]
+    first = [consume, *loads[0]]
     b.emit(take, If(more, (*first, *until_stop(limit, more, tuple(body), f"t.{ref}"))))
     b.step()
     b.next_seq[ref] = 1

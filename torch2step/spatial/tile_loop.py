@@ -27,8 +27,8 @@ carrying the count (STeP §3.2.3), so no unit needs ``C_e`` when it is built
   ``j`` is below the reference's value.
 
 The expert's weight loads loop over the tiles themselves (:func:`~.tile_emit.emit_tile_load`):
-while sending a tile's last ``d - 1`` weight tiles they take the next tile's reference and,
-if it came, start its first loads, the DMA pipelined across tiles as in the unrolled program.
+before sending a tile's last weight tile they take the next tile's reference and, if it came,
+issue its first load, so HBM latency overlaps the tile boundary.
 
 When the expert's tile is packed once (``repeat_tile``, Fig. 2: a ``retile_row`` Accum of the
 padded rows, its ``[N, H]`` tiles read by the Repeat and as the weight loads' references) the
