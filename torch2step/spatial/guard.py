@@ -330,7 +330,10 @@ def views(
     st: Structure, ctx: Any, grouped: set[str], stops: set[str], tokens: dict[str, int]
 ) -> Views:
     """:class:`Views` of the run of ``ctx`` (``grouped``: the channels with a stop token per
-    read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one)."""
+    read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one).  For the
+    tile groups (:mod:`.tile_loop`) it sets ``ctx.tiled``, adds each packing head's control
+    stream to ``ctx.streams`` and takes that head's tiles' channel out of ``stops`` and
+    ``tokens`` (the stop token moves to the control channel)."""
     from .buffer_loop import group_tokens
     from .plan import count_bounds
     from .tile_loop import control_stream, find_tile_groups, group_reads, tile_view
