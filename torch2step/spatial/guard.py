@@ -336,7 +336,7 @@ def views(
     ``tokens`` (the stop token moves to the control channel)."""
     from .buffer_loop import group_tokens
     from .plan import count_bounds
-    from .tile_loop import control_stream, find_tile_groups, group_reads, tile_view
+    from .tile_loop import control_stream, find_tile_groups, group_reads, tile_view, value_types
 
     guards = find_guards(st, grouped)
     empty = [g for g in guards if ctx.ev(g.present, "an expert's buffers") == 0]
@@ -354,10 +354,11 @@ def views(
     guards = [g for g in guards if g in made or g not in empty]
     tiles = []
     found = find_tile_groups(st, stops, count_bounds(ctx)) if not guards else []
+    types = value_types(st) if found else {}
     for t in found:
         c = ctx.ev(t.tiles, "an expert's tiles")
         pads = c * t.size - ctx.ev(t.count, "an expert's rows")
-        extra = tile_view(st, t, full, bindings)
+        extra = tile_view(st, t, full, bindings, types)
         if extra is not None:
             full.update(extra)
             tiles.append(dataclasses.replace(t, run_tiles=c, run_pads=pads))

@@ -51,6 +51,7 @@ steps added to the head's and the dropped rows taken from the filter's sends.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -145,6 +146,19 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
     order = {v.name: i for i, v in enumerate(values)}
     ceils = {v.name: _ceilings(v.type) for v in values}
     frees = {v.name: _free(v.type) for v in values}
+    packs = [  # the units packing rows of a Reshape's tiles
+        (k, os[0])
+        for k, os in enumerate(st.units)
+        if len(os) == 1 and _packs(os[0]) and isinstance(st.producer.get(os[0].input.name), Reshape)
+    ]
+    by_symbol: dict[sp.Symbol, list[str]] = {}  # a size's symbol -> the values with it
+    for v in values:
+        for x in frees[v.name]:
+            by_symbol.setdefault(x, []).append(v.name)
+    readers: dict[str, list[int]] = {}  # value -> the nodes reading it (graph order)
+    for i, op in enumerate(graph.nodes):
+        for v in op.inputs():
+            readers.setdefault(v.name, []).append(i)
     out = []
     for h, ops in enumerate(st.units):
         head = ops[0]
@@ -170,10 +184,7 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
         reach = {v.name for op in ops for v in outputs[op.name]}
         units: set[int] = set()
         filters: set[int] = set()
-        for op in graph.nodes:
-            if not any(v.name in reach for v in op.inputs()):
-                continue
-            reach |= {v.name for v in outputs[op.name]}
+        for op in _downstream(graph.nodes, readers, outputs, reach):
             if op.name not in st.owner:
                 continue
             k = st.unit_index(op.name)
@@ -186,17 +197,9 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
                 if isinstance(op, FlatMap) and getattr(op.fn, "name", None) == "filter_padding":
                     filters.add(k)
         packers = {
-            o.name
-            for k, os in enumerate(st.units)
-            for o in os[:1]
-            if k not in units
-            and k != h
-            and len(os) == 1
-            and _packs(o)
-            and tiles in ceils[o.input.name]
-            and isinstance(st.producer.get(o.input.name), Reshape)
+            o.name for k, o in packs if k not in units and k != h and tiles in ceils[o.input.name]
         }
-        names = {v.name for v in values if count in frees[v.name]}
+        names = set(by_symbol.get(count, ()))
         names |= {v.name for k in units for o in st.units[k] for v in outputs[o.name]}
         streams = tuple(sorted(names, key=order.__getitem__))
         limit = -(-bounds[count.name] // cut.chunk)
@@ -206,6 +209,30 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
                           frozenset(packers), limit, streams, 0, rows_in)  # fmt: skip
         out.append(group)
     return out
+
+
+def _downstream(
+    nodes: list[Any],
+    readers: Mapping[str, list[int]],
+    outputs: Mapping[str, Any],
+    reach: set[str],
+) -> list[Any]:
+    """The nodes reading a value of ``reach`` or of a node listed before them, in graph
+    order (``reach`` grows by their outputs): a walk over the readers, not the graph."""
+    todo = sorted({i for n in reach for i in readers.get(n, ())})
+    seen = set(todo)
+    found = []
+    while todo:
+        i = heapq.heappop(todo)
+        op = nodes[i]
+        found.append(op)
+        for v in outputs[op.name]:
+            reach.add(v.name)
+            for j in readers.get(v.name, ()):
+                if j not in seen:
+                    seen.add(j)
+                    heapq.heappush(todo, j)
+    return found
 
 
 def _packs(op: Any) -> bool:
@@ -237,12 +264,13 @@ def tile_view(
     group: TileGroup,
     streams: Mapping[str, StreamInfo],
     bindings: dict[str, Any],
+    types: Mapping[str, Any] | None = None,
 ) -> dict[str, StreamInfo] | None:
     """The group's streams as a run would make them with one full tile (its count at ``N``:
     ``bindings`` updated; a FilterPadding's real rows, ``N`` too), or ``None`` when a size or
-    type does not evaluate."""
+    type does not evaluate (``types``: :func:`value_types`, if made already)."""
     bindings[group.count.name] = group.size
-    types = {v.name: v.type for outs in st.graph.node_outputs for v in outs}
+    types = value_types(st) if types is None else types
     for k in group.filters:
         for o in st.units[k]:
             for s in _free(types[o.name]):
@@ -254,7 +282,7 @@ def tile_view(
         op = st.producer[name]
         if isinstance(op, Reshape) and op.name not in st.owner:  # the tile: the same rows
             if op.name not in cuts:
-                made = _cut(st, op, out, env)
+                made = _cut(st, op, out, env, types)
                 if made is None:
                     return None
                 cuts[op.name] = made
@@ -262,26 +290,31 @@ def tile_view(
             out[name] = rows if name == rows.name else flags
             continue
         if op.name in st.owner:
-            made = _unit_stream(st, name, env)
+            made = _unit_stream(types[name], name, env)
             if made is None:
                 return None
             out[name] = made
             continue
         if any(v.name not in out for v in op.inputs()):
             continue  # a wire of streams the view does not make (read by no member)
-        made = _wire(st, op, name, out, env)
+        made = _wire(types[name], op, name, out, env)
         if made is None:
             return None
         out[name] = made
     return out
 
 
+def value_types(st: Structure) -> dict[str, Any]:
+    """Every value's declared type by name (for :func:`tile_view`, worked out once)."""
+    return {v.name: v.type for outs in st.graph.node_outputs for v in outs}
+
+
 def _wire(
-    st: Structure, op: Any, name: str, made: Mapping[str, StreamInfo], env: Mapping[str, int]
+    t: Any, op: Any, name: str, made: Mapping[str, StreamInfo], env: Mapping[str, int]
 ) -> StreamInfo | None:
-    """A wire's output stream in the view, from its inputs' (made already)."""
+    """A wire's output stream (declared type ``t``) in the view, from its inputs' (made
+    already)."""
     ins = [made[v.name] for v in op.inputs()]
-    t = next(v.type for vs in st.graph.node_outputs for v in vs if v.name == name)
     rule = WIRE_RULES.get(type(op))
     if rule is None:
         return None
@@ -310,10 +343,9 @@ def _nested(dims: list[int], it: Any) -> list:
     return [_nested(dims[1:], it) for _ in range(dims[0])]
 
 
-def _unit_stream(st: Structure, name: str, env: Mapping[str, int]) -> StreamInfo | None:
-    """A unit's output stream in the view: zero elements of its declared type (read-only
-    broadcasts, no memory), as many as its sizes evaluate to."""
-    t = next(v.type for vs in st.graph.node_outputs for v in vs if v.name == name)
+def _unit_stream(t: Any, name: str, env: Mapping[str, int]) -> StreamInfo | None:
+    """A unit's output stream in the view: zero elements of its declared type ``t``
+    (read-only broadcasts, no memory), as many as its sizes evaluate to."""
     try:
         dims = [_size(d, env) for d in t.shape]
         count = int(np.prod(dims))
@@ -326,9 +358,22 @@ def _unit_stream(st: Structure, name: str, env: Mapping[str, int]) -> StreamInfo
     return StreamInfo(name, t.dtype, value, flat, unit_pieces(name, t.dtype, flat), name)
 
 
+_SIZES: dict[tuple[Any, tuple[int, ...]], int] = {}
+
+
 def _size(d: Any, env: Mapping[str, int]) -> int:
+    """Size expression ``d`` at ``env`` (memoised: the experts' views repeat the same ones)."""
     e = sp.sympify(d)
-    return int(e.subs({x: env[x.name] for x in e.free_symbols}))
+    if e.is_Integer:
+        return int(e)
+    xs = sorted(e.free_symbols, key=lambda x: x.name)
+    key = (e, tuple(env[x.name] for x in xs))
+    got = _SIZES.get(key)
+    if got is None:
+        if len(_SIZES) > 100_000:
+            _SIZES.clear()
+        got = _SIZES[key] = int(e.subs(dict(zip(xs, key[1]))))
+    return got
 
 
 def _blank(t: Any, env: Mapping[str, int]) -> Any:
@@ -346,15 +391,19 @@ def _blank(t: Any, env: Mapping[str, int]) -> Any:
 
 
 def _cut(
-    st: Structure, op: Reshape, made: Mapping[str, StreamInfo], env: Mapping[str, int]
+    st: Structure,
+    op: Reshape,
+    made: Mapping[str, StreamInfo],
+    env: Mapping[str, int],
+    types: Mapping[str, Any],
 ) -> tuple[StreamInfo, StreamInfo] | None:
     """A Reshape's rows and flags streams in the view: its input's elements (made already)
     as one tile, its flags all false."""
     src = made.get(op.inputs()[0].name)
-    outs = [v for o, vs in zip(st.graph.nodes, st.graph.node_outputs) if o is op for v in vs]
+    outs = next(vs for o, vs in zip(st.graph.nodes, st.graph.node_outputs) if o is op)
     if src is None or len(outs) != 2 or src.value.rank != 0:
         return None
-    rows_t, flags_t = outs[0].type, outs[1].type
+    rows_t, flags_t = types[outs[0].name], types[outs[1].name]
     tiles = [src.flat[i : i + op.chunk] for i in range(0, len(src.flat), op.chunk)]
     if any(len(t) != op.chunk for t in tiles):
         return None
