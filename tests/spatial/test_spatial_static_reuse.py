@@ -3,14 +3,15 @@ shared in time (§5.3): which unit programs of the first routing it keeps (unit_
 that the plan so assembled is the fresh one and the run PyTorch's.
 
 Static tiling cuts expert ``e``'s ``n_e`` rows into ``C_e = ceil(n_e / N)`` tiles, the last
-padded.  Its Bufferize and the routing weights' packing decide at run time which rows of the
-last tile are real, from the count the Partition's stop token carries, and so does the
-FilterPadding unit, from that count sent to it ahead of the last tile by the unit turning the
-expert's tiles back into rows (torch2step.spatial.static_pad): every unit is kept for every
-``n_e`` of as many tiles.  Still built for the run: every unit of an expert whose tile count
-changes (their loops are unrolled over the tiles).  With regions a lane's units that handle its
-chunks row by row follow the sizes of the chunks its EagerMerge takes, and every unit of a lane
-whose chunk count changes is rebuilt (test_spatial_regions_reuse.py)."""
+padded.  Its Bufferize loops over the tiles until the Partition's stop token, sending each
+tile's reference with the tile's real rows as its value, then the token; every unit after it
+loops over its one-tile program once per reference until that token, the routing weights'
+packing loops until its own input's token, and the FilterPadding keeps the rows below the
+reference's value (torch2step.spatial.tile_loop): every unit is kept for every routing, whatever
+the experts' tile counts (down to none); with the tile packed once (``repeat_tile``) too, its
+packing sending each tile's real rows on a control channel.  With regions a lane's units that
+handle its chunks row by row follow the sizes of the chunks its EagerMerge takes, and every
+unit of a lane whose chunk count changes is rebuilt (test_spatial_regions_reuse.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Cond, If, Loop, Recv, RecvValue, Send
+from lowering.isa import Cond, If, Loop, Recv, RecvValue, Send, SendValue
 from models import get_layer
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
@@ -105,7 +106,7 @@ def _ifs(body: tuple, unrolled: bool = False) -> list[If]:
 def test_static_tiling_keeps_the_units_of_another_padding() -> None:
     """Routing D after A: experts 1 and 3 get other token counts of as many tiles (other
     padding of their last tile); every unit is kept, also their Bufferize, routing-weight
-    packing and FilterPadding, which decide the padding at run time."""
+    packing and FilterPadding, which decide the padding of each tile at run time."""
     na, nd = _counts(ROUTE_A), _counts(ROUTE_D)
     assert [-(-n // N) for n in na] == [-(-n // N) for n in nd]
     assert [n % N for n in na] != [n % N for n in nd] and na[0] == nd[0] and na[2] == nd[2]
@@ -114,23 +115,27 @@ def test_static_tiling_keeps_the_units_of_another_padding() -> None:
     assert rebuilt == []
     every = [f"moe_e{e}_{u}" for e in range(4) for u in STATIC_UNITS] + list(SHARED)
     assert sorted(kept + rebuilt) == sorted(a) == sorted(every) and len(every) == 89
-    # the last tile's rows are received until the Partition's stop token, and each read sends
-    # row j if it is real, else a zero row: decided by the count the token carried
+    # every tile's rows are received until the Partition's stop token, in a loop over at most
+    # ceil(T / N) + 1 tiles, and each read sends row j if it is real, else a zero row: decided
+    # by the tile's real rows, the value of the reference sent ahead of its reads
     buf = d["moe_e1_buf"]
     stop = "stop.moe_route.1"
+    (loop,) = [i for i in buf if isinstance(i, Loop)]
+    assert loop.count == T // N + 1
     guarded = [i for i in _ifs(buf) if i.cond == Cond(stop, "<", 0)]
     assert sum(isinstance(i.then[0], Recv) and i.then[0].stop == stop for i in guarded) == N
-    rows = [i for i in _ifs(buf, True) if i.cond.rhs == stop and i.cond.op == "<" and i.orelse]
-    # rows 8..11 of the last tile, in each of its two reads (tile_i blocks)
-    assert sorted(i.cond.lhs for i in rows) == sorted([8, 9, 10, 11] * 2)
-    col = [i for i in _ifs(d["moe_e1_gw_col"], True) if i.cond == Cond("stop.moe_e1_gw", "<", 0)]
-    assert sum(bool(i.orelse) for i in col) == N - 1  # the last tile's first row is real
-    # the FilterPadding unit takes the count ahead of the last tile and keeps its real rows
+    rows = [i for i in _ifs(buf) if i.cond.rhs == "rows.moe_e1_buf" and i.orelse]
+    assert sorted(i.cond.lhs for i in rows) == list(range(N))  # in a loop over the reads
+    assert buf[-1] == SendValue("moe_e1_buf", stop, stop=True)  # the count, after the tiles
+    col = [i for i in _ifs(d["moe_e1_gw_col"]) if i.cond == Cond("stop.moe_e1_gw", "<", 0)]
+    assert sum(bool(i.orelse) for i in col) == 2 * (N - 1)  # a tile's first row is real
+    # the FilterPadding unit reads each tile's reference and keeps the tile's real rows, then
+    # takes the count after the tiles
     unpad = d["moe_e1_unpad"]
-    (take,) = [i for i in unpad if isinstance(i, RecvValue)]
-    assert take == RecvValue("moe_e1_out", "stop.moe_e1_out")
-    keep = [i for i in _ifs(unpad, True) if i.cond.rhs == "stop.moe_e1_out"]
-    assert sorted(i.cond.lhs for i in keep) == [8, 9, 10, 11]
+    assert unpad[0] == RecvValue("moe_e1_buf", "ref.moe_e1_buf", "stop.moe_e1_buf")
+    assert unpad[-1] == RecvValue("moe_e1_out", "stop.moe_e1_out")
+    keep = [i for i in _ifs(unpad) if i.cond.rhs == "ref.moe_e1_buf"]
+    assert sorted(i.cond.lhs for i in keep) == list(range(N))
     assert all(any(isinstance(j, Send) for j in i.then) for i in keep)
     assert not any(isinstance(j, Send) for i in keep for j in i.orelse)
 
@@ -144,14 +149,47 @@ def test_static_tiling_with_the_tile_packed_once_keeps_every_unit() -> None:
     assert _split(a, d)[1] == []
 
 
-def test_static_tiling_rebuilds_the_experts_whose_tile_count_changes() -> None:
-    """Routing B after A: expert 2 goes from one tile to three and expert 3 from three to none:
-    their units (but the routing weights' Map, a loop until the stop token) are built again;
-    expert 1 keeps its tiles (another padding) and every unit."""
+def test_static_tiling_keeps_every_unit_when_tile_counts_change() -> None:
+    """Routing B after A (and A after B): expert 2 goes from one tile to three and expert 3
+    from three to none; every unit is kept, their units looping over the tiles until the
+    stop token on the Bufferize's references (for expert 3 only the token comes)."""
     a, b = _two_routings({"static_tile": N}, (ROUTE_A, ROUTE_B))
-    _, rebuilt = _split(a, b)
-    want = [f"moe_e{e}_{u}" for e in (2, 3) for u in STATIC_UNITS if u != "gw"]
-    assert rebuilt == sorted(want)
+    kept, rebuilt = _split(a, b)
+    assert rebuilt == [] and len(kept) == 89
+    scaled = b["moe_e3_scaled"]  # no tile: the token arm only, its buffers never allocated
+    assert scaled[0] == RecvValue("moe_e3_buf", "ref.moe_e3_buf", "stop.moe_e3_buf")
+    assert isinstance(scaled[1], If) and any(isinstance(i, Loop) for i in scaled[1].then)
+    assert scaled[-2:] == (
+        RecvValue("moe_e3_gw_col", "stop.moe_e3_gw_col"),
+        SendValue("moe_e3_scaled", "stop.moe_e3_gw_col"),
+    )
+    b2, a2 = _two_routings({"static_tile": N}, (ROUTE_B, ROUTE_A))
+    assert _split(b2, a2)[1] == []
+
+
+def test_static_tiling_packed_once_keeps_every_unit_when_tile_counts_change() -> None:
+    """With the tile packed once (``repeat_tile``, no Bufferize references) the packing sends
+    each tile's real rows, then the stop token, on a control channel of its own, which the
+    units after it read as references: routing B after A rebuilds no unit either."""
+    a, b = _two_routings({"static_tile": N, "repeat_tile": True}, (ROUTE_A, ROUTE_B))
+    kept, rebuilt = _split(a, b)
+    assert rebuilt == [] and len(kept) == 85
+    head = b["moe_e2_xt0"]
+    ctl = "moe_e2_xt0.tiles"
+    assert head[-1] == SendValue(ctl, "stop.moe_route.2", stop=True)
+    assert any(isinstance(i, SendValue) and i.channel == ctl for j in _ifs(head) for i in j.then)
+    assert not any(isinstance(i, SendValue) and i.channel == "moe_e2_xt0" for i in head)
+    # a weight load takes the control message as its reference, not the packed tile, and loads
+    # one tile's weights per message
+    gate_w = b["moe_e2_gate_w"]
+    assert gate_w[0] == RecvValue(ctl, f"v.{ctl}.0", "stop." + ctl)
+    assert "'moe_e2_xt0'" not in repr(gate_w)  # no instruction on the tiles' channel
+    # the next tile's reference is taken inside the loop, amid the current tile's sends (the
+    # loads pipelined across tiles)
+    (arm,) = [i for i in gate_w if isinstance(i, If)]
+    (loop,) = [i for i in arm.then if isinstance(i, Loop)]
+    assert repr(loop).count(f"RecvValue(channel='{ctl}'") == 1
+    assert "Send(" in repr(loop)
 
 
 #: Under two regions (each shared in time by two experts, §5.3) the units a new routing keeps

@@ -154,6 +154,9 @@ class EmitCtx:
     headed: frozenset[str] = frozenset()
     #: streams of a decode-attention lane or region ending with a stop token (:mod:`.item_loop`)
     looped: frozenset[str] = frozenset()
+    #: node -> its statically tiled expert's reference channel, for the units that loop over
+    #: the expert's tiles (:mod:`.tile_loop`)
+    tiled: Mapping[str, str] = field(default_factory=dict)
     #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
     deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)

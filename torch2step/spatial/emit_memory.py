@@ -73,6 +73,11 @@ def _pipelined(
 def _linear_load(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, LinearOffChipLoad)
+    if op.name in ctx.tiled:  # a statically tiled expert's load: a loop over its tiles
+        from .tile_emit import emit_tile_load
+
+        if emit_tile_load(ctx, b, op):
+            return
     out = ctx.stream(op.name)
     lay = ctx.layouts[op.tensor.name]
     lins = _affine_offsets(ctx, op, op.out_shape, op.stride, op.base)

@@ -35,7 +35,7 @@ import numpy as np
 import sympy as sp
 
 from lowering.isa import Alloc, Cond, Free, If, Instr, RecvValue, SendValue
-from torch2step.step.ops_memory import Bufferize
+from torch2step.step.ops_memory import Bufferize, LinearOffChipLoad
 from torch2step.step.types import BufferType, DataType, TileType, TupleType
 from torch2step.step.values import BufferValue, StreamValue
 
@@ -248,23 +248,95 @@ def empty_info(info: Any) -> Any:
 class Views:
     """The guards of a plan and the view of the run their members are built from: ``ctx`` /
     ``streams`` / ``tokens`` (stop tokens per channel) with the streams of every expert that
-    gets no token (``empty``: its guard) made as one token would (:func:`standin_streams`);
-    ``members``: the units built from that view."""
+    gets no token (``empty``: its guard) made as one token would (:func:`standin_streams`),
+    and of every statically tiled expert as one full tile makes them (``tiles``,
+    :mod:`.tile_loop`); ``members``: the units built from that view."""
 
-    guards: list[ExpertGuard]
+    guards: list[Any]
     empty: list[ExpertGuard]
     ctx: Any
     streams: dict[str, StreamInfo]
     tokens: dict[str, int]
     members: frozenset[int]
+    tiles: list[Any] = dataclasses.field(default_factory=list)
+    #: per control channel of a tile group (:func:`~.tile_loop.tile_channel`), its head unit
+    control: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: per unit reading a stream of the view otherwise (a weight load of a packed tile reads
+    #: its control channel as its reference), its streams
+    overrides: dict[int, dict[str, StreamInfo]] = dataclasses.field(default_factory=dict)
+
+    def streams_of(self, k: int, run: dict[str, StreamInfo]) -> dict[str, StreamInfo]:
+        """The streams unit ``k`` is built from (``run``: the run's)."""
+        if k in self.overrides:
+            return self.overrides[k]
+        return self.streams if k in self.members else run
+
+    def ctx_of(self, k: int) -> Any:
+        """The context unit ``k`` (a member) is built in."""
+        if k in self.overrides:
+            return dataclasses.replace(self.ctx, streams=self.overrides[k])
+        return self.ctx
+
+    @property
+    def ref_tokens(self) -> dict[str, int]:
+        """The stop tokens on buffer references' channels in the run: an empty expert's, and
+        the one ending every tile group's references."""
+        return {g.ref: 1 for g in self.empty} | {g.ref: 1 for g in self.tiles}
+
+    def depth(self, ch: str, depth: int | None, base: int) -> int | None:
+        """Channel ``ch``'s FIFO depth (``depth``: the plan's, ``base`` its value): a tile
+        group's rows channel holds a tile more, the rows of the next tile that its head
+        receives once the current one is read (:func:`~.tile_emit.emit_tile_buffer`)."""
+        more = max((g.size for g in self.tiles if ch == g.rows_in), default=0)
+        return base + more if more else depth
+
+    def _tile(self, k: int) -> Any:
+        return next((g for g in self.tiles if k in g.members), None)
+
+    def prepare(self, k: int, b: Any) -> None:
+        """Before unit ``k`` is emitted: a unit of a tile group loops at most the group's
+        ``limit`` times, which follows the count's bound (recorded with its program)."""
+        g = self._tile(k)
+        if g is not None and k != g.head:
+            b.bound(g.count)
+
+    def info(self, k: int, info: Any) -> Any:
+        """Unit ``k``'s bookkeeping in the run from that of its program in the view."""
+        g = self._tile(k)
+        if g is not None:
+            return g.info(k, info)
+        return empty_info(info) if k in self.members else info
+
+    def wrap(
+        self, k: int, body: tuple[Instr, ...], stop_ins: list[str], stop_outs: list[str]
+    ) -> tuple[Instr, ...]:
+        """Unit ``k``'s program (a head or a guarded unit) with its guard: a dynamic head's
+        stop token (:func:`head_body`), a guarded unit's arms (:func:`guard_body`), a tile
+        group's loop over the tiles (:func:`~.tile_loop.tile_body`; its head loops itself)."""
+        from .tile_loop import tile_body
+
+        g = self._tile(k)
+        if g is not None:
+            return body if k == g.head else tile_body(body, g.ref, g.limit, stop_ins, stop_outs)
+        for d in self.guards:
+            if d.head == k:
+                return head_body(body, d.ref)
+            if k in d.units:
+                return guard_body(body, d.ref, stop_ins, stop_outs)
+        return body
 
 
 def views(
     st: Structure, ctx: Any, grouped: set[str], stops: set[str], tokens: dict[str, int]
 ) -> Views:
     """:class:`Views` of the run of ``ctx`` (``grouped``: the channels with a stop token per
-    read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one)."""
+    read, :func:`~.buffer_loop.grouped_channels`; ``stops``: those ending with one).  For the
+    tile groups (:mod:`.tile_loop`) it sets ``ctx.tiled``, adds each packing head's control
+    stream to ``ctx.streams`` and takes that head's tiles' channel out of ``stops`` and
+    ``tokens`` (the stop token moves to the control channel)."""
     from .buffer_loop import group_tokens
+    from .plan import count_bounds
+    from .tile_loop import control_stream, find_tile_groups, group_reads, tile_view, value_types
 
     guards = find_guards(st, grouped)
     empty = [g for g in guards if ctx.ev(g.present, "an expert's buffers") == 0]
@@ -280,11 +352,66 @@ def views(
             made.append(g)
     # an expert whose streams cannot be made so keeps the programs of its run (unguarded)
     guards = [g for g in guards if g in made or g not in empty]
-    if not made:
+    tiles = []
+    found = find_tile_groups(st, stops, count_bounds(ctx)) if not guards else []
+    types = value_types(st) if found else {}
+    for t in found:
+        c = ctx.ev(t.tiles, "an expert's tiles")
+        pads = c * t.size - ctx.ev(t.count, "an expert's rows")
+        extra = tile_view(st, t, full, bindings, types)
+        if extra is not None:
+            full.update(extra)
+            tiles.append(dataclasses.replace(t, run_tiles=c, run_pads=pads))
+    tiles = [dataclasses.replace(t, reads=group_reads(st, t, full)) for t in tiles]
+    control: dict[str, int] = {}
+    overrides: dict[int, dict[str, StreamInfo]] = {}
+    for t in tiles:
+        if t.ref in st.producer:  # a Bufferize's references
+            continue
+        # a head packing its tile sends each tile's real rows on a channel of its own, then
+        # the stop token there: the tiles' channel ends with none (.tile_loop)
+        head = st.units[t.head][0].name
+        stops.discard(head)
+        tokens.pop(head, None)
+        n = ctx.ev(t.count, "an expert's rows")
+        ctx.streams[t.ref] = control_stream(
+            t.ref, [min(t.size, n - i * t.size) for i in range(t.run_tiles)]
+        )
+        full[t.ref] = control_stream(t.ref, [t.size])
+        control[t.ref] = t.head
+        # a weight load whose reference is the packed tile takes the control message instead
+        # (STeP §3.2.1: a load reads its reference stream only for its elements' count)
+        for k in t.units:
+            (op, *more) = st.units[k]
+            if more or not isinstance(op, LinearOffChipLoad) or op.ref is None:
+                continue
+            if op.ref.name == head and [v.name for v in op.inputs()] == [head]:
+                mine = dict(full)
+                mine[head] = dataclasses.replace(
+                    full[head], pieces=full[t.ref].pieces, channel=None, _parts=None, _decl=None
+                )
+                overrides[k] = mine
+    if not made and not tiles:
         return Views(guards, [], ctx, ctx.streams, tokens, frozenset())
+    ctx.tiled = {n: t.ref for t in tiles for n in _tile_names(st, t)}
     fctx = dataclasses.replace(ctx, streams=full, bindings=bindings)
     ftok = {ch: 1 for ch in stops} | {
         ch: group_tokens(full[ch].value.data, full[ch].value.rank) for ch in grouped
     }
-    members = frozenset(k for g in made for k in g.members)
-    return Views(guards, made, fctx, full, ftok, members)
+    for t in tiles:  # the stop tokens a tile loop takes after its loop: not its program's
+        for k in t.units:
+            for o in st.units[k]:
+                for v in o.inputs():
+                    chans = {c for pc in full[v.name].pieces for c, _, _ in pc}
+                    ftok.update({ch: 0 for ch in chans & stops})
+                if o.name in stops:
+                    ftok[o.name] = 0
+    members = frozenset(k for g in made for k in g.members) | frozenset(
+        k for t in tiles for k in t.members
+    )
+    return Views(guards + tiles, made, fctx, full, ftok, members, tiles, control, overrides)
+
+
+def _tile_names(st: Structure, t: Any) -> list[str]:
+    """The node names of a tile group's units and packers (``EmitCtx.tiled``)."""
+    return [o.name for k in t.members for o in st.units[k]] + sorted(t.packers)

@@ -80,10 +80,18 @@ routing weights' Map and packing from the stream's declared types
 (:func:`~.stop_loop.declared_element`).  So every unit of an MoE is one program for every
 routing of the same tokens (with dynamic tiling).
 
-Static tiling's padding (STeP §5.2) is decided at run time too (:mod:`.static_pad`): an
-expert's Bufferize, its routing weights' packing and its FilterPadding take which rows of the
-last tile are real (row ``j`` while ``(C_e - 1) N + j < n_e``) from the count the Partition's
-stop token carries (the FlatMap back to rows sends it to the filter ahead of the last tile).
+Static tiling's tile count and padding (STeP §5.2) are decided at run time too
+(:mod:`.tile_loop`): an expert's Bufferize loops over its tiles until the Partition's stop
+token (at most ``ceil(bound / N) + 1`` times), sends each tile's reference with the tile's real
+rows as its value and then the token on the reference's channel; every unit after it loops,
+reading that channel once per tile, over its program for one full tile (built from a view of
+the run in which the expert has ``N`` rows), and ends its loop at the token (``C_e = 0``: the
+token only, :mod:`.guard`'s other arm); the routing weights' packing loops until its own
+input's token and the FilterPadding keeps row ``j`` of a tile while ``j`` is below the
+reference's value.  A tile packed once (``repeat_tile``) is packed by a loop that sends each
+tile's real rows and then the token on a control channel of its own, read as the references.
+(Without a tile group, the unrolled units of :mod:`.static_pad` take the last tile's padding
+from the token's count.)
 
 Decode attention's KV-tile units read the KV lengths at run time (:mod:`.kv_loop`,
 :mod:`.kv_tiles`): the cursor Scan computes each ``[row_base, n, stride]`` in registers and
@@ -110,27 +118,22 @@ chunk's rows at the experts' token bound, and each expert's chunk and scaling lo
 Partition's stop token (:mod:`.region_rows`); with static tiling the merge takes whichever
 expert's tile arrived first in simulated time (``WaitAny``, :mod:`.merge_any`).
 
-What is still baked from the run: with static tiling each expert's tile count ``C_e``; with
-regions a region's chunk count (its units are unrolled over its chunks) and, with dynamic
-tiling, EagerMerge's chunk order and the sizes of the chunks its row units handle (Bufferize,
-row packing, selector Expand and Map, the FlatMap back to rows, the Partition back).
-:mod:`.reuse` therefore keys a plan by the run's control
+What is still baked from the run: with regions a region's chunk count (its units are
+unrolled over its chunks) and, with dynamic tiling, EagerMerge's chunk order and the sizes of
+the chunks its row units handle (Bufferize, row packing, selector Expand and Map, the FlatMap
+back to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
-it), so a new routing emits no unit again with dynamic tiling, and with static tiling only the
-units of an expert whose tile count changed; a new KV-length set none, under every attention
-strategy (lanes, regions with a static or the dynamic assignment); a new chunk order (decided
-in simulated time, :mod:`.dynamic`) of statically tiled regions none.  Making the rest
-run-independent needs:
-
-* with static tiling, an expert's units looping over its tiles until a stop token (bounded
-  by ``ceil(bound / N)``, :mod:`.stop_loop`), and :mod:`.guard` for ``C_e = 0``;
-* with regions, each region's units looping over its chunks until a stop token after the
-  last (guarded by the selector the merge sends per chunk, as :mod:`.guard` guards an
-  expert's units by its buffer reference), and with dynamic tiling its row units looping
-  until each chunk's stop token (the merge forwarding the count each expert's chunk ends
-  with), after which its merge too can take whichever input is ready (:mod:`.merge_any`).
+it), so a new routing emits no unit again with dynamic or static tiling (:mod:`.tile_loop`);
+a new KV-length set none, under every attention strategy (lanes, regions with a static or the
+dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) of
+statically tiled regions none.  Making the rest run-independent needs: with regions, each
+region's units looping over its chunks until a stop token after the last (guarded by the
+selector the merge sends per chunk, as :mod:`.guard` guards an expert's units by its buffer
+reference), and with dynamic tiling its row units looping until each chunk's stop token (the
+merge forwarding the count each expert's chunk ends with), after which its merge too can take
+whichever input is ready (:mod:`.merge_any`).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -163,7 +166,7 @@ from .emit_memory import EMITTERS as _MEMORY
 from .emit_routing import EMITTERS as _ROUTING
 from .emit_routing import runtime_reassemble
 from .emit_shape import EMITTERS as _SHAPE
-from .guard import empty_info, guard_body, head_body, views
+from .guard import views
 from .hazards import fence_group, offchip_deps, token_channel
 from .item_loop import looped_channels
 from .item_memory import item_emitters
@@ -339,10 +342,11 @@ def _build_plan(
     # an expert's units learn at run time whether it has tokens (:mod:`.guard`): built from
     # the streams one token makes when it has none (the view ``vw``)
     vw = views(st, ctx, grouped, stops, tokens)
+    unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
-        view = vw.streams if k in vw.members else streams
+        view = vw.streams_of(k, streams)
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
@@ -422,11 +426,11 @@ def _build_plan(
             )
         vctx, vrs, vtok = (ctx, run_streams, tokens)
         if k in vw.members:
-            vctx, vrs, vtok = (vw.ctx, full_streams, vw.tokens)
+            vctx, vrs, vtok = (vw.ctx_of(k), full_streams, vw.tokens)
         unit_stops = {
             ch: vctx.streams[ch].messages
             for ch in reads[k]
-            if ch in stops or ch in grouped and vtok[ch] > 0
+            if (ch in stops or ch in grouped) and vtok.get(ch, 1) > 0
         }
         # where a stop token falls is part of the streams a unit's emitter reads (recorded in
         # its Deps), not of its key: a unit that decides at run time reads it as data
@@ -434,10 +438,7 @@ def _build_plan(
         hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            info = hit.info
-            if k in vw.members:  # no token: the unit runs its guard only
-                info = empty_info(info)
-            infos.append(info)
+            infos.append(vw.info(k, hit.info))  # in this run (no token, its tiles: .guard)
             continue
         deps = vctx.deps = Deps()
         b = UnitBuilder(
@@ -451,6 +452,7 @@ def _build_plan(
             bound,
             frozenset(grouped),
         )
+        vw.prepare(k, b)
         try:
             emit(vctx, b, ops)
         finally:
@@ -459,12 +461,10 @@ def _build_plan(
         own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
         check_unit_io(b, vctx, own, sends.get(k, ()), vtok)
         body = b.body()
-        if k in heads:
-            body = head_body(body, heads[k])
-        elif k in guarded:
+        if k in heads or k in guarded:
             ins = sorted(ch for ch in reads[k] if ch in stops)
             outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
-            body = guard_body(body, guarded[k], ins, outs)
+            body = vw.wrap(k, body, ins, outs)
         bodies.append(body)
         infos.append(
             UnitInfo(
@@ -498,8 +498,7 @@ def _build_plan(
                         if name in deps.streams:
                             deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, vrs, bodies[-1], infos[-1])
-        if k in vw.members:  # no token: the unit runs its guard only
-            infos[-1] = empty_info(infos[-1])
+        infos[-1] = vw.info(k, infos[-1])  # no token: its guard only; or per tile (.guard)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     # a headed address channel's FIFOs have a slot more, for the count ahead of a request's
@@ -511,7 +510,9 @@ def _build_plan(
             ch,
             core[unit_of_chan[ch]],
             tuple(sorted(core[d] for d in dsts[ch])),
-            extra if ch in headed and not isinstance(st.producer[ch], Expand) else fifo_depth,
+            extra
+            if ch in headed and not isinstance(st.producer[ch], Expand)
+            else vw.depth(ch, fifo_depth, extra - 1),  # a tile group's rows: a tile more
         )
         for ch in streams
         if ch in dsts
@@ -520,7 +521,7 @@ def _build_plan(
         for src, ch in sorted(notify.items())
     )
     # an expert with no token: the stop token on its buffer reference's channel
-    absent = {g.ref: 1 for g in vw.empty}
+    absent = vw.ref_tokens
     messages = {ch: streams[ch].messages + tokens.get(ch, 0) + absent.get(ch, 0) for ch in dsts} | {
         ch: 1 for ch in token_dsts
     }

@@ -33,7 +33,8 @@ the filter's two output buffers alternate over the last tile's rows, so an exper
 token holds both.  What a run's padding changes (the one-cycle steps of its padding rows, the
 rows the filter sends) is counted from its streams (:data:`~.unit_reuse.Tally`).  These units
 read the padded stream at level :data:`~.unit_reuse.SHAPE`: one program for every token count
-of as many tiles.
+of as many tiles.  The units of a statically tiled expert found as a tile group loop over
+its tiles instead, one program for every tile count (:mod:`.tile_loop`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,12 @@ def _pads(name: str) -> Callable[[EmitCtx], int]:
 def emit_padded_buffer(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[Streamify]) -> bool:
     """The unit of an expert's Bufferize of statically tiled rows and the Streamify nodes
     reading it, its last tile's padding decided at run time (module docstring); ``False``
-    (nothing emitted) when the unit is not such a buffer."""
+    (nothing emitted) when the unit is not such a buffer.  The head of a tile group loops
+    over the tiles instead (:mod:`.tile_loop`)."""
+    if op.name in ctx.tiled:
+        from .tile_emit import emit_tile_buffer
+
+        return emit_tile_buffer(ctx, b, op, fused)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     found = padded_rows(ctx, b, x) if op.rank == 1 else None
     if found is None:
@@ -201,7 +207,12 @@ def _captured(
 def emit_padded_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     """The unit of a ``retile_row`` Accum of rank 1 packing statically tiled rows (an expert's
     routing weights), its last tile's padding decided at run time (module docstring);
-    ``False`` (nothing emitted) when the unit is not such a packing."""
+    ``False`` (nothing emitted) when the unit is not such a packing.  A tile group's packing
+    loops over the tiles instead (:mod:`.tile_loop`)."""
+    if op.name in ctx.tiled:
+        from .tile_emit import emit_tile_pack
+
+        return emit_tile_pack(ctx, b, op, cost)
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     found = padded_rows(ctx, b, x)
     if found is None or getattr(op.fn, "name", None) != "retile_row" or op.rank != 1:
@@ -344,7 +355,12 @@ def emit_padded_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
     real; the count comes ahead of the last tile (:func:`counted_rows`) and row ``j`` of it is
     sent if ``(C - 1) N + j`` is below the count, else dropped: the padding flags decided at
     run time (module docstring).  ``False`` (nothing emitted) when the unit is not such a
-    filter."""
+    filter.  A tile group's filter takes each tile's real rows from its reference instead
+    (:mod:`.tile_loop`)."""
+    if op.name in ctx.tiled:
+        from .tile_emit import emit_tile_filter
+
+        return emit_tile_filter(ctx, b, op)
     st = ctx.structure
     zipped = st.producer.get(op.input.name)
     if getattr(op.fn, "name", None) != "filter_padding" or not isinstance(zipped, Zip):

@@ -38,9 +38,8 @@ loops are built alike for an empty stream (level :data:`EVERY`), and the units a
 Bufferize, which learn at run time whether it holds a row and are built, for a run that gives
 it none, from its streams as one token would make them (:mod:`.guard`: compared in that view,
 their bookkeeping then only the bytes their buffers hold).
-With static tiling the units of an expert whose tile count did not change are kept too: its
-Bufferize, routing-weight packing and FilterPadding read the padded stream at level
-:data:`SHAPE` and decide its padding from the count at run time (:mod:`.static_pad`).
+With static tiling every unit is kept too: an expert's units loop over its tiles until a
+stop token and are built from a view of the run with one full tile (:mod:`.tile_loop`).
 A cache keeps the streams of the latest runs it emitted units for (two by default), to
 compare them with a new run's, stream by stream, each comparison stopping at the first
 difference and made once per stream and level.
