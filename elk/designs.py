@@ -14,21 +14,49 @@
 * **ELK-Dyn**: inductive scheduling (§4.2) + cost-aware allocation (§4.3), execution order.
 * **ELK-Full**: ELK-Dyn plus preload order permutation (§4.4).
 * **Ideal**: separate interconnects for preload and execution (no contention), unbounded on-chip
-  memory, free data distribution.
+  memory, free data distribution (ELK §6.1's roofline).  Without contention and with room for
+  everything, issuing every preload as early as allowed is best for given exec plans and a
+  given preload order (a later issue only gates an execution), so Ideal searches what is left:
+  every operator's exec plan (a plan on more cores receives its preload through more ports,
+  which may be worth a slower execution, as ELK-Full's search finds) and the preload orders
+  ELK-Full tries (§4.4).  Without routed operators every preload is issued before the first
+  ``execute`` and :func:`roofline_plans` finds the plans (exact without a cap on the
+  combinations kept); with routed ones (a preload gated by its routing) :func:`ideal_plans`
+  searches them backwards like ELK §4.2 (exact without a beam).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
 from elk.errors import ElkError
-from elk.reorder import best_order
-from elk.schedule import Item, Policy, Timeline, _caps, _lows, evaluate, schedule
+from elk.model import Step
+from elk.reorder import best_order, candidate_orders
+from elk.schedule import (
+    Item,
+    Policy,
+    Timeline,
+    _caps,
+    _check,
+    _finish,
+    _lows,
+    _stepper,
+    evaluate,
+    schedule,
+)
+from elk.suffix import _keep, _Kept, _State
 
-__all__ = ["DESIGNS", "plan_design"]
+__all__ = ["DESIGNS", "plan_design", "ideal", "ideal_plans"]
 
 DESIGNS = ("basic", "static", "elk_dyn", "elk_full", "ideal")
+
+#: Suffixes kept per operator by Ideal's plan search (:func:`ideal_plans`; ``None``: all).
+IDEAL_BEAM = 8
+
+#: Plan combinations kept per operator by :func:`roofline_plans` (``None``: all).
+IDEAL_FRONT: int | None = 256
 
 #: Execute-space shares of each core's SRAM Static tries (the rest is preload space).
 STATIC_SPLITS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 0.9, 1.0)
@@ -83,13 +111,177 @@ def plan_design(
         pol = Policy(capacity, window=window, beam=beam, plan_branch=True, **kw)
         return best_order(items, pol, max_orders)[0]
     if design == "ideal":
-        n = len(items)
-        pol = Policy(math.inf, contention=False, zero_dist=True, window=1)
-        # every preload as early as allowed (a routed expert: once its routing has executed)
-        t = evaluate(items, pol, _caps(items, list(range(n))))
-        assert t is not None
-        return t
+        return ideal(items, beam=IDEAL_BEAM if beam is not None else None, max_orders=max_orders)
     raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
+
+
+IDEAL_POLICY = Policy(math.inf, contention=False, zero_dist=True, window=1)
+
+
+def ideal(
+    items: Sequence[Item], *, beam: int | None = IDEAL_BEAM, max_orders: int = 16
+) -> Timeline:
+    """ELK §6.1's Ideal: every preload issued as early as allowed (a routed expert's once its
+    routing has executed), the best of: each candidate preload order of ELK-Full (§4.4) with
+    the fastest exec plans, the execution order with :func:`roofline_plans`' plans (no routed
+    operator) or each order with :func:`ideal_plans`' (routed ones).  ``beam``: the beam of
+    :func:`ideal_plans`; ``None`` also keeps every combination in :func:`roofline_plans`
+    (exact, for small lists)."""
+    n = len(items)
+    routed = any(it.after >= 0 for it in items)
+    got: list[Timeline | None] = []
+    for order in candidate_orders(items, math.inf, max_orders):
+        Ps = _caps(items, _check(items, order))
+        got.append(evaluate(items, IDEAL_POLICY, Ps, order))
+        if routed:  # the routings gate the preloads: search the plans with those gates
+            got.append(ideal_plans(items, order, beam))
+    if not routed:
+        front = IDEAL_FRONT if beam is not None else None
+        got.append(evaluate(items, IDEAL_POLICY, [n] * n, plans=roofline_plans(items, front)))
+    best = min((t for t in got if t is not None), key=lambda t: t.total)
+    return best
+
+
+def roofline_plans(items: Sequence[Item], cap: int | None = IDEAL_FRONT) -> list[int] | None:
+    """Ideal's exec plans when every preload is issued before the first ``execute`` in execution
+    order (no routed operator; ``None`` otherwise), exactly.  Then the executions run back to
+    back, ``T`` cycles in all, and the preloads one after another, each by its deadline
+    (the start of its execution plus its ``slack``), so the step takes
+    ``T + max(0, max_k(F_k - E_k - slack_k))`` with ``F_k`` the preload cycles of operators
+    ``0..k`` and ``E_k`` the execution cycles of ``0..k-1`` (:func:`elk.schedule._finish`).  A
+    forward pass over the operators keeps per choice of plans so far ``(E, F - E, M)``, ``M``
+    the largest such term yet, all three the smaller the better; the non-dominated ones are
+    kept (at most ``cap``, see :func:`_pareto3`; ``None``: all, exact)."""
+    if any(it.after >= 0 for it in items):
+        return None
+    # the least execution and preload cycles of the operators from each one on
+    rest = [(0.0, 0.0)]
+    for it in reversed(items):
+        t_min = min(o.time for o in it.execs)
+        f_min = min(map(it.first_load_time, range(len(it.execs))))
+        rest.append((rest[-1][0] + t_min, rest[-1][1] + f_min))
+    rest.reverse()
+    # (E, u = F - E, M, plans as a linked list)
+    front: list[tuple[float, float, float, tuple | None]] = [(0.0, 0.0, -math.inf, None)]
+    for k, it in enumerate(items):
+        opts = [(o.time, it.first_load_time(e), it.slack(e), e) for e, o in enumerate(it.execs)]
+        nxt = [
+            (E + t, u + f - t, max(M, u + f - sl), (e, link))
+            for E, u, M, link in front
+            for t, f, sl, e in opts
+        ]
+        front = _pareto3(nxt, cap, rest[k + 1])
+    E, u, M, link = min(front, key=lambda x: x[0] + max(0.0, x[2]))
+    plans: list[int] = []
+    while link is not None:
+        plans.append(link[0])
+        link = link[1]
+    return plans[::-1]
+
+
+def _pareto3(
+    pts: list[tuple[float, float, float, tuple | None]],
+    cap: int | None,
+    rest: tuple[float, float],
+) -> list[tuple[float, float, float, tuple | None]]:
+    """The points no other is at most in all of their first three coordinates (one of equal
+    ones), at most ``cap`` of them: those with the least bound on the total if the operators
+    still to come (``rest``: their least execution and preload cycles) took no more."""
+    pts.sort(key=lambda p: (p[0], p[1], p[2]))
+    out: list[tuple[float, float, float, tuple | None]] = []
+    stair: list[tuple[float, float]] = []  # (u, M) of the kept points, u ascending, M descending
+    for p in pts:
+        u, M = p[1], p[2]
+        k = bisect.bisect_right(stair, (u, math.inf))
+        if k and stair[k - 1][1] <= M:
+            continue  # a kept point with no larger E has no larger u and M
+        out.append(p)
+        # drop the stair points the new one dominates in (u, M), keep the staircase shape
+        j = k
+        while j < len(stair) and stair[j][1] >= M:
+            j += 1
+        stair[k:j] = [(u, M)]
+    if cap is not None and len(out) > cap:
+        ex, pre = rest
+        out.sort(key=lambda p: max(p[0] + ex + max(0.0, p[2]), p[0] + p[1] + pre))
+        out = out[:cap]
+    return out
+
+
+def ideal_plans(
+    items: Sequence[Item], order: Sequence[int], beam: int | None = IDEAL_BEAM
+) -> Timeline | None:
+    """The exec plans of Ideal (every preload issued as early as allowed in ``order``), searched
+    backwards from the last operator like ELK §4.2's induction: per operator and kept suffix,
+    every exec plan (the fastest execution is not always best: a plan on more cores receives
+    its preload through more ports, ELK §3.1); the suffixes no other dominates are kept, by what
+    the earlier steps see of them (:func:`_ideal_vector`), at most ``beam`` (latest start first;
+    ``None``: all, so the search is exact)."""
+    n = len(items)
+    order = tuple(order)
+    pos = _check(items, order)
+    Ps = _caps(items, pos)
+    if any(Ps[i] < lo for i, lo in enumerate(_lows(pos))):
+        return None
+    Ps[-1] = n
+    before: tuple[list[float], list[float]] = ([0.0], [0.0])
+    for it in items:
+        before[0].append(before[0][-1] + min(o.time for o in it.execs))
+        before[1].append(before[1][-1] + min(map(it.load_time, range(len(it.execs)))))
+    states: list[_State | None] = [None]
+    for i in range(n - 1, -1, -1):
+        kept: list[_Kept] = []
+        for parent in states:
+            pick = _stepper(items, order, pos, i, Ps[i], parent, IDEAL_POLICY)
+            if pick is None:
+                continue
+            for e in range(len(items[i].execs)):
+                got = pick(e)
+                if got is None:
+                    continue
+                st = _State(got[0], got[1], got[2], parent)
+                kept = _keep(kept, _ideal_vector(st, items, before), st, beam)
+        if not kept:
+            return None
+        states = [st for _, _, st in kept]
+    finals = [_finish(items, order, st, IDEAL_POLICY) for st in states if st is not None]
+    return min(finals, key=lambda t: t.total)
+
+
+def _ideal_vector(
+    st: _State, items: Sequence[Item], before: tuple[list[float], list[float]]
+) -> tuple[float, ...]:
+    """What the earlier steps of Ideal see of suffix ``st`` (all larger is better, each enters
+    their times through ``min`` and subtraction only): its start, its own preload's deadline
+    and (negated) preload times, the preload starts of the positions not yet issued, and its
+    resident operators' deadlines and (negated) preload times (no contention, no capacity:
+    spaces and grids do not matter)."""
+    step: Step = st.step
+    it = items[step.op]
+    e = step.exec_plan
+    res = st.res
+    # first (the beam keeps the largest): the least total time of a schedule ending with this
+    # suffix, with its own and its residents' preloads back to back before their deadlines
+    # and the operators before it at their fastest executions and preloads (``before``: the
+    # sums of both per operator); a function of the rest, so the dominance is unchanged
+    later = st.spre[0] if st.spre else math.inf
+    for j, _, bound, _, pj in reversed(res):
+        later = min(bound, later) - items[j].load_time(pj)
+    reach = min(step.start + it.slack(e), later) - it.load_time(e)
+    # and the operators before it need at least their fastest executions and preloads
+    i = step.op
+    est = max(before[0][i] - step.start, before[1][i] - reach)
+    return (
+        -est,
+        step.start,
+        step.start + it.slack(e),
+        -it.load_time(e),
+        -it.first_load_time(e),
+        *st.spre,
+        *(bound for _, _, bound, _, _ in res),
+        *(-items[j].load_time(pj) for j, _, _, _, pj in res),
+        *(-items[j].first_load_time(pj) for j, _, _, _, pj in res),
+    )
 
 
 def _static_plan(it: Item, pol: Policy) -> int:
