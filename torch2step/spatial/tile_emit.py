@@ -10,6 +10,7 @@ of the tile's buffer reference.  Each step is the one the unrolled program of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,6 @@ from torch2step.step.ops_compute import Accum, FlatMap
 from torch2step.step.ops_memory import Bufferize, LinearOffChipLoad, Streamify
 from torch2step.step.ops_shape import Reshape, Zip
 
-from .compress import compress
 from .context import EmitCtx, tile_shape
 from .static_pad import _flags_chunk, _zero_row, padded_rows
 from .stop_loop import _rotate, forwards_stop, until_stop
@@ -139,6 +139,15 @@ def _captured(b: UnitBuilder, fn: Callable[[], Any]) -> tuple[tuple[Instr, ...],
     return instrs, got
 
 
+def _runs(blocks: list[tuple[Instr, ...]]) -> tuple[Instr, ...]:
+    """``blocks`` in order, each run of one block (the same object) repeated as a ``Loop``."""
+    out: list[Instr] = []
+    for _, run in itertools.groupby(blocks, key=id):
+        same = list(run)
+        out += [Loop(len(same), same[0])] if len(same) > 1 else same[0]
+    return tuple(out)
+
+
 def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     """The routing weights' packing of a tile group (a ``retile_row`` Accum of a Reshape's
     ``[C_e, N]`` rows of a channel ending with a stop token): per tile, until the token, row
@@ -216,7 +225,7 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
             rows_after.append(got)
         # the rows' identical steps as one loop (control instructions take no cycle): the
         # program is O(1) in N, not N branches for validation and compilation to walk
-        body: list[Instr] = [*start, *compress(rows_after)]
+        body: list[Instr] = [*start, *_runs(rows_after)]
         if tell:  # the tile's real rows on the control channel, ahead of the tile
             got = If(more, (Set(rows, n),), (Set(rows, Affine(0, ((stop, 1), (t, -n)))),))
             body += [got, SendValue(ctl, rows)]
