@@ -5,6 +5,10 @@ and its routing weights' packing loop until the Partition's stop token, a tile o
 per iteration, and its FilterPadding keeps each tile's real rows, the count of them the value
 of the tile's buffer reference.  Each step is the one the unrolled program of
 :mod:`.static_pad` takes for a tile (STeP §4.2); these programs are the same for every count.
+A packing's rows ``1 .. N-1`` (one identical step each) and a FilterPadding's rows (the same
+steps but for the row index, a loop variable) are held in loops, so a program's size does not
+grow with ``N`` (a 1024-row tile is not 1024 branches for validation and compilation to walk;
+control instructions take no cycle, so the run is the same).
 """
 
 from __future__ import annotations
