@@ -15,12 +15,14 @@ unit of a lane whose chunk count changes is rebuilt (test_spatial_regions_reuse.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 import torch2step
 from hwmodel.presets import load_chip
-from lowering.isa import Cond, If, Loop, Recv, RecvValue, Send, SendValue
+from lowering.isa import Affine, Cond, If, Loop, Recv, RecvValue, Send, SendValue
 from models import get_layer
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
@@ -90,16 +92,28 @@ def _counts(route: np.ndarray) -> list[int]:
     return np.bincount(route.reshape(-1), minlength=4).tolist()
 
 
-def _ifs(body: tuple, unrolled: bool = False) -> list[If]:
-    """The ``If`` instructions of a program (``unrolled``: each as often as its loops run)."""
+def _ifs(body: tuple, unrolled: bool = False, env: dict[str, int] | None = None) -> list[If]:
+    """The ``If`` instructions of a program (``unrolled``: each as often as it runs for one
+    tile: the loops over a tile's rows unrolled, a folded loop (no variable) or a row loop
+    (variable ``k.*``) and its condition's left side evaluated at the row; the loop over the
+    tiles is not unrolled)."""
+    env = {} if env is None else env
     out = []
     for i in body:
         if isinstance(i, If):
+            if unrolled and isinstance(i.cond.lhs, Affine):
+                i = dataclasses.replace(
+                    i, cond=dataclasses.replace(i.cond, lhs=i.cond.lhs.eval(env))
+                )
             out.append(i)
-            out += _ifs(i.then, unrolled) + _ifs(i.orelse, unrolled)
+            out += _ifs(i.then, unrolled, env) + _ifs(i.orelse, unrolled, env)
         elif isinstance(i, Loop):
-            times = i.count if unrolled and isinstance(i.count, int) else 1
-            out += _ifs(i.body, unrolled) * times
+            rows = i.var is None or i.var.startswith("k.")
+            if unrolled and rows and isinstance(i.count, int):
+                for t in range(i.count):
+                    out += _ifs(i.body, unrolled, env if i.var is None else {**env, i.var: t})
+            else:
+                out += _ifs(i.body, unrolled, env)
     return out
 
 
@@ -127,15 +141,18 @@ def test_static_tiling_keeps_the_units_of_another_padding() -> None:
     rows = [i for i in _ifs(buf) if i.cond.rhs == "rows.moe_e1_buf" and i.orelse]
     assert sorted(i.cond.lhs for i in rows) == list(range(N))  # in a loop over the reads
     assert buf[-1] == SendValue("moe_e1_buf", stop, stop=True)  # the count, after the tiles
-    col = [i for i in _ifs(d["moe_e1_gw_col"]) if i.cond == Cond("stop.moe_e1_gw", "<", 0)]
+    col = [i for i in _ifs(d["moe_e1_gw_col"], True) if i.cond == Cond("stop.moe_e1_gw", "<", 0)]
     assert sum(bool(i.orelse) for i in col) == 2 * (N - 1)  # a tile's first row is real
+    # ... the rows' identical steps in a loop, not one branch per row in the program
+    assert sum(bool(i.orelse) for i in _ifs(d["moe_e1_gw_col"])) < 2 * (N - 1)
     # the FilterPadding unit reads each tile's reference and keeps the tile's real rows, then
     # takes the count after the tiles
     unpad = d["moe_e1_unpad"]
     assert unpad[0] == RecvValue("moe_e1_buf", "ref.moe_e1_buf", "stop.moe_e1_buf")
     assert unpad[-1] == RecvValue("moe_e1_out", "stop.moe_e1_out")
-    keep = [i for i in _ifs(unpad) if i.cond.rhs == "ref.moe_e1_buf"]
+    keep = [i for i in _ifs(unpad, True) if i.cond.rhs == "ref.moe_e1_buf"]
     assert sorted(i.cond.lhs for i in keep) == list(range(N))
+    assert len([i for i in _ifs(unpad) if i.cond.rhs == "ref.moe_e1_buf"]) < N  # a row loop
     assert all(any(isinstance(j, Send) for j in i.then) for i in keep)
     assert not any(isinstance(j, Send) for i in keep for j in i.orelse)
 

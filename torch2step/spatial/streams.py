@@ -200,7 +200,8 @@ def _wire_reshape(op: Op, ins: list[StreamInfo], outs: list[StreamValue], run: R
             pieces.append(_local(e, data_t))
     if j != len(src.flat):  # pragma: no cover - the interpreter keeps every element
         raise LoweringError(f"Reshape %{op.name}: cannot match its output to its input")
-    flags = [_local(f, TileType((1, 1), "bool")) for f in flat_elements(outs[1])]
+    flag_t = TileType((1, 1), "bool")  # one declared type for every flag (built once)
+    flags = [_local(f, flag_t) for f in flat_elements(outs[1])]
     return [pieces, flags]
 
 

@@ -5,10 +5,16 @@ and its routing weights' packing loop until the Partition's stop token, a tile o
 per iteration, and its FilterPadding keeps each tile's real rows, the count of them the value
 of the tile's buffer reference.  Each step is the one the unrolled program of
 :mod:`.static_pad` takes for a tile (STeP §4.2); these programs are the same for every count.
+A packing's rows ``1 .. N-1`` (one identical step each) and a FilterPadding's rows (the same
+steps but for the row index, a loop variable) are held in loops, so a program's size does not
+grow with ``N`` (a 1024-row tile is not 1024 branches for validation and compilation to walk;
+control instructions take no cycle, so the run is the same).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -137,6 +143,15 @@ def _captured(b: UnitBuilder, fn: Callable[[], Any]) -> tuple[tuple[Instr, ...],
     return instrs, got
 
 
+def _runs(blocks: list[tuple[Instr, ...]]) -> tuple[Instr, ...]:
+    """``blocks`` in order, each run of one block (the same object) repeated as a ``Loop``."""
+    out: list[Instr] = []
+    for _, run in itertools.groupby(blocks, key=id):
+        same = list(run)
+        out += [Loop(len(same), same[0])] if len(same) > 1 else same[0]
+    return tuple(out)
+
+
 def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     """The routing weights' packing of a tile group (a ``retile_row`` Accum of a Reshape's
     ``[C_e, N]`` rows of a channel ending with a stop token): per tile, until the token, row
@@ -167,12 +182,14 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
     cols = int(shape[1])
     row = Part("data", str(xt.dtype), cols)  # type: ignore[attr-defined]
     whole = Part("data", str(ot.dtype), n * cols)  # type: ignore[attr-defined]
-    steps = [
-        cost.update_step(
-            op.fn, np.zeros((1, cols)), xt, np.zeros((n, cols)), ot, (row,), (whole,), j == n - 1
-        )
-        for j in range(n)
-    ]
+    # the step's cost depends on the shapes and on whether it ends the tile only: two stand-in
+    # zero elements (read-only broadcasts, no memory), two costs
+    x0 = np.broadcast_to(np.zeros(()), (1, cols))
+    s0 = np.broadcast_to(np.zeros(()), (n, cols))
+    mid, end = (
+        cost.update_step(op.fn, x0, xt, s0, ot, (row,), (whole,), last) for last in (False, True)
+    )
+    steps = [mid] * (n - 1) + [end]
     if any(rule is not None for _, _, rule in steps):
         return False
     count = b.stops.pop(ch)
@@ -190,20 +207,29 @@ def emit_tile_pack(ctx: EmitCtx, b: UnitBuilder, op: Accum, cost: Any) -> bool:
         start, acc = _captured(
             b, lambda: b.compute(c0, (((row, inb),),), (whole,), role="acc", flops=f0)
         )
-        body: list[Instr] = [*start]
+        made: dict[tuple[int, int], tuple[Instr, ...]] = {}  # one step per distinct cost
+        rows_after: list[tuple[Instr, ...]] = []  # rows 1 .. N-1, one step each
         for j in range(1, n):
             c, fl, _ = steps[j]
-            real, _ = _captured(
-                b,
-                lambda c=c, fl=fl: b.compute(c, (((row, inb),), acc), (whole,), flops=fl, into=acc),
-            )
-            pad, _ = _captured(
-                b,
-                lambda c=c, fl=fl: b.compute(
-                    c, (((row, None),), acc), (whole,), flops=fl, into=acc
-                ),
-            )
-            body += [If(more, (Recv(ch, inb, stop),)), If(more, real, pad)]
+            got = made.get((c, fl))
+            if got is None:
+                real, _ = _captured(
+                    b,
+                    lambda c=c, fl=fl: b.compute(
+                        c, (((row, inb),), acc), (whole,), flops=fl, into=acc
+                    ),
+                )
+                pad, _ = _captured(
+                    b,
+                    lambda c=c, fl=fl: b.compute(
+                        c, (((row, None),), acc), (whole,), flops=fl, into=acc
+                    ),
+                )
+                got = made[c, fl] = (If(more, (Recv(ch, inb, stop),)), If(more, real, pad))
+            rows_after.append(got)
+        # the rows' identical steps as one loop (control instructions take no cycle): the
+        # program is O(1) in N, not N branches for validation and compilation to walk
+        body: list[Instr] = [*start, *_runs(rows_after)]
         if tell:  # the tile's real rows on the control channel, ahead of the tile
             got = If(more, (Set(rows, n),), (Set(rows, Affine(0, ((stop, 1), (t, -n)))),))
             body += [got, SendValue(ctl, rows)]
@@ -267,6 +293,8 @@ def emit_tile_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
         return False
     reg = tile_rows_reg(ref)
     sends = out.channel is not None and b.has_dsts(out.channel)
+    b.step()
+    start = len(b.steps)
     for k in range(n):
         e = b.recv(x, k)
         real, y = _captured(b, lambda e=e: b.compute(1, (e,), (data,)))
@@ -278,7 +306,39 @@ def emit_tile_filter(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
             b.sent += 1
             b.sent_seq[out.channel] += 1  # type: ignore[index]
         b.step()
+    b.steps[start:] = _indexed_loop(b.steps[start:], f"k.{op.name}")
     return True
+
+
+def _indexed_loop(steps: list[tuple[Instr, ...]], var: str) -> list[tuple[Instr, ...]]:
+    """The FilterPadding's row steps (step ``k`` ends with ``If(k < rows, ...)``) as one loop
+    over ``var`` when they repeat with a period ``p`` (the rotating buffers') but for ``k``:
+    step ``q * p + r`` tests ``r + p * var < rows`` (control instructions take no cycle, so
+    the run is the same; the program is O(p) in the tile's ``N`` rows, not ``N`` branches).
+    ``steps`` unchanged when they do not repeat."""
+    n = len(steps)
+
+    def at(step: tuple[Instr, ...], lhs: Any) -> tuple[Instr, ...]:
+        last = step[-1]
+        assert isinstance(last, If)
+        return (*step[:-1], dataclasses.replace(last, cond=dataclasses.replace(last.cond, lhs=lhs)))
+
+    def same(a: tuple[Instr, ...], b: tuple[Instr, ...]) -> bool:  # equal but for ``k``
+        x, y = a[-1], b[-1]
+        assert isinstance(x, If) and isinstance(y, If)
+        return (
+            a[:-1] == b[:-1]
+            and x.then == y.then
+            and x.orelse == y.orelse
+            and (x.cond.op, x.cond.rhs) == (y.cond.op, y.cond.rhs)
+        )
+
+    for p in range(1, n // 2 + 1):
+        if n % p or not all(same(steps[k], steps[k % p]) for k in range(p, n)):
+            continue
+        body = tuple(i for r in range(p) for i in at(steps[r], Affine(r, ((var, p),))))
+        return [(Loop(n // p, body, var),)]
+    return steps
 
 
 def emit_tile_load(ctx: EmitCtx, b: UnitBuilder, op: LinearOffChipLoad) -> bool:

@@ -408,7 +408,8 @@ def _cut(
     if any(len(t) != op.chunk for t in tiles):
         return None
     rows = StreamValue(rows_t.rank, [list(t) for t in tiles])
-    flags = StreamValue(flags_t.rank, [[np.zeros((1, 1), np.float32) for _ in t] for t in tiles])
+    flag = np.broadcast_to(np.zeros((), np.float32), (1, 1))  # one read-only false flag
+    flags = StreamValue(flags_t.rank, [[flag] * len(t) for t in tiles])
     try:
         pieces, fpieces = WIRE_RULES[Reshape](op, [src], [rows, flags], None)
     except Exception:
