@@ -33,6 +33,7 @@ on the timed simulation.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,11 @@ class Replay:
         self.dirty: set[str] = set()
         self.queue: deque[Core] = deque(comp.active)
         self.ndone = 0
+        self.shapes: dict[tuple, tuple] = {}  # (Compute, input shapes) -> output shapes
+        #: what the replay changes of each buffer's declaration, to put back (:meth:`close`)
+        self.decl = [
+            (b, b.dtype, b.alloc_shape, b.shape) for core in comp.cores for b in core.bufs.values()
+        ]
         table = _RULES
         for core in comp.active:
             for op in core.code:
@@ -120,6 +126,8 @@ class Replay:
             for b in core.bufs.values():
                 b.wp = None
                 b.data = None
+        for b, dtype, alloc_shape, shape in self.decl:
+            b.dtype, b.alloc_shape, b.shape = dtype, alloc_shape, shape
         for ch in comp.chans.values():
             for end in ch.ends:
                 end.unmatched.clear()
@@ -174,7 +182,7 @@ class Replay:
 
     def match(self, post: Post, payload: tuple) -> None:
         """A receive took a message: its value or data lands, its FIFO slot frees."""
-        data, tensor, value = payload
+        data, tensor, value, shape = payload
         post.time = 0
         b = post.buf
         if post.__class__ is StopPost:
@@ -186,6 +194,7 @@ class Replay:
             if not tensor:
                 raise self.error(post.core, "a receive into a buffer took a control value")
             b.data = data
+            b.shape = shape
         else:
             if value is None:
                 raise self.error(post.core, "a value receive took a tensor")
@@ -231,8 +240,26 @@ def _compute(rp: Replay, core: Core, op: Any) -> bool:
                 return rp.block(core, ("buf", b, p), p)
             b.wp = None
         i += 1
+    _shapes(rp, core, op)
     core.pc += 1
     return True
+
+
+def _shapes(rp: Replay, core: Core, op: Any) -> None:
+    """The output shapes of Compute ``op`` from its inputs' (the kernel's shape rule, as the
+    simulator's ``h_compute``; only a later :func:`_writevalue` reads them)."""
+    shapes = tuple([b.shape for b in op.ins])
+    key = (op, shapes)
+    outs = rp.shapes.get(key)
+    if outs is None:
+        try:
+            outs = rp.shapes[key] = tuple(tuple(s) for s in op.kernel.out_shapes(shapes, op.params))
+        except (KeyError, ValueError, IndexError, TypeError) as exc:
+            raise rp.error(
+                core, f"kernel {op.kernel.name!r} rejects {list(shapes)}: {exc}"
+            ) from None
+    for b, s in zip(op.outs, outs):
+        b.shape = s
 
 
 def _fastloop(rp: Replay, core: Core, op: Any) -> bool:
@@ -243,11 +270,23 @@ def _fastloop(rp: Replay, core: Core, op: Any) -> bool:
     n = ops.ev(core.regs, op.count)
     if n > 0 and op.var is not None:
         core.regs[op.var] = n - 1
+    last = None
+    for _ in range(n):  # the body's shapes, iterated to their fixed point (h_fastloop's)
+        for c in op.body:
+            _shapes(rp, core, c)
+        now = [b.shape for b in op.touched]
+        if now == last:
+            break
+        last = now
     core.pc = op.exit_pc
     return True
 
 
 def _alloc(rp: Replay, core: Core, op: Any) -> bool:
+    """The buffer takes its allocated shape and type (as the simulator's ``h_alloc``): a
+    :func:`_writevalue` writes into that shape, a control :func:`_load` into that type."""
+    b = op.buf
+    b.dtype, b.alloc_shape, b.shape = op.dtype, op.shape, op.shape
     core.pc += 1
     return True
 
@@ -278,9 +317,21 @@ def _writevalue(rp: Replay, core: Core, op: Any) -> bool:
     b = op.buf
     if not _free(rp, core, (b,)):
         return False
-    problem = ops_control.write_element(b, op.index, ops.ev(core.regs, op.value))
-    if problem is not None:
-        raise rp.error(core, problem)
+    # ops_control.write_element with the size counted by math.prod (numpy's prod costs
+    # microseconds a call): a copy of the values (a message sent from it keeps its own), the
+    # other elements kept, zeros when the buffer's shape has changed size since its data
+    shape = b.shape or b.alloc_shape
+    size = math.prod(shape) if shape else 0
+    index = op.index
+    if not 0 <= index < size:
+        raise rp.error(core, f"element {index} is outside buffer {b.name!r} of {size}")
+    data = b.data
+    if data is None or data.size != size:
+        data = np.zeros(shape, dtype=numpy_dtype(b.dtype))
+    else:
+        data = np.array(data).reshape(shape)
+    data.reshape(-1)[index] = ops.ev(core.regs, op.value)
+    b.data = data
     core.pc += 1
     return True
 
@@ -291,8 +342,13 @@ def _load(rp: Replay, core: Core, op: Any) -> bool:
         return False
     info = op.info
     if info.is_int and info.name in rp.hbm:  # control data (HBM keeps its inputs in timing mode)
-        sl = ops_comm._slices(*ops_comm._region(rp, core, op))
-        b.data = np.array(rp.hbm[info.name][sl], dtype=numpy_dtype(b.dtype))
+        starts, extents = ops_comm._region(rp, core, op)
+        b.data = np.array(
+            rp.hbm[info.name][ops_comm._slices(starts, extents)], dtype=numpy_dtype(b.dtype)
+        )
+    else:
+        extents = op.cext if op.cext is not None else ops_comm._region(rp, core, op)[1]
+    b.shape = extents
     core.pc += 1
     return True
 
@@ -331,9 +387,9 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
         v = ops.ev(core.regs, op.value)
         if op.value.__class__ is ops_comm.StopExpr:
             v = ops_comm.StopToken(v)
-        payload = (None, False, v)
+        payload = (None, False, v, None)
     else:
-        payload = (b.data, True, None)
+        payload = (b.data, True, None, b.shape)
     for end in chan.ends:
         if end.posts:
             q = end.posts
