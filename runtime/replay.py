@@ -78,26 +78,33 @@ class Replay:
         self.decl = [
             (b, b.dtype, b.alloc_shape, b.shape) for core in comp.cores for b in core.bufs.values()
         ]
+        #: each active core's program as ``(rule, operation)`` pairs, indexed by ``pc`` (the
+        #: rule looked up once, not at every step; a layer call rebinds the operations' fields
+        #: in place, so the pairs stay valid)
+        self.steps: dict[int, list[tuple[Any, Any]]] = {}
         table = _RULES
         for core in comp.active:
+            steps = self.steps[core.id] = []
             for op in core.code:
-                if op.fn not in table:
+                rule = table.get(op.fn)
+                if rule is None:
                     raise ReplayUnsupported(
                         f"untimed replay has no rule for `{describe(op.src)}` ({op.fn.__name__})"
                     )
+                steps.append((rule, op))
 
     # -- the simulator's deadlock interface ----------------------------------------------------
 
     def resume(self) -> None:
         """Run every runnable core until all finish (returns) or the rest are blocked
         (raises :class:`DeadlockError` naming them)."""
-        queue, rules = self.queue, _RULES
+        queue, plan = self.queue, self.steps
         while queue:
             core = queue.popleft()
-            code = core.code
+            steps = plan[core.id]
             while True:
-                op = code[core.pc]
-                if not rules[op.fn](self, core, op):
+                rule, op = steps[core.pc]
+                if not rule(self, core, op):
                     break
         if self.ndone < len(self.comp.active):
             stuck = [c for c in self.comp.active if not c.done]
