@@ -17,6 +17,10 @@ resource reservations, no events: a ready queue of cores, each run until it bloc
 * a barrier, until every member has arrived.
 
 Everything else completes at once (HBM accesses, compute, the DMA queue: they only take time).
+Buffers keep their shapes and types as the simulator's do (an Alloc's, a kernel's shape rule,
+a Load's extents, a received message's): a ``WriteValue`` writes a control value into the shape
+its buffer has then (a decode request's cursor, STeP arXiv 2511.07776 §5.1), and a control Load
+reads in the buffer's type.
 A message is taken when a receive is matched with it, which frees its FIFO slot; in the timed
 simulation the slot frees when the message has also arrived, which always happens later, so
 the deadlocked states agree.  Each blocked core is checked in the order the simulator's
