@@ -17,6 +17,10 @@ resource reservations, no events: a ready queue of cores, each run until it bloc
 * a barrier, until every member has arrived.
 
 Everything else completes at once (HBM accesses, compute, the DMA queue: they only take time).
+Buffers keep their shapes and types as the simulator's do (an Alloc's, a kernel's shape rule,
+a Load's extents, a received message's): a ``WriteValue`` writes a control value into the shape
+its buffer has then (a decode request's cursor, STeP arXiv 2511.07776 §5.1), and a control Load
+reads in the buffer's type.
 A message is taken when a receive is matched with it, which frees its FIFO slot; in the timed
 simulation the slot frees when the message has also arrived, which always happens later, so
 the deadlocked states agree.  Each blocked core is checked in the order the simulator's
@@ -28,7 +32,7 @@ handlers check (reads before writes, destinations in order), so the wait-for gra
 :meth:`resume` raises :class:`~runtime.DeadlockError` when stuck, :meth:`waits`, :meth:`deepen` —
 so :func:`torch2step.spatial.fifos.discover_deep` runs on either.  Anything the replay does not
 model (an operation it has no rule for) raises :class:`ReplayUnsupported`; callers then search
-on the timed simulation.
+on the timed simulation.  The rules, one per simulator handler, are in :mod:`runtime.replay_rules`.
 """
 
 from __future__ import annotations
@@ -39,11 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from runtime import ops, ops_comm, ops_control, ops_select, program_layers
 from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
-from runtime.layout import numpy_dtype
 from runtime.program import Compiled
+from runtime.replay_rules import RULES
 from runtime.report import wait_for
 from runtime.state import Core, Post, StopPost
 
@@ -72,26 +75,38 @@ class Replay:
         self.dirty: set[str] = set()
         self.queue: deque[Core] = deque(comp.active)
         self.ndone = 0
-        table = _RULES
+        self.shapes: dict[tuple, tuple] = {}  # (Compute, input shapes) -> output shapes
+        #: what the replay changes of each buffer's declaration, to put back (:meth:`close`)
+        self.decl = [
+            (b, b.dtype, b.alloc_shape, b.shape) for core in comp.cores for b in core.bufs.values()
+        ]
+        #: each active core's program as ``(rule, operation)`` pairs, indexed by ``pc`` (the
+        #: rule looked up once, not at every step; a layer call rebinds the operations' fields
+        #: in place, so the pairs stay valid)
+        self.steps: dict[int, list[tuple[Any, Any]]] = {}
+        table = RULES
         for core in comp.active:
+            steps = self.steps[core.id] = []
             for op in core.code:
-                if op.fn not in table:
+                rule = table.get(op.fn)
+                if rule is None:
                     raise ReplayUnsupported(
                         f"untimed replay has no rule for `{describe(op.src)}` ({op.fn.__name__})"
                     )
+                steps.append((rule, op))
 
     # -- the simulator's deadlock interface ----------------------------------------------------
 
     def resume(self) -> None:
         """Run every runnable core until all finish (returns) or the rest are blocked
         (raises :class:`DeadlockError` naming them)."""
-        queue, rules = self.queue, _RULES
+        queue, plan = self.queue, self.steps
         while queue:
             core = queue.popleft()
-            code = core.code
+            steps = plan[core.id]
             while True:
-                op = code[core.pc]
-                if not rules[op.fn](self, core, op):
+                rule, op = steps[core.pc]
+                if not rule(self, core, op):
                     break
         if self.ndone < len(self.comp.active):
             stuck = [c for c in self.comp.active if not c.done]
@@ -120,6 +135,8 @@ class Replay:
             for b in core.bufs.values():
                 b.wp = None
                 b.data = None
+        for b, dtype, alloc_shape, shape in self.decl:
+            b.dtype, b.alloc_shape, b.shape = dtype, alloc_shape, shape
         for ch in comp.chans.values():
             for end in ch.ends:
                 end.unmatched.clear()
@@ -174,7 +191,7 @@ class Replay:
 
     def match(self, post: Post, payload: tuple) -> None:
         """A receive took a message: its value or data lands, its FIFO slot frees."""
-        data, tensor, value = payload
+        data, tensor, value, shape = payload
         post.time = 0
         b = post.buf
         if post.__class__ is StopPost:
@@ -186,6 +203,7 @@ class Replay:
             if not tensor:
                 raise self.error(post.core, "a receive into a buffer took a control value")
             b.data = data
+            b.shape = shape
         else:
             if value is None:
                 raise self.error(post.core, "a value receive took a tensor")
@@ -199,287 +217,3 @@ class Replay:
         if w is not None:
             post.end.waiter = None
             self.wake(w)
-
-
-def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
-    """True when no buffer of ``bufs`` (in the handlers' check order) waits for a message."""
-    for b in bufs:
-        p = b.wp
-        if p is not None:
-            if p.time is None:
-                return rp.block(core, ("buf", b, p), p)
-            b.wp = None
-    return True
-
-
-def _compute(rp: Replay, core: Core, op: Any) -> bool:
-    i = 0
-    sc = core.scan
-    if sc is not None:  # a retry after a wait goes on where it stopped (scoreboard._ready_long)
-        core.scan = None
-        if sc[0] is op:
-            i = sc[1]
-    bufs = op.ins + op.outs
-    n = len(bufs)
-    while i < n:
-        b = bufs[i]
-        p = b.wp
-        if p is not None:
-            if p.time is None:
-                if i:
-                    core.scan = (op, i)
-                return rp.block(core, ("buf", b, p), p)
-            b.wp = None
-        i += 1
-    core.pc += 1
-    return True
-
-
-def _fastloop(rp: Replay, core: Core, op: Any) -> bool:
-    for b in op.touched:
-        if b.wp is not None and b.wp.time is None:
-            core.pc += 1  # step the loop: it blocks where the simulator's would
-            return True
-    n = ops.ev(core.regs, op.count)
-    if n > 0 and op.var is not None:
-        core.regs[op.var] = n - 1
-    core.pc = op.exit_pc
-    return True
-
-
-def _alloc(rp: Replay, core: Core, op: Any) -> bool:
-    core.pc += 1
-    return True
-
-
-def _free_buf(rp: Replay, core: Core, op: Any) -> bool:
-    if not _free(rp, core, (op.buf,)):
-        return False
-    op.buf.data = None
-    core.pc += 1
-    return True
-
-
-def _readvalue(rp: Replay, core: Core, op: Any) -> bool:
-    b = op.buf
-    if not _free(rp, core, (b,)):
-        return False
-    if b.data is None:
-        raise rp.error(core, f"buffer {b.name!r} holds no values to read")
-    flat = b.data.reshape(-1)
-    if not 0 <= op.index < flat.size:
-        raise rp.error(core, f"element {op.index} is outside buffer {b.name!r}")
-    core.regs[op.reg] = int(flat[op.index])
-    core.pc += 1
-    return True
-
-
-def _writevalue(rp: Replay, core: Core, op: Any) -> bool:
-    b = op.buf
-    if not _free(rp, core, (b,)):
-        return False
-    problem = ops_control.write_element(b, op.index, ops.ev(core.regs, op.value))
-    if problem is not None:
-        raise rp.error(core, problem)
-    core.pc += 1
-    return True
-
-
-def _load(rp: Replay, core: Core, op: Any) -> bool:
-    b = op.buf
-    if not _free(rp, core, (b,)):
-        return False
-    info = op.info
-    if info.is_int and info.name in rp.hbm:  # control data (HBM keeps its inputs in timing mode)
-        sl = ops_comm._slices(*ops_comm._region(rp, core, op))
-        b.data = np.array(rp.hbm[info.name][sl], dtype=numpy_dtype(b.dtype))
-    core.pc += 1
-    return True
-
-
-def _store(rp: Replay, core: Core, op: Any) -> bool:
-    if not _free(rp, core, (op.buf,)):
-        return False
-    if op.info.is_int:
-        rp.dirty.add(op.info.name)
-    core.pc += 1
-    return True
-
-
-def _loadvalue(rp: Replay, core: Core, op: Any) -> bool:
-    info = op.info
-    idx = tuple([ops.ev(core.regs, e) for e in op.index])
-    if info.name in rp.dirty or any(not 0 <= i < d for i, d in zip(idx, info.shape)):
-        raise rp.error(core, f"LoadValue of {info.name!r} at {idx}")
-    core.regs[op.reg] = int(rp.hbm[info.name][idx])
-    core.pc += 1
-    return True
-
-
-def _send(rp: Replay, core: Core, op: Any) -> bool:
-    b = op.buf
-    if b is not None and not _free(rp, core, (b,)):
-        return False
-    chan = op.chan
-    depth = chan.depth
-    for end in chan.ends:
-        if len(end.unmatched) >= depth:
-            end.waiter = core
-            core.blocked = ("credit", end)
-            return False
-    if b is None:
-        v = ops.ev(core.regs, op.value)
-        if op.value.__class__ is ops_comm.StopExpr:
-            v = ops_comm.StopToken(v)
-        payload = (None, False, v)
-    else:
-        payload = (b.data, True, None)
-    for end in chan.ends:
-        if end.posts:
-            q = end.posts
-            p = q[0]
-            del q[0]
-            rp.match(p, payload)
-        else:
-            end.unmatched.append(payload)
-            w = end.watch
-            if w is not None:  # a core waiting in a WaitAny
-                end.watch = None
-                rp.wake(w)
-    core.pc += 1
-    return True
-
-
-def _waitany(rp: Replay, core: Core, op: Any) -> bool:
-    """``WaitAny`` untimed: the lowest index whose FIFO holds a message the core has not
-    posted a receive for, when the core looks (the schedule's order, not timing's)."""
-    for end in op.ends:
-        end.watch = None
-    for k, end in enumerate(op.ends):
-        if end.unmatched:
-            core.regs[op.reg] = k
-            core.pc += 1
-            return True
-    for end in op.ends:
-        end.watch = core
-    core.blocked = ("any", op.ends)
-    return False
-
-
-def _post(rp: Replay, end: Any, post: Post) -> None:
-    if end.unmatched:
-        q = end.unmatched
-        payload = q[0]
-        del q[0]
-        rp.match(post, payload)
-    else:
-        end.posts.append(post)
-
-
-def _recv(rp: Replay, core: Core, op: Any) -> bool:
-    b = op.buf
-    if not _free(rp, core, (b,)):
-        return False
-    post = Post(core, b, op.end, 0)
-    b.wp = post
-    _post(rp, op.end, post)
-    core.pc += 1
-    return True
-
-
-def _arrived(rp: Replay, core: Core, op: Any, p: Post) -> bool:
-    if p.time is None:
-        return rp.block(core, ("value", p), p)
-    core.cur = None
-    core.regs[op.reg] = p.value
-    core.pc += 1
-    return True
-
-
-def _recvvalue(rp: Replay, core: Core, op: Any) -> bool:
-    p = core.cur
-    if p is None:
-        p = core.cur = Post(core, None, op.end, 0)
-        _post(rp, op.end, p)
-    return _arrived(rp, core, op, p)
-
-
-def _recvvaluestop(rp: Replay, core: Core, op: Any) -> bool:
-    p = core.cur
-    if p is None:
-        p = core.cur = Post(core, None, op.end, 0)
-        _post(rp, op.end, p)
-    if p.time is None:
-        return rp.block(core, ("value", p), p)
-    core.cur = None
-    ops_comm.take_value(core.regs, op.reg, p.value)
-    core.pc += 1
-    return True
-
-
-def _recvstop(rp: Replay, core: Core, op: Any) -> bool:
-    p = core.cur
-    if p is None:
-        b = op.buf
-        if not _free(rp, core, (b,)):
-            return False
-        p = core.cur = StopPost(core, b, op.end, 0)
-        b.wp = p
-        _post(rp, op.end, p)
-    return _arrived(rp, core, op, p)
-
-
-def _barrier(rp: Replay, core: Core, op: Any) -> bool:
-    g = op.group
-    if core.bar is not None:
-        grp, gen = core.bar
-        if grp.gen == gen:
-            return rp.block(core, ("barrier", grp), None)
-        core.bar = None
-        core.pc += 1
-        return True
-    others = ops_comm.arrive(g, core)
-    if others is None:
-        return rp.block(core, ("barrier", g), None)
-    for other in others:
-        rp.wake(other)
-    core.pc += 1
-    return True
-
-
-def _end(rp: Replay, core: Core, op: Any) -> bool:
-    if not _free(rp, core, tuple(core.bufs.values())):
-        return False
-    core.done = True
-    rp.ndone += 1
-    return False
-
-
-#: simulator handler -> its untimed rule (register-only operations run the simulator's own)
-_RULES: dict[Any, Any] = {
-    ops.h_compute: _compute,
-    ops.h_fastloop: _fastloop,
-    ops.h_set: ops.h_set,
-    ops.h_loop: ops.h_loop,
-    ops.h_next: ops.h_next,
-    ops.h_if: ops.h_if,
-    ops.h_jump: ops.h_jump,
-    ops.h_alloc: _alloc,
-    ops.h_free: _free_buf,
-    ops.h_end: _end,
-    ops_control.h_calc: ops_control.h_calc,
-    ops_control.h_readvalue: _readvalue,
-    ops_control.h_writevalue: _writevalue,
-    ops_comm.h_load: _load,
-    ops_comm.h_store: _store,
-    ops_comm.h_loadvalue: _loadvalue,
-    ops_comm.h_send: _send,
-    ops_comm.h_recv: _recv,
-    ops_comm.h_recvvalue: _recvvalue,
-    ops_comm.h_recvstop: _recvstop,
-    ops_comm.h_recvvaluestop: _recvvaluestop,
-    ops_comm.h_barrier: _barrier,
-    ops_select.h_waitany: _waitany,
-    program_layers.h_call: program_layers.r_call,
-    program_layers.h_ret: program_layers.r_ret,
-}

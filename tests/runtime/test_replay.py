@@ -15,10 +15,12 @@ from lowering.isa import (
     Loop,
     Program,
     ProgramSet,
+    ReadValue,
     Recv,
     RecvValue,
     Send,
     SendValue,
+    WriteValue,
 )
 from runtime import DeadlockError, Simulator
 from runtime.replay import ReplayUnsupported
@@ -122,6 +124,54 @@ def test_replay_follows_control_values_and_barriers() -> None:
         else:
             replay.run()
             assert sim.run().cycles > 0
+
+
+def test_replay_writes_control_values_into_computed_buffers() -> None:
+    """A count written (WriteValue) into an integer buffer a kernel has just written, sent as
+    data and read on the other core (a decode request's cursor, STeP §5.1): the replay keeps
+    the buffer's shape through the kernel, so it steers the receiver's loop as the timed run
+    does, and both stop on the same full FIFO until it is deepened."""
+
+    def ps(depth: int) -> ProgramSet:
+        sender = Program(
+            0,
+            (
+                Alloc("c", (3,), "int64"),
+                Alloc("m", (4,)),
+                Compute("copy", ("c",), ("c",)),
+                WriteValue("c", 1, 3),
+                Send("cnt", "c"),
+                Loop(3, (Send("d", "m"),)),
+                Barrier("all"),
+            ),
+        )
+        receiver = Program(
+            1,
+            (
+                Alloc("r", (3,), "int64"),
+                Alloc("x", (4,)),
+                Recv("cnt", "r"),
+                ReadValue("k", "r", 1),
+                Barrier("all"),
+                Loop("k", (Recv("d", "x"), Compute("copy", ("x",), ("x",)))),
+            ),
+        )
+        chans = (Channel("cnt", 0, (1,)), Channel("d", 0, (1,), depth=depth))
+        return ProgramSet((sender, receiver), chans, barriers=(("all", (0, 1)),))
+
+    chip = mesh_chip(1, 2)
+    sim = Simulator(ps(2), chip)
+    replay = sim.replay()
+    with pytest.raises(DeadlockError):
+        replay.run()
+    with pytest.raises(DeadlockError):
+        sim.run()
+    assert replay.waits() == sim.waits() == {0: (1, "d"), 1: (None, None)}
+    assert replay.comp.cores[1].regs["k"] == sim.comp.cores[1].regs["k"] == 3
+    for run in (replay, sim):
+        run.deepen("d", 3)
+        run.resume()
+        assert all(c.done for c in run.comp.active)
 
 
 def test_functional_mode_has_no_replay() -> None:

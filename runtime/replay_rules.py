@@ -1,0 +1,351 @@
+"""The untimed replay's rules (:mod:`runtime.replay`): one per simulator handler, each the
+handler without clocks, resources or events — it runs the operation, or blocks the core where the
+simulator's handler would wait (for a message, for FIFO space, at a barrier) and says so by
+returning ``False``.  Register-only operations run the simulator's own handlers."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime import ops, ops_comm, ops_control, ops_select, program_layers
+from runtime.layout import numpy_dtype
+from runtime.state import Core, Post, StopPost
+
+if TYPE_CHECKING:
+    from runtime.replay import Replay
+
+__all__ = ["RULES"]
+
+
+def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
+    """True when no buffer of ``bufs`` (in the handlers' check order) waits for a message."""
+    for b in bufs:
+        p = b.wp
+        if p is not None:
+            if p.time is None:
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
+    return True
+
+
+def _compute(rp: Replay, core: Core, op: Any) -> bool:
+    i = 0
+    sc = core.scan
+    if sc is not None:  # a retry after a wait goes on where it stopped (scoreboard._ready_long)
+        core.scan = None
+        if sc[0] is op:
+            i = sc[1]
+    bufs = op.ins + op.outs
+    n = len(bufs)
+    while i < n:
+        b = bufs[i]
+        p = b.wp
+        if p is not None:
+            if p.time is None:
+                if i:
+                    core.scan = (op, i)
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
+        i += 1
+    _shapes(rp, core, op)
+    core.pc += 1
+    return True
+
+
+def _shapes(rp: Replay, core: Core, op: Any) -> None:
+    """The output shapes of Compute ``op`` from its inputs' (the kernel's shape rule, as the
+    simulator's ``h_compute``; only a later :func:`_writevalue` reads them)."""
+    shapes = tuple([b.shape for b in op.ins])
+    key = (op, shapes)
+    outs = rp.shapes.get(key)
+    if outs is None:
+        try:
+            outs = rp.shapes[key] = tuple(tuple(s) for s in op.kernel.out_shapes(shapes, op.params))
+        except (KeyError, ValueError, IndexError, TypeError) as exc:
+            raise rp.error(
+                core, f"kernel {op.kernel.name!r} rejects {list(shapes)}: {exc}"
+            ) from None
+    for b, s in zip(op.outs, outs):
+        b.shape = s
+
+
+def _fastloop(rp: Replay, core: Core, op: Any) -> bool:
+    for b in op.touched:
+        if b.wp is not None and b.wp.time is None:
+            core.pc += 1  # step the loop: it blocks where the simulator's would
+            return True
+    n = ops.ev(core.regs, op.count)
+    if n > 0 and op.var is not None:
+        core.regs[op.var] = n - 1
+    last = None
+    for _ in range(n):  # the body's shapes, iterated to their fixed point (h_fastloop's)
+        for c in op.body:
+            _shapes(rp, core, c)
+        now = [b.shape for b in op.touched]
+        if now == last:
+            break
+        last = now
+    core.pc = op.exit_pc
+    return True
+
+
+def _alloc(rp: Replay, core: Core, op: Any) -> bool:
+    """The buffer takes its allocated shape and type (as the simulator's ``h_alloc``): a
+    :func:`_writevalue` writes into that shape, a control :func:`_load` into that type."""
+    b = op.buf
+    b.dtype, b.alloc_shape, b.shape = op.dtype, op.shape, op.shape
+    core.pc += 1
+    return True
+
+
+def _free_buf(rp: Replay, core: Core, op: Any) -> bool:
+    if not _free(rp, core, (op.buf,)):
+        return False
+    op.buf.data = None
+    core.pc += 1
+    return True
+
+
+def _readvalue(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    if b.data is None:
+        raise rp.error(core, f"buffer {b.name!r} holds no values to read")
+    flat = b.data.reshape(-1)
+    if not 0 <= op.index < flat.size:
+        raise rp.error(core, f"element {op.index} is outside buffer {b.name!r}")
+    core.regs[op.reg] = int(flat[op.index])
+    core.pc += 1
+    return True
+
+
+def _writevalue(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    # ops_control.write_element with the size counted by math.prod (numpy's prod costs
+    # microseconds a call): a copy of the values (a message sent from it keeps its own), the
+    # other elements kept, zeros when the buffer's shape has changed size since its data
+    shape = b.shape or b.alloc_shape
+    size = math.prod(shape) if shape else 0
+    index = op.index
+    if not 0 <= index < size:
+        raise rp.error(core, f"element {index} is outside buffer {b.name!r} of {size}")
+    data = b.data
+    if data is None or data.size != size:
+        data = np.zeros(shape, dtype=numpy_dtype(b.dtype))
+    else:
+        data = np.array(data).reshape(shape)
+    data.reshape(-1)[index] = ops.ev(core.regs, op.value)
+    b.data = data
+    core.pc += 1
+    return True
+
+
+def _load(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    info = op.info
+    if info.is_int and info.name in rp.hbm:  # control data (HBM keeps its inputs in timing mode)
+        starts, extents = ops_comm._region(rp, core, op)
+        b.data = np.array(
+            rp.hbm[info.name][ops_comm._slices(starts, extents)], dtype=numpy_dtype(b.dtype)
+        )
+    else:
+        extents = op.cext if op.cext is not None else ops_comm._region(rp, core, op)[1]
+    b.shape = extents
+    core.pc += 1
+    return True
+
+
+def _store(rp: Replay, core: Core, op: Any) -> bool:
+    if not _free(rp, core, (op.buf,)):
+        return False
+    if op.info.is_int:
+        rp.dirty.add(op.info.name)
+    core.pc += 1
+    return True
+
+
+def _loadvalue(rp: Replay, core: Core, op: Any) -> bool:
+    info = op.info
+    idx = tuple([ops.ev(core.regs, e) for e in op.index])
+    if info.name in rp.dirty or any(not 0 <= i < d for i, d in zip(idx, info.shape)):
+        raise rp.error(core, f"LoadValue of {info.name!r} at {idx}")
+    core.regs[op.reg] = int(rp.hbm[info.name][idx])
+    core.pc += 1
+    return True
+
+
+def _send(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if b is not None and not _free(rp, core, (b,)):
+        return False
+    chan = op.chan
+    depth = chan.depth
+    for end in chan.ends:
+        if len(end.unmatched) >= depth:
+            end.waiter = core
+            core.blocked = ("credit", end)
+            return False
+    if b is None:
+        v = ops.ev(core.regs, op.value)
+        if op.value.__class__ is ops_comm.StopExpr:
+            v = ops_comm.StopToken(v)
+        payload = (None, False, v, None)
+    else:
+        payload = (b.data, True, None, b.shape)
+    for end in chan.ends:
+        if end.posts:
+            q = end.posts
+            p = q[0]
+            del q[0]
+            rp.match(p, payload)
+        else:
+            end.unmatched.append(payload)
+            w = end.watch
+            if w is not None:  # a core waiting in a WaitAny
+                end.watch = None
+                rp.wake(w)
+    core.pc += 1
+    return True
+
+
+def _waitany(rp: Replay, core: Core, op: Any) -> bool:
+    """``WaitAny`` untimed: the lowest index whose FIFO holds a message the core has not
+    posted a receive for, when the core looks (the schedule's order, not timing's)."""
+    for end in op.ends:
+        end.watch = None
+    for k, end in enumerate(op.ends):
+        if end.unmatched:
+            core.regs[op.reg] = k
+            core.pc += 1
+            return True
+    for end in op.ends:
+        end.watch = core
+    core.blocked = ("any", op.ends)
+    return False
+
+
+def _post(rp: Replay, end: Any, post: Post) -> None:
+    if end.unmatched:
+        q = end.unmatched
+        payload = q[0]
+        del q[0]
+        rp.match(post, payload)
+    else:
+        end.posts.append(post)
+
+
+def _recv(rp: Replay, core: Core, op: Any) -> bool:
+    b = op.buf
+    if not _free(rp, core, (b,)):
+        return False
+    post = Post(core, b, op.end, 0)
+    b.wp = post
+    _post(rp, op.end, post)
+    core.pc += 1
+    return True
+
+
+def _arrived(rp: Replay, core: Core, op: Any, p: Post) -> bool:
+    if p.time is None:
+        return rp.block(core, ("value", p), p)
+    core.cur = None
+    core.regs[op.reg] = p.value
+    core.pc += 1
+    return True
+
+
+def _recvvalue(rp: Replay, core: Core, op: Any) -> bool:
+    p = core.cur
+    if p is None:
+        p = core.cur = Post(core, None, op.end, 0)
+        _post(rp, op.end, p)
+    return _arrived(rp, core, op, p)
+
+
+def _recvvaluestop(rp: Replay, core: Core, op: Any) -> bool:
+    p = core.cur
+    if p is None:
+        p = core.cur = Post(core, None, op.end, 0)
+        _post(rp, op.end, p)
+    if p.time is None:
+        return rp.block(core, ("value", p), p)
+    core.cur = None
+    ops_comm.take_value(core.regs, op.reg, p.value)
+    core.pc += 1
+    return True
+
+
+def _recvstop(rp: Replay, core: Core, op: Any) -> bool:
+    p = core.cur
+    if p is None:
+        b = op.buf
+        if not _free(rp, core, (b,)):
+            return False
+        p = core.cur = StopPost(core, b, op.end, 0)
+        b.wp = p
+        _post(rp, op.end, p)
+    return _arrived(rp, core, op, p)
+
+
+def _barrier(rp: Replay, core: Core, op: Any) -> bool:
+    g = op.group
+    if core.bar is not None:
+        grp, gen = core.bar
+        if grp.gen == gen:
+            return rp.block(core, ("barrier", grp), None)
+        core.bar = None
+        core.pc += 1
+        return True
+    others = ops_comm.arrive(g, core)
+    if others is None:
+        return rp.block(core, ("barrier", g), None)
+    for other in others:
+        rp.wake(other)
+    core.pc += 1
+    return True
+
+
+def _end(rp: Replay, core: Core, op: Any) -> bool:
+    if not _free(rp, core, tuple(core.bufs.values())):
+        return False
+    core.done = True
+    rp.ndone += 1
+    return False
+
+
+#: simulator handler -> its untimed rule (register-only operations run the simulator's own)
+RULES: dict[Any, Any] = {
+    ops.h_compute: _compute,
+    ops.h_fastloop: _fastloop,
+    ops.h_set: ops.h_set,
+    ops.h_loop: ops.h_loop,
+    ops.h_next: ops.h_next,
+    ops.h_if: ops.h_if,
+    ops.h_jump: ops.h_jump,
+    ops.h_alloc: _alloc,
+    ops.h_free: _free_buf,
+    ops.h_end: _end,
+    ops_control.h_calc: ops_control.h_calc,
+    ops_control.h_readvalue: _readvalue,
+    ops_control.h_writevalue: _writevalue,
+    ops_comm.h_load: _load,
+    ops_comm.h_store: _store,
+    ops_comm.h_loadvalue: _loadvalue,
+    ops_comm.h_send: _send,
+    ops_comm.h_recv: _recv,
+    ops_comm.h_recvvalue: _recvvalue,
+    ops_comm.h_recvstop: _recvstop,
+    ops_comm.h_recvvaluestop: _recvvaluestop,
+    ops_comm.h_barrier: _barrier,
+    ops_select.h_waitany: _waitany,
+    program_layers.h_call: program_layers.r_call,
+    program_layers.h_ret: program_layers.r_ret,
+}
