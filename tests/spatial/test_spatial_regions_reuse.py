@@ -208,12 +208,12 @@ def test_a_static_merge_decides_in_the_simulation() -> None:
         waits = [i for i in walk(bodies[name]) if isinstance(i, WaitAny)]
         assert len(waits) == 1 and len(waits[0].channels) == len(op.ins)
         # one selector per input, whichever order the run took them in
-        sel = [
-            i.value
-            for i in walk(bodies[name])
-            if isinstance(i, SendValue) and i.channel == f"{name}.1"
+        sent = [
+            i for i in walk(bodies[name]) if isinstance(i, SendValue) and i.channel == f"{name}.1"
         ]
-        assert sel == [1 << k for k in range(len(op.ins))]
+        assert [i.value for i in sent if not i.stop] == [1 << k for k in range(len(op.ins))]
+        # then the stop token, carrying the chunks sent (its region's units loop until it)
+        assert [i.value for i in sent if i.stop] == [f"chunks.{name}"]
         chose = watch[watch_key(pick(op))]
         left = [len(first.values[v.name].data) for v in op.ins]
         tiles = []

@@ -34,6 +34,7 @@ from torch2step.step.ops_routing import EagerMerge
 from torch2step.step.types import TileType, TupleType
 
 from .context import EmitCtx
+from .region_loop import chunk_count
 from .streams import Part, StreamInfo, iter_nodes
 from .timing import STEP_KERNEL
 from .unit import UnitBuilder
@@ -139,6 +140,10 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
     # a region no expert gives a token to has no reader of its outputs in this run
     send, named = b.has_dsts(out), b.has_dsts(tell)
     counts = [b.stops.pop(ch) for ch in m.chans]
+    # a region whose units loop over its chunks (.region_loop): the selectors end with a
+    # stop token carrying the chunks sent
+    end = named and ctx.tiled.get(op.name) == tell
+    cnt = chunk_count(op)
     b.step()
     part = m.row
     t = b.timing
@@ -153,6 +158,8 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
 
         def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
             head = (SendValue(tell, 1 << i),) if first and named else ()
+            if first and end:  # one chunk more (the count the stop token carries)
+                head = (*head, Set(cnt, Affine(1, ((cnt, 1),))))
             sends = (Send(out, buf), SendValue(out, 0)) if send else ()
             return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head, *sends)
 
@@ -179,17 +186,21 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
             (Recv(ch, bufs[0], stop), If(more, tuple(tile)), If(Cond(stop, ">=", 0), (done,)))
         )
     b.emit(*(Set(f"stop.{ch}", -1) for ch in m.chans), Set(OPEN, len(m.chans)))
+    if end:
+        b.emit(Set(cnt, 0))
     iterations = sum(m.tiles) + len(m.chans)  # every tile, and each stop token alone
     reg = pick(op)
     take = (WaitAny(m.chans, reg), *_select(reg, branches, 0))
     b.emit(Loop(iterations, (If(Cond(OPEN, ">", 0), take),)))
+    if end:
+        b.emit(SendValue(tell, cnt, stop=True))
     b.step()
     for ch, n in zip(m.chans, counts):
         b.next_seq[ch] = n + 1
     if b.has_dsts(out):
         b.sent_seq[out] = ctx.streams[data.name].messages
     if b.has_dsts(tell):
-        b.sent_seq[tell] = ctx.streams[sel.name].messages
+        b.sent_seq[tell] = ctx.streams[sel.name].messages + end
     names = [v.name for v in op.ins]
 
     def taken(c: EmitCtx) -> tuple[int, int, int, int]:

@@ -173,6 +173,7 @@ from .item_memory import item_emitters
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
+from .region_loop import RegionGroup, find_region_groups, region_body, region_view
 from .region_rows import chunk_stops
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
@@ -343,10 +344,21 @@ def _build_plan(
     # the streams one token makes when it has none (the view ``vw``)
     vw = views(st, ctx, grouped, stops, tokens)
     unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
+    # a statically tiled region's units loop over its chunks until its merge's stop token,
+    # built from a view of the run holding its first chunk (.region_loop)
+    regions: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
+    for g in find_region_groups(st, stops, count_bounds(ctx)) if not vw.members else ():
+        rview = region_view(st, g, streams)
+        if rview is None:  # no chunk this run: the run's programs
+            continue
+        g = dataclasses.replace(g, run_chunks=ctx.ev(g.chunks, "a region's chunks"))
+        ctx.tiled = {**ctx.tiled, st.units[g.head][0].name: g.ref}
+        tokens[g.ref] = 1
+        regions.update({k: (g, {**streams, **rview}) for k in g.units})
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
-        view = vw.streams_of(k, streams)
+        view = regions[k][1] if k in regions else vw.streams_of(k, streams)
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
@@ -368,6 +380,7 @@ def _build_plan(
         reads.append(mine)
     heads = {g.head: g.ref for g in vw.guards}
     guarded = {k: g.ref for g in vw.guards for k in g.units}
+    guarded |= {k: g.ref for k, (g, _) in regions.items()}
     for k, ref in guarded.items():  # every member reads the buffer reference (or its token)
         reads[k].add(ref)
         dsts.setdefault(ref, set()).add(k)
@@ -390,6 +403,15 @@ def _build_plan(
     infos = []
     run_streams = RunStreams(streams)
     full_streams = RunStreams(vw.streams, run_streams.order) if vw.members else run_streams
+    region_ctx = {}  # per region (its head), the context and streams of its one-chunk view
+    for g, rview in regions.values():
+        if g.head not in region_ctx:
+            rtok = {**tokens, g.ref: 0}  # the loop takes the merge's stop token
+            region_ctx[g.head] = (
+                dataclasses.replace(ctx, streams=rview),
+                RunStreams(rview, run_streams.order),
+                rtok,
+            )
     outputs = {op.name: [v.name for v in outs] for op, outs in zip(graph.nodes, graph.node_outputs)}
     bounds = count_bounds(ctx)
     if units is not None:
@@ -417,6 +439,14 @@ def _build_plan(
     def has_dsts(ch: str) -> bool:
         return ch in dsts
 
+    def info_of(k: int, info: UnitInfo) -> UnitInfo:
+        """Unit ``k``'s bookkeeping in the run from its program's (in its view)."""
+        if k in regions:  # per chunk; a Partition's sends: the run's rows (.region_loop)
+            op = st.units[k][0]
+            sent = sum(len(streams[n].flat) for n in op.out_names() if n in dsts)
+            return regions[k][0].info(k, info, sent)
+        return vw.info(k, info)
+
     for k, ops in enumerate(st.units):
         emit = EMITTERS.get(type(ops[0]))
         if emit is None:
@@ -427,6 +457,8 @@ def _build_plan(
         vctx, vrs, vtok = (ctx, run_streams, tokens)
         if k in vw.members:
             vctx, vrs, vtok = (vw.ctx_of(k), full_streams, vw.tokens)
+        elif k in regions:
+            vctx, vrs, vtok = region_ctx[regions[k][0].head]
         unit_stops = {
             ch: vctx.streams[ch].messages
             for ch in reads[k]
@@ -438,7 +470,7 @@ def _build_plan(
         hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            infos.append(vw.info(k, hit.info))  # in this run (no token, its tiles: .guard)
+            infos.append(info_of(k, hit.info))  # in this run (no token, its tiles: .guard)
             continue
         deps = vctx.deps = Deps()
         b = UnitBuilder(
@@ -453,6 +485,8 @@ def _build_plan(
             frozenset(grouped),
         )
         vw.prepare(k, b)
+        if k in regions:  # its loop's bound follows the chunk count's (recorded)
+            b.bound(regions[k][0].chunks)
         try:
             emit(vctx, b, ops)
         finally:
@@ -461,7 +495,11 @@ def _build_plan(
         own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
         check_unit_io(b, vctx, own, sends.get(k, ()), vtok)
         body = b.body()
-        if k in heads or k in guarded:
+        if k in regions:
+            g = regions[k][0]
+            ins = sorted(ch for ch in reads[k] if ch in stops)
+            body = region_body(body, g, k in g.partitions, ins)
+        elif k in heads or k in guarded:
             ins = sorted(ch for ch in reads[k] if ch in stops)
             outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
             body = vw.wrap(k, body, ins, outs)
@@ -498,7 +536,7 @@ def _build_plan(
                         if name in deps.streams:
                             deps.streams[name] = looser(deps.streams[name], FORM)
             units.store(k, key, deps, vrs, bodies[-1], infos[-1])
-        infos[-1] = vw.info(k, infos[-1])  # no token: its guard only; or per tile (.guard)
+        infos[-1] = info_of(k, infos[-1])  # no token: its guard only; or per tile (.guard)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     # a headed address channel's FIFOs have a slot more, for the count ahead of a request's

@@ -1,0 +1,209 @@
+"""A statically tiled expert region's units loop over its chunks until the merge's stop token.
+
+With ``R`` expert regions and static tiling (STeP arXiv 2511.07776 §5.2, §5.3) a region's
+EagerMerge takes its experts' tiles of ``N`` rows in the order they are ready
+(:mod:`.merge_any`), ``M = sum_e ceil(n_e / N)`` chunks, and every unit after it handles
+``[M, ...]`` streams: the same work for each chunk (a full tile, padding rows alike; the
+chunk's expert, weight addresses and padding index computed in registers from the selector,
+:mod:`.region_values`).  So no unit needs ``M`` when it is built (:class:`RegionGroup`):
+
+* the merge (the group's head) ends its selector stream with a stop token after its last
+  chunk, carrying the chunks it sent (STeP §3.2.3, as a Partition ends its outputs);
+* every unit of the region (:func:`region_body`) reads that selector channel, a multicast,
+  once per chunk: a selector runs the unit's program for one chunk, the token ends its loop
+  (:func:`~.tile_loop.tile_body`: a loop until the stop token whose body is the program of
+  one chunk, at most the chunk count's bound times), built from a view of the run that holds
+  the region's first chunk only (:func:`region_view`); the unit reading the selector itself
+  (the expert's index) takes it as its loop's reference;
+* the Partition back to the experts keeps its counters across the loop: they are set before
+  it and each output's stop token (the count it received) is sent after it.
+
+The work per chunk is the unrolled program's (STeP §4.2), the only new traffic the stop token
+on the selector channel.  A unit's bookkeeping in a run (:meth:`RegionGroup.info`) is its
+one-chunk program's times ``M``, but the Partition's sends, which are the run's real rows (its
+padding output has no reader).  A region that takes no chunk in a run keeps the run's programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sympy as sp
+
+from lowering.isa import Instr, SendValue, Set
+from torch2step.step.ops_routing import EagerMerge, Partition
+from torch2step.step.values import StreamValue
+
+from .streams import StreamInfo, flat_elements
+from .structure import Structure
+from .tile_loop import tile_body
+
+__all__ = ["RegionGroup", "find_region_groups", "region_view", "region_body", "chunk_count"]
+
+
+def chunk_count(op: EagerMerge) -> str:
+    """The register merge ``op`` counts the chunks it sent in (its stop token's value)."""
+    return f"chunks.{op.name}"
+
+
+@dataclass(frozen=True)
+class RegionGroup:
+    """One statically tiled region: its merge unit ``head`` (selector channel ``ref``), the
+    units after it that handle only ``[M, ...]`` streams (``units``; ``partitions``: the
+    Partition back to the experts among them), the chunk count ``chunks`` (``M``), ``limit``:
+    its bound, ``streams``: the region's streams (the view cuts them to one chunk) and the
+    run's chunks (``run_chunks``)."""
+
+    head: int
+    ref: str
+    chunks: sp.Expr
+    units: frozenset[int]
+    partitions: frozenset[int]
+    limit: int
+    streams: tuple[str, ...]
+    run_chunks: int = 0
+
+    @property
+    def members(self) -> frozenset[int]:
+        """The units built from the one-chunk view (not the head)."""
+        return self.units
+
+    def info(self, k: int, info: Any, sent: int) -> Any:
+        """Unit ``k``'s bookkeeping (:class:`~.plan.UnitInfo`) in the run from its program's
+        for one chunk (module docstring; ``sent``: a Partition's elements sent in the run)."""
+        c = self.run_chunks
+        return dataclasses.replace(
+            info,
+            flops=info.flops * c,
+            step_cycles=info.step_cycles * c,
+            received=info.received * c,
+            sent=sent if k in self.partitions else info.sent * c,
+        )
+
+
+def _outer(t: Any) -> sp.Expr | None:
+    shape = getattr(t, "shape", ())
+    return sp.sympify(shape[0]) if shape else None
+
+
+def find_region_groups(
+    st: Structure, stops: set[str], bounds: Mapping[str, int]
+) -> list[RegionGroup]:
+    """Every statically tiled region (:class:`RegionGroup`, run counts not yet set): a
+    single-node EagerMerge unit of tiles of a static row count, each input's messages from one
+    channel ending with a stop token, whose chunk count's symbols have bounds (``bounds``: a
+    Partition count's by name), and the units downstream of it all of whose inputs have that
+    chunk count as their outer size."""
+    graph = st.graph
+    outputs = {op.name: outs for op, outs in zip(graph.nodes, graph.node_outputs)}
+    values = [v for outs in graph.node_outputs for v in outs]
+    order = {v.name: i for i, v in enumerate(values)}
+    outer = {v.name: _outer(v.type) for v in values}
+    out = []
+    for h, ops in enumerate(st.units):
+        merge = ops[0]
+        if len(ops) != 1 or not isinstance(merge, EagerMerge):
+            continue
+        data, sel = outputs[merge.name]
+        m = outer[data.name]
+        if (
+            m is None
+            or m.is_Integer
+            or not {x.name for x in m.free_symbols} <= bounds.keys()
+            or not m.atoms(sp.ceiling)
+            or any(
+                len(v.type.shape) != 2 or not sp.sympify(v.type.shape[1]).is_Integer
+                for v in merge.ins
+            )
+            or any(not st.sources(v.name) or not st.sources(v.name) <= stops for v in merge.ins)
+        ):
+            continue
+        limit = int(m.subs({x: bounds[x.name] for x in m.free_symbols}))
+        reach = {data.name, sel.name}
+        units: set[int] = set()
+        parts: set[int] = set()
+        names = {n for n, e in outer.items() if e is not None and e == m}
+        for op in graph.nodes:
+            if not any(v.name in reach for v in op.inputs()):
+                continue
+            reach |= {v.name for v in outputs[op.name]}
+            if op.name not in st.owner:
+                continue
+            k = st.unit_index(op.name)
+            if k == h or k in units:
+                continue
+            own = {o.name for o in st.units[k]}
+            ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
+            if ins and all(outer[n] == m for n in ins):
+                units.add(k)
+                if isinstance(st.units[k][0], Partition):
+                    parts.add(k)
+                    names |= {v.name for v in outputs[st.units[k][0].name]}
+        if units:
+            streams = tuple(sorted(names, key=order.__getitem__))
+            out.append(RegionGroup(h, sel.name, m, frozenset(units), frozenset(parts), limit,
+                                   streams))  # fmt: skip
+    return out
+
+
+def _cut(info: StreamInfo, n: int) -> StreamInfo:
+    """Stream ``info`` with its first ``n`` outer elements only."""
+    value = StreamValue(info.value.rank, list(info.value.data[:n]))
+    flat = flat_elements(value)
+    return dataclasses.replace(
+        info, value=value, flat=flat, pieces=info.pieces[: len(flat)], _parts=None, _decl=None
+    )
+
+
+def region_view(
+    st: Structure, group: RegionGroup, streams: Mapping[str, StreamInfo]
+) -> dict[str, StreamInfo] | None:
+    """The region's streams as they hold its first chunk only (each Partition output: the
+    rows of that chunk it received, its first ones), or ``None`` when the run gives the region
+    no chunk."""
+    out: dict[str, StreamInfo] = {}
+    for name in group.streams:
+        info = streams.get(name)
+        if info is None:
+            continue
+        if st.producer[name].name not in {st.units[k][0].name for k in group.partitions}:
+            if not info.value.data:
+                return None
+            out[name] = _cut(info, 1)
+    for k in group.partitions:
+        op = st.units[k][0]
+        assert isinstance(op, Partition)
+        sel = out.get(op.sel.name)
+        if sel is None:
+            return None
+        got = [0] * len(op.out_names())
+        for s in sel.flat:
+            for i in s.indices:
+                got[i] += 1
+        for n, c in zip(op.out_names(), got):
+            out[n] = _cut(streams[n], c)
+    return out
+
+
+def region_body(
+    body: tuple[Instr, ...], group: RegionGroup, partition: bool, stop_ins: list[str]
+) -> tuple[Instr, ...]:
+    """Unit's program (``body``: for one chunk) looping over the region's chunks until the
+    merge's stop token (module docstring); a Partition's counters are set before the loop and
+    its stop tokens sent after it."""
+    head: list[Instr] = []
+    tail: list[Instr] = []
+    rest = list(body)
+    if partition:
+        n = 0
+        while n < len(rest) and type(rest[n]).__name__ == "Alloc":
+            n += 1
+        while n < len(rest) and isinstance(rest[n], Set) and str(rest[n].reg).startswith("sent."):
+            head.append(rest.pop(n))
+        while rest and isinstance(rest[-1], SendValue) and not rest[-1].stop:
+            tail.insert(0, rest.pop())
+    looped = tile_body(tuple(rest), group.ref, group.limit, stop_ins, [])
+    return (*head, *looped, *tail)
