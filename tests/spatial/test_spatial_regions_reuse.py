@@ -17,7 +17,9 @@ What every run keeps:
 
 * with static tiling, a region's EagerMerge takes whichever expert's tile is ready
   (torch2step.spatial.merge_any: a WaitAny over the experts' channels, decided in simulated
-  time), so a new chunk order, and a routing of as many tiles per expert, rebuild no unit.
+  time) and ends its selectors with a stop token, and every unit of the region loops over its
+  chunks until it (torch2step.spatial.region_loop), so a new chunk order, and any routing
+  (a new chunk count too), rebuild no unit.
 
 What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
 
@@ -27,8 +29,8 @@ What a run still rebuilds (listed exactly below; a unit outside the lists fails 
   the row packing, the selector Expand and Map, the FlatMap back to rows, the Partition back
   to the experts) when a position in its order gets a chunk of other rows: they are unrolled
   over the rows of each chunk;
-* every unit of a region whose chunk count changes (an expert with no token, a static tile
-  more): its units are unrolled over the chunks.
+* with dynamic tiling, every unit of a region whose chunk count changes (an expert with no
+  token): its units are unrolled over the chunks.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 
 from hwmodel.presets import load_chip
-from lowering.isa import Load, SendValue, WaitAny, walk
+from lowering.isa import Load, RecvValue, SendValue, WaitAny, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
 from torch2step.spatial.dynamic import simulate_decided
@@ -184,6 +186,33 @@ def test_a_routing_of_as_many_static_tiles_keeps_every_unit() -> None:
     assert counts[0] != counts[1]
     kept, rebuilt, _ = _kept_rebuilt(g, runs)
     assert rebuilt == [] and len(kept) == 73
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_new_chunk_count_keeps_every_unit_static() -> None:
+    """Static tiling, routing B after A: region 1 takes three chunks instead of four (expert 3
+    gets no token, expert 2 a tile more), region 0 as many in another split: every unit is
+    kept (a region's units loop over its chunks until its merge's stop token, built for one
+    chunk), the plan is a fresh build's and the run PyTorch's."""
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    tiles = [[-(-runs[i].bindings[f"moe_n{e}"] // 4) for e in range(4)] for i in (0, 1)]
+    assert tiles == [[2, 3, 1, 3], [2, 3, 3, 0]]
+    kept, rebuilt, b = _kept_rebuilt(g, runs)
+    assert rebuilt == [] and len(kept) == 73
+
+    # every unit of a region reads its merge's selectors until the stop token, but the
+    # weight loads, which load at each address until the address unit forwards the token
+    def takes(u: str) -> set[str]:
+        return {i.channel for i in walk(b[f"moe_l1_{u}"]) if isinstance(i, RecvValue) and i.stop}
+
+    for u in ("x", "buf", "gu_a", "down", "out", "back"):
+        assert "moe_l1_merge.1" in takes(u), u
+    assert takes("gate_w") == takes("up_w") == {"moe_l1_gu_a"}
+    assert takes("down_w") == {"moe_l1_d_a"}
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

@@ -143,6 +143,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -173,7 +174,13 @@ from .item_memory import item_emitters
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
-from .region_loop import RegionGroup, find_region_groups, region_body, region_view
+from .region_loop import (
+    RegionGroup,
+    emit_region_load,
+    find_region_groups,
+    region_body,
+    region_view,
+)
 from .region_rows import chunk_stops
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
@@ -347,6 +354,7 @@ def _build_plan(
     # a statically tiled region's units loop over its chunks until its merge's stop token,
     # built from a view of the run holding its first chunk (.region_loop)
     regions: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
+    region_loads: dict[int, RegionGroup] = {}  # its weight loads, looping over their addresses
     for g in find_region_groups(st, stops, count_bounds(ctx)) if not vw.members else ():
         rview = region_view(st, g, streams)
         if rview is None:  # no chunk this run: the run's programs
@@ -354,7 +362,9 @@ def _build_plan(
         g = dataclasses.replace(g, run_chunks=ctx.ev(g.chunks, "a region's chunks"))
         ctx.tiled = {**ctx.tiled, st.units[g.head][0].name: g.ref}
         tokens[g.ref] = 1
+        tokens.update({ch: 1 for _, chans in g.forwards for ch in chans})
         regions.update({k: (g, {**streams, **rview}) for k in g.units})
+        region_loads.update({k: g for k in g.loads})
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
@@ -406,7 +416,8 @@ def _build_plan(
     region_ctx = {}  # per region (its head), the context and streams of its one-chunk view
     for g, rview in regions.values():
         if g.head not in region_ctx:
-            rtok = {**tokens, g.ref: 0}  # the loop takes the merge's stop token
+            # the loop takes the merge's stop token, and forwards it after the addresses
+            rtok = {**tokens, g.ref: 0} | {ch: 0 for _, chans in g.forwards for ch in chans}
             region_ctx[g.head] = (
                 dataclasses.replace(ctx, streams=rview),
                 RunStreams(rview, run_streams.order),
@@ -488,7 +499,12 @@ def _build_plan(
         if k in regions:  # its loop's bound follows the chunk count's (recorded)
             b.bound(regions[k][0].chunks)
         try:
-            emit(vctx, b, ops)
+            if k in region_loads:  # a loop over its addresses (.region_loop)
+                g = region_loads[k]
+                per = math.prod(int(d) for d in ops[0].raddr.type.shape[1:])  # per chunk
+                emit_region_load(vctx, b, ops[0], (b.bound(g.chunks) or g.limit) * per)
+            else:
+                emit(vctx, b, ops)
         finally:
             vctx.deps = None
         # the guard's receive of the buffer reference is not the emitter's
@@ -498,7 +514,7 @@ def _build_plan(
         if k in regions:
             g = regions[k][0]
             ins = sorted(ch for ch in reads[k] if ch in stops)
-            body = region_body(body, g, k in g.partitions, ins)
+            body = region_body(body, g, k, ins)
         elif k in heads or k in guarded:
             ins = sorted(ch for ch in reads[k] if ch in stops)
             outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
@@ -543,6 +559,10 @@ def _build_plan(
     # addresses: the K and V loads pipeline across requests and take the next request's first
     # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
+    # a region's selectors (4-byte control values) are read by every unit of the region, the
+    # last ones a chunk's pipeline behind the merge: their FIFO holds every chunk's selector
+    # and the stop token, so the merge never waits for the slowest (.region_loop)
+    deep = {g.ref: max(extra - 1, g.limit + 1) for g, _ in regions.values()}
     channels = tuple(
         Channel(
             ch,
@@ -550,6 +570,8 @@ def _build_plan(
             tuple(sorted(core[d] for d in dsts[ch])),
             extra
             if ch in headed and not isinstance(st.producer[ch], Expand)
+            else deep[ch]
+            if ch in deep
             else vw.depth(ch, fifo_depth, extra - 1),  # a tile group's rows: a tile more
         )
         for ch in streams

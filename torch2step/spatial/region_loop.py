@@ -27,21 +27,47 @@ padding output has no reader).  A region that takes no chunk in a run keeps the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import sympy as sp
 
-from lowering.isa import Instr, SendValue, Set
+from lowering.isa import (
+    DTYPE_BYTES,
+    Affine,
+    Calc,
+    Cond,
+    If,
+    Instr,
+    Load,
+    RecvValue,
+    Region,
+    Send,
+    SendValue,
+    Set,
+)
+from torch2step.step.ops_memory import RandomOffChipLoad
 from torch2step.step.ops_routing import EagerMerge, Partition
 from torch2step.step.values import StreamValue
 
+from .buffer_loop import select
+from .context import EmitCtx, tile_shape
+from .item_loop import alike, counted, hold_buffers, item_loop, level
 from .streams import StreamInfo, flat_elements
 from .structure import Structure
 from .tile_loop import tile_body
+from .unit import UnitBuilder
 
-__all__ = ["RegionGroup", "find_region_groups", "region_view", "region_body", "chunk_count"]
+__all__ = [
+    "RegionGroup",
+    "find_region_groups",
+    "region_view",
+    "region_body",
+    "emit_region_load",
+    "chunk_count",
+]
 
 
 def chunk_count(op: EagerMerge) -> str:
@@ -65,6 +91,11 @@ class RegionGroup:
     limit: int
     streams: tuple[str, ...]
     run_chunks: int = 0
+    #: the weight loads (one-node RandomOffChipLoad units reading a member's addresses only):
+    #: loops until their address channel's stop token (:func:`emit_region_load`)
+    loads: frozenset[int] = frozenset()
+    #: per member unit, the address channels it ends with the merge's stop token
+    forwards: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def members(self) -> frozenset[int]:
@@ -143,10 +174,44 @@ def find_region_groups(
                     parts.add(k)
                     names |= {v.name for v in outputs[st.units[k][0].name]}
         if units:
+            loads, fwd = _loads(st, units)
             streams = tuple(sorted(names, key=order.__getitem__))
-            out.append(RegionGroup(h, sel.name, m, frozenset(units), frozenset(parts), limit,
-                                   streams))  # fmt: skip
+            out.append(RegionGroup(h, sel.name, m, frozenset(units - loads), frozenset(parts),
+                                   limit, streams, 0, loads, fwd))  # fmt: skip
     return out
+
+
+def _loads(st: Structure, units: set[int]) -> tuple[frozenset[int], tuple]:
+    """The region's weight loads that loop over their addresses (:func:`emit_region_load`)
+    and per address unit the channels it ends with the stop token: a one-node
+    RandomOffChipLoad reading one channel of a member that only such loads read."""
+    readers: dict[str, set[int]] = {}
+    for k, ops in enumerate(st.units):
+        own = {o.name for o in ops}
+        for o in ops:
+            for v in o.inputs():
+                if v.name not in own:
+                    for ch in st.sources(v.name):
+                        readers.setdefault(ch, set()).add(k)
+    loads: set[int] = set()
+    chans: dict[int, set[str]] = {}
+    for k in sorted(units):
+        ops = st.units[k]
+        if len(ops) != 1 or not isinstance(ops[0], RandomOffChipLoad):
+            continue
+        src = st.sources(ops[0].raddr.name)
+        if len(src) != 1:
+            continue
+        (ch,) = src
+        p = st.unit_index(st.producer[ch].name)
+        if p not in units or not all(
+            len(st.units[r]) == 1 and isinstance(st.units[r][0], RandomOffChipLoad)
+            for r in readers.get(ch, ())
+        ):
+            continue
+        loads.add(k)
+        chans.setdefault(p, set()).add(ch)
+    return frozenset(loads), tuple((p, tuple(sorted(c))) for p, c in sorted(chans.items()))
 
 
 def _cut(info: StreamInfo, n: int) -> StreamInfo:
@@ -189,11 +254,13 @@ def region_view(
 
 
 def region_body(
-    body: tuple[Instr, ...], group: RegionGroup, partition: bool, stop_ins: list[str]
+    body: tuple[Instr, ...], group: RegionGroup, k: int, stop_ins: list[str]
 ) -> tuple[Instr, ...]:
-    """Unit's program (``body``: for one chunk) looping over the region's chunks until the
-    merge's stop token (module docstring); a Partition's counters are set before the loop and
-    its stop tokens sent after it."""
+    """Unit ``k``'s program (``body``: for one chunk) looping over the region's chunks until
+    the merge's stop token (module docstring); a Partition's counters are set before the loop
+    and its stop tokens sent after it, an address unit's weight loads get the token after its
+    addresses."""
+    partition = k in group.partitions
     head: list[Instr] = []
     tail: list[Instr] = []
     rest = list(body)
@@ -206,4 +273,59 @@ def region_body(
         while rest and isinstance(rest[-1], SendValue) and not rest[-1].stop:
             tail.insert(0, rest.pop())
     looped = tile_body(tuple(rest), group.ref, group.limit, stop_ins, [])
+    token = f"stop.{group.ref}"
+    tail += [SendValue(ch, token, stop=True) for ch in dict(group.forwards).get(k, ())]
     return (*head, *looped, *tail)
+
+
+def emit_region_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad, bound: int) -> None:
+    """A region's weight load as one loop over its addresses until their channel's stop
+    token (at most ``bound`` addresses): per address ``RecvValue`` it (with ``stop``), load the
+    tile there into the next of ``depth`` rotating buffers and send the tile loaded
+    ``depth - 1`` addresses earlier, so loads run ahead across the chunks as the unrolled
+    program's do (:func:`~.item_memory.emit_item_load`'s scheme, without a token on the
+    tiles: the region's units read them per chunk); the last tiles once the token came."""
+    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
+    (ach,) = ctx.structure.sources(op.raddr.name)
+    stop = f"stop.{ach}"
+    lay = ctx.layouts[op.tensor.name]
+    tile = tile_shape(op)
+    so = alike(out, f"RandomOffChipLoad %{op.name}")
+    ((part,),) = (so.parts(0),)
+    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
+    sends = out.channel is not None and b.has_dsts(out.channel)
+    b._await(lay.name)  # the completion tokens of earlier stores, once ahead of the loop
+    names = [b.buffer(("ld",), part.dtype, part.elems, depth) for _ in range(depth)]
+    starts, extents = lay.region_at(op.base, "w.at", tile, f"RandomOffChipLoad %{op.name}")
+
+    def load(i: int) -> tuple[Instr, ...]:
+        return (Load(names[i], lay.name, Region(tuple(starts), tuple(extents))),)
+
+    def send(i: int) -> tuple[Instr, ...]:
+        return (Send(out.channel, names[i]),) if sends and out.channel else ()
+
+    def back(t: Affine) -> tuple[Instr, ...]:  # the tile loaded depth - 1 addresses before
+        return (
+            If(Cond(t, ">=", 0), (Calc("w.s", "mod", t, depth), *select("w.s", 0, depth, send))),
+        )
+
+    body: tuple[Instr, ...] = (
+        RecvValue(ach, "w.at"),
+        Calc("w.m", "mod", "w.g", depth),
+        *select("w.m", 0, depth, load),
+        *(back(Affine(1 - depth, (("w.g", 1),))) if sends else ()),
+        Set("w.g", Affine(1, (("w.g", 1),))),
+    )
+    done: tuple[Instr, ...] = ()
+    if sends:
+        for i in range(depth - 1):  # the last depth - 1 tiles
+            done += back(Affine(1 - depth + i, (("w.g", 1),)))
+    b.emit(Set("w.g", 0))
+    item_loop(b, [body], done, bound, stop)
+    b.next_seq[ach] = addrs.messages + 1
+    if sends and out.channel:
+        b.sent_seq[out.channel] = out.messages
+    counted(ctx, b, op.raddr.name, (1, int(sends), 0, 0))
+    ctx.relax(op.raddr, None)
+    ctx.relax(op.name, level(out))
+    hold_buffers(b)
