@@ -17,8 +17,11 @@ while some expert has not ended (at most its tiles' bound plus one per expert):
   the dequeue and the generated tile, as the unrolled program's) with flag 1.  The stop token
   instead of a first row ends the expert with no tile.
 
+After the loop, when its region's units loop over the chunks (:mod:`.region_loop`), it sends
+the stop token on the selector channel, the chunks it sent (counted in a register).
+
 So each expert's tiles leave in the order their first rows arrived, and the program is the same
-for every chunk order and every routing of as many tiles per expert's bound: the decision is
+for every chunk order and every routing within the experts' bounds: the decision is
 the simulation's, not the reference interpreter's.  What it takes in a run is counted from the
 run's streams (:meth:`~.context.EmitCtx.tally`).  A merge of ragged chunks (dynamic tiling)
 keeps the run's order (:mod:`.emit_routing`): its region's row units are unrolled over each

@@ -116,24 +116,31 @@ With expert regions (§5.3) a region computes its expert id and weight-tile addr
 registers from its EagerMerge's selector (:mod:`.region_values`), holds its tiles of a
 chunk's rows at the experts' token bound, and each expert's chunk and scaling loop until the
 Partition's stop token (:mod:`.region_rows`); with static tiling the merge takes whichever
-expert's tile arrived first in simulated time (``WaitAny``, :mod:`.merge_any`).
+expert's tile arrived first in simulated time (``WaitAny``, :mod:`.merge_any`), ends its
+selectors with a stop token (the chunks it sent), and every unit of the region loops over the
+chunks until it (:mod:`.region_loop`): each program is built for one chunk from a view of the
+run holding the region's first, a selector taken per chunk, the Partition back to the experts
+keeping its counters across the loop; the weight loads loop over their addresses until the
+address unit forwards the token, so their loads run ahead across chunks.
 
-What is still baked from the run: with regions a region's chunk count (its units are
-unrolled over its chunks) and, with dynamic tiling, EagerMerge's chunk order and the sizes of
-the chunks its row units handle (Bufferize, row packing, selector Expand and Map, the FlatMap
+What is still baked from the run: with regions the programs of a region that takes no chunk
+(built from the run, unrolled over none) and, with dynamic tiling, a region's chunk count (its
+units are unrolled over its chunks), EagerMerge's chunk order and the sizes of the chunks its
+row units handle (Bufferize, row packing, selector Expand and Map, the FlatMap
 back to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
 it), so a new routing emits no unit again with dynamic or static tiling (:mod:`.tile_loop`);
 a new KV-length set none, under every attention strategy (lanes, regions with a static or the
-dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) of
-statically tiled regions none.  Making the rest run-independent needs: with regions, each
-region's units looping over its chunks until a stop token after the last (guarded by the
-selector the merge sends per chunk, as :mod:`.guard` guards an expert's units by its buffer
-reference), and with dynamic tiling its row units looping until each chunk's stop token (the
-merge forwarding the count each expert's chunk ends with), after which its merge too can take
-whichever input is ready (:mod:`.merge_any`).
+dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) or chunk
+count of statically tiled regions none.  Making the rest run-independent needs: for a region
+without a chunk, its one-chunk view made from the streams' declared types (as :mod:`.guard`
+does for an expert without tokens); with dynamic tiling, the region loop of
+:mod:`.region_loop` for its tile units (their per-chunk bookkeeping summed over the chunks'
+rows: :class:`~.sizing.Sizing` per chunk) and its row units looping until each chunk's stop
+token (the merge forwarding the count each expert's chunk ends with), after which its merge
+too can take whichever input is ready (:mod:`.merge_any`).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
