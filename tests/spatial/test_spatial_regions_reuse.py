@@ -19,7 +19,8 @@ What every run keeps:
   (torch2step.spatial.merge_any: a WaitAny over the experts' channels, decided in simulated
   time) and ends its selectors with a stop token, and every unit of the region loops over its
   chunks until it (torch2step.spatial.region_loop), so a new chunk order, and any routing
-  (a new chunk count too), rebuild no unit.
+  (a new chunk count too, none at all: its units built for one chunk of zero tiles of the
+  declared types), rebuild no unit.
 
 What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
 
@@ -213,6 +214,25 @@ def test_a_new_chunk_count_keeps_every_unit_static() -> None:
         assert "moe_l1_merge.1" in takes(u), u
     assert takes("gate_w") == takes("up_w") == {"moe_l1_gu_a"}
     assert takes("down_w") == {"moe_l1_d_a"}
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
+    """Static tiling, a routing that gives region 1 (experts 4-7) no token, then one that
+    does, and back: every unit is kept either way (the empty region's units are built for one
+    chunk of zero tiles of their declared types and loop over none), the plans are fresh
+    builds' and the runs PyTorch's."""
+    route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
+    route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    ins = [moe_inputs(**KW8, tokens=16, seed=0, routing=r) for r in (route_e, route_f)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    assert sum(runs[0].bindings[f"moe_n{e}"] for e in range(4, 8)) == 0
+    for order in (runs, runs[::-1]):
+        kept, rebuilt, b = _kept_rebuilt(g, order)
+        assert rebuilt == [] and len(kept) == 81
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

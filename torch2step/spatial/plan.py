@@ -362,20 +362,22 @@ def _build_plan(
     # built from a view of the run holding its first chunk (.region_loop)
     regions: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
     region_loads: dict[int, RegionGroup] = {}  # its weight loads, looping over their addresses
+    read_views: dict[int, dict[str, StreamInfo]] = {}  # the streams their channels come from
     for g in find_region_groups(st, stops, count_bounds(ctx)) if not vw.members else ():
         rview = region_view(st, g, streams)
-        if rview is None:  # no chunk this run: the run's programs
+        if rview is None:  # its one-chunk view does not evaluate: the run's programs
             continue
         g = dataclasses.replace(g, run_chunks=ctx.ev(g.chunks, "a region's chunks"))
         ctx.tiled = {**ctx.tiled, st.units[g.head][0].name: g.ref}
         tokens[g.ref] = 1
         tokens.update({ch: 1 for _, chans in g.forwards for ch in chans})
-        regions.update({k: (g, {**streams, **rview}) for k in g.units})
+        regions.update({k: (g, rview) for k in g.units})
         region_loads.update({k: g for k in g.loads})
+        read_views.update({k: rview for k in g.units | g.loads})
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
-        view = regions[k][1] if k in regions else vw.streams_of(k, streams)
+        view = read_views[k] if k in read_views else vw.streams_of(k, streams)
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
