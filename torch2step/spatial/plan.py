@@ -150,7 +150,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -181,13 +180,7 @@ from .item_memory import item_emitters
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
-from .region_loop import (
-    RegionGroup,
-    emit_region_load,
-    find_region_groups,
-    region_body,
-    region_view,
-)
+from .region_loop import region_body, region_plan
 from .region_rows import chunk_stops
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
@@ -360,24 +353,11 @@ def _build_plan(
     unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
     # a statically tiled region's units loop over its chunks until its merge's stop token,
     # built from a view of the run holding its first chunk (.region_loop)
-    regions: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
-    region_loads: dict[int, RegionGroup] = {}  # its weight loads, looping over their addresses
-    read_views: dict[int, dict[str, StreamInfo]] = {}  # the streams their channels come from
-    for g in find_region_groups(st, stops, count_bounds(ctx)) if not vw.members else ():
-        rview = region_view(st, g, streams)
-        if rview is None:  # its one-chunk view does not evaluate: the run's programs
-            continue
-        g = dataclasses.replace(g, run_chunks=ctx.ev(g.chunks, "a region's chunks"))
-        ctx.tiled = {**ctx.tiled, st.units[g.head][0].name: g.ref}
-        tokens[g.ref] = 1
-        tokens.update({ch: 1 for _, chans in g.forwards for ch in chans})
-        regions.update({k: (g, rview) for k in g.units})
-        region_loads.update({k: g for k in g.loads})
-        read_views.update({k: rview for k in g.units | g.loads})
+    rp = region_plan(st, ctx, stops, streams, tokens, count_bounds(ctx) if not vw.members else {})
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
-        view = read_views[k] if k in read_views else vw.streams_of(k, streams)
+        view = rp.views[k] if k in rp.views else vw.streams_of(k, streams)
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
@@ -399,7 +379,7 @@ def _build_plan(
         reads.append(mine)
     heads = {g.head: g.ref for g in vw.guards}
     guarded = {k: g.ref for g in vw.guards for k in g.units}
-    guarded |= {k: g.ref for k, (g, _) in regions.items()}
+    guarded |= rp.refs()
     for k, ref in guarded.items():  # every member reads the buffer reference (or its token)
         reads[k].add(ref)
         dsts.setdefault(ref, set()).add(k)
@@ -422,16 +402,7 @@ def _build_plan(
     infos = []
     run_streams = RunStreams(streams)
     full_streams = RunStreams(vw.streams, run_streams.order) if vw.members else run_streams
-    region_ctx = {}  # per region (its head), the context and streams of its one-chunk view
-    for g, rview in regions.values():
-        if g.head not in region_ctx:
-            # the loop takes the merge's stop token, and forwards it after the addresses
-            rtok = {**tokens, g.ref: 0} | {ch: 0 for _, chans in g.forwards for ch in chans}
-            region_ctx[g.head] = (
-                dataclasses.replace(ctx, streams=rview),
-                RunStreams(rview, run_streams.order),
-                rtok,
-            )
+    rp.bind(tokens, run_streams, lambda view: RunStreams(view, run_streams.order))
     outputs = {op.name: [v.name for v in outs] for op, outs in zip(graph.nodes, graph.node_outputs)}
     bounds = count_bounds(ctx)
     if units is not None:
@@ -461,10 +432,9 @@ def _build_plan(
 
     def info_of(k: int, info: UnitInfo) -> UnitInfo:
         """Unit ``k``'s bookkeeping in the run from its program's (in its view)."""
-        if k in regions:  # per chunk; a Partition's sends: the run's rows (.region_loop)
+        if k in rp.members:  # per chunk; a Partition's sends: the run's rows (.region_loop)
             op = st.units[k][0]
-            sent = sum(len(streams[n].flat) for n in op.out_names() if n in dsts)
-            return regions[k][0].info(k, info, sent)
+            return rp.info(k, info, sum(len(streams[n].flat) for n in op.out_names() if n in dsts))
         return vw.info(k, info)
 
     for k, ops in enumerate(st.units):
@@ -477,8 +447,8 @@ def _build_plan(
         vctx, vrs, vtok = (ctx, run_streams, tokens)
         if k in vw.members:
             vctx, vrs, vtok = (vw.ctx_of(k), full_streams, vw.tokens)
-        elif k in regions:
-            vctx, vrs, vtok = region_ctx[regions[k][0].head]
+        elif k in rp.members:
+            vctx, vrs, vtok = rp.context(k)
         unit_stops = {
             ch: vctx.streams[ch].messages
             for ch in reads[k]
@@ -505,13 +475,11 @@ def _build_plan(
             frozenset(grouped),
         )
         vw.prepare(k, b)
-        if k in regions:  # its loop's bound follows the chunk count's (recorded)
-            b.bound(regions[k][0].chunks)
+        if k in rp.members:  # its loop's bound follows the chunk count's (recorded)
+            b.bound(rp.members[k][0].chunks)
         try:
-            if k in region_loads:  # a loop over its addresses (.region_loop)
-                g = region_loads[k]
-                per = math.prod(int(d) for d in ops[0].raddr.type.shape[1:])  # per chunk
-                emit_region_load(vctx, b, ops[0], (b.bound(g.chunks) or g.limit) * per)
+            if k in rp.loads:  # a loop over its addresses (.region_loop)
+                rp.emit(vctx, b, k, ops[0])
             else:
                 emit(vctx, b, ops)
         finally:
@@ -520,10 +488,9 @@ def _build_plan(
         own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
         check_unit_io(b, vctx, own, sends.get(k, ()), vtok)
         body = b.body()
-        if k in regions:
-            g = regions[k][0]
+        if k in rp.members:
             ins = sorted(ch for ch in reads[k] if ch in stops)
-            body = region_body(body, g, k, ins)
+            body = region_body(body, rp.members[k][0], k, ins)
         elif k in heads or k in guarded:
             ins = sorted(ch for ch in reads[k] if ch in stops)
             outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
@@ -568,10 +535,6 @@ def _build_plan(
     # addresses: the K and V loads pipeline across requests and take the next request's first
     # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
-    # a region's selectors (4-byte control values) are read by every unit of the region, the
-    # last ones a chunk's pipeline behind the merge: their FIFO holds every chunk's selector
-    # and the stop token, so the merge never waits for the slowest (.region_loop)
-    deep = {g.ref: max(extra - 1, g.limit + 1) for g, _ in regions.values()}
     channels = tuple(
         Channel(
             ch,
@@ -579,8 +542,6 @@ def _build_plan(
             tuple(sorted(core[d] for d in dsts[ch])),
             extra
             if ch in headed and not isinstance(st.producer[ch], Expand)
-            else deep[ch]
-            if ch in deep
             else vw.depth(ch, fifo_depth, extra - 1),  # a tile group's rows: a tile more
         )
         for ch in streams

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,8 @@ from .tile_loop import tile_body
 from .unit import UnitBuilder
 
 __all__ = [
+    "RegionPlan",
+    "region_plan",
     "RegionGroup",
     "find_region_groups",
     "region_view",
@@ -406,3 +408,78 @@ def emit_region_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad, bound:
     ctx.relax(op.raddr, None)
     ctx.relax(op.name, level(out))
     hold_buffers(b)
+
+
+@dataclass
+class RegionPlan:
+    """The statically tiled regions of a plan (module docstring): per member unit its group
+    and one-chunk view, per weight load its group, and the streams each of them reads its
+    channels from."""
+
+    members: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]]
+    loads: dict[int, RegionGroup]
+    views: dict[int, dict[str, StreamInfo]]
+    #: the context of a view (the plan's with the view's streams)
+    make_ctx: Callable[[dict[str, StreamInfo]], EmitCtx]
+    #: per region head, the context, run streams and stop tokens its members are built in
+    contexts: dict[int, tuple[EmitCtx, Any, dict[str, int]]] = dataclasses.field(
+        default_factory=dict
+    )
+
+    def refs(self) -> dict[int, str]:
+        """Per member, the selector channel it reads once per chunk."""
+        return {k: g.ref for k, (g, _) in self.members.items()}
+
+    def bind(self, tokens: Mapping[str, int], run_streams: Any, make: Any) -> None:
+        """Make each region's member context (``make(view)``: the run streams of a view)."""
+        for g, view in self.members.values():
+            if g.head not in self.contexts:
+                # the loop takes the merge's stop token, and forwards it after the addresses
+                tok = {**tokens, g.ref: 0} | {ch: 0 for _, chans in g.forwards for ch in chans}
+                self.contexts[g.head] = (self.make_ctx(view), make(view), tok)
+
+    def context(self, k: int) -> tuple[EmitCtx, Any, dict[str, int]]:
+        """Member ``k``'s context, run streams and stop tokens."""
+        return self.contexts[self.members[k][0].head]
+
+    def emit(self, ctx: EmitCtx, b: UnitBuilder, k: int, op: Any) -> None:
+        """Emit the weight load ``k`` (``op``) as a loop over its addresses."""
+        g = self.loads[k]
+        per = math.prod(int(d) for d in op.raddr.type.shape[1:])  # addresses per chunk
+        emit_region_load(ctx, b, op, (b.bound(g.chunks) or g.limit) * per)
+
+    def info(self, k: int, info: Any, sent: int) -> Any:
+        """Member ``k``'s bookkeeping in the run (``sent``: a Partition's sends in it)."""
+        return self.members[k][0].info(k, info, sent)
+
+
+def region_plan(
+    st: Structure,
+    ctx: EmitCtx,
+    stops: set[str],
+    streams: Mapping[str, StreamInfo],
+    tokens: dict[str, int],
+    bounds: Mapping[str, int],
+) -> RegionPlan:
+    """The statically tiled regions of the run of ``ctx`` whose one-chunk view evaluates: each
+    merge is told to end its selectors with the stop token (``ctx.tiled``), which ``tokens``
+    counts, as it counts the one each address unit forwards."""
+    members: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
+    loads: dict[int, RegionGroup] = {}
+    views: dict[int, dict[str, StreamInfo]] = {}
+    for g in find_region_groups(st, stops, bounds):
+        view = region_view(st, g, streams)
+        if view is None:  # its one-chunk view does not evaluate: the run's programs
+            continue
+        g = dataclasses.replace(g, run_chunks=ctx.ev(g.chunks, "a region's chunks"))
+        ctx.tiled = {**ctx.tiled, st.units[g.head][0].name: g.ref}
+        tokens[g.ref] = 1
+        tokens.update({ch: 1 for _, chans in g.forwards for ch in chans})
+        members.update({k: (g, view) for k in g.units})
+        loads.update({k: g for k in g.loads})
+        views.update({k: view for k in g.units | g.loads})
+
+    def make_ctx(view: dict[str, StreamInfo]) -> EmitCtx:
+        return dataclasses.replace(ctx, streams=view)
+
+    return RegionPlan(members, loads, views, make_ctx)
