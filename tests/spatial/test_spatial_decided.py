@@ -84,7 +84,9 @@ def test_a_merge_names_a_chunk_only_once_its_data_is_there() -> None:
     for op in merges:
         sels = watch[op.out_names()[1]]
         order = [s.indices[0] for s in res.values[op.out_names()[1]].data]
-        assert len(sels) == len(order) > 0
+        # then the stop token its region's units loop until (torch2step.spatial.region_loop)
+        assert len(sels) == len(order) + 1 and len(order) > 0
+        assert sels[-1] > sels[-2]
         for cycle, i in zip(sels, order):
             first = watch[src.get(op.ins[i].name, op.ins[i].name)]
             assert 0 <= first < cycle  # the chunk's input had sent before its selector left

@@ -30,8 +30,8 @@ What a run still rebuilds (listed exactly below; a unit outside the lists fails 
   the row packing, the selector Expand and Map, the FlatMap back to rows, the Partition back
   to the experts) when a position in its order gets a chunk of other rows: they are unrolled
   over the rows of each chunk;
-* with dynamic tiling, every unit of a region whose chunk count changes (an expert with no
-  token): its units are unrolled over the chunks.
+* with dynamic tiling, a region's merge and row units when its chunk count changes; its tile
+  units loop over the chunks until the merge's stop token (torch2step.spatial.region_loop).
 """
 
 from __future__ import annotations
@@ -157,18 +157,24 @@ def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
 def test_a_new_routing_keeps_every_expert_unit() -> None:
     """Routing B after A (artifact's layer, dynamic tiling): every unit outside the regions
     is kept (the routing, each expert's chunk and its scaling after the region, also of
-    expert 3, which gets no token), region 0 keeps its tile units; region 1 takes one chunk
-    instead of two and is rebuilt whole."""
+    expert 3, which gets no token); region 1 takes one chunk instead of two, and both
+    regions keep their tile units (they loop over the chunks until the merge's stop token,
+    built for one chunk, their rows read at run time: torch2step.spatial.region_loop): only
+    each region's merge and row units are rebuilt."""
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
     runs = [run(g, tensors=x, check=False) for x in ins]
     assert runs[1].bindings["moe_n3"] == 0 < runs[0].bindings["moe_n3"]
     kept, rebuilt, b = _kept_rebuilt(g, runs)
-    want = [f"moe_l0_{u}" for u in ("merge", *ROW_UNITS)]
-    want += [f"moe_l1_{u}" for u in REGION_UNITS]
+    want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
     assert rebuilt == sorted(want)
+    assert {f"moe_l1_{u}" for u in REGION_UNITS} - set(rebuilt) <= set(kept)
     experts = [f"moe_e{e}_{u}" for e in range(4) for u in ("chunk", "gw", "scaled")]
     assert set(experts) <= set(kept) and len(kept) + len(rebuilt) == 71
+    # a tile unit loops over the chunks: its bookkeeping follows each chunk's rows
+    plans = [build_plan(g, CHIP, r) for r in runs]
+    gate = [next(u for u in p.units if u.name == "moe_l1_gate") for p in plans]
+    assert gate[0].flops > gate[1].flops > 0
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

@@ -152,6 +152,7 @@ import dataclasses
 import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -190,6 +191,7 @@ from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder, check_unit_io
 from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
+from .unit_reuse import _Entry as Entry
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
@@ -430,11 +432,13 @@ def _build_plan(
     def has_dsts(ch: str) -> bool:
         return ch in dsts
 
-    def info_of(k: int, info: UnitInfo) -> UnitInfo:
-        """Unit ``k``'s bookkeeping in the run from its program's (in its view)."""
+    def info_of(k: int, info: UnitInfo, entry: Any = None) -> UnitInfo:
+        """Unit ``k``'s bookkeeping in the run from its program's (in its view; ``entry``:
+        the program kept, :mod:`.unit_reuse`)."""
         if k in rp.members:  # per chunk; a Partition's sends: the run's rows (.region_loop)
             op = st.units[k][0]
-            return rp.info(k, info, sum(len(streams[n].flat) for n in op.out_names() if n in dsts))
+            sent = sum(len(streams[n].flat) for n in op.out_names() if n in dsts)
+            return rp.info(k, info, sent, entry)
         return vw.info(k, info)
 
     for k, ops in enumerate(st.units):
@@ -460,7 +464,7 @@ def _build_plan(
         hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            infos.append(info_of(k, hit.info))  # in this run (no token, its tiles: .guard)
+            infos.append(info_of(k, hit.info, hit))  # in this run (no token, its tiles: .guard)
             continue
         deps = vctx.deps = Deps()
         b = UnitBuilder(
@@ -507,7 +511,7 @@ def _build_plan(
                 b.sent,
             )
         )
-        if units is not None:
+        if units is not None or rp.ragged(k):  # (a ragged region's: counted per chunk)
             sizing = b.sizing()
             if sizing is not None:
                 # what its run-time decisions take is counted apart (Deps.tally)
@@ -527,8 +531,11 @@ def _build_plan(
                     for name in outputs[op.name]:
                         if name in deps.streams:
                             deps.streams[name] = looser(deps.streams[name], FORM)
-            units.store(k, key, deps, vrs, bodies[-1], infos[-1])
-        infos[-1] = info_of(k, infos[-1])  # no token: its guard only; or per tile (.guard)
+            if units is not None:
+                units.store(k, key, deps, vrs, bodies[-1], infos[-1])
+        # no token: its guard only; or per tile (.guard), per chunk (.region_loop)
+        kept = Entry(key, deps, vrs, bodies[-1], infos[-1], deps.tallied) if rp.ragged(k) else None
+        infos[-1] = info_of(k, infos[-1], kept)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     # a headed address channel's FIFOs have a slot more, for the count ahead of a request's

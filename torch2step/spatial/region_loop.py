@@ -1,4 +1,4 @@
-"""A statically tiled expert region's units loop over its chunks until the merge's stop token.
+"""An expert region's units loop over its chunks until the merge's stop token.
 
 With ``R`` expert regions and static tiling (STeP arXiv 2511.07776 §5.2, §5.3) a region's
 EagerMerge takes its experts' tiles of ``N`` rows in the order they are ready
@@ -18,10 +18,25 @@ chunk's expert, weight addresses and padding index computed in registers from th
 * the Partition back to the experts keeps its counters across the loop: they are set before
   it and each output's stop token (the count it received) is sent after it.
 
+The weight loads (RandomOffChipLoad at the addresses the region computes from the selector)
+loop over their addresses instead, until the address unit forwards the merge's stop token
+after its last chunk's (:func:`emit_region_load`), so their loads run ahead across the chunks
+as the unrolled program's do (a loop per chunk drained the DMA pipeline at every chunk).
+
 The work per chunk is the unrolled program's (STeP §4.2), the only new traffic the stop token
-on the selector channel.  A unit's bookkeeping in a run (:meth:`RegionGroup.info`) is its
-one-chunk program's times ``M``, but the Partition's sends, which are the run's real rows (its
-padding output has no reader).  A region that takes no chunk in a run keeps the run's programs.
+on the selector and address channels.  A unit's bookkeeping in a run
+(:meth:`RegionGroup.info`) is its one-chunk program's times ``M``, but the Partition's sends,
+which are the run's real rows (its padding output has no reader).  A region that takes no
+chunk in a run is built from one chunk of zero tiles of its streams' declared types
+(:func:`_blank_view`).
+
+With dynamic tiling (a region's chunk is one expert's rows, a ragged size, STeP (revised)
+§3.1) the same loop serves the units that handle a chunk's tiles (``ragged`` groups: the
+expert index, weight addresses and loads, the matmuls, activation, repeats and column split,
+whose tiles' rows are read at run time, :mod:`.rows`); their bookkeeping in a run is their
+program's counted again in each chunk's view and summed (:meth:`RegionPlan.info`).  The merge
+and the units handling the chunk's rows one by one keep the run's programs, unrolled in its
+order.
 """
 
 from __future__ import annotations
@@ -100,6 +115,9 @@ class RegionGroup:
     loads: frozenset[int] = frozenset()
     #: per member unit, the address channels it ends with the merge's stop token
     forwards: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    #: dynamic tiling: the chunks are ragged (an expert's rows each), the members are the
+    #: units handling a chunk's tiles, their rows read at run time (:func:`chunk_views`)
+    ragged: bool = False
 
     @property
     def members(self) -> frozenset[int]:
@@ -138,6 +156,7 @@ def find_region_groups(
     values = [v for outs in graph.node_outputs for v in outs]
     order = {v.name: i for i, v in enumerate(values)}
     outer = {v.name: _outer(v.type) for v in values}
+    types = {v.name: v.type for v in values}
     out = []
     for h, ops in enumerate(st.units):
         merge = ops[0]
@@ -149,13 +168,13 @@ def find_region_groups(
             m is None
             or m.is_Integer
             or not {x.name for x in m.free_symbols} <= bounds.keys()
-            or not m.atoms(sp.ceiling)
-            or any(
-                len(v.type.shape) != 2 or not sp.sympify(v.type.shape[1]).is_Integer
-                for v in merge.ins
-            )
+            or any(len(v.type.shape) != 2 for v in merge.ins)
             or any(not st.sources(v.name) or not st.sources(v.name) <= stops for v in merge.ins)
         ):
+            continue
+        # static tiles of N rows, or (dynamic tiling) one ragged chunk of an expert's rows
+        ragged = not all(sp.sympify(v.type.shape[1]).is_Integer for v in merge.ins)
+        if not ragged and not m.atoms(sp.ceiling):
             continue
         limit = int(m.subs({x: bounds[x.name] for x in m.free_symbols}))
         reach = {data.name, sel.name}
@@ -173,6 +192,9 @@ def find_region_groups(
                 continue
             own = {o.name for o in st.units[k]}
             ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
+            outs = [v.name for o in st.units[k] for v in outputs[o.name]]
+            if ragged and not all(_tiles_only(types[n]) for n in ins + outs):
+                continue  # a row unit: it handles a chunk's rows one by one
             if ins and all(outer[n] == m for n in ins):
                 units.add(k)
                 if isinstance(st.units[k][0], Partition):
@@ -182,8 +204,14 @@ def find_region_groups(
             loads, fwd = _loads(st, units)
             streams = tuple(sorted(names, key=order.__getitem__))
             out.append(RegionGroup(h, sel.name, m, frozenset(units - loads), frozenset(parts),
-                                   limit, streams, 0, loads, fwd))  # fmt: skip
+                                   limit, streams, 0, loads, fwd, ragged))  # fmt: skip
     return out
+
+
+def _tiles_only(t: Any) -> bool:
+    """That a stream of type ``t`` has one size per chunk (its dimensions after the chunks'
+    are integers): its elements are a chunk's tiles, not its rows."""
+    return all(sp.sympify(d).is_Integer for d in getattr(t, "shape", ())[1:])
 
 
 def _loads(st: Structure, units: set[int]) -> tuple[frozenset[int], tuple]:
@@ -238,7 +266,7 @@ def region_view(
     out: dict[str, StreamInfo] = {}
     merged = streams.get(st.producer[group.ref].out_names()[0])
     if merged is None or not merged.value.data:
-        return _blank_view(st, group, streams)
+        return None if group.ragged else _blank_view(st, group, streams)
     for name in group.streams:
         info = streams.get(name)
         if info is None:
@@ -258,6 +286,40 @@ def region_view(
         for n, c in zip(op.out_names(), got):
             out[n] = _cut(streams[n], c)
     return {**streams, **out}
+
+
+def _renumbered(info: StreamInfo, i: int) -> StreamInfo:
+    """Stream ``info`` with its ``i``-th outer element only, each channel's messages numbered
+    from 0 (as the first chunk's are in the view a program is built from)."""
+    data = info.value.data
+    value = StreamValue(info.value.rank, list(data[i : i + 1]))
+    flat = flat_elements(value)
+    start = len(flat_elements(StreamValue(info.value.rank, list(data[:i]))))
+    pieces = info.pieces[start : start + len(flat)]
+    first: dict[str, int] = {}
+    for pc in pieces:
+        for ch, seq, _ in pc:
+            if ch is not None:
+                first.setdefault(ch, seq)
+    pieces = [
+        tuple((ch, seq - first[ch] if ch is not None else seq, p) for ch, seq, p in pc)
+        for pc in pieces
+    ]
+    return dataclasses.replace(info, value=value, flat=flat, pieces=pieces, _parts=None, _decl=None)
+
+
+def chunk_views(
+    group: RegionGroup, streams: Mapping[str, StreamInfo]
+) -> list[dict[str, StreamInfo]]:
+    """Per chunk of the run, the region's streams as they hold that chunk only (its messages
+    numbered as the first chunk's): a ragged region's member, built for the first chunk, has
+    its bookkeeping in the run summed over these (its steps' cycles follow each chunk's rows,
+    :class:`~.sizing.Sizing`)."""
+    names = [n for n in group.streams if n in streams]
+    return [
+        {**streams, **{n: _renumbered(streams[n], i) for n in names}}
+        for i in range(group.run_chunks)
+    ]
 
 
 def _blank_view(
@@ -421,10 +483,15 @@ class RegionPlan:
     views: dict[int, dict[str, StreamInfo]]
     #: the context of a view (the plan's with the view's streams)
     make_ctx: Callable[[dict[str, StreamInfo]], EmitCtx]
+    #: the run's streams
+    streams: Mapping[str, StreamInfo]
     #: per region head, the context, run streams and stop tokens its members are built in
     contexts: dict[int, tuple[EmitCtx, Any, dict[str, int]]] = dataclasses.field(
         default_factory=dict
     )
+    #: per ragged region's head, each chunk's context and run streams
+    chunks: dict[int, list[tuple[EmitCtx, Any]]] = dataclasses.field(default_factory=dict)
+    make_run: Callable[[dict[str, StreamInfo]], Any] | None = None
 
     def refs(self) -> dict[int, str]:
         """Per member, the selector channel it reads once per chunk."""
@@ -432,6 +499,7 @@ class RegionPlan:
 
     def bind(self, tokens: Mapping[str, int], run_streams: Any, make: Any) -> None:
         """Make each region's member context (``make(view)``: the run streams of a view)."""
+        self.make_run = make
         for g, view in self.members.values():
             if g.head not in self.contexts:
                 # the loop takes the merge's stop token, and forwards it after the addresses
@@ -448,9 +516,31 @@ class RegionPlan:
         per = math.prod(int(d) for d in op.raddr.type.shape[1:])  # addresses per chunk
         emit_region_load(ctx, b, op, (b.bound(g.chunks) or g.limit) * per)
 
-    def info(self, k: int, info: Any, sent: int) -> Any:
-        """Member ``k``'s bookkeeping in the run (``sent``: a Partition's sends in it)."""
-        return self.members[k][0].info(k, info, sent)
+    def info(self, k: int, info: Any, sent: int, entry: Any = None) -> Any:
+        """Member ``k``'s bookkeeping in the run (``sent``: a Partition's sends in it); of a
+        ragged region's member, its program's (``entry``: :class:`~.unit_reuse._Entry`)
+        counted again in each chunk's view and summed (its buffers: the most any held)."""
+        g = self.members[k][0]
+        if not g.ragged:
+            return g.info(k, info, sent)
+        views = self.chunks.get(g.head)
+        if views is None:
+            views = self.chunks[g.head] = [
+                (self.make_ctx(v), self.make_run(v)) for v in chunk_views(g, self.streams)
+            ]
+        got = [entry.retally(c, r).info for c, r in views]
+        return dataclasses.replace(
+            info,
+            flops=sum(x.flops for x in got),
+            step_cycles=sum(x.step_cycles for x in got),
+            received=sum(x.received for x in got),
+            sent=sum(x.sent for x in got),
+            sram_bytes=max((x.sram_bytes for x in got), default=0),
+        )
+
+    def ragged(self, k: int) -> bool:
+        """Whether member ``k`` is a ragged region's (its bookkeeping per chunk)."""
+        return k in self.members and self.members[k][0].ragged
 
 
 def region_plan(
@@ -482,4 +572,4 @@ def region_plan(
     def make_ctx(view: dict[str, StreamInfo]) -> EmitCtx:
         return dataclasses.replace(ctx, streams=view)
 
-    return RegionPlan(members, loads, views, make_ctx)
+    return RegionPlan(members, loads, views, make_ctx, streams)
