@@ -542,6 +542,10 @@ def _build_plan(
     # addresses: the K and V loads pipeline across requests and take the next request's first
     # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
+    # a region's selectors (4-byte control values) are read by every unit of the region, the
+    # last of them a chunk's pipeline behind the merge: their FIFO holds every chunk's
+    # selector and the stop token, so the merge never waits for the slowest (.region_loop)
+    deep = rp.depths(extra - 1)
     channels = tuple(
         Channel(
             ch,
@@ -549,6 +553,8 @@ def _build_plan(
             tuple(sorted(core[d] for d in dsts[ch])),
             extra
             if ch in headed and not isinstance(st.producer[ch], Expand)
+            else deep[ch]
+            if ch in deep
             else vw.depth(ch, fifo_depth, extra - 1),  # a tile group's rows: a tile more
         )
         for ch in streams

@@ -389,6 +389,11 @@ class RegionPlan:
             sram_bytes=max((x.sram_bytes for x in got), default=0),
         )
 
+    def depths(self, base: int) -> dict[str, int]:
+        """Per region's selector channel, its FIFO depth: every chunk's selector and the stop
+        token (``base``: the plan's depth, if deeper)."""
+        return {g.ref: max(base, g.limit + 1) for g, _ in self.members.values()}
+
     def ragged(self, k: int) -> bool:
         """Whether member ``k`` is a ragged region's (its bookkeeping per chunk)."""
         return k in self.members and self.members[k][0].ragged
