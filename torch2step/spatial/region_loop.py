@@ -198,7 +198,14 @@ def find_region_groups(
                 if isinstance(st.units[k][0], Partition):
                     parts.add(k)
                     names |= {v.name for v in outputs[st.units[k][0].name]}
-        if units:
+        readers = {
+            r
+            for r, ops in enumerate(st.units)
+            for o in ops
+            for v in o.inputs()
+            if v.name == sel.name
+        }
+        if units and readers <= units:  # every reader of the selectors loops until the token
             loads, fwd = _loads(st, units)
             streams = tuple(sorted(names, key=order.__getitem__))
             out.append(RegionGroup(h, sel.name, m, frozenset(units - loads), frozenset(parts),
@@ -236,7 +243,7 @@ def _loads(st: Structure, units: set[int]) -> tuple[frozenset[int], tuple]:
         (ch,) = src
         p = st.unit_index(st.producer[ch].name)
         if p not in units or not all(
-            len(st.units[r]) == 1 and isinstance(st.units[r][0], RandomOffChipLoad)
+            r in units and len(st.units[r]) == 1 and isinstance(st.units[r][0], RandomOffChipLoad)
             for r in readers.get(ch, ())
         ):
             continue
