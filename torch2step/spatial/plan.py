@@ -123,24 +123,25 @@ run holding the region's first, a selector taken per chunk, the Partition back t
 keeping its counters across the loop; the weight loads loop over their addresses until the
 address unit forwards the token, so their loads run ahead across chunks.
 
-What is still baked from the run: with regions the programs of a region that takes no chunk
-(built from the run, unrolled over none) and, with dynamic tiling, a region's chunk count (its
-units are unrolled over its chunks), EagerMerge's chunk order and the sizes of the chunks its
-row units handle (Bufferize, row packing, selector Expand and Map, the FlatMap
-back to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
+With dynamic tiling the units of a region handling a chunk's tiles loop over the chunks alike
+(their tiles' rows read at run time, their bookkeeping counted in each chunk's view and
+summed, :mod:`.region_loop`).
+
+What is still baked from the run: with dynamic tiling, a region's chunk order and count and
+the sizes of the chunks its merge and row units handle (they are unrolled over the run's
+chunks and rows: the merge, Bufferize, row packing, selector Expand and Map, the FlatMap back
+to rows, the Partition back), and a region that takes no chunk.  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
 it), so a new routing emits no unit again with dynamic or static tiling (:mod:`.tile_loop`);
 a new KV-length set none, under every attention strategy (lanes, regions with a static or the
 dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) or chunk
-count of statically tiled regions none.  Making the rest run-independent needs: for a region
-without a chunk, its one-chunk view made from the streams' declared types (as :mod:`.guard`
-does for an expert without tokens); with dynamic tiling, the region loop of
-:mod:`.region_loop` for its tile units (their per-chunk bookkeeping summed over the chunks'
-rows: :class:`~.sizing.Sizing` per chunk) and its row units looping until each chunk's stop
-token (the merge forwarding the count each expert's chunk ends with), after which its merge
-too can take whichever input is ready (:mod:`.merge_any`).
+count of statically tiled regions none (a region without a chunk: its units built from one
+chunk of zero tiles of the declared types).  Making the rest run-independent needs, with
+dynamic tiling: the row units looping until each chunk's stop token (the merge forwarding the
+count each expert's chunk ends with), after which the merge too can take whichever input is
+ready (:mod:`.merge_any`), and a ragged region without a chunk built from declared types.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
