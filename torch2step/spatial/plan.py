@@ -130,7 +130,7 @@ summed, :mod:`.region_loop`).
 What is still baked from the run: with dynamic tiling, a region's chunk order and count and
 the sizes of the chunks its merge and row units handle (they are unrolled over the run's
 chunks and rows: the merge, Bufferize, row packing, selector Expand and Map, the FlatMap back
-to rows, the Partition back), and a region that takes no chunk.  :mod:`.reuse` therefore keys a plan by the run's control
+to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
@@ -141,7 +141,9 @@ count of statically tiled regions none (a region without a chunk: its units buil
 chunk of zero tiles of the declared types).  Making the rest run-independent needs, with
 dynamic tiling: the row units looping until each chunk's stop token (the merge forwarding the
 count each expert's chunk ends with), after which the merge too can take whichever input is
-ready (:mod:`.merge_any`), and a ragged region without a chunk built from declared types.
+ready (:mod:`.merge_any`); a ragged region's tile units built for a blank chunk (a run that
+gives the region none) differ from a real chunk's in the forms of a few (the buffer
+reference's Repeat, the index Repeat, the last Accum).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.

@@ -36,7 +36,7 @@ expert index, weight addresses and loads, the matmuls, activation, repeats and c
 whose tiles' rows are read at run time, :mod:`.rows`); their bookkeeping in a run is their
 program's counted again in each chunk's view and summed (:meth:`RegionPlan.info`).  The merge
 and the units handling the chunk's rows one by one keep the run's programs, unrolled in its
-order.
+order; a ragged region that takes no chunk is built from a blank chunk of one row.
 """
 
 from __future__ import annotations

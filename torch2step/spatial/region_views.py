@@ -46,7 +46,7 @@ def region_view(
     out: dict[str, StreamInfo] = {}
     merged = streams.get(st.producer[group.ref].out_names()[0])
     if merged is None or not merged.value.data:
-        return None if group.ragged else _blank_view(st, group, streams)
+        return _blank_view(st, group, streams)
     for name in group.streams:
         info = streams.get(name)
         if info is None:
@@ -106,7 +106,7 @@ def _blank_view(
     st: Structure, group: RegionGroup, streams: Mapping[str, StreamInfo]
 ) -> dict[str, StreamInfo] | None:
     """The region's streams as one chunk of zero tiles (selectors naming the first input or
-    output) of their declared types makes them: the region's units are then built as for a
+    output; a ragged chunk of one row) of their declared types makes them: the region's units are then built as for a
     run that gives it a chunk, and loop over none (as :func:`~.guard.standin_streams` builds
     an expert without tokens)."""
     graph = st.graph
@@ -129,7 +129,7 @@ def _blank_view(
                 if op.name in parts:  # the chunk's rows, all to its first output
                     dims = [routed.get(v.name, 0)]
                 else:
-                    dims = [1] + [int(sp.sympify(d)) for d in t.shape[1:]]
+                    dims = [1] + [_size(d) for d in t.shape[1:]]
                 flat = [_zero(t.dtype)] * math.prod(dims)
             except (TypeError, ValueError):
                 return None
@@ -156,15 +156,26 @@ def _zero(t: Any) -> Any:
     if isinstance(t, SelectorType):
         return SelectorValue((0,))
     if isinstance(t, TileType):
-        shape = tuple(int(sp.sympify(d)) for d in t.shape)
+        shape = tuple(_size(d) for d in t.shape)
         return np.zeros(shape, np.int64 if t.dtype.startswith("int") else np.float32)
     if isinstance(t, TupleType):
         return tuple(_zero(e) for e in t.elems)
     if isinstance(t, BufferType):
-        rows = [int(sp.sympify(d)) for d in t.shape]
+        rows = [_size(d) for d in t.shape]
         tiles = [_zero(t.elem) for _ in range(math.prod(rows))]
         return BufferValue(_nest(rows, tiles), sum(x.nbytes for x in tiles))
     raise TypeError(f"no stand-in element of type {t}")
+
+
+def _size(d: Any) -> int:
+    """A declared size in the blank chunk: its value, or one row for a chunk's ragged rows (an
+    expert's tokens, read at run time)."""
+    e = sp.sympify(d)
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sp.Indexed):
+        return 1
+    raise TypeError(f"size {d} of a region's stream does not evaluate")
 
 
 def _nest(dims: list[int], flat: list[Any]) -> list:
