@@ -244,6 +244,26 @@ def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
 
 
+def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
+    """Dynamic tiling, region 1 without a token, then with tokens: its tile units are built
+    for a blank chunk of one row when it has none, so most are kept; rebuilt are each region's
+    merge and row units and, of region 1, the three whose forms a blank chunk does not give
+    (the buffer reference's Repeat, the index Repeat, the last Accum)."""
+    route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
+    route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
+    ins = [moe_inputs(**KW8, tokens=16, seed=0, routing=r) for r in (route_e, route_f)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
+    want += [f"moe_l1_{u}" for u in ("per_i", "j1", "down")]
+    for order in (runs, runs[::-1]):
+        kept, rebuilt, _ = _kept_rebuilt(g, order)
+        assert rebuilt == sorted(want) and len(kept) == 66
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
 def test_a_static_merge_decides_in_the_simulation() -> None:
     """Static tiling: each region's merge program waits for any of its experts' channels
     (WaitAny) instead of naming a chunk order, and the order simulate_decided reports is the
