@@ -1,6 +1,6 @@
 """EagerMerge decided in simulated time (STeP, arXiv 2511.07776, §5.3): the order a merge
 forwards its inputs follows which producer the simulation makes ready first, so changing only
-the timing (a unit's compute bandwidth, the HBM) changes the decision, not the data."""
+the timing (a unit's compute bandwidth, the NoC) changes the decision, not the data."""
 
 from __future__ import annotations
 
@@ -84,7 +84,39 @@ def test_a_merge_names_a_chunk_only_once_its_data_is_there() -> None:
     for op in merges:
         sels = watch[op.out_names()[1]]
         order = [s.indices[0] for s in res.values[op.out_names()[1]].data]
-        assert len(sels) == len(order) > 0
+        # then the stop token its region's units loop until (torch2step.spatial.region_loop)
+        assert len(sels) == len(order) + 1 and len(order) > 0
+        assert sels[-1] > sels[-2]
         for cycle, i in zip(sels, order):
             first = watch[src.get(op.ins[i].name, op.ins[i].name)]
             assert 0 <= first < cycle  # the chunk's input had sent before its selector left
+
+
+def test_a_slower_noc_flips_a_region_merge() -> None:
+    """Expert regions with dynamic tiling (the §5.3 artifact's layer): only the chip's NoC hop
+    latency changes (1 -> 20 cycles), not the data, and region 1's merge takes its experts'
+    chunks in another order (each expert's chunk unit sits at its own distance from the
+    merge, so which chunk is ready first follows the simulated timing); either order is a
+    fixed point of its simulation and the layer's result is PyTorch's."""
+    import torch
+
+    from torch2step.lower.blocks.moe import moe_reference
+
+    kw = {"num_experts": 8, "top_k": 2, "hidden": 64, "intermediate": 64}
+    g = moe_graph(**kw, tokens=16, lanes=2, tile_h=32, tile_i=32, scale_in_lanes=False)
+    ins = moe_inputs(**kw, tokens=16, seed=3)
+    chip = load_chip("step-sda")
+    slow = dataclasses.replace(chip, noc=dataclasses.replace(chip.noc, hop_latency_cycles=20))
+    fast_d = simulate_decided(g, chip, ins, timing_only=False)
+    slow_d = simulate_decided(g, slow, ins, timing_only=False)
+    assert fast_d.converged and slow_d.converged
+    assert fast_d.arrival["moe_l0_merge"] == slow_d.arrival["moe_l0_merge"]
+    assert fast_d.arrival["moe_l1_merge"] != slow_d.arrival["moe_l1_merge"]
+    assert sorted(fast_d.arrival["moe_l1_merge"]) == sorted(slow_d.arrival["moe_l1_merge"])
+    want = moe_reference(
+        *(torch.as_tensor(ins[k]) for k in ("x", "topk_idx", "topk_w")),
+        *(torch.as_tensor(ins[k]) for k in ("w_gate", "w_up", "w_down")),
+    )
+    for d in (fast_d, slow_d):
+        got = torch.as_tensor(np.asarray(d.run.tensors["out"])).reshape(16, 64)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

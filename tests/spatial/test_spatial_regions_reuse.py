@@ -17,7 +17,10 @@ What every run keeps:
 
 * with static tiling, a region's EagerMerge takes whichever expert's tile is ready
   (torch2step.spatial.merge_any: a WaitAny over the experts' channels, decided in simulated
-  time), so a new chunk order, and a routing of as many tiles per expert, rebuild no unit.
+  time) and ends its selectors with a stop token, and every unit of the region loops over its
+  chunks until it (torch2step.spatial.region_loop), so a new chunk order, and any routing
+  (a new chunk count too, none at all: its units built for one chunk of zero tiles of the
+  declared types), rebuild no unit.
 
 What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
 
@@ -27,8 +30,8 @@ What a run still rebuilds (listed exactly below; a unit outside the lists fails 
   the row packing, the selector Expand and Map, the FlatMap back to rows, the Partition back
   to the experts) when a position in its order gets a chunk of other rows: they are unrolled
   over the rows of each chunk;
-* every unit of a region whose chunk count changes (an expert with no token, a static tile
-  more): its units are unrolled over the chunks.
+* with dynamic tiling, a region's merge and row units when its chunk count changes; its tile
+  units loop over the chunks until the merge's stop token (torch2step.spatial.region_loop).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 
 from hwmodel.presets import load_chip
-from lowering.isa import Load, SendValue, WaitAny, walk
+from lowering.isa import Load, RecvValue, SendValue, WaitAny, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
 from torch2step.spatial.dynamic import simulate_decided
@@ -154,18 +157,24 @@ def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
 def test_a_new_routing_keeps_every_expert_unit() -> None:
     """Routing B after A (artifact's layer, dynamic tiling): every unit outside the regions
     is kept (the routing, each expert's chunk and its scaling after the region, also of
-    expert 3, which gets no token), region 0 keeps its tile units; region 1 takes one chunk
-    instead of two and is rebuilt whole."""
+    expert 3, which gets no token); region 1 takes one chunk instead of two, and both
+    regions keep their tile units (they loop over the chunks until the merge's stop token,
+    built for one chunk, their rows read at run time: torch2step.spatial.region_loop): only
+    each region's merge and row units are rebuilt."""
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
     runs = [run(g, tensors=x, check=False) for x in ins]
     assert runs[1].bindings["moe_n3"] == 0 < runs[0].bindings["moe_n3"]
     kept, rebuilt, b = _kept_rebuilt(g, runs)
-    want = [f"moe_l0_{u}" for u in ("merge", *ROW_UNITS)]
-    want += [f"moe_l1_{u}" for u in REGION_UNITS]
+    want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
     assert rebuilt == sorted(want)
+    assert {f"moe_l1_{u}" for u in REGION_UNITS} - set(rebuilt) <= set(kept)
     experts = [f"moe_e{e}_{u}" for e in range(4) for u in ("chunk", "gw", "scaled")]
     assert set(experts) <= set(kept) and len(kept) + len(rebuilt) == 71
+    # a tile unit loops over the chunks: its bookkeeping follows each chunk's rows
+    plans = [build_plan(g, CHIP, r) for r in runs]
+    gate = [next(u for u in p.units if u.name == "moe_l1_gate") for p in plans]
+    assert gate[0].flops > gate[1].flops > 0
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
@@ -184,6 +193,72 @@ def test_a_routing_of_as_many_static_tiles_keeps_every_unit() -> None:
     assert counts[0] != counts[1]
     kept, rebuilt, _ = _kept_rebuilt(g, runs)
     assert rebuilt == [] and len(kept) == 73
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_new_chunk_count_keeps_every_unit_static() -> None:
+    """Static tiling, routing B after A: region 1 takes three chunks instead of four (expert 3
+    gets no token, expert 2 a tile more), region 0 as many in another split: every unit is
+    kept (a region's units loop over its chunks until its merge's stop token, built for one
+    chunk), the plan is a fresh build's and the run PyTorch's."""
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    tiles = [[-(-runs[i].bindings[f"moe_n{e}"] // 4) for e in range(4)] for i in (0, 1)]
+    assert tiles == [[2, 3, 1, 3], [2, 3, 3, 0]]
+    kept, rebuilt, b = _kept_rebuilt(g, runs)
+    assert rebuilt == [] and len(kept) == 73
+
+    # every unit of a region reads its merge's selectors until the stop token, but the
+    # weight loads, which load at each address until the address unit forwards the token
+    def takes(u: str) -> set[str]:
+        return {i.channel for i in walk(b[f"moe_l1_{u}"]) if isinstance(i, RecvValue) and i.stop}
+
+    for u in ("x", "buf", "gu_a", "down", "out", "back"):
+        assert "moe_l1_merge.1" in takes(u), u
+    assert takes("gate_w") == takes("up_w") == {"moe_l1_gu_a"}
+    assert takes("down_w") == {"moe_l1_d_a"}
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
+    """Static tiling, a routing that gives region 1 (experts 4-7) no token, then one that
+    does, and back: every unit is kept either way (the empty region's units are built for one
+    chunk of zero tiles of their declared types and loop over none), the plans are fresh
+    builds' and the runs PyTorch's."""
+    route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
+    route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4, **ARTIFACT)
+    ins = [moe_inputs(**KW8, tokens=16, seed=0, routing=r) for r in (route_e, route_f)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    assert sum(runs[0].bindings[f"moe_n{e}"] for e in range(4, 8)) == 0
+    for order in (runs, runs[::-1]):
+        kept, rebuilt, b = _kept_rebuilt(g, order)
+        assert rebuilt == [] and len(kept) == 81
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
+    """Dynamic tiling, region 1 without a token, then with tokens: its tile units are built
+    for a blank chunk of one row when it has none, so most are kept; rebuilt are each region's
+    merge and row units and, of region 1, the three whose forms a blank chunk does not give
+    (the buffer reference's Repeat, the index Repeat, the last Accum)."""
+    route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
+    route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
+    g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
+    ins = [moe_inputs(**KW8, tokens=16, seed=0, routing=r) for r in (route_e, route_f)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
+    want += [f"moe_l1_{u}" for u in ("per_i", "j1", "down")]
+    for order in (runs, runs[::-1]):
+        kept, rebuilt, _ = _kept_rebuilt(g, order)
+        assert rebuilt == sorted(want) and len(kept) == 66
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
@@ -208,12 +283,12 @@ def test_a_static_merge_decides_in_the_simulation() -> None:
         waits = [i for i in walk(bodies[name]) if isinstance(i, WaitAny)]
         assert len(waits) == 1 and len(waits[0].channels) == len(op.ins)
         # one selector per input, whichever order the run took them in
-        sel = [
-            i.value
-            for i in walk(bodies[name])
-            if isinstance(i, SendValue) and i.channel == f"{name}.1"
+        sent = [
+            i for i in walk(bodies[name]) if isinstance(i, SendValue) and i.channel == f"{name}.1"
         ]
-        assert sel == [1 << k for k in range(len(op.ins))]
+        assert [i.value for i in sent if not i.stop] == [1 << k for k in range(len(op.ins))]
+        # then the stop token, carrying the chunks sent (its region's units loop until it)
+        assert [i.value for i in sent if i.stop] == [f"chunks.{name}"]
         chose = watch[watch_key(pick(op))]
         left = [len(first.values[v.name].data) for v in op.ins]
         tiles = []

@@ -336,6 +336,11 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         if not leaves(chunk, rank):  # pragma: no cover - an empty chunk: only its selector
             b.send(sel, ci, named)
         b.step()
+    tell = sel.channel
+    if tell is not None and ctx.tiled.get(op.name) == tell and b.has_dsts(tell):
+        # its region's units loop until the selectors' stop token (.region_loop)
+        b.emit(SendValue(tell, len(sel.flat), stop=True))
+        b.sent_seq[tell] += 1
     # the control values of the chunks (a static tile's padding flags) are forwarded from the
     # registers they came in: the program follows the chunks' order and forms, not the values
     # (its selectors name the inputs in that order, STeP §5.3)

@@ -17,8 +17,11 @@ while some expert has not ended (at most its tiles' bound plus one per expert):
   the dequeue and the generated tile, as the unrolled program's) with flag 1.  The stop token
   instead of a first row ends the expert with no tile.
 
+After the loop, when its region's units loop over the chunks (:mod:`.region_loop`), it sends
+the stop token on the selector channel, the chunks it sent (counted in a register).
+
 So each expert's tiles leave in the order their first rows arrived, and the program is the same
-for every chunk order and every routing of as many tiles per expert's bound: the decision is
+for every chunk order and every routing within the experts' bounds: the decision is
 the simulation's, not the reference interpreter's.  What it takes in a run is counted from the
 run's streams (:meth:`~.context.EmitCtx.tally`).  A merge of ragged chunks (dynamic tiling)
 keeps the run's order (:mod:`.emit_routing`): its region's row units are unrolled over each
@@ -34,6 +37,7 @@ from torch2step.step.ops_routing import EagerMerge
 from torch2step.step.types import TileType, TupleType
 
 from .context import EmitCtx
+from .region_loop import chunk_count
 from .streams import Part, StreamInfo, iter_nodes
 from .timing import STEP_KERNEL
 from .unit import UnitBuilder
@@ -139,6 +143,10 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
     # a region no expert gives a token to has no reader of its outputs in this run
     send, named = b.has_dsts(out), b.has_dsts(tell)
     counts = [b.stops.pop(ch) for ch in m.chans]
+    # a region whose units loop over its chunks (.region_loop): the selectors end with a
+    # stop token carrying the chunks sent
+    end = named and ctx.tiled.get(op.name) == tell
+    cnt = chunk_count(op)
     b.step()
     part = m.row
     t = b.timing
@@ -153,6 +161,8 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
 
         def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
             head = (SendValue(tell, 1 << i),) if first and named else ()
+            if first and end:  # one chunk more (the count the stop token carries)
+                head = (*head, Set(cnt, Affine(1, ((cnt, 1),))))
             sends = (Send(out, buf), SendValue(out, 0)) if send else ()
             return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head, *sends)
 
@@ -179,17 +189,21 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
             (Recv(ch, bufs[0], stop), If(more, tuple(tile)), If(Cond(stop, ">=", 0), (done,)))
         )
     b.emit(*(Set(f"stop.{ch}", -1) for ch in m.chans), Set(OPEN, len(m.chans)))
+    if end:
+        b.emit(Set(cnt, 0))
     iterations = sum(m.tiles) + len(m.chans)  # every tile, and each stop token alone
     reg = pick(op)
     take = (WaitAny(m.chans, reg), *_select(reg, branches, 0))
     b.emit(Loop(iterations, (If(Cond(OPEN, ">", 0), take),)))
+    if end:
+        b.emit(SendValue(tell, cnt, stop=True))
     b.step()
     for ch, n in zip(m.chans, counts):
         b.next_seq[ch] = n + 1
     if b.has_dsts(out):
         b.sent_seq[out] = ctx.streams[data.name].messages
     if b.has_dsts(tell):
-        b.sent_seq[tell] = ctx.streams[sel.name].messages
+        b.sent_seq[tell] = ctx.streams[sel.name].messages + end
     names = [v.name for v in op.ins]
 
     def taken(c: EmitCtx) -> tuple[int, int, int, int]:

@@ -116,24 +116,34 @@ With expert regions (§5.3) a region computes its expert id and weight-tile addr
 registers from its EagerMerge's selector (:mod:`.region_values`), holds its tiles of a
 chunk's rows at the experts' token bound, and each expert's chunk and scaling loop until the
 Partition's stop token (:mod:`.region_rows`); with static tiling the merge takes whichever
-expert's tile arrived first in simulated time (``WaitAny``, :mod:`.merge_any`).
+expert's tile arrived first in simulated time (``WaitAny``, :mod:`.merge_any`), ends its
+selectors with a stop token (the chunks it sent), and every unit of the region loops over the
+chunks until it (:mod:`.region_loop`): each program is built for one chunk from a view of the
+run holding the region's first, a selector taken per chunk, the Partition back to the experts
+keeping its counters across the loop; the weight loads loop over their addresses until the
+address unit forwards the token, so their loads run ahead across chunks.
 
-What is still baked from the run: with regions a region's chunk count (its units are
-unrolled over its chunks) and, with dynamic tiling, EagerMerge's chunk order and the sizes of
-the chunks its row units handle (Bufferize, row packing, selector Expand and Map, the FlatMap
-back to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
+With dynamic tiling the units of a region handling a chunk's tiles loop over the chunks alike
+(their tiles' rows read at run time, their bookkeeping counted in each chunk's view and
+summed, :mod:`.region_loop`).
+
+What is still baked from the run: with dynamic tiling, a region's chunk order and count and
+the sizes of the chunks its merge and row units handle (they are unrolled over the run's
+chunks and rows: the merge, Bufferize, row packing, selector Expand and Map, the FlatMap back
+to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
 it), so a new routing emits no unit again with dynamic or static tiling (:mod:`.tile_loop`);
 a new KV-length set none, under every attention strategy (lanes, regions with a static or the
-dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) of
-statically tiled regions none.  Making the rest run-independent needs: with regions, each
-region's units looping over its chunks until a stop token after the last (guarded by the
-selector the merge sends per chunk, as :mod:`.guard` guards an expert's units by its buffer
-reference), and with dynamic tiling its row units looping until each chunk's stop token (the
-merge forwarding the count each expert's chunk ends with), after which its merge too can take
-whichever input is ready (:mod:`.merge_any`).
+dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) or chunk
+count of statically tiled regions none (a region without a chunk: its units built from one
+chunk of zero tiles of the declared types).  Making the rest run-independent needs, with
+dynamic tiling: the row units looping until each chunk's stop token (the merge forwarding the
+count each expert's chunk ends with), after which the merge too can take whichever input is
+ready (:mod:`.merge_any`); a ragged region's tile units built for a blank chunk (a run that
+gives the region none) differ from a real chunk's in the forms of a few (the buffer
+reference's Repeat, the index Repeat, the last Accum).
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -145,6 +155,7 @@ import dataclasses
 import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -173,6 +184,7 @@ from .item_memory import item_emitters
 from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
+from .region_loop import region_body, region_plan
 from .region_rows import chunk_stops
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
@@ -182,6 +194,7 @@ from .structure import DEFAULT_WIRES, analyse
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder, check_unit_io
 from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
+from .unit_reuse import _Entry as Entry
 
 __all__ = ["EMITTERS", "UnitInfo", "SpatialPlan", "build_plan", "count_bounds"]
 
@@ -343,10 +356,13 @@ def _build_plan(
     # the streams one token makes when it has none (the view ``vw``)
     vw = views(st, ctx, grouped, stops, tokens)
     unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
+    # a statically tiled region's units loop over its chunks until its merge's stop token,
+    # built from a view of the run holding its first chunk (.region_loop)
+    rp = region_plan(st, ctx, stops, streams, tokens, count_bounds(ctx) if not vw.members else {})
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
-        view = vw.streams_of(k, streams)
+        view = rp.views[k] if k in rp.views else vw.streams_of(k, streams)
         mine: set[str] = set()
         # a unit that decides at run time which input gives the next element reads every
         # input's channel, whether or not this run sends anything on it
@@ -368,6 +384,7 @@ def _build_plan(
         reads.append(mine)
     heads = {g.head: g.ref for g in vw.guards}
     guarded = {k: g.ref for g in vw.guards for k in g.units}
+    guarded |= rp.refs()
     for k, ref in guarded.items():  # every member reads the buffer reference (or its token)
         reads[k].add(ref)
         dsts.setdefault(ref, set()).add(k)
@@ -390,6 +407,7 @@ def _build_plan(
     infos = []
     run_streams = RunStreams(streams)
     full_streams = RunStreams(vw.streams, run_streams.order) if vw.members else run_streams
+    rp.bind(tokens, run_streams, lambda view: RunStreams(view, run_streams.order))
     outputs = {op.name: [v.name for v in outs] for op, outs in zip(graph.nodes, graph.node_outputs)}
     bounds = count_bounds(ctx)
     if units is not None:
@@ -417,6 +435,15 @@ def _build_plan(
     def has_dsts(ch: str) -> bool:
         return ch in dsts
 
+    def info_of(k: int, info: UnitInfo, entry: Any = None) -> UnitInfo:
+        """Unit ``k``'s bookkeeping in the run from its program's (in its view; ``entry``:
+        the program kept, :mod:`.unit_reuse`)."""
+        if k in rp.members:  # per chunk; a Partition's sends: the run's rows (.region_loop)
+            op = st.units[k][0]
+            sent = sum(len(streams[n].flat) for n in op.out_names() if n in dsts)
+            return rp.info(k, info, sent, entry)
+        return vw.info(k, info)
+
     for k, ops in enumerate(st.units):
         emit = EMITTERS.get(type(ops[0]))
         if emit is None:
@@ -427,6 +454,8 @@ def _build_plan(
         vctx, vrs, vtok = (ctx, run_streams, tokens)
         if k in vw.members:
             vctx, vrs, vtok = (vw.ctx_of(k), full_streams, vw.tokens)
+        elif k in rp.members:
+            vctx, vrs, vtok = rp.context(k)
         unit_stops = {
             ch: vctx.streams[ch].messages
             for ch in reads[k]
@@ -438,7 +467,7 @@ def _build_plan(
         hit = units.lookup(k, key, vctx, vrs, has_dsts, bound) if units is not None else None
         if hit is not None:  # the unit's program, not rebuilt (:mod:`.unit_reuse`)
             bodies.append(hit.body)
-            infos.append(vw.info(k, hit.info))  # in this run (no token, its tiles: .guard)
+            infos.append(info_of(k, hit.info, hit))  # in this run (no token, its tiles: .guard)
             continue
         deps = vctx.deps = Deps()
         b = UnitBuilder(
@@ -453,15 +482,23 @@ def _build_plan(
             frozenset(grouped),
         )
         vw.prepare(k, b)
+        if k in rp.members:  # its loop's bound follows the chunk count's (recorded)
+            b.bound(rp.members[k][0].chunks)
         try:
-            emit(vctx, b, ops)
+            if k in rp.loads:  # a loop over its addresses (.region_loop)
+                rp.emit(vctx, b, k, ops[0])
+            else:
+                emit(vctx, b, ops)
         finally:
             vctx.deps = None
         # the guard's receive of the buffer reference is not the emitter's
         own = [ch for ch in reads[k] if guarded.get(k) != ch or b.next_seq.get(ch)]
         check_unit_io(b, vctx, own, sends.get(k, ()), vtok)
         body = b.body()
-        if k in heads or k in guarded:
+        if k in rp.members:
+            ins = sorted(ch for ch in reads[k] if ch in stops)
+            body = region_body(body, rp.members[k][0], k, ins)
+        elif k in heads or k in guarded:
             ins = sorted(ch for ch in reads[k] if ch in stops)
             outs = sorted(ch for ch in sends.get(k, ()) if ch in stops)
             body = vw.wrap(k, body, ins, outs)
@@ -477,7 +514,7 @@ def _build_plan(
                 b.sent,
             )
         )
-        if units is not None:
+        if units is not None or rp.ragged(k):  # (a ragged region's: counted per chunk)
             sizing = b.sizing()
             if sizing is not None:
                 # what its run-time decisions take is counted apart (Deps.tally)
@@ -497,14 +534,21 @@ def _build_plan(
                     for name in outputs[op.name]:
                         if name in deps.streams:
                             deps.streams[name] = looser(deps.streams[name], FORM)
-            units.store(k, key, deps, vrs, bodies[-1], infos[-1])
-        infos[-1] = vw.info(k, infos[-1])  # no token: its guard only; or per tile (.guard)
+            if units is not None:
+                units.store(k, key, deps, vrs, bodies[-1], infos[-1])
+        # no token: its guard only; or per tile (.guard), per chunk (.region_loop)
+        kept = Entry(key, deps, vrs, bodies[-1], infos[-1], deps.tallied) if rp.ragged(k) else None
+        infos[-1] = info_of(k, infos[-1], kept)
     placement = place_structure(st, c, walk=walk, memory={u.name: u.sram_bytes for u in infos})
     core = [u.core for u in placement.units]
     # a headed address channel's FIFOs have a slot more, for the count ahead of a request's
     # addresses: the K and V loads pipeline across requests and take the next request's first
     # address through a FIFO that also holds its count (.kv_loop)
     extra = (fifo_depth if fifo_depth is not None else c.core.fifo_depth) + 1
+    # a region's selectors (4-byte control values) are read by every unit of the region, the
+    # last of them a chunk's pipeline behind the merge: their FIFO holds every chunk's
+    # selector and the stop token, so the merge never waits for the slowest (.region_loop)
+    deep = rp.depths(extra - 1)
     channels = tuple(
         Channel(
             ch,
@@ -512,6 +556,8 @@ def _build_plan(
             tuple(sorted(core[d] for d in dsts[ch])),
             extra
             if ch in headed and not isinstance(st.producer[ch], Expand)
+            else deep[ch]
+            if ch in deep
             else vw.depth(ch, fifo_depth, extra - 1),  # a tile group's rows: a tile more
         )
         for ch in streams
