@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from runtime.layout import TensorInfo, numpy_dtype
+from runtime.mem_plan import mem_plan
 from runtime.ops import Op, ev
 from runtime.scoreboard import advance, fence, fold_r, fold_w, need_alloc, ready
 from runtime.state import (
@@ -58,9 +59,13 @@ __all__ = [
 class OpMem(Op):
     """Load / Store: ``buf``, tensor ``info``, region as compiled expressions (``fixed``:
     precomputed ``(starts, extents)`` when constant; ``cext``: the extents when they are);
-    ``background``: a Load of background traffic (:class:`lowering.isa.Load`)."""
+    ``background``: a Load of background traffic (:class:`lowering.isa.Load`); ``plan``: the
+    request's plan, made when it first runs (:mod:`runtime.mem_plan`)."""
 
-    __slots__ = ("buf", "info", "starts", "extents", "fixed", "cext", "accumulate", "background")
+    __slots__ = (
+        "buf", "info", "starts", "extents", "fixed", "cext", "accumulate", "background", "plan"
+    )  # fmt: skip
+    _late = ("plan",)
 
     info: TensorInfo
 
@@ -87,6 +92,30 @@ def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, 
                 f"of shape {shape} (registers {dict(sorted(regs.items()))})",
             )
     return starts, extents
+
+
+def _request(sim: Any, core: Core, op: OpMem, info: TensorInfo) -> tuple:
+    """``(starts, extents, elements, bytes, split)`` of ``op``'s request now: from its plan
+    (:mod:`runtime.mem_plan`) or, where it has none, by the general rule."""
+    plan = op.plan
+    if plan is None or plan[0] is not info:
+        plan = op.plan = mem_plan(sim.layout, op, info) or (info,)
+    if len(plan) == 1:  # no plan: the general rule
+        starts, extents = _region(sim, core, op)
+        n = math.prod(extents)
+        return starts, extents, n, n * info.elem_bytes, sim.layout.split(info, starts, extents)
+    _, fn, starts, extents, n, nbytes, split = plan
+    if fn is not None:
+        got = fn(core.regs)
+        if got is None:
+            _region(sim, core, op)  # raises: outside the tensor
+        starts, off = got
+        cache = split
+        key = (info.base + off) % sim.layout.round
+        split = cache.get(key)
+        if split is None:
+            split = cache[key] = sim.layout.split(info, starts, extents)
+    return starts, extents, n, nbytes, split
 
 
 def _slices(starts: tuple, extents: tuple) -> tuple:
@@ -153,10 +182,8 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         return False
     if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
-    fixed = op.fixed
-    starts, extents = fixed if fixed is not None else _region(sim, core, op)
     info = op.info
-    n = math.prod(extents)
+    starts, extents, n, nbytes, split = _request(sim, core, op, info)
     if n > b.cap:
         raise sim.error(
             core,
@@ -167,10 +194,7 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             core,
             f"tensor {info.name!r} is {info.dtype} but buffer {b.name!r} is {b.dtype}; allocate the buffer as {info.dtype}",
         )
-    nbytes = n * info.elem_bytes
-    done = sim.hbm_read(
-        core, sim.layout.split(info, starts, extents), nbytes, info.name, None, op.background
-    )
+    done = sim.hbm_read(core, split, nbytes, info.name, None, op.background)
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:
@@ -207,8 +231,8 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
         return False
     if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
-    starts, extents = _region(sim, core, op)
     info = op.info
+    starts, extents, _, nbytes, split = _request(sim, core, op, info)
     if tuple(b.shape) != tuple(extents):
         raise sim.error(
             core,
@@ -218,8 +242,7 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
         raise sim.error(
             core, f"buffer {b.name!r} is {b.dtype} but tensor {info.name!r} is {info.dtype}"
         )
-    nbytes = math.prod(extents) * info.elem_bytes
-    done = sim.hbm_write(core, sim.layout.split(info, starts, extents), nbytes, info.name)
+    done = sim.hbm_write(core, split, nbytes, info.name)
     core.dmaq.append(done)
     if done.__class__ is int:
         if done > b.r:
