@@ -392,7 +392,8 @@ def _builder(cls: type) -> Any:
     operation first runs, e.g. :class:`runtime.ops_comm.OpMem`'s ``plan``)."""
     late = getattr(cls, "_late", ())
     names = [n for k in reversed(cls.__mro__) for n in getattr(k, "__slots__", ()) if n not in late]
-    body = "".join(f"    op.{n} = {n}\n" for n in names) + "".join(f"    op.{n} = None\n" for n in late)
+    body = "".join(f"    op.{n} = {n}\n" for n in names)
+    body += "".join(f"    op.{n} = None\n" for n in late)
     code = f"def build({', '.join(names)}):\n    op = new(cls)\n{body}    return op\n"
     scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
     exec(code, scope)  # noqa: S102 - names are the class's own slot identifiers

@@ -31,6 +31,8 @@ from runtime.state import (
     hold,
 )
 
+_new = object.__new__
+
 __all__ = [
     "OpMem",
     "OpLoadValue",
@@ -378,7 +380,9 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
             return False
         t = core.t
     end = op.end
-    post = Post(core, b, end, t)
+    post = _new(Post)  # Post(core, b, end, t), without the call: once per message
+    post.time = post.waiters = post.value = None
+    post.core, post.buf, post.end, post.post_t = core, b, end, t
     b.wp = post
     q = end.unmatched
     if q:  # sim.post(end, post), inlined: match the oldest unreceived message
