@@ -14,7 +14,9 @@ ELK §2.1 / §6.1: tensors interleaved over the channels) and its byte count.  T
   layout's own cache key, :mod:`runtime.layout`);
 * anything else: ``None``, the general path (:func:`runtime.ops_comm._region`).
 
-A plan records the :class:`~runtime.layout.TensorInfo` it was made for, so an operation bound to
+:func:`_request` gives a handler its request from the plan, or by the general rule
+(:func:`_region`, also the untimed replay's).  A plan records the
+:class:`~runtime.layout.TensorInfo` it was made for, so an operation bound to
 another tensor (a layer copy, :mod:`runtime.program_layers`) makes a new one.  The values are
 those of the general path, so cycles, statistics and traces are unchanged.
 """
@@ -25,8 +27,9 @@ import math
 from typing import Any
 
 from runtime.layout import TensorInfo
+from runtime.ops import ev
 
-__all__ = ["MemPlan", "mem_plan"]
+__all__ = ["MemPlan", "mem_plan", "_region", "_request", "_slices"]
 
 #: ``(info, starts_fn, fixed_starts, extents, elements, bytes, split_or_cache)``: see
 #: :func:`mem_plan` (``starts_fn is None``: a constant region, ``split_or_cache`` its split)
@@ -75,3 +78,55 @@ def _starts_fn(starts: tuple, extents: tuple, shape: tuple, strides: tuple, eb: 
     scope: dict[str, Any] = {}
     exec("\n".join(lines), scope)  # noqa: S102 - generated from integers and register names
     return scope["fn"]
+
+
+def _region(sim: Any, core: Any, op: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if op.fixed is not None:
+        return op.fixed
+    regs = core.regs
+    starts = []
+    for v, terms in op.starts:  # ev() inlined: one call per region, not per operand
+        for name, coef in terms:
+            v += coef * regs[name]
+        starts.append(v)
+    starts = tuple(starts)
+    extents = op.cext
+    if extents is None:
+        extents = tuple([ev(regs, e) for e in op.extents])
+    shape = op.info.shape
+    for s, e, d in zip(starts, extents, shape):
+        if s < 0 or e < 0 or s + e > d:
+            raise sim.error(
+                core,
+                f"region starts={starts} extents={extents} is outside tensor {op.info.name!r} "
+                f"of shape {shape} (registers {dict(sorted(regs.items()))})",
+            )
+    return starts, extents
+
+
+def _request(sim: Any, core: Any, op: Any, info: TensorInfo) -> tuple:
+    """``(starts, extents, elements, bytes, split)`` of ``op``'s request now: from its plan
+    (:mod:`runtime.mem_plan`) or, where it has none, by the general rule."""
+    plan = op.plan
+    if plan is None or plan[0] is not info:
+        plan = op.plan = mem_plan(sim.layout, op, info) or (info,)
+    if len(plan) == 1:  # no plan: the general rule
+        starts, extents = _region(sim, core, op)
+        n = math.prod(extents)
+        return starts, extents, n, n * info.elem_bytes, sim.layout.split(info, starts, extents)
+    _, fn, starts, extents, n, nbytes, split = plan
+    if fn is not None:
+        got = fn(core.regs)
+        if got is None:
+            _region(sim, core, op)  # raises: outside the tensor
+        starts, off = got
+        cache = split
+        key = (info.base + off) % sim.layout.round
+        split = cache.get(key)
+        if split is None:
+            split = cache[key] = sim.layout.split(info, starts, extents)
+    return starts, extents, n, nbytes, split
+
+
+def _slices(starts: tuple, extents: tuple) -> tuple:
+    return tuple(slice(s, s + e) for s, e in zip(starts, extents))

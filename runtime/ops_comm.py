@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 
 from runtime.layout import TensorInfo, numpy_dtype
-from runtime.mem_plan import mem_plan
+from runtime.mem_plan import _region, _request, _slices  # noqa: F401 - (runtime.replay)
 from runtime.ops import Op, ev
 from runtime.scoreboard import advance, fence, fold_r, fold_w, need_alloc, ready
 from runtime.state import (
     BAR,
+    BUSY,
     MEM,
     RECV,
     SEND,
@@ -70,58 +71,6 @@ class OpMem(Op):
     _late = ("plan",)
 
     info: TensorInfo
-
-
-def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if op.fixed is not None:
-        return op.fixed
-    regs = core.regs
-    starts = []
-    for v, terms in op.starts:  # ev() inlined: one call per region, not per operand
-        for name, coef in terms:
-            v += coef * regs[name]
-        starts.append(v)
-    starts = tuple(starts)
-    extents = op.cext
-    if extents is None:
-        extents = tuple([ev(regs, e) for e in op.extents])
-    shape = op.info.shape
-    for s, e, d in zip(starts, extents, shape):
-        if s < 0 or e < 0 or s + e > d:
-            raise sim.error(
-                core,
-                f"region starts={starts} extents={extents} is outside tensor {op.info.name!r} "
-                f"of shape {shape} (registers {dict(sorted(regs.items()))})",
-            )
-    return starts, extents
-
-
-def _request(sim: Any, core: Core, op: OpMem, info: TensorInfo) -> tuple:
-    """``(starts, extents, elements, bytes, split)`` of ``op``'s request now: from its plan
-    (:mod:`runtime.mem_plan`) or, where it has none, by the general rule."""
-    plan = op.plan
-    if plan is None or plan[0] is not info:
-        plan = op.plan = mem_plan(sim.layout, op, info) or (info,)
-    if len(plan) == 1:  # no plan: the general rule
-        starts, extents = _region(sim, core, op)
-        n = math.prod(extents)
-        return starts, extents, n, n * info.elem_bytes, sim.layout.split(info, starts, extents)
-    _, fn, starts, extents, n, nbytes, split = plan
-    if fn is not None:
-        got = fn(core.regs)
-        if got is None:
-            _region(sim, core, op)  # raises: outside the tensor
-        starts, off = got
-        cache = split
-        key = (info.base + off) % sim.layout.round
-        split = cache.get(key)
-        if split is None:
-            split = cache[key] = sim.layout.split(info, starts, extents)
-    return starts, extents, n, nbytes, split
-
-
-def _slices(starts: tuple, extents: tuple) -> tuple:
-    return tuple(slice(s, s + e) for s, e in zip(starts, extents))
 
 
 def _dma_slot(sim: Any, core: Core) -> bool:
@@ -331,8 +280,13 @@ class OpSend(Op):
 def h_send(sim: Any, core: Core, op: OpSend) -> bool:
     b = op.buf
     if b is not None and (b.wp is not None or b.w > core.t or not b.allocated):
-        if not ready(sim, core, (b,), ()):
+        # ready(sim, core, (b,), ()), inlined: once per message
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
             return False
+        if b.w > core.t:
+            advance(sim, core, b.w, b.wk)
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
@@ -376,8 +330,20 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     b = op.buf
     t = core.t
     if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
-        if not ready(sim, core, (), (b,)):
+        # ready(sim, core, (), (b,)), inlined: once per message
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
             return False
+        cat = BUSY
+        if b.w > t:
+            t, cat = b.w, b.wk
+        if b.rp and not fold_r(sim, core, b):
+            return False
+        if b.r > t:
+            t, cat = b.r, b.rk
+        if t > core.t:
+            advance(sim, core, t, cat)
         t = core.t
     end = op.end
     post = _new(Post)  # Post(core, b, end, t), without the call: once per message
