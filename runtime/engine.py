@@ -235,12 +235,12 @@ class Simulator(Transfers):
             self.cbytes, self.ccnt = [0] * len(self.cmembers), [0] * len(self.cmembers)
             self.cparts, self.clogs = {}, {}  # merged classes' parts and busy logs
             self.hrate = self.rs[self.chan_res[0]][4] if nch else 1.0
-            self.bg_reset()  # background traffic (runtime.transfer)
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
             self.dirty: set[str] = set()
             self.tracing = bool(trace)
             self.ctrace: list[tuple] = []
             self.rtrace: list[tuple] | None = [] if self.tracing else None
+            self.bg_reset()  # background traffic (runtime.transfer)
             self.times: list[int] = []
             self.buckets: dict[int, tuple[list, list]] = {}
             self.now = 0
@@ -353,30 +353,29 @@ class Simulator(Transfers):
                 hops, cores = buckets[t]
                 i = j = 0
                 while True:
-                    if i < len(hops):
+                    while i < len(hops):
                         stage(*hops[i])
                         i += 1
-                    elif j < len(cores):
-                        # run the core until it yields, blocks or finishes
-                        core = cores[j]
-                        j += 1
-                        code = core.code
-                        n = 0
-                        try:
-                            while True:
-                                op = code[core.pc]
-                                if not op.fn(self, core, op):
-                                    break
-                                n += 1
-                        except KeyError as exc:  # a register read before it is set
-                            if not exc.args or not isinstance(exc.args[0], str):
-                                raise
-                            raise self.error(
-                                core, f"register {exc.args[0]!r} is read before it is set"
-                            ) from None
-                        core.stepped += n
-                    else:
+                    if j == len(cores):
                         break
+                    # run the core until it yields, blocks or finishes
+                    core = cores[j]
+                    j += 1
+                    code = core.code
+                    n = 0
+                    try:
+                        while True:
+                            op = code[core.pc]
+                            if not op.fn(self, core, op):
+                                break
+                            n += 1
+                    except KeyError as exc:  # a register read before it is set
+                        if not exc.args or not isinstance(exc.args[0], str):
+                            raise
+                        raise self.error(
+                            core, f"register {exc.args[0]!r} is read before it is set"
+                        ) from None
+                    core.stepped += n
                 pops += i + j
                 del buckets[t]
                 if report is not None and pops >= check_at:

@@ -48,6 +48,9 @@ class HbmClasses:
     cbytes: list[int]
     ccnt: list[int]
 
+    def bg_flush(self) -> None:  # pragma: no cover - runtime.transfer
+        raise NotImplementedError
+
     def _channels(self, x: Any, arrive: int, tail: float) -> tuple[float, float]:
         """Serve HBM request ``x``'s per-channel parts (:meth:`runtime.transfer.Transfers._stage`'s
         rule, applied once per channel class); returns the earliest start and the latest end.
@@ -307,6 +310,7 @@ class HbmClasses:
     def hbm_flush(self) -> None:
         """Write every channel class's state back to its member channels."""
         self._flush_uses()
+        self.bg_flush()  # (runtime.transfer)
         rs, chan_res = self.rs, self.chan_res
         hb = self.hbgbusy  # the channel cycles background reads took (runtime.transfer)
         for k in range(len(self.cmembers)):

@@ -387,9 +387,13 @@ _BUILDERS: dict[type, Any] = {}
 def _builder(cls: type) -> Any:
     """A constructor for ``cls`` that assigns each slot with one attribute store, as
     :mod:`dataclasses` generates ``__init__`` (compiling a large chip builds millions of
-    operations; a ``setattr`` call per field was most of that cost)."""
-    names = [n for k in reversed(cls.__mro__) for n in getattr(k, "__slots__", ())]
+    operations; a ``setattr`` call per field was most of that cost).  The slots a class lists
+    in ``_late`` are not parameters: they start as ``None`` (state a handler fills in when the
+    operation first runs, e.g. :class:`runtime.ops_comm.OpMem`'s ``plan``)."""
+    late = getattr(cls, "_late", ())
+    names = [n for k in reversed(cls.__mro__) for n in getattr(k, "__slots__", ()) if n not in late]
     body = "".join(f"    op.{n} = {n}\n" for n in names)
+    body += "".join(f"    op.{n} = None\n" for n in late)
     code = f"def build({', '.join(names)}):\n    op = new(cls)\n{body}    return op\n"
     scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
     exec(code, scope)  # noqa: S102 - names are the class's own slot identifiers

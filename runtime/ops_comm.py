@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 
 from runtime.layout import TensorInfo, numpy_dtype
+from runtime.mem_plan import _region, _request, _slices  # noqa: F401 - (runtime.replay)
 from runtime.ops import Op, ev
 from runtime.scoreboard import advance, fence, fold_r, fold_w, need_alloc, ready
 from runtime.state import (
     BAR,
+    BUSY,
     MEM,
     RECV,
     SEND,
@@ -29,6 +31,8 @@ from runtime.state import (
     ValueRead,
     hold,
 )
+
+_new = object.__new__
 
 __all__ = [
     "OpMem",
@@ -58,39 +62,15 @@ __all__ = [
 class OpMem(Op):
     """Load / Store: ``buf``, tensor ``info``, region as compiled expressions (``fixed``:
     precomputed ``(starts, extents)`` when constant; ``cext``: the extents when they are);
-    ``background``: a Load of background traffic (:class:`lowering.isa.Load`)."""
+    ``background``: a Load of background traffic (:class:`lowering.isa.Load`); ``plan``: the
+    request's plan, made when it first runs (:mod:`runtime.mem_plan`)."""
 
-    __slots__ = ("buf", "info", "starts", "extents", "fixed", "cext", "accumulate", "background")
+    __slots__ = (
+        "buf", "info", "starts", "extents", "fixed", "cext", "accumulate", "background", "plan"
+    )  # fmt: skip
+    _late = ("plan",)
 
     info: TensorInfo
-
-
-def _region(sim: Any, core: Core, op: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if op.fixed is not None:
-        return op.fixed
-    regs = core.regs
-    starts = []
-    for v, terms in op.starts:  # ev() inlined: one call per region, not per operand
-        for name, coef in terms:
-            v += coef * regs[name]
-        starts.append(v)
-    starts = tuple(starts)
-    extents = op.cext
-    if extents is None:
-        extents = tuple([ev(regs, e) for e in op.extents])
-    shape = op.info.shape
-    for s, e, d in zip(starts, extents, shape):
-        if s < 0 or e < 0 or s + e > d:
-            raise sim.error(
-                core,
-                f"region starts={starts} extents={extents} is outside tensor {op.info.name!r} "
-                f"of shape {shape} (registers {dict(sorted(regs.items()))})",
-            )
-    return starts, extents
-
-
-def _slices(starts: tuple, extents: tuple) -> tuple:
-    return tuple(slice(s, s + e) for s, e in zip(starts, extents))
 
 
 def _dma_slot(sim: Any, core: Core) -> bool:
@@ -153,10 +133,8 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         return False
     if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
-    fixed = op.fixed
-    starts, extents = fixed if fixed is not None else _region(sim, core, op)
     info = op.info
-    n = math.prod(extents)
+    starts, extents, n, nbytes, split = _request(sim, core, op, info)
     if n > b.cap:
         raise sim.error(
             core,
@@ -167,10 +145,7 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             core,
             f"tensor {info.name!r} is {info.dtype} but buffer {b.name!r} is {b.dtype}; allocate the buffer as {info.dtype}",
         )
-    nbytes = n * info.elem_bytes
-    done = sim.hbm_read(
-        core, sim.layout.split(info, starts, extents), nbytes, info.name, None, op.background
-    )
+    done = sim.hbm_read(core, split, nbytes, info.name, None, op.background)
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:
@@ -207,8 +182,8 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
         return False
     if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
         return False
-    starts, extents = _region(sim, core, op)
     info = op.info
+    starts, extents, _, nbytes, split = _request(sim, core, op, info)
     if tuple(b.shape) != tuple(extents):
         raise sim.error(
             core,
@@ -218,8 +193,7 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
         raise sim.error(
             core, f"buffer {b.name!r} is {b.dtype} but tensor {info.name!r} is {info.dtype}"
         )
-    nbytes = math.prod(extents) * info.elem_bytes
-    done = sim.hbm_write(core, sim.layout.split(info, starts, extents), nbytes, info.name)
+    done = sim.hbm_write(core, split, nbytes, info.name)
     core.dmaq.append(done)
     if done.__class__ is int:
         if done > b.r:
@@ -306,8 +280,13 @@ class OpSend(Op):
 def h_send(sim: Any, core: Core, op: OpSend) -> bool:
     b = op.buf
     if b is not None and (b.wp is not None or b.w > core.t or not b.allocated):
-        if not ready(sim, core, (b,), ()):
+        # ready(sim, core, (b,), ()), inlined: once per message
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
             return False
+        if b.w > core.t:
+            advance(sim, core, b.w, b.wk)
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
@@ -351,11 +330,25 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     b = op.buf
     t = core.t
     if b.wp is not None or b.rp or b.w > t or b.r > t or not b.allocated:
-        if not ready(sim, core, (), (b,)):
+        # ready(sim, core, (), (b,)), inlined: once per message
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
             return False
+        cat = BUSY
+        if b.w > t:
+            t, cat = b.w, b.wk
+        if b.rp and not fold_r(sim, core, b):
+            return False
+        if b.r > t:
+            t, cat = b.r, b.rk
+        if t > core.t:
+            advance(sim, core, t, cat)
         t = core.t
     end = op.end
-    post = Post(core, b, end, t)
+    post = _new(Post)  # Post(core, b, end, t), without the call: once per message
+    post.time = post.waiters = post.value = None
+    post.core, post.buf, post.end, post.post_t = core, b, end, t
     b.wp = post
     q = end.unmatched
     if q:  # sim.post(end, post), inlined: match the oldest unreceived message

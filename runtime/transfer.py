@@ -16,8 +16,11 @@ was issued)``; receives match messages in order.
 from __future__ import annotations
 
 import math
+from collections import deque
 from heapq import heappush
 from typing import Any
+
+import numpy as np
 
 from runtime.hbm_classes import HbmClasses
 from runtime.network import RES_BG, RES_DELAY, RES_HBM, RES_WAKE
@@ -28,6 +31,7 @@ __all__ = ["Transfers", "up"]
 
 _EPS = 1e-6
 _ceil = math.ceil
+_new = object.__new__
 
 
 def up(x: float) -> int:
@@ -88,6 +92,7 @@ class Transfers(HbmClasses):
     hagg: float
     hfg: float
     hbgbusy: list[float]
+    slow: bool
 
     fabric: Any
     comp: Any
@@ -127,11 +132,12 @@ class Transfers(HbmClasses):
             r[1] += end - start
             r[2] += nbytes
             r[3] += 1
-            if self.rtrace is not None:
-                self.rtrace.append((res, start, end, x.label))
-            bg = self.bgs[res]
-            if bg is not None and start < bg[0]:
-                bg[0] += end - start  # ahead of the background transfer in service
+            if self.slow:  # tracing, or background traffic has been seen (_bg_start)
+                if self.rtrace is not None:
+                    self.rtrace.append((res, start, end, x.label))
+                bg = self.bgs[res]
+                if bg is not None and start < bg[0]:
+                    bg[0] += end - start  # ahead of the background transfer in service
         elif res == RES_DELAY:
             start = arrive
             end = prev_end + lat
@@ -202,6 +208,50 @@ class Transfers(HbmClasses):
         self.hagg = self.hrate * max(1, nch)
         self.hfg = 0.0
         self.hbgbusy = [0.0] * nch
+        self.slow = self.rtrace is not None  # (_stage)
+        self.bgwake: dict[int, tuple] = {}  # per resource: its wake-up stage (_bg_alarm)
+        self.hbglog: list[tuple] = []  # splits the pool served, in order (bg_flush)
+
+    def bg_flush(self) -> None:
+        """Add the channel parts of the background reads the pool served (logged in order by
+        :meth:`_bg_wake`) to their channels: bytes and grants, and ``b / rate`` busy cycles
+        added to ``hbgbusy`` one read after the other (``numpy.add.accumulate`` adds down a
+        column in order, and a channel a read does not touch adds ``0.0``, which changes no
+        sum), so the floats are those of adding them one by one at each read's completion."""
+        log = self.hbglog
+        if not log:
+            return
+        self.hbglog = []
+        nch = len(self.chan_res)
+        index: dict[int, int] = {}
+        splits: list[tuple] = []
+        order = []
+        for sp in log:
+            k = index.get(id(sp))
+            if k is None:
+                k = index[id(sp)] = len(splits)
+                splits.append(sp)
+            order.append(k)
+        bmat = np.zeros((len(splits), nch), dtype=np.int64)
+        for k, sp in enumerate(splits):
+            for c, b in sp:
+                bmat[k, c] += b
+        uses = np.bincount(np.asarray(order), minlength=len(splits))
+        rs, chan_res = self.rs, self.chan_res
+        nbytes = (bmat * uses[:, None]).sum(axis=0)
+        grants = ((bmat > 0) * uses[:, None]).sum(axis=0)
+        for c in range(nch):
+            if grants[c]:
+                r = rs[chan_res[c]]
+                r[2] += int(nbytes[c])
+                r[3] += int(grants[c])
+        inc = bmat / self.hrate
+        acc = np.array(self.hbgbusy, dtype=np.float64)
+        ords = np.asarray(order)
+        for lo in range(0, len(ords), 4096):
+            rows = np.vstack((acc[None, :], inc[ords[lo : lo + 4096]]))
+            acc = np.add.accumulate(rows, axis=0)[-1]
+        self.hbgbusy = acc.tolist()
 
     def _bg(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """A background stage (``RES_BG - res``: transfer ``x`` takes resource ``res`` in the
@@ -240,11 +290,12 @@ class Transfers(HbmClasses):
         x, nbytes, _, stage, _ = entry
         end = start + nbytes / rate
         if st is None:
-            self.bgs[res] = [end, start, entry, []]
+            self.bgs[res] = [end, start, entry, deque()]
+            self.slow = True
         else:
             st[0], st[1], st[2] = end, start, entry
         self._bg_alarm(res, end)
-        head = up(start)
+        head = start if start.__class__ is int else _ceil(start - _EPS)  # up(), inlined
         if head < self.now:
             head = self.now
         for ch in stage[2]:  # released when the service begins (module docstring)
@@ -257,21 +308,25 @@ class Transfers(HbmClasses):
 
     def _bg_alarm(self, res: int, end: float) -> None:
         """A calendar entry waking resource ``res``'s background queue at cycle ``end``."""
-        t = up(end)
+        t = end if end.__class__ is int else _ceil(end - _EPS)  # up(), inlined
         if t < self.now:
             t = self.now
         b = self.buckets.get(t)
         if b is None:
             b = self.buckets[t] = ([], [])
             heappush(self.times, t)
-        b[0].append((None, (RES_WAKE, res, (), ()), 0, 0, t))
+        wake = self.bgwake.get(res)
+        if wake is None:
+            wake = self.bgwake[res] = (RES_WAKE, res, (), ())
+        b[0].append((None, wake, 0, 0, t))
 
     def _bg_wake(self, res: int) -> None:
         """Complete ``res``'s background transfer in service if its end has come (else wait
         for its new end), deliver it and begin the next."""
         st = self.bgs[res]
         end = st[0]
-        if up(end) > self.now:  # pushed back by ordinary traffic since the alarm was set
+        # pushed back by ordinary traffic since the alarm was set: wait for the new end
+        if (end if end.__class__ is int else _ceil(end - _EPS)) > self.now:
             self._bg_alarm(res, end)
             return
         x, nbytes, prev_end, stage, _ = st[2]
@@ -283,15 +338,16 @@ class Transfers(HbmClasses):
             r[3] += 1
             if self.rtrace is not None:
                 self.rtrace.append((res, st[1], end, x.label))
-        else:  # the HBM pool: each channel's part (hbm_flush adds the busy cycles)
+        elif self.rtrace is None:  # the HBM pool: each channel's part, added up later
+            self.hbglog.append(x.split)
+        else:  # traced: the same at once, with one trace entry per channel
             chan_res, hb, rate = self.chan_res, self.hbgbusy, self.hrate
             for c, b in x.split:
                 r = rs[chan_res[c]]
                 hb[c] += b / rate
                 r[2] += b
                 r[3] += 1
-                if self.rtrace is not None:
-                    self.rtrace.append((chan_res[c], st[1], end, x.label))
+                self.rtrace.append((chan_res[c], st[1], end, x.label))
         done = up((end if end > prev_end else prev_end) + stage[1])
         delivers = stage[3]
         self.n_deliv += len(delivers)
@@ -299,7 +355,7 @@ class Transfers(HbmClasses):
             x.deliver(self, d, done)
         q = st[3]
         if q:
-            nxt = q.pop(0)
+            nxt = q.popleft()
             self._bg_start(res, nxt, end if end > nxt[4] else nxt[4])
         else:
             self.bgs[res] = None
@@ -321,13 +377,17 @@ class Transfers(HbmClasses):
         payload = (data, shape, dtype, value)
         if k == 1:
             end = ends[0]
-            x = Slot(end, payload)
+            x = _new(Slot)  # Slot(end, payload), without the call: once per message
+            x.arrival = x.consumed = None
+            x.payload = payload
+            x.end = end
             end.inflight.append(x)
             if end.posts:
                 posts = end.posts
                 x.post = posts[0]
                 del posts[0]  # a list or a deque (ChanState.set_depth)
             else:
+                x.post = None
                 end.unmatched.append(x)
         else:
             x = _Msg()
