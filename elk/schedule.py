@@ -37,7 +37,7 @@ from elk.contention import (  # noqa: F401 (_crowd: re-export)
 )
 from elk.errors import ElkError
 from elk.model import Item, Policy, Step, Timeline
-from elk.suffix import _by_load, _keep, _Kept, _last, _plain, _resident, _State, _vector
+from elk.suffix import _by_load, _keep, _Kept, _keyed, _last, _plain, _resident, _State, _vector
 
 __all__ = ["Item", "Policy", "Step", "Timeline", "schedule", "evaluate", "exhaustive"]
 
@@ -492,6 +492,10 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
             f"{items[bad].name!r} that decide it; order it after its routing operator"
         )
     states: dict[int, list[_State]] = {}
+
+    def whole(st: _State) -> tuple[float, ...]:
+        return _vector(st, items, policy)
+
     last = _step(items, order, pos, n - 1, n, None, policy)
     if last is None:
         raise ElkError(
@@ -510,10 +514,10 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
                 for parent in parents:
                     for sig, got in _tries(items, order, pos, i, P, parent, policy):
                         st = _State(got[0], got[1], got[2], parent)
-                        vec = _vector(st, items, policy)
-                        kept[sig] = _keep(kept.get(sig, []), vec, st, policy.beam)
+                        vec, key = _keyed(st, items, policy)
+                        kept[sig] = _keep(kept.get(sig, []), vec, st, policy.beam, key, whole)
             if kept:
-                new[P] = [st for group in kept.values() for _, _, st in group]
+                new[P] = [e[-1] for group in kept.values() for e in group]
         if not new:
             raise ElkError(
                 f"operator {items[i].name!r} cannot be scheduled: its smallest execute plan "

@@ -4,7 +4,7 @@ lookups the scheduler repeats for every suffix, computed once (per preload order
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import ge as _ge
@@ -29,6 +29,8 @@ class _State:
     resd: dict[int, tuple[int, float, int, int]] | None = field(
         default=None, compare=False, repr=False
     )
+    # no NaN among ``spre`` (:func:`_clean`), worked out when first asked
+    clean: bool | None = field(default=None, compare=False, repr=False)
 
 
 def _resident(st: _State) -> dict[int, tuple[int, float, int, int]]:
@@ -64,6 +66,13 @@ def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]
     preload starts from its ``P`` on, its residents' end bounds and (negated) spaces, and
     (negated) the size of its core grid, which decides the preloads it waits behind
     (:func:`_lead`: a grid no larger in any dimension shares cores in no more cases)."""
+    return _assemble(st, items, pol, st.spre)
+
+
+def _assemble(
+    st: _State, items: Sequence[Item], pol: Policy, spre: tuple[float, ...]
+) -> tuple[float, ...]:
+    """:func:`_vector` with ``spre`` (all of the suffix's preload starts or a head of them)."""
     res = st.res
     it = items[st.step.op]
     grid: tuple[float, ...] = ()
@@ -77,34 +86,113 @@ def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]
     return (
         st.step.start,
         *own,
-        *st.spre,
+        *spre,
         *(bound for _, _, bound, _, _ in res),
         *(-float(sp) for _, sp, _, _, _ in res),
         *grid,
     )
 
 
+#: A suffix's *anchor* is its ancestor this many steps later (:func:`_keyed`).
+ANCHOR_DEPTH = 32
+
+
+def _clean(st: _State) -> bool:
+    """No NaN among ``st.spre`` (kept on the suffix and its ancestors: each state adds only the
+    preload starts of its own head to its parent's)."""
+    chain: list[_State] = []
+    s: _State | None = st
+    while s is not None and s.clean is None:
+        chain.append(s)
+        s = s.parent
+    ok = True if s is None else bool(s.clean)
+    for s in reversed(chain):
+        if ok:
+            m = len(s.spre) - (len(s.parent.spre) if s.parent is not None else 0)
+            ok = all(x == x for x in s.spre[:m])
+        object.__setattr__(s, "clean", ok)
+    return ok
+
+
+def _keyed(st: _State, items: Sequence[Item], pol: Policy) -> tuple[tuple[float, ...], object]:
+    """:func:`_vector` less the preload starts the suffix shares with its anchor, and the
+    anchor (``None``: the whole vector, no anchor).
+
+    A suffix's ``spre`` is its head followed by its parent's ``spre``, so two suffixes with
+    the same ancestor end with that ancestor's preload starts: on those positions both vectors
+    hold the same values, which decide neither dominance (``x >= x - eps``; NaN excepted, so a
+    tail holding one is not anchored) nor the order of the vectors.  Suffixes kept for one
+    ``(operator, P)`` whose chains joined within :data:`ANCHOR_DEPTH` steps (most of them,
+    however long the model) are then compared on their heads alone, not on the ``N - P``
+    preload starts of every later operator (:func:`_keep`)."""
+    a = st.parent
+    for _ in range(ANCHOR_DEPTH - 1):
+        if a is None:
+            break
+        a = a.parent
+    if a is None or not _clean(a):
+        return _vector(st, items, pol), None
+    return _assemble(st, items, pol, st.spre[: len(st.spre) - len(a.spre)]), a
+
+
 _EPS = 1e-12
 
-# a kept suffix: its vector, the vector less ``_EPS`` (what dominates it is at least that
-# throughout; worked out once per suffix, not per comparison), the suffix
-_Kept = tuple[tuple[float, ...], tuple[float, ...], _State]
+# a kept suffix: its vector (:func:`_keyed`), the vector less ``_EPS`` (what dominates it is
+# at least that throughout; worked out once per suffix, not per comparison), its anchor, the
+# suffix
+_Kept = tuple[tuple[float, ...], tuple[float, ...], object, _State]
 
 
-def _keep(kept: list[_Kept], vec: tuple[float, ...], st: _State, beam: int | None) -> list[_Kept]:
+def _keep(
+    kept: list[_Kept],
+    vec: tuple[float, ...],
+    st: _State,
+    beam: int | None,
+    key: object = None,
+    whole: Callable[[_State], tuple[float, ...]] | None = None,
+) -> list[_Kept]:
     """Add ``st`` to the non-dominated suffixes of one ``(operator, P)``; ``beam`` caps them
-    (best start first).  The vectors grow with the later operators (their preload starts), so
-    every pass over one runs in C (``map``), none in Python bytecode."""
+    (the largest vectors first).  ``vec`` is the suffix's vector less its anchor's preload
+    starts and ``key`` the anchor (:func:`_keyed`; ``None``: ``vec`` is the whole vector);
+    two suffixes with the same anchor are compared on those vectors, any other two on their
+    whole vectors (``whole``), which decides the same.  Every pass over a vector runs in C
+    (``map``), none in Python bytecode."""
     low = tuple(map(_sub, vec, repeat(_EPS)))
-    for v, _, _ in kept:
-        if all(map(_ge, v, low)):  # v >= vec - eps throughout: vec is dominated
+    full: list[tuple[float, ...]] = []  # the whole vector and its low, when first needed
+
+    def mine() -> list[tuple[float, ...]]:
+        if not full:
+            v = vec if key is None else whole(st)  # type: ignore[misc]
+            full.extend((v, low if key is None else tuple(map(_sub, v, repeat(_EPS)))))
+        return full
+
+    for v, _, k, s in kept:
+        if k is key:
+            if all(map(_ge, v, low)):  # v >= vec - eps throughout: vec is dominated
+                return kept
+        elif all(map(_ge, v if k is None else whole(s), mine()[1])):  # type: ignore[misc]
             return kept
-    out = [k for k in kept if not all(map(_ge, vec, k[1]))]
-    out.append((vec, low, st))
+    out = []
+    for e in kept:
+        v, vlow, k, s = e
+        if k is key:
+            if all(map(_ge, vec, vlow)):
+                continue
+        elif all(map(_ge, mine()[0], vlow if k is None else _low(whole(s)))):  # type: ignore[misc]
+            continue
+        out.append(e)
+    out.append((vec, low, key, st))
     if beam is not None and len(out) > beam:
-        out.sort(key=_first, reverse=True)
+        if all(e[2] is key for e in out):
+            out.sort(key=_first, reverse=True)
+        else:  # the whole vectors' order (equal tails do not change the order of two)
+            out.sort(key=lambda e: e[0] if e[2] is None else whole(e[3]), reverse=True)  # type: ignore[misc]
         out = out[:beam]
     return out
+
+
+def _low(v: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(map(_sub, v, repeat(_EPS)))
 
 
 _first = itemgetter(0)

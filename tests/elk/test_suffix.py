@@ -52,3 +52,41 @@ def test_a_vector_within_eps_is_dominated_and_a_larger_one_replaces() -> None:
     assert [e[-1] for e in kept] == [a]
     kept = _keep(kept, (1.0, 2.0 + 1e-6, 3.0), c, None)  # strictly better: replaces a
     assert [e[-1] for e in kept] == [c]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_anchored_vectors_keep_what_whole_vectors_keep(seed: int, monkeypatch) -> None:
+    """Suffixes sharing an ancestor are compared without its preload starts
+    (``elk.suffix._keyed``): the kept set and its order are those of the whole vectors."""
+    import elk.suffix as sx
+    from elk.model import Item, Policy
+
+    monkeypatch.setattr(sx, "ANCHOR_DEPTH", 2)
+    rng = random.Random(seed)
+    items = [Item(f"op{k}", (), (), 1.0) for k in range(4)]
+    pol = Policy(capacity=1.0)
+
+    def grow(parent: _State | None, op: int, P: int) -> _State:
+        tail = parent.spre if parent is not None else ()
+        head = tuple(
+            rng.choice([0.0, 1.0, 2.0]) for _ in range((parent.step.P if parent else 5) - P)
+        )
+        step = Step(op, P, 0, -1, rng.choice([0.0, 1.0]), 0.0, 1.0, 1, False)
+        return _State(
+            step, head + tail, ((7, rng.choice([1, 2]), rng.choice([0.0, 1.0]), 0, 0),), parent
+        )
+
+    root = grow(None, 3, 4)
+    mids = [grow(root, 2, 3) for _ in range(3)]
+    lows = [grow(m, 1, 2) for m in mids for _ in range(2)]
+    sts = [grow(p, 0, 1) for p in lows for _ in range(2)]
+    beam = rng.choice([None, 1, 2, 4])
+    whole = lambda s: sx._vector(s, items, pol)  # noqa: E731
+    kept_whole: list = []
+    kept_keyed: list = []
+    for st in sts:
+        kept_whole = _keep(kept_whole, whole(st), st, beam)
+        vec, key = sx._keyed(st, items, pol)
+        kept_keyed = _keep(kept_keyed, vec, st, beam, key, whole)
+    assert [e[-1] for e in kept_keyed] == [e[-1] for e in kept_whole]
+    assert any(sx._keyed(st, items, pol)[1] is not None for st in sts)
