@@ -105,20 +105,39 @@ def emit_item_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad) -> bool:
     :func:`~.kv_tiles.emit_kv_loads` does); the last tiles and the token once it came."""
     if op.name not in ctx.looped:
         return False
-    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
     ach = lead_channel(ctx, op.raddr)
-    stop = f"stop.{ach}"
     b.stops.pop(ach, None)
+    address_loop(ctx, b, op, ach, item_bound(ctx, op.raddr.name), "q", token=True)
+    return True
+
+
+def address_loop(
+    ctx: EmitCtx,
+    b: UnitBuilder,
+    op: RandomOffChipLoad,
+    ach: str,
+    bound: int,
+    reg: str,
+    token: bool,
+) -> None:
+    """A RandomOffChipLoad as one loop over the addresses of channel ``ach`` until its stop
+    token (at most ``bound``): per address ``RecvValue`` it into register ``{reg}.at``, load the
+    tile there into the next of ``depth`` rotating buffers and send the tile loaded ``depth - 1``
+    addresses earlier, so loads run ahead as the unrolled program's do; the last tiles once the
+    token came, then (``token``) the token on the output."""
+    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
+    stop = f"stop.{ach}"
     lay = ctx.layouts[op.tensor.name]
     tile = tile_shape(op)
-    so = alike(out, f"RandomOffChipLoad %{op.name}")
+    what = f"RandomOffChipLoad %{op.name}"
+    so = alike(out, what)
     ((part,),) = (so.parts(0),)
     depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
-    what = f"RandomOffChipLoad %{op.name}"
     sends = out.channel is not None and b.has_dsts(out.channel)
     b._await(lay.name)  # the completion tokens of earlier stores, once ahead of the loop
     names = [b.buffer(("ld",), part.dtype, part.elems, depth) for _ in range(depth)]
-    starts, extents = lay.region_at(op.base, "q.at", tile, what)
+    at, g, m, s = (f"{reg}.{x}" for x in ("at", "g", "m", "s"))
+    starts, extents = lay.region_at(op.base, at, tile, what)
 
     def load(i: int) -> tuple[Instr, ...]:
         return (Load(names[i], lay.name, Region(tuple(starts), tuple(extents))),)
@@ -126,33 +145,31 @@ def emit_item_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad) -> bool:
     def send(i: int) -> tuple[Instr, ...]:
         return (Send(out.channel, names[i]),) if sends and out.channel else ()
 
-    def back(t: Affine) -> tuple[Instr, ...]:  # the tile loaded depth - 1 items before
-        return (
-            If(Cond(t, ">=", 0), (Calc("q.s", "mod", t, depth), *select("q.s", 0, depth, send))),
-        )
+    def back(t: Affine) -> tuple[Instr, ...]:  # the tile loaded depth - 1 addresses before
+        return (If(Cond(t, ">=", 0), (Calc(s, "mod", t, depth), *select(s, 0, depth, send))),)
 
     body: tuple[Instr, ...] = (
-        RecvValue(ach, "q.at"),
-        Calc("q.m", "mod", "q.g", depth),
-        *select("q.m", 0, depth, load),
-        *(back(Affine(1 - depth, (("q.g", 1),))) if sends else ()),
-        Set("q.g", Affine(1, (("q.g", 1),))),
+        RecvValue(ach, at),
+        Calc(m, "mod", g, depth),
+        *select(m, 0, depth, load),
+        *(back(Affine(1 - depth, ((g, 1),))) if sends else ()),
+        Set(g, Affine(1, ((g, 1),))),
     )
     done: tuple[Instr, ...] = ()
     if sends and out.channel:
         for i in range(depth - 1):  # the last depth - 1 tiles, then the token
-            done += back(Affine(1 - depth + i, (("q.g", 1),)))
-        done += (SendValue(out.channel, stop),)
-    b.emit(Set("q.g", 0))
-    item_loop(b, [body], done, item_bound(ctx, op.raddr.name), stop)
+            done += back(Affine(1 - depth + i, ((g, 1),)))
+        if token:
+            done += (SendValue(out.channel, stop),)
+    b.emit(Set(g, 0))
+    item_loop(b, [body], done, bound, stop)
     b.next_seq[ach] = addrs.messages + 1
     if sends and out.channel:
-        b.sent_seq[out.channel] = out.messages + 1
+        b.sent_seq[out.channel] = out.messages + int(token)
     counted(ctx, b, op.raddr.name, (1, int(sends), 0, 0))
     ctx.relax(op.raddr, None)
     ctx.relax(op.name, level(out))
     hold_buffers(b)
-    return True
 
 
 Emitter = Callable[[EmitCtx, UnitBuilder, tuple[Op, ...]], None]

@@ -50,25 +50,15 @@ from typing import Any
 import sympy as sp
 
 from lowering.isa import (
-    DTYPE_BYTES,
-    Affine,
-    Calc,
-    Cond,
-    If,
     Instr,
-    Load,
-    RecvValue,
-    Region,
-    Send,
     SendValue,
     Set,
 )
 from torch2step.step.ops_memory import RandomOffChipLoad
 from torch2step.step.ops_routing import EagerMerge, Partition
 
-from .buffer_loop import select
-from .context import EmitCtx, tile_shape
-from .item_loop import alike, counted, hold_buffers, item_loop, level
+from .context import EmitCtx
+from .item_memory import address_loop
 from .region_views import chunk_views, region_view
 from .streams import StreamInfo
 from .structure import Structure
@@ -282,52 +272,10 @@ def emit_region_load(ctx: EmitCtx, b: UnitBuilder, op: RandomOffChipLoad, bound:
     token (at most ``bound`` addresses): per address ``RecvValue`` it (with ``stop``), load the
     tile there into the next of ``depth`` rotating buffers and send the tile loaded
     ``depth - 1`` addresses earlier, so loads run ahead across the chunks as the unrolled
-    program's do (:func:`~.item_memory.emit_item_load`'s scheme, without a token on the
-    tiles: the region's units read them per chunk); the last tiles once the token came."""
-    addrs, out = ctx.stream(op.raddr), ctx.stream(op.name)
+    program's do (:func:`~.item_memory.address_loop`, without a token on the tiles: the
+    region's units read them per chunk); the last tiles once the token came."""
     (ach,) = ctx.structure.sources(op.raddr.name)
-    stop = f"stop.{ach}"
-    lay = ctx.layouts[op.tensor.name]
-    tile = tile_shape(op)
-    so = alike(out, f"RandomOffChipLoad %{op.name}")
-    ((part,),) = (so.parts(0),)
-    depth = ctx.timing.dma_depth(math.prod(tile) * DTYPE_BYTES[lay.dtype])
-    sends = out.channel is not None and b.has_dsts(out.channel)
-    b._await(lay.name)  # the completion tokens of earlier stores, once ahead of the loop
-    names = [b.buffer(("ld",), part.dtype, part.elems, depth) for _ in range(depth)]
-    starts, extents = lay.region_at(op.base, "w.at", tile, f"RandomOffChipLoad %{op.name}")
-
-    def load(i: int) -> tuple[Instr, ...]:
-        return (Load(names[i], lay.name, Region(tuple(starts), tuple(extents))),)
-
-    def send(i: int) -> tuple[Instr, ...]:
-        return (Send(out.channel, names[i]),) if sends and out.channel else ()
-
-    def back(t: Affine) -> tuple[Instr, ...]:  # the tile loaded depth - 1 addresses before
-        return (
-            If(Cond(t, ">=", 0), (Calc("w.s", "mod", t, depth), *select("w.s", 0, depth, send))),
-        )
-
-    body: tuple[Instr, ...] = (
-        RecvValue(ach, "w.at"),
-        Calc("w.m", "mod", "w.g", depth),
-        *select("w.m", 0, depth, load),
-        *(back(Affine(1 - depth, (("w.g", 1),))) if sends else ()),
-        Set("w.g", Affine(1, (("w.g", 1),))),
-    )
-    done: tuple[Instr, ...] = ()
-    if sends:
-        for i in range(depth - 1):  # the last depth - 1 tiles
-            done += back(Affine(1 - depth + i, (("w.g", 1),)))
-    b.emit(Set("w.g", 0))
-    item_loop(b, [body], done, bound, stop)
-    b.next_seq[ach] = addrs.messages + 1
-    if sends and out.channel:
-        b.sent_seq[out.channel] = out.messages
-    counted(ctx, b, op.raddr.name, (1, int(sends), 0, 0))
-    ctx.relax(op.raddr, None)
-    ctx.relax(op.name, level(out))
-    hold_buffers(b)
+    address_loop(ctx, b, op, ach, bound, "w", token=False)
 
 
 @dataclass
