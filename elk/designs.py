@@ -243,7 +243,7 @@ def ideal_plans(
                 kept = _keep(kept, _ideal_vector(st, items, before), st, beam)
         if not kept:
             return None
-        states = [st for _, _, st in kept]
+        states = [e[-1] for e in kept]
     finals = [_finish(items, order, st, IDEAL_POLICY) for st in states if st is not None]
     return min(finals, key=lambda t: t.total)
 
