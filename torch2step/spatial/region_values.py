@@ -9,8 +9,9 @@ gives the tile functions on that path a *register lowering* (:data:`~.control.RE
 so the values they send are computed at run time from the received registers, not the run's
 literals, and their programs are the same whatever chunk each slot of the merge holds:
 
-* ``selector_index`` — the index of the one-hot mask's bit: a binary search of six steps
-  (``Calc`` floordiv by ``2^32, 2^16, ..., 2``), masks up to 64 inputs;
+* ``selector_index`` — the index of the one-hot mask's bit: a binary search of ten steps
+  (``Calc`` floordiv by ``2^512, 2^256, ..., 2``), masks up to 1024 inputs (a merge over the
+  128 experts of Qwen3-30B-A3B sends masks wider than 64 bits);
 * ``affine`` — ``scale * x + offset`` as an :class:`~lowering.isa.Affine` of the register;
 * ``pad_index`` — ``n`` for a padding row, else the index (``If`` on the padding flag's
   register); ``get`` of a tuple's control value (the padding flag zipped to a row) — its
@@ -44,6 +45,12 @@ from .unit_reuse import FORM
 __all__ = ["emit_value_grid", "ragged_bounds"]
 
 
+_SELECTOR_BITS = 1024
+"""The widest one-hot selector :func:`_selector_index` decodes (inputs of an EagerMerge)."""
+_SEARCH_SHIFTS = tuple(1 << k for k in reversed(range(_SELECTOR_BITS.bit_length() - 1)))
+"""The binary search's shifts: ``512, 256, ..., 1``."""
+
+
 def _reg(elem: Elem, i: int = 0) -> str | None:
     """The register holding value part ``i`` of ``elem`` (``None``: not a received value)."""
     if len(elem) <= i:
@@ -59,7 +66,7 @@ def _selector_index(b: UnitBuilder, f: Any, elem: Elem, part: Part) -> str | Non
         return None
     m, t, r = "six.m", "six.t", "six.r"
     b.emit(Set(m, src), Set(r, 0))
-    for s in (32, 16, 8, 4, 2, 1):
+    for s in _SEARCH_SHIFTS:
         b.emit(
             Calc(t, "floordiv", m, 1 << s),
             If(Cond(t, ">", 0), (Set(r, Affine(s, ((r, 1),))), Set(m, t))),
