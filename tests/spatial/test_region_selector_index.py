@@ -61,3 +61,17 @@ def test_selector_index_decodes_wide_masks(index: int) -> None:
     regs = {"sel": 1 << index}
     _run(b.instrs, regs)
     assert regs[out] == index
+
+
+def test_a_selector_wider_than_the_search_is_a_type_error() -> None:
+    """A merge over more inputs than the register search decodes is refused when the graph is
+    built, naming the limit, instead of decoding wrong expert ids at run time."""
+    import pytest
+
+    from torch2step.errors import StepTypeError
+    from torch2step.lower.blocks.moe_lanes import MAX_SELECTOR_INPUTS, _sel_index_rule
+    from torch2step.step.types import SelectorType
+
+    _sel_index_rule("selector_index", (SelectorType(MAX_SELECTOR_INPUTS, 1),))
+    with pytest.raises(StepTypeError, match="wider than"):
+        _sel_index_rule("selector_index", (SelectorType(MAX_SELECTOR_INPUTS + 1, 1),))

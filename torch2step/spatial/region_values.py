@@ -31,6 +31,7 @@ from typing import Any
 import sympy as sp
 
 from lowering.isa import Affine, Calc, Cond, If, Set
+from torch2step.lower.blocks.moe_lanes import MAX_SELECTOR_INPUTS
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import FlatMap
@@ -45,7 +46,7 @@ from .unit_reuse import FORM
 __all__ = ["emit_value_grid", "ragged_bounds"]
 
 
-_SELECTOR_BITS = 1024
+_SELECTOR_BITS = MAX_SELECTOR_INPUTS
 """The widest one-hot selector :func:`_selector_index` decodes (inputs of an EagerMerge)."""
 _SEARCH_SHIFTS = tuple(1 << k for k in reversed(range(_SELECTOR_BITS.bit_length() - 1)))
 """The binary search's shifts: ``512, 256, ..., 1``."""

@@ -98,10 +98,21 @@ def _int11(f: Any, t: DataType, what: str) -> TileType:
     return t
 
 
+#: The widest one-hot selector ``selector_index`` takes: a spatial unit decodes it in registers
+#: by a binary search of ``log2`` of this many steps (``torch2step.spatial.region_values``).
+MAX_SELECTOR_INPUTS = 1024
+
+
 def _sel_index_rule(f: Any, args: tuple[DataType, ...]) -> TileType:
     s = args[0]
     if not isinstance(s, SelectorType) or s.k != 1:
         raise StepTypeError(f"function {f}: needs a one-hot selector, got {s}")
+    if s.n > MAX_SELECTOR_INPUTS:
+        raise StepTypeError(
+            f"function {f}: a selector over {s.n} inputs is wider than the "
+            f"{MAX_SELECTOR_INPUTS} a unit decodes; merge at most {MAX_SELECTOR_INPUTS} "
+            "experts per EagerMerge (e.g. more moe_lanes)"
+        )
     return ADDR
 
 
