@@ -76,6 +76,7 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
     load = [f"lp.{j}" for j in range(lanes)]
     cut = x.value.rank + 1 - op.rank
     k = 0
+    picks: dict[tuple[str, str], tuple[Instr, ...]] = {}
     for sub in iter_nodes(x.value.data, cut):
         b.emit(*(Set(r, 0) for r in load))
         b.step()
@@ -91,20 +92,9 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
             ((_, cur),) = e
             ((_, buf),) = state
             assert cur is not None and buf is not None
-            pick: list[Instr] = [
-                ReadValue("lp.n", cur, 1),
-                Set("lp.lane", 0),
-                Set("lp.min", load[0]),
-            ]
-            for j in range(1, lanes):  # the least loaded lane, ties to the lowest
-                pick.append(
-                    If(Cond(load[j], "<", "lp.min"), (Set("lp.min", load[j]), Set("lp.lane", j)))
-                )
-            for j in range(lanes):  # its load grows by the item's rows (+1: per-item work)
-                grow = Set(load[j], Affine(tail + 1, ((load[j], 1), ("lp.n", 1))))
-                pick.append(If(Cond("lp.lane", "==", j), (grow,)))
-            pick += [WriteValue(buf, j, r) for j, r in enumerate(load)]
-            pick.append(WriteValue(buf, lanes, "lp.lane"))
+            pick = picks.get((cur, buf))
+            if pick is None:  # one tuple per buffer pair: equal steps share their objects
+                pick = picks[cur, buf] = _pick(cur, buf, load, tail)
             b.emit(*pick)
             b.send(out, k, state)
             k += 1
@@ -112,6 +102,22 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
     ctx.relax(op.input, FORM)  # the rows reach registers: the tiles' values are the run's
     ctx.relax(op.name, FORM)  # its decisions are computed in registers
     return True
+
+
+def _pick(cur: str, buf: str, load: list[str], tail: int) -> tuple[Instr, ...]:
+    """One item's decision in registers: read its row count from the cursor tile ``cur``,
+    take the least loaded lane (ties to the lowest, as ``argmin``), grow its load by
+    ``n + tail + 1`` and write the loads and the lane into the state tile ``buf``."""
+    lanes = len(load)
+    pick: list[Instr] = [ReadValue("lp.n", cur, 1), Set("lp.lane", 0), Set("lp.min", load[0])]
+    for j in range(1, lanes):  # the least loaded lane, ties to the lowest
+        pick.append(If(Cond(load[j], "<", "lp.min"), (Set("lp.min", load[j]), Set("lp.lane", j))))
+    for j in range(lanes):  # its load grows by the item's rows (+1: per-item work)
+        grow = Set(load[j], Affine(tail + 1, ((load[j], 1), ("lp.n", 1))))
+        pick.append(If(Cond("lp.lane", "==", j), (grow,)))
+    pick += [WriteValue(buf, j, r) for j, r in enumerate(load)]
+    pick.append(WriteValue(buf, lanes, "lp.lane"))
+    return tuple(pick)
 
 
 def emit_lane_keep_loop(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
