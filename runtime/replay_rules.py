@@ -5,13 +5,13 @@ returning ``False``.  Register-only operations run the simulator's own handlers.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runtime import ops, ops_comm, ops_control, ops_select, program_layers
 from runtime.layout import numpy_dtype
+from runtime.ops_control import write_element
 from runtime.state import Core, Post, StopPost
 
 if TYPE_CHECKING:
@@ -127,21 +127,9 @@ def _writevalue(rp: Replay, core: Core, op: Any) -> bool:
     b = op.buf
     if not _free(rp, core, (b,)):
         return False
-    # ops_control.write_element with the size counted by math.prod (numpy's prod costs
-    # microseconds a call): a copy of the values (a message sent from it keeps its own), the
-    # other elements kept, zeros when the buffer's shape has changed size since its data
-    shape = b.shape or b.alloc_shape
-    size = math.prod(shape) if shape else 0
-    index = op.index
-    if not 0 <= index < size:
-        raise rp.error(core, f"element {index} is outside buffer {b.name!r} of {size}")
-    data = b.data
-    if data is None or data.size != size:
-        data = np.zeros(shape, dtype=numpy_dtype(b.dtype))
-    else:
-        data = np.array(data).reshape(shape)
-    data.reshape(-1)[index] = ops.ev(core.regs, op.value)
-    b.data = data
+    problem = write_element(b, op.index, ops.ev(core.regs, op.value))
+    if problem is not None:
+        raise rp.error(core, problem)
     core.pc += 1
     return True
 
