@@ -165,22 +165,12 @@ def find_region_groups(
         if not ragged and not m.atoms(sp.ceiling):
             continue
         limit = int(m.subs({x: bounds[x.name] for x in m.free_symbols}))
-        reach = {data.name, sel.name}
         units: set[int] = set()
         parts: set[int] = set()
         names = {n for n, e in outer.items() if e is not None and e == m}
-        for op in graph.nodes:
-            if not any(v.name in reach for v in op.inputs()):
+        for _, k, ins, outs in st.reached((data.name, sel.name), h):
+            if k in units:
                 continue
-            reach |= {v.name for v in outputs[op.name]}
-            if op.name not in st.owner:
-                continue
-            k = st.unit_index(op.name)
-            if k == h or k in units:
-                continue
-            own = {o.name for o in st.units[k]}
-            ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
-            outs = [v.name for o in st.units[k] for v in outputs[o.name]]
             if ragged and not all(_tiles_only(types[n]) for n in ins + outs):
                 continue  # a row unit: it handles a chunk's rows one by one
             if ins and all(outer[n] == m for n in ins):
