@@ -36,8 +36,8 @@ What a run still rebuilds (listed exactly below; a unit outside the lists fails 
   selector Expand): the merge ends each chunk's rows with a stop token carrying their count,
   and each loops over a chunk's rows until it (torch2step.spatial.region_rows
   ``chunk_channels``), one program for every chunk size and count;
-* the selector Expand of a region whose first chunk holds another expert's rows, or that
-  the run gives no chunk (its blank chunk's selector value is part of its form).
+* the selector Expand of a region that one of the runs gives no chunk: then its output has
+  no reader, so it sends nothing.
 """
 
 from __future__ import annotations
@@ -155,12 +155,11 @@ def test_a_chunk_order_decided_in_simulated_time_rebuilds_no_unit_static() -> No
 def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
     """Dynamic tiling: region 1's order changes, so its positions get chunks of other rows;
     its tile units and the units looping over a chunk's rows keep their programs, its
-    unrolled row units, merge and selector Expand (its first chunk another expert's) do
-    not."""
+    unrolled row units and merge do not."""
     g, _, first, decided = _decided_order(ARTIFACT)
     assert decided.arrival["moe_l1_merge"] != [0, 1, 2, 3]
     kept, rebuilt, _ = _kept_rebuilt(g, (first, decided.run))
-    assert rebuilt == sorted(["moe_l1_merge", "moe_l1_j_r"] + [f"moe_l1_{u}" for u in ROW_UNITS])
+    assert rebuilt == sorted(["moe_l1_merge"] + [f"moe_l1_{u}" for u in ROW_UNITS])
     assert len(kept) + len(rebuilt) == 83
 
 
@@ -258,8 +257,8 @@ def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
 def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
     """Dynamic tiling, region 1 without a token, then with tokens: its tile units are built
     for a blank chunk of one row when it has none, so most are kept; rebuilt are each region's
-    merge and unrolled row units and, of region 1, the two whose forms a blank chunk does not
-    give (the selector Expand, the last Accum)."""
+    merge and unrolled row units and, of region 1, the selector Expand (without a chunk its
+    output has no reader) and the last Accum (whose form a blank chunk does not give)."""
     route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
     route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
     g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)

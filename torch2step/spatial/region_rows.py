@@ -399,7 +399,10 @@ def emit_expand_loop(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
     b.sent += got[1]
     b.busy_cycles += got[2]
     ctx.relax(op.ref, EACH)
-    ctx.relax(op.name, EACH)
-    if not b.literal_values:  # the value it copies is sent from the register it came in
+    if not b.literal_values:  # the value it copies is sent from the register it came in:
+        # its output's elements are that value, whatever it is, on every row
         ctx.relax(op.input, FORM)
+        ctx.relax(op.name, None)
+    else:  # pragma: no cover - a received value is forwarded from its register
+        ctx.relax(op.name, EACH)
     return True
