@@ -26,12 +26,18 @@ What a run still rebuilds (listed exactly below; a unit outside the lists fails 
 
 * with dynamic tiling, the EagerMerge of a region whose chunk order changes (its program takes
   the ragged chunks in the run's order, which its region's row units follow);
-* with dynamic tiling, the units of a region handling its chunks row by row (the Bufferize,
-  the row packing, the selector Expand and Map, the FlatMap back to rows, the Partition back
-  to the experts) when a position in its order gets a chunk of other rows: they are unrolled
-  over the rows of each chunk;
-* with dynamic tiling, a region's merge and row units when its chunk count changes; its tile
-  units loop over the chunks until the merge's stop token (torch2step.spatial.region_loop).
+* with dynamic tiling, the units of a region handling its chunks row by row after its tiles
+  (the FlatMap back to rows, the selector Map, the Partition back to the experts) when a
+  position in its order gets a chunk of other rows: they are unrolled over the rows of each
+  chunk;
+* with dynamic tiling, a region's merge and those row units when its chunk count changes; its
+  tile units loop over the chunks until the merge's stop token (torch2step.spatial.region_loop)
+  and so do the units reading the chunk's rows (the Bufferize and its row packing, the
+  selector Expand): the merge ends each chunk's rows with a stop token carrying their count,
+  and each loops over a chunk's rows until it (torch2step.spatial.region_rows
+  ``chunk_channels``), one program for every chunk size and count;
+* the selector Expand of a region that one of the runs gives no chunk: then its output has
+  no reader, so it sends nothing.
 """
 
 from __future__ import annotations
@@ -60,8 +66,10 @@ ROUTE_B = np.array([[0, 1 + t % 2] for t in range(8)] + [[1, 2]] * 8)
 #: The §5.3 artifact's layer (the figures' configuration): routing weights after the regions.
 ARTIFACT = {"scale_in_lanes": False}
 
-#: A region's units that handle its chunks row by row (dynamic tiling).
-ROW_UNITS = ("buf", "xt", "j_r", "out", "sel", "back")
+#: A region's units that handle its chunks row by row, unrolled over each chunk's rows
+#: (dynamic tiling); the Bufferize, its row packing and the selector Expand ("buf", "xt",
+#: "j_r") loop over a chunk's rows until its stop token.
+ROW_UNITS = ("out", "sel", "back")
 #: Every unit of a region of the artifact's layer (dynamic tiling; static tiling adds the
 #: padding flags' Map and index).
 REGION_UNITS = (
@@ -146,7 +154,8 @@ def test_a_chunk_order_decided_in_simulated_time_rebuilds_no_unit_static() -> No
 
 def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
     """Dynamic tiling: region 1's order changes, so its positions get chunks of other rows;
-    its tile units keep their programs (rows at run time), its row units and merge do not."""
+    its tile units and the units looping over a chunk's rows keep their programs, its
+    unrolled row units and merge do not."""
     g, _, first, decided = _decided_order(ARTIFACT)
     assert decided.arrival["moe_l1_merge"] != [0, 1, 2, 3]
     kept, rebuilt, _ = _kept_rebuilt(g, (first, decided.run))
@@ -159,8 +168,9 @@ def test_a_new_routing_keeps_every_expert_unit() -> None:
     is kept (the routing, each expert's chunk and its scaling after the region, also of
     expert 3, which gets no token); region 1 takes one chunk instead of two, and both
     regions keep their tile units (they loop over the chunks until the merge's stop token,
-    built for one chunk, their rows read at run time: torch2step.spatial.region_loop): only
-    each region's merge and row units are rebuilt."""
+    built for one chunk, their rows read at run time: torch2step.spatial.region_loop), and
+    their Bufferize, row packing and selector Expand (loops until each chunk's stop token):
+    only each region's merge and unrolled row units are rebuilt."""
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
     runs = [run(g, tensors=x, check=False) for x in ins]
@@ -247,18 +257,18 @@ def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
 def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
     """Dynamic tiling, region 1 without a token, then with tokens: its tile units are built
     for a blank chunk of one row when it has none, so most are kept; rebuilt are each region's
-    merge and row units and, of region 1, the three whose forms a blank chunk does not give
-    (the buffer reference's Repeat, the index Repeat, the last Accum)."""
+    merge and unrolled row units and, of region 1, the selector Expand (without a chunk its
+    output has no reader) and the last Accum (whose form a blank chunk does not give)."""
     route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
     route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
     g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW8, tokens=16, seed=0, routing=r) for r in (route_e, route_f)]
     runs = [run(g, tensors=x, check=False) for x in ins]
     want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
-    want += [f"moe_l1_{u}" for u in ("per_i", "j1", "down")]
+    want += [f"moe_l1_{u}" for u in ("j_r", "down")]
     for order in (runs, runs[::-1]):
         kept, rebuilt, _ = _kept_rebuilt(g, order)
-        assert rebuilt == sorted(want) and len(kept) == 66
+        assert rebuilt == sorted(want) and len(kept) == 73
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

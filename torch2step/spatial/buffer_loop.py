@@ -149,13 +149,19 @@ def emit_buffer_loop(ctx: EmitCtx, b: UnitBuilder, op: Bufferize, fused: list[St
             or any(_form(ref.parts(k)) != _form(ref.parts(0)) for k in range(len(ref.flat)))
         ):
             return False
-        reads.append((s, so, ref, prod(ctx.ev(d, f"reads of unit %{b.name}") for d in rshape)))
+        # (the outer elements: the run's, or a region's chunk in its view, .region_loop)
+        per = prod(ctx.ev(d, f"reads of unit %{b.name}") for d in rshape[1:])
+        reads.append((s, so, ref, len(ref.value.data) * per))
     if any(n != len(ref.flat) for _, _, ref, n in reads):
         return False
     bound = b.bound(shape[1])
     if bound is None:
         return False
-    ctx.ev(shape[0], f"buffers of unit %{b.name}")  # one buffer: the count is not zero
+    deps, ctx.deps = ctx.deps, None  # a check of the structure, not a dependence on the run
+    try:
+        ctx.ev(shape[0], f"buffers of unit %{b.name}")  # one buffer: the count is not zero
+    finally:
+        ctx.deps = deps
     part = first[0]
     cols = part.elems
     names = b.row_buffers(("mem", 0), part.dtype, cols, shape[1], bound, len(x.flat))

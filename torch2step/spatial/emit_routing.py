@@ -44,6 +44,7 @@ from torch2step.step.types import TileType
 
 from .context import EmitCtx
 from .merge_any import emit_merge_any, merge_any
+from .region_rows import emit_expand_loop
 from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
 from .unit import UnitBuilder
 from .unit_reuse import FORM
@@ -335,6 +336,10 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
             o += 1
         if not leaves(chunk, rank):  # pragma: no cover - an empty chunk: only its selector
             b.send(sel, ci, named)
+        if data.channel in b.grouped and b.has_dsts(data.channel):
+            # a ragged region's rows loop until each chunk's stop token (.region_rows)
+            b.emit(SendValue(data.channel, len(leaves(chunk, rank)), stop=True))
+            b.sent_seq[data.channel] += 1
         b.step()
     tell = sel.channel
     if tell is not None and ctx.tiled.get(op.name) == tell and b.has_dsts(tell):
@@ -351,6 +356,8 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
 def _expand(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Expand)
+    if emit_expand_loop(ctx, b, op):  # along a region's chunk rows (.region_rows)
+        return
     x, r, out = ctx.stream(op.input), ctx.stream(op.ref), ctx.stream(op.name)
     cut = x.value.rank - op.rank
     kx = kr = o = 0

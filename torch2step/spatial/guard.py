@@ -92,21 +92,9 @@ def find_guards(st: Structure, grouped: set[str]) -> list[ExpertGuard]:
         present = sp.sympify(outputs[head.name][0].type.shape[0])
         if not isinstance(present, sp.Piecewise):
             continue
-        reach = {v.name for op in ops for v in outputs[op.name]}
         units: set[int] = set()
-        for op in graph.nodes:
-            if not any(v.name in reach for v in op.inputs()):
-                continue
-            reach |= {v.name for v in outputs[op.name]}
-            if op.name not in st.owner:  # a wire
-                continue
-            k = st.unit_index(op.name)
-            if k == h or k in units:
-                continue
-            own = {o.name for o in st.units[k]}
-            ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
-            outs = [v.name for o in st.units[k] for v in outputs[o.name]]
-            if ins and all(present in conds[n] for n in ins + outs):
+        for _, k, ins, outs in st.reached((v.name for op in ops for v in outputs[op.name]), h):
+            if k not in units and ins and all(present in conds[n] for n in ins + outs):
                 units.add(k)
         names = {v.name for v in values if present in conds[v.name]}
         # the Bufferize's input as one token makes it: the Partition's output and its wires

@@ -185,7 +185,7 @@ from .kv_loop import headed_channels
 from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
 from .region_loop import region_body, region_plan
-from .region_rows import chunk_stops
+from .region_rows import chunk_channels, chunk_stops
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
 from .stop_loop import forwards_stop
@@ -341,6 +341,7 @@ def _build_plan(
     # a Streamify reading an expert's buffer ends each read with a stop token (its count),
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)
+    grouped |= chunk_channels(graph, st, stops)  # a ragged region's chunks (.region_rows)
     # decode attention's KV-tile addresses and query copies follow each request's count
     headed = headed_channels(graph, st)
     ctx.headed = frozenset(headed)
@@ -358,7 +359,9 @@ def _build_plan(
     unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
     # a statically tiled region's units loop over its chunks until its merge's stop token,
     # built from a view of the run holding its first chunk (.region_loop)
-    rp = region_plan(st, ctx, stops, streams, tokens, count_bounds(ctx) if not vw.members else {})
+    rp = region_plan(
+        st, ctx, stops, streams, tokens, count_bounds(ctx) if not vw.members else {}, grouped
+    )
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):

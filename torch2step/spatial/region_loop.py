@@ -34,9 +34,16 @@ With dynamic tiling (a region's chunk is one expert's rows, a ragged size, STeP 
 §3.1) the same loop serves the units that handle a chunk's tiles (``ragged`` groups: the
 expert index, weight addresses and loads, the matmuls, activation, repeats and column split,
 whose tiles' rows are read at run time, :mod:`.rows`); their bookkeeping in a run is their
-program's counted again in each chunk's view and summed (:meth:`RegionPlan.info`).  The merge
-and the units handling the chunk's rows one by one keep the run's programs, unrolled in its
-order; a ragged region that takes no chunk is built from a blank chunk of one row.
+program's counted again in each chunk's view and summed (:meth:`RegionPlan.info`).  So do
+the units reading the chunk's rows, when the merge ends each chunk's rows with a stop token
+carrying their count (a grouped channel, :func:`~.region_rows.chunk_channels`): the Bufferize
+of the rows and the packing of its reads (:mod:`.buffer_loop`), the Expand of the chunk's
+expert index along its rows (:func:`~.region_rows.emit_expand_loop`), each a loop over one
+chunk's rows until its token, inside the loop over the chunks; a view of chunk ``i`` binds
+the ragged size's index to ``i``, so their buffers' rows evaluate to that chunk's.  The merge
+and the units handling the chunk's rows after its tiles (back to rows, the selectors, the
+Partition) keep the run's programs, unrolled in its order; a ragged region that takes no
+chunk is built from a blank chunk of one row.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +65,7 @@ from lowering.isa import (
 from torch2step.step.ops_memory import RandomOffChipLoad
 from torch2step.step.ops_routing import EagerMerge, Partition
 
+from .buffer_loop import group_tokens
 from .context import EmitCtx
 from .item_memory import address_loop
 from .region_views import chunk_views, region_view
@@ -132,7 +141,10 @@ def _outer(t: Any) -> sp.Expr | None:
 
 
 def find_region_groups(
-    st: Structure, stops: set[str], bounds: Mapping[str, int]
+    st: Structure,
+    stops: set[str],
+    bounds: Mapping[str, int],
+    grouped: AbstractSet[str] = frozenset(),
 ) -> list[RegionGroup]:
     """Every statically tiled region (:class:`RegionGroup`, run counts not yet set): a
     single-node EagerMerge unit of tiles of a static row count, each input's messages from one
@@ -165,24 +177,19 @@ def find_region_groups(
         if not ragged and not m.atoms(sp.ceiling):
             continue
         limit = int(m.subs({x: bounds[x.name] for x in m.free_symbols}))
-        reach = {data.name, sel.name}
         units: set[int] = set()
         parts: set[int] = set()
         names = {n for n, e in outer.items() if e is not None and e == m}
-        for op in graph.nodes:
-            if not any(v.name in reach for v in op.inputs()):
+        for _, k, ins, outs in st.reached((data.name, sel.name), h):
+            if k in units:
                 continue
-            reach |= {v.name for v in outputs[op.name]}
-            if op.name not in st.owner:
-                continue
-            k = st.unit_index(op.name)
-            if k == h or k in units:
-                continue
-            own = {o.name for o in st.units[k]}
-            ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
-            outs = [v.name for o in st.units[k] for v in outputs[o.name]]
             if ragged and not all(_tiles_only(types[n]) for n in ins + outs):
-                continue  # a row unit: it handles a chunk's rows one by one
+                # a row unit handles a chunk's rows one by one: a member when it loops until
+                # the chunk's stop token (each input of rows a grouped channel, .region_rows
+                # ``chunk_channels``), else it keeps the run's unrolled program
+                rows = [n for n in ins if not _tiles_only(types[n])]
+                if not rows or not all(st.sources(n) and st.sources(n) <= grouped for n in rows):
+                    continue
             if ins and all(outer[n] == m for n in ins):
                 units.add(k)
                 if isinstance(st.units[k][0], Partition):
@@ -288,7 +295,7 @@ class RegionPlan:
     loads: dict[int, RegionGroup]
     views: dict[int, dict[str, StreamInfo]]
     #: the context of a view (the plan's with the view's streams)
-    make_ctx: Callable[[dict[str, StreamInfo]], EmitCtx]
+    make_ctx: Callable[..., EmitCtx]
     #: the run's streams
     streams: Mapping[str, StreamInfo]
     #: per region head, the context, run streams and stop tokens its members are built in
@@ -298,6 +305,9 @@ class RegionPlan:
     #: per ragged region's head, each chunk's context and run streams
     chunks: dict[int, list[tuple[EmitCtx, Any]]] = dataclasses.field(default_factory=dict)
     make_run: Callable[[dict[str, StreamInfo]], Any] | None = None
+    #: channels with a stop token after each innermost group (:mod:`.buffer_loop`; a ragged
+    #: region's chunk rows): a view counts its own
+    grouped: frozenset[str] = frozenset()
 
     def refs(self) -> dict[int, str]:
         """Per member, the selector channel it reads once per chunk."""
@@ -310,6 +320,11 @@ class RegionPlan:
             if g.head not in self.contexts:
                 # the loop takes the merge's stop token, and forwards it after the addresses
                 tok = {**tokens, g.ref: 0} | {ch: 0 for _, chans in g.forwards for ch in chans}
+                tok |= {
+                    ch: group_tokens(view[ch].value.data, view[ch].value.rank)
+                    for ch in self.grouped
+                    if ch in view and ch in tokens
+                }
                 self.contexts[g.head] = (self.make_ctx(view), make(view), tok)
 
     def context(self, k: int) -> tuple[EmitCtx, Any, dict[str, int]]:
@@ -332,7 +347,8 @@ class RegionPlan:
         views = self.chunks.get(g.head)
         if views is None:
             views = self.chunks[g.head] = [
-                (self.make_ctx(v), self.make_run(v)) for v in chunk_views(g, self.streams)
+                (self.make_ctx(v, i), self.make_run(v))
+                for i, v in enumerate(chunk_views(g, self.streams))
             ]
         got = [entry.retally(c, r).info for c, r in views]
         return dataclasses.replace(
@@ -361,6 +377,7 @@ def region_plan(
     streams: Mapping[str, StreamInfo],
     tokens: dict[str, int],
     bounds: Mapping[str, int],
+    grouped: AbstractSet[str] = frozenset(),
 ) -> RegionPlan:
     """The statically tiled regions of the run of ``ctx`` whose one-chunk view evaluates: each
     merge is told to end its selectors with the stop token (``ctx.tiled``), which ``tokens``
@@ -368,7 +385,7 @@ def region_plan(
     members: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
     loads: dict[int, RegionGroup] = {}
     views: dict[int, dict[str, StreamInfo]] = {}
-    for g in find_region_groups(st, stops, bounds):
+    for g in find_region_groups(st, stops, bounds, grouped):
         view = region_view(st, g, streams)
         if view is None:  # its one-chunk view does not evaluate: the run's programs
             continue
@@ -380,7 +397,38 @@ def region_plan(
         loads.update({k: g for k in g.loads})
         views.update({k: view for k in g.units | g.loads})
 
-    def make_ctx(view: dict[str, StreamInfo]) -> EmitCtx:
-        return dataclasses.replace(ctx, streams=view)
+    # a ragged region's chunk sizes are indexed by the chunk (STeP (revised) §3.1): a view of
+    # chunk ``i`` binds the index, so a size of its rows evaluates to that chunk's
+    index = sorted(
+        {
+            str(x)
+            for g, _ in members.values()
+            if g.ragged
+            for outs in st.graph.node_outputs
+            for v in outs
+            if v.name in g.streams
+            for x in getattr(v.type, "index", ())
+            if x is not None
+        }
+    )
 
-    return RegionPlan(members, loads, views, make_ctx, streams)
+    # (a region the run gives no chunk has no table of chunk sizes: its blank chunk's one row)
+    blank = {
+        str(x.base): {(0,): 1}
+        for g, _ in members.values()
+        if g.ragged
+        for outs in st.graph.node_outputs
+        for v in outs
+        if v.name in g.streams
+        for d in getattr(v.type, "shape", ())
+        for x in sp.sympify(d).atoms(sp.Indexed)
+        if str(x.base) not in ctx.bindings
+    }
+
+    def make_ctx(view: dict[str, StreamInfo], i: int = 0) -> EmitCtx:
+        if not index:
+            return dataclasses.replace(ctx, streams=view)
+        env = {**ctx.bindings, **blank, **dict.fromkeys(index, i)}
+        return dataclasses.replace(ctx, streams=view, bindings=env)
+
+    return RegionPlan(members, loads, views, make_ctx, streams, grouped=frozenset(grouped))

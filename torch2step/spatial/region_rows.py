@@ -25,11 +25,15 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lowering.isa import Cond, If, Instr, Loop, Recv, RecvValue
+import sympy as sp
+
+from lowering.isa import Cond, If, Instr, Loop, Recv, RecvValue, Set
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
-from torch2step.step.ops_compute import FlatMap, Map
-from torch2step.step.ops_shape import Promote, Zip
+from torch2step.step.ops_compute import Accum, FlatMap, Map
+from torch2step.step.ops_memory import Bufferize, Streamify
+from torch2step.step.ops_routing import EagerMerge
+from torch2step.step.ops_shape import Expand, Promote, Zip
 from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
@@ -37,9 +41,9 @@ from .stop_loop import declared_element, emit_stop_loop
 from .streams import _VALUE_DTYPES, StreamInfo
 from .structure import Structure
 from .unit import Elem, UnitBuilder
-from .unit_reuse import EACH, EVERY
+from .unit_reuse import EACH, EVERY, FORM
 
-__all__ = ["chunk_stops", "emit_chunk_rows", "emit_zip_loop"]
+__all__ = ["chunk_channels", "chunk_stops", "emit_chunk_rows", "emit_expand_loop", "emit_zip_loop"]
 
 
 def _data_only(t: DataType) -> bool:
@@ -262,3 +266,143 @@ def _take_rest(ins: Instr, stops: dict[str, str]) -> Instr:
         inner = then[1]
         then = (then[0], If(inner.cond, inner.then, (*done, *inner.orelse)))
     return If(ins.cond, then, ins.orelse)
+
+
+# ---------------------------------------------------------------- a region's chunk rows
+
+
+def _packs_reads(st: Structure, readers: dict[str, list[Op]], s: Op) -> bool:
+    """That Streamify ``s``'s reads are packed by the single-node unit of a rank-1
+    ``retile_row`` Accum, its only reader (:mod:`.buffer_loop`)."""
+    rd = readers.get(s.name, [])
+    return (
+        isinstance(s, Streamify)
+        and s.out_shape is None
+        and len(rd) == 1
+        and isinstance(rd[0], Accum)
+        and getattr(rd[0].fn, "name", None) == "retile_row"
+        and rd[0].rank == 1
+        and st.owner.get(rd[0].name) == rd[0].name
+        and len(st.units[st.unit_index(rd[0].name)]) == 1
+    )
+
+
+def chunk_channels(graph: StepProgram, st: Structure, stops: Iterable[str]) -> set[str]:
+    """A dynamic-tiling region's chunk rows that end each chunk with a stop token (STeP arXiv
+    2511.07776 §3.2.3, §5.3; grouped channels, :mod:`.buffer_loop`): the data output of an
+    EagerMerge unit of ragged chunks whose inputs each end with their stop token
+    (:func:`chunk_stops`), when every reader of it loops over a chunk's rows until that token
+    (a rank-1 Bufferize whose Streamify reads are each packed by a ``retile_row`` Accum:
+    :func:`~.buffer_loop.emit_buffer_loop`; an Expand reading it as its reference:
+    :func:`emit_expand_loop`), and those Streamify outputs (a token after each read)."""
+    stops = set(stops)
+    readers: dict[str, list[Op]] = {}
+    for op in graph.nodes:
+        for v in op.inputs():
+            readers.setdefault(v.name, []).append(op)
+    out: set[str] = set()
+    for ops in st.units:
+        merge = ops[0]
+        if len(ops) != 1 or not isinstance(merge, EagerMerge):
+            continue
+        if any(
+            len(getattr(v.type, "shape", ())) != 2
+            or sp.sympify(v.type.shape[1]).is_Integer
+            or not st.sources(v.name)
+            or not st.sources(v.name) <= stops
+            for v in merge.ins
+        ):
+            continue
+        data = merge.out_names()[0]
+        rd = readers.get(data, [])
+        streams: set[str] = set()
+        ok = bool(rd)
+        for op in rd:
+            if isinstance(op, Expand) and op.ref.name == data and op.input.name != data:
+                continue
+            unit = st.units[st.unit_index(op.name)] if op.name in st.owner else ()
+            if (
+                isinstance(op, Bufferize)
+                and op.rank == 1
+                and unit[0] is op
+                and len(unit) > 1
+                and all(_packs_reads(st, readers, s) for s in unit[1:])
+            ):
+                streams |= {s.name for s in unit[1:]}
+                continue
+            ok = False
+        if ok:
+            out |= {data} | streams
+    return out
+
+
+def emit_expand_loop(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
+    """The unit of an Expand of one value per chunk along the rows of a region's chunk (its
+    reference, ending with the chunk's stop token: :func:`chunk_channels`), built for one
+    chunk: the value received, then a loop until the reference's token, each row dequeued
+    and the value sent in one cycle (as the unrolled program's), at most the rows' bound
+    times.  One program for every chunk size; ``False`` (nothing emitted) when the unit is
+    not such an Expand."""
+    if not isinstance(op, Expand) or op.rank != 0 or b.bound is None:
+        return False
+    x, r, out = ctx.stream(op.input), ctx.stream(op.ref), ctx.stream(op.name)
+    shape = getattr(op.ref.type, "shape", ())
+    if len(shape) != 2 or r.value.rank != 1 or len(r.value.data) != 1 or not r.flat:
+        return False
+    if len(x.flat) != 1 or out.channel is None:
+        return False
+    chans = {c for pc in r.pieces for c, _, _ in pc}
+    if len(chans) != 1:
+        return False
+    (ch,) = chans
+    if ch is None or ch not in b.grouped or ch not in b.stops or b.own(ch) or b.next_seq[ch]:
+        return False
+    if any(r.parts(k) != r.parts(0) for k in range(len(r.flat))):
+        return False
+    if any(out.parts(k) != out.parts(0) for k in range(len(out.flat))):
+        return False
+    bound = b.bound(shape[1])
+    if bound is None:
+        return False
+    e = b.recv(x, 0, rotation=2)
+    count = b.stops.pop(ch)
+    b.step()
+    stop = f"stop.{ch}"
+    guard = Cond(stop, "<", 0)
+    saved = b.received, b.sent, b.busy_cycles
+    body: list[Instr] = []
+    for _ in range(2):  # one row per copy of the rotating buffers
+        b.next_seq[ch] = 0
+        row = b.recv(r, 0, rotation=2)
+        b.compute(1, (e, row), const=True)
+        b.send(out, 0, e)
+        instrs, b.cur = b.cur, []
+        first = instrs[0]
+        if not isinstance(first, Recv) or first.channel != ch:  # pragma: no cover
+            raise AssertionError(f"unit %{b.name}: a row must start with its receive")
+        body.append(If(guard, (Recv(ch, first.dst, stop), If(guard, tuple(instrs[1:])))))
+    b.received, b.sent, b.busy_cycles = saved
+    b.emit(Set(stop, -1), Loop(-(-(bound + 1) // 2), tuple(body)))  # every row and the token
+    b.step()
+    b.next_seq[ch] = count + 1
+    sends = b.has_dsts(out.channel)
+    if sends:
+        b.sent_seq[out.channel] = ctx.streams[out.name].messages
+    name = r.name
+
+    def tally(c: EmitCtx) -> tuple[int, int, int, int]:
+        n = len(c.streams[name].flat)
+        return n, n * sends, n, 0
+
+    got = ctx.tally(tally)
+    b.received += got[0]
+    b.sent += got[1]
+    b.busy_cycles += got[2]
+    ctx.relax(op.ref, EACH)
+    if not b.literal_values:  # the value it copies is sent from the register it came in:
+        # its output's elements are that value, whatever it is, on every row
+        ctx.relax(op.input, FORM)
+        ctx.relax(op.name, None)
+    else:  # pragma: no cover - a received value is forwarded from its register
+        ctx.relax(op.name, EACH)
+    return True

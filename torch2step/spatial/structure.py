@@ -17,20 +17,27 @@ unit, looking through wires.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program
 from torch2step.step.op_base import Op
 from torch2step.step.ops_memory import Bufferize, Streamify
 
-__all__ = ["DEFAULT_WIRES", "WIREABLE", "Structure", "analyse"]
+__all__ = ["DEFAULT_WIRES", "WIREABLE", "Reached", "Structure", "analyse"]
 
 #: Operator classes that may be wires (occupy no unit).
 WIREABLE = frozenset({"Flatten", "Promote", "Zip", "Reshape"})
 #: The default: all of them.
 DEFAULT_WIRES = WIREABLE
+
+
+#: A unit a walk from a head unit reaches (:meth:`Structure.reached`): the node reached, its
+#: unit's index, the unit's inputs from outside it and its outputs (stream names).
+Reached = tuple[Op, int, tuple[str, ...], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,54 @@ class Structure:
         """Names of the unit-produced streams (channels) that stream ``value_name`` reads,
         looking through wires; empty for graph inputs."""
         return _sources(value_name, self.producer, self.owner)
+
+    @cached_property
+    def _readers(self) -> dict[str, list[int]]:
+        """Stream name -> the indices of the nodes reading it, in graph order."""
+        out: dict[str, list[int]] = {}
+        for i, op in enumerate(self.graph.nodes):
+            for v in op.inputs():
+                out.setdefault(v.name, []).append(i)
+        return out
+
+    @cached_property
+    def _outputs(self) -> dict[str, tuple[str, ...]]:
+        """Node name -> the names of its output streams."""
+        g = self.graph
+        return {op.name: tuple(v.name for v in outs) for op, outs in zip(g.nodes, g.node_outputs)}
+
+    @cached_property
+    def _unit_io(self) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+        """Per unit, its inputs from outside it and its outputs (stream names)."""
+        out = []
+        for ops in self.units:
+            own = {o.name for o in ops}
+            ins = tuple(v.name for o in ops for v in o.inputs() if v.name not in own)
+            out.append((ins, tuple(n for o in ops for n in self._outputs[o.name])))
+        return tuple(out)
+
+    def reached(self, reach: Iterable[str], head: int) -> Iterator[Reached]:
+        """The walk a group of units downstream of unit ``head`` is found by (a statically
+        tiled expert, :mod:`.tile_loop`; a region, :mod:`.region_loop`; an expert's guard,
+        :mod:`.guard`): every node reading a stream of ``reach`` or an output of a node
+        reached before it, in graph order, and for each one owned by a unit other than
+        ``head`` (wires are walked through) that unit's :data:`Reached` entry.  A walk over
+        the streams' readers, not over the graph."""
+        readers, outputs, nodes = self._readers, self._outputs, self.graph.nodes
+        todo = sorted({i for n in set(reach) for i in readers.get(n, ())})
+        seen = set(todo)
+        while todo:
+            op = nodes[heapq.heappop(todo)]
+            for n in outputs[op.name]:
+                for j in readers.get(n, ()):
+                    if j not in seen:
+                        seen.add(j)
+                        heapq.heappush(todo, j)
+            if op.name not in self.owner:  # a wire
+                continue
+            k = self.unit_index(op.name)
+            if k != head:
+                yield (op, k, *self._unit_io[k])
 
 
 def _sources(value_name: str, producer: dict[str, Op], owner: dict[str, str]) -> frozenset[str]:

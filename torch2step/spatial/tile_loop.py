@@ -51,7 +51,6 @@ steps added to the head's and the dropped rows taken from the filter's sends.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -155,10 +154,6 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
     for v in values:
         for x in frees[v.name]:
             by_symbol.setdefault(x, []).append(v.name)
-    readers: dict[str, list[int]] = {}  # value -> the nodes reading it (graph order)
-    for i, op in enumerate(graph.nodes):
-        for v in op.inputs():
-            readers.setdefault(v.name, []).append(i)
     out = []
     for h, ops in enumerate(st.units):
         head = ops[0]
@@ -181,18 +176,10 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
         (count,) = tiles.free_symbols
         if count.name not in bounds or sp.simplify(tiles - sp.ceiling(count / cut.chunk)) != 0:
             continue
-        reach = {v.name for op in ops for v in outputs[op.name]}
         units: set[int] = set()
         filters: set[int] = set()
-        for op in _downstream(graph.nodes, readers, outputs, reach):
-            if op.name not in st.owner:
-                continue
-            k = st.unit_index(op.name)
-            if k == h or k in units:
-                continue
-            own = {o.name for o in st.units[k]}
-            ins = [v.name for o in st.units[k] for v in o.inputs() if v.name not in own]
-            if ins and all(tiles in ceils[n] for n in ins):
+        for op, k, ins, _ in st.reached((v.name for o in ops for v in outputs[o.name]), h):
+            if k not in units and ins and all(tiles in ceils[n] for n in ins):
                 units.add(k)
                 if isinstance(op, FlatMap) and getattr(op.fn, "name", None) == "filter_padding":
                     filters.add(k)
@@ -209,30 +196,6 @@ def find_tile_groups(st: Structure, stops: set[str], bounds: Mapping[str, int]) 
                           frozenset(packers), limit, streams, 0, rows_in)  # fmt: skip
         out.append(group)
     return out
-
-
-def _downstream(
-    nodes: list[Any],
-    readers: Mapping[str, list[int]],
-    outputs: Mapping[str, Any],
-    reach: set[str],
-) -> list[Any]:
-    """The nodes reading a value of ``reach`` or of a node listed before them, in graph
-    order (``reach`` grows by their outputs): a walk over the readers, not the graph."""
-    todo = sorted({i for n in reach for i in readers.get(n, ())})
-    seen = set(todo)
-    found = []
-    while todo:
-        i = heapq.heappop(todo)
-        op = nodes[i]
-        found.append(op)
-        for v in outputs[op.name]:
-            reach.add(v.name)
-            for j in readers.get(v.name, ()):
-                if j not in seen:
-                    seen.add(j)
-                    heapq.heappush(todo, j)
-    return found
 
 
 def _packs(op: Any) -> bool:
