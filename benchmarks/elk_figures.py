@@ -115,6 +115,8 @@ def notes(s: dict[str, ElkSchedule], paced: bool = False) -> list[str]:
         )
         if full.cycles > ideal.cycles / 0.9:
             out.append(_gap_note(full, ideal))
+    if not c.mesh:
+        out.append(_setup_note(full, paced))
     out.append(_space_note(s))
     out.append(_basic_note(basic, dyn))
     peak = max(st.space for st in full.timeline.steps) / max(c.capacity, 1)
@@ -249,6 +251,34 @@ def _sram_note(full: ElkSchedule, ideal: ElkSchedule) -> str:
         "Ideal is execution held up behind preloads) is what Ideal's unbounded memory does "
         "not have (ELK §6.1's Ideal: full-size memory; the paper's 4-chip set-up holds a "
         "layer's KV in a smaller share of each core, see the ipu-hbm-x4 rows)"
+    )
+
+
+def _setup_note(full: ElkSchedule, paced: bool) -> str:
+    """The chip set-up against ELK §6.1 and what one core holds per layer (ELK §2.1)."""
+    c = full.costs
+    ghz = c.clock_ghz
+    layers = max(1, len({op.name.split(".")[0] for op in full.ops}))
+    per_layer = sum(op.hbm_bytes for op in full.ops) / layers / c.cores
+    kv = sum(op.hbm_bytes for op in full.ops if op.name.endswith("attention")) / layers / c.cores
+    model = (
+        "preloads here arrive at HBM pace as in ELK §5's emulator (--paced)"
+        if paced
+        else "preloads here yield to execute traffic at the ports (this project's simulator); "
+        "ELK §5's emulator instead broadcasts every preload at HBM pace, saturating the "
+        "receivers' inbound links, and an execution sharing those cores slows: --paced plans "
+        "that (rows with contention 'paced'), where Static's preloads queued before each "
+        "execution cost it and ELK's allocation avoids them (ELK §4.3)"
+    )
+    return (
+        f"set-up (ELK §6.1): {c.cores} cores x {c.sram / 1024:.0f} KiB = "
+        f"{c.cores * c.sram / 2**30:.2f} GiB on chip, {c.hbm_peak * ghz / 1e3:.1f} TB/s HBM, "
+        f"{c.port * ghz:.1f} GB/s per core port ({c.cores * c.port * ghz / 1e3:.1f} TB/s "
+        "all-to-all); the four chips are one all-to-all chip (IPU-POD4's inter-chip links "
+        "are not modelled); a decoder layer's preloads average "
+        f"{per_layer / 1024:.0f} KiB per core ({kv / 1024:.0f} KiB of it KV cache) if spread "
+        "over every core, so per-core SRAM holds several layers' operators and decode plans "
+        f"meet little memory pressure; {model}"
     )
 
 
