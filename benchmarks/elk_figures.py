@@ -436,6 +436,12 @@ def main() -> int:
         help="all-to-all preloads at HBM pace, as ELK §5's emulator (default: they yield to "
         "execute traffic at the ports, as this project's simulator)",
     )
+    p.add_argument(
+        "--window-data",
+        action="store_true",
+        help="count the search window (8) in operators that preload data (ELK §4.2's K over "
+        "real preloads: a MoE layer's expert preloads lie further apart than 8 positions)",
+    )
     args = p.parse_args()
     if args.moe:
         for batch in (int(b) for b in args.batches.split(",")):
@@ -465,7 +471,14 @@ def main() -> int:
                 for design in ("ideal", *(d for d in DESIGNS if d != "ideal")):
                     try:
                         s = plan_model(
-                            ops, chip, design, window=8, beam=2, max_orders=4, paced=args.paced
+                            ops,
+                            chip,
+                            design,
+                            window=8,
+                            beam=2,
+                            max_orders=4,
+                            paced=args.paced,
+                            window_data=args.window_data,
                         )
                         scheds[design] = s
                     except ElkError as e:
@@ -481,6 +494,7 @@ def main() -> int:
                         "chip": chip.name,
                         "design": design,
                         "contention": "paced" if args.paced else "priority",
+                        "window": "data" if args.window_data else "positions",
                         "layers": args.layers or DECODERS[model].layers,
                         "cycles": round(s.cycles),
                         "latency_ms": s.seconds * 1e3,
@@ -547,6 +561,8 @@ def main() -> int:
                     key = {"model": model, "batch": batch, "chip": chip.name}
                     if args.paced:
                         key["contention"] = "paced"
+                    if args.window_data:
+                        key["window"] = "data"
                     print(json.dumps({**key, "notes": notes(scheds, args.paced)}), flush=True)
     return 0
 

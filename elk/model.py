@@ -126,7 +126,8 @@ class Policy:
     (ELK §5's emulator: one controller core broadcasts every preload to all cores, saturating
     the receivers' inbound links), so an execution sharing cores with it slows by the port
     cycles they take beyond its free ones (:func:`elk.contention._paced`); by default they
-    yield to execute traffic at the ports (this project's ``runtime.network``)."""
+    yield to execute traffic at the ports (this project's ``runtime.network``);
+    ``window_data``: count ``window`` in operators that preload data (:func:`elk.schedule._top`)."""
 
     capacity: float
     max_ahead: int | None = None
@@ -143,6 +144,7 @@ class Policy:
     mesh: tuple[int, int] | None = None
     plan_branch: bool = False
     paced: bool = False
+    window_data: bool = False
 
     def must_share(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
         """Whether two core grids necessarily share a core: on an all-to-all chip when they

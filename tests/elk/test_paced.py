@@ -1,15 +1,19 @@
-"""ELK §5's emulator contention (``Policy.paced``): preloads reach the cores at HBM pace and an
-execution sharing cores with them slows by the port cycles they take beyond its free ones."""
+"""Planning options of the ELK §6 figures: ELK §5's emulator contention (``Policy.paced``:
+preloads reach the cores at HBM pace and an execution sharing cores with them slows by the port
+cycles they take beyond its free ones) and a search window counted in data preloads."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
+from test_ideal import _items
 
 from elk.contention import _paced
 from elk.designs import DESIGNS, plan_design
-from test_ideal import _items
+from elk.model import Policy
+from elk.schedule import _top
 
 
 def test_paced_charges_what_arrives_during_the_execution() -> None:
@@ -34,3 +38,16 @@ def test_ideal_bounds_every_paced_design(seed: int) -> None:
         except ValueError:
             continue  # this design does not fit the capacity
         assert ideal <= t.total + 1e-9, design
+
+
+def test_window_counts_operators_that_preload_data() -> None:
+    """``window_data``: the search window passes operators without HBM bytes (ELK §4.2's K
+    counted in real preloads), so it reaches further ahead than ``window`` positions."""
+    items = [
+        dataclasses.replace(it, hbm_bytes=b)
+        for it, b in zip(_items(random.Random(5), 8), (0, 10, 0, 0, 10, 0, 10, 10))
+    ]
+    order = list(range(8))
+    assert _top(items, order, 1, Policy(10.0, window=2)) == 3
+    assert _top(items, order, 1, Policy(10.0, window=2, window_data=True)) == 5
+    assert _top(items, order, 1, Policy(10.0, window=9, window_data=True)) == 8
