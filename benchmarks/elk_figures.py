@@ -14,6 +14,17 @@ Chip set-ups: ``ipu-hbm-x4`` is ELK §6.1's emulated IPU-POD4 (4 x 1472 cores, 3
     python benchmarks/elk_figures.py --json           # one JSON object per run
     python benchmarks/elk_figures.py --sim-layers 1   # also simulate one layer per design
     python benchmarks/elk_figures.py --moe            # dynamic MoE (ELK §7) vs a dense MLP
+    python benchmarks/elk_figures.py --paced          # all-to-all preloads at HBM pace (ELK §5)
+    python benchmarks/elk_figures.py --window-data    # search window counted in data preloads
+
+By default an all-to-all core's port serves execute traffic ahead of queued preload pieces (as
+this project's simulator does), so preloads fill the executions' free port cycles and Static,
+which preloads as far ahead as its fixed split allows, stays near ELK; ``--paced`` charges
+contention as ELK's emulator does (preloads broadcast at HBM pace, saturating the receivers'
+inbound links, ELK §5), where Static's preloads queued before each execution slow it (rows
+with ``"contention": "paced"``).  ``--window-data`` counts the search window (K of ELK §4.2)
+in operators that preload data, so a MoE layer's expert preloads, more than 8 positions apart,
+fall within it (rows with ``"window": "data"``).
 
 Simulated figures run this project's per-core programs.  Activations stay on chip between
 operators (ELK §4.5: output tiles stay in the producing cores' SRAM, the next operator gathers

@@ -103,7 +103,10 @@ def _spill(
     before ``execute(j)``, and of ``execute(j)``'s own first ``slack`` cycles; only what does
     not fit by then holds the executions up.  Preloads are served first come first served among
     themselves, so the check runs over the consumers in order (the earliest deadline first:
-    the preloads of nearer consumers must fit in fewer free cycles)."""
+    the preloads of nearer consumers must fit in fewer free cycles).  The preloads issued before
+    a later execution were checked against the same free cycles earlier in the backward search
+    (which decides later steps first), though the ones issued here are served before them: the
+    later checks are optimistic by the free cycles these preloads take from them."""
     it = items[i]
     free = it.quiet(e)  # free port cycles up to the consumer so far
     k = i + 1
