@@ -52,16 +52,19 @@ def _lead(
     crowded = g is not None and _crowded(items, g, res, pol)
     tot = hbm = every = 0.0
     shares: list[tuple[int, float]] = []  # (consumer, port cycles) of the queued preloads
+    queue: list[tuple[float, float]] = []  # (HBM cycles, port cycles here) in issue order
     for k in positions:
         j = order[k]
         pj = items[j]
         every += pj.hbm_time
+        queue.append((pj.hbm_time, 0.0))
         if not pj.ports:
             continue
         if j == i:  # its own preload's pieces queue ahead of its input on every core
             tot += pj.ports[e]
             hbm += pj.hbm_time
             shares.append((j, pj.ports[e]))
+            queue[-1] = (pj.hbm_time, pj.ports[e])
             continue
         if j not in res:
             continue
@@ -71,7 +74,10 @@ def _lead(
             tot += pj.ports[plan]
             hbm += pj.hbm_time
             shares.append((j, pj.ports[plan]))
+            queue[-1] = (pj.hbm_time, pj.ports[plan])
     if pol.mesh is None:
+        if pol.paced:
+            return _paced(it.execs[e].time, it.quiet(e), queue)
         return _spill(items, i, e, res, shares)
     # a core's input activation was pushed to it before these preloads were issued: the
     # queued pieces hold the execution up from its first message sent during it on
@@ -97,7 +103,10 @@ def _spill(
     before ``execute(j)``, and of ``execute(j)``'s own first ``slack`` cycles; only what does
     not fit by then holds the executions up.  Preloads are served first come first served among
     themselves, so the check runs over the consumers in order (the earliest deadline first:
-    the preloads of nearer consumers must fit in fewer free cycles)."""
+    the preloads of nearer consumers must fit in fewer free cycles).  The preloads issued before
+    a later execution were checked against the same free cycles earlier in the backward search
+    (which decides later steps first), though the ones issued here are served before them: the
+    later checks are optimistic by the free cycles these preloads take from them."""
     it = items[i]
     free = it.quiet(e)  # free port cycles up to the consumer so far
     k = i + 1
@@ -114,6 +123,25 @@ def _spill(
         if need - room > lead:
             lead = need - room
     return lead
+
+
+def _paced(time: float, quiet: float, queue: Sequence[tuple[float, float]]) -> float:
+    """:func:`_lead` on an all-to-all chip whose preloads arrive at HBM pace (``Policy.paced``:
+    ELK §5's emulator broadcasts each preload to all cores; §3.3: a core's bandwidth demand is
+    its inter-core volume over the execution time plus its HBM-to-core volume over the HBM load
+    time).  The HBM serves the preloads issued before the execution one after another
+    (``queue``: their HBM cycles and port cycles on its cores, in issue order), each delivering
+    its port cycles evenly over its HBM cycles; what arrives during the execution's ``time``
+    cycles beyond its free port cycles (``quiet``) slows it.  What arrives after it overlaps
+    later executions, uncharged (a first-order estimate)."""
+    t = got = 0.0
+    for h, port in queue:
+        if t >= time:
+            break
+        if port > 0.0:
+            got += port * (min(h, time - t) / h if h > 0.0 else 1.0)
+        t += h
+    return max(0.0, got - quiet)
 
 
 def _crowded(

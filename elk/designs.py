@@ -74,12 +74,22 @@ def plan_design(
     core_sram: float | None = None,
     workers: int = 0,
     mesh: tuple[int, int] | None = None,
+    paced: bool = False,
+    window_data: bool = False,
 ) -> Timeline:
     """The timeline of ``design`` (one of :data:`DESIGNS`) for ``items`` on ``capacity`` bytes;
     ``core_bytes``: the share of ``capacity`` on one core (Static splits every core's SRAM;
     without it the split is of the aggregate capacity); ``core_sram``, ``workers``, ``mesh``:
-    check plans against one core's SRAM where grids must share cores (see :class:`Policy`)."""
-    kw = {"core_sram": core_sram, "workers": workers, "mesh": mesh}
+    check plans against one core's SRAM where grids must share cores; ``paced``: preloads
+    arrive at HBM pace on an all-to-all chip (see :class:`Policy`; Ideal has no contention);
+    ``window_data``: ``window`` counts operators that preload data."""
+    kw = {
+        "core_sram": core_sram,
+        "workers": workers,
+        "mesh": mesh,
+        "paced": paced,
+        "window_data": window_data,
+    }
     if design == "basic":
         pol = Policy(capacity, max_ahead=1, fastest_exec=True, beam=beam, **kw)
         t = greedy(items, pol, capacity, 1)

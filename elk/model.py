@@ -121,7 +121,13 @@ class Policy:
     ``plan_branch``: besides the allocation's fastest fitting exec plan, keep a suffix for the
     fastest plan of every other set of resident operators the plan's grid must share cores
     with (:func:`_branches`: a smaller grid the resident operators' preloads do not queue on,
-    ELK §4.3 trades execution time against interconnect contention)."""
+    ELK §4.3 trades execution time against interconnect contention); ``paced``: on an
+    all-to-all chip a preload's pieces reach the cores at HBM pace whatever the executions send
+    (ELK §5's emulator: one controller core broadcasts every preload to all cores, saturating
+    the receivers' inbound links), so an execution sharing cores with it slows by the port
+    cycles they take beyond its free ones (:func:`elk.contention._paced`); by default they
+    yield to execute traffic at the ports (this project's ``runtime.network``);
+    ``window_data``: count ``window`` in operators that preload data (:func:`elk.schedule._top`)."""
 
     capacity: float
     max_ahead: int | None = None
@@ -137,6 +143,8 @@ class Policy:
     workers: int = 0
     mesh: tuple[int, int] | None = None
     plan_branch: bool = False
+    paced: bool = False
+    window_data: bool = False
 
     def must_share(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
         """Whether two core grids necessarily share a core: on an all-to-all chip when they

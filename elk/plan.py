@@ -211,6 +211,8 @@ def plan_model(
     window: int | None = 16,
     beam: int | None = 4,
     max_orders: int = 8,
+    paced: bool = False,
+    window_data: bool = False,
 ) -> ElkSchedule:
     """Plan ``ops`` on ``chip`` with ``design`` (one of :data:`elk.designs.DESIGNS`).
 
@@ -219,7 +221,9 @@ def plan_model(
     overflows a core is made again with the aggregate budget cut by the overflow (at most
     :data:`SRAM_RETRIES` times; the per-core budget of the plans' grids is cut by it as well,
     since output tiles held for the next operator also occupy cores).  Ideal assumes unbounded
-    memory and is not checked."""
+    memory and is not checked.  ``paced``: preloads arrive at HBM pace on an all-to-all chip
+    (ELK §5's emulator, :class:`elk.model.Policy`) instead of yielding to execute traffic;
+    ``window_data``: ``window`` counts operators that preload data (:func:`elk.schedule._top`)."""
     if design not in DESIGNS:
         raise ElkError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
     costs = chip if isinstance(chip, ChipCosts) else ChipCosts.from_chip(chip, dtype)
@@ -240,6 +244,8 @@ def plan_model(
             core_sram=core,
             workers=costs.cores,
             mesh=costs.mesh,
+            paced=paced,
+            window_data=window_data,
         )
         sched = ElkSchedule(design, costs, tuple(ops), tuple(items), tl, 0.0)
         if isinstance(chip, ChipCosts) or design == "ideal":

@@ -409,6 +409,23 @@ def _caps(items: Sequence[Item], pos: Sequence[int]) -> list[int]:
     return cap[:n]
 
 
+def _top(items: Sequence[Item], order: Sequence[int], lo: int, policy: Policy) -> int:
+    """The largest preload number tried from ``lo`` on: ``policy.window`` more (K of ELK
+    §4.2), or with ``policy.window_data`` as many positions as it takes to pass ``window``
+    operators that preload data (operators without HBM bytes preload nothing and take no
+    space, so a window counted in them reaches as far ahead as its budget of real preloads
+    allows, e.g. over a MoE layer's activations between its experts)."""
+    assert policy.window is not None
+    if not policy.window_data:
+        return min(len(order), lo + policy.window)
+    k, seen = lo, 0
+    while k < len(order) and seen < policy.window:
+        if items[order[k]].hbm_bytes > 0:
+            seen += 1
+        k += 1
+    return k
+
+
 def _lows(pos: Sequence[int]) -> list[int]:
     lo, m = [], -1
     for p in pos:
@@ -505,7 +522,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     states[n] = [_State(last[0], last[1], last[2], None)]
     for i in range(n - 2, -1, -1):
         new: dict[int, list[_State]] = {}
-        top = n if policy.window is None else min(n, lo[i] + policy.window)
+        top = n if policy.window is None else _top(items, order, lo[i], policy)
         for P in range(lo[i], min(top, cap[i]) + 1):
             kept: dict[tuple[int, ...], list[_Kept]] = {}
             for P2, parents in states.items():
