@@ -3,6 +3,7 @@
     python benchmarks/sim_speed.py                  # all three measurements
     python benchmarks/sim_speed.py --cores 368      # a smaller exchange (quick check)
     python benchmarks/sim_speed.py --profile exchange
+    python benchmarks/sim_speed.py --only stream    # one of the three
 
 (i)   an all-to-all personalised exchange on the 1472-core ``ipu-hbm`` preset: in step s every
       core sends one message to core i+s and receives one from core i-s (1472 x 1471 messages,
@@ -151,10 +152,32 @@ def measure(label: str, build, chip: Chip, repeat: int = 1) -> SimResult:
     return res
 
 
+def stream_roofline(chip: Chip, per_core: int = 1 << 19, tile: int = 4096) -> None:
+    """(iii): every core streams ``per_core`` bytes (default 512 KiB); HBM (3008 B/cycle on
+    ``ipu-hbm``) is the bound, the cores' ejection ports together could take twice that."""
+    res = measure(
+        f"(iii) HBM stream, {chip.num_cores} cores x {per_core >> 10} KiB in {tile >> 10} KiB loads",
+        lambda: stream_programs(chip, per_core, tile),
+        chip,
+    )
+    hbm = chip.hbm
+    lat = hbm.latency_cycles + (chip.noc.latency_cycles if isinstance(chip.noc, AllToAllNoC) else 0)
+    total = chip.num_cores * per_core
+    roofline = lat + total / hbm.bytes_per_cycle
+    print(
+        f"  roofline = latency {lat} + {total} B / {hbm.bytes_per_cycle:g} B/cycle = "
+        f"{roofline:.0f} cycles; simulated {res.cycles} cycles"
+    )
+    print(f"  simulated / roofline = {res.cycles / roofline:.2f} ({res.cycles / roofline:.4f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cores", type=int, default=None, help="exchange among this many cores")
-    ap.add_argument("--profile", choices=["exchange", "cannon"], default=None)
+    ap.add_argument("--profile", choices=["exchange", "cannon", "stream"], default=None)
+    ap.add_argument(
+        "--only", choices=["exchange", "cannon", "stream"], default=None, help="run one case"
+    )
     args = ap.parse_args()
 
     chip, origin = ipu_chip()
@@ -173,31 +196,16 @@ def main() -> None:
             lambda: exchange_programs(n),
             chip,
         ),
+        "stream": lambda: stream_roofline(chip),
     }
     if args.profile:
         cProfile.runctx("cases[args.profile]()", globals(), locals(), "/tmp/sim_speed.prof")
         pstats.Stats("/tmp/sim_speed.prof").sort_stats("tottime").print_stats(25)
         return
-    for run in cases.values():
-        run()
-        gc.collect()  # free the previous case outside the timed runs
-    # (iii) roofline: every core streams 512 KiB; HBM (3008 B/cycle) is the bound, the cores'
-    # ejection ports together could take twice that.
-    per_core, tile = 1 << 19, 4096
-    res = measure(
-        f"(iii) HBM stream, {chip.num_cores} cores x {per_core >> 10} KiB in {tile >> 10} KiB loads",
-        lambda: stream_programs(chip, per_core, tile),
-        chip,
-    )
-    hbm = chip.hbm
-    lat = hbm.latency_cycles + (chip.noc.latency_cycles if isinstance(chip.noc, AllToAllNoC) else 0)
-    total = chip.num_cores * per_core
-    roofline = lat + total / hbm.bytes_per_cycle
-    print(
-        f"  roofline = latency {lat} + {total} B / {hbm.bytes_per_cycle:g} B/cycle = "
-        f"{roofline:.0f} cycles; simulated {res.cycles} cycles"
-    )
-    print(f"  simulated / roofline = {res.cycles / roofline:.2f} ({res.cycles / roofline:.4f})")
+    for name, run in cases.items():
+        if args.only in (None, name):
+            run()
+            gc.collect()  # free the previous case outside the timed runs
 
 
 if __name__ == "__main__":

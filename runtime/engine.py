@@ -354,7 +354,8 @@ class Simulator(Transfers):
                 i = j = 0
                 while True:
                     while i < len(hops):
-                        stage(*hops[i])
+                        x, st, nb, pe, at = hops[i]  # unpacked: cheaper than stage(*hops[i])
+                        stage(x, st, nb, pe, at)
                         i += 1
                     if j == len(cores):
                         break

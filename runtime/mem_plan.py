@@ -35,7 +35,8 @@ __all__ = ["MemPlan", "mem_plan", "_region", "_request", "_slices"]
 #: :func:`mem_plan` (``starts_fn is None``: a constant region, ``split_or_cache`` its split)
 MemPlan = tuple
 
-#: region form -> generated ``fn(regs) -> (starts, offset) | None`` (shared by operations)
+#: region form (without the starts' constants) -> generated factory ``make(*constants)`` of
+#: ``fn(regs) -> (starts, offset) | None`` (shared by operations)
 _FNS: dict[tuple, Any] = {}
 
 
@@ -52,32 +53,39 @@ def mem_plan(layout: Any, op: Any, info: TensorInfo) -> MemPlan | None:
     shape = info.shape
     if any(e < 0 or e > d for e, d in zip(extents, shape)):
         return None  # always outside: the general path raises
-    key = (op.starts, extents, shape, info.strides, eb)
-    fn = _FNS.get(key)
-    if fn is None:
-        fn = _FNS[key] = _starts_fn(op.starts, extents, shape, info.strides, eb)
+    # the form without the starts' constant terms: one generated factory serves every
+    # operation that differs only in them (e.g. each core's share of a tensor)
+    key = (tuple(terms for _, terms in op.starts), extents, shape, info.strides, eb)
+    make = _FNS.get(key)
+    if make is None:
+        make = _FNS[key] = _starts_fn(op.starts, extents, shape, info.strides, eb)
     n = math.prod(extents)
-    return (info, fn, None, extents, n, n * eb, {})
+    return (info, make(*[const for const, _ in op.starts]), None, extents, n, n * eb, {})
 
 
 def _starts_fn(starts: tuple, extents: tuple, shape: tuple, strides: tuple, eb: int) -> Any:
-    """``fn(regs)``: the region's starts (compiled expressions ``starts`` evaluated in dimension
-    order, as :func:`runtime.ops.ev` does) and their byte offset ``eb * sum(start * stride)``,
-    or ``None`` when a start puts the region outside the tensor."""
-    lines = ["def fn(regs):"]
+    """``make(c0, c1, ...)``: a factory of ``fn(regs)``, the region's starts (compiled
+    expressions ``starts`` evaluated in dimension order, as :func:`runtime.ops.ev` does, with
+    the constant terms ``c0, c1, ...``) and their byte offset ``eb * sum(start * stride)``, or
+    ``None`` when a start puts the region outside the tensor."""
+    consts = ", ".join(f"c{j}" for j in range(len(starts)))
+    lines = [f"def make({consts}):", "    def fn(regs):"]
     names = []
-    for j, (const, terms) in enumerate(starts):
-        expr = " + ".join([repr(const)] + [f"{coef!r} * regs[{reg!r}]" for reg, coef in terms])
-        lines.append(f"    s{j} = {expr}")
+    for j, (_, terms) in enumerate(starts):
+        expr = " + ".join([f"c{j}"] + [f"{coef!r} * regs[{reg!r}]" for reg, coef in terms])
+        lines.append(f"        s{j} = {expr}")
         names.append(f"s{j}")
     for j in range(len(starts)):
-        lines.append(f"    if s{j} < 0 or s{j} > {shape[j] - extents[j]}:\n        return None")
+        lines.append(
+            f"        if s{j} < 0 or s{j} > {shape[j] - extents[j]}:\n            return None"
+        )
     off = " + ".join(f"{strides[j] * eb} * s{j}" for j in range(len(starts))) or "0"
     tup = ", ".join(names) + ("," if len(names) == 1 else "")
-    lines.append(f"    return ({tup}), {off}")
+    lines.append(f"        return ({tup}), {off}")
+    lines.append("    return fn")
     scope: dict[str, Any] = {}
     exec("\n".join(lines), scope)  # noqa: S102 - generated from integers and register names
-    return scope["fn"]
+    return scope["make"]
 
 
 def _region(sim: Any, core: Any, op: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:

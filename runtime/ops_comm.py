@@ -86,7 +86,8 @@ def _dma_slot(sim: Any, core: Core) -> bool:
     now = sim.now
     first = None
     unknown = None
-    for i, d in enumerate(q):
+    i = 0
+    for d in q:
         t = d if d.__class__ is int else d.time
         if t is None:
             if unknown is None:
@@ -96,6 +97,7 @@ def _dma_slot(sim: Any, core: Core) -> bool:
             return True
         elif first is None or t < first:
             first = t
+        i += 1
     if first is not None:
         advance(sim, core, first, MEM)
         sim.schedule(core, first)
@@ -131,8 +133,14 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
-    if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
-        return False
+    q = core.dmaq
+    if len(q) >= sim.dma_depth:
+        d = q[0]  # _dma_slot's first choice, inlined: the oldest request has completed
+        t = d if d.__class__ is int else d.time
+        if t is not None and t <= sim.now:
+            del q[0]
+        elif not _dma_slot(sim, core):
+            return False
     info = op.info
     starts, extents, n, nbytes, split = _request(sim, core, op, info)
     if n > b.cap:
@@ -180,8 +188,14 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
     if t > sim.now:
         sim.schedule(core, t)
         return False
-    if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
-        return False
+    q = core.dmaq
+    if len(q) >= sim.dma_depth:
+        d = q[0]  # as in h_load
+        t = d if d.__class__ is int else d.time
+        if t is not None and t <= sim.now:
+            del q[0]
+        elif not _dma_slot(sim, core):
+            return False
     info = op.info
     starts, extents, _, nbytes, split = _request(sim, core, op, info)
     if tuple(b.shape) != tuple(extents):

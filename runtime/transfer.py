@@ -524,9 +524,12 @@ class Transfers(HbmClasses):
             self._stage(x, roots, nbytes, now, now)
         if x.left == 0:
             return x.end
-        p = pending if pending is not None else Pending(label)
-        x.pending = p
-        return p
+        if pending is None:
+            pending = _new(Pending)  # Pending(label), without the call: once per request
+            pending.time = pending.waiters = None
+            pending.what = label
+        x.pending = pending
+        return pending
 
     def hbm_read(
         self,
@@ -543,7 +546,10 @@ class Transfers(HbmClasses):
         if not nbytes:
             return self.now
         fab = self.fabric
-        roots = fab.background_roots(core.id) if background else fab.load_roots(core.id)
+        if background:
+            roots = fab.background_roots(core.id)
+        else:
+            roots = fab._load_cache.get(core.id) or fab.load_roots(core.id)
         return self._hbm(roots, split, nbytes, label, pending)
 
     def hbm_write(self, core: Core, split: tuple, nbytes: int, label: str) -> int | Pending:
