@@ -15,7 +15,8 @@ id, from a next-occurrence array), so a pass costs about one comparison of block
 An instruction's id is found once per instruction object (:class:`_Interner`): instructions are
 hashed by value only on first sight, and a ``Loop`` a pass folds is identified by its count and
 its body's ids, so later passes never rehash the instructions nested in it (hashing a frozen
-dataclass recurses through everything it holds).
+dataclass recurses through everything it holds).  A block's ids are likewise found once per
+block object, so a pass costs one lookup per block it keeps from the previous pass.
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ class _Interner:
         self.by_obj: dict[int, int] = {}
         self.by_key: dict[object, int] = {}
         self.keep: list[Instr] = []
+        self.blocks: dict[int, tuple[int, ...]] = {}
+        self.keep_blocks: list[Block] = []
+
+    def block(self, b: Block) -> tuple[int, ...]:
+        """The ids of the instructions of block ``b``, found once per block object (a pass
+        keeps most blocks of the previous one, so later passes look each up once)."""
+        key = self.blocks.get(id(b))
+        if key is None:
+            by_obj = self.by_obj
+            key = tuple([by_obj[id(x)] if id(x) in by_obj else self(x) for x in b])
+            self.blocks[id(b)] = key
+            self.keep_blocks.append(b)
+        return key
 
     def __call__(self, x: Instr) -> int:
         i = self.by_obj.get(id(x))
@@ -69,7 +83,8 @@ def _ids(items: list[Block], intern: _Interner) -> tuple[list[int], list[int]]:
     """One id per distinct block, and for every position the next position with the same id
     (``len(items)`` when none)."""
     table: dict[tuple[int, ...], int] = {}
-    ids = [table.setdefault(tuple(map(intern, b)), len(table)) for b in items]
+    block = intern.block
+    ids = [table.setdefault(block(b), len(table)) for b in items]
     n = len(ids)
     nxt = [n] * n
     last: dict[int, int] = {}
