@@ -145,7 +145,14 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             core,
             f"tensor {info.name!r} is {info.dtype} but buffer {b.name!r} is {b.dtype}; allocate the buffer as {info.dtype}",
         )
-    done = sim.hbm_read(core, split, nbytes, info.name, None, op.background)
+    # sim.hbm_read(core, split, nbytes, info.name, None, op.background), inlined: once per Load
+    sim.hbm_rd += nbytes
+    if not nbytes:
+        done = sim.now
+    else:
+        fab = sim.fabric
+        roots = fab.background_roots(core.id) if op.background else fab.load_roots(core.id)
+        done = sim._hbm(roots, split, nbytes, info.name, None)
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:
