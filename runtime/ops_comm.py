@@ -131,8 +131,14 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
     if core.t > sim.now:
         sim.schedule(core, core.t)
         return False
-    if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
-        return False
+    q = core.dmaq
+    if len(q) >= sim.dma_depth:
+        d = q[0]  # _dma_slot's first look, inlined: the oldest request has completed
+        t = d if d.__class__ is int else d.time
+        if t is not None and t <= sim.now:
+            del q[0]
+        elif not _dma_slot(sim, core):
+            return False
     info = op.info
     starts, extents, n, nbytes, split = _request(sim, core, op, info)
     if n > b.cap:
@@ -187,8 +193,14 @@ def h_store(sim: Any, core: Core, op: OpMem) -> bool:
     if t > sim.now:
         sim.schedule(core, t)
         return False
-    if len(core.dmaq) >= sim.dma_depth and not _dma_slot(sim, core):
-        return False
+    q = core.dmaq
+    if len(q) >= sim.dma_depth:
+        d = q[0]  # _dma_slot's first look, inlined: the oldest request has completed
+        t = d if d.__class__ is int else d.time
+        if t is not None and t <= sim.now:
+            del q[0]
+        elif not _dma_slot(sim, core):
+            return False
     info = op.info
     starts, extents, _, nbytes, split = _request(sim, core, op, info)
     if tuple(b.shape) != tuple(extents):
@@ -290,8 +302,14 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         # ready(sim, core, (b,), ()), inlined: once per message
         if not b.allocated:
             need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return False
+        p = b.wp
+        if p is not None:
+            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+                if p.time >= b.w:
+                    b.w, b.wk = p.time, p.kind
+                b.wp = None
+            elif not fold_w(sim, core, b):
+                return False
         if b.w > core.t:
             advance(sim, core, b.w, b.wk)
     if core.t > sim.now:
@@ -340,8 +358,14 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
         # ready(sim, core, (), (b,)), inlined: once per message
         if not b.allocated:
             need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return False
+        p = b.wp
+        if p is not None:
+            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+                if p.time >= b.w:
+                    b.w, b.wk = p.time, p.kind
+                b.wp = None
+            elif not fold_w(sim, core, b):
+                return False
         cat = BUSY
         if b.w > t:
             t, cat = b.w, b.wk

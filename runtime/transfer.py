@@ -176,10 +176,18 @@ class Transfers(HbmClasses):
                     if e.__class__ is not int:
                         e = _ceil(e - _EPS)
                     self.n_deliv += len(ch[3])
-                    if x.__class__ is Slot:
+                    cls = x.__class__
+                    if cls is Slot:
                         x.arrival = e
                         if x.post is not None:
                             self.consume(x)
+                    elif cls is _Hbm:  # _Hbm.deliver, inlined: once per HBM read
+                        for _ in ch[3]:
+                            if e > x.end:
+                                x.end = e
+                            x.left -= 1
+                            if x.left == 0 and x.pending is not None:
+                                self.resolve(x.pending, x.end)
                     else:
                         for d in ch[3]:
                             x.deliver(self, d, e)
