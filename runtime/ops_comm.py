@@ -18,6 +18,7 @@ from runtime.scoreboard import advance, fence, fold_r, fold_w, need_alloc, ready
 from runtime.state import (
     BAR,
     BUSY,
+    CATEGORIES,
     MEM,
     RECV,
     SEND,
@@ -153,7 +154,14 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             core,
             f"tensor {info.name!r} is {info.dtype} but buffer {b.name!r} is {b.dtype}; allocate the buffer as {info.dtype}",
         )
-    done = sim.hbm_read(core, split, nbytes, info.name, None, op.background)
+    # sim.hbm_read(core, split, nbytes, info.name, None, op.background), inlined: once per Load
+    sim.hbm_rd += nbytes
+    if not nbytes:
+        done = sim.now
+    else:
+        fab = sim.fabric
+        roots = fab.background_roots(core.id) if op.background else fab.load_roots(core.id)
+        done = sim._hbm(roots, split, nbytes, info.name, None)
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:
@@ -297,8 +305,14 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         # ready(sim, core, (b,), ()), inlined: once per message
         if not b.allocated:
             need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return False
+        p = b.wp
+        if p is not None:
+            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+                if p.time >= b.w:
+                    b.w, b.wk = p.time, p.kind
+                b.wp = None
+            elif not fold_w(sim, core, b):
+                return False
         if b.w > core.t:
             advance(sim, core, b.w, b.wk)
     if core.t > sim.now:
@@ -347,8 +361,14 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
         # ready(sim, core, (), (b,)), inlined: once per message
         if not b.allocated:
             need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return False
+        p = b.wp
+        if p is not None:
+            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+                if p.time >= b.w:
+                    b.w, b.wk = p.time, p.kind
+                b.wp = None
+            elif not fold_w(sim, core, b):
+                return False
         cat = BUSY
         if b.w > t:
             t, cat = b.w, b.wk
@@ -356,8 +376,12 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
             return False
         if b.r > t:
             t, cat = b.r, b.rk
-        if t > core.t:
-            advance(sim, core, t, cat)
+        c0 = core.t
+        if t > c0:  # advance(sim, core, t, cat), inlined
+            core.st[cat] += t - c0
+            if sim.tracing:
+                sim.ctrace.append((core.id, c0, t, CATEGORIES[cat]))
+            core.t = t
         t = core.t
     end = op.end
     post = _new(Post)  # Post(core, b, end, t), without the call: once per message

@@ -100,15 +100,27 @@ def ready(sim: Any, core: Core, reads: tuple, writes: tuple) -> bool:
     for b in reads:
         if not b.allocated:
             need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return False
+        p = b.wp
+        if p is not None:
+            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+                if p.time >= b.w:
+                    b.w, b.wk = p.time, p.kind
+                b.wp = None
+            elif not fold_w(sim, core, b):
+                return False
         if b.w > t:
             t, cat = b.w, b.wk
     for b in writes:
         if not b.allocated:
             need_alloc(sim, core, b)
-        if b.wp is not None and not fold_w(sim, core, b):
-            return False
+        p = b.wp
+        if p is not None:
+            if p.time is not None and not b.wq:  # fold_w's common case, as above
+                if p.time >= b.w:
+                    b.w, b.wk = p.time, p.kind
+                b.wp = None
+            elif not fold_w(sim, core, b):
+                return False
         if b.w > t:
             t, cat = b.w, b.wk
         if b.rp and not fold_r(sim, core, b):

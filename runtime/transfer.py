@@ -156,12 +156,13 @@ class Transfers(HbmClasses):
             return self._bg(x, stage, nbytes, prev_end, arrive)
         if children:
             head = start if start.__class__ is int else _ceil(start - _EPS)
+            buckets = self.buckets
             for ch in children:
                 t = head + ch[1]
                 if ch[0] != RES_DELAY:  # a resource or HBM channels: reserved by an event
-                    b = self.buckets.get(t)
+                    b = buckets.get(t)
                     if b is None:
-                        b = self.buckets[t] = ([], [])
+                        b = buckets[t] = ([], [])
                         heappush(self.times, t)
                     b[0].append((x, ch, nbytes, end, t))
                 elif ch[2]:
@@ -175,10 +176,18 @@ class Transfers(HbmClasses):
                     if e.__class__ is not int:
                         e = _ceil(e - _EPS)
                     self.n_deliv += len(ch[3])
-                    if x.__class__ is Slot:
+                    cls = x.__class__
+                    if cls is Slot:
                         x.arrival = e
                         if x.post is not None:
                             self.consume(x)
+                    elif cls is _Hbm:  # _Hbm.deliver, inlined: once per HBM read
+                        for _ in ch[3]:
+                            if e > x.end:
+                                x.end = e
+                            x.left -= 1
+                            if x.left == 0 and x.pending is not None:
+                                self.resolve(x.pending, x.end)
                     else:
                         for d in ch[3]:
                             x.deliver(self, d, e)
@@ -186,10 +195,18 @@ class Transfers(HbmClasses):
             end = _ceil(end - _EPS)
         if delivers:
             self.n_deliv += len(delivers)
-            if x.__class__ is Slot:  # a unicast message: its only destination
+            cls = x.__class__
+            if cls is Slot:  # a unicast message: its only destination
                 x.arrival = end
                 if x.post is not None:
                     self.consume(x)
+            elif cls is _Hbm:  # _Hbm.deliver, inlined: once per HBM access
+                for _ in delivers:
+                    if end > x.end:
+                        x.end = end
+                    x.left -= 1
+                    if x.left == 0 and x.pending is not None:
+                        self.resolve(x.pending, x.end)
             else:
                 for d in delivers:
                     x.deliver(self, d, end)
@@ -509,7 +526,7 @@ class Transfers(HbmClasses):
         self, roots: Any, split: tuple, nbytes: int, label: str, pending: Pending | None
     ) -> int | Pending:
         now = self.now
-        x = _Hbm()
+        x = _new(_Hbm)
         x.split = split
         x.label = label
         x.end = now
