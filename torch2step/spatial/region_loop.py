@@ -397,30 +397,24 @@ def region_plan(
         loads.update({k: g for k in g.loads})
         views.update({k: view for k in g.units | g.loads})
 
-    # a ragged region's chunk sizes are indexed by the chunk (STeP (revised) §3.1): a view of
-    # chunk ``i`` binds the index, so a size of its rows evaluates to that chunk's
-    index = sorted(
-        {
-            str(x)
-            for g, _ in members.values()
-            if g.ragged
-            for outs in st.graph.node_outputs
-            for v in outs
-            if v.name in g.streams
-            for x in getattr(v.type, "index", ())
-            if x is not None
-        }
-    )
-
-    # (a region the run gives no chunk has no table of chunk sizes: its blank chunk's one row)
-    blank = {
-        str(x.base): {(0,): 1}
-        for g, _ in members.values()
-        if g.ragged
+    # the types of the ragged regions' streams, each group walked once (members maps every
+    # unit of a group to it)
+    ragged = {id(g): g for g, _ in members.values() if g.ragged}.values()
+    types = [
+        v.type
+        for g in ragged
         for outs in st.graph.node_outputs
         for v in outs
         if v.name in g.streams
-        for d in getattr(v.type, "shape", ())
+    ]
+    # a ragged region's chunk sizes are indexed by the chunk (STeP (revised) §3.1): a view of
+    # chunk ``i`` binds the index, so a size of its rows evaluates to that chunk's
+    index = sorted({str(x) for t in types for x in getattr(t, "index", ()) if x is not None})
+    # (a region the run gives no chunk has no table of chunk sizes: its blank chunk's one row)
+    blank = {
+        str(x.base): {(0,): 1}
+        for t in types
+        for d in getattr(t, "shape", ())
         for x in sp.sympify(d).atoms(sp.Indexed)
         if str(x.base) not in ctx.bindings
     }
