@@ -22,22 +22,19 @@ What every run keeps:
   (a new chunk count too, none at all: its units built for one chunk of zero tiles of the
   declared types), rebuild no unit.
 
+* with dynamic tiling, every unit of a region but its merge loops over the chunks until the
+  merge's stop token (torch2step.spatial.region_loop): the tile units, the units reading the
+  chunk's rows (the Bufferize and its row packing, the selector Expand: the merge ends each
+  chunk's rows with a stop token carrying their count, torch2step.spatial.region_rows
+  ``chunk_channels``), and the units after the tiles (torch2step.spatial.region_tail: the
+  selector Map and the Partition back to the experts loop until the token the selector
+  Expand forwards after each chunk's indices, the FlatMap back to rows over the count it
+  sends), one program for every chunk size, count and order.
+
 What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
 
-* with dynamic tiling, the EagerMerge of a region whose chunk order changes (its program takes
-  the ragged chunks in the run's order, which its region's row units follow);
-* with dynamic tiling, the units of a region handling its chunks row by row after its tiles
-  (the FlatMap back to rows, the selector Map, the Partition back to the experts) when a
-  position in its order gets a chunk of other rows: they are unrolled over the rows of each
-  chunk;
-* with dynamic tiling, a region's merge and those row units when its chunk count changes; its
-  tile units loop over the chunks until the merge's stop token (torch2step.spatial.region_loop)
-  and so do the units reading the chunk's rows (the Bufferize and its row packing, the
-  selector Expand): the merge ends each chunk's rows with a stop token carrying their count,
-  and each loops over a chunk's rows until it (torch2step.spatial.region_rows
-  ``chunk_channels``), one program for every chunk size and count;
-* the selector Expand of a region that one of the runs gives no chunk: then its output has
-  no reader, so it sends nothing.
+* with dynamic tiling, the EagerMerge of a region whose chunks change (its program takes the
+  ragged chunks in the run's order).
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ import numpy as np
 import torch
 
 from hwmodel.presets import load_chip
-from lowering.isa import Load, RecvValue, SendValue, WaitAny, walk
+from lowering.isa import Load, Loop, RecvValue, SendValue, WaitAny, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
 from torch2step.spatial.dynamic import simulate_decided
@@ -66,9 +63,9 @@ ROUTE_B = np.array([[0, 1 + t % 2] for t in range(8)] + [[1, 2]] * 8)
 #: The §5.3 artifact's layer (the figures' configuration): routing weights after the regions.
 ARTIFACT = {"scale_in_lanes": False}
 
-#: A region's units that handle its chunks row by row, unrolled over each chunk's rows
-#: (dynamic tiling); the Bufferize, its row packing and the selector Expand ("buf", "xt",
-#: "j_r") loop over a chunk's rows until its stop token.
+#: A region's units that handle its chunks row by row after its tiles (dynamic tiling): they
+#: loop over each chunk's rows (torch2step.spatial.region_tail), as the Bufferize, its row
+#: packing and the selector Expand ("buf", "xt", "j_r") do until the chunk's stop token.
 ROW_UNITS = ("out", "sel", "back")
 #: Every unit of a region of the artifact's layer (dynamic tiling; static tiling adds the
 #: padding flags' Map and index).
@@ -154,12 +151,13 @@ def test_a_chunk_order_decided_in_simulated_time_rebuilds_no_unit_static() -> No
 
 def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
     """Dynamic tiling: region 1's order changes, so its positions get chunks of other rows;
-    its tile units and the units looping over a chunk's rows keep their programs, its
-    unrolled row units and merge do not."""
+    its tile units and the units looping over a chunk's rows (the row units after its tiles
+    too) keep their programs, its merge does not."""
     g, _, first, decided = _decided_order(ARTIFACT)
     assert decided.arrival["moe_l1_merge"] != [0, 1, 2, 3]
     kept, rebuilt, _ = _kept_rebuilt(g, (first, decided.run))
-    assert rebuilt == sorted(["moe_l1_merge"] + [f"moe_l1_{u}" for u in ROW_UNITS])
+    assert rebuilt == ["moe_l1_merge"]
+    assert {f"moe_l1_{u}" for u in ROW_UNITS} <= set(kept)
     assert len(kept) + len(rebuilt) == 83
 
 
@@ -169,16 +167,32 @@ def test_a_new_routing_keeps_every_expert_unit() -> None:
     expert 3, which gets no token); region 1 takes one chunk instead of two, and both
     regions keep their tile units (they loop over the chunks until the merge's stop token,
     built for one chunk, their rows read at run time: torch2step.spatial.region_loop), and
-    their Bufferize, row packing and selector Expand (loops until each chunk's stop token):
-    only each region's merge and unrolled row units are rebuilt."""
+    their Bufferize, row packing and selector Expand (loops until each chunk's stop token)
+    and the row units after the tiles (loops over each chunk's rows): only each region's
+    merge is rebuilt."""
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
     runs = [run(g, tensors=x, check=False) for x in ins]
     assert runs[1].bindings["moe_n3"] == 0 < runs[0].bindings["moe_n3"]
     kept, rebuilt, b = _kept_rebuilt(g, runs)
-    want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
-    assert rebuilt == sorted(want)
+    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"]
     assert {f"moe_l1_{u}" for u in REGION_UNITS} - set(rebuilt) <= set(kept)
+    # the row units after the tiles loop over each chunk's rows: the selector Map and the
+    # Partition until the token the selector Expand forwards per chunk, the FlatMap back to
+    # rows over the count it receives
+    for u, ch in (("sel", "moe_l1_j_r"), ("back", "moe_l1_sel")):
+        got = {i.channel for i in walk(b[f"moe_l1_{u}"]) if isinstance(i, RecvValue) and i.stop}
+        assert ch in got, u
+    tokens = [i for i in walk(b["moe_l1_j_r"]) if isinstance(i, SendValue)]
+    assert [(i.channel, i.stop) for i in tokens[-2:]] == [
+        ("moe_l1_j_r", True),
+        ("moe_l1_j_r.rows", False),
+    ]
+    counts = [i for i in walk(b["moe_l1_out"]) if isinstance(i, RecvValue)]
+    assert "moe_l1_j_r.rows" in {i.channel for i in counts}
+    assert any(
+        isinstance(i, Loop) and i.count == "rows.moe_l1_j_r.rows" for i in walk(b["moe_l1_out"])
+    )
     experts = [f"moe_e{e}_{u}" for e in range(4) for u in ("chunk", "gw", "scaled")]
     assert set(experts) <= set(kept) and len(kept) + len(rebuilt) == 71
     # a tile unit loops over the chunks: its bookkeeping follows each chunk's rows
@@ -255,20 +269,18 @@ def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
 
 
 def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
-    """Dynamic tiling, region 1 without a token, then with tokens: its tile units are built
-    for a blank chunk of one row when it has none, so most are kept; rebuilt are each region's
-    merge and unrolled row units and, of region 1, the selector Expand (without a chunk its
-    output has no reader) and the last Accum (whose form a blank chunk does not give)."""
+    """Dynamic tiling, region 1 without a token, then with tokens: its units are built for a
+    blank chunk of one row when it has none (the units after the tiles too, whose row loops
+    give the selector Expand's output a reader), so all are kept; rebuilt is each region's
+    merge."""
     route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
     route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
     g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW8, tokens=16, seed=0, routing=r) for r in (route_e, route_f)]
     runs = [run(g, tensors=x, check=False) for x in ins]
-    want = [f"moe_l{r}_{u}" for r in (0, 1) for u in ("merge", *ROW_UNITS)]
-    want += [f"moe_l1_{u}" for u in ("j_r", "down")]
     for order in (runs, runs[::-1]):
         kept, rebuilt, _ = _kept_rebuilt(g, order)
-        assert rebuilt == sorted(want) and len(kept) == 73
+        assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 81
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

@@ -32,6 +32,7 @@ from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
 from .lane_pick import emit_lane_keep_loop, emit_lane_pick
 from .region_rows import emit_chunk_rows, emit_zip_loop
+from .region_tail import emit_chunk_pieces, emit_row_map
 from .region_values import emit_value_grid
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
@@ -178,6 +179,10 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         cost.map_step(op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, out.parts(k)))
         for k, val in enumerate(x.flat)
     ]
+    if emit_row_map(  # a region's selectors along a chunk's rows (.region_tail)
+        ctx, b, op, steps, lambda e, y: lower_value(b, op.fn, e, y, data)
+    ):
+        return
     # a Map of a stream that ends with a stop token forwards it (after its last element)
     fwd = out.channel if len(b.stops) == 1 and out.channel and b.has_dsts(out.channel) else None
     # one element of the declared types: the loop below is built alike for an empty stream
@@ -332,6 +337,10 @@ def _flat_map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         lambda i: _Cost(ctx, op, i).cycles(0, concrete_type(i.flat[0], i.dtype), i.parts(0),
                                            i.parts(0)),
     ):  # fmt: skip
+        return
+    if emit_chunk_pieces(  # a region's chunk tile back to rows (.region_tail)
+        ctx, b, op, lambda j: _piece_rule(ctx.stream(op.input), 0, ctx.stream(op.name), j)
+    ):
         return
     if emit_kv_addresses(ctx, b, op) or emit_lane_keep_loop(ctx, b, op):
         return  # a lane keeping its items by the decisions in registers (.lane_pick)

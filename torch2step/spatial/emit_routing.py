@@ -45,6 +45,7 @@ from torch2step.step.types import TileType
 from .context import EmitCtx
 from .merge_any import emit_merge_any, merge_any
 from .region_rows import emit_expand_loop
+from .region_tail import emit_row_partition
 from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
 from .unit import UnitBuilder
 from .unit_reuse import FORM
@@ -111,6 +112,10 @@ def _partition(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     Partition routes by the selector it dequeues)."""
     op = ops[0]
     assert isinstance(op, Partition)
+    if emit_row_partition(  # a region's rows back to its experts, per chunk (.region_tail)
+        ctx, b, op, lambda x, reg, outs, made: _routed(b, x, 0, reg, outs, made), _counter
+    ):
+        return
     x, s = ctx.stream(op.input), ctx.stream(op.sel)
     outs = [ctx.stream(n) for n in op.out_names()]
     chunks = iter_nodes(x.value.data, s.value.rank + 1)

@@ -127,10 +127,14 @@ With dynamic tiling the units of a region handling a chunk's tiles loop over the
 (their tiles' rows read at run time, their bookkeeping counted in each chunk's view and
 summed, :mod:`.region_loop`).
 
-What is still baked from the run: with dynamic tiling, a region's chunk order and count and
-the sizes of the chunks its merge and row units handle (they are unrolled over the run's
-chunks and rows: the merge, Bufferize, row packing, selector Expand and Map, the FlatMap back
-to rows, the Partition back).  :mod:`.reuse` therefore keys a plan by the run's control
+With dynamic tiling the units of a region handling a chunk's rows loop too: the Bufferize,
+its row packing and the selector Expand until the stop token the merge ends each chunk's rows
+with (:mod:`.region_rows`), the selector Map and the Partition back until the token the
+Expand forwards, and the FlatMap back to rows over the count the Expand sends it
+(:mod:`.region_tail`).
+
+What is still baked from the run: with dynamic tiling, a region's merge (unrolled over the
+run's chunks in its order).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
@@ -138,12 +142,8 @@ it), so a new routing emits no unit again with dynamic or static tiling (:mod:`.
 a new KV-length set none, under every attention strategy (lanes, regions with a static or the
 dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) or chunk
 count of statically tiled regions none (a region without a chunk: its units built from one
-chunk of zero tiles of the declared types).  Making the rest run-independent needs, with
-dynamic tiling: the row units looping until each chunk's stop token (the merge forwarding the
-count each expert's chunk ends with), after which the merge too can take whichever input is
-ready (:mod:`.merge_any`); a ragged region's tile units built for a blank chunk (a run that
-gives the region none) differ from a real chunk's in the forms of a few (the buffer
-reference's Repeat, the index Repeat, the last Accum).
+chunk of zero tiles of the declared types); with dynamic tiling only the merges of the regions
+whose chunks change.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.
@@ -186,11 +186,13 @@ from .kv_tiles import expand_emitter
 from .placement import Placement, place_structure
 from .region_loop import region_body, region_plan
 from .region_rows import chunk_channels, chunk_stops
+from .region_tail import row_units
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
 from .stop_loop import forwards_stop
 from .streams import StreamInfo, build_streams
 from .structure import DEFAULT_WIRES, analyse
+from .tile_loop import control_stream
 from .timing import TimingModel, UnitConfig, simulation_chip
 from .unit import UnitBuilder, check_unit_io
 from .unit_reuse import FORM, ROWS, Deps, RunStreams, UnitCache, looser
@@ -342,6 +344,13 @@ def _build_plan(
     # for the retile_row Accum after it to loop until (:mod:`.buffer_loop`)
     grouped = grouped_channels(graph, st, stops)
     grouped |= chunk_channels(graph, st, stops)  # a ragged region's chunks (.region_rows)
+    # and its units after the tiles loop over each chunk's rows: the indices and selectors
+    # end each chunk with a token, its count goes to the FlatMap back to rows (.region_tail)
+    tail = row_units(graph, st, grouped)
+    grouped |= tail.grouped
+    for ch, (src, _, data) in tail.control.items():
+        streams[ch] = control_stream(ch, [len(c) for c in streams[data].value.data])
+        unit_of_chan[ch] = st.unit_index(src)
     # decode attention's KV-tile addresses and query copies follow each request's count
     headed = headed_channels(graph, st)
     ctx.headed = frozenset(headed)
@@ -359,9 +368,8 @@ def _build_plan(
     unit_of_chan |= vw.control  # a tile group's control channel (.tile_loop)
     # a statically tiled region's units loop over its chunks until its merge's stop token,
     # built from a view of the run holding its first chunk (.region_loop)
-    rp = region_plan(
-        st, ctx, stops, streams, tokens, count_bounds(ctx) if not vw.members else {}, grouped
-    )
+    tiled = count_bounds(ctx) if not vw.members else {}
+    rp = region_plan(st, ctx, stops, streams, tokens, tiled, grouped, tail)
     dsts: dict[str, set[int]] = {}
     reads: list[set[str]] = []
     for k, ops in enumerate(st.units):
@@ -385,6 +393,11 @@ def _build_plan(
                         dsts.setdefault(ch, set()).add(k)
                         mine.add(ch)
         reads.append(mine)
+    for ch, (_, dst, _) in tail.control.items():  # a chunk's row count (.region_tail)
+        k = st.unit_index(dst)
+        if k in rp.members:
+            reads[k].add(ch)
+            dsts.setdefault(ch, set()).add(k)
     heads = {g.head: g.ref for g in vw.guards}
     guarded = {k: g.ref for g in vw.guards for k in g.units}
     guarded |= rp.refs()

@@ -40,10 +40,11 @@ carrying their count (a grouped channel, :func:`~.region_rows.chunk_channels`): 
 of the rows and the packing of its reads (:mod:`.buffer_loop`), the Expand of the chunk's
 expert index along its rows (:func:`~.region_rows.emit_expand_loop`), each a loop over one
 chunk's rows until its token, inside the loop over the chunks; a view of chunk ``i`` binds
-the ragged size's index to ``i``, so their buffers' rows evaluate to that chunk's.  The merge
-and the units handling the chunk's rows after its tiles (back to rows, the selectors, the
-Partition) keep the run's programs, unrolled in its order; a ragged region that takes no
-chunk is built from a blank chunk of one row.
+the ragged size's index to ``i``, so their buffers' rows evaluate to that chunk's.  The units
+handling the chunk's rows after its tiles (back to rows, the selectors, the Partition) loop
+over each chunk's rows as well (``paced``, :mod:`.region_tail`); the merge keeps the run's
+program, unrolled in its order; a ragged region that takes no chunk is built from a blank
+chunk of one row.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def find_region_groups(
     stops: set[str],
     bounds: Mapping[str, int],
     grouped: AbstractSet[str] = frozenset(),
+    paced: AbstractSet[str] = frozenset(),
 ) -> list[RegionGroup]:
     """Every statically tiled region (:class:`RegionGroup`, run counts not yet set): a
     single-node EagerMerge unit of tiles of a static row count, each input's messages from one
@@ -186,9 +188,14 @@ def find_region_groups(
             if ragged and not all(_tiles_only(types[n]) for n in ins + outs):
                 # a row unit handles a chunk's rows one by one: a member when it loops until
                 # the chunk's stop token (each input of rows a grouped channel, .region_rows
-                # ``chunk_channels``), else it keeps the run's unrolled program
+                # ``chunk_channels``, or rows taken one per selector of one: ``paced``,
+                # .region_tail), or cuts a chunk's tile into rows by a count it receives
+                # (``paced`` too), else it keeps the run's unrolled program
                 rows = [n for n in ins if not _tiles_only(types[n])]
-                if not rows or not all(st.sources(n) and st.sources(n) <= grouped for n in rows):
+                looped = {n for n in rows if st.sources(n) and st.sources(n) <= grouped}
+                if rows and (not looped or not set(rows) - looped <= paced):
+                    continue
+                if not rows and not {n for n in outs if not _tiles_only(types[n])} <= paced:
                     continue
             if ins and all(outer[n] == m for n in ins):
                 units.add(k)
@@ -378,6 +385,7 @@ def region_plan(
     tokens: dict[str, int],
     bounds: Mapping[str, int],
     grouped: AbstractSet[str] = frozenset(),
+    tail: Any = None,
 ) -> RegionPlan:
     """The statically tiled regions of the run of ``ctx`` whose one-chunk view evaluates: each
     merge is told to end its selectors with the stop token (``ctx.tiled``), which ``tokens``
@@ -385,7 +393,12 @@ def region_plan(
     members: dict[int, tuple[RegionGroup, dict[str, StreamInfo]]] = {}
     loads: dict[int, RegionGroup] = {}
     views: dict[int, dict[str, StreamInfo]] = {}
-    for g in find_region_groups(st, stops, bounds, grouped):
+    paced = tail.paced if tail is not None else frozenset()
+    control = tail.control if tail is not None else {}
+    for g in find_region_groups(st, stops, bounds, grouped, paced):
+        # a chunk's row count for the FlatMap back to rows, one per chunk (.region_tail)
+        ctl = tuple(ch for ch, (_, d, _) in control.items() if st.unit_index(d) in g.units)
+        g = dataclasses.replace(g, streams=g.streams + ctl)
         view = region_view(st, g, streams)
         if view is None:  # its one-chunk view does not evaluate: the run's programs
             continue

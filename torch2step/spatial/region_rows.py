@@ -27,7 +27,7 @@ from typing import Any
 
 import sympy as sp
 
-from lowering.isa import Cond, If, Instr, Loop, Recv, RecvValue, Set
+from lowering.isa import Cond, If, Instr, Loop, Recv, RecvValue, SendValue, Set
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Map
@@ -37,6 +37,7 @@ from torch2step.step.ops_shape import Expand, Promote, Zip
 from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
+from .region_tail import rows_channel
 from .stop_loop import declared_element, emit_stop_loop
 from .streams import _VALUE_DTYPES, StreamInfo
 from .structure import Structure
@@ -383,11 +384,20 @@ def emit_expand_loop(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
         body.append(If(guard, (Recv(ch, first.dst, stop), If(guard, tuple(instrs[1:])))))
     b.received, b.sent, b.busy_cycles = saved
     b.emit(Set(stop, -1), Loop(-(-(bound + 1) // 2), tuple(body)))  # every row and the token
+    sends = b.has_dsts(out.channel)
+    # the units after the region's tiles loop over each chunk's rows (.region_tail): the
+    # token forwarded after the chunk's indices, the count sent to the FlatMap back to rows
+    token = sends and out.channel in b.grouped
+    if token:
+        b.emit(SendValue(out.channel, stop, stop=True))
+    ctl = rows_channel(op.name)
+    if b.has_dsts(ctl):
+        b.emit(SendValue(ctl, stop))
+        b.sent_seq[ctl] = ctx.streams[ctl].messages
     b.step()
     b.next_seq[ch] = count + 1
-    sends = b.has_dsts(out.channel)
     if sends:
-        b.sent_seq[out.channel] = ctx.streams[out.name].messages
+        b.sent_seq[out.channel] = ctx.streams[out.name].messages + token
     name = r.name
 
     def tally(c: EmitCtx) -> tuple[int, int, int, int]:

@@ -20,6 +20,7 @@ from torch2step.step.values import BufferValue, SelectorValue, StreamValue
 
 from .streams import WIRE_RULES, StreamInfo, flat_elements, unit_pieces
 from .structure import Structure
+from .tile_loop import control_stream
 
 if TYPE_CHECKING:
     from .region_loop import RegionGroup
@@ -51,7 +52,9 @@ def region_view(
         info = streams.get(name)
         if info is None:
             continue
-        if st.producer[name].name not in {st.units[k][0].name for k in group.partitions}:
+        if name not in st.producer or st.producer[name].name not in {
+            st.units[k][0].name for k in group.partitions
+        }:
             out[name] = _cut(info, 1)
     for k in group.partitions:
         op = st.units[k][0]
@@ -148,6 +151,9 @@ def _blank_view(
                 except Exception:
                     return None
                 out[v.name] = StreamInfo(v.name, t.dtype, value, flat, pieces)
+    for name in group.streams:  # a count channel (.region_tail): the blank chunk's one row
+        if name not in types and name in streams:
+            out[name] = control_stream(name, [1])
     return {**streams, **out}
 
 
