@@ -22,19 +22,18 @@ What every run keeps:
   (a new chunk count too, none at all: its units built for one chunk of zero tiles of the
   declared types), rebuild no unit.
 
-* with dynamic tiling, every unit of a region but its merge loops over the chunks until the
-  merge's stop token (torch2step.spatial.region_loop): the tile units, the units reading the
-  chunk's rows (the Bufferize and its row packing, the selector Expand: the merge ends each
-  chunk's rows with a stop token carrying their count, torch2step.spatial.region_rows
-  ``chunk_channels``), and the units after the tiles (torch2step.spatial.region_tail: the
-  selector Map and the Partition back to the experts loop until the token the selector
-  Expand forwards after each chunk's indices, the FlatMap back to rows over the count it
-  sends), one program for every chunk size, count and order.
+* with dynamic tiling, a region's EagerMerge takes whichever expert's chunk is ready
+  (torch2step.spatial.merge_any ``emit_ragged_any``: a WaitAny over the experts' channels,
+  decided in simulated time), ends each chunk's rows with a stop token carrying their count
+  and its selectors with a stop token, and every unit of the region loops over the chunks
+  until it (torch2step.spatial.region_loop): the tile units, the units reading the chunk's
+  rows (the Bufferize and its row packing, the selector Expand: loops until each chunk's
+  token, torch2step.spatial.region_rows ``chunk_channels``), and the units after the tiles
+  (torch2step.spatial.region_tail: the selector Map and the Partition back to the experts
+  loop until the token the selector Expand forwards after each chunk's indices, the FlatMap
+  back to rows over the count it sends), one program for every chunk size, count and order.
 
-What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
-
-* with dynamic tiling, the EagerMerge of a region whose chunks change (its program takes the
-  ragged chunks in the run's order).
+So no run rebuilds a unit: every test below asserts an empty list of rebuilt units.
 """
 
 from __future__ import annotations
@@ -151,14 +150,18 @@ def test_a_chunk_order_decided_in_simulated_time_rebuilds_no_unit_static() -> No
 
 def test_a_chunk_order_decided_in_simulated_time_dynamic() -> None:
     """Dynamic tiling: region 1's order changes, so its positions get chunks of other rows;
-    its tile units and the units looping over a chunk's rows (the row units after its tiles
-    too) keep their programs, its merge does not."""
+    the merges decide it in the one simulation (WaitAny) and every unit keeps its program
+    (the merge taking whichever expert's chunk is ready, every other unit looping over the
+    chunks and each chunk's rows)."""
     g, _, first, decided = _decided_order(ARTIFACT)
     assert decided.arrival["moe_l1_merge"] != [0, 1, 2, 3]
-    kept, rebuilt, _ = _kept_rebuilt(g, (first, decided.run))
-    assert rebuilt == ["moe_l1_merge"]
-    assert {f"moe_l1_{u}" for u in ROW_UNITS} <= set(kept)
-    assert len(kept) + len(rebuilt) == 83
+    assert decided.rounds == 1
+    kept, rebuilt, b = _kept_rebuilt(g, (first, decided.run))
+    assert rebuilt == []
+    assert {f"moe_l1_{u}" for u in ("merge", *ROW_UNITS)} <= set(kept)
+    assert len(kept) == 83
+    waits = [i for i in walk(b["moe_l1_merge"]) if isinstance(i, WaitAny)]
+    assert len(waits) == 1 and len(waits[0].channels) == 4
 
 
 def test_a_new_routing_keeps_every_expert_unit() -> None:
@@ -168,15 +171,15 @@ def test_a_new_routing_keeps_every_expert_unit() -> None:
     regions keep their tile units (they loop over the chunks until the merge's stop token,
     built for one chunk, their rows read at run time: torch2step.spatial.region_loop), and
     their Bufferize, row packing and selector Expand (loops until each chunk's stop token)
-    and the row units after the tiles (loops over each chunk's rows): only each region's
-    merge is rebuilt."""
+    and the row units after the tiles (loops over each chunk's rows), and their merges
+    (whichever expert's chunk is ready, WaitAny): no unit is rebuilt."""
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
     runs = [run(g, tensors=x, check=False) for x in ins]
     assert runs[1].bindings["moe_n3"] == 0 < runs[0].bindings["moe_n3"]
     kept, rebuilt, b = _kept_rebuilt(g, runs)
-    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"]
-    assert {f"moe_l1_{u}" for u in REGION_UNITS} - set(rebuilt) <= set(kept)
+    assert rebuilt == []
+    assert {f"moe_l1_{u}" for u in REGION_UNITS} <= set(kept)
     # the row units after the tiles loop over each chunk's rows: the selector Map and the
     # Partition until the token the selector Expand forwards per chunk, the FlatMap back to
     # rows over the count it receives
@@ -271,8 +274,8 @@ def test_a_region_without_a_chunk_keeps_its_units_static() -> None:
 def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
     """Dynamic tiling, region 1 without a token, then with tokens: its units are built for a
     blank chunk of one row when it has none (the units after the tiles too, whose row loops
-    give the selector Expand's output a reader), so all are kept; rebuilt is each region's
-    merge."""
+    give the selector Expand's output a reader), and the merges take the experts' chunks or
+    stop tokens as they come: every unit is kept."""
     route_e = np.array([[t % 4, (t + 1) % 4] for t in range(16)])
     route_f = np.array([[t % 8, (t + 3) % 8] for t in range(16)])
     g = moe_graph(**KW8, tokens=16, lanes=2, tile_h=32, tile_i=32, **ARTIFACT)
@@ -280,7 +283,7 @@ def test_a_region_without_a_chunk_keeps_its_tile_units_dynamic() -> None:
     runs = [run(g, tensors=x, check=False) for x in ins]
     for order in (runs, runs[::-1]):
         kept, rebuilt, _ = _kept_rebuilt(g, order)
-        assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 81
+        assert rebuilt == [] and len(kept) == 83
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

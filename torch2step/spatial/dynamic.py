@@ -1,17 +1,18 @@
 """Timing-dependent decisions made in simulated time (STeP, arXiv 2511.07776, §5.3, §5.4).
 
 An EagerMerge forwards "whichever input is ready first": which one that is depends on the
-simulated timing of its producers, not on data.  A statically tiled region's merge makes that
-choice in the simulation itself (:mod:`.merge_any`: a ``WaitAny`` over its inputs' channels,
-the first arrival taken), and its region's units read what it chose at run time, so one
-simulation decides and runs the order: :func:`simulate_decided` records the merge's choices
+simulated timing of its producers, not on data.  An expert region's merge, with static or
+dynamic tiling, makes that choice in the simulation itself (:mod:`.merge_any`: a ``WaitAny``
+over its inputs' channels, the first arrival taken), and its region's units read what it chose
+at run time, so one simulation decides and runs the order: :func:`simulate_decided` records the merge's choices
 (``runtime.ops_select.watch_key``), re-runs the reference interpreter with the chunks in that
 order (the run whose streams the plan's bookkeeping and the functional result follow) and, when
 that run's plan is the simulated one (every unit's program independent of the order, as the
 regions' are), returns without simulating again.
 
-A merge whose program follows the run's order (ragged chunks, dynamic tiling: its region's row
-units are unrolled over each chunk's rows in that order) still needs the search over rounds:
+A merge whose program follows the run's order (one whose units are unrolled over its chunks in
+that order: a merge of chunks zipped with their routing data, the default tiling's regions;
+a merge outside a region) still needs the search over rounds:
 simulate with an order, read from the simulation the cycle at which every merge input sent its
 first element, re-run the interpreter with the chunks ordered by those cycles (ties by input
 index) and simulate again, until the order the programs follow is the order the simulation

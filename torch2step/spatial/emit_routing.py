@@ -43,7 +43,7 @@ from torch2step.step.ops_shape import Expand, Repeat
 from torch2step.step.types import TileType
 
 from .context import EmitCtx
-from .merge_any import emit_merge_any, merge_any
+from .merge_any import emit_merge_any, emit_ragged_any, merge_any
 from .region_rows import emit_expand_loop
 from .region_tail import emit_row_partition
 from .streams import _VALUE_DTYPES, Part, StreamInfo, iter_nodes, leaves
@@ -318,6 +318,8 @@ def _eager_merge(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     found = merge_any(ctx, b, op)
     if found is not None:  # whichever input is ready, decided in simulated time
         emit_merge_any(ctx, b, op, found)
+        return
+    if emit_ragged_any(ctx, b, op):  # whichever expert's ragged chunk is ready (.merge_any)
         return
     ins = [ctx.stream(v) for v in op.ins]
     data, sel = (ctx.stream(n) for n in op.out_names())

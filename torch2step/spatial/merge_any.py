@@ -23,9 +23,17 @@ the stop token on the selector channel, the chunks it sent (counted in a registe
 So each expert's tiles leave in the order their first rows arrived, and the program is the same
 for every chunk order and every routing within the experts' bounds: the decision is
 the simulation's, not the reference interpreter's.  What it takes in a run is counted from the
-run's streams (:meth:`~.context.EmitCtx.tally`).  A merge of ragged chunks (dynamic tiling)
-keeps the run's order (:mod:`.emit_routing`): its region's row units are unrolled over each
-chunk's rows in that order.
+run's streams (:meth:`~.context.EmitCtx.tally`).
+
+A dynamically tiled region's merge (ragged chunks, one of all an expert's rows, STeP (revised)
+§3.1) whose region's units loop over each chunk's rows (its data channel grouped:
+:func:`~.region_rows.chunk_channels`, :mod:`.region_tail`) is such a loop too
+(:func:`emit_ragged_any`): per expert, ``WaitAny`` picks the expert whose first message
+(a row, or the stop token of an expert without one) arrived first; a row starts its chunk —
+the selector sent with it, every row forwarded in one cycle until the expert's stop token,
+whose count then ends the chunk's rows on the data channel — and the token alone ends an
+expert without a chunk.  So one simulation decides every region's order, and the merge's
+program is the same for every routing, chunk size and order.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from .streams import Part, StreamInfo, iter_nodes
 from .timing import STEP_KERNEL
 from .unit import UnitBuilder
 
-__all__ = ["MergeAny", "merge_any", "emit_merge_any", "pick"]
+__all__ = ["MergeAny", "merge_any", "emit_merge_any", "emit_ragged_any", "pick"]
 
 
 def pick(op: EagerMerge) -> str:
@@ -228,3 +236,119 @@ def _select(reg: str, branches: list[tuple[Instr, ...]], i: int) -> tuple[Instr,
     if i == len(branches) - 1:
         return branches[i]
     return (If(Cond(reg, "==", i), branches[i], _select(reg, branches, i + 1)),)
+
+
+def _ragged_inputs(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> tuple[list[str], Part] | None:
+    """Each input's channel and the rows' data part, when merge ``op`` takes ragged chunks at
+    run time (:func:`emit_ragged_any`): its data channel ends each chunk with a stop token
+    (grouped), its selector is one value per chunk, and every input is at most one chunk of
+    rows of one data part each, from its own channel, which ends with its stop token."""
+    data, sel = (ctx.stream(n) for n in op.out_names())
+    if data.channel is None or sel.channel is None or data.channel not in b.grouped:
+        return None
+    if not all(len(pc) == 1 and pc[0][2].kind == "value" for pc in sel.pieces):
+        return None
+    chans: list[str] = []
+    row: set[Part] = set()
+    for v in op.ins:
+        info = ctx.stream(v)
+        shape = getattr(v.type, "shape", ())
+        if info.value.rank != 1 or len(shape) != 2 or _integer(shape[1]):
+            return None
+        if len(info.value.data) > 1 or b.bound(shape[1]) is None:
+            return None
+        own = set(ctx.structure.sources(v.name))
+        for pc in info.pieces:
+            if len(pc) != 1 or pc[0][2].kind != "data" or pc[0][0] is None:
+                return None
+            row.add(pc[0][2])
+            own.add(pc[0][0])
+        if len(own) != 1:
+            return None
+        (ch,) = own
+        if b.own(ch) or ch not in b.stops or ch in chans:
+            return None
+        if b.next_seq[ch] != (b.stops[ch] == 0):  # nothing taken yet (but an empty one's token)
+            return None
+        chans.append(ch)
+    if not row:  # no expert of the region has a token this run: the row from the type
+        t = getattr(op.ins[0].type, "dtype", None)
+        shape = getattr(t, "shape", ())
+        if not isinstance(t, TileType) or not all(_integer(d) for d in shape):
+            return None
+        row = {Part("data", t.dtype, int(shape[0]) * int(shape[1]))}
+    if len(row) != 1 or any(len(pc) != 1 or pc[0][2] not in row for pc in data.pieces):
+        return None
+    return chans, row.pop()
+
+
+def emit_ragged_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> bool:
+    """Emit a dynamically tiled region's merge as a loop taking whichever expert's chunk is
+    ready first (module docstring); ``False`` (nothing emitted) when ``op`` is no such
+    merge."""
+    found = _ragged_inputs(ctx, b, op)
+    if found is None:
+        return False
+    chans, part = found
+    data, sel = (ctx.stream(n) for n in op.out_names())
+    out, tell = data.channel, sel.channel
+    assert out is not None and tell is not None
+    send, named = b.has_dsts(out), b.has_dsts(tell)
+    bounds = [b.bound(v.type.shape[1]) or 0 for v in op.ins]  # type: ignore[attr-defined]
+    counts = [b.stops.pop(ch) for ch in chans]
+    end = named and ctx.tiled.get(op.name) == tell
+    cnt = chunk_count(op)
+    b.step()
+    t = b.timing
+    fwd = (("cycles", 1), ("outs", ""), ("rate", t.enc_rate))
+    branches: list[tuple[Instr, ...]] = []
+    for i, (ch, bound) in enumerate(zip(chans, bounds)):
+        bufs = [b.buffer(("in", ch, 0), part.dtype, part.elems, 2) for _ in range(2)]
+        stop = f"stop.{ch}"
+        more = Cond(stop, "<", 0)
+
+        def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
+            head = (SendValue(tell, 1 << i),) if first and named else ()
+            if first and end:  # one chunk more (the count the stop token carries)
+                head = (*head, Set(cnt, Affine(1, ((cnt, 1),))))
+            return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head,
+                    *((Send(out, buf),) if send else ()))  # fmt: skip
+
+        def row(buf: str, ch: str = ch, stop: str = stop, more: Cond = more) -> tuple:
+            return (If(more, (Recv(ch, buf, stop),)), If(more, real(buf)))
+
+        # the rows after the first and the expert's stop token (its count)
+        rest = Loop(-(-bound // 2), (*row(bufs[1]), *row(bufs[0])))
+        token = (SendValue(out, stop, stop=True),) if send else ()
+        chunk = (*real(bufs[0], True), rest, *token)
+        done = Set(OPEN, Affine(-1, ((OPEN, 1),)))
+        branches.append((Recv(ch, bufs[0], stop), If(more, chunk), done))
+    b.emit(*(Set(f"stop.{ch}", -1) for ch in chans), Set(OPEN, len(chans)))
+    if end:
+        b.emit(Set(cnt, 0))
+    reg = pick(op)
+    take = (WaitAny(tuple(chans), reg), *_select(reg, branches, 0))
+    b.emit(Loop(len(chans), (If(Cond(OPEN, ">", 0), take),)))  # each expert's chunk or token
+    if end:
+        b.emit(SendValue(tell, cnt, stop=True))
+    b.step()
+    for ch, n in zip(chans, counts):
+        b.next_seq[ch] = n + 1
+    if send:
+        b.sent_seq[out] = data.messages + len(data.value.data)
+    if named:
+        b.sent_seq[tell] = sel.messages + end
+    names = [v.name for v in op.ins]
+
+    def taken(c: EmitCtx) -> tuple[int, int, int, int]:
+        elems = sum(len(c.streams[n].flat) for n in names)
+        chunks = sum(len(c.streams[n].value.data) for n in names)
+        return elems, elems * send + chunks * named, elems, 0
+
+    r, s, cycles, _ = ctx.tally(taken)
+    b.received += r
+    b.sent += s
+    b.busy_cycles += cycles
+    for v in (*op.ins, *op.out_names()):
+        ctx.relax(v, None)
+    return True
