@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from hwmodel.presets import load_chip
-from lowering.isa import Load, Loop, RecvValue, SendValue, WaitAny, walk
+from lowering.isa import Load, Loop, Recv, RecvValue, SendValue, WaitAny, walk
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs, moe_reference
 from torch2step.spatial import simulate_plan
 from torch2step.spatial.dynamic import simulate_decided
@@ -202,6 +202,32 @@ def test_a_new_routing_keeps_every_expert_unit() -> None:
     plans = [build_plan(g, CHIP, r) for r in runs]
     gate = [next(u for u in p.units if u.name == "moe_l1_gate") for p in plans]
     assert gate[0].flops > gate[1].flops > 0
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_new_routing_with_the_weights_in_the_regions() -> None:
+    """Routing B after A, dynamic tiling, the routing weights applied in the regions (the
+    default layer: each row carries its token's expert ids and weights): every unit of a
+    region that handles its chunks row by row loops over each chunk's rows until its stop
+    token (the rows' parts, the expert ids along them, the weight picked per row and packed
+    per chunk, back to rows and to the experts), so only the merges are rebuilt (they take
+    the chunks in the run's order when the rows carry the routing data,
+    torch2step.spatial.merge_any)."""
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    kept, rebuilt, b = _kept_rebuilt(g, runs)
+    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 74
+    rows = ("x", "ids", "wts", "eid", "gw", "gw_col", "scaled", "j_r", "out", "sel", "back")
+    assert {f"moe_l{r}_{u}" for r in (0, 1) for u in rows} <= set(kept)
+    # the weight picked per row loops until the tokens of its three inputs' chunk rows
+    takes = {i.channel for i in walk(b["moe_l1_gw"]) if isinstance(i, Recv) and i.stop}
+    assert takes == {"moe_l1_ids"}
+    tokens = {i.channel for i in walk(b["moe_l1_gw"]) if isinstance(i, RecvValue)
+              and i.reg == f"stop.{i.channel}"}  # fmt: skip
+    assert tokens == {"moe_l1_wts", "moe_l1_eid"}
     for x, r in zip(ins, runs):
         got = torch.as_tensor(np.asarray(r.tensors["out"]))
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)

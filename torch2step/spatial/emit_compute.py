@@ -32,7 +32,7 @@ from .kv_loop import emit_cursor_scan, emit_kv_addresses, emit_lane_keep
 from .kv_tiles import emit_kv_softmax
 from .lane_pick import emit_lane_keep_loop, emit_lane_pick
 from .region_rows import emit_chunk_rows, emit_zip_loop
-from .region_tail import emit_chunk_pieces, emit_row_map
+from .region_tail import emit_chunk_pack, emit_chunk_pieces, emit_row_map
 from .region_values import emit_value_grid
 from .rows import row_rule, with_rows
 from .static_pad import counted_rows, emit_padded_filter, emit_padded_pack
@@ -179,7 +179,7 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         cost.map_step(op.fn, val, x.dtype, x.parts(k), (out.flat[k], out.dtype, out.parts(k)))
         for k, val in enumerate(x.flat)
     ]
-    if emit_row_map(  # a region's selectors along a chunk's rows (.region_tail)
+    if emit_row_map(  # a Map of a region's chunk rows, per chunk (.region_tail)
         ctx, b, op, steps, lambda e, y: lower_value(b, op.fn, e, y, data)
     ):
         return
@@ -298,6 +298,8 @@ def _accum(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
     op = ops[0]
     assert isinstance(op, Accum)
     cost = _Cost(ctx, op, ctx.stream(op.input))
+    if emit_chunk_pack(ctx, b, op, lambda: emit_pack_loop(ctx, b, op, cost)):
+        return  # a region's chunk rows packed per chunk (.region_tail)
     if emit_padded_pack(ctx, b, op, cost) or emit_pack_loop(ctx, b, op, cost):
         return
     if emit_kv_softmax(ctx, b, op, cost):

@@ -238,18 +238,21 @@ def _select(reg: str, branches: list[tuple[Instr, ...]], i: int) -> tuple[Instr,
     return (If(Cond(reg, "==", i), branches[i], _select(reg, branches, i + 1)),)
 
 
-def _ragged_inputs(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> tuple[list[str], Part] | None:
-    """Each input's channel and the rows' data part, when merge ``op`` takes ragged chunks at
+def _ragged_inputs(
+    ctx: EmitCtx, b: UnitBuilder, op: EagerMerge
+) -> tuple[list[str], tuple[Part, ...]] | None:
+    """Each input's channel and the rows' data parts, when merge ``op`` takes ragged chunks at
     run time (:func:`emit_ragged_any`): its data channel ends each chunk with a stop token
     (grouped), its selector is one value per chunk, and every input is at most one chunk of
-    rows of one data part each, from its own channel, which ends with its stop token."""
+    rows of one data part each (the tokens' rows, the §5.3 artifact's layer), from its own
+    channel, which ends with its stop token."""
     data, sel = (ctx.stream(n) for n in op.out_names())
     if data.channel is None or sel.channel is None or data.channel not in b.grouped:
         return None
     if not all(len(pc) == 1 and pc[0][2].kind == "value" for pc in sel.pieces):
         return None
     chans: list[str] = []
-    row: set[Part] = set()
+    row: set[tuple[Part, ...]] = set()
     for v in op.ins:
         info = ctx.stream(v)
         shape = getattr(v.type, "shape", ())
@@ -259,10 +262,10 @@ def _ragged_inputs(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> tuple[list[s
             return None
         own = set(ctx.structure.sources(v.name))
         for pc in info.pieces:
-            if len(pc) != 1 or pc[0][2].kind != "data" or pc[0][0] is None:
+            if not pc or any(p.kind != "data" or ch is None for ch, _, p in pc):
                 return None
-            row.add(pc[0][2])
-            own.add(pc[0][0])
+            row.add(tuple(p for _, _, p in pc))
+            own |= {ch for ch, _, _ in pc}
         if len(own) != 1:
             return None
         (ch,) = own
@@ -273,11 +276,21 @@ def _ragged_inputs(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> tuple[list[s
         chans.append(ch)
     if not row:  # no expert of the region has a token this run: the row from the type
         t = getattr(op.ins[0].type, "dtype", None)
-        shape = getattr(t, "shape", ())
-        if not isinstance(t, TileType) or not all(_integer(d) for d in shape):
-            return None
-        row = {Part("data", t.dtype, int(shape[0]) * int(shape[1]))}
-    if len(row) != 1 or any(len(pc) != 1 or pc[0][2] not in row for pc in data.pieces):
+        leaves = t.elems if isinstance(t, TupleType) else (t,)
+        made = []
+        for x in leaves:
+            shape = getattr(x, "shape", ())
+            if not isinstance(x, TileType) or not all(_integer(d) for d in shape):
+                return None
+            made.append(Part("data", x.dtype, int(shape[0]) * int(shape[1])))
+        row = {tuple(made)}
+    if len(row) != 1 or any(tuple(p for _, _, p in pc) not in row for pc in data.pieces):
+        return None
+    if len(next(iter(row))) > 1:
+        # rows zipped with the tokens' routing data (the weights applied in the region):
+        # the merge keeps the run's order, as the FIFO deepening of that layer is found on
+        # the untimed replay (.fifos), which must reach the deadlocks the timed run reaches;
+        # a WaitAny there takes the lowest ready input, not the first to arrive
         return None
     return chans, row.pop()
 
@@ -289,7 +302,7 @@ def emit_ragged_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> bool:
     found = _ragged_inputs(ctx, b, op)
     if found is None:
         return False
-    chans, part = found
+    chans, parts = found
     data, sel = (ctx.stream(n) for n in op.out_names())
     out, tell = data.channel, sel.channel
     assert out is not None and tell is not None
@@ -303,26 +316,33 @@ def emit_ragged_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> bool:
     fwd = (("cycles", 1), ("outs", ""), ("rate", t.enc_rate))
     branches: list[tuple[Instr, ...]] = []
     for i, (ch, bound) in enumerate(zip(chans, bounds)):
-        bufs = [b.buffer(("in", ch, 0), part.dtype, part.elems, 2) for _ in range(2)]
+        # two copies of each part's buffer, rows alternating between them
+        bufs = [
+            tuple(b.buffer(("in", ch, j), p.dtype, p.elems, 2) for j, p in enumerate(parts))
+            for _ in range(2)
+        ]
         stop = f"stop.{ch}"
         more = Cond(stop, "<", 0)
 
-        def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
+        def real(
+            buf: tuple[str, ...], first: bool = False, i: int = i, ch: str = ch
+        ) -> tuple[Instr, ...]:
             head = (SendValue(tell, 1 << i),) if first and named else ()
             if first and end:  # one chunk more (the count the stop token carries)
                 head = (*head, Set(cnt, Affine(1, ((cnt, 1),))))
-            return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head,
-                    *((Send(out, buf),) if send else ()))  # fmt: skip
+            sends = tuple(Send(out, x) for x in buf) if send else ()
+            return (*(Recv(ch, x) for x in buf[1:]),  # the row's other parts
+                    Compute(STEP_KERNEL, (), buf, fwd, t.enc_dtype), *head, *sends)  # fmt: skip
 
-        def row(buf: str, ch: str = ch, stop: str = stop, more: Cond = more) -> tuple:
-            return (If(more, (Recv(ch, buf, stop),)), If(more, real(buf)))
+        def row(buf: tuple[str, ...], ch: str = ch, stop: str = stop, more: Cond = more) -> tuple:
+            return (If(more, (Recv(ch, buf[0], stop),)), If(more, real(buf)))
 
         # the rows after the first and the expert's stop token (its count)
         rest = Loop(-(-bound // 2), (*row(bufs[1]), *row(bufs[0])))
         token = (SendValue(out, stop, stop=True),) if send else ()
         chunk = (*real(bufs[0], True), rest, *token)
         done = Set(OPEN, Affine(-1, ((OPEN, 1),)))
-        branches.append((Recv(ch, bufs[0], stop), If(more, chunk), done))
+        branches.append((Recv(ch, bufs[0][0], stop), If(more, chunk), done))
     b.emit(*(Set(f"stop.{ch}", -1) for ch in chans), Set(OPEN, len(chans)))
     if end:
         b.emit(Set(cnt, 0))

@@ -133,8 +133,11 @@ with (:mod:`.region_rows`), the selector Map and the Partition back until the to
 Expand forwards, and the FlatMap back to rows over the count the Expand sends it
 (:mod:`.region_tail`).
 
-What is still baked from the run: with dynamic tiling, a region's merge (unrolled over the
-run's chunks in its order).  :mod:`.reuse` therefore keys a plan by the run's control
+With the routing weights applied in the region, the rows' parts, the expert ids along them
+and the weights picked and packed per chunk loop alike.  A region's merge takes whichever
+expert's chunk is ready (``WaitAny``, :mod:`.merge_any`), but when its rows carry the routing
+data: that merge is what is still baked from the run (unrolled over its chunks in its
+order).  :mod:`.reuse` therefore keys a plan by the run's control
 signature, and ``Program.report`` re-plans only for a new one; a re-plan takes, unit by unit,
 the programs of earlier runs that the new run does not change (:mod:`.unit_reuse`: each unit's
 program is kept with what its emitter read of the run, at the level its program depends on
@@ -142,8 +145,8 @@ it), so a new routing emits no unit again with dynamic or static tiling (:mod:`.
 a new KV-length set none, under every attention strategy (lanes, regions with a static or the
 dynamic assignment); a new chunk order (decided in simulated time, :mod:`.dynamic`) or chunk
 count of statically tiled regions none (a region without a chunk: its units built from one
-chunk of zero tiles of the declared types); with dynamic tiling only the merges of the regions
-whose chunks change.
+chunk of zero tiles of the declared types); with dynamic tiling none either, but the merges
+of the regions whose rows carry the routing data.
 
 An EagerMerge sends each chunk's selector only after the chunk's first element arrived, so the
 units its selector steers start with the data, whatever order they follow.

@@ -32,12 +32,12 @@ from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import Accum, FlatMap, Map
 from torch2step.step.ops_memory import Bufferize, Streamify
-from torch2step.step.ops_routing import EagerMerge
+from torch2step.step.ops_routing import EagerMerge, Partition
 from torch2step.step.ops_shape import Expand, Promote, Zip
 from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
-from .region_tail import rows_channel
+from .region_tail import row_source, rows_channel
 from .stop_loop import declared_element, emit_stop_loop
 from .streams import _VALUE_DTYPES, StreamInfo
 from .structure import Structure
@@ -288,14 +288,45 @@ def _packs_reads(st: Structure, readers: dict[str, list[Op]], s: Op) -> bool:
     )
 
 
+def _row_reader(st: Structure, readers: dict[str, list[Op]], op: Op, name: str) -> Any:
+    """What a reader ``op`` of a region's chunk rows ``name`` does with them, when it loops
+    over each chunk's rows until the chunk's stop token: ``("rows", outputs)`` for a
+    single-node unit passing rows on (a Map of them, alone or zipped with other chunk rows; an
+    Expand along them), ``("done", streams)`` for one taking them in (a rank-1 Bufferize whose
+    Streamify reads are each packed by a ``retile_row`` Accum: those reads; the packing of
+    the rows into one tile per chunk; a Partition steered by them back from the FlatMap of
+    the region's tile, :mod:`.region_tail`); ``None`` otherwise."""
+    own = st.owner.get(op.name) == op.name
+    unit = st.units[st.unit_index(op.name)] if op.name in st.owner else ()
+    if isinstance(op, Expand) and op.ref.name == name and op.input.name != name:
+        return ("rows", [op.name]) if own and len(unit) == 1 else None
+    if isinstance(op, Bufferize) and op.rank == 1 and unit and unit[0] is op and len(unit) > 1:
+        if all(_packs_reads(st, readers, s) for s in unit[1:]):
+            return ("done", {s.name for s in unit[1:]})
+        return None
+    if not own or len(unit) != 1:
+        return None
+    if isinstance(op, Map):
+        return ("rows", [op.name])
+    if isinstance(op, Accum) and getattr(op.fn, "name", None) == "retile_row" and op.rank == 1:
+        return ("done", set())
+    if isinstance(op, Partition) and op.sel.name == name:
+        f = st.producer.get(op.input.name)
+        return ("done", set()) if f is not None and row_source(st, f) else None
+    return None
+
+
 def chunk_channels(graph: StepProgram, st: Structure, stops: Iterable[str]) -> set[str]:
     """A dynamic-tiling region's chunk rows that end each chunk with a stop token (STeP arXiv
     2511.07776 §3.2.3, §5.3; grouped channels, :mod:`.buffer_loop`): the data output of an
     EagerMerge unit of ragged chunks whose inputs each end with their stop token
-    (:func:`chunk_stops`), when every reader of it loops over a chunk's rows until that token
-    (a rank-1 Bufferize whose Streamify reads are each packed by a ``retile_row`` Accum:
-    :func:`~.buffer_loop.emit_buffer_loop`; an Expand reading it as its reference:
-    :func:`emit_expand_loop`), and those Streamify outputs (a token after each read)."""
+    (:func:`chunk_stops`) and every stream of the region's rows made from it, when every
+    reader of each loops over a chunk's rows until that token (:func:`_row_reader`: the
+    Bufferize of the rows and its row packing, :func:`~.buffer_loop.emit_buffer_loop`; the
+    Expand of the chunk's expert index along them, :func:`emit_expand_loop`; a Map of rows,
+    :func:`~.region_tail.emit_row_map`; the packing of the routing weights, the Partition
+    back to the experts, :mod:`.region_tail`), and the Bufferize's Streamify outputs (a
+    token after each read).  A Zip of rows (no unit) is read through."""
     stops = set(stops)
     readers: dict[str, list[Op]] = {}
     for op in graph.nodes:
@@ -315,25 +346,30 @@ def chunk_channels(graph: StepProgram, st: Structure, stops: Iterable[str]) -> s
         ):
             continue
         data = merge.out_names()[0]
-        rd = readers.get(data, [])
-        streams: set[str] = set()
-        ok = bool(rd)
-        for op in rd:
-            if isinstance(op, Expand) and op.ref.name == data and op.input.name != data:
-                continue
-            unit = st.units[st.unit_index(op.name)] if op.name in st.owner else ()
-            if (
-                isinstance(op, Bufferize)
-                and op.rank == 1
-                and unit[0] is op
-                and len(unit) > 1
-                and all(_packs_reads(st, readers, s) for s in unit[1:])
-            ):
-                streams |= {s.name for s in unit[1:]}
-                continue
-            ok = False
-        if ok:
-            out |= {data} | streams
+        rows, todo, streams, ok = {data}, [data], set(), bool(readers.get(data))
+        zips: list[Op] = []
+        while todo and ok:
+            name = todo.pop()
+            rd = list(readers.get(name, []))
+            ok = bool(rd)
+            while rd and ok:
+                op = rd.pop()
+                if isinstance(op, Zip) and op.name not in st.owner:  # a wire: its readers
+                    zips.append(op)
+                    rd += readers.get(op.name, [])
+                    ok = bool(readers.get(op.name))
+                    continue
+                got = _row_reader(st, readers, op, name)
+                if got is None:
+                    ok = False
+                elif got[0] == "rows":
+                    todo += [n for n in got[1] if n not in rows]
+                    rows |= set(got[1])
+                else:
+                    streams |= got[1]
+        # a Zip read through zips chunk rows only
+        if ok and all(v.name in rows for z in zips for v in z.inputs()):
+            out |= rows | streams
     return out
 
 

@@ -27,6 +27,13 @@ The merge ends each chunk's rows with a stop token carrying their count
   (:func:`~.region_loop.region_body`) and each output's stop token is sent once the merge's
   selectors ended.
 
+With the routing weights applied in the region (the default layer, each row zipped with its
+token's expert ids and weights) the rows' parts, the expert id along the rows and the weight
+picked per row are Maps of chunk rows too (:func:`emit_row_map`: one loop until the first
+input's token, the other inputs' tokens taken with it and forwarded), and the picked weights
+are packed into one column tile per chunk (:func:`emit_chunk_pack`);
+:func:`~.region_rows.chunk_channels` finds every such stream of chunk rows.
+
 Each is a member of its region's loop over the chunks (:mod:`.region_loop`), built for one
 chunk, its bookkeeping counted in each chunk's view: one program for every chunk size, count
 and order.  The work per row is the unrolled program's (STeP §4.2); the new traffic is the
@@ -39,11 +46,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lowering.isa import Calc, Cond, If, Instr, Loop, RecvValue, SendValue, Set
+from lowering.isa import Calc, Cond, If, Instr, Loop, Recv, RecvValue, SendValue, Set
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.op_base import Op
-from torch2step.step.ops_compute import FlatMap, Map
-from torch2step.step.ops_routing import EagerMerge, Partition
+from torch2step.step.ops_compute import Accum, FlatMap, Map
+from torch2step.step.ops_routing import Partition
 from torch2step.step.ops_shape import Expand
 
 from .context import EmitCtx
@@ -54,6 +61,7 @@ from .unit import Elem, UnitBuilder
 
 __all__ = [
     "RowUnits",
+    "emit_chunk_pack",
     "row_units",
     "rows_channel",
     "row_source",
@@ -115,12 +123,11 @@ def row_source(st: Structure, op: Op) -> str | None:
 
 def row_units(graph: StepProgram, st: Structure, grouped: Iterable[str]) -> RowUnits:
     """The regions whose units after the tiles loop over each chunk's rows (module
-    docstring): the merge's data channel is grouped (:func:`~.region_rows.chunk_channels`),
-    its selector Expand's indices are read by one ``to_selector`` Map only, whose selectors
-    are read by one Partition only, whose rows a ``tile_rows`` FlatMap makes, read by it
+    docstring): the merge's data channel and its selector Expand's indices are grouped
+    (:func:`~.region_rows.chunk_channels`), the indices' ``to_selector`` Map steers the
+    Partition back to the experts, whose rows a ``tile_rows`` FlatMap makes, read by it
     only."""
     grouped = set(grouped)
-    readers = _readers(graph)
     found = RowUnits()
     for op in graph.nodes:
         if not isinstance(op, Partition):
@@ -133,12 +140,7 @@ def row_units(graph: StepProgram, st: Structure, grouped: Iterable[str]) -> RowU
         e = st.producer[sel.input.name]  # type: ignore[attr-defined]
         assert isinstance(e, Expand)
         data = e.ref.name
-        merge = st.producer.get(data)
-        if (
-            data not in grouped
-            or not isinstance(merge, EagerMerge)
-            or [r.name for r in readers.get(e.name, [])] != [sel.name]
-        ):
+        if data not in grouped or e.name not in grouped:  # (the merge's rows, or a Map's)
             continue
         found.grouped |= {e.name, sel.name}
         found.control[ch] = (e.name, f.name, data)
@@ -158,10 +160,14 @@ def _guarded(
     del b.steps[before:]
     b.cur = []
     first = instrs[0]
-    if not isinstance(first, RecvValue) or first.channel != ch:  # pragma: no cover
+    if isinstance(first, RecvValue) and first.channel == ch:
+        take: Instr = RecvValue(ch, first.reg, stop)
+    elif isinstance(first, Recv) and first.channel == ch:
+        take = Recv(ch, first.dst, stop)
+    else:  # pragma: no cover
         raise AssertionError(f"unit %{b.name}: a row must start with its receive")
     guard = Cond(stop, "<", 0)
-    return (If(guard, (RecvValue(ch, first.reg, stop), If(guard, tuple(instrs[1:]), done))),)
+    return (If(guard, (take, If(guard, tuple(instrs[1:]), done))),)
 
 
 def _one_value_chunk(b: UnitBuilder, x: StreamInfo) -> str | None:
@@ -180,6 +186,26 @@ def _one_value_chunk(b: UnitBuilder, x: StreamInfo) -> str | None:
     return ch if x.parts(0)[0].kind == "value" else None
 
 
+def _row_channels(b: UnitBuilder, x: StreamInfo) -> list[str] | None:
+    """The channels of ``x``'s elements, in their order within an element, when ``x`` is one
+    chunk of rows, every element with the same messages, each channel grouped (a stop token
+    after each chunk) with its token taken by this unit; else ``None``."""
+    if x.value.rank != 1 or len(x.value.data) != 1 or not x.flat:
+        return None
+    chans: list[str] = []
+    for ch, _, _ in x.pieces[0]:
+        if ch is None:
+            return None
+        if ch not in chans:
+            chans.append(ch)
+    if any(ch not in b.grouped or ch not in b.stops or b.own(ch) or b.next_seq[ch] for ch in chans):
+        return None
+    first = [(ch, p) for ch, _, p in x.pieces[0]]
+    if any([(ch, p) for ch, _, p in pc] != first for pc in x.pieces[1:]):
+        return None
+    return chans
+
+
 def emit_row_map(
     ctx: EmitCtx,
     b: UnitBuilder,
@@ -187,35 +213,44 @@ def emit_row_map(
     steps: list[Any],
     lower: Callable[[Elem, Elem], Elem],
 ) -> bool:
-    """The unit of a region's ``to_selector`` Map over a chunk's indices (module docstring),
-    built for one chunk: a loop until the indices' stop token, each index received into a
-    register, one step (``steps``: its ``(cycles, flops, rule)`` per element) and its
-    selector computed in a register (``lower``) and sent; the token forwarded.  ``False``
-    (nothing emitted) when the unit is not such a Map."""
+    """The unit of a Map over a region's chunk rows (module docstring: the selectors; with
+    the routing weights in the region, also the rows' parts, the expert ids and the weights
+    picked), built for one chunk: a loop until the stop token of its first input channel,
+    each row received (every part from its channel), one step (``steps``: its ``(cycles,
+    flops, rule)`` per element), its output computed (a control value in a register:
+    ``lower``) and sent; the other channels' tokens taken in the iteration the first one's
+    came, and forwarded when its output is grouped too.  ``False`` (nothing emitted) when the
+    unit is not such a Map."""
     if not isinstance(op, Map) or b.bound is None:
         return False
     x, out = ctx.stream(op.input), ctx.stream(op.name)
-    ch = _one_value_chunk(b, x)
-    if ch is None or out.channel is None or out.channel not in b.grouped:
+    chans = _row_channels(b, x)
+    if chans is None or out.channel is None:
         return False
     if any(s != steps[0] or s[2] is not None for s in steps):
         return False
-    if any(out.parts(k) != out.parts(0) or len(out.parts(k)) != 1 for k in range(len(out.flat))):
+    if any(out.parts(k) != out.parts(0) for k in range(len(out.flat))):
         return False
     shape = getattr(op.input.type, "shape", ())
     bound = b.bound(shape[1]) if len(shape) == 2 else None
     if bound is None:
         return False
     c, fl, _ = steps[0]
-    count = b.stops.pop(ch)
+    ch, rest = chans[0], chans[1:]
+    counts = [b.stops.pop(c_) for c_ in chans]
     b.step()
     stop = f"stop.{ch}"
     sends = b.has_dsts(out.channel)
-    done = (SendValue(out.channel, stop, stop=True),) if sends else ()
+    token = sends and out.channel in b.grouped
+    # the other inputs end with their tokens where the first one's came: take them there
+    done: tuple[Instr, ...] = tuple(RecvValue(c_, f"stop.{c_}") for c_ in rest)
+    if token:
+        done += (SendValue(out.channel, stop, stop=True),)
     saved = b.received, b.sent, b.busy_cycles, b.flops
 
     def copy() -> None:
-        b.next_seq[ch] = 0
+        for c_ in chans:
+            b.next_seq[c_] = 0
         e = b.recv(x, 0, rotation=2)
         b.send(out, 0, lower(e, b.compute(c, (e,), out.parts(0), flops=fl)))
 
@@ -223,9 +258,10 @@ def emit_row_map(
     b.received, b.sent, b.busy_cycles, b.flops = saved
     b.emit(Set(stop, -1), Loop(-(-(bound + 1) // 2), tuple(body)))  # every row and the token
     b.step()
-    b.next_seq[ch] = count + 1
+    for c_, n in zip(chans, counts):
+        b.next_seq[c_] = n + 1
     if sends:
-        b.sent_seq[out.channel] = out.messages + 1
+        b.sent_seq[out.channel] = out.messages + token
     name = x.name
 
     def tally(t: EmitCtx) -> tuple[int, int, int, int]:
@@ -237,8 +273,8 @@ def emit_row_map(
     b.sent += got[1]
     b.busy_cycles += got[2]
     b.flops += got[3]
-    # the indices reach a register, the selectors are computed from it: the program is the
-    # same for every chunk's rows and expert
+    # its rows' forms are their declared types', control values reach registers and those it
+    # sends are computed from them: the same program for every chunk's rows and expert
     ctx.relax(op.input, None)
     ctx.relax(op.name, None)
     return True
@@ -376,4 +412,37 @@ def emit_row_partition(
     ctx.relax(op.input, "each")
     for n in op.out_names():
         ctx.relax(n, None)
+    return True
+
+
+def emit_chunk_pack(ctx: EmitCtx, b: UnitBuilder, op: Op, pack: Callable[[], bool]) -> bool:
+    """The unit of a ``retile_row`` Accum packing a region's chunk rows (the routing weights
+    picked for the chunk's expert, STeP §5.3 with the weights in the region) into one tile per
+    chunk, built for one chunk: ``pack()`` (:func:`~.stop_loop.emit_pack_loop`) loops until
+    the rows' stop token, in a buffer held at the rows' bound, and sends the tile; the token
+    is not forwarded (the tile's readers loop over the chunks, :mod:`.region_loop`).  ``False``
+    (nothing emitted) when the unit is not such a packing."""
+    if not isinstance(op, Accum) or getattr(op.fn, "name", None) != "retile_row":
+        return False
+    src = ctx.structure.sources(op.input.name)
+    x, out = ctx.stream(op.input), ctx.stream(op.name)
+    if len(src) != 1 or x.value.rank != 1 or len(x.value.data) != 1 or out.channel is None:
+        return False
+    (ch,) = src
+    if ch not in b.grouped or out.channel in b.grouped:
+        return False
+    saved = b.grouped
+    b.grouped = saved - {ch}  # one group in the chunk's view: the loop over its rows
+    try:
+        if not pack():
+            return False
+    finally:
+        b.grouped = saved
+    if b.has_dsts(out.channel):  # the count it forwards after the tile: not in a region
+        token = SendValue(out.channel, f"stop.{ch}")
+        last = b.steps[-1]
+        if token not in last:  # pragma: no cover - emit_pack_loop's last step
+            raise AssertionError(f"unit %{b.name}: no stop token after the packed tile")
+        b.steps[-1] = tuple(i for i in last if i != token)
+        b.sent_seq[out.channel] -= 1
     return True
