@@ -251,6 +251,25 @@ def test_a_routing_of_as_many_static_tiles_keeps_every_unit() -> None:
         torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
 
 
+def test_static_tiles_with_the_weights_in_the_regions_keep_every_unit() -> None:
+    """Static tiling, the routing weights applied in the regions (each row carries its
+    token's expert ids and weights, each part from its own channel), routing B after A: the
+    merge waits for any expert's rows (a WaitAny over the experts' first parts, the other
+    parts and their stop tokens taken with them), so every unit is kept."""
+    g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32, static_tile=4)
+    ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
+    runs = [run(g, tensors=x, check=False) for x in ins]
+    kept, rebuilt, b = _kept_rebuilt(g, runs)
+    assert rebuilt == [] and len(kept) == 88
+    (wait,) = [i for i in walk(b["moe_l1_merge"]) if isinstance(i, WaitAny)]
+    assert wait.channels == ("moe_e2_part0", "moe_e3_part0")
+    tokens = {i.channel for i in walk(b["moe_l1_merge"]) if isinstance(i, RecvValue)}
+    assert tokens == {f"moe_e{e}_part{j}" for e in (2, 3) for j in (1, 2)}
+    for x, r in zip(ins, runs):
+        got = torch.as_tensor(np.asarray(r.tensors["out"]))
+        torch.testing.assert_close(got.reshape(16, 64), _reference(x), atol=1e-4, rtol=1e-4)
+
+
 def test_a_new_chunk_count_keeps_every_unit_static() -> None:
     """Static tiling, routing B after A: region 1 takes three chunks instead of four (expert 3
     gets no token, expert 2 a tile more), region 0 as many in another split: every unit is

@@ -3,12 +3,14 @@
 (EagerMerge's next input ...) is made by the simulator as the run proceeds").
 
 A statically tiled region's merge (§5.2, §5.3) reads each expert's rows from the Partition's
-output (one channel per expert, ending with its stop token: the count) and takes them in tiles
-of ``N`` rows, the rows past the count padding (a padding flag per row).  Its program is a loop
+output (one channel per expert, ending with its stop token: the count; with the routing
+weights applied in the region, one channel per part of a row: the row, the token's expert ids
+and weights, each ending with its token) and takes them in tiles of ``N`` rows, the rows past
+the count padding (a padding flag per row).  Its program is a loop
 while some expert has not ended (at most its tiles' bound plus one per expert):
 
-* ``WaitAny`` over the experts' channels (:class:`~lowering.isa.WaitAny`): the expert whose
-  next message arrived first (ties: the lowest index) into a register;
+* ``WaitAny`` over the experts' (first parts') channels (:class:`~lowering.isa.WaitAny`): the
+  expert whose next message arrived first (ties: the lowest index) into a register;
 * under ``If`` on it, that expert's next tile: its first row received with ``Recv(...,
   stop)``; a row starts a tile — one cycle, the one-hot selector naming the expert sent with
   it (the merge names an input once it is ready, so the units the selector steers start with
@@ -40,8 +42,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowering.isa import Affine, Compute, Cond, If, Instr, Loop, Recv, Send, SendValue, Set, WaitAny
+from lowering.isa import (
+    Affine,
+    Compute,
+    Cond,
+    If,
+    Instr,
+    Loop,
+    Recv,
+    RecvValue,
+    Send,
+    SendValue,
+    Set,
+    WaitAny,
+)
 from torch2step.step.ops_routing import EagerMerge
+from torch2step.step.ops_shape import Zip
 from torch2step.step.types import TileType, TupleType
 
 from .context import EmitCtx
@@ -65,77 +81,105 @@ OPEN = "open"
 
 @dataclass(frozen=True)
 class MergeAny:
-    """What a run-time merge needs: each input's channel and tile-count bound, the rows per
-    tile, the row's data part and the flag's dtype."""
+    """What a run-time merge needs: each input's channels (one per data part of a row, the
+    first the one its ``WaitAny`` watches) and tile-count bound, the rows per tile and the
+    row's data parts (a row, or a row with its token's routing data)."""
 
-    chans: tuple[str, ...]
+    parts: tuple[tuple[str, ...], ...]
     tiles: tuple[int, ...]
     rows: int
-    row: Part
+    row: tuple[Part, ...]
+
+    @property
+    def chans(self) -> tuple[str, ...]:
+        """Each input's first part's channel."""
+        return tuple(p[0] for p in self.parts)
+
+
+def _part_channels(ctx: EmitCtx, name: str, k: int) -> list[str] | None:
+    """The channel of each of the ``k`` data parts of merge input ``name``'s rows: for the Zip
+    of the parts' tiles and their padding flags, each part's (or, for one part, the input's
+    own)."""
+    z = ctx.structure.producer.get(name)
+    if isinstance(z, Zip) and z.name not in ctx.structure.owner:
+        names = [v.name for v in z.inputs()[:k]]
+    elif k == 1:
+        names = [name]
+    else:
+        return None
+    out: list[str] = []
+    for n in names:
+        src = ctx.structure.sources(n)
+        if len(src) != 1:
+            return None
+        out.extend(src)
+    return out
 
 
 def merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge) -> MergeAny | None:
     """A :class:`MergeAny` when merge ``op`` takes its inputs at run time (module docstring):
     every input a stream of tiles of ``N`` elements, each a row received whole from the
-    input's own channel (which ends with its stop token) and a padding flag made here, or a
-    padding row and flag made here; the outputs sent as row and flag, and a one-value
-    selector; else ``None``."""
+    input's own channels (one per part, each ending with its stop token) and a padding flag
+    made here, or a padding row and flag made here; the outputs sent as row and flag, and a
+    one-value selector; else ``None``."""
     ins = [ctx.stream(v) for v in op.ins]
     data, sel = (ctx.stream(n) for n in op.out_names())
     if data.channel is None or sel.channel is None or b.bound is None:
         return None
     if not all(len(pc) == 1 and pc[0][2].kind == "value" for pc in sel.pieces):
         return None
-    chans: list[str] = []
+    row = _declared_row(ins[0])
+    if row is None:
+        return None
+    k = len(row)
+    parts: list[tuple[str, ...]] = []
     tiles: list[int] = []
     rows: set[int] = set()
-    row: set[Part] = set()
     for v, info in zip(op.ins, ins):
         shape = getattr(v.type, "shape", ())
         if info.value.rank != 1 or len(shape) != 2 or not _integer(shape[1]):
             return None
-        # an input this run gives no row: its channel carries the stop token only
-        own = set() if info.pieces else set(ctx.structure.sources(v.name))
-        for pc in info.pieces:
-            if len(pc) != 2 or pc[1][0] is not None or pc[1][2].kind != "value":
+        chans = _part_channels(ctx, v.name, k)
+        if chans is None or len(set(chans)) != k:
+            return None
+        for pc in info.pieces:  # a real row from the part channels, or a padding row
+            if len(pc) != k + 1 or pc[k][0] is not None or pc[k][2].kind != "value":
                 return None
-            ch, _, part = pc[0]
-            if part.kind != "data":
+            if tuple(p for _, _, p in pc[:k]) != row:
                 return None
-            row.add(part)
-            if ch is not None:
-                own.add(ch)
-        if len(own) != 1:
-            return None
-        (ch,) = own
-        if b.own(ch) or ch not in b.stops or ch in chans:
-            return None
-        if b.next_seq[ch] != (b.stops[ch] == 0):  # nothing taken yet (but an empty one's token)
-            return None
+            got = [ch for ch, _, _ in pc[:k]]
+            if got != chans and any(ch is not None for ch in got):
+                return None
+        for ch in chans:
+            if b.own(ch) or ch not in b.stops or any(ch in p for p in parts):
+                return None
+            if b.next_seq[ch] != (b.stops[ch] == 0):  # nothing taken yet (but a token)
+                return None
         bound = b.bound(shape[0])
         if bound is None:
             return None
-        chans.append(ch)
+        parts.append(tuple(chans))
         tiles.append(bound)
         rows.add(int(shape[1]))
-    if not row:  # no expert of the region has a token this run: the row from the type
-        row = {p for p in (_declared_row(ins[0]),) if p is not None}
-    if len(rows) != 1 or len(row) != 1:
+    if len(rows) != 1:
         return None
-    if any(len(pc) != 2 or pc[0][2] not in row for pc in data.pieces):
+    if any(len(pc) != k + 1 or tuple(p for _, _, p in pc[:k]) != row for pc in data.pieces):
         return None
-    return MergeAny(tuple(chans), tuple(tiles), rows.pop(), row.pop())
+    return MergeAny(tuple(parts), tuple(tiles), rows.pop(), row)
 
 
-def _declared_row(info: StreamInfo) -> Part | None:
-    """The row part of an element ``(row tile, padding flag)`` of ``info``'s declared type."""
+def _declared_row(info: StreamInfo) -> tuple[Part, ...] | None:
+    """The data parts of an element ``(row tile, ..., padding flag)`` of ``info``'s declared
+    type (the row, and the token's routing data when the region applies the weights)."""
     t = info.dtype
-    if not isinstance(t, TupleType) or len(t.elems) != 2 or not isinstance(t.elems[0], TileType):
+    if not isinstance(t, TupleType) or len(t.elems) < 2:
         return None
-    shape = t.elems[0].shape
-    if not all(_integer(d) for d in shape):
-        return None
-    return Part("data", t.elems[0].dtype, int(shape[0]) * int(shape[1]))
+    out = []
+    for e in t.elems[:-1]:
+        if not isinstance(e, TileType) or not all(_integer(d) for d in e.shape):
+            return None
+        out.append(Part("data", e.dtype, int(e.shape[0]) * int(e.shape[1])))
+    return tuple(out)
 
 
 def _integer(d: object) -> bool:
@@ -150,39 +194,59 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
     assert out is not None and tell is not None
     # a region no expert gives a token to has no reader of its outputs in this run
     send, named = b.has_dsts(out), b.has_dsts(tell)
-    counts = [b.stops.pop(ch) for ch in m.chans]
+    counts = [b.stops.pop(c) for p in m.parts for c in p]
     # a region whose units loop over its chunks (.region_loop): the selectors end with a
     # stop token carrying the chunks sent
     end = named and ctx.tiled.get(op.name) == tell
     cnt = chunk_count(op)
     b.step()
-    part = m.row
     t = b.timing
     fwd = (("cycles", 1), ("outs", ""), ("rate", t.enc_rate))
-    make = (("cycles", 1), ("outs", str(part.elems)), ("rate", t.enc_rate))
-    gens = [b.buffer(("gen", 0), part.dtype, part.elems, 2) for _ in range(2)]
+    sizes = ",".join(str(p.elems) for p in m.row)
+    make = (("cycles", 1), ("outs", sizes), ("rate", t.enc_rate))
+    gens = [
+        tuple(b.buffer(("gen", j), p.dtype, p.elems, 2) for j, p in enumerate(m.row))
+        for _ in range(2)
+    ]
     branches: list[tuple[Instr, ...]] = []
-    for i, ch in enumerate(m.chans):
-        bufs = [b.buffer(("in", ch, 0), part.dtype, part.elems, 2) for _ in range(2)]
+    for i, chans in enumerate(m.parts):
+        ch = chans[0]
+        bufs = [
+            tuple(b.buffer(("in", c, j), p.dtype, p.elems, 2) for j, (c, p) in
+                  enumerate(zip(chans, m.row)))
+            for _ in range(2)
+        ]  # fmt: skip
         stop = f"stop.{ch}"
         more = Cond(stop, "<", 0)
+        # the other parts' channels end with their tokens where the first one's came
+        ends = (If(Cond(stop, ">=", 0), tuple(RecvValue(c, f"stop.{c}") for c in chans[1:])),)
+        ends = ends if len(chans) > 1 else ()
 
-        def real(buf: str, first: bool = False, i: int = i) -> tuple[Instr, ...]:
+        def real(
+            buf: tuple[str, ...], first: bool = False, i: int = i, chans: tuple = chans
+        ) -> tuple[Instr, ...]:
             head = (SendValue(tell, 1 << i),) if first and named else ()
             if first and end:  # one chunk more (the count the stop token carries)
                 head = (*head, Set(cnt, Affine(1, ((cnt, 1),))))
-            sends = (Send(out, buf), SendValue(out, 0)) if send else ()
-            return (Compute(STEP_KERNEL, (), (buf,), fwd, t.enc_dtype), *head, *sends)
+            sends = (*(Send(out, x) for x in buf), SendValue(out, 0)) if send else ()
+            return (
+                *(Recv(c, x) for c, x in zip(chans[1:], buf[1:])),  # the row's other parts
+                Compute(STEP_KERNEL, (), buf, fwd, t.enc_dtype),
+                *head,
+                *sends,
+            )
 
-        def row(k: int, ch: str = ch, stop: str = stop, bufs: list[str] = bufs) -> tuple:
+        def row(
+            k: int, ch: str = ch, stop: str = stop, bufs: list = bufs, ends: tuple = ends
+        ) -> tuple:
             buf, gen = bufs[k % 2], gens[k % 2]
             pad = (
                 Compute(STEP_KERNEL, (), (), fwd, t.enc_dtype),
-                Compute(STEP_KERNEL, (gen,), (), make, t.enc_dtype),
-                *((Send(out, gen), SendValue(out, 1)) if send else ()),
+                Compute(STEP_KERNEL, gen, (), make, t.enc_dtype),
+                *((*(Send(out, x) for x in gen), SendValue(out, 1)) if send else ()),
             )
             return (
-                If(Cond(stop, "<", 0), (Recv(ch, buf, stop),)),
+                If(Cond(stop, "<", 0), (Recv(ch, buf[0], stop), *ends)),
                 If(Cond(stop, "<", 0), real(buf), pad),
             )
 
@@ -194,7 +258,12 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
             tile.extend(row(1))
         done = Set(OPEN, Affine(-1, ((OPEN, 1),)))
         branches.append(
-            (Recv(ch, bufs[0], stop), If(more, tuple(tile)), If(Cond(stop, ">=", 0), (done,)))
+            (
+                Recv(ch, bufs[0][0], stop),
+                *ends,
+                If(more, tuple(tile)),
+                If(Cond(stop, ">=", 0), (done,)),
+            )
         )
     b.emit(*(Set(f"stop.{ch}", -1) for ch in m.chans), Set(OPEN, len(m.chans)))
     if end:
@@ -206,7 +275,7 @@ def emit_merge_any(ctx: EmitCtx, b: UnitBuilder, op: EagerMerge, m: MergeAny) ->
     if end:
         b.emit(SendValue(tell, cnt, stop=True))
     b.step()
-    for ch, n in zip(m.chans, counts):
+    for ch, n in zip([c for p in m.parts for c in p], counts):
         b.next_seq[ch] = n + 1
     if b.has_dsts(out):
         b.sent_seq[out] = ctx.streams[data.name].messages
