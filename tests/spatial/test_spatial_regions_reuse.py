@@ -33,7 +33,11 @@ What every run keeps:
   loop until the token the selector Expand forwards after each chunk's indices, the FlatMap
   back to rows over the count it sends), one program for every chunk size, count and order.
 
-So no run rebuilds a unit: every test below asserts an empty list of rebuilt units.
+What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
+
+* with dynamic tiling and the routing weights applied in the regions (each row zipped with its
+  token's expert ids and weights), each region's merge: it takes the chunks in the run's
+  order (torch2step.spatial.merge_any), every other unit of the region loops.
 """
 
 from __future__ import annotations
