@@ -36,6 +36,14 @@ the selector sent with it, every row forwarded in one cycle until the expert's s
 whose count then ends the chunk's rows on the data channel — and the token alone ends an
 expert without a chunk.  So one simulation decides every region's order, and the merge's
 program is the same for every routing, chunk size and order.
+
+Known limit: the FIFOs a run must deepen are found on its untimed replay (:mod:`.fifos`),
+whose ``WaitAny`` takes the lowest ready input, not the first to arrive.  Where the timed run
+takes another expert first, a reconvergent channel the replay left shallow (an expert's
+routing weights, waiting for its rows back from the region) can hold up the routing until a
+region's first chunk has come back: the Qwen3-30B-A3B batch-64 layer with 4 dynamically tiled
+regions ends its routing at ~37.5K cycles instead of ~0.9K (603,499 cycles instead of the
+unrolled merge's 576,474).  A deepening search on the timed run would remove it.
 """
 
 from __future__ import annotations
