@@ -37,13 +37,14 @@ whose count then ends the chunk's rows on the data channel — and the token alo
 expert without a chunk.  So one simulation decides every region's order, and the merge's
 program is the same for every routing, chunk size and order.
 
-Known limit: the FIFOs a run must deepen are found on its untimed replay (:mod:`.fifos`),
-whose ``WaitAny`` takes the lowest ready input, not the first to arrive.  Where the timed run
-takes another expert first, a reconvergent channel the replay left shallow (an expert's
-routing weights, waiting for its rows back from the region) can hold up the routing until a
-region's first chunk has come back: the Qwen3-30B-A3B batch-64 layer with 4 dynamically tiled
-regions ends its routing at ~37.5K cycles instead of ~0.9K (603,499 cycles instead of the
-unrolled merge's 576,474).  A deepening search on the timed run would remove it.
+Taking a chunk as soon as its first row arrives starts its region's weight reads then (the
+selector names the expert, §5.3), possibly while the routing is still reading the token ids
+and rows: on an HBM serving each channel first come first served, those small reads queue
+behind the weight tiles.  Qwen3-30B-A3B at batch 64 with 4 dynamically tiled regions (Fig. 9):
+every region names its first chunk at ~200 cycles, the index and row loads of the routing end
+at ~37.5K cycles instead of ~0.9K, and the layer takes 603,499 cycles, against 576,474 with
+the chunks in the order a search over re-simulations converged to (its first chunks named
+after the routing had ended).
 """
 
 from __future__ import annotations
