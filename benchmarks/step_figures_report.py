@@ -166,12 +166,19 @@ Notes on differences from the paper (modelling choices):
   alone and the HBM idles at the end; at 6400 FLOPs/cycle (Fig. 6) the same graph reaches
   the bound.  Shared regions have fewer weight streams in flight and hit the bound (555K
   cycles, 99.7%).  With the dedicated graph at the bound the gain would be 2.66 x
-  553.5/555.0 = 2.65x; the paper's 2.51x has its 32 regions 6% slower.  Our unit programs
-  are still built per run (the experts' token counts N_e in the units after the Partition;
-  EagerMerge's chunk order, decided by re-simulating to a fixed point), but in the dedicated
-  graph no weight is read before routing ends (first weight tile at cycle 2,736, the
-  Partitions finish at 2,509), so this is not what separates it from the bound.
-  We do not retune any constant to reach 2.51x.
+  553.5/555.0 = 2.65x; the paper's 2.51x has its 32 regions 6% slower.  Each region's
+  merge takes whichever expert's chunk is ready first in the simulation (a WaitAny; one
+  simulation decides and runs the order) and every unit loops over the chunks, so the
+  programs are the same for every routing.  In the dedicated graph no weight is read before
+  routing ends (first weight tile at cycle 2,736, the Partitions finish at 2,509), so routing
+  is not what separates it from the bound.  We do not retune any constant to reach 2.51x.
+- Dynamic tiling at 4 regions (32 experts each) is the one configuration where taking a chunk
+  as soon as its first row arrives costs time: every region names its first expert at ~200
+  cycles, so four experts' weight reads (~9.4 MB each) start while the routing still reads
+  the token ids and rows, and on the first-come HBM those small reads end at ~37.5K cycles
+  instead of ~0.9K (603,499 cycles; 576,474 when the order came from a search over whole
+  re-simulations that named every first chunk after routing had ended).  An HBM arbitration
+  favouring the routing's reads is not in the paper's model, so we leave it.
 """
 
 
