@@ -8,7 +8,10 @@ layers for the one-chip ``ipu-hbm`` preset and simulates them (simulated cycles 
 
 Chip set-ups: ``ipu-hbm-x4`` is ELK §6.1's emulated IPU-POD4 (4 x 1472 cores, 3.5 GB on chip,
 16 TB/s HBM) modelled as one all-to-all chip (inter-chip links are not modelled);
-``ipu-hbm`` and ``mesh`` are the presets (one chip).
+``ipu-hbm`` and ``mesh`` are the presets (one chip).  When both are run, a line per model and
+batch compares them as ELK Fig. 21 does (interconnect utilisation per design, counted as ELK
+counts it: the cycles the interconnect is busy over the step's cycles, a preload's delivery
+busy while its bottleneck link carries it; and the mesh's latency over the all-to-all's).
 
     python benchmarks/elk_figures.py                  # table
     python benchmarks/elk_figures.py --json           # one JSON object per run
@@ -46,9 +49,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from elk.cost import footprint  # noqa: E402
 from elk.designs import DESIGNS  # noqa: E402
 from elk.errors import ElkError  # noqa: E402
+from elk.interconnect import fig21, mesh_note  # noqa: E402
 from elk.moe import dynamic_vs_dense  # noqa: E402
 from elk.ops import DECODERS, decode_step_ops  # noqa: E402
 from elk.plan import ElkSchedule, plan_model  # noqa: E402
@@ -151,7 +154,7 @@ def notes(s: dict[str, ElkSchedule], paced: bool = False) -> list[str]:
             "executions)"
         )
     if c.hbm_bw < 0.5 * c.hbm_peak:
-        out.append(_mesh_note(full, basic))
+        out.append(mesh_note(s))
     else:
         out.append(_ideal_note(ideal))
     return out
@@ -382,35 +385,6 @@ def _ideal_note(ideal: ElkSchedule) -> str:
     )
 
 
-def _mesh_note(full: ElkSchedule, basic: ElkSchedule) -> str:
-    """Why an edge-fed mesh is bound by its edge links and its interconnect is less busy on
-    average than the all-to-all's (against ELK Fig. 21), from the heaviest preload's routes."""
-    c = full.costs
-    assert c.mesh is not None and c.links is not None
-    op, plan = max(zip(full.ops, full.plans), key=lambda x: x[0].hbm_bytes)
-    h, w = footprint(plan, c.mesh)
-    rows, cols = c.links.rows, c.links.cols
-    links = 2 * (rows * (cols - 1) + cols * (rows - 1))
-    # the busiest link's bytes over the mean link's, for the same preload
-    spread = c.links.hbm_pairs(h, w) * links / (c.links.hbm_hops(h, w) * h * w)
-    bd = basic.breakdown()
-    return (
-        f"the {len(c.links.attach)} HBM channels enter the mesh at its west and east edge routers "
-        f"and every byte travels hop by hop (XY routing): the links next to the edges carry "
-        f"1/{len(c.links.attach)} of every preload each, so the network delivers about "
-        f"{c.hbm_bw:.0f} of the HBM's {c.hbm_peak:.0f} bytes/cycle and every design is bound "
-        f"by those links (Basic {(bd['interconnect'] + bd['preload']) / basic.cycles:.0%} "
-        f"of its time preload-bound or held up behind preloads); for {op.name.split('.')[-1]}'s "
-        f"preload to its {h}x{w} grid the busiest link carries {spread:.1f}x the mean link's "
-        "bytes (each byte crosses "
-        f"{c.links.hbm_hops(h, w):.0f} links on average), so the mesh's average interconnect "
-        "utilisation stays low while its edge links saturate, and the step is several times "
-        "slower than on the all-to-all chip: ELK Fig. 21's busier mesh assumes links that "
-        "carry the HBM bandwidth at similar latencies, which this preset's 4.135 bytes/cycle "
-        "links (the IPU exchange's per-core rate, ELK §2.1) do not"
-    )
-
-
 def paced_note(s: dict[str, ElkSchedule], cost: str) -> str:
     """The all-to-all run planned as ELK §5's emulator charges contention (``--paced``)."""
     full, static, basic, ideal = (s[d] for d in ("elk_full", "static", "basic", "ideal"))
@@ -473,6 +447,7 @@ def main() -> int:
     rows = []
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
+            by_chip: dict[str, dict[str, dict]] = {}
             for chip_name in args.chips.split(","):
                 chip = chip_setup(chip_name)
                 ops = decode_step_ops(model, batch, args.kv_len, args.layers)
@@ -543,6 +518,7 @@ def main() -> int:
                     if args.json:
                         print(json.dumps(row), flush=True)
                 per = {d: per[d] for d in DESIGNS if d in per}
+                by_chip[chip_name] = per
                 if not args.json and len(per) == len(DESIGNS):
                     full = per["elk_full"]["cycles"]
                     print(
@@ -575,7 +551,25 @@ def main() -> int:
                     if args.window_data:
                         key["window"] = "data"
                     print(json.dumps({**key, "notes": notes(scheds, args.paced)}), flush=True)
+            if "mesh" in by_chip and "ipu-hbm" in by_chip:
+                _print_fig21(model, batch, fig21(by_chip, "mesh", "ipu-hbm"), args.json)
     return 0
+
+
+def _print_fig21(model: str, batch: int, f: dict, as_json: bool) -> None:
+    """ELK Fig. 21: the mesh preset against the all-to-all ``ipu-hbm`` (one chip each: the
+    same cores, link bandwidth and HBM), per design (:func:`elk.interconnect.fig21`)."""
+    if as_json:
+        print(json.dumps({"model": model, "batch": batch, "fig21": f}), flush=True)
+        return
+    util = ", ".join(f"{d} {m:.1%} vs {a:.1%}" for d, (m, a) in f["noc_util"].items())
+    slow = ", ".join(f"{d} {r:.1f}x" for d, r in f["latency_ratio"].items())
+    print(
+        f"{model} batch {batch}: ELK Fig. 21, interconnect utilisation on {f['mesh']} vs "
+        f"{f['all_to_all']}: {util} (mesh busier for every design: {f['mesh_busier']}); "
+        f"mesh latency over all-to-all: {slow}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
