@@ -50,11 +50,20 @@ def notes(s: dict[str, ElkSchedule], paced: bool = False) -> list[str]:
             f"ELK-Full is {ratio_b:.2f}x Basic (paper 1.87x), {ratio_s:.2f}x Static (paper "
             f"1.37x) and {ideal.cycles / full.cycles:.1%} of Ideal (paper 94.84%): with preloads "
             "yielding to executions at the ports and the HBM, any design that issues its "
-            "preloads early enough runs at the bound of execution and HBM time; Static's "
-            "fixed split already holds every operator's fastest plan beside the largest "
-            "preload share (see the next note), so it preloads as far ahead as ELK and is "
-            f"{ideal.cycles / static.cycles:.1%} of Ideal, and only Basic, one operator ahead, "
-            "cannot start a long preload (an attention's KV share) early enough"
+            "preloads early enough runs at the bound of execution and HBM time; Static is "
+            f"{ideal.cycles / static.cycles:.1%} of Ideal "
+            + (
+                "(its fixed split holds every operator's fastest plan beside the largest "
+                "preload share, see the Static note)"
+                if _split_fits(basic)
+                else "(its fixed split gives up faster plans or preload space, see the Static note)"
+            )
+            + f" and Basic, one data operator ahead, {ideal.cycles / basic.cycles:.1%}"
+            + (
+                ": it cannot start a long preload (an attention's KV share) early enough"
+                if basic.cycles > 1.01 * full.cycles
+                else ": that already issues every preload early enough"
+            )
             + (
                 "; Ideal's plan search keeps a bounded number of plan combinations "
                 "(elk.designs.IDEAL_FRONT) and ELK-Full's schedule ends "
