@@ -8,7 +8,10 @@ layers for the one-chip ``ipu-hbm`` preset and simulates them (simulated cycles 
 
 Chip set-ups: ``ipu-hbm-x4`` is ELK §6.1's emulated IPU-POD4 (4 x 1472 cores, 3.5 GB on chip,
 16 TB/s HBM) modelled as one all-to-all chip (inter-chip links are not modelled);
-``ipu-hbm`` and ``mesh`` are the presets (one chip).
+``ipu-hbm`` and ``mesh`` are the presets (one chip).  When both are run, a line per model and
+batch compares them as ELK Fig. 21 does (interconnect utilisation per design, counted as ELK
+counts it: the cycles the interconnect is busy over the step's cycles, a preload's delivery
+busy while its bottleneck link carries it; and the mesh's latency over the all-to-all's).
 
     python benchmarks/elk_figures.py                  # table
     python benchmarks/elk_figures.py --json           # one JSON object per run
@@ -46,10 +49,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from elk.cost import footprint  # noqa: E402
 from elk.designs import DESIGNS  # noqa: E402
 from elk.errors import ElkError  # noqa: E402
+from elk.interconnect import fig21  # noqa: E402
 from elk.moe import dynamic_vs_dense  # noqa: E402
+from elk.notes import notes  # noqa: E402
 from elk.ops import DECODERS, decode_step_ops  # noqa: E402
 from elk.plan import ElkSchedule, plan_model  # noqa: E402
 from hwmodel.chip import Chip  # noqa: E402
@@ -69,365 +73,6 @@ def chip_setup(name: str) -> Chip:
             hbm=dataclasses.replace(base.hbm, channels=4 * base.hbm.channels),
         )
     return load_chip(name)
-
-
-def notes(s: dict[str, ElkSchedule], paced: bool = False) -> list[str]:
-    """Why this run's designs differ from ELK §6.2-§6.4 (Fig. 17, 18, 21), from its plans;
-    ``paced``: planned with preloads arriving at HBM pace (:func:`paced_note`)."""
-    full, dyn, static, basic, ideal = (
-        s[d] for d in ("elk_full", "elk_dyn", "static", "basic", "ideal")
-    )
-    c = full.costs
-    icn = {d: s[d].breakdown()["interconnect"] / max(s[d].cycles, 1e-9) for d in s}
-    cost = (
-        f"which costs ELK-Full {icn['elk_full']:.0%} of its time, Static {icn['static']:.0%}, "
-        f"Basic {icn['basic']:.0%} (ELK's emulator spreads each preload over all cores at HBM pace)"
-    )
-    if paced and not c.mesh:
-        out = [paced_note(s, cost)]
-    elif c.mesh:
-        out = [
-            "Ideal gives preloads their own interconnect; here every mesh link takes the "
-            "preload pieces routed over it before any message an execute sends over it later, "
-            "and the HBM channels serve requests in arrival order, so an execute waits for its "
-            "cores' preload share from its first message on, and one that reads or stores HBM "
-            "activations waits until the HBM has served the preloads issued before it (the "
-            f"simulator's links and channels serve first come first served), {cost}"
-        ]
-    else:
-        out = [
-            "Ideal gives preloads their own interconnect; here a core's port serves an "
-            "execute's messages ahead of the preload pieces queued on it (preload reads are "
-            "background traffic, interleaved packet by packet: ELK §3.2, §4.3 preload and "
-            "execute traffic share the bandwidth), and the HBM serves an execute's reads and "
-            "stores ahead of queued preload reads, so a preload takes the port and HBM cycles "
-            "the executions leave free; an execute still waits where a preload's port share "
-            "does not fit in the free port cycles before the operator reading it needs it, "
-            f"{cost}"
-        ]
-        # the targets of ELK §6.2 (Fig. 17): why they are or are not reached here
-        ratio_b, ratio_s = basic.cycles / full.cycles, static.cycles / full.cycles
-        out.append(
-            f"ELK-Full is {ratio_b:.2f}x Basic (paper 1.87x), {ratio_s:.2f}x Static (paper "
-            f"1.37x) and {ideal.cycles / full.cycles:.1%} of Ideal (paper 94.84%): with preloads "
-            "yielding to executions at the ports and the HBM, any design that issues its "
-            "preloads early enough runs at the bound of execution and HBM time; Static's "
-            "fixed split already holds every operator's fastest plan beside the largest "
-            "preload share (see the next note), so it preloads as far ahead as ELK and is "
-            f"{ideal.cycles / static.cycles:.1%} of Ideal, and only Basic, one operator ahead, "
-            "cannot start a long preload (an attention's KV share) early enough"
-            + (
-                "; Ideal's plan search keeps a bounded number of plan combinations "
-                "(elk.designs.IDEAL_FRONT) and ELK-Full's schedule ends "
-                f"{1 - full.cycles / ideal.cycles:.1%} sooner"
-                if full.cycles < ideal.cycles
-                else ""
-            )
-        )
-        if full.cycles > ideal.cycles / 0.9:
-            out.append(_gap_note(full, ideal))
-    if not c.mesh:
-        out.append(_setup_note(full, paced))
-    out.append(_space_note(s))
-    out.append(_basic_note(basic, dyn))
-    peak = max(st.space for st in full.timeline.steps) / max(c.capacity, 1)
-    if full.order == tuple(range(len(full.ops))):
-        limit = (
-            "is not what limits preloading"
-            if peak < 0.9
-            else "is full, yet no reordering freed space a later operator could use"
-        )
-        out.append(
-            "ELK-Full keeps the execution order (= ELK-Dyn): no candidate order was faster, on-chip "
-            f"memory ({c.capacity / 2**20:.0f} MiB, at most {peak:.0%} used) {limit}, and a queued "
-            + (
-                "preload holds up whichever execute its cores run next once that execute sends "
-                "them a message, light or heavy, so moving it to another execute saves little "
-                if c.mesh
-                else "preload already fills the free port cycles of whichever executions its "
-                "cores run next, so moving it to another execute saves little "
-            )
-            + "(ELK §4.4's two gains: space for a later operator, preloads moved off busy "
-            "executions)"
-        )
-    if c.hbm_bw < 0.5 * c.hbm_peak:
-        out.append(_mesh_note(full, basic))
-    else:
-        out.append(_ideal_note(ideal))
-    return out
-
-
-def _gap_note(full: ElkSchedule, ideal: ElkSchedule) -> str:
-    """Why ELK-Full stays below 90% of Ideal on an all-to-all chip: per-core SRAM when the
-    heaviest preload fills most of its cores (:func:`_sram_note`), else the exec plans Ideal
-    chooses for their faster preloads (:func:`_plan_note`)."""
-    mid = len(full.ops) // 2
-    heavy = max(range(mid, len(full.ops)), key=lambda k: full.ops[k].hbm_bytes)
-    it, st = full.items[heavy], full.timeline.steps[heavy]
-    if it.exec_core_space(st.exec_plan) > 0.5 * full.costs.sram:
-        return _sram_note(full, ideal)
-    return _plan_note(full, ideal)
-
-
-def _plan_note(full: ElkSchedule, ideal: ElkSchedule) -> str:
-    """The operator whose exec plan costs ELK-Full the most preload time against Ideal's (ELK
-    §4.2: a plan on more cores receives its preload through more ports; it pays when its
-    preload is issued far enough ahead to overlap its slower execution)."""
-    mid = len(full.ops) // 2
-    k = max(
-        range(mid, len(full.ops)),
-        key=lambda j: (
-            full.items[j].load_time(full.timeline.steps[j].exec_plan)
-            - ideal.items[j].load_time(ideal.timeline.steps[j].exec_plan)
-        ),
-    )
-    op = full.ops[k]
-    ef, ei = full.timeline.steps[k].exec_plan, ideal.timeline.steps[k].exec_plan
-    pf, pi = full.plans[k], ideal.plans[k]
-    it = full.items[k]
-    same = sum(
-        1
-        for j in range(len(full.ops))
-        if full.ops[j].kind == op.kind
-        and full.timeline.steps[j].exec_plan != ideal.timeline.steps[j].exec_plan
-    )
-    return (
-        f"ELK-Full reaches {ideal.cycles / full.cycles:.1%} of Ideal, on-chip memory not being "
-        f"the limit: Ideal runs {op.name.split('.')[-1]} ({same} of them in the step) on "
-        f"{pi.label()} ({pi.cores} cores: preload {it.load_time(ei):.0f} cycles, execution "
-        f"{it.execs[ei].time:.0f}) where ELK-Full keeps {pf.label()} ({pf.cores} cores: "
-        f"preload {it.load_time(ef):.0f}, execution {it.execs[ef].time:.0f}); each core "
-        f"receives its share through a {full.costs.port:.3f}-byte/cycle port, so the plan on "
-        "more cores preloads at HBM pace and the step is HBM-bound instead of port-bound. "
-        "The slower execution pays only if that preload is issued many operators ahead, more "
-        "than the preload numbers this benchmark lets the planner try per operator "
-        "(window=8, a search budget; ELK §4.2 tries every number up to K, the operators that "
-        "fit on chip): a search limit of the benchmark's settings, not of the chip"
-    )
-
-
-def _sram_note(full: ElkSchedule, ideal: ElkSchedule) -> str:
-    """Why ELK-Full stays below 90% of Ideal on an all-to-all chip, from its plans: the
-    heaviest preload fills most of its cores' SRAM, so what executes on those cores while it
-    is on chip must fit beside it (ELK §3.1-§3.2: on-chip memory bounds how far ahead an
-    operator is preloaded); Ideal has unbounded memory."""
-    c = full.costs
-    mid = len(full.ops) // 2  # an operator in the steady state, not the first layer
-    heavy = max(range(mid, len(full.ops)), key=lambda k: full.ops[k].hbm_bytes)
-    op, it, st = full.ops[heavy], full.items[heavy], full.timeline.steps[heavy]
-    plan = full.plans[heavy]
-    own = it.exec_core_space(st.exec_plan)
-    room = c.sram - own
-    left = c.cores - plan.cores
-    # the executions its preload overlaps, and how long it takes at the HBM's pace
-    a, b = full.timeline.preload_start[heavy], full.timeline.preload_end[heavy]
-    over = sum(
-        max(0.0, min(b, t.end) - max(a, t.start)) for t in full.timeline.steps if t.op != heavy
-    )
-    during = [
-        k for k, t in enumerate(full.timeline.steps) if k != heavy and t.end > a and t.start < b
-    ]
-    beside = {}
-    for k in range(max(0, heavy - len(during) - 8), heavy):
-        p, ik = full.plans[k], full.items[k]
-        if not full.ops[k].hbm_bytes or p.cores <= left or p.core_space <= room:
-            continue
-        # its fastest plan that fits beside the heavy one, against the plan it runs
-        fit = [
-            o.time
-            for e, o in enumerate(ik.execs)
-            if o.ref.cores <= left or ik.exec_core_space(e) <= room
-        ]
-        slow = f"{min(fit) / p.time:.1f}x slower" if fit else "none: no plan fits"
-        beside.setdefault(
-            full.ops[k].name.split(".")[-1],
-            f"{full.ops[k].name.split('.')[-1]} {p.core_space / 1024:.0f} KiB on "
-            f"{p.cores} cores, the fastest plan beside it {slow}",
-        )
-    hbm = op.hbm_bytes / c.hbm_peak
-    gap = full.cycles - ideal.cycles
-    stalls = sum(t.stall for t in full.timeline.steps)
-    return (
-        f"ELK-Full reaches {ideal.cycles / full.cycles:.1%} of Ideal because of per-core SRAM: "
-        f"{op.name.split('.')[-1]} ({op.hbm_bytes / 2**20:.0f} MiB, {hbm:.0f} HBM cycles, the "
-        f"step's largest preload) has one plan that fits, {plan.label()} on {plan.cores} of "
-        f"{c.cores} cores holding {own / 1024:.0f} KiB of each core's {c.sram / 1024:.0f} KiB, "
-        f"so while it is on chip an operator on those cores has {room / 1024:.0f} KiB per core "
-        f"(or must run on the other {left} cores); the plans of the operators before it need "
-        "more ("
-        + ("; ".join(beside.values()) or "none")
-        + "), so its preload is issued only once they have executed: in the steady state it "
-        f"overlaps {over / max(b - a, 1e-9):.0%} of its {b - a:.0f} preload cycles with "
-        f"executions, and the wait behind it ({stalls / max(gap, 1e-9):.0%} of the gap to "
-        "Ideal is execution held up behind preloads) is what Ideal's unbounded memory does "
-        "not have (ELK §6.1's Ideal: full-size memory; the paper's 4-chip set-up holds a "
-        "layer's KV in a smaller share of each core, see the ipu-hbm-x4 rows)"
-    )
-
-
-def _setup_note(full: ElkSchedule, paced: bool) -> str:
-    """The chip set-up against ELK §6.1 and what one core holds per layer (ELK §2.1)."""
-    c = full.costs
-    ghz = c.clock_ghz
-    layers = max(1, len({op.name.split(".")[0] for op in full.ops}))
-    per_layer = sum(op.hbm_bytes for op in full.ops) / layers / c.cores
-    kv = sum(op.hbm_bytes for op in full.ops if op.name.endswith("attention")) / layers / c.cores
-    model = (
-        "preloads here arrive at HBM pace as in ELK §5's emulator (--paced)"
-        if paced
-        else "preloads here yield to execute traffic at the ports (this project's simulator); "
-        "ELK §5's emulator instead broadcasts every preload at HBM pace, saturating the "
-        "receivers' inbound links, and an execution sharing those cores slows: --paced plans "
-        "that (rows with contention 'paced'), where Static's preloads queued before each "
-        "execution cost it and ELK's allocation avoids them (ELK §4.3)"
-    )
-    return (
-        f"set-up (ELK §6.1): {c.cores} cores x {c.sram / 1024:.0f} KiB = "
-        f"{c.cores * c.sram / 2**30:.2f} GiB on chip, {c.hbm_peak * ghz / 1e3:.1f} TB/s HBM, "
-        f"{c.port * ghz:.1f} GB/s per core port ({c.cores * c.port * ghz / 1e3:.1f} TB/s "
-        "all-to-all); the four chips are one all-to-all chip (IPU-POD4's inter-chip links "
-        "are not modelled); a decoder layer's preloads average "
-        f"{per_layer / 1024:.0f} KiB per core ({kv / 1024:.0f} KiB of it KV cache) if spread "
-        "over every core, so per-core SRAM holds several layers' operators and decode plans "
-        f"meet little memory pressure; {model}"
-    )
-
-
-def _space_note(s: dict[str, ElkSchedule]) -> str:
-    """Why ELK-Dyn gains little over Static (ELK §3.1, §3.3), from the plans' per-core space:
-    Basic runs every operator's fastest plan."""
-    basic, static = s["basic"], s["static"]
-    c = basic.costs
-    fast = max(p.core_space for p in basic.plans)
-    pre = max(p.preload_space / max(1, p.cores) for p in basic.plans)
-    room = c.FILL * c.sram
-    if fast + pre <= room:
-        fits = (
-            f"so one fixed split fits every operator's fastest plan with the largest per-core "
-            f"preload share ({pre / 1024:.0f} KiB) beside it"
-        )
-    else:
-        fits = (
-            f"which with the largest per-core preload share ({pre / 1024:.0f} KiB) exceeds a "
-            "core, so a fixed split gives up faster plans or preload space for some operators, "
-            "a loss confined to those operators"
-        )
-    return (
-        f"ELK-Dyn is {static.cycles / s['elk_dyn'].cycles:.2f}x Static: the fastest execute "
-        f"plans need at most {fast / 1024:.0f} KiB of a core's {c.sram / 1024:.0f} KiB, {fits} "
-        "(ELK §3.1's faster plans in more space end early here: a decode plan's time is its "
-        "cores' port traffic, activation multicast and partial-sum reduce-scatter, and its "
-        "compute, which a larger tile does not shorten); weights and KV blocks have one owner "
-        "core (weight-stationary products, one tile per KV block), so no preloaded data is "
-        "shared that a preload could broadcast or an execute fetch, and the preload-state plan "
-        "is the execute-state plan (no ELK §3.3 space trade-off, where the paper's ELK-Dyn "
-        "gains over Static's fixed largest-or-smallest choice)"
-    )
-
-
-def _basic_note(basic: ElkSchedule, dyn: ElkSchedule) -> str:
-    """Where Basic loses against ELK-Dyn, from the two timelines (ELK §6.2 Fig. 18 (a))."""
-    lost: dict[str, float] = {}
-    for b, d in zip(basic.timeline.steps, dyn.timeline.steps):
-        name = basic.ops[b.op].name.split(".")[-1]
-        lost[name] = lost.get(name, 0.0) + (b.end - b.start) - (d.end - d.start)
-    gap = max(basic.cycles - dyn.cycles, 1e-9)
-    top = sorted(lost.items(), key=lambda kv: -kv[1])[:3]
-    parts = ", ".join(f"{n} {v / gap:.0%}" for n, v in top)
-    # executions during which the next operator's preload (if it reads HBM) was under way
-    pos = {op: k for k, op in enumerate(basic.order)}
-    nxt = [
-        st.P > pos[st.op + 1]
-        for st in basic.timeline.steps[:-1]
-        if basic.ops[st.op + 1].hbm_bytes > 0
-    ]
-    return (
-        f"Basic is {basic.cycles / dyn.cycles:.2f}x ELK-Dyn (paper 1.87x over ELK-Full): the "
-        f"next operator's preload runs during {sum(nxt) / max(1, len(nxt)):.0%} of the "
-        "executions followed by one that reads HBM (its fastest plans leave the space; ELK's "
-        "Basic fills the memory with its fastest plans and 'poorly overlaps'), and it loses "
-        "where an execution is shorter than the next operator's preload, which it cannot start "
-        f"earlier; share of the gap by operator (all layers; others gain some back): {parts}"
-    )
-
-
-def _ideal_note(ideal: ElkSchedule) -> str:
-    """What bounds Ideal (ELK §6.3: 64% HBM), from its plans."""
-    c = ideal.costs
-    ex: dict[str, float] = {}
-    hb: dict[str, float] = {}
-    for op, p in zip(ideal.ops, ideal.plans):
-        ex[op.kind] = ex.get(op.kind, 0.0) + p.time
-        hb[op.kind] = hb.get(op.kind, 0.0) + op.hbm_bytes / c.hbm_peak
-    mm = [(op, p) for op, p in zip(ideal.ops, ideal.plans) if op.kind == "matmul"]
-    if not mm:
-        return f"Ideal uses {ideal.hbm_utilisation():.0%} of HBM (ELK §6.3: 64%)"
-    op, p = max(mm, key=lambda x: x[0].hbm_bytes)
-    (m, k, n), (tk, tn) = op.dims, p.tiles[1:]
-    act = m * (k // tk) * op.elem / c.port
-    part = (tk - 1) * m * (n // tn) * op.elem / tk / c.port
-    flops = 2 * m * (k // tk) * (n // tn) / c.flops
-    kinds = ", ".join(
-        f"{k} {ex[k] / max(hb[k], 1e-9):.1f}x" for k in ("matmul", "attention") if k in ex
-    )
-    return (
-        f"Ideal uses {ideal.hbm_utilisation():.0%} of HBM (ELK §6.3: 64%): its execution alone "
-        f"takes {sum(ex.values()) / max(sum(hb.values()), 1e-9):.2f}x the HBM time of the "
-        f"step (execution over HBM time: {kinds}); e.g. {op.name.split('.')[-1]} "
-        f"{p.label()} ({p.time:.0f} cycles against {op.hbm_bytes / c.hbm_peak:.0f} of HBM): "
-        f"{flops:.0f} cycles of multiply-adds per core, its activation block gathered and "
-        f"multicast through {c.port:.3f}-byte/cycle ports ({act:.0f} cycles each) and its "
-        f"partial sums reduce-scattered ({part:.0f} cycles), plus the accumulator re-read "
-        "per preloaded weight piece"
-    )
-
-
-def _mesh_note(full: ElkSchedule, basic: ElkSchedule) -> str:
-    """Why an edge-fed mesh is bound by its edge links and its interconnect is less busy on
-    average than the all-to-all's (against ELK Fig. 21), from the heaviest preload's routes."""
-    c = full.costs
-    assert c.mesh is not None and c.links is not None
-    op, plan = max(zip(full.ops, full.plans), key=lambda x: x[0].hbm_bytes)
-    h, w = footprint(plan, c.mesh)
-    rows, cols = c.links.rows, c.links.cols
-    links = 2 * (rows * (cols - 1) + cols * (rows - 1))
-    # the busiest link's bytes over the mean link's, for the same preload
-    spread = c.links.hbm_pairs(h, w) * links / (c.links.hbm_hops(h, w) * h * w)
-    bd = basic.breakdown()
-    return (
-        f"the {len(c.links.attach)} HBM channels enter the mesh at its west and east edge routers "
-        f"and every byte travels hop by hop (XY routing): the links next to the edges carry "
-        f"1/{len(c.links.attach)} of every preload each, so the network delivers about "
-        f"{c.hbm_bw:.0f} of the HBM's {c.hbm_peak:.0f} bytes/cycle and every design is bound "
-        f"by those links (Basic {(bd['interconnect'] + bd['preload']) / basic.cycles:.0%} "
-        f"of its time preload-bound or held up behind preloads); for {op.name.split('.')[-1]}'s "
-        f"preload to its {h}x{w} grid the busiest link carries {spread:.1f}x the mean link's "
-        "bytes (each byte crosses "
-        f"{c.links.hbm_hops(h, w):.0f} links on average), so the mesh's average interconnect "
-        "utilisation stays low while its edge links saturate, and the step is several times "
-        "slower than on the all-to-all chip: ELK Fig. 21's busier mesh assumes links that "
-        "carry the HBM bandwidth at similar latencies, which this preset's 4.135 bytes/cycle "
-        "links (the IPU exchange's per-core rate, ELK §2.1) do not"
-    )
-
-
-def paced_note(s: dict[str, ElkSchedule], cost: str) -> str:
-    """The all-to-all run planned as ELK §5's emulator charges contention (``--paced``)."""
-    full, static, basic, ideal = (s[d] for d in ("elk_full", "static", "basic", "ideal"))
-    hbm = {d: s[d].hbm_utilisation() for d in s}
-    return (
-        "preloads arrive at HBM pace (ELK §5's emulator broadcasts every preload to all cores "
-        "and saturates their inbound links; §3.3 adds a core's HBM-to-core demand to its "
-        "inter-core demand), so an execution sharing cores with a queued preload slows by the "
-        "port cycles the preload takes beyond its free ones instead of the preload waiting "
-        f"for them, {cost}: ELK-Full is {basic.cycles / full.cycles:.2f}x Basic (paper "
-        f"1.87x), {static.cycles / full.cycles:.2f}x Static (paper 1.37x) and "
-        f"{ideal.cycles / full.cycles:.1%} of Ideal (paper 94.84%); HBM utilisation Basic "
-        f"{hbm['basic']:.0%}, Static {hbm['static']:.0%}, ELK-Dyn {hbm['elk_dyn']:.0%}, "
-        f"ELK-Full {hbm['elk_full']:.0%}, Ideal {hbm['ideal']:.0%} (paper 35/46/52/62/64%): "
-        "Static's many preloads issued before each execution now cost it where they share "
-        "its cores, which ELK's allocation and grid choice avoid (ELK §4.3)"
-    )
 
 
 def main() -> int:
@@ -473,6 +118,7 @@ def main() -> int:
     rows = []
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
+            by_chip: dict[str, dict[str, dict]] = {}
             for chip_name in args.chips.split(","):
                 chip = chip_setup(chip_name)
                 ops = decode_step_ops(model, batch, args.kv_len, args.layers)
@@ -543,6 +189,7 @@ def main() -> int:
                     if args.json:
                         print(json.dumps(row), flush=True)
                 per = {d: per[d] for d in DESIGNS if d in per}
+                by_chip[chip_name] = per
                 if not args.json and len(per) == len(DESIGNS):
                     full = per["elk_full"]["cycles"]
                     print(
@@ -575,7 +222,25 @@ def main() -> int:
                     if args.window_data:
                         key["window"] = "data"
                     print(json.dumps({**key, "notes": notes(scheds, args.paced)}), flush=True)
+            if "mesh" in by_chip and "ipu-hbm" in by_chip:
+                _print_fig21(model, batch, fig21(by_chip, "mesh", "ipu-hbm"), args.json)
     return 0
+
+
+def _print_fig21(model: str, batch: int, f: dict, as_json: bool) -> None:
+    """ELK Fig. 21: the mesh preset against the all-to-all ``ipu-hbm`` (one chip each: the
+    same cores, link bandwidth and HBM), per design (:func:`elk.interconnect.fig21`)."""
+    if as_json:
+        print(json.dumps({"model": model, "batch": batch, "fig21": f}), flush=True)
+        return
+    util = ", ".join(f"{d} {m:.1%} vs {a:.1%}" for d, (m, a) in f["noc_util"].items())
+    slow = ", ".join(f"{d} {r:.1f}x" for d, r in f["latency_ratio"].items())
+    print(
+        f"{model} batch {batch}: ELK Fig. 21, interconnect utilisation on {f['mesh']} vs "
+        f"{f['all_to_all']}: {util} (mesh busier for every design: {f['mesh_busier']}); "
+        f"mesh latency over all-to-all: {slow}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

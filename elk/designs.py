@@ -1,9 +1,13 @@
 """The designs compared in ELK §6.1: Basic, Static, ELK-Dyn, ELK-Full and Ideal.
 
 * **Basic**: the fastest execute plan for every operator; the remaining space preloads the
-  next operator whenever it fits (no search over preload numbers).
+  next operator whenever it fits (no search over preload numbers).  "The next operator" is
+  the next one that preloads data: operators without HBM data (norms, residual adds, rotary)
+  have nothing to preload, so while operator ``i`` executes the preloads of ``i+1`` up to the
+  first following operator with data are issued (as ELK's evaluation builds Basic).
 * **Static** (T10 extended, as ELK §6.1 builds it): one fixed split of every core's SRAM into
-  execute and preload space for the whole model (the best of a sweep of splits): every
+  execute and preload space for the whole model (the best of a sweep of splits in
+  :data:`STATIC_STEP` steps of a core's SRAM): every
   operator runs its fastest plan whose per-core footprint fits the execute space, and the
   preloads share the preload space of all cores, whatever the executing operator leaves unused;
   all preloaded operators use either their largest or their smallest preload-state plan,
@@ -58,8 +62,21 @@ IDEAL_BEAM = 8
 #: Plan combinations kept per operator by :func:`roofline_plans` (``None``: all).
 IDEAL_FRONT: int | None = 256
 
-#: Execute-space shares of each core's SRAM Static tries (the rest is preload space).
-STATIC_SPLITS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 0.9, 1.0)
+#: Step (bytes of one core's SRAM) of the execute-space sizes Static tries: ELK §6.1 finds
+#: "the best static preload and execution space sizes for the entire DL model", and its
+#: evaluation sweeps the execute space in 10 KB steps up to the whole core.
+STATIC_STEP = 10 * 1024
+
+#: Execute-space shares Static tries when it splits the aggregate capacity (no per-core size).
+STATIC_SHARES = 64
+
+
+def static_splits(core_bytes: float | None) -> tuple[float, ...]:
+    """Execute-space shares of each core's SRAM Static tries (the rest is preload space):
+    every :data:`STATIC_STEP` of ``core_bytes`` up to the whole core, or
+    :data:`STATIC_SHARES` even shares of the aggregate capacity."""
+    steps = STATIC_SHARES if not core_bytes else max(1, math.ceil(core_bytes / STATIC_STEP))
+    return tuple(k / steps for k in range(1, steps + 1))
 
 
 def plan_design(
@@ -97,7 +114,7 @@ def plan_design(
     if design == "static":
         best: Timeline | None = None
         single = all(len(pre) <= 1 for it in items for pre in it.preloads)
-        for frac in STATIC_SPLITS:
+        for frac in static_splits(core_bytes):
             for mode in ("largest",) if single else ("largest", "smallest"):
                 pol = Policy(
                     capacity,
@@ -333,7 +350,7 @@ def greedy(items: Sequence[Item], pol: Policy, room: float, ahead: int | None) -
         P = max(P, lo[i])
         while P < min(n, cap[i]):
             held = [j for j in range(i + 1, P + 1)]
-            if ahead is not None and len(held) > ahead:
+            if ahead is not None and sum(1 for j in held if items[j].hbm_bytes) > ahead:
                 break
             if sum(space[j] for j in held) > room:
                 break

@@ -107,7 +107,8 @@ class Item:
 class Policy:
     """Knobs of the designs of ELK §6.1 (see :mod:`elk.designs`).
 
-    ``capacity``: on-chip bytes; ``max_ahead``: at most this many operators resident (Basic: 1);
+    ``capacity``: on-chip bytes; ``max_ahead``: at most this many operators that preload data
+    resident (Basic: 1; operators without HBM data have nothing to preload and do not count);
     ``contention``: charge interconnect contention; ``zero_dist``: data distribution is free
     (Ideal); ``exec_space``: a fixed execute-space size (Static), taken out of ``capacity``
     whatever the executing operator uses; ``exec_core``: with ``exec_space``, the per-core

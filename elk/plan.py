@@ -115,31 +115,40 @@ class ElkSchedule:
         return tot / (self.costs.hbm_peak * self.cycles) if self.cycles else 0.0
 
     def noc_utilisation(self) -> float:
-        """Interconnect utilisation (ELK §6.3, Fig. 18 (c) and 21).  All-to-all: bytes crossing
-        core ports (exchange + HBM deliveries) over the ports' capacity.  Mesh: byte-hops over
-        the capacity of every directed link — exchange traffic travels the mean distance within
-        its plan's grid ((rows + columns) / 3 hops), HBM data from the edge routers the mean
-        length of its dimension-order routes to the operator's grid
-        (:meth:`elk.meshlinks.MeshLinks.hbm_hops`)."""
+        """Interconnect utilisation as ELK §6.3-§6.4 plots it (Fig. 18 (c), Fig. 21): the
+        cycles the interconnect is busy over the step's cycles, busy being the cycles each
+        preload's HBM delivery occupies it (:meth:`noc_busy`) plus each execution's exchange
+        (its bytes over the cores' aggregate port bandwidth, the time every core spends
+        sending its share).  ELK's simulator records per preload the interconnect cycles it
+        takes and per execution its data-shift cycles and plots their sum over the total
+        cycles, for both topologies; a mesh is busier because a delivery from the edge
+        controllers takes "multiple hops" (ELK §6.4): its bottleneck links carry every byte
+        the grid receives.  On an all-to-all chip this is the bytes crossing the core ports
+        over the ports' capacity."""
         c = self.costs
-        hbm = sum(op.hbm_bytes for op in self.ops)
-        if c.mesh is None:
-            moved = sum(p.xbytes for p in self.plans) + hbm
-            cap = c.cores * c.port * self.cycles
-            return moved / cap if cap else 0.0
-        rows, cols = c.mesh[0] + 1, c.mesh[1]
-        hops = sum(p.xbytes * sum(footprint(p, c.mesh)) / 3 for p in self.plans)
+        if not self.cycles:
+            return 0.0
+        busy = sum(p.xbytes for p in self.plans) / (c.cores * c.port)
+        busy += sum(self.noc_busy(k) for k in range(len(self.ops)))
+        return busy / self.cycles
+
+    def noc_busy(self, k: int) -> float:
+        """Cycles operator ``k``'s HBM delivery occupies the interconnect: all-to-all, its
+        bytes over the worker cores' aggregate port bandwidth (ELK §2.1: controllers are
+        nodes of the exchange); mesh fed from edge controllers, the bytes the busiest link of
+        the dimension-order routes to its grid carries over the link bandwidth
+        (:meth:`elk.meshlinks.MeshLinks.hbm_pairs`; ELK §4.3: a link's time is its traffic
+        over its bandwidth); a mesh without placed controllers, its bytes over the links
+        into the grid's cores."""
+        c = self.costs
+        nbytes = self.ops[k].hbm_bytes
+        if c.mesh is None or not nbytes:
+            return nbytes / (c.cores * c.port)
+        h, w = footprint(self.plans[k], c.mesh)
+        one = nbytes / (h * w) / c.port
         if c.links is not None and c.links.attach:
-            # HBM bytes: the exact mean length of their routes to the operator's grid
-            hops += sum(
-                op.hbm_bytes * c.links.hbm_hops(*footprint(p, c.mesh))
-                for op, p in zip(self.ops, self.plans)
-            )
-        else:
-            hops += hbm * (rows / 3 + cols / 4)
-        links = 2 * (rows * (cols - 1) + cols * (rows - 1))
-        cap = links * c.port * self.cycles
-        return hops / cap if cap else 0.0
+            return one * max(1.0, c.links.hbm_pairs(h, w))
+        return one
 
     def flop_utilisation(self, cycles: float | None = None) -> float:
         """FLOPs of the operators over what the worker cores could compute in ``cycles``

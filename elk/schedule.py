@@ -121,7 +121,9 @@ def _stepper(
     end = min(nxt_start, gate) if parent is not None else 0.0
     last = _last(order, P)
     residents = [j for j in range(i + 1, min(n, last + 1)) if pos[j] < P]
-    if pol.max_ahead is not None and len(residents) > pol.max_ahead:
+    if pol.max_ahead is not None and sum(1 for j in residents if items[j].hbm_bytes) > (
+        pol.max_ahead
+    ):
         return None
     fixed = 0
     for j in residents:
