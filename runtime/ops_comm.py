@@ -7,6 +7,9 @@ cycle order), except Recv posting, which is local.
 from __future__ import annotations
 
 import math
+from functools import partial
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -79,32 +82,32 @@ def _dma_slot(sim: Any, core: Core) -> bool:
     waits (stall_mem) for the earliest outstanding request to complete.
 
     ``core.dmaq`` holds the requests in issue order and may keep completed ones until it is
-    full; then one completed request is dropped (it stays completed, so keeping the others
-    changes no later decision), or the core waits when none has completed."""
+    full; then one completed request is dropped (it stays completed, so which one is dropped
+    and keeping the others change no later decision), or the core waits for the earliest known
+    completion, or blocks on the oldest request whose completion is not known yet.  The
+    completion cycles are gathered and compared by builtins (``getattr(d, "time", d)``: a
+    request's cycle or its Pending's), not element by element."""
     q = core.dmaq
     if len(q) < sim.dma_depth:
         return True
-    now = sim.now
-    first = None
-    unknown = None
-    i = 0
-    for d in q:
-        t = d if d.__class__ is int else d.time
-        if t is None:
-            if unknown is None:
-                unknown = d
-        elif t <= now:
-            del q[i]
+    ts = [*map(getattr, q, _TIME, q)]
+    known = [*filter(_known, ts)]
+    if known:
+        first = min(known)
+        if first <= sim.now:
+            del q[ts.index(first)]
             return True
-        elif first is None or t < first:
-            first = t
-        i += 1
-    if first is not None:
         advance(sim, core, first, MEM)
         sim.schedule(core, first)
     else:
+        unknown = q[0]
         sim.block(core, ("hbm", unknown), unknown)
     return False
+
+
+#: (_dma_slot) the attribute name for every queue entry, and the test for a known cycle
+_TIME = repeat("time")
+_known = partial(is_not, None)
 
 
 def h_load(sim: Any, core: Core, op: OpMem) -> bool:
