@@ -31,6 +31,7 @@ from runtime.state import (
     Group,
     Pending,
     Post,
+    Slot,
     StopPost,
     ValueRead,
     hold,
@@ -318,11 +319,62 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
                 return False
         if b.w > core.t:
             advance(sim, core, b.w, b.wk)
-    if core.t > sim.now:
+    now = sim.now
+    if core.t > now:
         sim.schedule(core, core.t)
         return False
     chan = op.chan
     ends = chan.ends
+    if b is None or len(ends) != 1 or sim.watch is not None:
+        return _send(sim, core, op, b, chan, ends)
+    end = ends[0]
+    inf = end.inflight
+    if len(inf) >= chan.depth:
+        c = sim.credit(core, chan)
+        if c < 0:
+            return False
+        if c > now:
+            advance(sim, core, c, SEND)
+            sim.schedule(core, c)
+            return False
+    # sim.send(chan, ...), inlined for a tensor to one destination: once per message
+    shape = b.shape
+    n = math.prod(shape)
+    nbytes = n * b.eb
+    x = _new(Slot)  # Slot(end, payload), without the call
+    x.arrival = x.consumed = None
+    x.payload = (b.data, shape, b.dtype, None, n)
+    x.end = end
+    inf.append(x)
+    posts = end.posts
+    if posts:
+        x.post = posts[0]
+        del posts[0]  # a list or a deque (ChanState.set_depth)
+    else:
+        x.post = None
+        end.unmatched.append(x)
+    sim.msg_bytes += nbytes
+    sim.unreceived += 1
+    inj = now
+    for root in chan.roots:
+        e = sim._stage(x, root, nbytes, now, now)
+        if e > inj:
+            inj = e
+    if inj > b.r:
+        b.r, b.rk = inj, SEND
+    w = end.watch  # a receiver waiting in a WaitAny polls the message's arrival
+    if w is not None:
+        end.watch = None
+        sim.wake(w, now)
+    if inj > core.dma:
+        core.dma, core.dma_k = inj, SEND
+    core.pc += 1
+    return True
+
+
+def _send(sim: Any, core: Core, op: OpSend, b: Any, chan: ChanState, ends: list) -> bool:
+    """``h_send``'s general case: a control value, several destinations or a watched
+    channel (:meth:`runtime.transfer.Transfers.send`)."""
     if len(ends) != 1 or len(ends[0].inflight) >= chan.depth:
         c = sim.credit(core, chan)
         if c < 0:
@@ -366,11 +418,19 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
             need_alloc(sim, core, b)
         p = b.wp
         if p is not None:
-            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+            if b.wq:
+                if not fold_w(sim, core, b):
+                    return False
+            elif p.time is not None:  # fold_w(sim, core, b), its common case
                 if p.time >= b.w:
                     b.w, b.wk = p.time, p.kind
                 b.wp = None
-            elif not fold_w(sim, core, b):
+            else:  # fold_w's wait, inlined: sim.block(core, ("buf", b, p), p)
+                core.blocked = ("buf", b, p)
+                if p.waiters is None:
+                    p.waiters = [core]
+                else:
+                    p.waiters.append(core)
                 return False
         cat = BUSY
         if b.w > t:
