@@ -36,6 +36,7 @@ from runtime.state import (
     ValueRead,
     hold,
 )
+from runtime.transfer import _Hbm
 
 _new = object.__new__
 
@@ -147,7 +148,21 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         elif not _dma_slot(sim, core):
             return False
     info = op.info
-    starts, extents, n, nbytes, split = _request(sim, core, op, info)
+    plan = op.plan
+    if plan is not None and plan[0] is info and plan[1] is not None:
+        # _request(sim, core, op, info), inlined for a region moving with the registers (a
+        # tile loop's plan, runtime.mem_plan): once per Load
+        _, fn, _, extents, n, nbytes, cache = plan
+        got = fn(core.regs)
+        if got is None:
+            _request(sim, core, op, info)  # raises: the region leaves the tensor
+        starts, off = got
+        key = (info.base + off) % sim.layout.round
+        split = cache.get(key)
+        if split is None:
+            split = cache[key] = sim.layout.split(info, starts, extents)
+    else:
+        starts, extents, n, nbytes, split = _request(sim, core, op, info)
     if n > b.cap:
         raise sim.error(
             core,
@@ -162,10 +177,27 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
     sim.hbm_rd += nbytes
     if not nbytes:
         done = sim.now
-    else:
+    elif op.background or sim.attached:
         fab = sim.fabric
         roots = fab.background_roots(core.id) if op.background else fab.load_roots(core.id)
         done = sim._hbm(roots, split, nbytes, info.name, None)
+    else:  # sim._hbm(roots, split, nbytes, info.name, None), inlined: one root stage
+        roots = sim.fabric._load_cache.get(core.id) or sim.fabric.load_roots(core.id)
+        now = sim.now
+        x = _new(_Hbm)
+        x.split = split
+        x.label = info.name
+        x.end = now
+        x.pending = None
+        x.left = 1
+        sim._stage(x, roots, nbytes, now, now)
+        if x.left == 0:
+            done = x.end
+        else:
+            done = _new(Pending)  # Pending(label), without the call
+            done.time = done.waiters = None
+            done.what = info.name
+            x.pending = done
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:
