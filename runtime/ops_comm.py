@@ -36,9 +36,10 @@ from runtime.state import (
     ValueRead,
     hold,
 )
-from runtime.transfer import _Hbm
+from runtime.transfer import _EPS, _Hbm
 
 _new = object.__new__
+_ceil = math.ceil
 
 __all__ = [
     "OpMem",
@@ -149,7 +150,7 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
             return False
     info = op.info
     plan = op.plan
-    if plan is not None and plan[0] is info and plan[1] is not None:
+    if plan is not None and len(plan) > 1 and plan[1] is not None and plan[0] is info:
         # _request(sim, core, op, info), inlined for a region moving with the registers (a
         # tile loop's plan, runtime.mem_plan): once per Load
         _, fn, _, extents, n, nbytes, cache = plan
@@ -392,6 +393,8 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         e = sim._stage(x, root, nbytes, now, now)
         if e > inj:
             inj = e
+    if inj.__class__ is not int:  # up(inj), inlined
+        inj = _ceil(inj - _EPS)
     if inj > b.r:
         b.r, b.rk = inj, SEND
     w = end.watch  # a receiver waiting in a WaitAny polls the message's arrival

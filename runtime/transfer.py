@@ -109,7 +109,7 @@ class Transfers(HbmClasses):
     def _stage(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """Reserve ``stage`` of transfer ``x`` of ``nbytes`` whose head arrives there at
         ``arrive`` and whose tail left the previous stage at ``prev_end``.  Returns the end
-        cycle.  A stage reserved when the head reaches it is queued as the tuple of these
+        (a fractional cycle: :func:`up` gives the cycle it is complete).  A stage reserved when the head reaches it is queued as the tuple of these
         arguments (priority 0 of the calendar queue), so a hop costs one call.
 
         The one reservation routine of every transfer.  A resource is granted first come first
@@ -210,9 +210,9 @@ class Transfers(HbmClasses):
                     if e.__class__ is not int:
                         e = _ceil(e - _EPS)
                     self._deliver(x, ch[3], e)
-        if end.__class__ is not int:
-            end = _ceil(end - _EPS)
         if delivers:
+            if end.__class__ is not int:
+                end = _ceil(end - _EPS)
             if x.__class__ is Slot:  # self._deliver(x, delivers, end), inlined: a message
                 self.n_deliv += 1
                 x.arrival = end
@@ -220,7 +220,7 @@ class Transfers(HbmClasses):
                     self.consume(x)
             else:
                 self._deliver(x, delivers, end)
-        return end
+        return end  # fractional unless delivered: a caller that uses it rounds it up
 
     def _deliver(self, x: Any, delivers: tuple, end: int) -> None:
         """Transfer ``x``'s payload reaches destinations ``delivers`` at cycle ``end``."""
@@ -457,7 +457,7 @@ class Transfers(HbmClasses):
             e = self._stage(x, root, nbytes, now, now)
             if e > inj:
                 inj = e
-        return inj
+        return inj if inj.__class__ is int else _ceil(inj - _EPS)
 
     def credit(self, core: Core, chan: Any) -> int:
         """Cycle >= now at which every destination FIFO of ``chan`` has a free slot; -1 when a
