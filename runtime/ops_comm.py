@@ -484,7 +484,10 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     end = op.end
     post = _new(Post)  # Post(core, b, end, t), without the call: once per message
     post.time = post.waiters = post.value = None
-    post.core, post.buf, post.end, post.post_t = core, b, end, t
+    post.core = core
+    post.buf = b
+    post.end = end
+    post.post_t = t
     b.wp = post
     q = end.unmatched
     if q:  # sim.post(end, post), inlined: match the oldest unreceived message
