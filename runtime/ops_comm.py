@@ -100,7 +100,12 @@ def _dma_slot(sim: Any, core: Core) -> bool:
         if first <= sim.now:
             del q[ts.index(first)]
             return True
-        advance(sim, core, first, MEM)
+        d = first - core.t  # advance(sim, core, first, MEM), inlined
+        if d > 0:
+            core.st[MEM] += d
+            if sim.tracing:
+                sim.ctrace.append((core.id, core.t, first, CATEGORIES[MEM]))
+            core.t = first
         sim.schedule(core, first)
     else:
         unknown = q[0]
