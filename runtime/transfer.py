@@ -109,8 +109,10 @@ class Transfers(HbmClasses):
     def _stage(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """Reserve ``stage`` of transfer ``x`` of ``nbytes`` whose head arrives there at
         ``arrive`` and whose tail left the previous stage at ``prev_end``.  Returns the end
-        (a fractional cycle: :func:`up` gives the cycle it is complete).  A stage reserved when the head reaches it is queued as the tuple of these
-        arguments (priority 0 of the calendar queue), so a hop costs one call.
+        (a fractional cycle: :func:`up` gives the cycle it is complete).  A stage reserved
+        when the head reaches it is queued as the tuple of these arguments (priority 0 of the
+        calendar queue), so a hop costs one call; what follows the stage is told by its
+        ``form`` (:func:`runtime.network.stage`).
 
         The one reservation routine of every transfer.  A resource is granted first come first
         served: it starts at ``max(arrive, free)``, is occupied ``nbytes / rate`` cycles and
@@ -214,7 +216,7 @@ class Transfers(HbmClasses):
             if end.__class__ is not int:
                 end = _ceil(end - _EPS)
             if x.__class__ is Slot:  # self._deliver(x, delivers, end), inlined: a message
-                self.n_deliv += 1
+                self.n_deliv += 1  # (a unicast message has its one destination)
                 x.arrival = end
                 if x.post is not None:
                     self.consume(x)
