@@ -4,6 +4,8 @@
     python benchmarks/sim_speed.py --cores 368      # a smaller exchange (quick check)
     python benchmarks/sim_speed.py --profile exchange
     python benchmarks/sim_speed.py --only stream    # one of the three
+    python benchmarks/sim_speed.py --bytecodes --cores 128 --stream-kib 128
+                                                    # Python bytecodes per event (deterministic)
 
 (i)   an all-to-all personalised exchange on the 1472-core ``ipu-hbm`` preset: in step s every
       core sends one message to core i+s and receives one from core i-s (1472 x 1471 messages,
@@ -115,11 +117,47 @@ def stream_programs(chip: Chip, per_core: int, tile: int) -> ProgramSet:
     return ProgramSet(progs, tensors=(TensorDecl("w", (n * tiles * te,)),), name="stream")
 
 
+#: ``--bytecodes``: count the Python bytecodes each run executes instead of timing it
+COUNT_BYTECODES = False
+
+
+def run_counting_bytecodes(sim: Simulator) -> tuple[SimResult, int]:
+    """``sim.run()`` under an opcode tracer: the result and the bytecodes the run executed
+    (a measure of the simulator's work per event that a shared machine does not disturb;
+    builtins count as the one instruction that calls them)."""
+    count = 0
+
+    def tracer(frame, event, arg):  # noqa: ANN001, ANN202 - sys.settrace's protocol
+        nonlocal count
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        res = sim.run()
+    finally:
+        sys.settrace(None)
+    return res, count
+
+
 def measure(label: str, build, chip: Chip, repeat: int = 1) -> SimResult:
-    """Build the programs, then ``repeat`` times: set up a simulator and time its run."""
+    """Build the programs, then ``repeat`` times: set up a simulator and time its run (with
+    ``--bytecodes``: once, counting its bytecodes)."""
     t0 = time.perf_counter()
     ps = build()
     t1 = time.perf_counter()
+    if COUNT_BYTECODES:
+        res, count = run_counting_bytecodes(Simulator(ps, chip))
+        e = res.stats.events
+        print(f"{label}")
+        print(
+            f"  simulated {res.cycles} cycles; {e.events} events, {count} Python bytecodes: "
+            f"{count / e.events:.1f} bytecodes per event"
+        )
+        return res
     setup_s = run_s = cpu_s = 0.0
     for _ in range(repeat):
         t = time.perf_counter()
@@ -160,6 +198,8 @@ def stream_roofline(chip: Chip, per_core: int = 1 << 19, tile: int = 4096) -> No
         lambda: stream_programs(chip, per_core, tile),
         chip,
     )
+    if COUNT_BYTECODES:
+        return
     hbm = chip.hbm
     lat = hbm.latency_cycles + (chip.noc.latency_cycles if isinstance(chip.noc, AllToAllNoC) else 0)
     total = chip.num_cores * per_core
@@ -178,7 +218,18 @@ def main() -> None:
     ap.add_argument(
         "--only", choices=["exchange", "cannon", "stream"], default=None, help="run one case"
     )
+    ap.add_argument(
+        "--stream-kib", type=int, default=512, help="KiB each core streams in (iii) (default 512)"
+    )
+    ap.add_argument(
+        "--bytecodes",
+        action="store_true",
+        help="count Python bytecodes per event instead of timing (slow: use --cores 128 and "
+        "--stream-kib 128)",
+    )
     args = ap.parse_args()
+    global COUNT_BYTECODES
+    COUNT_BYTECODES = args.bytecodes
 
     chip, origin = ipu_chip()
     mesh = mesh16()
@@ -196,7 +247,7 @@ def main() -> None:
             lambda: exchange_programs(n),
             chip,
         ),
-        "stream": lambda: stream_roofline(chip),
+        "stream": lambda: stream_roofline(chip, args.stream_kib << 10),
     }
     if args.profile:
         cProfile.runctx("cases[args.profile]()", globals(), locals(), "/tmp/sim_speed.prof")

@@ -351,17 +351,14 @@ class Simulator(Transfers):
                     )
                 self.now = t
                 hops, cores = buckets[t]
-                i = j = 0
-                while True:
-                    while i < len(hops):
-                        x, st, nb, pe, at = hops[i]  # unpacked: cheaper than stage(*hops[i])
-                        stage(x, st, nb, pe, at)
-                        i += 1
-                    if j == len(cores):
-                        break
-                    # run the core until it yields, blocks or finishes
-                    core = cores[j]
-                    j += 1
+                # a list's iterator also yields the items appended while it runs (a stage
+                # queued for this cycle by a stage); one that is exhausted yields nothing more,
+                # so the stages a core queues are walked by a new iterator from where the last
+                # one stopped
+                for x, st, nb, pe, at in hops:
+                    stage(x, st, nb, pe, at)
+                done = len(hops)
+                for core in cores:  # run the core until it yields, blocks or finishes
                     code = core.code
                     n = 0
                     try:
@@ -377,7 +374,13 @@ class Simulator(Transfers):
                             core, f"register {exc.args[0]!r} is read before it is set"
                         ) from None
                     core.stepped += n
-                pops += i + j
+                    if len(hops) > done:  # stages the core queued for this cycle
+                        it = iter(hops)
+                        it.__setstate__(done)
+                        for x, st, nb, pe, at in it:
+                            stage(x, st, nb, pe, at)
+                        done = len(hops)
+                pops += done + len(cores)
                 del buckets[t]
                 if report is not None and pops >= check_at:
                     check_at = pops + PROGRESS_EVENTS

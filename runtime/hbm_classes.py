@@ -66,6 +66,19 @@ class HbmClasses:
         cfree, cbusy = self.cfree, self.cbusy
         classes = plan[1]
         self.n_cls += len(classes)
+        if len(classes) == 1 and plan[4] is None and self.rtrace is None:
+            # one class with one busy value (the common case: the request covers every member
+            # of one class), untraced: the rule below for one class, whose end is the latest
+            # (it is no earlier than ``arrive`` and ``tail``) and which merges with nothing
+            k, d = classes[0]
+            f = cfree[k]
+            start = arrive if arrive > f else f
+            end = start + d
+            if tail > end:
+                end = tail
+            cbusy[k] += end - start
+            cfree[k] = end
+            return start, end
         first = math.inf
         last = arrive if arrive > tail else tail
         rt = self.rtrace

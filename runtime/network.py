@@ -6,7 +6,8 @@ at a time, first come first served by the cycle the transfer's head reaches it, 
 ``ceil(bytes / bytes_per_cycle)`` cycles (ELK §5: "packets that share one NoC link are
 scheduled sequentially"; each link models "its latency and bandwidth").
 
-A route is a tree of *stages*, plain tuples ``(res, lat, children, delivers)``:
+A route is a tree of *stages*, plain tuples ``(res, lat, children, delivers, form)`` made by
+:func:`stage` (``form`` says what follows the stage, derived from ``children``):
 
 * ``res >= 0`` a resource; ``-1`` a pure delay (no contention); ``-2`` the HBM channels a request
   is split over (served in parallel, each FIFO; :mod:`runtime.layout`).
@@ -58,9 +59,9 @@ from dataclasses import dataclass
 from hwmodel.chip import AllToAllNoC, Chip, MeshNoC
 from runtime.errors import SimulationError
 
-__all__ = ["Fabric", "Stage", "RES_DELAY", "RES_HBM", "RES_WAKE", "RES_BG", "bg_stage"]
+__all__ = ["Fabric", "Stage", "stage", "RES_DELAY", "RES_HBM", "RES_WAKE", "RES_BG", "bg_stage"]
 
-#: A stage: ``(res, lat, children, delivers)``; see the module docstring.
+#: A stage: ``(res, lat, children, delivers, form)``; see the module docstring and :func:`stage`.
 Stage = tuple
 
 RES_DELAY = -1
@@ -71,11 +72,34 @@ RES_WAKE = -3
 RES_BG = -4
 
 
+#: a stage's ``form`` (the fifth entry, set by :func:`stage`): what follows it, so the one
+#: reservation routine (:meth:`runtime.transfer.Transfers._stage`) tests one small int instead
+#: of walking its children: none; one resource (or HBM) child, reserved by an event; one delay
+#: leaf (every route's last hop), delivered when the stage ends; anything else
+FORM_LEAF, FORM_NEXT, FORM_LAST, FORM_TREE = 0, 1, 2, 3
+
+
+def stage(res: int, lat: int, children: tuple, delivers: tuple[int, ...]) -> Stage:
+    """The stage ``(res, lat, children, delivers, form)`` (module docstring; ``form``: see
+    :data:`FORM_LEAF`)."""
+    if not children:
+        form = FORM_LEAF
+    elif len(children) > 1:
+        form = FORM_TREE
+    elif children[0][0] != RES_DELAY:
+        form = FORM_NEXT
+    elif children[0][2]:
+        form = FORM_TREE
+    else:
+        form = FORM_LAST
+    return (res, lat, children, delivers, form)
+
+
 def bg_stage(res: int, lat: int, children: tuple, delivers: tuple[int, ...]) -> Stage:
     """A stage taking resource ``res`` as background traffic (module docstring): its
     ``children`` are released when its service begins, ``delivers`` get the payload ``lat``
     cycles after it ends."""
-    return (RES_BG - res, lat, children, delivers)
+    return stage(RES_BG - res, lat, children, delivers)
 
 
 _DIRS = {(0, 1): "E", (0, -1): "W", (1, 0): "S", (-1, 0): "N"}
@@ -197,21 +221,21 @@ class Fabric:
             d = dsts[0]
             leaf = self._eject_leaf.get(d)
             if leaf is None:
-                leaf = self._eject_leaf[d] = (self.eject[d], noc.latency_cycles, (), (0,))
-            return ((self.inject[src], 0, (leaf,), ()),)
+                leaf = self._eject_leaf[d] = stage(self.eject[d], noc.latency_cycles, (), (0,))
+            return (stage(self.inject[src], 0, (leaf,), ()),)
         roots: list[Stage] = []
         if isinstance(noc, AllToAllNoC):
             children = tuple(
-                (self.eject[d], noc.latency_cycles, (), (i,))
+                stage(self.eject[d], noc.latency_cycles, (), (i,))
                 for i, d in enumerate(dsts)
                 if d != src
             )
             if children:
-                roots.append((self.inject[src], 0, children, ()))
+                roots.append(stage(self.inject[src], 0, children, ()))
         else:
             paths = [(self.path(src, d), i) for i, d in enumerate(dsts) if d != src]
             roots.extend(_trie(paths, 0, noc.hop_latency_cycles))
-        roots.extend((RES_DELAY, 0, (), (i,)) for i, d in enumerate(dsts) if d == src)
+        roots.extend(stage(RES_DELAY, 0, (), (i,)) for i, d in enumerate(dsts) if d == src)
         return tuple(roots)
 
     def load_roots(self, core: int) -> object:
@@ -224,24 +248,24 @@ class Fabric:
             if isinstance(noc, AllToAllNoC):
                 # The ejection port paces the core's reads: a read is released to the HBM
                 # controllers when the port is free to take its data (see module docstring).
-                done = (RES_DELAY, hbm.latency_cycles + noc.latency_cycles, (), (0,))
-                hit = (self.eject[core], 0, ((RES_HBM, 0, (done,), ()),), ())
+                done = stage(RES_DELAY, hbm.latency_cycles + noc.latency_cycles, (), (0,))
+                hit = stage(self.eject[core], 0, (stage(RES_HBM, 0, (done,), ()),), ())
             elif not self.attached:
-                hit = (RES_HBM, 0, ((RES_DELAY, hbm.latency_cycles, (), (0,)),), ())
+                hit = stage(RES_HBM, 0, (stage(RES_DELAY, hbm.latency_cycles, (), (0,)),), ())
             else:
                 per: list[Stage] = []
                 for c, a in enumerate(hbm.attach_cores):
                     links = self.path(a, core)
                     if not links:
-                        child: Stage = (RES_DELAY, hbm.latency_cycles, (), (0,))
+                        child: Stage = stage(RES_DELAY, hbm.latency_cycles, (), (0,))
                     else:
                         child = _chain(
                             links,
                             hbm.latency_cycles,
                             noc.hop_latency_cycles,
-                            (RES_DELAY, noc.hop_latency_cycles, (), (0,)),
+                            stage(RES_DELAY, noc.hop_latency_cycles, (), (0,)),
                         )
-                    per.append((self.chan_res[c], 0, (child,), ()))
+                    per.append(stage(self.chan_res[c], 0, (child,), ()))
                 hit = tuple(per)
             self._load_cache[core] = hit
         return hit
@@ -265,16 +289,20 @@ class Fabric:
         if hit is None:
             hbm = self.chip.hbm
             noc = self.noc
-            done = (RES_DELAY, hbm.latency_cycles, (), (0,))
+            done = stage(RES_DELAY, hbm.latency_cycles, (), (0,))
             if isinstance(noc, AllToAllNoC):
-                hit = (self.inject[core], 0, ((RES_HBM, noc.latency_cycles, (done,), ()),), ())
+                hit = stage(
+                    self.inject[core], 0, (stage(RES_HBM, noc.latency_cycles, (done,), ()),), ()
+                )
             elif not self.attached:
-                hit = (RES_HBM, 0, (done,), ())
+                hit = stage(RES_HBM, 0, (done,), ())
             else:
                 per: list[Stage] = []
                 for c, a in enumerate(hbm.attach_cores):
                     links = self.path(core, a)
-                    chan = (self.chan_res[c], noc.hop_latency_cycles if links else 0, (done,), ())
+                    chan = stage(
+                        self.chan_res[c], noc.hop_latency_cycles if links else 0, (done,), ()
+                    )
                     per.append(_chain(links, 0, noc.hop_latency_cycles, chan) if links else chan)
                 hit = tuple(per)
             self._store_cache[core] = hit
@@ -283,10 +311,10 @@ class Fabric:
 
 def _chain(links: list[int], first_lat: int, hop_lat: int, tail: Stage) -> Stage:
     """Stages ``links[0] -> links[1] -> ... -> tail`` (``tail`` carries its own latency)."""
-    stage = tail
+    st = tail
     for i in range(len(links) - 1, -1, -1):
-        stage = (links[i], first_lat if i == 0 else hop_lat, (stage,), ())
-    return stage
+        st = stage(links[i], first_lat if i == 0 else hop_lat, (st,), ())
+    return st
 
 
 def _trie(paths: list[tuple[list[int], int]], first_lat: int, hop_lat: int) -> list[Stage]:
@@ -305,8 +333,8 @@ def _trie(paths: list[tuple[list[int], int]], first_lat: int, hop_lat: int) -> l
             if lid is None:
                 continue
             kids = build(sub, hop_lat)
-            kids.extend((RES_DELAY, hop_lat, (), (i,)) for i in sub.get(None, ()))
-            out.append((lid, lat, tuple(kids), ()))
+            kids.extend(stage(RES_DELAY, hop_lat, (), (i,)) for i in sub.get(None, ()))
+            out.append(stage(lid, lat, tuple(kids), ()))
         return out
 
     return build(node, first_lat)

@@ -7,6 +7,9 @@ cycle order), except Recv posting, which is local.
 from __future__ import annotations
 
 import math
+from functools import partial
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -28,12 +31,15 @@ from runtime.state import (
     Group,
     Pending,
     Post,
+    Slot,
     StopPost,
     ValueRead,
     hold,
 )
+from runtime.transfer import _EPS, _Hbm
 
 _new = object.__new__
+_ceil = math.ceil
 
 __all__ = [
     "OpMem",
@@ -79,32 +85,37 @@ def _dma_slot(sim: Any, core: Core) -> bool:
     waits (stall_mem) for the earliest outstanding request to complete.
 
     ``core.dmaq`` holds the requests in issue order and may keep completed ones until it is
-    full; then one completed request is dropped (it stays completed, so keeping the others
-    changes no later decision), or the core waits when none has completed."""
+    full; then one completed request is dropped (it stays completed, so which one is dropped
+    and keeping the others change no later decision), or the core waits for the earliest known
+    completion, or blocks on the oldest request whose completion is not known yet.  The
+    completion cycles are gathered and compared by builtins (``getattr(d, "time", d)``: a
+    request's cycle or its Pending's), not element by element."""
     q = core.dmaq
     if len(q) < sim.dma_depth:
         return True
-    now = sim.now
-    first = None
-    unknown = None
-    i = 0
-    for d in q:
-        t = d if d.__class__ is int else d.time
-        if t is None:
-            if unknown is None:
-                unknown = d
-        elif t <= now:
-            del q[i]
+    ts = [*map(getattr, q, _TIME, q)]
+    known = [*filter(_known, ts)]
+    if known:
+        first = min(known)
+        if first <= sim.now:
+            del q[ts.index(first)]
             return True
-        elif first is None or t < first:
-            first = t
-        i += 1
-    if first is not None:
-        advance(sim, core, first, MEM)
+        d = first - core.t  # advance(sim, core, first, MEM), inlined
+        if d > 0:
+            core.st[MEM] += d
+            if sim.tracing:
+                sim.ctrace.append((core.id, core.t, first, CATEGORIES[MEM]))
+            core.t = first
         sim.schedule(core, first)
     else:
+        unknown = q[0]
         sim.block(core, ("hbm", unknown), unknown)
     return False
+
+
+#: (_dma_slot) the attribute name for every queue entry, and the test for a known cycle
+_TIME = repeat("time")
+_known = partial(is_not, None)
 
 
 def h_load(sim: Any, core: Core, op: OpMem) -> bool:
@@ -143,7 +154,21 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         elif not _dma_slot(sim, core):
             return False
     info = op.info
-    starts, extents, n, nbytes, split = _request(sim, core, op, info)
+    plan = op.plan
+    if plan is not None and len(plan) > 1 and plan[1] is not None and plan[0] is info:
+        # _request(sim, core, op, info), inlined for a region moving with the registers (a
+        # tile loop's plan, runtime.mem_plan): once per Load
+        _, fn, _, extents, n, nbytes, cache = plan
+        got = fn(core.regs)
+        if got is None:
+            _request(sim, core, op, info)  # raises: the region leaves the tensor
+        starts, off = got
+        key = (info.base + off) % sim.layout.round
+        split = cache.get(key)
+        if split is None:
+            split = cache[key] = sim.layout.split(info, starts, extents)
+    else:
+        starts, extents, n, nbytes, split = _request(sim, core, op, info)
     if n > b.cap:
         raise sim.error(
             core,
@@ -158,10 +183,27 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
     sim.hbm_rd += nbytes
     if not nbytes:
         done = sim.now
-    else:
+    elif op.background or sim.attached:
         fab = sim.fabric
         roots = fab.background_roots(core.id) if op.background else fab.load_roots(core.id)
         done = sim._hbm(roots, split, nbytes, info.name, None)
+    else:  # sim._hbm(roots, split, nbytes, info.name, None), inlined: one root stage
+        roots = sim.fabric._load_cache.get(core.id) or sim.fabric.load_roots(core.id)
+        now = sim.now
+        x = _new(_Hbm)
+        x.split = split
+        x.label = info.name
+        x.end = now
+        x.pending = None
+        x.left = 1
+        sim._stage(x, roots, nbytes, now, now)
+        if x.left == 0:
+            done = x.end
+        else:
+            done = _new(Pending)  # Pending(label), without the call
+            done.time = done.waiters = None
+            done.what = info.name
+            x.pending = done
     core.dmaq.append(done)
     if done.__class__ is int:
         if done >= b.w:
@@ -315,11 +357,64 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
                 return False
         if b.w > core.t:
             advance(sim, core, b.w, b.wk)
-    if core.t > sim.now:
+    now = sim.now
+    if core.t > now:
         sim.schedule(core, core.t)
         return False
     chan = op.chan
     ends = chan.ends
+    if b is None or len(ends) != 1 or sim.watch is not None:
+        return _send(sim, core, op, b, chan, ends)
+    end = ends[0]
+    inf = end.inflight
+    if len(inf) >= chan.depth:
+        c = sim.credit(core, chan)
+        if c < 0:
+            return False
+        if c > now:
+            advance(sim, core, c, SEND)
+            sim.schedule(core, c)
+            return False
+    # sim.send(chan, ...), inlined for a tensor to one destination: once per message
+    shape = b.shape
+    n = math.prod(shape)
+    nbytes = n * b.eb
+    x = _new(Slot)  # Slot(end, payload), without the call
+    x.arrival = x.consumed = None
+    x.payload = (b.data, shape, b.dtype, None, n)
+    x.end = end
+    inf.append(x)
+    posts = end.posts
+    if posts:
+        x.post = posts[0]
+        del posts[0]  # a list or a deque (ChanState.set_depth)
+    else:
+        x.post = None
+        end.unmatched.append(x)
+    sim.msg_bytes += nbytes
+    sim.unreceived += 1
+    inj = now
+    for root in chan.roots:
+        e = sim._stage(x, root, nbytes, now, now)
+        if e > inj:
+            inj = e
+    if inj.__class__ is not int:  # up(inj), inlined
+        inj = _ceil(inj - _EPS)
+    if inj > b.r:
+        b.r, b.rk = inj, SEND
+    w = end.watch  # a receiver waiting in a WaitAny polls the message's arrival
+    if w is not None:
+        end.watch = None
+        sim.wake(w, now)
+    if inj > core.dma:
+        core.dma, core.dma_k = inj, SEND
+    core.pc += 1
+    return True
+
+
+def _send(sim: Any, core: Core, op: OpSend, b: Any, chan: ChanState, ends: list) -> bool:
+    """``h_send``'s general case: a control value, several destinations or a watched
+    channel (:meth:`runtime.transfer.Transfers.send`)."""
     if len(ends) != 1 or len(ends[0].inflight) >= chan.depth:
         c = sim.credit(core, chan)
         if c < 0:
@@ -363,11 +458,19 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
             need_alloc(sim, core, b)
         p = b.wp
         if p is not None:
-            if p.time is not None and not b.wq:  # fold_w(sim, core, b), its common case
+            if b.wq:
+                if not fold_w(sim, core, b):
+                    return False
+            elif p.time is not None:  # fold_w(sim, core, b), its common case
                 if p.time >= b.w:
                     b.w, b.wk = p.time, p.kind
                 b.wp = None
-            elif not fold_w(sim, core, b):
+            else:  # fold_w's wait, inlined: sim.block(core, ("buf", b, p), p)
+                core.blocked = ("buf", b, p)
+                if p.waiters is None:
+                    p.waiters = [core]
+                else:
+                    p.waiters.append(core)
                 return False
         cat = BUSY
         if b.w > t:
@@ -386,7 +489,10 @@ def h_recv(sim: Any, core: Core, op: OpRecv) -> bool:
     end = op.end
     post = _new(Post)  # Post(core, b, end, t), without the call: once per message
     post.time = post.waiters = post.value = None
-    post.core, post.buf, post.end, post.post_t = core, b, end, t
+    post.core = core
+    post.buf = b
+    post.end = end
+    post.post_t = t
     b.wp = post
     q = end.unmatched
     if q:  # sim.post(end, post), inlined: match the oldest unreceived message

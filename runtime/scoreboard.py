@@ -18,6 +18,7 @@ program).  The handlers of :mod:`runtime.ops`, :mod:`runtime.ops_comm` and
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from runtime.state import BUSY, CATEGORIES, Buf, Core
@@ -48,13 +49,17 @@ def fold_w(sim: Any, core: Core, b: Buf) -> bool:
     (core blocked) while one has no known completion yet."""
     q = b.wq
     if q:
-        for p in q:
-            if p.time is None:
-                sim.block(core, ("buf", b, p), p)
-                return False
-        for p in q:
-            if p.time >= b.w:
-                b.w, b.wk = p.time, p.kind
+        # the queued writes' cycles gathered and compared by builtins (a stream of Loads may
+        # queue dozens): the first unknown one blocks, else the latest, the last of equal
+        # ones (as folding them in order with ``>=``), moves ``b.w``
+        ts = [*map(_time_of, q)]
+        if None in ts:
+            p = q[ts.index(None)]
+            sim.block(core, ("buf", b, p), p)
+            return False
+        t = max(ts)
+        if t >= b.w:
+            b.w, b.wk = t, q[len(ts) - 1 - ts[::-1].index(t)].kind
         b.wq = None
     p = b.wp
     if p.time is None:
@@ -170,14 +175,21 @@ def _ready_long(sim: Any, core: Core, reads: tuple, writes: tuple) -> bool:
 
 
 def fence(sim: Any, core: Core) -> bool:
-    """Fold resolved DMA completions; False (blocked) while one is unknown."""
-    if core.dma_p:
-        for p in core.dma_p:
-            if p.time is None:
-                sim.block(core, ("hbm", p), p)
-                return False
-        for p in core.dma_p:
-            if p.time > core.dma:
-                core.dma, core.dma_k = p.time, p.kind
+    """Fold resolved DMA completions; False (blocked) while one is unknown.  The cycles are
+    gathered and compared by builtins (a core may have hundreds outstanding): the first
+    unknown one blocks, else the latest, the first of equal ones, moves ``core.dma``."""
+    dp = core.dma_p
+    if dp:
+        ts = [*map(_time_of, dp)]
+        if None in ts:
+            p = dp[ts.index(None)]
+            sim.block(core, ("hbm", p), p)
+            return False
+        t = max(ts)
+        if t > core.dma:
+            core.dma, core.dma_k = t, dp[ts.index(t)].kind
         core.dma_p = []
     return True
+
+
+_time_of = attrgetter("time")

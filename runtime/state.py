@@ -98,7 +98,8 @@ class ValueRead(Post):
 class Slot:
     """One message on its way to one destination: ``arrival`` when its tail reaches the
     destination, ``consumed`` when a receive took it (the FIFO slot frees then); ``payload`` is
-    ``(data, shape, dtype, value)``."""
+    ``(data, shape, dtype, value, elements)`` (``elements``: the product of ``shape``, 0 for a
+    control value)."""
 
     __slots__ = ("arrival", "consumed", "post", "payload", "end")
 

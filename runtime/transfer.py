@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from runtime.hbm_classes import HbmClasses
-from runtime.network import RES_BG, RES_DELAY, RES_HBM, RES_WAKE
+from runtime.network import FORM_LAST, FORM_NEXT, RES_BG, RES_DELAY, RES_HBM, RES_WAKE
 from runtime.state import Core, Pending, Post, Slot, StopPost, hold
 
 __all__ = ["Transfers", "up"]
@@ -109,8 +109,10 @@ class Transfers(HbmClasses):
     def _stage(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """Reserve ``stage`` of transfer ``x`` of ``nbytes`` whose head arrives there at
         ``arrive`` and whose tail left the previous stage at ``prev_end``.  Returns the end
-        cycle.  A stage reserved when the head reaches it is queued as the tuple of these
-        arguments (priority 0 of the calendar queue), so a hop costs one call.
+        (a fractional cycle: :func:`up` gives the cycle it is complete).  A stage reserved
+        when the head reaches it is queued as the tuple of these arguments (priority 0 of the
+        calendar queue), so a hop costs one call; what follows the stage is told by its
+        ``form`` (:func:`runtime.network.stage`).
 
         The one reservation routine of every transfer.  A resource is granted first come first
         served: it starts at ``max(arrive, free)``, is occupied ``nbytes / rate`` cycles and
@@ -119,7 +121,7 @@ class Transfers(HbmClasses):
         stage's tail.  Children that are resources (or HBM channels) are reserved by an event
         when the head reaches them; delay children are taken at once (no resource, so nothing
         can come between); ``delivers`` get the payload when the stage ends."""
-        res, lat, children, delivers = stage
+        res, lat, children, delivers, form = stage
         if res >= 0:  # the hottest lines of the simulator
             r = self.rs[res]
             f = r[0]
@@ -154,7 +156,43 @@ class Transfers(HbmClasses):
                 bg[0] += d
         else:
             return self._bg(x, stage, nbytes, prev_end, arrive)
-        if children:
+        if form == FORM_NEXT:  # one resource (or HBM) child: reserved by an event
+            ch = children[0]
+            t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
+            b = self.buckets.get(t)
+            if b is None:
+                b = self.buckets[t] = ([], [])
+                heappush(self.times, t)
+            b[0].append((x, ch, nbytes, end, t))
+        elif form == FORM_LAST:
+            # a delay leaf (every path's last hop): ends lat after the tail, not before the
+            # head; delivered here, as the end of this routine would
+            ch = children[0]
+            e = end + ch[1]
+            t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
+            if e < t:
+                e = t
+            if e.__class__ is not int:
+                e = _ceil(e - _EPS)
+            cls = x.__class__
+            if cls is Slot:  # self._deliver(x, ch[3], e), inlined: a message's last hop
+                self.n_deliv += 1  # (a unicast route's leaf delivers its one destination)
+                x.arrival = e
+                if x.post is not None:
+                    self.consume(x)
+            elif cls is _Hbm and len(ch[3]) == 1:  # an HBM read's data
+                self.n_deliv += 1
+                if e > x.end:
+                    x.end = e
+                x.left -= 1
+                if x.left == 0 and x.pending is not None:
+                    p = x.pending  # self.resolve(p, x.end), inlined: once per HBM read
+                    p.time = x.end
+                    if p.waiters:
+                        self.resolve(p, x.end)
+            else:
+                self._deliver(x, ch[3], e)
+        elif form:
             head = start if start.__class__ is int else _ceil(start - _EPS)
             buckets = self.buckets
             for ch in children:
@@ -167,50 +205,43 @@ class Transfers(HbmClasses):
                     b[0].append((x, ch, nbytes, end, t))
                 elif ch[2]:
                     self._stage(x, ch, nbytes, end, t)
-                else:
-                    # a delay leaf (every path's last hop): ends lat after the tail, not
-                    # before the head; delivered here, as the end of this routine would
+                else:  # a delay leaf, as FORM_LAST
                     e = end + ch[1]
                     if e < t:
                         e = t
                     if e.__class__ is not int:
                         e = _ceil(e - _EPS)
-                    self.n_deliv += len(ch[3])
-                    cls = x.__class__
-                    if cls is Slot:
-                        x.arrival = e
-                        if x.post is not None:
-                            self.consume(x)
-                    elif cls is _Hbm:  # _Hbm.deliver, inlined: once per HBM read
-                        for _ in ch[3]:
-                            if e > x.end:
-                                x.end = e
-                            x.left -= 1
-                            if x.left == 0 and x.pending is not None:
-                                self.resolve(x.pending, x.end)
-                    else:
-                        for d in ch[3]:
-                            x.deliver(self, d, e)
-        if end.__class__ is not int:
-            end = _ceil(end - _EPS)
+                    self._deliver(x, ch[3], e)
         if delivers:
-            self.n_deliv += len(delivers)
-            cls = x.__class__
-            if cls is Slot:  # a unicast message: its only destination
+            if end.__class__ is not int:
+                end = _ceil(end - _EPS)
+            if x.__class__ is Slot:  # self._deliver(x, delivers, end), inlined: a message
+                self.n_deliv += 1  # (a unicast message has its one destination)
                 x.arrival = end
                 if x.post is not None:
                     self.consume(x)
-            elif cls is _Hbm:  # _Hbm.deliver, inlined: once per HBM access
-                for _ in delivers:
-                    if end > x.end:
-                        x.end = end
-                    x.left -= 1
-                    if x.left == 0 and x.pending is not None:
-                        self.resolve(x.pending, x.end)
             else:
-                for d in delivers:
-                    x.deliver(self, d, end)
-        return end
+                self._deliver(x, delivers, end)
+        return end  # fractional unless delivered: a caller that uses it rounds it up
+
+    def _deliver(self, x: Any, delivers: tuple, end: int) -> None:
+        """Transfer ``x``'s payload reaches destinations ``delivers`` at cycle ``end``."""
+        self.n_deliv += len(delivers)
+        cls = x.__class__
+        if cls is Slot:  # a unicast message: its only destination
+            x.arrival = end
+            if x.post is not None:
+                self.consume(x)
+        elif cls is _Hbm:  # _Hbm.deliver, inlined: once per HBM access
+            for _ in delivers:
+                if end > x.end:
+                    x.end = end
+                x.left -= 1
+                if x.left == 0 and x.pending is not None:
+                    self.resolve(x.pending, x.end)
+        else:
+            for d in delivers:
+                x.deliver(self, d, end)
 
     # -- background traffic ---------------------------------------------------------------------
 
@@ -334,7 +365,7 @@ class Transfers(HbmClasses):
             heappush(self.times, t)
         wake = self.bgwake.get(res)
         if wake is None:
-            wake = self.bgwake[res] = (RES_WAKE, res, (), ())
+            wake = self.bgwake[res] = (RES_WAKE, res, (), (), 0)
         b[0].append((None, wake, 0, 0, t))
 
     def _bg_wake(self, res: int) -> None:
@@ -391,7 +422,7 @@ class Transfers(HbmClasses):
                 seen.append(now)
         ends = chan.ends
         k = len(ends)
-        payload = (data, shape, dtype, value)
+        payload = (data, shape, dtype, value, 0 if shape is None else math.prod(shape))
         if k == 1:
             end = ends[0]
             x = _new(Slot)  # Slot(end, payload), without the call: once per message
@@ -428,7 +459,7 @@ class Transfers(HbmClasses):
             e = self._stage(x, root, nbytes, now, now)
             if e > inj:
                 inj = e
-        return inj
+        return inj if inj.__class__ is int else _ceil(inj - _EPS)
 
     def credit(self, core: Core, chan: Any) -> int:
         """Cycle >= now at which every destination FIFO of ``chan`` has a free slot; -1 when a
@@ -473,7 +504,7 @@ class Transfers(HbmClasses):
         end.received += 1
         self.unreceived -= 1
         b = p.buf
-        data, shape, dtype, value = s.payload
+        data, shape, dtype, value, n = s.payload
         if p.__class__ is StopPost:  # a tensor, or the stream's stop token (its value)
             if shape is None:
                 b = None
@@ -490,7 +521,7 @@ class Transfers(HbmClasses):
                     p.core,
                     f"channel {end.chan.name!r} carried {dtype} data into {b.dtype} buffer {b.name!r}",
                 )
-            if math.prod(shape) > b.cap:
+            if n > b.cap:
                 raise self.error(
                     p.core,
                     f"a {list(shape)} message on {end.chan.name!r} does not fit buffer {b.name!r} (capacity {list(b.alloc_shape)})",
@@ -511,7 +542,18 @@ class Transfers(HbmClasses):
         if ws:
             p.waiters = None
             for core in ws:
-                self.wake(core, c)
+                if core.blocked is not None:  # self.wake(core, c), inlined
+                    core.blocked = None
+                    t = core.t
+                    if c > t:
+                        t = c
+                    if self.now > t:
+                        t = self.now
+                    bk = self.buckets.get(t)
+                    if bk is None:
+                        bk = self.buckets[t] = ([], [])
+                        heappush(self.times, t)
+                    bk[1].append(core)
         w = end.waiter
         if w is not None:
             end.waiter = None

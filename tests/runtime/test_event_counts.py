@@ -16,6 +16,7 @@ from lowering.isa import (
     Recv,
     Region,
     Send,
+    Set,
     TensorDecl,
 )
 from runtime import DeadlockError, Simulator
@@ -88,3 +89,39 @@ def test_a_deadlocked_run_resumes_after_deepening() -> None:
     sim.resume()
     assert sim.channel_depth("ab") == 2
     assert all(c.done for c in sim.comp.active)
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_a_load_without_a_plan_times_as_one_with_a_plan(attached: bool) -> None:
+    """A Load whose extent is a register takes the general path of the request (no plan,
+    :mod:`runtime.mem_plan`); with the register equal to the constant extent of a planned Load
+    it is the same request, so cycles, statistics and the trace are the same."""
+    cores, tiles, te = 4, 6, 128
+    chip = (
+        mesh_chip(2, 2, mem=hbm(channels=4, attach=(0, 1, 2, 3)))
+        if attached
+        else a2a_chip(4, mem=hbm(channels=4))
+    )
+    planned = _stream(cores, tiles, te)
+    progs = tuple(
+        Program(
+            c,
+            (
+                Alloc("t", (te,)),
+                Set("n", te),
+                Loop(
+                    tiles,
+                    (Load("t", "w", Region((Affine(c * te, (("i", cores * te),)),), ("n",))),),
+                    var="i",
+                ),
+            ),
+        )
+        for c in range(cores)
+    )
+    general = ProgramSet(progs, tensors=planned.tensors)
+    a = Simulator(planned, chip).run(trace=True)
+    b = Simulator(general, chip).run(trace=True)
+    assert b.cycles == a.cycles > tiles * te * 2 // (4 * 32)
+    assert b.stats.hbm_channels == a.stats.hbm_channels
+    assert b.stats.events.reservations == a.stats.events.reservations
+    assert b.trace_json() == a.trace_json()
