@@ -37,7 +37,7 @@ from torch2step.step.ops_shape import Expand, Promote, Zip
 from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
-from .region_tail import row_source, rows_channel
+from .region_tail import chunk_channel, row_source, rows_channel
 from .stop_loop import declared_element, emit_stop_loop
 from .streams import _VALUE_DTYPES, StreamInfo
 from .structure import Structure
@@ -384,17 +384,10 @@ def emit_expand_loop(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
         return False
     x, r, out = ctx.stream(op.input), ctx.stream(op.ref), ctx.stream(op.name)
     shape = getattr(op.ref.type, "shape", ())
-    if len(shape) != 2 or r.value.rank != 1 or len(r.value.data) != 1 or not r.flat:
+    if len(shape) != 2 or len(x.flat) != 1 or out.channel is None:
         return False
-    if len(x.flat) != 1 or out.channel is None:
-        return False
-    chans = {c for pc in r.pieces for c, _, _ in pc}
-    if len(chans) != 1:
-        return False
-    (ch,) = chans
-    if ch is None or ch not in b.grouped or ch not in b.stops or b.own(ch) or b.next_seq[ch]:
-        return False
-    if any(r.parts(k) != r.parts(0) for k in range(len(r.flat))):
+    ch = chunk_channel(b, r)
+    if ch is None:
         return False
     if any(out.parts(k) != out.parts(0) for k in range(len(out.flat))):
         return False

@@ -170,9 +170,10 @@ def _guarded(
     return (If(guard, (take, If(guard, tuple(instrs[1:]), done))),)
 
 
-def _one_value_chunk(b: UnitBuilder, x: StreamInfo) -> str | None:
-    """The channel of ``x`` when it is one chunk of rows of one control value each, from a
-    grouped channel whose token this unit takes (else ``None``)."""
+def chunk_channel(b: UnitBuilder, x: StreamInfo) -> str | None:
+    """The one channel of ``x`` when it is one chunk of rows, every row with the same
+    messages, from a grouped channel (a stop token after each chunk) whose token this unit
+    takes; else ``None``."""
     if x.value.rank != 1 or len(x.value.data) != 1 or not x.flat:
         return None
     chans = {c for pc in x.pieces for c, _, _ in pc}
@@ -181,7 +182,16 @@ def _one_value_chunk(b: UnitBuilder, x: StreamInfo) -> str | None:
     (ch,) = chans
     if ch is None or ch not in b.grouped or ch not in b.stops or b.own(ch) or b.next_seq[ch]:
         return None
-    if any(len(x.parts(k)) != 1 or x.parts(k) != x.parts(0) for k in range(len(x.flat))):
+    if any(x.parts(k) != x.parts(0) for k in range(len(x.flat))):
+        return None
+    return ch
+
+
+def _one_value_chunk(b: UnitBuilder, x: StreamInfo) -> str | None:
+    """The channel of ``x`` when it is one chunk of rows of one control value each, from a
+    grouped channel whose token this unit takes (else ``None``)."""
+    ch = chunk_channel(b, x)
+    if ch is None or len(x.parts(0)) != 1:
         return None
     return ch if x.parts(0)[0].kind == "value" else None
 
