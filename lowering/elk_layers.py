@@ -12,7 +12,11 @@ operator (kind, shape, dtype, tensor roles and shapes with layer-relative names,
 placed cores), the preload lists match position by position and neither or both are the last
 section.  A section of layer 2 or later equal to its counterpart in layer 1 is not emitted:
 layer 1's section is recorded once and copied with every name shifted (:class:`Renamer`),
-so the program set is exactly the one the full emission builds, at the cost of renaming.
+so the program set is exactly the one the full emission builds.  The copied instructions are
+renamed only when read (:class:`lowering.elk_copies.LayeredBody`): a simulator runs a copy from
+its template's compiled operations with the copy's names bound (:mod:`runtime.program_layers`),
+so a step of ``N`` layers is built at the cost of the emitted layers plus, per copy, its
+channels, its activation records and one mark per core.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ import dataclasses
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 from elk.ops import Operator
 from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder
+from lowering.elk_copies import LayeredBody
 from lowering.elk_flow import Flow
 from lowering.elk_placement import Placed
 from lowering.errors import ProgramError
@@ -35,6 +39,7 @@ from lowering.isa import (
     Free,
     Instr,
     Load,
+    Program,
     ProgramSet,
     Recv,
     RecvValue,
@@ -68,18 +73,22 @@ class Renamer:
         self.parsed = {} if parsed is None else parsed
         self.layers = layers
         self.flow = flow
-        self._names: dict[str, str] = {}
-        self._tensors: dict[str, str] = {}
-        #: the renamed instruction of each of the template's (:class:`Layering`), by number
-        self.table: list[Instr | None] = []
+        #: every name renamed so far; a missing one is renamed on lookup (``KeyError`` when it
+        #: cannot be: :func:`runtime.program_layers.compile_layered` then compiles the copy)
+        self._names: dict[str, str] = _Names(self._rename)
+        self._tensors: dict[str, str] = _Names(self._tensor)
+        #: id of a template instruction -> its renamed instruction (:meth:`copy`)
+        self._made: dict[int, Instr] = {}
 
     def tensor(self, name: str) -> str:
         out = self._tensors.get(name)
         if out is None:
-            m = _LAYER.fullmatch(name)
-            out = f"L{int(m[1]) + self.layers}.{m[2]}" if m else name
-            self._tensors[name] = out
+            out = self._tensors[name] = self._tensor(name)
         return out
+
+    def _tensor(self, name: str) -> str:
+        m = _LAYER.fullmatch(name)
+        return f"L{int(m[1]) + self.layers}.{m[2]}" if m else name
 
     def name(self, name: str) -> str:
         out = self._names.get(name)
@@ -105,6 +114,35 @@ class Renamer:
         if fn is None:
             raise ProgramError(f"cannot copy a {x.__class__.__name__} to another layer")
         return fn(self, x)
+
+    def copy(self, instrs: Sequence[Instr]) -> list[Instr]:
+        """``instrs`` renamed, each template instruction object renamed once (a program
+        builder shares equal instructions between cores, and so do their copies)."""
+        made, out = self._made, []
+        for x in instrs:
+            y = made.get(id(x))
+            if y is None:
+                y = made[id(x)] = self.instr(x)
+            out.append(y)
+        return out
+
+
+class _Names(dict):
+    """A dict of renamed names that renames a missing one on lookup (``KeyError``: it cannot
+    be renamed)."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[str], str]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, name: str) -> str:
+        try:
+            out = self[name] = self._make(name)
+        except ProgramError:
+            raise KeyError(name) from None
+        return out
 
 
 def _parse(name: str, cache: dict[str, tuple[str, Any, str]]) -> tuple[str, Any, str]:
@@ -206,46 +244,43 @@ _RENAME: dict[type, Callable[[Renamer, Any], Instr]] = {
 
 @dataclass(frozen=True, slots=True)
 class _Chunk:
-    """One core's emitted section: its instructions (numbers in :attr:`Layering.uniq` and a
-    getter of them from a renamed table), the channels it declared, whether it reported to
-    the controller."""
+    """One core's emitted template section: where its instructions are in the core's body
+    (``start``, ``length``), the channels it declared, whether it reported to the
+    controller."""
 
-    uids: tuple[int, ...]
-    get: Callable[[list], tuple]
+    start: int
+    length: int
     chans: tuple[str, ...]
     fin: bool
 
 
 class Layering:
     """Which sections are copies (``source[i]``: the section copied, ``-1``: emitted) and the
-    records of the copied ones, per pass (see the module docstring).  The template sections'
-    instruction objects are numbered as they are captured and renamed at once for every shift
-    their section is copied at, so a copy is one table lookup per instruction."""
+    records of the copied ones, per pass (see the module docstring).  A copy's instructions
+    are not built: the body keeps where it sits and what it copies
+    (:class:`lowering.elk_copies.LayeredBody`), so a copy costs its channels and records, not
+    its instructions."""
 
     def __init__(self, size: int, source: list[int], flow: Flow) -> None:
         self.size = size  # operators per layer
         self.source = source
         self.template = [False] * len(source)
-        self.shifts: dict[int, list[int]] = {}
+        shifts: set[int] = set()
         for i, s in enumerate(source):
             if s >= 0:
                 self.template[s] = True
-                self.shifts.setdefault(s, []).append(i - s)
+                shifts.add(i - s)
         self.flow = flow
         parsed: dict[str, tuple[str, Any, str]] = {}
-        self._renamers = {
-            d: Renamer(d, d // size, flow, parsed)
-            for d in sorted({d for v in self.shifts.values() for d in v})
-        }
+        self._renamers = {d: Renamer(d, d // size, flow, parsed) for d in sorted(shifts)}
         self._records: dict[tuple[int, int], tuple[range, range]] = {}
         self._chunks: dict[tuple[int, int], _Chunk] = {}
-        self._uid: dict[int, int] = {}
-        self.uniq: list[Instr] = []
-        self._owner: list[int] = []
-        #: (core, template section) -> (start, length) of its instructions in the core's body
-        self._spans: dict[tuple[int, int], tuple[int, int]] = {}
         #: core -> [(start, length, template start, shift)]: the body ranges that are copies
         self._copied: dict[int, list[tuple[int, int, int, int]]] = {}
+        #: core -> the same with the start counted in the emitted instructions only
+        self._at: dict[int, list[tuple[int, int, int, int]]] = {}
+        #: core -> instructions in its copies so far
+        self._offset: dict[int, int] = {}
 
     def held(self, b: ProgramBuilder) -> Collection[tuple[int, int]]:
         """The ``(core, section)`` template sections that hold something to copy in the pass
@@ -276,46 +311,15 @@ class Layering:
             if g > mark[2] or q > mark[3]:
                 self._records[key] = (range(mark[2], g), range(mark[3], q))
             return
-        uids = self._number(p.emitted(mark[0]), i)
-        if uids:
-            self._spans[key] = (mark[0], len(uids))
+        if self._offset.get(p.core):
+            raise ProgramError(f"core {p.core}: template section {i} follows a copy")
+        instrs = p.emitted(mark[0])
+        for cls in {x.__class__ for x in instrs}:
+            if cls not in _RENAME:
+                raise ProgramError(f"cannot copy a {cls.__name__} to another layer")
         chans = tuple(b.channels_since(mark[1]))
-        if uids or chans or fin:
-            if len(uids) == 1:
-                get: Callable[[list], tuple] = lambda t, u=uids[0]: (t[u],)  # noqa: E731
-            else:
-                get = itemgetter(*uids) if uids else lambda t: ()
-            self._chunks[key] = _Chunk(uids, get, chans, fin)
-
-    def _number(self, instrs: Sequence[Instr], i: int) -> tuple[int, ...]:
-        """Numbers of template section ``i``'s instructions; each new one renamed for every
-        shift section ``i`` is copied at."""
-        uid_of, uniq, owner = self._uid, self.uniq, self._owner
-        rens = [self._renamers[d] for d in self.shifts[i]]
-        need = len(uniq) + len(instrs)  # every table long enough for any number given here
-        for r in rens:
-            if len(r.table) < need:
-                r.table.extend([None] * (need - len(r.table)))
-        out = []
-        for ins in instrs:
-            u = uid_of.get(id(ins))
-            if u is None:
-                u = uid_of[id(ins)] = len(uniq)
-                uniq.append(ins)
-                owner.append(i)
-                fill = rens
-            elif owner[u] == i:
-                out.append(u)
-                continue
-            else:  # an object of another section too (not one the emitters share so)
-                fill = [r for r in rens if r.table[u] is None]
-            fn = _RENAME.get(ins.__class__)
-            if fn is None:
-                raise ProgramError(f"cannot copy a {ins.__class__.__name__} to another layer")
-            for r in fill:
-                r.table[u] = fn(r, ins)
-            out.append(u)
-        return tuple(out)
+        if instrs or chans or fin:
+            self._chunks[key] = _Chunk(mark[0], len(instrs), chans, fin)
 
     def replay(self, b: ProgramBuilder, p: CoreBuilder, i: int, finishers: list[list[int]]) -> None:
         """Core ``p.core``'s section ``i``: its template section's records, renamed."""
@@ -333,19 +337,34 @@ class Layering:
         for name in chunk.chans:
             ch = b.declared(name)
             b.channel(ren.name(name), ch.src, ch.dsts, ch.depth)
-        if chunk.uids:
-            start = p.size()
-            p.extend(chunk.get(ren.table))
-            mark = (start, len(chunk.uids), self._spans[key][0], i - src)
-            self._copied.setdefault(p.core, []).append(mark)
+        n = chunk.length
+        if n:
+            at, core = p.size(), p.core
+            off = self._offset.get(core, 0)
+            self._copied.setdefault(core, []).append((at + off, n, chunk.start, i - src))
+            self._at.setdefault(core, []).append((at, n, chunk.start, i - src))
+            self._offset[core] = off + n
         if chunk.fin:
             finishers[i].append(p.core)
 
+    def _copy(self, shift: int, instrs: Sequence[Instr]) -> list[Instr]:
+        return self._renamers[shift].copy(instrs)
+
     def attach(self, ps: ProgramSet) -> CopiedProgramSet:
-        """``ps`` (built with this layering) with the body ranges that are copies marked."""
-        out = CopiedProgramSet(**{f: getattr(ps, f) for f in _PS_FIELDS})
+        """``ps`` (built with this layering; its bodies hold the emitted instructions) with the
+        copies in place (:class:`lowering.elk_copies.LayeredBody`) and marked."""
+        at = self._at
+        progs = tuple(
+            Program(p.core, LayeredBody(p.body, at[p.core], self._copy))  # type: ignore[arg-type]
+            if p.core in at
+            else p
+            for p in ps.programs
+        )
+        fields = {f: getattr(ps, f) for f in _PS_FIELDS}
+        fields["programs"] = progs
+        out = CopiedProgramSet(**fields)
         object.__setattr__(out, "copies", {c: tuple(v) for c, v in self._copied.items()})
-        # every name of a template instruction, renamed for each shift it is copied at
+        # the names of the templates, renamed for each shift they are copied at (on lookup)
         names = {d: (r._names, r._tensors) for d, r in self._renamers.items()}
         object.__setattr__(out, "renames", names)
         return out

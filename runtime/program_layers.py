@@ -48,8 +48,9 @@ _FIELDS: dict[type, tuple[tuple[str, str, str], ...]] = {
 
 class Template:
     """A template range compiled once: its operations ``code[start:stop]`` (the return at
-    ``stop``); the names its operations bind, by kind: buffers (``bnames``, a Compute's
-    buffer tuples as ranges ``bt`` of them), sent channels (``cnames``), received channels and
+    ``stop``); the names its operations bind, by kind: buffers (``bnames``, each once, in the
+    order of their first mention; a Compute's buffer tuples as positions ``bt`` in it), sent
+    channels (``cnames``), received channels and
     the FIFO end of this core (``enames``, ``eidx``), tensors (``tnames``; ``tload``: read by a
     Load); per operation field the operations and table positions to bind (``binds``:
     ``(setter, operations, positions)``); its own table (``home``).  A table lists the
@@ -64,7 +65,7 @@ class Template:
         self.start = start
         self.stop = stop
         self.bnames: list[str] = []
-        self.bt: list[tuple[int, int]] = []
+        self.bt: list[tuple[int, ...]] = []
         self.cnames: list[str] = []
         self.cobjs: list[Any] = []
         self.enames: list[str] = []
@@ -209,6 +210,7 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
     index: dict[tuple[str, Any], tuple[str, int]] = {}
     groups: dict[tuple[type, str], tuple[list[ops.Op], list[tuple[str, int]]]] = {}
     bnames, bt = tm.bnames, tm.bt
+    bpos: dict[str, int] = {}  # a buffer name's position in bnames (each name once)
     hb: list[Any] = []  # the template's own objects, in table order (its home table)
     hbt: list[Any] = []
     ce: list[Any] = []
@@ -225,14 +227,20 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
             if ref is None:
                 obj = getattr(op, of)
                 if kind == "b":
-                    ref = ("b", len(bnames))
-                    bnames.append(name)
-                    hb.append(obj)
+                    k = bpos.get(name)
+                    if k is None:
+                        k = bpos[name] = len(bnames)
+                        bnames.append(name)
+                        hb.append(obj)
+                    ref = ("b", k)
                 elif kind == "bt":
                     ref = ("bt", len(bt))
-                    bt.append((len(bnames), len(bnames) + len(name)))
-                    bnames.extend(name)
-                    hb.extend(obj)
+                    for x, bo in zip(name, obj):
+                        if x not in bpos:
+                            bpos[x] = len(bnames)
+                            bnames.append(x)
+                            hb.append(bo)
+                    bt.append(tuple([bpos[x] for x in name]))
                     hbt.append(obj)
                 elif kind == "cs":
                     ref = ("cs", len(tm.cnames))
@@ -272,9 +280,11 @@ def _table(
     template's; checked once per name against the template's (a copy differs in names only).
     ``KeyError``: a name is not renamed or not declared."""
     get, put = comp.bufs.get, comp.bufs.setdefault
-    # created in the order compiling the copy would create them (Core.bufs keeps it)
+    # created in the order compiling the copy would create them (Core.bufs keeps it): the
+    # order of their first mention, each name once
     b = [get(x) or put(x, Buf(x)) for x in map(names.__getitem__, tm.bnames)]
-    bt = [tuple(b[i:j]) for i, j in tm.bt]
+    at = b.__getitem__
+    bt = [tuple(map(at, ix)) for ix in tm.bt]
     chans = comp.chans
     cn = list(map(names.__getitem__, tm.cnames))
     cs = list(map(chans.__getitem__, cn))
