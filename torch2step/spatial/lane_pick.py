@@ -8,9 +8,10 @@ programs are the same for every KV-length set:
 
 * the ``lane_pick`` Scan (:func:`emit_lane_pick`) keeps the lanes' loads in registers; per item
   it reads the item's row count from its cursor tile (``ReadValue``; the cursor Scan wrote it,
-  :func:`~.kv_loop.emit_cursor_scan`), takes the least loaded lane (a chain of ``If`` on
-  ``<``: ties to the lowest lane, as ``argmin``), adds ``n + tail + 1`` to its load and writes
-  the loads and the lane into the state tile it sends (``WriteValue``);
+  :func:`~.kv_loop.emit_cursor_scan`), takes the least loaded lane and adds ``n + tail + 1`` to
+  its load in one ``ArgMin`` (ties to the lowest lane, as ``argmin``; zero cycles, as the
+  chain of ``If`` on ``<`` and ``==`` it stands for, :mod:`runtime.ops_pick`) and writes the
+  loads and the lane into the state tile it sends (``WriteValue``);
 * ``lane_keep`` (:func:`emit_lane_keep_loop`) reads the decided lane from the state tile it
   receives and sends the cursor tile under ``If`` on it, counting what it sent; after the last
   item it sends that count as the stream's stop token, which every unit of the lane loops until
@@ -25,7 +26,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowering.isa import Affine, Cond, If, Instr, ReadValue, Send, SendValue, Set, WriteValue
+from lowering.isa import (
+    Affine,
+    ArgMin,
+    Cond,
+    If,
+    Instr,
+    ReadValue,
+    Send,
+    SendValue,
+    Set,
+    WriteValue,
+)
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import FlatMap, Scan
 from torch2step.step.ops_shape import Zip
@@ -106,17 +118,12 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
 
 def _pick(cur: str, buf: str, load: list[str], tail: int) -> tuple[Instr, ...]:
     """One item's decision in registers: read its row count from the cursor tile ``cur``,
-    take the least loaded lane (ties to the lowest, as ``argmin``), grow its load by
-    ``n + tail + 1`` and write the loads and the lane into the state tile ``buf``."""
-    lanes = len(load)
-    pick: list[Instr] = [ReadValue("lp.n", cur, 1), Set("lp.lane", 0), Set("lp.min", load[0])]
-    for j in range(1, lanes):  # the least loaded lane, ties to the lowest
-        pick.append(If(Cond(load[j], "<", "lp.min"), (Set("lp.min", load[j]), Set("lp.lane", j))))
-    for j in range(lanes):  # its load grows by the item's rows (+1: per-item work)
-        grow = Set(load[j], Affine(tail + 1, ((load[j], 1), ("lp.n", 1))))
-        pick.append(If(Cond("lp.lane", "==", j), (grow,)))
+    take the least loaded lane and grow its load by ``n + tail + 1`` (one ``ArgMin``: ties to
+    the lowest, as ``argmin``) and write the loads and the lane into the state tile ``buf``."""
+    grow = Affine(tail + 1, (("lp.n", 1),))  # the item's rows (+1: per-item work)
+    pick: list[Instr] = [ReadValue("lp.n", cur, 1), ArgMin("lp.lane", tuple(load), grow)]
     pick += [WriteValue(buf, j, r) for j, r in enumerate(load)]
-    pick.append(WriteValue(buf, lanes, "lp.lane"))
+    pick.append(WriteValue(buf, len(load), "lp.lane"))
     return tuple(pick)
 
 
