@@ -169,3 +169,30 @@ def test_checks_and_printer_know_it() -> None:
 @pytest.mark.parametrize("chain", [False, True])
 def test_both_forms_pass_the_program_checks(chain: bool) -> None:
     assert not program_problems(_programs(chain), load_chip("step-sda"))[0]
+
+
+def test_only_the_lane_is_written_when_only_lane_keep_reads_the_state() -> None:
+    """The lanes' ``lane_keep`` read the state tile's last element (the lane) alone, so the
+    ``lane_pick`` units write just that element; a node reading the whole tile keeps the
+    loads' writes."""
+    from types import SimpleNamespace
+
+    from torch2step.lower.blocks.gqa import gqa_decode_graph
+    from torch2step.spatial.lane_pick import lane_only_readers
+    from torch2step.spatial.structure import DEFAULT_WIRES, analyse
+    from torch2step.step import Scan
+
+    prog = gqa_decode_graph(
+        num_q_heads=4, num_kv_heads=2, head_dim=32, tail_rows=1, tile_kv=16, lanes=3,
+        dtype="bf16",
+    )  # fmt: skip
+    st = analyse(prog, DEFAULT_WIRES)
+    picks = [op for op in prog.nodes if isinstance(op, Scan) and op.fn.name == "lane_pick"]
+    assert len(picks) == 3
+    assert all(lane_only_readers(st, op) for op in picks)
+    state = next(
+        v for op, outs in zip(prog.nodes, prog.node_outputs) if op is picks[0] for v in outs
+    )
+    other = SimpleNamespace(name="reads_all", inputs=lambda: (state,))
+    wider = SimpleNamespace(graph=SimpleNamespace(nodes=(*prog.nodes, other)))
+    assert not lane_only_readers(wider, picks[0])  # type: ignore[arg-type]
