@@ -10,6 +10,14 @@ a shared machine is the report's own cost where wall time is not.  It covers eve
 command does: imports, building the layer on the meta device, compiling, the timing run of the
 interpreter, the spatial plan and the simulation.  The latency line of each report is printed
 next to it, so runs of two versions can be compared for identical cycles as well as for time.
+
+``--phases`` also splits each report's CPU seconds by phase, measured in the child with
+``time.process_time`` around the pipeline's stages (each second counted once: a stage called
+inside another pauses it): imports up to the command, building the layer, capture
+(``torch.export`` and its decomposition), raising, lowering, the timing run of the STeP
+interpreter, the spatial plan, program validation, the untimed replay that finds the FIFOs to
+deepen, and the timed simulation.  What is left is the rest of the command (configurations'
+bookkeeping, the report's text).
 """
 
 from __future__ import annotations
@@ -31,15 +39,82 @@ def _layers() -> list[str]:
     return list(LAYERS)
 
 
-def report_cpu(layer: str, batch: int, extra: list[str]) -> tuple[float, str]:
-    """CPU seconds of one report in a child process and its latency line."""
+#: (phase, module, attribute): the stages ``--phases`` times (module docstring)
+PHASES = (
+    ("build layer", "models.registry", "get_layer"),
+    ("capture", "torch2step.frontend.capture", "capture"),
+    ("raise", "torch2step.frontend.torch_import", "from_exported"),
+    ("lower", "torch2step.lower.lower", "lower"),
+    ("interpreter", "torch2step.step.interpreter", "run"),
+    ("plan", "torch2step.spatial.plan", "build_plan"),
+    ("validate", "lowering.validate", "validate_programs"),
+    ("replay (FIFO depths)", "torch2step.spatial.fifos", "find_deep"),
+    ("simulation", "runtime.engine", "Simulator.run"),
+)
+
+
+def _timed_child(argv: list[str]) -> None:
+    """Run ``torch2step report`` in this process with :data:`PHASES` timed; print the split
+    as one ``phases`` JSON line on stderr."""
+    import importlib
+    import json
+    import time
+
+    t0 = time.process_time()
+    from torch2step.cli import main as cli_main
+
+    spent: dict[str, float] = {"imports": time.process_time() - t0}
+    stack: list[list] = []  # [label, start] of the phases under way, innermost last
+
+    def timed(label: str, fn: object) -> object:
+        def run(*a: object, **k: object) -> object:
+            if any(f[0] == label for f in stack):  # a nested call is counted by the outermost
+                return fn(*a, **k)  # type: ignore[operator]
+            now = time.process_time()
+            if stack:  # the enclosing phase pauses: each second is counted once
+                outer = stack[-1]
+                spent[outer[0]] = spent.get(outer[0], 0.0) + now - outer[1]
+            stack.append([label, now])
+            try:
+                return fn(*a, **k)  # type: ignore[operator]
+            finally:
+                now = time.process_time()
+                _, start = stack.pop()
+                spent[label] = spent.get(label, 0.0) + now - start
+                if stack:
+                    stack[-1][1] = now
+
+        return run
+
+    for label, mod_name, attr in PHASES:
+        mod = importlib.import_module(mod_name)
+        owner_name, _, name = attr.rpartition(".")
+        owner = getattr(mod, owner_name) if owner_name else mod
+        fn = getattr(owner, name)
+        wrapped = timed(label, fn)
+        setattr(owner, name, wrapped)
+        if not owner_name:  # also where it was imported by name
+            for m in list(sys.modules.values()):
+                if getattr(m, name, None) is fn:
+                    setattr(m, name, wrapped)
+    code = cli_main(["report", *argv])
+    spent["total"] = time.process_time() - t0
+    print("phases " + json.dumps(spent), file=sys.stderr)
+    raise SystemExit(code)
+
+
+def report_cpu(
+    layer: str, batch: int, extra: list[str], phases: bool = False
+) -> tuple[float, str, dict[str, float]]:
+    """CPU seconds of one report in a child process, its latency line and (``phases``) its
+    CPU seconds by phase."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    head = [str(Path(__file__).resolve()), "--child"] if phases else ["-m", "torch2step.cli"]
     out = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "torch2step.cli",
+            *head,
             "report",
             "--layer",
             layer,
@@ -56,22 +131,37 @@ def report_cpu(layer: str, batch: int, extra: list[str]) -> tuple[float, str]:
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    split: dict[str, float] = {}
+    for ln in out.stderr.splitlines():
+        if ln.startswith("phases "):
+            import json
+
+            split = json.loads(ln[len("phases ") :])
     if out.returncode != 0:
-        return cpu, f"failed: {out.stderr.strip().splitlines()[-1:]}"
+        err = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("phases ")]
+        return cpu, f"failed: {err[-1:]}", split
     line = next((ln.strip() for ln in out.stdout.splitlines() if "latency" in ln), "?")
-    return cpu, line
+    return cpu, line, split
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:  # the child of --phases: argv[2] is "report"
+        _timed_child(sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--layers", nargs="*", default=None, help="default: every shipped layer")
+    ap.add_argument("--phases", action="store_true", help="also print CPU seconds by phase")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="more report arguments after --")
     args = ap.parse_args()
     extra = [a for a in args.extra if a != "--"]
     for layer in args.layers or _layers():
-        cpu, line = report_cpu(layer, args.batch, extra)
+        cpu, line, split = report_cpu(layer, args.batch, extra, args.phases)
         print(f"{layer:18s} batch {args.batch:5d}  {cpu:7.2f} CPU s   {line}", flush=True)
+        if split:
+            total = split.pop("total", cpu)
+            rest = total - sum(split.values())
+            parts = [f"{k} {v:.2f}" for k, v in split.items()] + [f"other {rest:.2f}"]
+            print(f"{'':18s} phases: {', '.join(parts)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from lowering.isa import (
     DTYPE_BYTES,
     Affine,
     Alloc,
+    ArgMin,
     Barrier,
     Calc,
     Channel,
@@ -396,6 +397,12 @@ class _Walker:
         self.need_regs(path, i, state, i.lhs, i.rhs)
         state.regs.add(i.reg)
 
+    def argmin(self, path: Path, i: ArgMin, state: _State, counts: _Counts, mult: Count) -> None:
+        if not i.regs:
+            self.problem(path, i, "argmin names no register; give it at least one")
+        self.need_regs(path, i, state, *i.regs, *(() if i.add is None else (i.add,)))
+        state.regs.add(i.reg)
+
     def read_value(
         self, path: Path, i: ReadValue, state: _State, counts: _Counts, mult: Count
     ) -> None:
@@ -510,6 +517,7 @@ _RULES = {
     Compute: _Walker.compute,
     Set: _Walker.set,
     Calc: _Walker.calc,
+    ArgMin: _Walker.argmin,
     ReadValue: _Walker.read_value,
     WriteValue: _Walker.write_value,
     Loop: _Walker.loop,

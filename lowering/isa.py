@@ -36,6 +36,7 @@ __all__ = [
     "Compute",
     "Set",
     "Calc",
+    "ArgMin",
     "ReadValue",
     "WriteValue",
     "CALC_OPS",
@@ -275,6 +276,20 @@ class Calc:
 
 
 @dataclass(frozen=True, slots=True)
+class ArgMin:
+    """``reg = `` the index of the least of the registers ``regs`` (ties to the lowest index);
+    with ``add``, that register then grows by ``add`` (evaluated before the instruction
+    writes anything).  One step of greedy list scheduling in one instruction: the least
+    loaded lane takes the next item (STeP arXiv 2511.07776 §5.4, decode attention's lanes),
+    as a chain of ``If`` on ``<`` and ``==`` computes it.  A register operation: zero cycles,
+    like :class:`Set` and :class:`Calc` (:mod:`runtime.ops_pick`)."""
+
+    reg: str
+    regs: tuple[str, ...]
+    add: Operand | Affine | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReadValue:
     """``reg = buf[index]`` (flat element index) of an integer buffer, once the buffer holds
     its data (a received or loaded tile of expert ids): a control value carried as data.  Loads
@@ -347,6 +362,7 @@ Instr = (
     | Compute
     | Set
     | Calc
+    | ArgMin
     | ReadValue
     | WriteValue
     | Loop

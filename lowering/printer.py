@@ -12,6 +12,7 @@ from collections.abc import Callable
 from lowering.isa import (
     Affine,
     Alloc,
+    ArgMin,
     Barrier,
     Calc,
     Channel,
@@ -120,6 +121,10 @@ _HEADS: dict[type, Callable[..., str]] = {
     Compute: _compute,
     Set: lambda i: f"set {i.reg} = {format_value(i.value)}",
     Calc: lambda i: f"calc {i.reg} = {i.op}({format_value(i.lhs)}, {format_value(i.rhs)})",
+    ArgMin: lambda i: (
+        f"argmin {i.reg} <- {', '.join(i.regs)}"
+        + ("" if i.add is None else f" (the least grows by {format_value(i.add)})")
+    ),
     ReadValue: lambda i: f"read_value {i.reg} <- {i.buf}[{i.index}]",
     WriteValue: lambda i: f"write_value {i.buf}[{i.index}] <- {format_value(i.value)}",
     Loop: _loop,

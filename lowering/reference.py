@@ -21,6 +21,7 @@ from lowering.isa import (
     CALC_FNS,
     Affine,
     Alloc,
+    ArgMin,
     Barrier,
     Calc,
     Channel,
@@ -217,6 +218,15 @@ def _calc(c: _Core, i: Calc) -> Wait:
     yield from ()
 
 
+def _argmin(c: _Core, i: ArgMin) -> Wait:
+    loads = [c.regs[r] for r in i.regs]
+    k = int(np.argmin(loads))  # ties to the lowest index
+    if i.add is not None:
+        c.regs[i.regs[k]] = loads[k] + c.value(i.add)
+    c.regs[i.reg] = k
+    yield from ()
+
+
 def _read_value(c: _Core, i: ReadValue) -> Wait:
     c.regs[i.reg] = int(np.asarray(c.buffer(i.buf)).reshape(-1)[i.index])
     yield from ()
@@ -270,6 +280,7 @@ _EXEC: dict[type, Callable[..., Wait]] = {
     Compute: _compute,
     Set: _set,
     Calc: _calc,
+    ArgMin: _argmin,
     ReadValue: _read_value,
     WriteValue: _write_value,
     Loop: _loop,

@@ -33,7 +33,7 @@ from lowering.isa import (
     Set,
     Store,
 )
-from runtime import ops, ops_comm, ops_control, ops_select, program_layers
+from runtime import ops, ops_comm, ops_control, ops_pick, ops_select, program_layers
 from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout, TensorInfo
@@ -433,3 +433,4 @@ _HANDLERS = {
 }
 _HANDLERS.update(ops_control.COMPILERS)  # control values computed on a core
 _HANDLERS.update(ops_select.COMPILERS)  # a choice among channels in simulated time
+_HANDLERS.update(ops_pick.COMPILERS)  # the least of several registers

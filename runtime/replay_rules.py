@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime import ops, ops_comm, ops_control, ops_select, program_layers
+from runtime import ops, ops_comm, ops_control, ops_pick, ops_select, program_layers
 from runtime.layout import numpy_dtype
 from runtime.ops_control import write_element
 from runtime.state import Core, Post, StopPost
@@ -322,6 +322,7 @@ RULES: dict[Any, Any] = {
     ops.h_free: _free_buf,
     ops.h_end: _end,
     ops_control.h_calc: ops_control.h_calc,
+    ops_pick.h_argmin: ops_pick.h_argmin,
     ops_control.h_readvalue: _readvalue,
     ops_control.h_writevalue: _writevalue,
     ops_comm.h_load: _load,

@@ -25,6 +25,7 @@ from lowering.isa import (
     DTYPE_BYTES,
     Affine,
     Alloc,
+    ArgMin,
     Barrier,
     Calc,
     Compute,
@@ -52,6 +53,7 @@ from runtime.mpi.errors import MpiError
 from runtime.mpi.net import Payload, Post
 from runtime.ops import CMP
 from runtime.ops_control import CALC
+from runtime.ops_pick import argmin
 
 __all__ = ["CoreRun", "Buf"]
 
@@ -373,6 +375,15 @@ def _set(c: CoreRun, i: Set) -> Steps:
     yield from ()
 
 
+def _argmin(c: CoreRun, i: ArgMin) -> Steps:
+    loads = [c.value(r) for r in i.regs]
+    k = argmin(loads)
+    if i.add is not None:
+        c.regs[i.regs[k]] = loads[k] + c.value(i.add)
+    c.regs[i.reg] = k
+    yield from ()
+
+
 def _calc(c: CoreRun, i: Calc) -> Steps:
     f = CALC.get(i.op)
     if f is None:
@@ -454,6 +465,7 @@ _EXEC: dict[type, Callable[[CoreRun, Any], Steps]] = {
     Compute: _compute,
     Set: _set,
     Calc: _calc,
+    ArgMin: _argmin,
     ReadValue: _read_value,
     WriteValue: _write_value,
     Loop: _loop,

@@ -13,7 +13,7 @@ at which the block at ``i`` recurs are tried (the distances to the next occurren
 id, from a next-occurrence array), so a pass costs about one comparison of blocks per step.
 
 An instruction's id is found once per instruction object (:class:`_Interner`): instructions are
-hashed by value only on first sight, and a ``Loop`` a pass folds is identified by its count and
+hashed by value only on first sight (by their class and the tuple of their fields' values), and a ``Loop`` a pass folds is identified by its count and
 its body's ids, so later passes never rehash the instructions nested in it (hashing a frozen
 dataclass recurses through everything it holds).  A block's ids are likewise found once per
 block object, so a pass costs one lookup per block it keeps from the previous pass.
@@ -21,7 +21,10 @@ block object, so a pass costs one lookup per block it keeps from the previous pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from lowering.isa import Instr, Loop
 
@@ -61,22 +64,57 @@ class _Interner:
         keeps most blocks of the previous one, so later passes look each up once)."""
         key = self.blocks.get(id(b))
         if key is None:
-            by_obj = self.by_obj
-            key = tuple([by_obj[id(x)] if id(x) in by_obj else self(x) for x in b])
-            self.blocks[id(b)] = key
+            by_obj, by_key, keep, fields = self.by_obj, self.by_key, self.keep, _FIELDS
+            out = []
+            for x in b:  # __call__, inlined: a unit's steps hold hundreds of thousands
+                i = by_obj.get(id(x))
+                if i is None:
+                    cls = type(x)
+                    if cls is Loop:
+                        i = self(x)
+                    else:
+                        get = fields.get(cls)
+                        if get is None:
+                            get = fields[cls] = _fields_of(cls)
+                        i = by_key.setdefault((cls, get(x)), len(by_key))
+                        by_obj[id(x)] = i
+                        keep.append(x)
+                out.append(i)
+            key = self.blocks[id(b)] = tuple(out)
             self.keep_blocks.append(b)
         return key
 
     def __call__(self, x: Instr) -> int:
         i = self.by_obj.get(id(x))
         if i is None:
-            key: object = x
-            if type(x) is Loop:
-                key = ("loop", x.count, x.var, tuple(map(self, x.body)))
+            cls = type(x)
+            if cls is Loop:
+                key: object = ("loop", x.count, x.var, tuple(map(self, x.body)))
+            else:
+                fields = _FIELDS.get(cls)
+                if fields is None:
+                    fields = _FIELDS[cls] = _fields_of(cls)
+                key = (cls, fields(x))
             i = self.by_key.setdefault(key, len(self.by_key))
             self.by_obj[id(x)] = i
             self.keep.append(x)
         return i
+
+
+#: instruction class -> a getter of its fields' values as a tuple (:func:`_fields_of`)
+_FIELDS: dict[type, Callable[[Any], tuple]] = {}
+
+
+def _fields_of(cls: type) -> Callable[[Any], tuple]:
+    """The values of the fields of dataclass ``cls`` in order, as one tuple: with the class,
+    the key an instruction is interned by.  Two instructions are equal exactly when their
+    classes and these tuples are (the dataclass's own ``__eq__``), and the tuple is hashed
+    without the generated Python ``__hash__`` of the instruction itself."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda x: (one(x),)
+    return operator.attrgetter(*names)
 
 
 def _ids(items: list[Block], intern: _Interner) -> tuple[list[int], list[int]]:

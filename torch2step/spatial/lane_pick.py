@@ -8,9 +8,11 @@ programs are the same for every KV-length set:
 
 * the ``lane_pick`` Scan (:func:`emit_lane_pick`) keeps the lanes' loads in registers; per item
   it reads the item's row count from its cursor tile (``ReadValue``; the cursor Scan wrote it,
-  :func:`~.kv_loop.emit_cursor_scan`), takes the least loaded lane (a chain of ``If`` on
-  ``<``: ties to the lowest lane, as ``argmin``), adds ``n + tail + 1`` to its load and writes
-  the loads and the lane into the state tile it sends (``WriteValue``);
+  :func:`~.kv_loop.emit_cursor_scan`), takes the least loaded lane and adds ``n + tail + 1`` to
+  its load in one ``ArgMin`` (ties to the lowest lane, as ``argmin``; zero cycles, as the
+  chain of ``If`` on ``<`` and ``==`` it stands for, :mod:`runtime.ops_pick`) and writes the
+  lane into the state tile it sends (``WriteValue``), and the loads too unless only the
+  lanes' ``lane_keep`` read the tile (they read the lane alone: :func:`lane_only_readers`);
 * ``lane_keep`` (:func:`emit_lane_keep_loop`) reads the decided lane from the state tile it
   receives and sends the cursor tile under ``If`` on it, counting what it sent; after the last
   item it sends that count as the stream's stop token, which every unit of the lane loops until
@@ -25,7 +27,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowering.isa import Affine, Cond, If, Instr, ReadValue, Send, SendValue, Set, WriteValue
+from lowering.isa import (
+    Affine,
+    ArgMin,
+    Cond,
+    If,
+    Instr,
+    ReadValue,
+    Send,
+    SendValue,
+    Set,
+    WriteValue,
+)
 from torch2step.step.op_base import Op
 from torch2step.step.ops_compute import FlatMap, Scan
 from torch2step.step.ops_shape import Zip
@@ -37,7 +50,7 @@ from .structure import Structure
 from .unit import UnitBuilder
 from .unit_reuse import FORM
 
-__all__ = ["lane_pick_scan", "emit_lane_pick", "emit_lane_keep_loop"]
+__all__ = ["lane_pick_scan", "lane_only_readers", "emit_lane_pick", "emit_lane_keep_loop"]
 
 
 def lane_pick_scan(st: Structure, op: Op) -> bool:
@@ -74,6 +87,7 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
         return False
     lanes, tail = int(op.fn.get("lanes")), int(op.fn.get("tail", 0))
     load = [f"lp.{j}" for j in range(lanes)]
+    loads_read = not lane_only_readers(ctx.structure, op)
     cut = x.value.rank + 1 - op.rank
     k = 0
     picks: dict[tuple[str, str], tuple[Instr, ...]] = {}
@@ -94,7 +108,7 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
             assert cur is not None and buf is not None
             pick = picks.get((cur, buf))
             if pick is None:  # one tuple per buffer pair: equal steps share their objects
-                pick = picks[cur, buf] = _pick(cur, buf, load, tail)
+                pick = picks[cur, buf] = _pick(cur, buf, load, tail, loads_read)
             b.emit(*pick)
             b.send(out, k, state)
             k += 1
@@ -104,19 +118,43 @@ def emit_lane_pick(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
     return True
 
 
-def _pick(cur: str, buf: str, load: list[str], tail: int) -> tuple[Instr, ...]:
+def lane_only_readers(st: Structure, op: Op) -> bool:
+    """Whether every node reading the state stream of the ``lane_pick`` Scan ``op`` (through
+    ``Zip`` wires) is a ``lane_keep`` FlatMap: those read the lane, the tile's last element,
+    and nothing else of it (``lane_keep`` keeps the item when ``state[0, -1]`` is its lane),
+    so the loads the Scan carries in the tile are never read downstream."""
+    readers: dict[str, list[Op]] = {}
+    for node in st.graph.nodes:
+        for v in node.inputs():
+            readers.setdefault(v.name, []).append(node)
+    todo, seen = [op.name], set()
+    while todo:
+        name = todo.pop()
+        for node in readers.get(name, ()):
+            if isinstance(node, Zip):
+                if node.name not in seen:
+                    seen.add(node.name)
+                    todo.append(node.name)
+            elif not (isinstance(node, FlatMap) and getattr(node.fn, "name", None) == "lane_keep"):
+                return False
+    return True
+
+
+def _pick(
+    cur: str, buf: str, load: list[str], tail: int, loads_read: bool = True
+) -> tuple[Instr, ...]:
     """One item's decision in registers: read its row count from the cursor tile ``cur``,
-    take the least loaded lane (ties to the lowest, as ``argmin``), grow its load by
-    ``n + tail + 1`` and write the loads and the lane into the state tile ``buf``."""
-    lanes = len(load)
-    pick: list[Instr] = [ReadValue("lp.n", cur, 1), Set("lp.lane", 0), Set("lp.min", load[0])]
-    for j in range(1, lanes):  # the least loaded lane, ties to the lowest
-        pick.append(If(Cond(load[j], "<", "lp.min"), (Set("lp.min", load[j]), Set("lp.lane", j))))
-    for j in range(lanes):  # its load grows by the item's rows (+1: per-item work)
-        grow = Set(load[j], Affine(tail + 1, ((load[j], 1), ("lp.n", 1))))
-        pick.append(If(Cond("lp.lane", "==", j), (grow,)))
-    pick += [WriteValue(buf, j, r) for j, r in enumerate(load)]
-    pick.append(WriteValue(buf, lanes, "lp.lane"))
+    take the least loaded lane and grow its load by ``n + tail + 1`` (one ``ArgMin``: ties to
+    the lowest, as ``argmin``) and write the lane into the state tile ``buf``, and the loads
+    too when something downstream reads them (``loads_read``; :func:`lane_only_readers`:
+    the lanes' ``lane_keep`` read only the lane, so the loads' writes would be dead stores).
+    The writes take no cycle and wait for the same thing, the tile to be writable, so the
+    cycles are the same either way."""
+    grow = Affine(tail + 1, (("lp.n", 1),))  # the item's rows (+1: per-item work)
+    pick: list[Instr] = [ReadValue("lp.n", cur, 1), ArgMin("lp.lane", tuple(load), grow)]
+    if loads_read:
+        pick += [WriteValue(buf, j, r) for j, r in enumerate(load)]
+    pick.append(WriteValue(buf, len(load), "lp.lane"))
     return tuple(pick)
 
 
