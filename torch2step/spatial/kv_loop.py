@@ -87,7 +87,7 @@ from torch2step.step.types import TileType
 
 from .context import EmitCtx
 from .streams import StreamInfo, iter_nodes
-from .structure import Structure
+from .structure import Structure, value_readers
 from .unit import UnitBuilder
 from .unit_reuse import FORM
 
@@ -154,14 +154,6 @@ def cursor_scan(op: Op) -> bool:
     )
 
 
-def _readers(graph: StepProgram) -> dict[str, list[Op]]:
-    out: dict[str, list[Op]] = {}
-    for op in graph.nodes:
-        for v in op.inputs():
-            out.setdefault(v.name, []).append(op)
-    return out
-
-
 def _unit_readers(st: Structure, readers: dict[str, list[Op]], name: str) -> list[Op]:
     """The unit nodes reading stream ``name``, through wires (Zip, Promote, Flatten...)."""
     out: list[Op] = []
@@ -181,7 +173,7 @@ def headed_channels(graph: StepProgram, st: Structure) -> set[str]:
     single-node RandomOffChipLoadRows or Expand, and the output of each such Expand, when its
     only reader is a single-node rank-1 Accum over a Zip of it and those loads' tiles (or over
     it alone), when the Scan's lengths carry their values (:func:`lengths_carry_values`)."""
-    readers = _readers(graph)
+    readers = value_readers(graph)
     out: set[str] = set()
     for op in graph.nodes:
         if not (

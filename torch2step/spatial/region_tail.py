@@ -56,7 +56,7 @@ from torch2step.step.ops_shape import Expand
 from .context import EmitCtx
 from .stop_loop import _rotate
 from .streams import StreamInfo
-from .structure import Structure
+from .structure import Structure, value_readers
 from .unit import Elem, UnitBuilder
 
 __all__ = [
@@ -94,14 +94,6 @@ def _single(st: Structure, op: Op) -> bool:
     return st.owner.get(op.name) == op.name and len(st.units[st.unit_index(op.name)]) == 1
 
 
-def _readers(graph: StepProgram) -> dict[str, list[Op]]:
-    out: dict[str, list[Op]] = {}
-    for op in graph.nodes:
-        for v in op.inputs():
-            out.setdefault(v.name, []).append(op)
-    return out
-
-
 def row_source(st: Structure, op: Op) -> str | None:
     """The count channel (:func:`rows_channel`) the ``tile_rows`` FlatMap ``op`` reads, when
     it is a region's FlatMap back to rows whose Partition is steered by the selectors of a
@@ -109,7 +101,7 @@ def row_source(st: Structure, op: Op) -> str | None:
     if not isinstance(op, FlatMap) or getattr(op.fn, "name", None) != "tile_rows":
         return None
     graph = st.graph
-    rd = _readers(graph).get(op.name, [])
+    rd = value_readers(graph).get(op.name, [])
     if len(rd) != 1 or not isinstance(rd[0], Partition) or rd[0].input.name != op.name:
         return None
     sel = st.producer.get(rd[0].sel.name)

@@ -185,3 +185,12 @@ def analyse(graph: Program, wires: Iterable[str] = DEFAULT_WIRES) -> Structure:
     return Structure(
         graph, tuple(tuple(u) for u in units), tuple(wire_ops), owner, producer, tuple(preds), index
     )
+
+
+def value_readers(graph: Program) -> dict[str, list[Op]]:
+    """Every value's reading operators, in the graph's order."""
+    out: dict[str, list[Op]] = {}
+    for op in graph.nodes:
+        for v in op.inputs():
+            out.setdefault(v.name, []).append(op)
+    return out
