@@ -58,11 +58,11 @@ from torch2step.step.ops_routing import Partition
 from torch2step.step.ops_shape import Expand, Repeat
 
 from .context import EmitCtx
-from .kv_loop import _lane_keep, _readers, _single, _unit_readers, tally_into
+from .kv_loop import _lane_keep, _single, _unit_readers, tally_into
 from .lane_pick import lane_pick_scan
 from .stop_loop import declared_element, until_stop
 from .streams import StreamInfo
-from .structure import Structure
+from .structure import Structure, value_readers
 from .unit import Elem, UnitBuilder
 from .unit_reuse import EACH, EVERY
 
@@ -102,7 +102,7 @@ def looped_channels(
     that form (its units then follow the run's items).  Second: those streams and the K and
     V tiles and results of the chains, whose channels exist (and are read) whether or not a
     run gives the lane or region an item."""
-    readers = _readers(graph)
+    readers = value_readers(graph)
     out: set[str] = set()
     chained: set[str] = set()
     for f in graph.nodes:
