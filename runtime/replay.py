@@ -73,6 +73,12 @@ class Replay:
         self.hbm = hbm
         self.name = name
         self.dirty: set[str] = set()
+        #: ``WaitAny`` register -> the inputs to choose, in order (a timed run's recorded
+        #: choices, :func:`runtime.ops_select.watch_key`); a register not listed, or past its
+        #: list, takes the lowest ready index (:func:`runtime.replay_rules._waitany`)
+        self.order: dict[str, list[int]] = {}
+        #: ``WaitAny`` register -> the inputs this replay chose, in order
+        self.chosen: dict[str, list[int]] = {}
         self.queue: deque[Core] = deque(comp.active)
         self.ndone = 0
         self.shapes: dict[tuple, tuple] = {}  # (Compute, input shapes) -> output shapes

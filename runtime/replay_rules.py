@@ -205,19 +205,39 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
 
 
 def _waitany(rp: Replay, core: Core, op: Any) -> bool:
-    """``WaitAny`` untimed: the lowest index whose FIFO holds a message the core has not
-    posted a receive for, when the core looks (the schedule's order, not timing's)."""
+    """``WaitAny`` untimed.  With an order to follow (:attr:`Replay.order`: the choices a timed
+    run of the programs recorded for its register), the next recorded input: the core waits
+    for that input's message alone, so the choice is data, not timing, and the programs are a
+    Kahn network again (:mod:`runtime.replay`).  Otherwise the lowest index whose FIFO holds a
+    message the core has not posted a receive for, when the core looks (the schedule's order,
+    not timing's).  Either way the choice is appended to :attr:`Replay.chosen`."""
     for end in op.ends:
         end.watch = None
+    chosen = rp.chosen.setdefault(op.reg, [])
+    order = rp.order.get(op.reg) if rp.order else None
+    if order is not None and len(chosen) < len(order):
+        k = order[len(chosen)]
+        end = op.ends[k]
+        if end.unmatched:
+            return _chose(core, op, chosen, k)
+        end.watch = core
+        # the wait-for edge goes to the one producer the recorded choice waits on
+        core.blocked = ("value", Post(core, None, end, 0))
+        return False
     for k, end in enumerate(op.ends):
         if end.unmatched:
-            core.regs[op.reg] = k
-            core.pc += 1
-            return True
+            return _chose(core, op, chosen, k)
     for end in op.ends:
         end.watch = core
     core.blocked = ("any", op.ends)
     return False
+
+
+def _chose(core: Core, op: Any, chosen: list[int], k: int) -> bool:
+    core.regs[op.reg] = k
+    chosen.append(k)
+    core.pc += 1
+    return True
 
 
 def _post(rp: Replay, end: Any, post: Post) -> None:

@@ -12,6 +12,8 @@ from lowering.isa import (
     Barrier,
     Channel,
     Compute,
+    Cond,
+    If,
     Loop,
     Program,
     ProgramSet,
@@ -20,9 +22,11 @@ from lowering.isa import (
     RecvValue,
     Send,
     SendValue,
+    WaitAny,
     WriteValue,
 )
 from runtime import DeadlockError, Simulator
+from runtime.ops_select import watch_key
 from runtime.replay import ReplayUnsupported
 
 
@@ -179,3 +183,41 @@ def test_functional_mode_has_no_replay() -> None:
     with pytest.raises(ReplayUnsupported):
         sim.replay()
     assert np.isfinite(sim.run().cycles)
+
+
+def _merge_or_wait() -> ProgramSet:
+    """Core 3 merges channels ``a`` (core 1 sends at once) and ``b`` (core 2 sends only after
+    core 3's value on ``c``, which core 3 sends after the first input it takes): taking ``a``
+    first completes, waiting for ``b`` first is a deadlock of cores 2 and 3."""
+    a_first = (RecvValue("a", "x"), SendValue("c", 0), RecvValue("b", "y"))
+    b_first = (RecvValue("b", "y"), SendValue("c", 0), RecvValue("a", "x"))
+    return ProgramSet(
+        (
+            Program(1, (SendValue("a", 11),)),
+            Program(2, (RecvValue("c", "z"), SendValue("b", 22))),
+            Program(3, (WaitAny(("a", "b"), "k"), If(Cond("k", "==", 0), a_first, b_first))),
+        ),
+        (Channel("a", 1, (3,)), Channel("b", 2, (3,)), Channel("c", 3, (2,))),
+    )
+
+
+def test_replay_follows_a_recorded_wait_any_order() -> None:
+    """A ``WaitAny`` in the replay takes the lowest ready input, or, given an order to follow
+    (a timed run's recorded choices), the input recorded next, waiting for that input alone:
+    the wait-for graph then names its producer, so a deadlock of that order is found."""
+    chip = mesh_chip(2, 2)
+    timed = Simulator(_merge_or_wait(), chip)
+    timed.watch = {watch_key("k"): []}
+    timed.run()
+    assert timed.watch[watch_key("k")] == [0]
+    replay = Simulator(_merge_or_wait(), chip).replay()
+    replay.run()
+    assert replay.chosen == {"k": [0]}
+    replay.close()
+    replay = Simulator(_merge_or_wait(), chip).replay()
+    replay.order = {"k": [1]}
+    with pytest.raises(DeadlockError, match="untimed replay"):
+        replay.run()
+    assert replay.chosen == {"k": []}
+    assert replay.waits() == {2: (3, None), 3: (2, None)}
+    replay.close()

@@ -63,9 +63,12 @@ def test_a_merge_names_a_chunk_only_once_its_data_is_there() -> None:
     """An EagerMerge cannot say which input it took before that input is ready: each chunk's
     selector leaves the merge after the chunk's first element arrived, so the region's weight
     addresses (computed from the selector, STeP §5.3) follow the tokens, not the program's
-    start."""
+    start.  The merge takes the chunks in the order its WaitAny decides in the simulation
+    (an expert without a token only gives its stop token: no selector)."""
+    from runtime.ops_select import watch_key
     from torch2step.spatial import simulate_graph
     from torch2step.spatial.dynamic import _sources
+    from torch2step.spatial.merge_any import pick
     from torch2step.step.ops_routing import EagerMerge
 
     kw = {"num_experts": 8, "top_k": 2, "hidden": 64, "intermediate": 64}
@@ -77,13 +80,16 @@ def test_a_merge_names_a_chunk_only_once_its_data_is_there() -> None:
     watch: dict = {}
     for op in merges:
         watch[op.out_names()[1]] = []
+        watch[watch_key(pick(op))] = []
         for v in op.ins:
             watch[src.get(v.name, v.name)] = -1
     res = run(g, tensors=ins, check=False)
     simulate_graph(g, "step-sda", res, watch=watch)
     for op in merges:
         sels = watch[op.out_names()[1]]
-        order = [s.indices[0] for s in res.values[op.out_names()[1]].data]
+        chunks = [len(res.values[v.name].data) for v in op.ins]
+        order = [i for i in watch[watch_key(pick(op))] if chunks[i]]
+        assert sorted(order) == [i for i, n in enumerate(chunks) if n]
         # then the stop token its region's units loop until (torch2step.spatial.region_loop)
         assert len(sels) == len(order) + 1 and len(order) > 0
         assert sels[-1] > sels[-2]

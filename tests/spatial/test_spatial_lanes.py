@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from hwmodel import load_chip
+from lowering.isa import WaitAny, walk
 from runtime import DeadlockError, Simulator
+from runtime.ops_select import watch_key
 from torch2step.errors import LoweringError
 from torch2step.lower.blocks.moe import moe_graph, moe_inputs
 from torch2step.lower.blocks.moe_lanes import lane_experts
@@ -113,14 +115,18 @@ def test_a_lane_without_tokens_idles() -> None:
     assert sim.unit("moe_l0_gate_w").sent == 4 * 2 * 2
 
 
-def _restarting(plan: SpatialPlan) -> tuple[int, tuple[str, ...]]:
-    """The deepening search by restarting the simulation after every deadlock."""
+def _restarting(plan: SpatialPlan) -> tuple[int, tuple[str, ...], dict[str, list[int]]]:
+    """The deepening search by restarting the simulation after every deadlock; also the
+    order the final run's merges took their inputs in (each ``WaitAny`` register's choices)."""
     deep: dict[str, int] = {}
     chip = plan.sim_chip
+    regs = {i.reg for p in plan.programs.programs for i in walk(p.body) if isinstance(i, WaitAny)}
     while True:
         sim = Simulator(deepen(plan.programs, deep), chip, inputs=plan.inputs)
+        sim.watch = {watch_key(r): [] for r in regs}
         try:
-            return sim.run().cycles, tuple(sorted(deep))
+            cycles = sim.run().cycles
+            return cycles, tuple(sorted(deep)), {r: sim.watch[watch_key(r)] for r in regs}
         except DeadlockError:
             full = blocked_channels(sim) - set(deep)
             assert full
@@ -130,28 +136,57 @@ def _restarting(plan: SpatialPlan) -> tuple[int, tuple[str, ...]]:
 
 def test_resumed_deepening_matches_restarting(lanes2: tuple) -> None:
     """Deepening FIFOs in the deadlocked simulation and resuming it finds the channels that
-    restarting after every deadlock finds (a Kahn network deadlocks independently of timing),
-    so the final run's latency is the same."""
+    restarting after every deadlock finds (a Kahn network deadlocks independently of timing,
+    and the merges' WaitAny, the one timing-dependent choice, takes its inputs in the order
+    the timed run decides), so the final run's latency is the same."""
     prog, res, sim = lanes2
     assert len(sim.deep_channels) > 1
     plan = build_plan(prog, CHIP, res)
-    cycles, deep = _restarting(plan)
+    cycles, deep, order = _restarting(plan)
     assert deep == sim.deep_channels and cycles == sim.cycles
-    # the untimed replay finds them without the timing model (it is what simulate_graph uses)
-    found = find_deep(Simulator(plan.programs, CHIP, inputs=plan.inputs), CHIP, plan.messages)
+    # the merges decide in simulated time: each region's WaitAny took all four experts
+    assert sorted(order) == ["pick.moe_l0_merge", "pick.moe_l1_merge"]
+    assert all(sorted(v) == [0, 1, 2, 3] for v in order.values())
+    # the untimed replay finds them without the timing model (it is what simulate_graph
+    # uses), following the order the timed run's merges took
+    fresh = Simulator(plan.programs, CHIP, inputs=plan.inputs)
+    found = find_deep(fresh, CHIP, plan.messages, order=order)
     assert found is not None and tuple(sorted(found)) == deep
 
 
-def test_the_timed_simulation_runs_once(lanes2: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FIFOs to deepen are found on the untimed replay, so the timed simulation runs once
-    (and never resumes), with the same channels deep and the same latency."""
-    prog, res, sim = lanes2
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The timed simulation's ``run`` and ``resume`` calls, in order."""
     calls: list[str] = []
     run, resume = Simulator.run, Simulator.resume
     monkeypatch.setattr(Simulator, "run", lambda s, **kw: calls.append("run") or run(s, **kw))
     monkeypatch.setattr(Simulator, "resume", lambda s: calls.append("resume") or resume(s))
+    return calls
+
+
+def test_the_timed_simulation_runs_once(dedicated: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programs without a timing-dependent choice (one region per expert: no merge): the FIFOs
+    to deepen are found on the untimed replay, so the timed simulation runs once (and never
+    resumes), with the same channels deep and the same latency."""
+    prog, res, sim = dedicated
+    assert sim.deep_channels  # the selector's reconvergence (module torch2step.spatial.fifos)
+    calls = _counting(monkeypatch)
     again = simulate_graph(prog, CHIP, res)
     assert calls == ["run"]
+    assert again.deep_channels == sim.deep_channels and again.cycles == sim.cycles
+
+
+def test_the_merges_order_is_searched_in_timed_rounds(
+    lanes2: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Expert regions whose merges take whichever chunk is ready (WaitAny): the replay's first
+    guess of the order (the lowest ready input) is not the timed run's, whose run deadlocks on
+    a channel the guess did not need and is resumed to its end to record its order; the replay
+    following that order finds the channels to deepen, and the second timed run takes that
+    order again (torch2step.spatial.fifos: the fixed point), so it is the result."""
+    prog, res, sim = lanes2
+    calls = _counting(monkeypatch)
+    again = simulate_graph(prog, CHIP, res)
+    assert calls == ["run", "resume", "run"]
     assert again.deep_channels == sim.deep_channels and again.cycles == sim.cycles
 
 

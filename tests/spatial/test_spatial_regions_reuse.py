@@ -33,11 +33,12 @@ What every run keeps:
   loop until the token the selector Expand forwards after each chunk's indices, the FlatMap
   back to rows over the count it sends), one program for every chunk size, count and order.
 
-What a run still rebuilds (listed exactly below; a unit outside the lists fails the test):
-
 * with dynamic tiling and the routing weights applied in the regions (each row zipped with its
-  token's expert ids and weights), each region's merge: it takes the chunks in the run's
-  order (torch2step.spatial.merge_any), every other unit of the region loops.
+  token's expert ids and weights), the same: the merge's WaitAny takes whichever expert's chunk
+  is ready, each row's parts from that expert's channel, and the FIFO depths are found for the
+  order the timed run takes (torch2step.spatial.fifos).
+
+No unit is rebuilt in any of these cases (a rebuilt unit fails the test).
 """
 
 from __future__ import annotations
@@ -216,15 +217,18 @@ def test_a_new_routing_with_the_weights_in_the_regions() -> None:
     default layer: each row carries its token's expert ids and weights): every unit of a
     region that handles its chunks row by row loops over each chunk's rows until its stop
     token (the rows' parts, the expert ids along them, the weight picked per row and packed
-    per chunk, back to rows and to the experts), so only the merges are rebuilt (they take
-    the chunks in the run's order when the rows carry the routing data,
-    torch2step.spatial.merge_any)."""
+    per chunk, back to rows and to the experts), and the merges take whichever expert's chunk
+    is ready (WaitAny, decided in simulated time, torch2step.spatial.merge_any), the row's
+    parts from the expert's one channel: no unit is rebuilt."""
     g = moe_graph(**KW4, tokens=16, lanes=2, tile_h=32, tile_i=32)
     ins = [moe_inputs(**KW4, tokens=16, seed=0, routing=r) for r in (ROUTE_A, ROUTE_B)]
     runs = [run(g, tensors=x, check=False) for x in ins]
     kept, rebuilt, b = _kept_rebuilt(g, runs)
-    assert rebuilt == ["moe_l0_merge", "moe_l1_merge"] and len(kept) == 74
-    rows = ("x", "ids", "wts", "eid", "gw", "gw_col", "scaled", "j_r", "out", "sel", "back")
+    assert rebuilt == [] and len(kept) == 76
+    (wait,) = [i for i in walk(b["moe_l1_merge"]) if isinstance(i, WaitAny)]
+    assert wait.channels == ("moe_e2_chunk", "moe_e3_chunk")
+    rows = ("merge", "x", "ids", "wts", "eid", "gw", "gw_col", "scaled", "j_r", "out", "sel",
+            "back")  # fmt: skip
     assert {f"moe_l{r}_{u}" for r in (0, 1) for u in rows} <= set(kept)
     # the weight picked per row loops until the tokens of its three inputs' chunk rows
     takes = {i.channel for i in walk(b["moe_l1_gw"]) if isinstance(i, Recv) and i.stop}

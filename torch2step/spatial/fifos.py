@@ -19,18 +19,37 @@ fills stays at its depth, so pipelines without reconvergence keep their exact ti
 
 Finding the channels does not restart anything each round (a time-multiplexed MoE needs
 dozens of rounds, one per lane and reconvergence): the deadlocked run is *resumed* with the new
-depths (:func:`discover_deep`).  Resuming finds exactly the channels restarting would: the unit
-programs make no timing-dependent choices (every receive names its channel, merges follow the
-run's arrival order), so they form a Kahn process network (Cyclotron §9.1, DAM's bounded
-channels), whose channel histories — and so where it deadlocks — do not depend on timing; a
-deeper FIFO only removes blocking, so the deadlocked state is a reachable state of the deeper
-network, and its run from there ends where a fresh run would.  For the same reason the rounds
-need no timing at all: they run on the programs' untimed replay (:mod:`runtime.replay`, no
-clocks, resources or events; :func:`find_deep`), and the timed simulation runs once, with every
-channel found already deep.  It is still checked: should it deadlock, the search continues on
-it (resumed, then one fresh run).  In hardware a deep FIFO's messages wait in the
-consumer's memory unit: their bytes are the consumer's ``fifo_bytes`` (in on-chip memory), and
-the deepened channels are listed in the result (``deep_channels``).
+depths (:func:`discover_deep`).  Resuming finds exactly the channels restarting would when the
+unit programs make no timing-dependent choices (every receive names its channel): they form a
+Kahn process network (Cyclotron §9.1, DAM's bounded channels), whose channel histories — and so
+where it deadlocks — do not depend on timing; a deeper FIFO only removes blocking, so the
+deadlocked state is a reachable state of the deeper network, and its run from there ends where
+a fresh run would.  For the same reason the rounds need no timing at all: they run on the
+programs' untimed replay (:mod:`runtime.replay`, no clocks, resources or events;
+:func:`find_deep`), and the timed simulation runs once, with every channel found already deep.
+
+A merge that takes whichever input is ready first (a ``WaitAny``, :mod:`.merge_any`; STeP arXiv
+2511.07776 §3.2.3, §5.3) is the one timing-dependent choice: which channels deadlock depends on
+the order it takes its inputs in, and that order is the timed run's.  Given an order, though,
+the choice is data again — the replay follows it (:attr:`runtime.replay.Replay.order`: each
+``WaitAny`` waits for the input recorded next) — and the programs are a Kahn network with a
+deep set of their own, ``need(order)``.  The depths are therefore searched as a fixed point of
+the timed run and the replay (:func:`run_deepening`): the replay finds ``D = need(order)`` for
+an order (its own lowest-ready-index choice the first time), the timed run with ``D`` records
+the order its ``WaitAny`` s take (resumed with more channels deep should it deadlock), and the
+search stops when that order is the one ``D`` was found for, or ``need`` of it is ``D``.  So the
+result is the run whose every choice was made in simulated time, with exactly the channels its
+own order needs deep: the channels a restarting search ends with once its runs' orders have
+settled, and the same for any prior search (resumed or restarted) reaching that run.  Without a
+``WaitAny`` the first order is already the run's and the timed simulation runs once; with one it
+runs once per round (typically two: a first order is the replay's guess).  Should the rounds
+not settle (an order whose deep set makes the timed run take another order, back and forth),
+the search keeps every channel any round needed and goes on in the timed run (run afresh after
+each deadlock), which ends deadlock-free.
+
+In hardware a deep FIFO's messages wait in the consumer's memory unit: their bytes are the
+consumer's ``fifo_bytes`` (in on-chip memory), and the deepened channels are listed in the
+result (``deep_channels``).
 """
 
 from __future__ import annotations
@@ -44,6 +63,7 @@ from hwmodel.chip import Chip
 from lowering.isa import ProgramSet
 from runtime import DeadlockError, SimResult, Simulator
 from runtime.errors import SimulationError
+from runtime.ops_select import watch_key
 from runtime.state import fifo_depth
 
 __all__ = ["blocked_channels", "deepen", "discover_deep", "find_deep", "run_deepening"]
@@ -116,17 +136,37 @@ def discover_deep(
             err = again
 
 
-def find_deep(sim: Simulator, chip: Chip, messages: Mapping[str, int]) -> dict[str, int] | None:
+def find_deep(
+    sim: Simulator,
+    chip: Chip,
+    messages: Mapping[str, int],
+    order: Mapping[str, list[int]] | None = None,
+) -> dict[str, int] | None:
     """The channels (-> depths) the run of ``sim`` must have deepened, found on its untimed
     replay (:meth:`runtime.Simulator.replay`, module docstring): the replay deadlocks where the
-    timed run would, so :func:`discover_deep` on it deepens the same channels.  ``None`` when
-    the replay cannot decide (an operation it does not model, an error, or a deadlock more
-    buffering cannot fix): the caller searches on the timed run, which reports it."""
+    timed run would, so :func:`discover_deep` on it deepens the same channels.  ``order``: the
+    choices of each ``WaitAny`` register to follow (a timed run's, recorded under
+    :func:`runtime.ops_select.watch_key`); without it a ``WaitAny`` takes the lowest ready
+    index.  ``None`` when the replay cannot decide (an operation it does not model, an error,
+    or a deadlock more buffering cannot fix): the caller searches on the timed run, which
+    reports it."""
+    found = _replay_deep(sim, chip, messages, order)
+    return None if found is None else found[0]
+
+
+def _replay_deep(
+    sim: Simulator,
+    chip: Chip,
+    messages: Mapping[str, int],
+    order: Mapping[str, list[int]] | None,
+) -> tuple[dict[str, int], dict[str, list[int]]] | None:
+    """:func:`find_deep`, and the choices each ``WaitAny`` register made in the replay."""
     deep: dict[str, int] = {}
     try:
         replay = sim.replay()
     except SimulationError:
         return None
+    replay.order = dict(order or {})
     try:
         replay.run()
     except DeadlockError as err:
@@ -137,8 +177,13 @@ def find_deep(sim: Simulator, chip: Chip, messages: Mapping[str, int]) -> dict[s
     except SimulationError:
         return None
     finally:
+        chosen = dict(replay.chosen)
         replay.close()
-    return deep
+    return deep, chosen
+
+
+#: Rounds of the order search (module docstring) before it keeps every channel found.
+MAX_ROUNDS = 6
 
 
 def run_deepening(
@@ -148,39 +193,143 @@ def run_deepening(
     *,
     trace: bool | str | Path = False,
     max_cycles: int | None = None,
-    watch: dict[str, int] | None = None,
+    watch: dict[str, Any] | None = None,
     checked: bool = False,
     inputs: Mapping[str, Any] | None = None,
 ) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
     """Simulate ``programs`` (timing mode), deepening FIFOs that deadlock the run (module
     docstring); ``messages`` is the number of messages each channel carries.  Returns the
     result, the programs that ran and the deepened channels (sorted).  ``watch``: channel
-    names whose first-message cycle is written into it (by the run that completes); a name
-    mapped to a list gets every message's cycle appended.  ``checked``: ``programs`` passed
+    names whose first-message cycle is written into it (by the run returned); a name mapped
+    to a list gets every message's cycle appended (a ``WaitAny`` register's
+    :func:`runtime.ops_select.watch_key`: its choices).  ``checked``: ``programs`` passed
     :func:`lowering.validate_programs` (deepening changes only FIFO depths, so every run here
     skips the simulator's own declaration checks).  ``inputs``: HBM contents (the integer
     tensors: control data is real in timing mode).
 
-    The channels to deepen are found first on the untimed replay (:func:`find_deep`), so the
-    timed simulation normally runs once; should it still deadlock (or the replay not decide),
-    the search goes on in the timed run (resumed, then run afresh)."""
+    The channels to deepen are found on the untimed replay (:func:`find_deep`), for the order
+    the timed run takes its ``WaitAny`` s in (the fixed point of the module docstring); should
+    the replay not decide, or the rounds not settle, the search goes on in the timed run."""
+    given = set(watch) if watch is not None else set()
+    try:
+        return _search(programs, chip, messages, trace, max_cycles, watch, checked, inputs)
+    finally:
+        if watch is not None:  # the choices recorded for the search only
+            for k in set(watch) - given:
+                del watch[k]
+
+
+def _search(
+    programs: ProgramSet,
+    chip: Chip,
+    messages: Mapping[str, int],
+    trace: bool | str | Path,
+    max_cycles: int | None,
+    watch: dict[str, Any] | None,
+    checked: bool,
+    inputs: Mapping[str, Any] | None,
+) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+    """:func:`run_deepening`'s search (module docstring)."""
     sim = Simulator(programs, chip, checked=checked, inputs=inputs)
-    deep = find_deep(sim, chip, messages) or {}
+    found = _replay_deep(sim, chip, messages, None)
+    if found is None:
+        return _timed_search(
+            sim, programs, chip, messages, {}, trace, max_cycles, watch, checked, inputs
+        )
+    deep, chose = found
+    tried: list[dict[str, int]] = []
+    for _ in range(MAX_ROUNDS):
+        for name, depth in deep.items():
+            sim.deepen(name, depth)
+        log = _watching(sim, watch, chose)
+        result: SimResult | None
+        try:
+            result = sim.run(trace=trace, max_cycles=max_cycles)
+        except DeadlockError as err:
+            if not chose:  # no choice to search: a Kahn network, the channels it blocks on
+                discover_deep(sim, err, chip, messages, deep)
+                return _fresh_runs(programs, chip, messages, deep, trace, max_cycles, watch,
+                                   checked, inputs)  # fmt: skip
+            # the order it takes from here on is the resumed run's: the next round's guess
+            discover_deep(sim, err, chip, messages, dict(deep))
+            result = None
+        order = {reg: list(log[watch_key(reg)]) for reg in chose}
+        if result is not None and order == chose:  # deep is the need of the run's own order
+            return result, deepen(programs, deep), _names(deep)
+        tried.append(deep)
+        sim = Simulator(programs, chip, checked=checked, inputs=inputs)
+        found = _replay_deep(sim, chip, messages, order)
+        if found is None:
+            break
+        if result is not None and found[0] == deep:  # the run's order needs exactly deep
+            return result, deepen(programs, deep), _names(deep)
+        deep, chose = found
+        if deep in tried:  # the rounds go back and forth between orders
+            break
+    every = {k: v for d in (*tried, deep) for k, v in d.items()}
+    sim = Simulator(programs, chip, checked=checked, inputs=inputs)
+    return _timed_search(
+        sim, programs, chip, messages, every, trace, max_cycles, watch, checked, inputs
+    )
+
+
+def _watching(
+    sim: Simulator, watch: dict[str, Any] | None, chose: Mapping[str, list[int]]
+) -> dict[str, Any]:
+    """Give run ``sim`` the caller's ``watch`` (reset: only the returned run's entries count)
+    with a record of every ``WaitAny`` register of ``chose`` added; the record is returned."""
+    if watch is not None:
+        for k, v in watch.items():
+            watch[k] = [] if isinstance(v, list) else -1
+    log = watch if watch is not None else {}
+    for reg in chose:
+        log.setdefault(watch_key(reg), [])
+    sim.watch = log or None
+    return log
+
+
+def _timed_search(
+    sim: Simulator,
+    programs: ProgramSet,
+    chip: Chip,
+    messages: Mapping[str, int],
+    deep: dict[str, int],
+    trace: bool | str | Path,
+    max_cycles: int | None,
+    watch: dict[str, Any] | None,
+    checked: bool,
+    inputs: Mapping[str, Any] | None,
+) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+    """The search on the timed run ``sim`` of ``programs`` with ``deep`` deep: resumed after its
+    deadlocks until it completes, then run afresh with every channel found, after a deadlock
+    again with the channels it blocks on, until a run completes."""
     for name, depth in deep.items():
         sim.deepen(name, depth)
-    if watch is not None:
-        sim.watch = watch
+    _watching(sim, watch, {})
     try:
         return sim.run(trace=trace, max_cycles=max_cycles), deepen(programs, deep), _names(deep)
     except DeadlockError as err:
         discover_deep(sim, err, chip, messages, deep)
+    return _fresh_runs(programs, chip, messages, deep, trace, max_cycles, watch, checked, inputs)
+
+
+def _fresh_runs(
+    programs: ProgramSet,
+    chip: Chip,
+    messages: Mapping[str, int],
+    deep: dict[str, int],
+    trace: bool | str | Path,
+    max_cycles: int | None,
+    watch: dict[str, Any] | None,
+    checked: bool,
+    inputs: Mapping[str, Any] | None,
+) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+    """Run ``programs`` afresh with ``deep`` deep, after a deadlock again with the channels it
+    blocks on too, until a run completes."""
     while True:
         current = deepen(programs, deep)
         sim = Simulator(current, chip, checked=checked, inputs=inputs)
-        if watch is not None:
-            for k, v in watch.items():
-                watch[k] = [] if isinstance(v, list) else -1
-            sim.watch = watch
+        _watching(sim, watch, {})
         try:
             return sim.run(trace=trace, max_cycles=max_cycles), current, _names(deep)
         except DeadlockError as err:  # pragma: no cover - resuming found every channel

@@ -364,12 +364,6 @@ def _ragged_inputs(
         row = {tuple(made)}
     if len(row) != 1 or any(tuple(p for _, _, p in pc) not in row for pc in data.pieces):
         return None
-    if len(next(iter(row))) > 1:
-        # rows zipped with the tokens' routing data (the weights applied in the region):
-        # the merge keeps the run's order, as the FIFO deepening of that layer is found on
-        # the untimed replay (.fifos), which must reach the deadlocks the timed run reaches;
-        # a WaitAny there takes the lowest ready input, not the first to arrive
-        return None
     return chans, row.pop()
 
 
