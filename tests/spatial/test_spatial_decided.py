@@ -126,3 +126,39 @@ def test_a_slower_noc_flips_a_region_merge() -> None:
     for d in (fast_d, slow_d):
         got = torch.as_tensor(np.asarray(d.run.tensors["out"])).reshape(16, 64)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_slower_noc_reorders_a_default_tiling_merge() -> None:
+    """The default layer (dynamic tiling, the routing weights applied in the regions: each row
+    zipped with its token's expert ids and weights): the region merges take whichever expert's
+    chunk arrives first (WaitAny, torch2step.spatial.merge_any), decided in the one simulation.
+    On a chip whose FIFOs hold 16 messages (the Partition sends a token's rows on without
+    waiting for credits) only the NoC hop latency changes (1 -> 20 cycles), not the data:
+    each expert's chunk unit sits at its own distance from the merge, and region 0 takes its
+    experts' chunks in another order.  The FIFOs deepened are those each run's own order needs
+    (torch2step.spatial.fifos), and either run's result is PyTorch's."""
+    import torch
+
+    from torch2step.lower.blocks.moe import moe_reference
+
+    kw = {"num_experts": 8, "top_k": 2, "hidden": 64, "intermediate": 64}
+    g = moe_graph(**kw, tokens=16, lanes=2, tile_h=32, tile_i=32)
+    ins = moe_inputs(**kw, tokens=16, seed=0)
+    base = load_chip("step-sda")
+    chip = dataclasses.replace(base, core=dataclasses.replace(base.core, fifo_depth=16))
+    slow = dataclasses.replace(chip, noc=dataclasses.replace(chip.noc, hop_latency_cycles=20))
+    fast_d = simulate_decided(g, chip, ins, timing_only=False)
+    slow_d = simulate_decided(g, slow, ins, timing_only=False)
+    for d in (fast_d, slow_d):  # decided in the one simulation (no re-simulated order)
+        assert d.converged and d.rounds == 1
+    assert fast_d.arrival["moe_l0_merge"] != slow_d.arrival["moe_l0_merge"]
+    assert sorted(fast_d.arrival["moe_l0_merge"]) == sorted(slow_d.arrival["moe_l0_merge"])
+    # the interpreter's own order (by input) is neither
+    assert fast_d.arrival["moe_l0_merge"] != sorted(fast_d.arrival["moe_l0_merge"])
+    want = moe_reference(
+        *(torch.as_tensor(ins[k]) for k in ("x", "topk_idx", "topk_w")),
+        *(torch.as_tensor(ins[k]) for k in ("w_gate", "w_up", "w_down")),
+    )
+    for d in (fast_d, slow_d):
+        got = torch.as_tensor(np.asarray(d.run.tensors["out"])).reshape(16, 64)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

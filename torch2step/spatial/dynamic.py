@@ -2,23 +2,25 @@
 
 An EagerMerge forwards "whichever input is ready first": which one that is depends on the
 simulated timing of its producers, not on data.  An expert region's merge, with static or
-dynamic tiling, makes that choice in the simulation itself (:mod:`.merge_any`: a ``WaitAny``
-over its inputs' channels, the first arrival taken), and its region's units read what it chose
-at run time, so one simulation decides and runs the order: :func:`simulate_decided` records the merge's choices
+dynamic tiling, with the routing weights applied after the regions or in them (each row zipped
+with its token's expert ids and weights, the default layer), makes that choice in the
+simulation itself (:mod:`.merge_any`: a ``WaitAny`` over its inputs' channels, the first
+arrival taken), and its region's units read what it chose at run time, so one simulation
+decides and runs the order: :func:`simulate_decided` records the merge's choices
 (``runtime.ops_select.watch_key``), re-runs the reference interpreter with the chunks in that
 order (the run whose streams the plan's bookkeeping and the functional result follow) and, when
 that run's plan is the simulated one (every unit's program independent of the order, as the
-regions' are), returns without simulating again.
+regions' are), returns without simulating again.  The FIFOs that run deepens are those the
+order its merges took needs (:mod:`.fifos`: the untimed replay follows the timed run's order).
 
-A merge whose program follows the run's order (one whose units are unrolled over its chunks in
-that order: a merge of chunks zipped with their routing data, the default tiling's regions;
-a merge outside a region) still needs the search over rounds:
-simulate with an order, read from the simulation the cycle at which every merge input sent its
-first element, re-run the interpreter with the chunks ordered by those cycles (ties by input
-index) and simulate again, until the order the programs follow is the order the simulation
-produces (a fixed point) or ``max_rounds`` is reached (the result says which).  Either way the
-decisions follow simulated time: a slower HBM or a slower unit upstream of a merge changes
-them.
+A merge whose program follows the run's order (its units unrolled over its chunks in that
+order: a merge outside an expert region, e.g. of two producers' streams) still needs the
+search over rounds: simulate with an order, read from the simulation the cycle at which every
+merge input sent its first element, re-run the interpreter with the chunks ordered by those
+cycles (ties by input index) and simulate again, until the order the programs follow is the
+order the simulation produces (a fixed point) or ``max_rounds`` is reached (the result says
+which).  Either way the decisions follow simulated time: a slower HBM or a slower unit
+upstream of a merge changes them.
 """
 
 from __future__ import annotations

@@ -30,7 +30,10 @@ run's streams (:meth:`~.context.EmitCtx.tally`).
 A dynamically tiled region's merge (ragged chunks, one of all an expert's rows, STeP (revised)
 §3.1) whose region's units loop over each chunk's rows (its data channel grouped:
 :func:`~.region_rows.chunk_channels`, :mod:`.region_tail`) is such a loop too
-(:func:`emit_ragged_any`): per expert, ``WaitAny`` picks the expert whose first message
+(:func:`emit_ragged_any`), with the routing weights applied after the regions (a row is one
+part) or in them (the default layer: a row's parts, the token's row, expert ids and weights,
+come on the expert's one channel, the first part the one whose arrival the ``WaitAny`` sees):
+per expert, ``WaitAny`` picks the expert whose first message
 (a row, or the stop token of an expert without one) arrived first; a row starts its chunk —
 the selector sent with it, every row forwarded in one cycle until the expert's stop token,
 whose count then ends the chunk's rows on the data channel — and the token alone ends an
@@ -322,8 +325,9 @@ def _ragged_inputs(
     """Each input's channel and the rows' data parts, when merge ``op`` takes ragged chunks at
     run time (:func:`emit_ragged_any`): its data channel ends each chunk with a stop token
     (grouped), its selector is one value per chunk, and every input is at most one chunk of
-    rows of one data part each (the tokens' rows, the §5.3 artifact's layer), from its own
-    channel, which ends with its stop token."""
+    rows, each row one data part (the token's row, the §5.3 artifact's layer) or several (with
+    the routing weights applied in the region, the row zipped with its token's expert ids and
+    weights), all from the input's own channel, which ends with its stop token."""
     data, sel = (ctx.stream(n) for n in op.out_names())
     if data.channel is None or sel.channel is None or data.channel not in b.grouped:
         return None
