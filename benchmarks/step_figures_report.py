@@ -176,9 +176,12 @@ Notes on differences from the paper (modelling choices):
   as soon as its first row arrives costs time: every region names its first expert at ~200
   cycles, so four experts' weight reads (~9.4 MB each) start while the routing still reads
   the token ids and rows, and on the first-come HBM those small reads end at ~37.5K cycles
-  instead of ~0.9K (603,499 cycles; 576,474 when the order came from a search over whole
-  re-simulations that named every first chunk after routing had ended).  An HBM arbitration
-  favouring the routing's reads is not in the paper's model, so we leave it.
+  instead of ~0.9K (704,686 cycles, with the 125 FIFOs the run's own order needs deep, as a
+  search restarting the simulation after each deadlock finds them; 603,499 when the depths
+  came from the untimed replay's guess of the order, 151 channels deep; 576,474 when the order
+  came from a search over whole re-simulations that named every first chunk after routing had
+  ended).  An HBM arbitration favouring the routing's reads is not in the paper's model, so we
+  leave it.
 """
 
 

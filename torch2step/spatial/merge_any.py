@@ -45,9 +45,11 @@ selector names the expert, §5.3), possibly while the routing is still reading t
 and rows: on an HBM serving each channel first come first served, those small reads queue
 behind the weight tiles.  Qwen3-30B-A3B at batch 64 with 4 dynamically tiled regions (Fig. 9):
 every region names its first chunk at ~200 cycles, the index and row loads of the routing end
-at ~37.5K cycles instead of ~0.9K, and the layer takes 603,499 cycles, against 576,474 with
-the chunks in the order a search over re-simulations converged to (its first chunks named
-after the routing had ended).
+at ~37.5K cycles instead of ~0.9K.  The layer takes 704,686 cycles with the 125 FIFOs the
+run's own order needs deep (:mod:`.fifos`; a search restarting the timed simulation after each
+deadlock ends with the same channels and cycles); 603,499 cycles were reported while the
+depths were found for the untimed replay's guess of the order (the lowest ready input), which
+deepened channels this run's order does not need.
 """
 
 from __future__ import annotations
