@@ -2,8 +2,10 @@
 
 The programs on the simulator's cores make no timing-dependent choices (every receive names
 its channel, control flow reads only registers, control values and integer data; the one
-exception, :class:`~lowering.isa.WaitAny`, takes here the lowest index holding a message when
-the core looks, so with it the replay is one fair schedule, not every one), so they form
+exception, :class:`~lowering.isa.WaitAny`, whose choice is the timed run's, follows here the
+order a timed run recorded (:attr:`Replay.order`: it waits for the input recorded next, so the
+choice is data), or without one takes the lowest index holding a message when the core looks
+(one fair schedule's choice, not necessarily the timed run's)), so they form
 a Kahn process network on bounded channels (Cyclotron §9.1, DAM's bounded channels; STeP arXiv
 2511.07776 §4.2).  Its channel histories, and the state in which it deadlocks (where every
 program stands, which messages each FIFO holds), do not depend on timing: any fair schedule

@@ -39,8 +39,11 @@ an order (its own lowest-ready-index choice the first time), the timed run with 
 the order its ``WaitAny`` s take (resumed with more channels deep should it deadlock), and the
 search stops when that order is the one ``D`` was found for, or ``need`` of it is ``D``.  So the
 result is the run whose every choice was made in simulated time, with exactly the channels its
-own order needs deep: the channels a restarting search ends with once its runs' orders have
-settled, and the same for any prior search (resumed or restarted) reaching that run.  Without a
+own order needs deep.  A search restarting the timed run after each deadlock keeps every
+channel any of its runs needed, so it ends with the same channels when its runs' orders settle
+before it deepens one only another order needs (the time-multiplexed MoE layers tested, and
+Fig. 9's 4-region run: the same channels and cycles); the replay's first guess, by contrast,
+may need channels no timed run does, which is why its deep set is not kept.  Without a
 ``WaitAny`` the first order is already the run's and the timed simulation runs once; with one it
 runs once per round (typically two: a first order is the replay's guess).  Should the rounds
 not settle (an order whose deep set makes the timed run take another order, back and forth),
