@@ -210,7 +210,8 @@ class WaitAny:
     message (the first no earlier receive of this core takes) arrived first in simulated time,
     ties by the lowest index, at the cycle it arrived (or at once when one is there); the
     untimed interpreters (reference, replay, MPI) take the lowest index holding a message when
-    the core looks, so the choice there depends on their schedule, not on timing."""
+    the core looks, so the choice there depends on their schedule, not on timing (the replay,
+    given the order a timed run recorded, follows it: :attr:`runtime.replay.Replay.order`)."""
 
     channels: tuple[str, ...]
     reg: str
