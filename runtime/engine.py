@@ -365,8 +365,8 @@ class Simulator(Transfers):
                 # one stopped
                 if hops:
                     self.inline_hbm = False
-                    for x, st, nb, pe, at in hops:
-                        stage(x, st, nb, pe, at)
+                    for h in hops:
+                        stage(*h)
                     self.inline_hbm = inl
                 done = len(hops)
                 for core in cores:  # run the core until it yields, blocks or finishes
@@ -389,8 +389,8 @@ class Simulator(Transfers):
                         self.inline_hbm = False
                         it = iter(hops)
                         it.__setstate__(done)
-                        for x, st, nb, pe, at in it:
-                            stage(x, st, nb, pe, at)
+                        for h in it:
+                            stage(*h)
                         done = len(hops)
                         self.inline_hbm = inl
                 pops += done + len(cores)
