@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from functools import reduce
-from operator import add
+from itertools import repeat
+from operator import add, truediv
 from typing import Any
 
 __all__ = ["HbmClasses"]
@@ -285,14 +286,13 @@ class HbmClasses:
         # every class the split touches is now covered whole with equal bytes: one entry per
         # class, in the order the split first reaches it
         per = dict(zip(map(cls.__getitem__, bd), bd.values()))
-        rate = self.hrate
-        plan = [(k, b / rate) for k, b in per.items()]
+        plan = tuple(zip(per, map(truediv, per.values(), repeat(self.hrate))))
         nbytes = tuple(per.items())
         logs = self.clogs
         logged = None
-        if any(k in logs for k, _ in plan):
+        if logs and not logs.keys().isdisjoint(per):
             logged = tuple((k, d, logs.get(k)) for k, d in plan)
-        hit = (self.hver, tuple(plan), [0], nbytes, logged, split)
+        hit = (self.hver, plan, [0], nbytes, logged, split)
         self.hbm_plans[id(split)] = hit
         return hit
 
