@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from hwmodel.chip import Chip
+from hwmodel.chip import AllToAllNoC, Chip
 from lowering.isa import ProgramSet
 from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
@@ -241,6 +241,13 @@ class Simulator(Transfers):
             self.ctrace: list[tuple] = []
             self.rtrace: list[tuple] | None = [] if self.tracing else None
             self.bg_reset()  # background traffic (runtime.transfer)
+            noc = self.chip.noc
+            self.inline_ok = (  # (Transfers.inline_hbm)
+                not self.tracing
+                and isinstance(noc, AllToAllNoC)
+                and self.chip.hbm.latency_cycles + noc.latency_cycles > 0
+            )
+            self.inline_hbm = False
             self.times: list[int] = []
             self.buckets: dict[int, tuple[list, list]] = {}
             self.now = 0
@@ -337,6 +344,7 @@ class Simulator(Transfers):
         times, buckets = self.times, self.buckets
         limit = math.inf if max_cycles is None else max_cycles
         stage = self._stage
+        inl = self.inline_ok
         pops = 0
         report = getattr(self, "progress", None)
         check_at = PROGRESS_EVENTS
@@ -355,8 +363,11 @@ class Simulator(Transfers):
                 # queued for this cycle by a stage); one that is exhausted yields nothing more,
                 # so the stages a core queues are walked by a new iterator from where the last
                 # one stopped
-                for x, st, nb, pe, at in hops:
-                    stage(x, st, nb, pe, at)
+                if hops:
+                    self.inline_hbm = False
+                    for h in hops:
+                        stage(*h)
+                    self.inline_hbm = inl
                 done = len(hops)
                 for core in cores:  # run the core until it yields, blocks or finishes
                     code = core.code
@@ -375,11 +386,13 @@ class Simulator(Transfers):
                         ) from None
                     core.stepped += n
                     if len(hops) > done:  # stages the core queued for this cycle
+                        self.inline_hbm = False
                         it = iter(hops)
                         it.__setstate__(done)
-                        for x, st, nb, pe, at in it:
-                            stage(x, st, nb, pe, at)
+                        for h in it:
+                            stage(*h)
                         done = len(hops)
+                        self.inline_hbm = inl
                 pops += done + len(cores)
                 del buckets[t]
                 if report is not None and pops >= check_at:
@@ -390,6 +403,7 @@ class Simulator(Transfers):
                         report(t, pops)
         finally:
             self.n_pops = pops
+            self.inline_hbm = False
         if report is not None:
             report(self.now, pops)
         if self.ndone < len(self.comp.active):

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from functools import reduce
-from operator import add
+from itertools import repeat
+from operator import add, truediv
 from typing import Any
 
 __all__ = ["HbmClasses"]
@@ -60,7 +61,7 @@ class HbmClasses:
         order, so cycles, statistics and the trace are unchanged."""
         split = x.split
         plan = self.hbm_plans.get(id(split))
-        if plan is None or plan[0] != self.hver:
+        if plan is None or plan[0] != self.hver or plan[5] is not split:
             plan = self._plan(split)
         plan[2][0] += 1  # bytes and grant counts per class: added up by _flush_uses
         cfree, cbusy = self.cfree, self.cbusy
@@ -236,36 +237,36 @@ class HbmClasses:
 
     def _plan(self, split: tuple) -> tuple:
         """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
-        ...), logged)`` for ``split``, refining the channel classes so that every class it
-        touches is covered whole with equal bytes (``uses``: requests served with it whose
+        ...), logged, split)`` for ``split``, refining the channel classes so that every class
+        it touches is covered whole with equal bytes (``uses``: requests served with it whose
         bytes and grants are not yet added to their classes, see :meth:`_flush_uses`;
         ``logged``: ``((class, bytes / rate, its log or None), ...)`` when a class is a merged
-        one, else None)."""
+        one, else None).  Plans are kept by the split's ``id``; a plan holds its split, so no
+        other split (a LoadValue's one-element split is made per request) can take that id
+        while the plan lives."""
         cls = self.cls_of
-        want: dict[int, dict] = {}
-        for c, b in split:
-            want.setdefault(cls[c], {})[c] = b
+        # the split's bytes per channel (its channels are distinct, in channel order): the
+        # bytes a class member gets are ``get(c)`` (None when the request skips it); the
+        # classes it touches, in the order the split first reaches them
+        get = (bd := dict(split)).get
+        touched = dict.fromkeys(map(cls.__getitem__, bd))
         if self.cparts:  # a merged class to refine: split into its parts first
             redo = False
-            for k, got in want.items():
-                if k in self.cparts:
-                    members = self.cmembers[k]
-                    b0 = got.get(members[0])
-                    if any(got.get(c) != b0 for c in members):
-                        self._unmerge(k)
-                        redo = True
+            for k in touched:
+                if k in self.cparts and len(set(map(get, self.cmembers[k]))) > 1:
+                    self._unmerge(k)
+                    redo = True
             if redo:
-                want = {}
-                for c, b in split:
-                    want.setdefault(cls[c], {})[c] = b
+                touched = dict.fromkeys(map(cls.__getitem__, bd))
         changed = False
-        for k, got in want.items():
+        for k in touched:
             members = self.cmembers[k]
-            groups: dict = {}
-            for c in members:
-                groups.setdefault(got.get(c), []).append(c)
-            if len(groups) == 1:
+            got = list(map(get, members))
+            if len(set(got)) == 1:
                 continue
+            groups: dict = {}
+            for c, b in zip(members, got):
+                groups.setdefault(b, []).append(c)
             if not changed:
                 self._flush_uses()  # the counts go to the classes as they are now
             changed = True
@@ -282,21 +283,16 @@ class HbmClasses:
                     cls[c] = n
         if changed:
             self._changed()
-        plan: list[tuple[int, float]] = []
-        nbytes: list[tuple[int, int]] = []
-        seen: set[int] = set()
-        rate = self.hrate
-        for c, b in split:
-            k = cls[c]
-            if k not in seen:
-                seen.add(k)
-                plan.append((k, b / rate))
-                nbytes.append((k, b))
+        # every class the split touches is now covered whole with equal bytes: one entry per
+        # class, in the order the split first reaches it
+        per = dict(zip(map(cls.__getitem__, bd), bd.values()))
+        plan = tuple(zip(per, map(truediv, per.values(), repeat(self.hrate))))
+        nbytes = tuple(per.items())
         logs = self.clogs
         logged = None
-        if any(k in logs for k, _ in plan):
+        if logs and not logs.keys().isdisjoint(per):
             logged = tuple((k, d, logs.get(k)) for k, d in plan)
-        hit = (self.hver, tuple(plan), [0], tuple(nbytes), logged)
+        hit = (self.hver, plan, [0], nbytes, logged, split)
         self.hbm_plans[id(split)] = hit
         return hit
 

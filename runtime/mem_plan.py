@@ -3,7 +3,7 @@
 A Load or Store names a region of a tensor (:class:`lowering.isa.Region`); the request it makes
 is the region's ``(channel, bytes)`` split over the HBM channels (:meth:`runtime.layout.HbmLayout.split`,
 ELK §2.1 / §6.1: tensors interleaved over the channels) and its byte count.  The operation keeps a
-*plan* (:attr:`runtime.ops_comm.OpMem.plan`) built the first time it runs:
+*plan* (:attr:`runtime.ops_mem.OpMem.plan`) built the first time it runs:
 
 * a constant region (``fixed``): its split and byte count, final;
 * a region whose extents are constant and whose starts are affine in registers (a tile loop):
@@ -12,7 +12,7 @@ ELK §2.1 / §6.1: tensors interleaved over the channels) and its byte count.  T
   general path raises) and the byte offset of the region's first element from the tensor's
   base, plus a per-operation cache of splits by that offset modulo the interleave round (the
   layout's own cache key, :mod:`runtime.layout`);
-* anything else: ``None``, the general path (:func:`runtime.ops_comm._region`).
+* anything else: ``None``, the general path (:func:`runtime.mem_plan._region`).
 
 :func:`_request` gives a handler its request from the plan, or by the general rule
 (:func:`_region`, also the untimed replay's).  A plan records the

@@ -389,7 +389,7 @@ def _builder(cls: type) -> Any:
     :mod:`dataclasses` generates ``__init__`` (compiling a large chip builds millions of
     operations; a ``setattr`` call per field was most of that cost).  The slots a class lists
     in ``_late`` are not parameters: they start as ``None`` (state a handler fills in when the
-    operation first runs, e.g. :class:`runtime.ops_comm.OpMem`'s ``plan``)."""
+    operation first runs, e.g. :class:`runtime.ops_mem.OpMem`'s ``plan``)."""
     late = getattr(cls, "_late", ())
     names = [n for k in reversed(cls.__mro__) for n in getattr(k, "__slots__", ()) if n not in late]
     body = "".join(f"    op.{n} = {n}\n" for n in names)

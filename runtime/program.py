@@ -33,7 +33,7 @@ from lowering.isa import (
     Set,
     Store,
 )
-from runtime import ops, ops_comm, ops_control, ops_pick, ops_select, program_layers
+from runtime import ops, ops_comm, ops_control, ops_mem, ops_pick, ops_select, program_layers
 from runtime.checks import check_declarations, describe
 from runtime.errors import SimulationError
 from runtime.layout import HbmLayout, TensorInfo
@@ -385,8 +385,8 @@ class _Compiler(LocalCompiler):
         self.values.add(info.name)
         code.append(
             make(
-                ops_comm.OpLoadValue,
-                ops_comm.h_loadvalue,
+                ops_mem.OpLoadValue,
+                ops_mem.h_loadvalue,
                 ins,
                 reg=ins.reg,
                 info=info,
@@ -409,10 +409,10 @@ class _Compiler(LocalCompiler):
         code.append(make(ops_comm.OpBarrier, ops_comm.h_barrier, ins, group=g))
 
 
-_MEM = ops.builder(ops_comm.OpMem)
+_MEM = ops.builder(ops_mem.OpMem)
 _SEND = ops.builder(ops_comm.OpSend)
 _RECV = ops.builder(ops_comm.OpRecv)
-_H_LOAD, _H_STORE, _H_SEND = ops_comm.h_load, ops_comm.h_store, ops_comm.h_send
+_H_LOAD, _H_STORE, _H_SEND = ops_mem.h_load, ops_mem.h_store, ops_comm.h_send
 _H_RECV, _H_RECVSTOP, _H_RECVVALUE = ops_comm.h_recv, ops_comm.h_recvstop, ops_comm.h_recvvalue
 
 _HANDLERS = {

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime import ops, ops_comm, ops_control, ops_pick, ops_select, program_layers
+from runtime import ops, ops_comm, ops_control, ops_mem, ops_pick, ops_select, program_layers
 from runtime.layout import numpy_dtype
 from runtime.ops_control import write_element
 from runtime.state import Core, Post, StopPost
@@ -140,12 +140,12 @@ def _load(rp: Replay, core: Core, op: Any) -> bool:
         return False
     info = op.info
     if info.is_int and info.name in rp.hbm:  # control data (HBM keeps its inputs in timing mode)
-        starts, extents = ops_comm._region(rp, core, op)
+        starts, extents = ops_mem._region(rp, core, op)
         b.data = np.array(
-            rp.hbm[info.name][ops_comm._slices(starts, extents)], dtype=numpy_dtype(b.dtype)
+            rp.hbm[info.name][ops_mem._slices(starts, extents)], dtype=numpy_dtype(b.dtype)
         )
     else:
-        extents = op.cext if op.cext is not None else ops_comm._region(rp, core, op)[1]
+        extents = op.cext if op.cext is not None else ops_mem._region(rp, core, op)[1]
     b.shape = extents
     core.pc += 1
     return True
@@ -345,9 +345,9 @@ RULES: dict[Any, Any] = {
     ops_pick.h_argmin: ops_pick.h_argmin,
     ops_control.h_readvalue: _readvalue,
     ops_control.h_writevalue: _writevalue,
-    ops_comm.h_load: _load,
-    ops_comm.h_store: _store,
-    ops_comm.h_loadvalue: _loadvalue,
+    ops_mem.h_load: _load,
+    ops_mem.h_store: _store,
+    ops_mem.h_loadvalue: _loadvalue,
     ops_comm.h_send: _send,
     ops_comm.h_recv: _recv,
     ops_comm.h_recvvalue: _recvvalue,

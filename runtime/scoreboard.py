@@ -12,8 +12,8 @@ resolves.
 :func:`ready` waits for an instruction's buffers: it moves the core's clock to the
 instruction's issue cycle, charging the wait to the category of the binding buffer (:func:`advance`),
 or blocks the core; :func:`fence` folds the core's outstanding DMA completions (Barrier, end of
-program).  The handlers of :mod:`runtime.ops`, :mod:`runtime.ops_comm` and
-:mod:`runtime.ops_control` share these.
+program).  The handlers of :mod:`runtime.ops`, :mod:`runtime.ops_comm`,
+:mod:`runtime.ops_mem` and :mod:`runtime.ops_control` share these.
 """
 
 from __future__ import annotations

@@ -93,6 +93,15 @@ class Transfers(HbmClasses):
     hfg: float
     hbgbusy: list[float]
     slow: bool
+    #: True while a core runs (not while queued stages are processed), if the run may grant
+    #: the HBM channels a core's request reaches in the current cycle at once rather than by
+    #: an event (:meth:`runtime.engine.Simulator._loop`).  The same grants in the same order:
+    #: a core runs only once every stage queued for the cycle has been processed, and then
+    #: nothing but that core's later requests could come between the two — on an all-to-all
+    #: chip those reach the HBM channels through the same rule, and a background read reaches
+    #: its pool later (a positive HBM + exchange latency).  Off when tracing (the trace lists
+    #: spans in the order they are made).
+    inline_hbm: bool
 
     fabric: Any
     comp: Any
@@ -159,11 +168,16 @@ class Transfers(HbmClasses):
         if form == FORM_NEXT:  # one resource (or HBM) child: reserved by an event
             ch = children[0]
             t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
-            b = self.buckets.get(t)
-            if b is None:
-                b = self.buckets[t] = ([], [])
-                heappush(self.times, t)
-            b[0].append((x, ch, nbytes, end, t))
+            if t == self.now and self.inline_hbm and ch[0] == RES_HBM:
+                # HBM channels a core's request reaches in this cycle: granted at once, in
+                # the order the core issues its requests (see :attr:`inline_hbm`)
+                self._stage(x, ch, nbytes, end, t)
+            else:
+                b = self.buckets.get(t)
+                if b is None:
+                    b = self.buckets[t] = ([], [])
+                    heappush(self.times, t)
+                b[0].append((x, ch, nbytes, end, t))
         elif form == FORM_LAST:
             # a delay leaf (every path's last hop): ends lat after the tail, not before the
             # head; delivered here, as the end of this routine would
