@@ -273,7 +273,8 @@ class UnitBuilder(UnitBuffers):
             held = ins[0][rule.slot][1] if ins else None
             if held is not None and held in in_bufs and len(rule.outs) == len(out_bufs):
                 params = rule.params(in_bufs.index(held), t.enc_rate)
-        self.emit(self.make(Compute, STEP_KERNEL, tuple(out_bufs), tuple(in_bufs), params, t.enc_dtype))
+        outs_t, ins_t = tuple(out_bufs), tuple(in_bufs)
+        self.emit(self.make(Compute, STEP_KERNEL, outs_t, ins_t, params, t.enc_dtype))
         self.flops += flops
         self.busy_cycles += cycles
         if rows is not None and rule is not None:
@@ -331,7 +332,8 @@ class UnitBuilder(UnitBuffers):
                     self.rows_free = False  # a run-sized tile made to this run's size
                 self.emit(self.make(Send, chan, b))
             elif b is not None and q.kind == "value" and q.value == part.value:
-                self.emit(self.make(SendValue, chan, b))  # a received control value forwarded: its register
+                # a received control value forwarded: its register
+                self.emit(self.make(SendValue, chan, b))
             elif b is not None and q.kind == "data" and q.dtype == part.dtype and q.elems == 1:
                 reg = f"val.{chan}"  # a control value loaded as a [1, 1] integer tile: read it
                 self.emit(self.make(ReadValue, reg, b, 0), self.make(SendValue, chan, reg))
