@@ -118,6 +118,7 @@ class UnitBuilder(UnitBuffers):
         self.received = 0
         self.sent = 0
         self._made: dict[tuple, Any] = {}
+        self._step_of: dict[tuple[int, ...], tuple[Instr, ...]] = {}
 
     def make(self, cls: type[_I], *args: Any) -> _I:
         """The instruction ``cls(*args)``, one object per distinct value in this unit.
@@ -140,9 +141,15 @@ class UnitBuilder(UnitBuffers):
         self.cur.extend(instrs)
 
     def step(self) -> None:
-        """Close the current step (the unit of loop folding)."""
+        """Close the current step (the unit of loop folding).  Equal steps of the same
+        instruction objects (:meth:`make`) are one tuple, so the loop folding looks each
+        distinct step up once (the instructions it holds stay alive, so their ids do)."""
         if self.cur:
-            self.steps.append(tuple(self.cur))
+            key = tuple(map(id, self.cur))
+            s = self._step_of.get(key)
+            if s is None:
+                s = self._step_of[key] = tuple(self.cur)
+            self.steps.append(s)
             self.cur = []
 
     # -- streams ---------------------------------------------------------------------------------
