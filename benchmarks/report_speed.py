@@ -17,7 +17,9 @@ inside another pauses it): imports up to the command, building the layer, captur
 (``torch.export`` and its decomposition), raising, lowering (with the one-operator lowerings
 that split a layer into configurations), the timing run of the STeP interpreter, the symbolic
 §4.1 metrics (STeP arXiv 2511.07776 §4.1: the HBM and on-chip formulas the report prints), the
-spatial plan, program validation, the simulator's setup (building each core's program state),
+spatial plan, program validation, the stand-in weights and inputs of a layer split into
+configurations and the values that steer their control (the router's logits:
+``configurations._Values``), the simulator's setup (building each core's program state),
 the untimed replay that finds the FIFOs to deepen, the timed simulation and the report's
 records.  The child runs the command as the process (as ``python -m torch2step.cli`` does), so
 its exit is the command's; ``startup+exit`` is what the parent measured outside the child's
@@ -47,6 +49,8 @@ def _layers() -> list[str]:
 #: (phase, module, attribute): the stages ``--phases`` times (module docstring)
 PHASES = (
     ("build layer", "models.registry", "get_layer"),
+    ("stand-ins", "torch2step.configurations", "_Values.__init__"),
+    ("layer values", "torch2step.configurations", "_Values.value"),
     ("capture", "torch2step.frontend.capture", "capture"),
     ("raise", "torch2step.frontend.torch_import", "from_exported"),
     ("lower", "torch2step.lower.lower", "lower"),
