@@ -14,10 +14,17 @@ next to it, so runs of two versions can be compared for identical cycles as well
 ``--phases`` also splits each report's CPU seconds by phase, measured in the child with
 ``time.process_time`` around the pipeline's stages (each second counted once: a stage called
 inside another pauses it): imports up to the command, building the layer, capture
-(``torch.export`` and its decomposition), raising, lowering, the timing run of the STeP
-interpreter, the spatial plan, program validation, the untimed replay that finds the FIFOs to
-deepen, and the timed simulation.  What is left is the rest of the command (configurations'
-bookkeeping, the report's text).
+(``torch.export`` and its decomposition), raising, lowering (with the one-operator lowerings
+that split a layer into configurations), the timing run of the STeP interpreter, the symbolic
+§4.1 metrics (STeP arXiv 2511.07776 §4.1: the HBM and on-chip formulas the report prints), the
+spatial plan, program validation, the stand-in weights and inputs of a layer split into
+configurations and the values that steer their control (the router's logits:
+``configurations._Values``), the simulator's setup (building each core's program state),
+the untimed replay that finds the FIFOs to deepen, the timed simulation and the report's
+records.  The child runs the command as the process (as ``python -m torch2step.cli`` does), so
+its exit is the command's; ``startup+exit`` is what the parent measured outside the child's
+own clock (the interpreter's start before the imports, its teardown after the command), and
+``other`` the rest of the command (configurations' bookkeeping, placement, the text).
 """
 
 from __future__ import annotations
@@ -42,14 +49,20 @@ def _layers() -> list[str]:
 #: (phase, module, attribute): the stages ``--phases`` times (module docstring)
 PHASES = (
     ("build layer", "models.registry", "get_layer"),
+    ("stand-ins", "torch2step.configurations", "_Values.__init__"),
+    ("layer values", "torch2step.configurations", "_Values.value"),
     ("capture", "torch2step.frontend.capture", "capture"),
     ("raise", "torch2step.frontend.torch_import", "from_exported"),
     ("lower", "torch2step.lower.lower", "lower"),
     ("interpreter", "torch2step.step.interpreter", "run"),
+    ("metrics", "torch2step.step.metrics", "metrics"),
     ("plan", "torch2step.spatial.plan", "build_plan"),
     ("validate", "lowering.validate", "validate_programs"),
+    ("simulator setup", "runtime.engine", "Simulator.__init__"),
     ("replay (FIFO depths)", "torch2step.spatial.fifos", "find_deep"),
     ("simulation", "runtime.engine", "Simulator.run"),
+    ("report records", "torch2step.program", "_make_report"),
+    ("report records", "torch2step.program", "_with_context"),
 )
 
 
@@ -97,9 +110,12 @@ def _timed_child(argv: list[str]) -> None:
             for m in list(sys.modules.values()):
                 if getattr(m, name, None) is fn:
                     setattr(m, name, wrapped)
-    code = cli_main(["report", *argv])
-    spent["total"] = time.process_time() - t0
-    print("phases " + json.dumps(spent), file=sys.stderr)
+    sys.argv = ["torch2step", "report", *argv]
+    try:
+        code = cli_main()  # the command as the process: its exit is the command's
+    finally:
+        spent["total"] = time.process_time() - t0
+        print("phases " + json.dumps(spent), file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
@@ -160,7 +176,10 @@ def main() -> None:
         if split:
             total = split.pop("total", cpu)
             rest = total - sum(split.values())
-            parts = [f"{k} {v:.2f}" for k, v in split.items()] + [f"other {rest:.2f}"]
+            parts = [f"{k} {v:.2f}" for k, v in split.items()] + [
+                f"other {rest:.2f}",
+                f"startup+exit {cpu - total:.2f}",
+            ]
             print(f"{'':18s} phases: {', '.join(parts)}", flush=True)
 
 

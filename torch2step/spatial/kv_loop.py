@@ -302,6 +302,7 @@ def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
         return False
     base, _, stride = (ctx.ev(v, f"state of unit %{b.name}") for v in op.init.get("values"))
     cut = x.value.rank + 1 - op.rank
+    advance = Set("cur.base", Affine(stride, (("cur.base", 1),)))
     k = 0
     for sub in iter_nodes(x.value.data, cut):
         state = None
@@ -319,10 +320,10 @@ def emit_cursor_scan(ctx: EmitCtx, b: UnitBuilder, op: Scan, cost: Any) -> bool:
             ((_, n),) = e
             assert buf is not None and n is not None
             b.emit(
-                Set("cur.base", Affine(stride, (("cur.base", 1),))),
-                WriteValue(buf, 0, "cur.base"),
-                WriteValue(buf, 1, n),
-                WriteValue(buf, 2, stride),
+                advance,
+                b.make(WriteValue, buf, 0, "cur.base"),
+                b.make(WriteValue, buf, 1, n),
+                b.make(WriteValue, buf, 2, stride),
             )
             b.send(out, k, state)
             k += 1

@@ -172,15 +172,17 @@ def emit_lane_keep_loop(ctx: EmitCtx, b: UnitBuilder, op: FlatMap) -> bool:
     sends = out.channel is not None and b.has_dsts(out.channel)
     b.emit(Set("lk.n", 0))
     b.step()
+    count = Set("lk.n", Affine(1, (("lk.n", 1),)))
+    is_lane = Cond("lk.lane", "==", lane)
     for k in range(len(x.flat)):
         e = b.recv(x, k)
         (_, cur), (_, state) = e
         assert cur is not None and state is not None
         b.compute(1, (e,), const=True)
-        keep: tuple[Instr, ...] = (Set("lk.n", Affine(1, (("lk.n", 1),))),)
+        keep: tuple[Instr, ...] = (count,)
         if sends and out.channel is not None:
-            keep = (Send(out.channel, cur), *keep)
-        b.emit(ReadValue("lk.lane", state, where - 1), If(Cond("lk.lane", "==", lane), keep))
+            keep = (b.make(Send, out.channel, cur), count)
+        b.emit(b.make(ReadValue, "lk.lane", state, where - 1), b.make(If, is_lane, keep))
         b.step()
     if sends and out.channel is not None:
         b.emit(SendValue(out.channel, "lk.n"))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sympy import Indexed
 
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 from .unit_buffers import Bound, MessageRows, UnitBuffers
 
 __all__ = ["Slot", "Elem", "UnitBuilder"]
+
+_I = TypeVar("_I")
 
 #: One part of an element at the unit: the part and the buffer (data) or register (value)
 #: holding it, ``None`` when it was generated locally and is not materialised.
@@ -115,6 +117,22 @@ class UnitBuilder(UnitBuffers):
         self.regs: dict[str, int] = {}
         self.received = 0
         self.sent = 0
+        self._made: dict[tuple, Any] = {}
+        self._step_of: dict[tuple[int, ...], tuple[Instr, ...]] = {}
+
+    def make(self, cls: type[_I], *args: Any) -> _I:
+        """The instruction ``cls(*args)``, one object per distinct value in this unit.
+
+        A unit's program repeats the same few instructions once per element it handles (the
+        steps :func:`~.compress.compress` folds into loops); instructions are immutable, so
+        the repeats share one object: it is built once (a frozen dataclass's ``__init__``
+        costs more than a lookup) and the loop folding finds it by identity, without hashing
+        its fields again."""
+        key = (cls, args)
+        x = self._made.get(key)
+        if x is None:
+            x = self._made[key] = cls(*args)
+        return x  # type: ignore[no-any-return]
 
     # -- structure -------------------------------------------------------------------------------
 
@@ -123,9 +141,15 @@ class UnitBuilder(UnitBuffers):
         self.cur.extend(instrs)
 
     def step(self) -> None:
-        """Close the current step (the unit of loop folding)."""
+        """Close the current step (the unit of loop folding).  Equal steps of the same
+        instruction objects (:meth:`make`) are one tuple, so the loop folding looks each
+        distinct step up once (the instructions it holds stay alive, so their ids do)."""
         if self.cur:
-            self.steps.append(tuple(self.cur))
+            key = tuple(map(id, self.cur))
+            s = self._step_of.get(key)
+            if s is None:
+                s = self._step_of[key] = tuple(self.cur)
+            self.steps.append(s)
             self.cur = []
 
     # -- streams ---------------------------------------------------------------------------------
@@ -170,15 +194,15 @@ class UnitBuilder(UnitBuffers):
                     sized = (*rows, int(decl.shape[1]), 0)
                 b = self.buffer((*r, i), part.dtype, part.elems, rotation, sized)
                 self._holds(b, rows)
-                self.emit(Recv(chan, b))
+                self.emit(self.make(Recv, chan, b))
             else:
                 b = f"v.{chan}.{i}"
-                self.emit(RecvValue(chan, b))
+                self.emit(self.make(RecvValue, chan, b))
             self.held[(chan, seq)] = b
             self.content[b] = (chan, seq)
             slots.append((part, b))
             if self.stops.get(chan) == seq + 1:  # the stream's stop token follows its last
-                self.emit(RecvValue(chan, f"stop.{chan}"))
+                self.emit(self.make(RecvValue, chan, f"stop.{chan}"))
                 self.next_seq[chan] = seq + 2
         self.received += 1
         return tuple(slots)
@@ -256,7 +280,8 @@ class UnitBuilder(UnitBuffers):
             held = ins[0][rule.slot][1] if ins else None
             if held is not None and held in in_bufs and len(rule.outs) == len(out_bufs):
                 params = rule.params(in_bufs.index(held), t.enc_rate)
-        self.emit(Compute(STEP_KERNEL, tuple(out_bufs), tuple(in_bufs), params, t.enc_dtype))
+        outs_t, ins_t = tuple(out_bufs), tuple(in_bufs)
+        self.emit(self.make(Compute, STEP_KERNEL, outs_t, ins_t, params, t.enc_dtype))
         self.flops += flops
         self.busy_cycles += cycles
         if rows is not None and rule is not None:
@@ -274,7 +299,7 @@ class UnitBuilder(UnitBuffers):
         cycles in ``busy_cycles`` for the elements this run takes through it)."""
         t = self.timing
         params = (("cycles", cycles), ("outs", ""), ("rate", t.enc_rate))
-        return Compute(STEP_KERNEL, (), tuple(ins), params, t.enc_dtype)
+        return self.make(Compute, STEP_KERNEL, (), tuple(ins), params, t.enc_dtype)
 
     def consume(self, *elems: Elem) -> None:
         """A single-cycle step that waits for ``elems`` (dequeuing a reference or selector)."""
@@ -312,14 +337,15 @@ class UnitBuilder(UnitBuffers):
                 assert b is not None
                 if i < len(dyn) and dyn[i] and b not in self.rows_of:
                     self.rows_free = False  # a run-sized tile made to this run's size
-                self.emit(Send(chan, b))
+                self.emit(self.make(Send, chan, b))
             elif b is not None and q.kind == "value" and q.value == part.value:
-                self.emit(SendValue(chan, b))  # a received control value forwarded: its register
+                # a received control value forwarded: its register
+                self.emit(self.make(SendValue, chan, b))
             elif b is not None and q.kind == "data" and q.dtype == part.dtype and q.elems == 1:
                 reg = f"val.{chan}"  # a control value loaded as a [1, 1] integer tile: read it
-                self.emit(ReadValue(reg, b, 0), SendValue(chan, reg))
+                self.emit(self.make(ReadValue, reg, b, 0), self.make(SendValue, chan, reg))
             else:
-                self.emit(SendValue(chan, part.value))
+                self.emit(self.make(SendValue, chan, part.value))
                 self.literal_values = True
         self.sent += 1
 
@@ -327,12 +353,13 @@ class UnitBuilder(UnitBuffers):
 
     def _addr(self, reg: str, value: int) -> Affine:
         old = self.regs.get(reg)
+        make = self.make
         if old is None:
-            self.emit(Set(reg, value))
+            self.emit(make(Set, reg, value))
         elif value != old:
-            self.emit(Set(reg, Affine(value - old, ((reg, 1),))))
+            self.emit(make(Set, reg, make(Affine, value - old, ((reg, 1),))))
         self.regs[reg] = value
-        return Affine(0, ((reg, 1),))
+        return make(Affine, 0, ((reg, 1),))
 
     def _region(
         self, starts: Sequence[int | Affine], extents: Sequence[int | Affine], reg: str
@@ -344,7 +371,7 @@ class UnitBuilder(UnitBuffers):
             self._addr(f"{reg}{d}" if many else reg, x) if isinstance(x, int) else x
             for d, x in enumerate(starts)
         )
-        return Region(at, tuple(extents))
+        return self.make(Region, at, tuple(extents))
 
     def load(
         self,
@@ -371,7 +398,7 @@ class UnitBuilder(UnitBuffers):
         b = self.buffer(("ld",), part.dtype, part.elems, rotation, sized)
         self._holds(b, None if sized is None else (sized[0], sized[1]))
         self.content.pop(b, None)
-        self.emit(Load(b, tensor, region))
+        self.emit(self.make(Load, b, tensor, region))
         return ((part, b),)
 
     def store(
@@ -390,12 +417,12 @@ class UnitBuilder(UnitBuffers):
         assert b is not None
         if b in self.rows_of:  # the region is the run's tile size
             self.rows_free = False
-        self.emit(Store(b, tensor, region))
+        self.emit(self.make(Store, b, tensor, region))
 
     def _await(self, tensor: str) -> None:
         """Receive the completion tokens of the earlier stores of ``tensor`` (once)."""
         for ch in self.waits.pop(tensor, ()):
-            self.emit(RecvValue(ch, f"done.{ch}"))
+            self.emit(self.make(RecvValue, ch, f"done.{ch}"))
 
     # -- result ----------------------------------------------------------------------------------
 
