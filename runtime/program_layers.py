@@ -58,7 +58,7 @@ class Template:
 
     __slots__ = (
         "start", "stop", "bnames", "bt", "cnames", "cobjs", "enames", "eidx", "eobjs",
-        "tnames", "tload", "tobjs", "binds", "home",
+        "tnames", "tload", "tobjs", "binds", "home", "sig",
     )  # fmt: skip
 
     def __init__(self, start: int, stop: int) -> None:
@@ -76,6 +76,10 @@ class Template:
         self.tobjs: list[Any] = []
         self.binds: list[tuple[Any, list[ops.Op], list[int]]] = []
         self.home: list[Any] = []
+        #: the buffer names and tensors the template binds (and which tensors are loaded), one
+        #: object for every template of the program set that binds the same ones
+        #: (:func:`_table` renames them once per copy for all those templates)
+        self.sig: tuple = ()
 
 
 def bind(t: Template, table: Sequence[Any]) -> None:
@@ -270,6 +274,8 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
         for (cls, of), g in groups.items()
     ]
     tm.home = hb + hbt + tm.cobjs + ce + tm.tobjs
+    sig = (tuple(bnames), tuple(tm.tnames), tuple(tm.tload))
+    tm.sig = comp.shared.setdefault(_SIGS, {}).setdefault(sig, sig)
     return tm
 
 
@@ -278,27 +284,60 @@ def _table(
 ) -> list[Any]:
     """The objects a copy of ``tm`` binds, its names being ``names`` / ``tensors`` of the
     template's; checked once per name against the template's (a copy differs in names only).
-    ``KeyError``: a name is not renamed or not declared."""
-    get, put = comp.bufs.get, comp.bufs.setdefault
-    # created in the order compiling the copy would create them (Core.bufs keeps it): the
-    # order of their first mention, each name once
-    b = [get(x) or put(x, Buf(x)) for x in map(names.__getitem__, tm.bnames)]
+    ``KeyError``: a name is not renamed or not declared.
+
+    Most cores' templates bind the same buffer names and tensors (a layer's programs reuse
+    buffer names on every core), so the renamed buffer names and the copy's tensors are worked
+    out once per distinct :attr:`Template.sig` and copy (:func:`_shared`); each core then
+    creates its own buffers, in the order compiling the copy would (``Core.bufs`` keeps it):
+    the order of their first mention, each name once."""
+    memo = comp.shared.get(_MEMO)
+    if memo is None:
+        memo = comp.shared[_MEMO] = {}
+    key = (id(tm.sig), id(names), id(tensors))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _shared(comp, tm, names, tensors)
+    bufs = comp.bufs
+    get = bufs.get
+    b = []
+    add = b.append
+    for x in got[0]:
+        y = get(x)
+        if y is None:
+            y = bufs[x] = Buf(x)
+        add(y)
     at = b.__getitem__
-    bt = [tuple(map(at, ix)) for ix in tm.bt]
+    b += [tuple(map(at, ix)) for ix in tm.bt]
     chans = comp.chans
     cn = list(map(names.__getitem__, tm.cnames))
     cs = list(map(chans.__getitem__, cn))
     en = list(map(names.__getitem__, tm.enames))
     ec = list(map(chans.__getitem__, en))
-    ce = [c.ends[i] for c, i in zip(ec, tm.eidx)]
+    seen = comp.shared.setdefault(("copied",), set())
+    if not seen.issuperset(cn) or not seen.issuperset(en):
+        _check(comp, seen, zip(cn, cs, tm.cobjs), zip(en, ec, tm.eobjs), ())
+    b += cs
+    b += [c.ends[i] for c, i in zip(ec, tm.eidx)]
+    b += got[1]
+    return b
+
+
+def _shared(
+    comp: Any, tm: Template, names: Mapping[str, str], tensors: Mapping[str, str]
+) -> tuple[tuple[str, ...], list[Any]]:
+    """What a copy of ``tm`` binds that is not one core's (:func:`_table`): its buffer names
+    and its tensors, checked against the template's and counted as loaded or stored (the
+    program set's loads and stores are the union over its cores)."""
+    bn = tuple(map(names.__getitem__, tm.bnames))
     tn = list(map(tensors.__getitem__, tm.tnames))
     ts = list(map(comp.layout.tensors.__getitem__, tn))
     seen = comp.shared.setdefault(("copied",), set())
-    if not seen.issuperset(cn) or not seen.issuperset(en) or not seen.issuperset(tn):
-        _check(comp, seen, zip(cn, cs, tm.cobjs), zip(en, ec, tm.eobjs), zip(tn, ts, tm.tobjs))
+    if not seen.issuperset(tn):
+        _check(comp, seen, (), (), zip(tn, ts, tm.tobjs))
     for name, load in zip(tn, tm.tload):
         (comp.loads if load else comp.stores).add(name)
-    return b + bt + cs + ce + ts
+    return bn, ts
 
 
 def _check(comp: Any, seen: set[str], sent: Any, received: Any, tensors: Any) -> None:
@@ -321,6 +360,11 @@ def _check(comp: Any, seen: set[str], sent: Any, received: Any, tensors: Any) ->
                 )
             seen.add(name)
 
+
+#: keys in the compilers' shared dict: the distinct template signatures, the shared parts of
+#: the tables (:func:`_table`)
+_SIGS = ("program_layers", "sigs")
+_MEMO = ("program_layers", "tables")
 
 _CALL = ops.builder(OpCall)
 _RET = ops.builder(OpRet)

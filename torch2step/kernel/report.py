@@ -14,7 +14,7 @@ from hwmodel.chip import Chip
 from runtime import SimResult, gc_paused, simulate
 from torch2step.kernel.build import build_programs
 
-__all__ = ["KernelReport", "simulate_schedule"]
+__all__ = ["KernelReport", "noc_busy", "noc_mean", "simulate_schedule"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class KernelReport:
     hbm_util: float
     noc_util: float
     tokens: int = 1
+    noc_mean: float = 0.0
     result: SimResult | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -59,6 +60,7 @@ class KernelReport:
             "latency_us": self.cycles / (s.costs.clock_ghz * 1e3),
             "hbm_util": round(self.hbm_util, 4),
             "noc_util": round(self.noc_util, 4),
+            "noc_mean_resource_util": round(self.noc_mean, 4),
             "flop_util": round(self.flop_util, 5),
             "ideal_cycles": round(self.ideal_cycles),
             "of_ideal": round(self.ideal_cycles / self.cycles, 4) if self.cycles else None,
@@ -80,7 +82,9 @@ class KernelReport:
                 f"plan predicted {self.predicted:.0f} ({self.error:+.1%})",
                 "ELK breakdown (plan): " + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
                 f"HBM utilisation {self.hbm_util:.1%}  interconnect utilisation "
-                f"{self.noc_util:.1%}  FLOP utilisation {self.flop_util:.2%}",
+                f"{self.noc_util:.1%} (busy time, as the plan and ELK Fig. 18 (c) count it; "
+                f"plan {s.noc_utilisation():.1%})  mean {_MEAN_OF[s.costs.mesh is None]} "
+                f"utilisation {self.noc_mean:.1%}  FLOP utilisation {self.flop_util:.2%}",
                 f"Ideal (ELK §6.1) predicts {ideal:.0f} cycles: simulated run at "
                 f"{ideal / max(1, self.cycles):.1%} of Ideal (plan {ideal / tot:.1%})",
                 f"plan {s.plan_seconds:.2f} s  simulation {self.sim_seconds:.2f} s",
@@ -88,7 +92,34 @@ class KernelReport:
         )
 
 
-def _noc(res: SimResult) -> float:
+#: what :attr:`KernelReport.noc_mean` averages, by whether the chip is all-to-all
+_MEAN_OF = {True: "port", False: "link"}
+
+
+def noc_busy(res: SimResult) -> float:
+    """Interconnect utilisation of a simulated run counted as
+    :meth:`elk.plan.ElkSchedule.noc_utilisation` counts the plan's (ELK §6.3 Fig. 18 (c),
+    §6.4 Fig. 21): the cycles the interconnect is busy over the run's cycles.  On an
+    all-to-all chip every byte delivered to a core (a peer's message, an HBM read) occupies
+    that core's ejection port (:mod:`runtime.network`), so the busy time is the ejection
+    ports' busy cycles over all of them (the plan: the bytes crossing the worker cores' ports
+    over their aggregate bandwidth).  On a mesh a delivery
+    keeps the interconnect busy while its busiest link carries it; the simulator records busy
+    cycles per link, not per delivery, so the run's busiest link stands for it (the links at
+    the edge controllers carry every preload, ELK §5)."""
+    st = res.stats
+    if not st.cycles:
+        return 0.0
+    if st.links:
+        return max(r.busy for r in st.links) / st.cycles
+    ej = [r.busy for r in st.ports if r.kind == "eject"]
+    return sum(ej) / (len(ej) * st.cycles) if ej else 0.0
+
+
+def noc_mean(res: SimResult) -> float:
+    """The mean utilisation of the interconnect's resources (a mesh's links, an all-to-all
+    chip's injection and ejection ports), unused ones included: idle links and each
+    message's two ports make it lower than :func:`noc_busy`'s busy time."""
     st = res.stats
     group = st.links if st.links else st.ports
     used = [r.utilisation for r in group]
@@ -110,4 +141,13 @@ def simulate_schedule(
         t0 = time.perf_counter()
         res = simulate(ps, chip, mode=mode, inputs=dict(inputs or {}))
         wall = time.perf_counter() - t0
-    return KernelReport(sched, res.cycles, wall, res.stats.hbm_utilisation, _noc(res), tokens, res)
+    return KernelReport(
+        sched,
+        res.cycles,
+        wall,
+        res.stats.hbm_utilisation,
+        noc_busy(res),
+        tokens,
+        noc_mean(res),
+        res,
+    )
