@@ -228,6 +228,7 @@ class Simulator(Transfers):
             # HBM channel classes (runtime.hbm_classes): at first one class of every channel
             nch = len(self.chan_res)
             self.hbm_plans: dict[int, tuple] = {}
+            self.hbm_vals: dict[tuple, tuple] = {}  # the same plans by split value
             self.hver = 0
             self.cls_of = [0] * nch
             self.cmembers = [list(range(nch))] if nch and not self.attached else []

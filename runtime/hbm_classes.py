@@ -36,6 +36,7 @@ class HbmClasses:
     rtrace: list[tuple] | None
     chan_res: list[int]
     hbm_plans: dict[int, tuple]
+    hbm_vals: dict[tuple, tuple]
     hver: int
     n_cls: int
     cls_of: list[int]
@@ -179,10 +180,12 @@ class HbmClasses:
         if len(by_free) == len(classes):
             return
         self._flush_uses()
+        dirty: set[int] = set()
         for ks in by_free.values():
             if len(ks) > 1:
                 self._merge_into(ks)
-        self._changed()
+                dirty.update(ks)
+        self._changed(dirty)
 
     def _merge_into(self, ks: list[int]) -> None:
         """Merge classes ``ks`` (equal ``free``) into the first (see :meth:`_merge`)."""
@@ -214,8 +217,7 @@ class HbmClasses:
 
     def _unmerge(self, k: int) -> None:
         """Split merged class ``k`` into one class per part (its log applied), so it can be
-        refined like any class."""
-        self._flush_uses()
+        refined like any class (:meth:`_plan` flushes the counts first and ends the change)."""
         parts = self._parts(k)
         del self.cparts[k], self.clogs[k]
         cls = self.cls_of
@@ -233,10 +235,9 @@ class HbmClasses:
             self.cmembers[n] = members
             for c in members:
                 cls[c] = n
-        self._changed()
 
     def _plan(self, split: tuple) -> tuple:
-        """``(version, ((class, bytes / rate), ...), [uses], ((class, bytes per member),
+        """``(version, ((class, bytes / rate), ...), [uses, used], ((class, bytes per member),
         ...), logged, split)`` for ``split``, refining the channel classes so that every class
         it touches is covered whole with equal bytes (``uses``: requests served with it whose
         bytes and grants are not yet added to their classes, see :meth:`_flush_uses`;
@@ -244,21 +245,29 @@ class HbmClasses:
         one, else None).  Plans are kept by the split's ``id``; a plan holds its split, so no
         other split (a LoadValue's one-element split is made per request) can take that id
         while the plan lives."""
+        same = self.hbm_vals.get(split)
+        if same is not None and same[0] == self.hver:
+            # an equal split planned at this version (a request made anew with the same
+            # bytes): the same plan, sharing its uses, held with this split for its ``id``
+            hit = (*same[:5], split)
+            self.hbm_plans[id(split)] = hit
+            return hit
         cls = self.cls_of
         # the split's bytes per channel (its channels are distinct, in channel order): the
         # bytes a class member gets are ``get(c)`` (None when the request skips it); the
         # classes it touches, in the order the split first reaches them
         get = (bd := dict(split)).get
         touched = dict.fromkeys(map(cls.__getitem__, bd))
+        dirty: set[int] = set()  # the classes changed (see _changed)
         if self.cparts:  # a merged class to refine: split into its parts first
-            redo = False
             for k in touched:
                 if k in self.cparts and len(set(map(get, self.cmembers[k]))) > 1:
+                    if not dirty:
+                        self._flush_uses()  # the counts go to the classes as they are now
                     self._unmerge(k)
-                    redo = True
-            if redo:
+                    dirty.add(k)
+            if dirty:
                 touched = dict.fromkeys(map(cls.__getitem__, bd))
-        changed = False
         for k in touched:
             members = self.cmembers[k]
             got = list(map(get, members))
@@ -267,9 +276,9 @@ class HbmClasses:
             groups: dict = {}
             for c, b in zip(members, got):
                 groups.setdefault(b, []).append(c)
-            if not changed:
+            if not dirty:
                 self._flush_uses()  # the counts go to the classes as they are now
-            changed = True
+            dirty.add(k)
             rest = list(groups.values())
             self.cmembers[k] = rest[0]
             for group in rest[1:]:
@@ -281,8 +290,8 @@ class HbmClasses:
                 self.ccnt.append(self.ccnt[k])
                 for c in group:
                     cls[c] = n
-        if changed:
-            self._changed()
+        if dirty:
+            self._changed(dirty)
         # every class the split touches is now covered whole with equal bytes: one entry per
         # class, in the order the split first reaches it
         per = dict(zip(map(cls.__getitem__, bd), bd.values()))
@@ -292,16 +301,28 @@ class HbmClasses:
         logged = None
         if logs and not logs.keys().isdisjoint(per):
             logged = tuple((k, d, logs.get(k)) for k, d in plan)
-        hit = (self.hver, plan, [0], nbytes, logged, split)
-        self.hbm_plans[id(split)] = hit
+        hit = (self.hver, plan, [0, False], nbytes, logged, split)
+        self.hbm_plans[id(split)] = self.hbm_vals[split] = hit
         return hit
 
-    def _changed(self) -> None:
-        """The classes changed: every plan is out of date.  Each change follows a
-        :meth:`_flush_uses` with no request served since, so no plan holds uses and the plans
-        are dropped (a flush then walks only the plans made since)."""
-        self.hver += 1
-        self.hbm_plans.clear()
+    def _changed(self, dirty: set[int]) -> None:
+        """Classes ``dirty`` changed (refined, split into parts or merged; the classes made
+        by the change are new).  Each change follows one :meth:`_flush_uses` with no request
+        served since, so no plan holds uses.  A plan over none of ``dirty`` is still exact:
+        its channels are in the same classes, each with the same members (so covered whole
+        with equal bytes) and the same log, so it is kept if it was used since the last
+        change; the others are dropped (a flush walks only the plans kept or made since)."""
+        self.hver = ver = self.hver + 1
+        isdisjoint = dirty.isdisjoint
+        kept = {
+            key: (ver, *plan[1:])
+            for key, plan in self.hbm_plans.items()
+            if plan[2][1] and isdisjoint(dict(plan[3]))
+        }
+        for plan in kept.values():
+            plan[2][1] = False
+        self.hbm_plans = kept
+        self.hbm_vals = {plan[5]: plan for plan in kept.values()}
 
     def _flush_uses(self) -> None:
         """Add the bytes and grants of the requests served since the last call to their
@@ -312,6 +333,7 @@ class HbmClasses:
             n = uses[0]
             if n:
                 uses[0] = 0
+                uses[1] = True  # used since the last change (see _changed)
                 for k, b in plan[3]:
                     cbytes[k] += b * n
                     ccnt[k] += n

@@ -69,3 +69,26 @@ def test_a_request_over_many_classes_merges_those_free_together() -> None:
     assert _channels(merged) == _channels(ref)
     assert [c.finish for c in merged.stats.cores] == [c.finish for c in ref.stats.cores]
     assert merged.stats.events.closed_form_grants > ref.stats.events.closed_form_grants
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_alternating_splits_give_the_per_channel_statistics(cores: int) -> None:
+    """Two request shapes taking turns, each as several loads of equal regions (equal splits,
+    one plan): an unaligned load that refines the classes and whole-stripe loads that merge
+    them again; a plan over classes a change did not touch is kept.  The same cycles and
+    per-channel statistics as the traced (unmerged) run."""
+    progs = []
+    for c in range(cores):
+        body: list = [Alloc("t", (512,))]
+        for i in range(4):
+            body += [Load("t", "w", Region((c * 24 + 8,), (40,)))] * 2
+            body += [Load("t", "w", Region((2048 * (c + 1),), (256,)))] * 2
+            body += [Load("t", "w", Region((8192 + 64 * i,), (64,)))]
+        progs.append(Program(c, tuple(body)))
+    ps = ProgramSet(tuple(progs), tensors=(TensorDecl("w", (16384,)),))
+    chip = a2a_chip(cores, mem=hbm(channels=8))
+    merged = Simulator(ps, chip).run()
+    ref = Simulator(ps, chip).run(trace=True)
+    assert merged.cycles == ref.cycles
+    assert _channels(merged) == _channels(ref)
+    assert [c.finish for c in merged.stats.cores] == [c.finish for c in ref.stats.cores]
