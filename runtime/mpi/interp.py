@@ -2,7 +2,7 @@
 instruction list; here the instructions act on numpy arrays, MPI messages and MPI windows).
 
 The meaning of every instruction is the simulator's functional mode (:mod:`runtime.ops`,
-:mod:`runtime.ops_comm`): buffers hold arrays of their dtype's numpy type, a ``Load`` reads and
+:mod:`runtime.ops_comm`, :mod:`runtime.ops_mem`): buffers hold arrays of their dtype's numpy type, a ``Load`` reads and
 a ``Store`` writes HBM when it runs, a message carries the buffer as it is when the ``Send``
 runs, ``Compute`` runs the registered kernel.  As on the chip, a ``Recv`` only posts the
 receive (a nonblocking receive): the core goes on and waits at the first instruction that reads
