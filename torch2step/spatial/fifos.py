@@ -215,65 +215,11 @@ def run_deepening(
     the replay not decide, or the rounds not settle, the search goes on in the timed run."""
     given = set(watch) if watch is not None else set()
     try:
-        return _search(programs, chip, messages, trace, max_cycles, watch, checked, inputs)
+        return _Search(programs, chip, messages, trace, max_cycles, watch, checked, inputs).run()
     finally:
         if watch is not None:  # the choices recorded for the search only
             for k in set(watch) - given:
                 del watch[k]
-
-
-def _search(
-    programs: ProgramSet,
-    chip: Chip,
-    messages: Mapping[str, int],
-    trace: bool | str | Path,
-    max_cycles: int | None,
-    watch: dict[str, Any] | None,
-    checked: bool,
-    inputs: Mapping[str, Any] | None,
-) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
-    """:func:`run_deepening`'s search (module docstring)."""
-    sim = Simulator(programs, chip, checked=checked, inputs=inputs)
-    found = _replay_deep(sim, chip, messages, None)
-    if found is None:
-        return _timed_search(
-            sim, programs, chip, messages, {}, trace, max_cycles, watch, checked, inputs
-        )
-    deep, chose = found
-    tried: list[dict[str, int]] = []
-    for _ in range(MAX_ROUNDS):
-        for name, depth in deep.items():
-            sim.deepen(name, depth)
-        log = _watching(sim, watch, chose)
-        result: SimResult | None
-        try:
-            result = sim.run(trace=trace, max_cycles=max_cycles)
-        except DeadlockError as err:
-            if not chose:  # no choice to search: a Kahn network, the channels it blocks on
-                discover_deep(sim, err, chip, messages, deep)
-                return _fresh_runs(programs, chip, messages, deep, trace, max_cycles, watch,
-                                   checked, inputs)  # fmt: skip
-            # the order it takes from here on is the resumed run's: the next round's guess
-            discover_deep(sim, err, chip, messages, dict(deep))
-            result = None
-        order = {reg: list(log[watch_key(reg)]) for reg in chose}
-        if result is not None and order == chose:  # deep is the need of the run's own order
-            return result, deepen(programs, deep), _names(deep)
-        tried.append(deep)
-        sim = Simulator(programs, chip, checked=checked, inputs=inputs)
-        found = _replay_deep(sim, chip, messages, order)
-        if found is None:
-            break
-        if result is not None and found[0] == deep:  # the run's order needs exactly deep
-            return result, deepen(programs, deep), _names(deep)
-        deep, chose = found
-        if deep in tried:  # the rounds go back and forth between orders
-            break
-    every = {k: v for d in (*tried, deep) for k, v in d.items()}
-    sim = Simulator(programs, chip, checked=checked, inputs=inputs)
-    return _timed_search(
-        sim, programs, chip, messages, every, trace, max_cycles, watch, checked, inputs
-    )
 
 
 def _watching(
@@ -291,56 +237,99 @@ def _watching(
     return log
 
 
-def _timed_search(
-    sim: Simulator,
-    programs: ProgramSet,
-    chip: Chip,
-    messages: Mapping[str, int],
-    deep: dict[str, int],
-    trace: bool | str | Path,
-    max_cycles: int | None,
-    watch: dict[str, Any] | None,
-    checked: bool,
-    inputs: Mapping[str, Any] | None,
-) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
-    """The search on the timed run ``sim`` of ``programs`` with ``deep`` deep: resumed after its
-    deadlocks until it completes, then run afresh with every channel found, after a deadlock
-    again with the channels it blocks on, until a run completes."""
-    for name, depth in deep.items():
-        sim.deepen(name, depth)
-    _watching(sim, watch, {})
-    try:
-        return sim.run(trace=trace, max_cycles=max_cycles), deepen(programs, deep), _names(deep)
-    except DeadlockError as err:
-        discover_deep(sim, err, chip, messages, deep)
-    return _fresh_runs(programs, chip, messages, deep, trace, max_cycles, watch, checked, inputs)
+@dataclasses.dataclass(frozen=True)
+class _Search:
+    """:func:`run_deepening`'s search (module docstring) over its arguments."""
 
+    programs: ProgramSet
+    chip: Chip
+    messages: Mapping[str, int]
+    trace: bool | str | Path
+    max_cycles: int | None
+    watch: dict[str, Any] | None
+    checked: bool
+    inputs: Mapping[str, Any] | None
 
-def _fresh_runs(
-    programs: ProgramSet,
-    chip: Chip,
-    messages: Mapping[str, int],
-    deep: dict[str, int],
-    trace: bool | str | Path,
-    max_cycles: int | None,
-    watch: dict[str, Any] | None,
-    checked: bool,
-    inputs: Mapping[str, Any] | None,
-) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
-    """Run ``programs`` afresh with ``deep`` deep, after a deadlock again with the channels it
-    blocks on too, until a run completes."""
-    while True:
-        current = deepen(programs, deep)
-        sim = Simulator(current, chip, checked=checked, inputs=inputs)
-        _watching(sim, watch, {})
+    def simulator(self, programs: ProgramSet | None = None) -> Simulator:
+        return Simulator(
+            self.programs if programs is None else programs,
+            self.chip,
+            checked=self.checked,
+            inputs=self.inputs,
+        )
+
+    def simulate(self, sim: Simulator) -> SimResult:
+        return sim.run(trace=self.trace, max_cycles=self.max_cycles)
+
+    def run(self) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+        """The fixed point of the timed run's ``WaitAny`` order and the replay's deep set."""
+        chip, messages = self.chip, self.messages
+        sim = self.simulator()
+        found = _replay_deep(sim, chip, messages, None)
+        if found is None:
+            return self.timed(sim, {})
+        deep, chose = found
+        tried: list[dict[str, int]] = []
+        for _ in range(MAX_ROUNDS):
+            for name, depth in deep.items():
+                sim.deepen(name, depth)
+            log = _watching(sim, self.watch, chose)
+            result: SimResult | None
+            try:
+                result = self.simulate(sim)
+            except DeadlockError as err:
+                if not chose:  # no choice to search: a Kahn network, the channels it blocks on
+                    discover_deep(sim, err, chip, messages, deep)
+                    return self.fresh(deep)
+                # the order it takes from here on is the resumed run's: the next round's guess
+                discover_deep(sim, err, chip, messages, dict(deep))
+                result = None
+            order = {reg: list(log[watch_key(reg)]) for reg in chose}
+            if result is not None and order == chose:  # deep is the need of the run's own order
+                return result, deepen(self.programs, deep), _names(deep)
+            tried.append(deep)
+            sim = self.simulator()
+            found = _replay_deep(sim, chip, messages, order)
+            if found is None:
+                break
+            if result is not None and found[0] == deep:  # the run's order needs exactly deep
+                return result, deepen(self.programs, deep), _names(deep)
+            deep, chose = found
+            if deep in tried:  # the rounds go back and forth between orders
+                break
+        every = {k: v for d in (*tried, deep) for k, v in d.items()}
+        return self.timed(self.simulator(), every)
+
+    def timed(
+        self, sim: Simulator, deep: dict[str, int]
+    ) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+        """The search on the timed run ``sim`` with ``deep`` deep: resumed after its deadlocks
+        until it completes, then run afresh with every channel found, after a deadlock again
+        with the channels it blocks on, until a run completes."""
+        for name, depth in deep.items():
+            sim.deepen(name, depth)
+        _watching(sim, self.watch, {})
         try:
-            return sim.run(trace=trace, max_cycles=max_cycles), current, _names(deep)
-        except DeadlockError as err:  # pragma: no cover - resuming found every channel
-            full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
-            if not full:
-                raise _annotated(err, deep) from None
-            for ch in full:
-                deep[ch] = _depth_of(chip, messages, ch)
+            return self.simulate(sim), deepen(self.programs, deep), _names(deep)
+        except DeadlockError as err:
+            discover_deep(sim, err, self.chip, self.messages, deep)
+        return self.fresh(deep)
+
+    def fresh(self, deep: dict[str, int]) -> tuple[SimResult, ProgramSet, tuple[str, ...]]:
+        """Run the programs afresh with ``deep`` deep, after a deadlock again with the channels
+        it blocks on too, until a run completes."""
+        while True:
+            current = deepen(self.programs, deep)
+            sim = self.simulator(current)
+            _watching(sim, self.watch, {})
+            try:
+                return self.simulate(sim), current, _names(deep)
+            except DeadlockError as err:  # pragma: no cover - resuming found every channel
+                full = sorted(ch for ch in blocked_channels(sim) if ch not in deep)
+                if not full:
+                    raise _annotated(err, deep) from None
+                for ch in full:
+                    deep[ch] = _depth_of(self.chip, self.messages, ch)
 
 
 def _names(deep: Mapping[str, int]) -> tuple[str, ...]:
