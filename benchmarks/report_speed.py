@@ -16,15 +16,20 @@ next to it, so runs of two versions can be compared for identical cycles as well
 inside another pauses it): imports up to the command, building the layer, capture
 (``torch.export`` and its decomposition), raising, lowering (with the one-operator lowerings
 that split a layer into configurations), the timing run of the STeP interpreter, the symbolic
-§4.1 metrics (STeP arXiv 2511.07776 §4.1: the HBM and on-chip formulas the report prints), the
+§4.1 metrics (STeP arXiv 2511.07776 §4.1: the HBM and on-chip formulas the report prints, built
+and evaluated), the
 spatial plan, program validation, the stand-in weights and inputs of a layer split into
 configurations and the values that steer their control (the router's logits:
 ``configurations._Values``), the simulator's setup (building each core's program state),
-the untimed replay that finds the FIFOs to deepen, the timed simulation and the report's
+the search for the FIFOs to deepen (the untimed replay, ``fifos._replay_deep``, and the resumed
+runs of ``fifos.discover_deep``), the timed simulation and the report's
 records.  The child runs the command as the process (as ``python -m torch2step.cli`` does), so
 its exit is the command's; ``startup+exit`` is what the parent measured outside the child's
 own clock (the interpreter's start before the imports, its teardown after the command), and
-``other`` the rest of the command (configurations' bookkeeping, placement, the text).
+``other`` the rest of the command: the imports of the later stages made when first used
+(``torch2step.spatial``), the cycle collector's first pass over what the plan and the
+validation allocated while they held it off (``gc.enable`` at their end), configurations'
+bookkeeping and the text (about 1 s of a report at batch 64).
 """
 
 from __future__ import annotations
@@ -56,10 +61,12 @@ PHASES = (
     ("lower", "torch2step.lower.lower", "lower"),
     ("interpreter", "torch2step.step.interpreter", "run"),
     ("metrics", "torch2step.step.metrics", "metrics"),
+    ("metrics", "torch2step.step.metrics", "Metrics.evaluate"),
     ("plan", "torch2step.spatial.plan", "build_plan"),
     ("validate", "lowering.validate", "validate_programs"),
     ("simulator setup", "runtime.engine", "Simulator.__init__"),
-    ("replay (FIFO depths)", "torch2step.spatial.fifos", "find_deep"),
+    ("replay (FIFO depths)", "torch2step.spatial.fifos", "_replay_deep"),
+    ("replay (FIFO depths)", "torch2step.spatial.fifos", "discover_deep"),
     ("simulation", "runtime.engine", "Simulator.run"),
     ("report records", "torch2step.program", "_make_report"),
     ("report records", "torch2step.program", "_with_context"),

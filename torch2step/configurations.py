@@ -63,11 +63,31 @@ def subgraph(layer: LayerGraph, nodes: Sequence[Node], name: str) -> LayerGraph:
     return g
 
 
+#: units of a one-operator subgraph, by its structure (:func:`_shape_key`)
+_UNITS: dict[str, int] = {}
+
+
+def _shape_key(g: LayerGraph, options: Any) -> str:
+    """``g`` (one operator) with its value names replaced by their positions: two operators
+    that differ only in names (a layer's key and value projections, its two norms) lower to
+    the same STeP units (STeP §4.2: one unit per operator, sized by shapes alone)."""
+    (node,) = g.nodes
+    pos = {v: i for i, v in enumerate([*g.inputs, *g.params, *node.outputs])}
+    ins = [(pos[v], v in g.params, repr(g.types[v])) for v in [*g.inputs, *g.params]]
+    outs = [(repr(g.types[o]), o in g.outputs) for o in node.outputs]
+    dims = [(str(d), pos[v], axis) for d, (v, axis) in g.dims.items()]
+    return repr((ins, [pos[v] for v in node.inputs], outs, node.op, dims, options))
+
+
 def _units(layer: LayerGraph, node: Node, options: Any) -> int:
     from torch2step.lower import lower
     from torch2step.spatial.structure import analyse
 
-    return len(analyse(lower(subgraph(layer, [node], "probe"), options).program).units)
+    g = subgraph(layer, [node], "probe")
+    key = _shape_key(g, options)
+    if key not in _UNITS:
+        _UNITS[key] = len(analyse(lower(g, options).program).units)
+    return _UNITS[key]
 
 
 def cores_by_operator(lowered: Any, cores: Mapping[str, int]) -> dict[str, int]:

@@ -226,11 +226,10 @@ class UnitBuilder(UnitBuffers):
         ``const``: ``cycles`` are the timing model's for any element (a one-cycle dequeue or
         forward, STeP §4.2), not the sizes of this run's."""
         ins = tuple(ins)
-        in_bufs: list[str] = []
-        for e in ins:
-            for part, b in e:
-                if part.kind == "data" and b is not None and b not in in_bufs:
-                    in_bufs.append(b)
+        # the data buffers read, each once, in order (a dict: a step may read thousands)
+        in_bufs: list[str] = list(
+            dict.fromkeys(b for e in ins for part, b in e if b is not None and part.kind == "data")
+        )
         slots: list[Slot] = []
         out_bufs: list[str] = []
         sizes: list[str] = []
