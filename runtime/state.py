@@ -15,6 +15,8 @@ import math
 from collections import deque
 from typing import Any
 
+from runtime.network import FORM_NEXT
+
 __all__ = [
     "fifo_depth",
     "hold",
@@ -142,7 +144,7 @@ class ChanEnd:
 class ChanState:
     """A channel's static route plus its per-destination FIFOs."""
 
-    __slots__ = ("name", "src", "dsts", "depth", "roots", "ends", "sent", "nbytes")
+    __slots__ = ("name", "src", "dsts", "depth", "roots", "port", "ends", "sent", "nbytes")
 
     def __init__(self, name: str, src: int, dsts: tuple[int, ...], depth: int, roots: tuple):
         self.name = name
@@ -150,6 +152,14 @@ class ChanState:
         self.dsts = dsts
         self.depth = depth
         self.roots = roots
+        #: the route's one first stage when it is a resource followed by one resource stage
+        #: and delivering nowhere (a unicast message's first hop: an all-to-all injection
+        #: port, a mesh link), reserved by the send itself (:func:`runtime.ops_comm.h_send`)
+        self.port: tuple | None = None
+        if len(roots) == 1:
+            res, _, children, delivers, form = roots[0]
+            if res >= 0 and form == FORM_NEXT and not delivers and children[0][0] >= 0:
+                self.port = roots[0]
         self.ends = (
             (ChanEnd(self, dsts[0]),) if len(dsts) == 1 else tuple([ChanEnd(self, d) for d in dsts])
         )
