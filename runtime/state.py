@@ -127,7 +127,7 @@ class Slot:
 class ChanEnd:
     """The FIFO of one channel at one destination core."""
 
-    __slots__ = ("chan", "dst", "unmatched", "posts", "inflight", "waiter", "watch", "received")
+    __slots__ = ("chan", "dst", "unmatched", "posts", "inflight", "waiter", "watch")
 
     def __init__(self, chan: ChanState, dst: int) -> None:
         self.chan = chan
@@ -138,7 +138,6 @@ class ChanEnd:
         self.inflight: Any = []  # messages holding a FIFO slot (not consumed by `now`)
         self.waiter: Core | None = None  # the sender, blocked on a full FIFO
         self.watch: Core | None = None  # the receiver, blocked in a WaitAny with no message
-        self.received = 0
 
 
 class ChanState:

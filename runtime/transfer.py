@@ -521,10 +521,11 @@ class Transfers(HbmClasses):
     def consume(self, s: Slot) -> None:
         """Message ``s`` arrived and a receive took it: complete the receive, free the slot."""
         p = s.post
-        c = s.arrival if s.arrival > p.post_t else p.post_t
+        c = s.arrival
+        if p.post_t > c:
+            c = p.post_t
         s.consumed = c
         end = s.end
-        end.received += 1
         self.unreceived -= 1
         b = p.buf
         data, shape, dtype, value, n = s.payload
