@@ -74,9 +74,11 @@ RES_BG = -4
 
 #: a stage's ``form`` (the fifth entry, set by :func:`stage`): what follows it, so the one
 #: reservation routine (:meth:`runtime.transfer.Transfers._stage`) tests one small int instead
-#: of walking its children: none; one resource (or HBM) child, reserved by an event; one delay
-#: leaf (every route's last hop), delivered when the stage ends; anything else
-FORM_LEAF, FORM_NEXT, FORM_LAST, FORM_TREE = 0, 1, 2, 3
+#: of walking its children: none; one resource child, reserved by an event; one delay leaf
+#: (every route's last hop), delivered when the stage ends; anything else; one HBM channels
+#: child, reserved by an event or, when its head reaches it in the current cycle, at once
+#: (:attr:`runtime.transfer.Transfers.inline_hbm`)
+FORM_LEAF, FORM_NEXT, FORM_LAST, FORM_TREE, FORM_HBM = 0, 1, 2, 3, 4
 
 
 def stage(res: int, lat: int, children: tuple, delivers: tuple[int, ...]) -> Stage:
@@ -86,6 +88,8 @@ def stage(res: int, lat: int, children: tuple, delivers: tuple[int, ...]) -> Sta
         form = FORM_LEAF
     elif len(children) > 1:
         form = FORM_TREE
+    elif children[0][0] == RES_HBM:
+        form = FORM_HBM
     elif children[0][0] != RES_DELAY:
         form = FORM_NEXT
     elif children[0][2]:

@@ -7,6 +7,7 @@ cycle order), except Recv posting, which is local.
 from __future__ import annotations
 
 import math
+from heapq import heappush
 from typing import Any
 
 from runtime.ops import Op, ev
@@ -122,11 +123,34 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         end.unmatched.append(x)
     sim.msg_bytes += nbytes
     sim.unreceived += 1
-    inj = now
-    for root in chan.roots:
-        e = sim._stage(x, root, nbytes, now, now)
-        if e > inj:
-            inj = e
+    port = chan.port
+    if port is not None and not sim.slow:
+        # sim._stage(x, port, nbytes, now, now), inlined for the first hop of a unicast route
+        # (a resource whose one child is a resource): once per message
+        res, lat, children, _, _ = port
+        r = sim.rs[res]
+        f = r[0]
+        start = now if now > f else f
+        inj = start + nbytes / r[4]
+        if now + lat > inj:
+            inj = now + lat
+        r[0] = inj
+        r[1] += inj - start
+        r[2] += nbytes
+        r[3] += 1
+        ch = children[0]
+        t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
+        bk = sim.buckets.get(t)
+        if bk is None:
+            bk = sim.buckets[t] = ([], [])
+            heappush(sim.times, t)
+        bk[0].append((x, ch, nbytes, inj, t))
+    else:
+        inj = now
+        for root in chan.roots:
+            e = sim._stage(x, root, nbytes, now, now)
+            if e > inj:
+                inj = e
     if inj.__class__ is not int:  # up(inj), inlined
         inj = _ceil(inj - _EPS)
     if inj > b.r:

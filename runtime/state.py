@@ -15,6 +15,8 @@ import math
 from collections import deque
 from typing import Any
 
+from runtime.network import FORM_NEXT
+
 __all__ = [
     "fifo_depth",
     "hold",
@@ -125,7 +127,7 @@ class Slot:
 class ChanEnd:
     """The FIFO of one channel at one destination core."""
 
-    __slots__ = ("chan", "dst", "unmatched", "posts", "inflight", "waiter", "watch", "received")
+    __slots__ = ("chan", "dst", "unmatched", "posts", "inflight", "waiter", "watch")
 
     def __init__(self, chan: ChanState, dst: int) -> None:
         self.chan = chan
@@ -136,13 +138,12 @@ class ChanEnd:
         self.inflight: Any = []  # messages holding a FIFO slot (not consumed by `now`)
         self.waiter: Core | None = None  # the sender, blocked on a full FIFO
         self.watch: Core | None = None  # the receiver, blocked in a WaitAny with no message
-        self.received = 0
 
 
 class ChanState:
     """A channel's static route plus its per-destination FIFOs."""
 
-    __slots__ = ("name", "src", "dsts", "depth", "roots", "ends", "sent", "nbytes")
+    __slots__ = ("name", "src", "dsts", "depth", "roots", "port", "ends", "sent", "nbytes")
 
     def __init__(self, name: str, src: int, dsts: tuple[int, ...], depth: int, roots: tuple):
         self.name = name
@@ -150,6 +151,14 @@ class ChanState:
         self.dsts = dsts
         self.depth = depth
         self.roots = roots
+        #: the route's one first stage when it is a resource followed by one resource stage
+        #: and delivering nowhere (a unicast message's first hop: an all-to-all injection
+        #: port, a mesh link), reserved by the send itself (:func:`runtime.ops_comm.h_send`)
+        self.port: tuple | None = None
+        if len(roots) == 1:
+            res, _, children, delivers, form = roots[0]
+            if res >= 0 and form == FORM_NEXT and not delivers and children[0][0] >= 0:
+                self.port = roots[0]
         self.ends = (
             (ChanEnd(self, dsts[0]),) if len(dsts) == 1 else tuple([ChanEnd(self, d) for d in dsts])
         )

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from runtime.hbm_classes import HbmClasses
-from runtime.network import FORM_LAST, FORM_NEXT, RES_BG, RES_DELAY, RES_HBM, RES_WAKE
+from runtime.network import FORM_HBM, FORM_LAST, FORM_NEXT, RES_BG, RES_DELAY, RES_HBM, RES_WAKE
 from runtime.state import Core, Pending, Post, Slot, StopPost, hold
 
 __all__ = ["Transfers", "up"]
@@ -165,19 +165,14 @@ class Transfers(HbmClasses):
                 bg[0] += d
         else:
             return self._bg(x, stage, nbytes, prev_end, arrive)
-        if form == FORM_NEXT:  # one resource (or HBM) child: reserved by an event
+        if form == FORM_NEXT:  # one resource child: reserved by an event
             ch = children[0]
             t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
-            if t == self.now and self.inline_hbm and ch[0] == RES_HBM:
-                # HBM channels a core's request reaches in this cycle: granted at once, in
-                # the order the core issues its requests (see :attr:`inline_hbm`)
-                self._stage(x, ch, nbytes, end, t)
-            else:
-                b = self.buckets.get(t)
-                if b is None:
-                    b = self.buckets[t] = ([], [])
-                    heappush(self.times, t)
-                b[0].append((x, ch, nbytes, end, t))
+            b = self.buckets.get(t)
+            if b is None:
+                b = self.buckets[t] = ([], [])
+                heappush(self.times, t)
+            b[0].append((x, ch, nbytes, end, t))
         elif form == FORM_LAST:
             # a delay leaf (every path's last hop): ends lat after the tail, not before the
             # head; delivered here, as the end of this routine would
@@ -207,25 +202,39 @@ class Transfers(HbmClasses):
             else:
                 self._deliver(x, ch[3], e)
         elif form:
-            head = start if start.__class__ is int else _ceil(start - _EPS)
-            buckets = self.buckets
-            for ch in children:
-                t = head + ch[1]
-                if ch[0] != RES_DELAY:  # a resource or HBM channels: reserved by an event
-                    b = buckets.get(t)
+            if form == FORM_HBM:  # HBM channels: reserved by an event, or at once
+                ch = children[0]
+                t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
+                if t == self.now and self.inline_hbm:
+                    # HBM channels a core's request reaches in this cycle: granted at once, in
+                    # the order the core issues its requests (see :attr:`inline_hbm`)
+                    self._stage(x, ch, nbytes, end, t)
+                else:
+                    b = self.buckets.get(t)
                     if b is None:
-                        b = buckets[t] = ([], [])
+                        b = self.buckets[t] = ([], [])
                         heappush(self.times, t)
                     b[0].append((x, ch, nbytes, end, t))
-                elif ch[2]:
-                    self._stage(x, ch, nbytes, end, t)
-                else:  # a delay leaf, as FORM_LAST
-                    e = end + ch[1]
-                    if e < t:
-                        e = t
-                    if e.__class__ is not int:
-                        e = _ceil(e - _EPS)
-                    self._deliver(x, ch[3], e)
+            else:  # several children, or a delay with children
+                head = start if start.__class__ is int else _ceil(start - _EPS)
+                buckets = self.buckets
+                for ch in children:
+                    t = head + ch[1]
+                    if ch[0] != RES_DELAY:  # a resource or HBM channels: reserved by an event
+                        b = buckets.get(t)
+                        if b is None:
+                            b = buckets[t] = ([], [])
+                            heappush(self.times, t)
+                        b[0].append((x, ch, nbytes, end, t))
+                    elif ch[2]:
+                        self._stage(x, ch, nbytes, end, t)
+                    else:  # a delay leaf, as FORM_LAST
+                        e = end + ch[1]
+                        if e < t:
+                            e = t
+                        if e.__class__ is not int:
+                            e = _ceil(e - _EPS)
+                        self._deliver(x, ch[3], e)
         if delivers:
             if end.__class__ is not int:
                 end = _ceil(end - _EPS)
@@ -512,10 +521,11 @@ class Transfers(HbmClasses):
     def consume(self, s: Slot) -> None:
         """Message ``s`` arrived and a receive took it: complete the receive, free the slot."""
         p = s.post
-        c = s.arrival if s.arrival > p.post_t else p.post_t
+        c = s.arrival
+        if p.post_t > c:
+            c = p.post_t
         s.consumed = c
         end = s.end
-        end.received += 1
         self.unreceived -= 1
         b = p.buf
         data, shape, dtype, value, n = s.payload
