@@ -47,17 +47,21 @@ def main() -> None:
     ap.add_argument("--kv-len", type=int, default=2048)
     ap.add_argument("--chip", default="ipu-hbm")
     ap.add_argument("--config", default=str(ROOT / "models/hf_configs/llama-3-8b.json"))
+    ap.add_argument(
+        "--dtype", default=None, help="bf16, fp16 or fp32 (default: the config's, as served)"
+    )
     ap.add_argument("--digest", action="store_true", help="digests of schedule, programs, stats")
     args = ap.parse_args()
     chip = load_chip(args.chip)
     prog = torch2step.compile_config(
         args.config, batch=args.batch, past=args.kv_len, chip=chip, layers=args.layers,
-        execution="kernel", design="elk_full",
+        execution="kernel", design="elk_full", dtype=args.dtype,
     )  # fmt: skip
     s = prog.schedule
     # plan_s: wall seconds; the candidate preload orders run on plan_jobs processes
     out: dict[str, object] = {
         "layers": args.layers,
+        "dtype": prog.graph.dtype,
         "plan_s": round(s.plan_seconds, 2),
         "plan_jobs": plan_jobs(),
     }

@@ -98,9 +98,10 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--dtype",
-        default="bf16",
-        help="element type the layer is built, timed and counted in: bf16 (default, as served "
-        "and as the STeP paper evaluates), fp16 or fp32",
+        default=None,
+        help="element type the layer is built, timed and counted in: bf16, fp16 or fp32 "
+        "(default: bf16 for --layer, as served and as the STeP paper evaluates; for "
+        "--hf-config the dtype the config says the model is served in)",
     )
     r.add_argument(
         "--execution",
@@ -184,6 +185,7 @@ def _run_report(args: argparse.Namespace) -> int:
             options=args.options,
             trace=args.out is not None,
             layers=args.layers,
+            dtype=args.dtype,
         )
     else:
         run = report_layer(
@@ -197,7 +199,7 @@ def _run_report(args: argparse.Namespace) -> int:
             tiny=args.tiny,
             impl=args.impl,
             trace=args.out is not None,
-            dtype=args.dtype,
+            dtype=args.dtype or "bf16",
         )
     if args.out is not None:
         run.report.save(

@@ -37,21 +37,29 @@ def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
 
 
 def kernel_layer_report(
-    layer: str, batch: int, chip: Chip, kv_len: int = 2048, design: str = "elk_full"
+    layer: str,
+    batch: int,
+    chip: Chip,
+    kv_len: int = 2048,
+    design: str = "elk_full",
+    dtype: str = "bf16",
 ) -> Any:
-    """Plan and simulate registered ``layer`` kernel by kernel on ``chip`` (shapes only)."""
+    """Plan and simulate registered ``layer`` kernel by kernel on ``chip`` (shapes only), in
+    ``dtype``."""
     from elk.plan import plan_model
     from torch2step.kernel import simulate_schedule
     from torch2step.kernel.layers import registered_layer_ops
 
-    sched = plan_model(registered_layer_ops(layer, batch, kv_len), chip, design)
+    sched = plan_model(registered_layer_ops(layer, batch, kv_len, dtype), chip, design)
     return simulate_schedule(sched, chip, tokens=batch)
 
 
 def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     """``report --execution kernel``: the ELK schedule and its simulated breakdown."""
     kv = getattr(args, "kv_len", None) or 2048
-    rep = kernel_layer_report(args.layer, args.batch, chip, kv, getattr(args, "design", "elk_full"))
+    design = getattr(args, "design", "elk_full")
+    dtype = getattr(args, "dtype", None) or "bf16"
+    rep = kernel_layer_report(args.layer, args.batch, chip, kv, design, dtype)
     if args.json:
         print(json.dumps({"layer": args.layer, "batch": args.batch, **rep.to_dict()}))
     else:
@@ -72,7 +80,7 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     t0 = time.perf_counter()
     prog = torch2step.compile_config(
         args.hf_config, batch=args.batch, past=kv, chip=chip, layers=args.layers,
-        execution="kernel", design=getattr(args, "design", "elk_full"),
+        execution="kernel", design=getattr(args, "design", "elk_full"), dtype=args.dtype,
     )  # fmt: skip
     compile_s = time.perf_counter() - t0
     if args.layers is None:

@@ -389,9 +389,11 @@ def report_config(
     options: Mapping[str, Any] | Sequence[str] = (),
     trace: bool = False,
     layers: int | None = None,
+    dtype: str | None = None,
 ) -> LayerRun:
     """Compile and simulate layer 0 of a HuggingFace ``config.json`` (or ``layers`` identical
-    layers) as a decode step at full size with no weights (:func:`torch2step.compile_config`)."""
+    layers) as a decode step at full size with no weights (:func:`torch2step.compile_config`),
+    in ``dtype`` (default: the dtype the config says the model is served in)."""
     import torch2step
 
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -399,7 +401,9 @@ def report_config(
     opts = parse_options(options)
     target = resolve_chip(chip, sets)
     log.info("compiling %s (batch %d, no weights) for %s", config, batch, target.name)
-    prog = torch2step.compile_config(config, batch=batch, chip=target, layers=layers, **opts)
+    prog = torch2step.compile_config(
+        config, batch=batch, chip=target, layers=layers, dtype=dtype, **opts
+    )
     log.info("simulating")
     with simulation_progress():
         rep = prog.report(trace=trace)

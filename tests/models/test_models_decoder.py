@@ -84,6 +84,45 @@ def test_config_without_weights_reports_and_refuses_to_run(tmp_path) -> None:
         prog.run()
 
 
+@pytest.mark.parametrize(
+    ("said", "asked", "want"),
+    [("bfloat16", None, torch.bfloat16), ("float16", None, torch.float16),
+     (None, None, torch.float32), ("bfloat16", "fp32", torch.float32)],
+)  # fmt: skip
+def test_served_dtype_is_the_configs_unless_asked(said, asked, want) -> None:
+    # a config's own torch_dtype decides what its weights, caches and activations are timed
+    # and counted in; dtype= overrides it; no dtype in the config is what HF loads: float32
+    from models.decoder import hf_config
+    from torch2step.frontend.hf_config import served_dtype
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
+    if said is not None:
+        cfg["torch_dtype"] = said
+    assert served_dtype(hf_config(cfg), asked) == want
+
+
+def test_config_is_compiled_in_the_dtype_it_is_served_in(tmp_path) -> None:
+    cfg = {
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 64, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    prog = torch2step.compile_config(path, batch=2, past=8)
+    assert {prog.layer.types[k].dtype for k in prog.layer.params} == {"bf16"}
+    assert {prog.layer.types[v].dtype for v in prog.layer.inputs} >= {"bf16"}
+    kernel = torch2step.compile_config(path, batch=2, past=8, layers=2, chip="ipu-hbm")
+    assert kernel.graph.dtype == "bf16"
+
+
+def test_config_dtype_must_be_a_float_type(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(torch2step.FrontendError, match="dtype 'int8': choose from"):
+        torch2step.compile_config(path, dtype="int8")
+
+
 def test_config_of_an_unraised_family_is_one_clear_error(tmp_path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))

@@ -19,6 +19,7 @@ from torch2step.layers.graph import LayerGraph
 __all__ = [
     "compile_config",
     "from_hf_config",
+    "served_dtype",
     "same_structure",
     "stack_from_config",
     "stack_from_model",
@@ -35,6 +36,34 @@ def _config(config: Any) -> Any:
         raise FrontendError(str(exc)) from None
 
 
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def served_dtype(cfg: Any, dtype: str | None = None) -> Any:
+    """The torch dtype a config's layers are built, timed and counted in: ``dtype``
+    (``bf16``, ``fp16`` or ``fp32``) when given, else the dtype the config says the model is
+    served in (its ``dtype`` / ``torch_dtype``), else float32 (what transformers loads a
+    config without one in)."""
+    import torch
+
+    if dtype is not None:
+        if dtype not in _DTYPE_NAMES:
+            raise FrontendError(f"dtype {dtype!r}: choose from {', '.join(_DTYPE_NAMES)}")
+        return getattr(torch, _DTYPE_NAMES[dtype])
+    said = getattr(cfg, "dtype", None)  # transformers >= 4.56; older ones keep torch_dtype
+    if said is None:
+        said = vars(cfg).get("torch_dtype")
+    if isinstance(said, str):
+        said = getattr(torch, said.removeprefix("torch."), None)
+    if said in (torch.bfloat16, torch.float16, torch.float32):
+        return said
+    return torch.float32
+
+
+def _cast(inputs: tuple[Any, ...], dt: Any) -> tuple[Any, ...]:
+    return tuple(x.to(dt) if x.is_floating_point() else x for x in inputs)
+
+
 def same_structure(full: LayerGraph, small: LayerGraph) -> str | None:
     """None when both graphs have the same operator kinds in the same order (sizes aside),
     else the first difference."""
@@ -49,25 +78,34 @@ def same_structure(full: LayerGraph, small: LayerGraph) -> str | None:
 
 
 def from_hf_config(
-    config: Any, *, batch: int = 2, past: int = 8, name: str | None = None, check: bool = True
+    config: Any,
+    *,
+    batch: int = 2,
+    past: int = 8,
+    name: str | None = None,
+    check: bool = True,
+    dtype: str | None = None,
 ) -> LayerGraph:
     """Raise layer 0 of ``config`` (a ``config.json`` path, dict or transformers config) as a
     decode step ``(x, past_k, past_v) -> (out, new_k, new_v)`` at full size on the meta device.
 
     ``batch``/``past`` only size the example (both stay dynamic in the graph); ``check``
-    raises a small random stand-in first (see the module docstring)."""
+    raises a small random stand-in first (see the module docstring), in the same dtype;
+    ``dtype``: see :func:`served_dtype` (default: the one the config is served in)."""
     from models.decoder import decode_inputs, decoder_step, standin_config
     from torch2step.frontend.torch_import import from_torch
 
     cfg = _config(config)
+    dt = served_dtype(cfg, dtype)
     label = name or f"{cfg.model_type}_decoder"
     small = None
     if check:
         tiny = standin_config(cfg)
-        step = decoder_step(tiny, device="cpu")
-        small = from_torch(step, decode_inputs(tiny, 2, 4), name=label)
-    step = decoder_step(cfg, device="meta")
-    graph = from_torch(step, decode_inputs(cfg, batch, past, device="meta"), name=label)
+        step = decoder_step(tiny, device="cpu").to(dt)
+        small = from_torch(step, _cast(decode_inputs(tiny, 2, 4), dt), name=label)
+    step = decoder_step(cfg, device="meta").to(dt)
+    ins = _cast(decode_inputs(cfg, batch, past, device="meta"), dt)
+    graph = from_torch(step, ins, name=label)
     if small is not None:
         why = same_structure(graph, small)
         if why is not None:
@@ -79,7 +117,9 @@ def from_hf_config(
     return graph
 
 
-def stack_from_config(config: Any, layers: int | None = None, *, check: bool = True) -> LayerGraph:
+def stack_from_config(
+    config: Any, layers: int | None = None, *, check: bool = True, dtype: str | None = None
+) -> LayerGraph:
     """The decode step of ``layers`` decoder layers of ``config`` (default: all of the
     config's) as one :class:`~torch2step.layers.stack.Repeat` of the raised layer 0, hidden
     states in and out (the embedding and LM head are excluded)::
@@ -88,7 +128,8 @@ def stack_from_config(config: Any, layers: int | None = None, *, check: bool = T
 
     Every layer is built on the meta device and compared with layer 0
     (:func:`~torch2step.layers.stack.check_identical`): a config whose layers differ (dense
-    and MoE layers mixed, sliding-window layers) is refused naming the first that differs."""
+    and MoE layers mixed, sliding-window layers) is refused naming the first that differs.
+    ``dtype``: see :func:`served_dtype`."""
     import torch
 
     from models.decoder import _layer_class
@@ -101,7 +142,7 @@ def stack_from_config(config: Any, layers: int | None = None, *, check: bool = T
     with torch.device("meta"):
         cls = _layer_class(cfg)
         check_identical([cls(cfg, i) for i in range(count)], f"{cfg.model_type} ({count} layers)")
-    body = from_hf_config(cfg, check=check)
+    body = from_hf_config(cfg, check=check, dtype=dtype)
     g = stack_graph(body, count, name=f"{cfg.model_type}_decoder_x{count}")
     g.notes.append(f"{count} identical {cls.__name__}s share one body (no embedding, no LM head)")
     return g
@@ -146,6 +187,7 @@ def compile_config(
     chip: Any = "step-sda",
     check: bool = True,
     layers: int | None = None,
+    dtype: str | None = None,
     **options: Any,
 ) -> Any:
     """Compile layer 0 of a HuggingFace config (``config.json`` path, dict or config object)
@@ -157,7 +199,9 @@ def compile_config(
     (``batch`` lengths) makes the caches ragged (``past`` defaults to their maximum, else
     1024); ``options`` are compile options as for :func:`torch2step.compile`.  ``layers=N``
     compiles the decode step of ``N`` identical layers (:func:`stack_from_config`) into a
-    :class:`~torch2step.stack_program.StackProgram`: one body, lowered once."""
+    :class:`~torch2step.stack_program.StackProgram`: one body, lowered once.  ``dtype``
+    (``bf16``, ``fp16``, ``fp32``): what the layers are built, timed and counted in; default
+    the dtype the config says the model is served in (:func:`served_dtype`)."""
     import numpy as np
     import torch
 
@@ -169,35 +213,36 @@ def compile_config(
     if lens is not None and len(lens) != batch:
         raise FrontendError(f"kv_lengths holds {len(lens)} requests but batch is {batch}")
     p = past if past is not None else (int(lens.max()) if lens is not None else 1024)
-    inputs = decode_inputs(cfg, batch, p, device="meta")
+    dt = served_dtype(cfg, dtype)
+    inputs = _cast(decode_inputs(cfg, batch, p, device="meta"), dt)
     if layers is not None:
         if lens is not None:
             raise FrontendError("layers=N with kv_lengths is not supported; give past instead")
         from torch2step.stack_program import compile_stack
 
-        stack = stack_from_config(cfg, layers, check=check)
+        stack = stack_from_config(cfg, layers, check=check, dtype=dtype)
         x, k, v = inputs
-        k = torch.empty((int(layers), *k.shape), device="meta")
+        k = torch.empty((int(layers), *k.shape), device="meta", dtype=dt)
         return compile_stack(stack, (x, k, k.clone()), chip=chip, **options)
     if lens is None:
-        graph = from_hf_config(cfg, check=check)
+        graph = from_hf_config(cfg, check=check, dtype=dtype)
     else:
-        graph = _with_kv_lengths(cfg, f"{cfg.model_type}_decoder", check)
+        graph = _with_kv_lengths(cfg, f"{cfg.model_type}_decoder", check, dt)
         inputs = (*inputs, torch.as_tensor(lens))
     return compile_graph(graph, inputs, chip=chip, **options)
 
 
-def _with_kv_lengths(cfg: Any, name: str, check: bool) -> LayerGraph:
-    """The decode step raised with a ``kv_lengths`` input (ragged caches)."""
+def _with_kv_lengths(cfg: Any, name: str, check: bool, dt: Any) -> LayerGraph:
+    """The decode step raised with a ``kv_lengths`` input (ragged caches), in dtype ``dt``."""
     import torch
 
     from models.decoder import decode_inputs, decoder_step, standin_config
     from torch2step.frontend.torch_import import from_torch
 
     def raise_(c: Any, device: str) -> LayerGraph:
-        ins = decode_inputs(c, 3, 8, device=device)
+        ins = _cast(decode_inputs(c, 3, 8, device=device), dt)
         lens = torch.tensor([1, 8, 5])
-        return from_torch(decoder_step(c, device=device), (*ins, lens), name=name)
+        return from_torch(decoder_step(c, device=device).to(dt), (*ins, lens), name=name)
 
     graph = raise_(cfg, "meta")
     if check:

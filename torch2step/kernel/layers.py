@@ -17,7 +17,7 @@ __all__ = ["ICCA_CHIPS", "registered_layer_ops"]
 ICCA_CHIPS = ("ipu-hbm", "mesh")
 
 
-def _attention(cfg: AttentionConfig, batch: int, kv_len: int) -> list[Operator]:
+def _attention(cfg: AttentionConfig, batch: int, kv_len: int, dtype: str) -> list[Operator]:
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     spec = [
@@ -27,12 +27,12 @@ def _attention(cfg: AttentionConfig, batch: int, kv_len: int) -> list[Operator]:
         ("o_proj", "matmul", (batch, q, h), 0),
     ]
     return [
-        Operator(name, kind, dims, slot=k, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
+        Operator(name, kind, dims, dtype, slot=k, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
         for k, (name, kind, dims, fpe) in enumerate(spec)
     ]
 
 
-def _moe(cfg: MoEConfig, tokens: int) -> list[Operator]:
+def _moe(cfg: MoEConfig, tokens: int, dtype: str) -> list[Operator]:
     e, k, h, i = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     active = max(1, round(e * (1 - (1 - k / e) ** tokens)))
     rows = max(1, math.ceil(tokens * k / active))
@@ -44,19 +44,24 @@ def _moe(cfg: MoEConfig, tokens: int) -> list[Operator]:
         ("experts_down", "matmul", (rows, i * active, h), 0),
     ]
     return [
-        Operator(name, kind, dims, slot=n, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
+        Operator(name, kind, dims, dtype, slot=n, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
         for n, (name, kind, dims, fpe) in enumerate(spec)
     ]
 
 
-def registered_layer_ops(name: str, batch: int, kv_len: int = 2048) -> list[Operator]:
+def registered_layer_ops(
+    name: str, batch: int, kv_len: int = 2048, dtype: str = "bf16"
+) -> list[Operator]:
     """Operators of registered layer ``name`` at full size (MoE: experts any of ``batch``
-    tokens selects, in expectation under uniform routing)."""
+    tokens selects, in expectation under uniform routing), in ``dtype`` (``bf16`` as served,
+    ``fp16`` or ``fp32``)."""
     if name not in LAYERS:
         raise LoweringError(f"unknown layer {name!r}; valid names: {', '.join(LAYERS)}")
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise LoweringError(f"dtype {dtype!r}: choose from bf16, fp16, fp32")
     cfg = LAYERS[name].config
     if isinstance(cfg, AttentionConfig):
-        return _attention(cfg, batch, kv_len)
+        return _attention(cfg, batch, kv_len, dtype)
     if isinstance(cfg, MoEConfig):
-        return _moe(cfg, batch)
+        return _moe(cfg, batch, dtype)
     raise LoweringError(f"layer {name!r} has no kernel-execution operator list")
