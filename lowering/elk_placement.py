@@ -8,7 +8,11 @@ the previous operator leaves on its cores until the next one gathers them (ELK ย
 
 Tiles map to cores as :mod:`elk.cost` assumes: the least-loaded cores on an all-to-all chip, a
 grid of mesh rows x columns on a mesh (row offset from operator to operator so that resident
-operators spread over the chip).
+operators spread over the chip).  In a stack of identical layers an operator takes the cores of
+the same operator one layer earlier whenever its tiles fit there beside what those cores hold
+over the sections it stays resident (and, on a mesh, that grid is one of its candidates): the
+layers then have the same placement as they have the same plans and preload order (ELK ยง4.4),
+so their per-core programs are renamed copies of each other (:mod:`lowering.elk_layers`).
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ def _place(
     order = tuple(range(n)) if order is None else tuple(order)
     issued = tuple(range(1, n + 1)) if issued is None else tuple(issued)
     first = _sections(n, order, issued)
+    earlier = _same_earlier(ops, plans)
+    sram = chip.core.sram_bytes
     noc = chip.noc
     workers = chip.num_cores - 1
     load = np.zeros((workers, n), dtype=np.int64)
@@ -154,12 +160,20 @@ def _place(
                 ]
             peak = [int(load[list(cs), span].max(initial=0)) for cs in cands]
             cores = cands[int(np.argmin(peak))]
+            if j in earlier and earlier[j] in out:  # the same operator a layer earlier
+                same = out[earlier[j]].cores
+                if same in cands and peak[cands.index(same)] + plan.core_space <= sram:
+                    cores = same
         else:
             if rows * cols > workers:
                 raise ProgramError(f"{op.name}: plan {plan.label()} needs {rows * cols} cores")
             busy = load[:, span].max(axis=1)
             pick = np.argsort(busy, kind="stable")[: rows * cols]
             cores = tuple(int(x) for x in sorted(pick))
+            if j in earlier and earlier[j] in out:  # the same operator a layer earlier
+                same = out[earlier[j]].cores
+                if int(busy[list(same)].max()) + plan.core_space <= sram:
+                    cores = same
         load[list(cores), span] += plan.core_space
         placed = Placed(op, plan, rows, cols, cores)
         if j + 1 < n:  # its output tiles stay until the next operator has gathered them
@@ -167,6 +181,22 @@ def _place(
                 load[core, j + 1] += nbytes
         out[j] = placed
     return [out[j] for j in range(n)], load
+
+
+def _same_earlier(ops: Sequence[Operator], plans: Sequence[Plan]) -> dict[int, int]:
+    """Operator index -> the index of the same operator one layer earlier (same kind, sizes,
+    dtype, node and plan; ``Operator.layer`` one less), in a stack of equal-sized layers."""
+    size = next((i for i, o in enumerate(ops) if o.layer != ops[0].layer), len(ops))
+    out: dict[int, int] = {}
+    for j in range(size, len(ops)):
+        a, b = ops[j - size], ops[j]
+        if (
+            b.layer == a.layer + 1
+            and (a.kind, a.dims, a.dtype, a.node, a.slot) == (b.kind, b.dims, b.dtype, b.node, b.slot)
+            and plans[j - size] == plans[j]
+        ):
+            out[j] = j - size
+    return out
 
 
 def _folded(chip: Chip, rows: int, cols: int, usable_rows: int) -> list[tuple[int, ...]]:

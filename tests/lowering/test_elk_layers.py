@@ -1,7 +1,8 @@
 """Equal stacked layers emitted once and copied (lowering.elk_layers, ELK §4.4 identical layers):
 the program set is exactly the one of the full emission (and simulates the same) for timing
-stacks (shapes only) and for stacks with weights; and the renaming it relies on.  (On a mesh
-the placement's row offsets move from layer to layer, so no section is copied there.)"""
+stacks (shapes only) and for stacks with weights; and the renaming it relies on; and the
+placement that makes full-size layers copies: the same cores for the same operator of every
+layer whenever they fit (lowering.elk_placement)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,24 @@ def test_renamer_shifts_operator_names_and_refuses_others() -> None:
         ren.name("tmp")
     with pytest.raises(ProgramError, match="no piece"):
         Renamer(20, 2, flow).name("a3_4_7_9_0")
+
+
+@pytest.mark.parametrize("chip_name", ["ipu-hbm", "mesh"])
+def test_full_size_identical_layers_are_placed_alike(chip_name: str) -> None:
+    # least-loaded placement alone moves a layer's operators to other cores from layer to
+    # layer (what the previous layers left resident differs); an operator takes the cores of
+    # the same operator a layer earlier when it fits there, so the programs are copies (layer
+    # 1 may still move where layer 0's cores are taken: layer 0 follows no resident layer)
+    from elk.ops import decode_step_ops
+    from elk.plan import plan_model
+    from hwmodel.presets import load_chip
+    from lowering.elk_placement import core_peaks, place
+
+    chip = load_chip(chip_name)
+    ops = decode_step_ops("llama3-8b", 32, 2048, 4)
+    s = plan_model(ops, chip, "elk_dyn")
+    placed = place(chip, ops, s.plans, s.order, s.issued)
+    size = len(ops) // 4
+    moved = [j for j in range(2 * size, len(ops)) if placed[j].cores != placed[j - size].cores]
+    assert not moved, f"operators {moved} moved to other cores than a layer earlier"
+    assert core_peaks(chip, ops, s.plans, s.order, s.issued).max() <= chip.core.sram_bytes
