@@ -293,23 +293,24 @@ def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
         raise sim.error(
             core, f"buffer {b.name!r} is already allocated; Free it first or use another name"
         )
-    held = op.held
-    nbytes = 0 if held else op.nbytes  # a held buffer counts what it holds (``hold``)
-    sram = core.sram = core.sram + nbytes
-    if sram > sim.sram_bytes:
-        raise sim.error(
-            core,
-            f"SRAM overflow: buffer {b.name!r} ({op.nbytes} bytes) brings the core to "
-            f"{core.sram} bytes allocated, it has {sim.core_spec.sram_bytes}; free buffers "
-            "earlier or use smaller tiles",
-        )
-    if sram > core.sram_peak:
-        core.sram_peak = sram
+    if op.held:  # a held buffer counts what it holds (``hold``): nothing yet
+        b.nbytes = 0
+    else:
+        nbytes = b.nbytes = op.nbytes
+        sram = core.sram = core.sram + nbytes
+        if sram > sim.sram_bytes:
+            raise sim.error(
+                core,
+                f"SRAM overflow: buffer {b.name!r} ({op.nbytes} bytes) brings the core to "
+                f"{core.sram} bytes allocated, it has {sim.core_spec.sram_bytes}; free buffers "
+                "earlier or use smaller tiles",
+            )
+        if sram > core.sram_peak:
+            core.sram_peak = sram
     b.allocated = True
     b.dtype, b.eb, b.alloc_shape, b.shape = op.dtype, op.eb, op.shape, op.shape
     b.cap = op.cap
-    b.nbytes = nbytes
-    b.held = held
+    b.held = op.held
     if sim.functional:
         b.data = np.zeros(op.shape, dtype=numpy_dtype(op.dtype))
     core.pc += 1
