@@ -163,6 +163,9 @@ class Transfers(HbmClasses):
             bg = self.bgs[-1]
             if bg is not None and arrive < bg[0]:
                 bg[0] += d
+        elif res == RES_WAKE:  # a background queue's alarm (_bg_alarm): ``lat`` is its resource
+            self._bg_wake(lat)
+            return 0
         else:
             return self._bg(x, stage, nbytes, prev_end, arrive)
         if form == FORM_NEXT:  # one resource child: reserved by an event
@@ -361,8 +364,9 @@ class Transfers(HbmClasses):
 
     def _bg(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """A background stage (``RES_BG - res``: transfer ``x`` takes resource ``res`` in the
-        cycles ordinary traffic leaves free, :mod:`runtime.network`) or a wake-up of resource
-        ``stage[1]``'s background queue (``RES_WAKE``).
+        cycles ordinary traffic leaves free, :mod:`runtime.network`); a wake-up of resource
+        ``stage[1]``'s background queue (``RES_WAKE``) is :meth:`_bg_wake`, called by
+        :meth:`_stage`.
 
         Per resource with background work, ``bgs[res]`` is ``[end, start, entry, queue]``: the
         transfer in service (``entry``), when its service began and its tentative end, pushed
@@ -370,11 +374,7 @@ class Transfers(HbmClasses):
         transfers waiting behind it, first come first served.  One calendar entry per such
         resource wakes it at its tentative end: the transfer completes there unless it was
         pushed back meanwhile.  Returns 0 (the end is not known yet)."""
-        code = stage[0]
-        if code == RES_WAKE:
-            self._bg_wake(stage[1])
-            return 0
-        res = RES_BG - code
+        res = RES_BG - stage[0]
         entry = (x, nbytes, prev_end, stage, arrive)
         st = self.bgs[res]
         if st is None:
