@@ -400,15 +400,27 @@ class Transfers(HbmClasses):
             self.slow = True
         else:
             st[0], st[1], st[2] = end, start, entry
-        self._bg_alarm(res, end)
+        # self._bg_alarm(res, end), inlined: once per background transfer
+        now, buckets = self.now, self.buckets
+        t = end if end.__class__ is int else _ceil(end - _EPS)
+        if t < now:
+            t = now
+        b = buckets.get(t)
+        if b is None:
+            b = buckets[t] = ([], [])
+            heappush(self.times, t)
+        wake = self.bgwake.get(res)
+        if wake is None:
+            wake = self.bgwake[res] = (RES_WAKE, res, (), (), 0)
+        b[0].append((None, wake, 0, 0, t))
         head = start if start.__class__ is int else _ceil(start - _EPS)  # up(), inlined
-        if head < self.now:
-            head = self.now
+        if head < now:
+            head = now
         for ch in stage[2]:  # released when the service begins (module docstring)
             t = head + ch[1]
-            b = self.buckets.get(t)
+            b = buckets.get(t)
             if b is None:
-                b = self.buckets[t] = ([], [])
+                b = buckets[t] = ([], [])
                 heappush(self.times, t)
             b[0].append((x, ch, nbytes, start, t))
 
