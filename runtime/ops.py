@@ -124,11 +124,14 @@ def _cost(sim: Any, core: Core, op: OpCompute, shapes: tuple) -> tuple[int, tupl
     return cycles, tuple((tuple(s), math.prod(s)) for s in outs)
 
 
+_shape_of = operator.attrgetter("shape")
+
+
 def h_compute(sim: Any, core: Core, op: OpCompute) -> bool:
     if not ready(sim, core, op.ins, op.outs):
         return False
     t = core.t
-    shapes = tuple([b.shape for b in op.ins])
+    shapes = tuple(map(_shape_of, op.ins))  # the inputs' shapes, gathered by builtins
     hit = op.cache.get(shapes)
     if hit is None:
         hit = op.cache[shapes] = _cost(sim, core, op, shapes)
