@@ -124,11 +124,14 @@ def _cost(sim: Any, core: Core, op: OpCompute, shapes: tuple) -> tuple[int, tupl
     return cycles, tuple((tuple(s), math.prod(s)) for s in outs)
 
 
+_shape_of = operator.attrgetter("shape")
+
+
 def h_compute(sim: Any, core: Core, op: OpCompute) -> bool:
     if not ready(sim, core, op.ins, op.outs):
         return False
     t = core.t
-    shapes = tuple([b.shape for b in op.ins])
+    shapes = tuple(map(_shape_of, op.ins))  # the inputs' shapes, gathered by builtins
     hit = op.cache.get(shapes)
     if hit is None:
         hit = op.cache[shapes] = _cost(sim, core, op, shapes)
@@ -293,23 +296,24 @@ def h_alloc(sim: Any, core: Core, op: OpAlloc) -> bool:
         raise sim.error(
             core, f"buffer {b.name!r} is already allocated; Free it first or use another name"
         )
-    held = op.held
-    nbytes = 0 if held else op.nbytes  # a held buffer counts what it holds (``hold``)
-    sram = core.sram = core.sram + nbytes
-    if sram > sim.sram_bytes:
-        raise sim.error(
-            core,
-            f"SRAM overflow: buffer {b.name!r} ({op.nbytes} bytes) brings the core to "
-            f"{core.sram} bytes allocated, it has {sim.core_spec.sram_bytes}; free buffers "
-            "earlier or use smaller tiles",
-        )
-    if sram > core.sram_peak:
-        core.sram_peak = sram
+    if op.held:  # a held buffer counts what it holds (``hold``): nothing yet
+        b.nbytes = 0
+    else:
+        nbytes = b.nbytes = op.nbytes
+        sram = core.sram = core.sram + nbytes
+        if sram > sim.sram_bytes:
+            raise sim.error(
+                core,
+                f"SRAM overflow: buffer {b.name!r} ({op.nbytes} bytes) brings the core to "
+                f"{core.sram} bytes allocated, it has {sim.core_spec.sram_bytes}; free buffers "
+                "earlier or use smaller tiles",
+            )
+        if sram > core.sram_peak:
+            core.sram_peak = sram
     b.allocated = True
     b.dtype, b.eb, b.alloc_shape, b.shape = op.dtype, op.eb, op.shape, op.shape
     b.cap = op.cap
-    b.nbytes = nbytes
-    b.held = held
+    b.held = op.held
     if sim.functional:
         b.data = np.zeros(op.shape, dtype=numpy_dtype(op.dtype))
     core.pc += 1

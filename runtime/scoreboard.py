@@ -151,10 +151,8 @@ def _ready_long(sim: Any, core: Core, reads: tuple, writes: tuple) -> bool:
         if sc[0] is reads and sc[1] is writes and sc[2] == t0:
             i, t, cat = sc[3], sc[4], sc[5]
     nr = len(reads)
-    bufs = reads + writes
-    n = len(bufs)
-    while i < n:
-        b = bufs[i]
+    while i < nr:  # the buffers read: their pending writes
+        b = reads[i]
         if not b.allocated:
             need_alloc(sim, core, b)
         if b.wp is not None and not fold_w(sim, core, b):
@@ -162,12 +160,22 @@ def _ready_long(sim: Any, core: Core, reads: tuple, writes: tuple) -> bool:
             return False
         if b.w > t:
             t, cat = b.w, b.wk
-        if i >= nr:
-            if b.rp and not fold_r(sim, core, b):
-                core.scan = (reads, writes, t0, i, t, cat)
-                return False
-            if b.r > t:
-                t, cat = b.r, b.rk
+        i += 1
+    n = nr + len(writes)
+    while i < n:  # the buffers written: their pending writes, then their pending reads
+        b = writes[i - nr]
+        if not b.allocated:
+            need_alloc(sim, core, b)
+        if b.wp is not None and not fold_w(sim, core, b):
+            core.scan = (reads, writes, t0, i, t, cat)
+            return False
+        if b.w > t:
+            t, cat = b.w, b.wk
+        if b.rp and not fold_r(sim, core, b):
+            core.scan = (reads, writes, t0, i, t, cat)
+            return False
+        if b.r > t:
+            t, cat = b.r, b.rk
         i += 1
     if t > t0:
         advance(sim, core, t, cat)

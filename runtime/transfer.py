@@ -163,6 +163,9 @@ class Transfers(HbmClasses):
             bg = self.bgs[-1]
             if bg is not None and arrive < bg[0]:
                 bg[0] += d
+        elif res == RES_WAKE:  # a background queue's alarm (_bg_alarm): ``lat`` is its resource
+            self._bg_wake(lat)
+            return 0
         else:
             return self._bg(x, stage, nbytes, prev_end, arrive)
         if form == FORM_NEXT:  # one resource child: reserved by an event
@@ -247,6 +250,41 @@ class Transfers(HbmClasses):
                 self._deliver(x, delivers, end)
         return end  # fractional unless delivered: a caller that uses it rounds it up
 
+    def _stage_eject(self, x: Any, stage: tuple, nbytes: int, now: int) -> Any:
+        """``_stage(x, stage, nbytes, now, now)`` for the root of an HBM read on an all-to-all
+        chip (:meth:`runtime.network.Fabric.load_roots`: the core's ejection port, a resource,
+        whose one child is the HBM channels, ``FORM_HBM``, and which delivers nothing): the
+        same reservation without the tests of the stage's kind (once per Load)."""
+        res, lat, children, _, _ = stage
+        r = self.rs[res]
+        f = r[0]
+        start = now if now > f else f
+        end = start + nbytes / r[4]
+        tail = now + lat
+        if tail > end:
+            end = tail
+        r[0] = end
+        r[1] += end - start
+        r[2] += nbytes
+        r[3] += 1
+        if self.slow:
+            if self.rtrace is not None:
+                self.rtrace.append((res, start, end, x.label))
+            bg = self.bgs[res]
+            if bg is not None and start < bg[0]:
+                bg[0] += end - start
+        ch = children[0]
+        t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
+        if t == now and self.inline_hbm:
+            self._stage(x, ch, nbytes, end, t)
+        else:
+            b = self.buckets.get(t)
+            if b is None:
+                b = self.buckets[t] = ([], [])
+                heappush(self.times, t)
+            b[0].append((x, ch, nbytes, end, t))
+        return end
+
     def _deliver(self, x: Any, delivers: tuple, end: int) -> None:
         """Transfer ``x``'s payload reaches destinations ``delivers`` at cycle ``end``."""
         self.n_deliv += len(delivers)
@@ -326,8 +364,9 @@ class Transfers(HbmClasses):
 
     def _bg(self, x: Any, stage: tuple, nbytes: int, prev_end: Any, arrive: int) -> int:
         """A background stage (``RES_BG - res``: transfer ``x`` takes resource ``res`` in the
-        cycles ordinary traffic leaves free, :mod:`runtime.network`) or a wake-up of resource
-        ``stage[1]``'s background queue (``RES_WAKE``).
+        cycles ordinary traffic leaves free, :mod:`runtime.network`); a wake-up of resource
+        ``stage[1]``'s background queue (``RES_WAKE``) is :meth:`_bg_wake`, called by
+        :meth:`_stage`.
 
         Per resource with background work, ``bgs[res]`` is ``[end, start, entry, queue]``: the
         transfer in service (``entry``), when its service began and its tentative end, pushed
@@ -335,11 +374,7 @@ class Transfers(HbmClasses):
         transfers waiting behind it, first come first served.  One calendar entry per such
         resource wakes it at its tentative end: the transfer completes there unless it was
         pushed back meanwhile.  Returns 0 (the end is not known yet)."""
-        code = stage[0]
-        if code == RES_WAKE:
-            self._bg_wake(stage[1])
-            return 0
-        res = RES_BG - code
+        res = RES_BG - stage[0]
         entry = (x, nbytes, prev_end, stage, arrive)
         st = self.bgs[res]
         if st is None:
@@ -365,15 +400,27 @@ class Transfers(HbmClasses):
             self.slow = True
         else:
             st[0], st[1], st[2] = end, start, entry
-        self._bg_alarm(res, end)
+        # self._bg_alarm(res, end), inlined: once per background transfer
+        now, buckets = self.now, self.buckets
+        t = end if end.__class__ is int else _ceil(end - _EPS)
+        if t < now:
+            t = now
+        b = buckets.get(t)
+        if b is None:
+            b = buckets[t] = ([], [])
+            heappush(self.times, t)
+        wake = self.bgwake.get(res)
+        if wake is None:
+            wake = self.bgwake[res] = (RES_WAKE, res, (), (), 0)
+        b[0].append((None, wake, 0, 0, t))
         head = start if start.__class__ is int else _ceil(start - _EPS)  # up(), inlined
-        if head < self.now:
-            head = self.now
+        if head < now:
+            head = now
         for ch in stage[2]:  # released when the service begins (module docstring)
             t = head + ch[1]
-            b = self.buckets.get(t)
+            b = buckets.get(t)
             if b is None:
-                b = self.buckets[t] = ([], [])
+                b = buckets[t] = ([], [])
                 heappush(self.times, t)
             b[0].append((x, ch, nbytes, start, t))
 
@@ -419,7 +466,9 @@ class Transfers(HbmClasses):
                 r[2] += b
                 r[3] += 1
                 self.rtrace.append((chan_res[c], st[1], end, x.label))
-        done = up((end if end > prev_end else prev_end) + stage[1])
+        done = (end if end > prev_end else prev_end) + stage[1]
+        if done.__class__ is not int:  # up(done), inlined: once per background transfer
+            done = _ceil(done - _EPS)
         delivers = stage[3]
         self.n_deliv += len(delivers)
         for d in delivers:
