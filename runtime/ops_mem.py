@@ -17,7 +17,6 @@ import numpy as np
 
 from runtime.layout import TensorInfo, numpy_dtype
 from runtime.mem_plan import _region, _request, _slices  # noqa: F401 - _region: runtime.replay_rules
-from runtime.network import FORM_HBM
 from runtime.ops import Op, ev
 from runtime.ops_comm import _value_arrived
 from runtime.scoreboard import advance, fold_r, fold_w, need_alloc, ready
@@ -159,10 +158,7 @@ def h_load(sim: Any, core: Core, op: OpMem) -> bool:
         x.end = now
         x.pending = None
         x.left = 1
-        if roots[4] == FORM_HBM and roots[0] >= 0:  # an all-to-all chip's ejection port
-            sim._stage_eject(x, roots, nbytes, now)
-        else:
-            sim._stage(x, roots, nbytes, now, now)
+        sim._stage(x, roots, nbytes, now, now)
         if x.left == 0:
             done = x.end
         else:

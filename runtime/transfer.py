@@ -250,41 +250,6 @@ class Transfers(HbmClasses):
                 self._deliver(x, delivers, end)
         return end  # fractional unless delivered: a caller that uses it rounds it up
 
-    def _stage_eject(self, x: Any, stage: tuple, nbytes: int, now: int) -> Any:
-        """``_stage(x, stage, nbytes, now, now)`` for the root of an HBM read on an all-to-all
-        chip (:meth:`runtime.network.Fabric.load_roots`: the core's ejection port, a resource,
-        whose one child is the HBM channels, ``FORM_HBM``, and which delivers nothing): the
-        same reservation without the tests of the stage's kind (once per Load)."""
-        res, lat, children, _, _ = stage
-        r = self.rs[res]
-        f = r[0]
-        start = now if now > f else f
-        end = start + nbytes / r[4]
-        tail = now + lat
-        if tail > end:
-            end = tail
-        r[0] = end
-        r[1] += end - start
-        r[2] += nbytes
-        r[3] += 1
-        if self.slow:
-            if self.rtrace is not None:
-                self.rtrace.append((res, start, end, x.label))
-            bg = self.bgs[res]
-            if bg is not None and start < bg[0]:
-                bg[0] += end - start
-        ch = children[0]
-        t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
-        if t == now and self.inline_hbm:
-            self._stage(x, ch, nbytes, end, t)
-        else:
-            b = self.buckets.get(t)
-            if b is None:
-                b = self.buckets[t] = ([], [])
-                heappush(self.times, t)
-            b[0].append((x, ch, nbytes, end, t))
-        return end
-
     def _deliver(self, x: Any, delivers: tuple, end: int) -> None:
         """Transfer ``x``'s payload reaches destinations ``delivers`` at cycle ``end``."""
         self.n_deliv += len(delivers)
