@@ -49,7 +49,10 @@ def _failing() -> dict[str, Bundle]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+# 4 ranks on a 2-core machine takes ~15 s to launch: with the longer cases (-m slow)
+@pytest.fixture(
+    scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=["2ranks", "4ranks"]
+)
 def launched(request, bundles):
     """One mpiexec per rank count runs every bundle (the ranks import the kernels once)."""
     every = {**bundles, **_failing()}

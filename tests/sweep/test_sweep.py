@@ -31,6 +31,7 @@ def test_pool_sweep_writes_rows_and_plots(pool_rows: list[dict], tmp_path: Path)
     assert all(set(r) == set(ROW_COLUMNS) for r in pool_rows)
 
 
+@pytest.mark.slow  # starts a Ray cluster (~15 s); the pool backend runs in the default suite
 def test_ray_gives_identical_rows(pool_rows: list[dict], tmp_path: Path) -> None:
     pytest.importorskip("ray")
     rows = run_sweep(SPEC, tmp_path, backend="ray", jobs=2, progress=False)
@@ -40,6 +41,7 @@ def test_ray_gives_identical_rows(pool_rows: list[dict], tmp_path: Path) -> None
         assert (tmp_path / png).stat().st_size > 10_000
 
 
+@pytest.mark.slow  # kills and restarts a whole sweep (~15-19 s)
 def test_killed_sweep_resumes(tmp_path: Path) -> None:
     # five chips: every point compiles, so the kill lands part way through
     chips = [{"chip": "step-sda", "set": [f"hbm.channels={2**k}"]} for k in range(5)]
