@@ -1,4 +1,4 @@
-"""End-to-end CPU seconds of the full-size ``torch2step report`` of every shipped layer.
+"""End-to-end CPU and wall seconds of the full-size ``torch2step report`` of every shipped layer.
 
     python benchmarks/report_speed.py                        # every layer at batch 64
     python benchmarks/report_speed.py --batch 1024 --layers qwen3-moe llama-gqa
@@ -10,6 +10,9 @@ a shared machine is the report's own cost where wall time is not.  It covers eve
 command does: imports, building the layer on the meta device, compiling, the timing run of the
 interpreter, the spatial plan and the simulation.  The latency line of each report is printed
 next to it, so runs of two versions can be compared for identical cycles as well as for time.
+The wall seconds are the child's from start to exit: a layer split into configurations reports
+them in worker processes side by side (:mod:`torch2step.config_jobs`), so on two cores its
+wall time is below its CPU time (which counts the workers too).
 
 ``--phases`` also splits each report's CPU seconds by phase, measured in the child with
 ``time.process_time`` around the pipeline's stages (each second counted once: a stage called
@@ -39,6 +42,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,11 +132,15 @@ def _timed_child(argv: list[str]) -> None:
 
 def report_cpu(
     layer: str, batch: int, extra: list[str], phases: bool = False
-) -> tuple[float, str, dict[str, float]]:
-    """CPU seconds of one report in a child process, its latency line and (``phases``) its
-    CPU seconds by phase."""
+) -> tuple[float, float, str, dict[str, float]]:
+    """CPU seconds of one report in a child process (its configuration workers included),
+    its wall seconds, its latency line and (``phases``) its CPU seconds by phase (measured
+    with the configurations reported one after another in the child: ``TORCH2STEP_JOBS=1``)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
+    if phases:
+        env["TORCH2STEP_JOBS"] = "1"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
     head = [str(Path(__file__).resolve()), "--child"] if phases else ["-m", "torch2step.cli"]
     out = subprocess.run(
         [
@@ -152,6 +160,7 @@ def report_cpu(
         text=True,
         check=False,
     )
+    wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     split: dict[str, float] = {}
@@ -162,9 +171,9 @@ def report_cpu(
             split = json.loads(ln[len("phases ") :])
     if out.returncode != 0:
         err = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("phases ")]
-        return cpu, f"failed: {err[-1:]}", split
+        return cpu, wall, f"failed: {err[-1:]}", split
     line = next((ln.strip() for ln in out.stdout.splitlines() if "latency" in ln), "?")
-    return cpu, line, split
+    return cpu, wall, line, split
 
 
 def main() -> None:
@@ -178,8 +187,11 @@ def main() -> None:
     args = ap.parse_args()
     extra = [a for a in args.extra if a != "--"]
     for layer in args.layers or _layers():
-        cpu, line, split = report_cpu(layer, args.batch, extra, args.phases)
-        print(f"{layer:18s} batch {args.batch:5d}  {cpu:7.2f} CPU s   {line}", flush=True)
+        cpu, wall, line, split = report_cpu(layer, args.batch, extra, args.phases)
+        print(
+            f"{layer:18s} batch {args.batch:5d}  {cpu:7.2f} CPU s  {wall:7.2f} wall s   {line}",
+            flush=True,
+        )
         if split:
             total = split.pop("total", cpu)
             rest = total - sum(split.values())

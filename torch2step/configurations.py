@@ -13,7 +13,9 @@ inputs from HBM where the previous one stored them.
 each group as its own program, simulates them in order on the values the layer computes
 (only those that steer a configuration's control are evaluated: :class:`_Values`), and
 returns one report: latency, traffic and FLOPs summed, peak on-chip memory the largest, the
-split printed in the notes.
+split printed in the notes.  The configurations run one after another on the chip, but their
+reports are independent, so they are made in worker processes side by side where the machine
+has the CPUs (:mod:`torch2step.config_jobs`; the same reports as made one after another).
 """
 
 from __future__ import annotations
@@ -215,6 +217,7 @@ def split_report(
     operator that took more cores than the chip has is tried alone first, so a layer that
     cannot be split to fit reports that operator's error after one more plan, not after
     every halving."""
+    from torch2step.config_jobs import jobs_for, run_groups
     from torch2step.lower import lower
     from torch2step.program import Program
 
@@ -235,27 +238,28 @@ def split_report(
             part.report(**args)  # raises its placement error (or fits: halving decides)
         group = pending.pop()  # halved at once (it is not tried again)
         pending = [group[: len(group) // 2], group[len(group) // 2 :]]
-    reports, lines, parts = [], [], []
-    while pending:
-        group = pending.pop(0)
-        k = len(reports) + 1
+    position = {id(n): i for i, n in enumerate(layer.nodes)}
+
+    def run(at: tuple[int, ...], k: int) -> tuple[Any, Any]:
+        group = [layer.nodes[i] for i in at]
         sub = subgraph(layer, group, f"{layer.name}_config{k}")
         lowered = lower(sub, opts)
         part = Program(sub, lowered, chip, values.inputs(sub, lowered))
-        part.split = False  # a part that does not fit is halved here, not split again
+        part.split = False  # a part that does not fit is halved, not split again
         args = dict(kwargs)
         if not any(isinstance(n.op, L.TopKRouting) for n in group):
             args.pop("routing", None)
-        try:
-            rep = part.report(**args)
-        except ScheduleError:
-            if len(group) == 1:
-                raise
-            half = len(group) // 2
-            pending[:0] = [group[:half], group[half:]]
-            continue
+        rep = part.report(**args)
+        # what write_trace reads of the run (the per-core programs that ran stay behind)
+        return rep, replace(part._last, plan=None)
+
+    groups = [tuple(position[id(n)] for n in g) for g in pending]
+    done = run_groups(run, groups, jobs_for(len(groups)))
+    reports, lines, parts = [], [], []
+    for k, (at, rep, last) in enumerate(done, 1):
+        group = [layer.nodes[i] for i in at]
         start = sum(r.latency_cycles for r in reports)
-        parts.append((start, f"configuration {k}: ", part._last))
+        parts.append((start, f"configuration {k}: ", last))
         reports.append(rep)
         kinds = ", ".join(dict.fromkeys(type(n.op).__name__ for n in group))
         lines.append(

@@ -204,9 +204,19 @@ def _progress(total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit="point", desc="sweep", dynamic_ncols=True)
 
 
+def run_point_in_worker(point: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`run_point` in a sweep's worker process: the sweep's workers already take the
+    CPUs, so a split layer's configurations are reported one after another in the worker
+    (:mod:`torch2step.config_jobs`) unless ``TORCH2STEP_JOBS`` says otherwise."""
+    from torch2step.config_jobs import JOBS_ENV
+
+    os.environ.setdefault(JOBS_ENV, "1")
+    return run_point(point)
+
+
 def _run_pool(todo: list[dict], jobs: int, done: Callable[[dict, dict], None]) -> None:
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
-        futures = {ex.submit(run_point, p): p for p in todo}
+        futures = {ex.submit(run_point_in_worker, p): p for p in todo}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -227,7 +237,7 @@ def _run_ray(todo: list[dict], jobs: int, address: str | None, done: Callable) -
         else:
             ray.init(num_cpus=jobs, **kwargs)
     try:
-        remote = ray.remote(num_cpus=1)(run_point)
+        remote = ray.remote(num_cpus=1)(run_point_in_worker)
         refs = {remote.remote(p): p for p in todo}
         pending = list(refs)
         while pending:

@@ -1,0 +1,149 @@
+"""The configurations of a split layer, reported in worker processes side by side.
+
+A layer cut into sequential configurations (:mod:`torch2step.configurations`) runs them one
+after another on the chip, but each one's report is independent of the others': it reads its
+inputs from HBM, and the values that steer its control are computed from the layer's own
+stand-ins, not from an earlier configuration's run.  So the reports (lowering, the timing run
+of the interpreter, the spatial plan, the FIFO search and the simulation) can be made in
+parallel and put together in order; the result is the same, configuration for configuration,
+as making them one after another.
+
+:func:`run_groups` does that with forked worker processes (the layer, its stand-in values and
+the compiled program are inherited, not pickled; each report comes back pickled, without the
+per-core programs it ran).  Workers: the CPUs this process may use, at most one per
+configuration; ``TORCH2STEP_JOBS=1`` makes the reports in this process one after another
+(``TORCH2STEP_JOBS=N`` sets the number).  Where ``fork`` is not available the reports are
+made in this process.
+
+A configuration that does not fit once its buffers are counted is halved (its error is a
+:class:`~torch2step.errors.ScheduleError`); the halves take its place and the configurations
+after it are renumbered, as in the one-after-another order.  The first error in configuration
+order is the one raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from torch2step.errors import InputError, ScheduleError
+
+__all__ = ["JOBS_ENV", "jobs_for", "run_groups"]
+
+log = logging.getLogger(__name__)
+
+#: Environment variable: worker processes for a split layer's configurations (module docstring).
+JOBS_ENV = "TORCH2STEP_JOBS"
+
+#: ``run(group, k)``: the report of configuration ``k`` (1-based) made of the layer operators at
+#: positions ``group``, and what its program keeps for ``write_trace``; raises
+#: :class:`ScheduleError` when the configuration does not fit the chip.
+Runner = Callable[[tuple[int, ...], int], tuple[Any, Any]]
+Done = list[tuple[tuple[int, ...], Any, Any]]
+
+
+def jobs_for(n: int) -> int:
+    """Worker processes for ``n`` configurations (module docstring)."""
+    env = os.environ.get(JOBS_ENV, "").strip()
+    if env:
+        try:
+            jobs = int(env)
+        except ValueError:
+            jobs = 0
+        if jobs < 1:
+            raise InputError(f"{JOBS_ENV}={env!r}: give a positive number of worker processes")
+    else:
+        try:
+            jobs = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - platforms without affinity
+            jobs = os.cpu_count() or 1
+    return max(1, min(jobs, n))
+
+
+def run_groups(run: Runner, groups: Sequence[Sequence[int]], jobs: int) -> Done:
+    """The reports of ``groups`` (layer operator positions, in layer order) by ``run``, in
+    order, halving a group that does not fit (module docstring), with ``jobs`` workers."""
+    pending = [tuple(g) for g in groups]
+    if jobs > 1 and len(pending) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        try:
+            return _forked(run, pending, jobs)
+        except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): go on here
+            log.warning("configuration workers stopped (%s); reporting them one by one", exc)
+    return _serial(run, pending)
+
+
+def _halves(group: tuple[int, ...]) -> list[tuple[int, ...]]:
+    half = len(group) // 2
+    return [group[:half], group[half:]]
+
+
+def _serial(run: Runner, pending: list[tuple[int, ...]]) -> Done:
+    done: Done = []
+    while pending:
+        group = pending.pop(0)
+        try:
+            rep, last = run(group, len(done) + 1)
+        except ScheduleError:
+            if len(group) == 1:
+                raise
+            pending[:0] = _halves(group)
+            continue
+        done.append((group, rep, last))
+    return done
+
+
+#: The runner the forked workers inherit (set only while :func:`_forked` runs).
+_RUN: Runner | None = None
+
+
+def _work(group: tuple[int, ...], k: int) -> tuple[Any, Any]:
+    import torch
+
+    from runtime.engine import progress
+
+    assert _RUN is not None, "configuration worker started without its runner"
+    # one thread: the parent's OpenMP pool is not usable after a fork (a parallel region in
+    # the child would wait for threads that are not there), and the workers fill the CPUs
+    torch.set_num_threads(1)
+    with progress(None):  # the parent's progress bar is not the worker's to draw
+        return _RUN(group, k)
+
+
+def _forked(run: Runner, pending: list[tuple[int, ...]], jobs: int) -> Done:
+    global _RUN
+    _RUN = run
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+    failed = True
+    try:
+        slots: list[tuple[tuple[int, ...], Future]] = [
+            (g, ex.submit(_work, g, k)) for k, g in enumerate(pending, 1)
+        ]
+        done: Done = []
+        while len(done) < len(slots):
+            i = len(done)
+            group, fut = slots[i]
+            try:
+                rep, last = fut.result()
+            except ScheduleError:
+                if len(group) == 1:
+                    raise
+                # the halves take its place; the configurations after it are renumbered
+                rest = [g for g, _ in slots[i + 1 :]]
+                for _, later in slots[i + 1 :]:
+                    later.cancel()
+                slots[i:] = [
+                    (g, ex.submit(_work, g, i + 1 + j))
+                    for j, g in enumerate([*_halves(group), *rest])
+                ]
+                continue
+            done.append((group, rep, last))
+        failed = False
+        return done
+    finally:
+        ex.shutdown(wait=not failed, cancel_futures=failed)
+        _RUN = None
