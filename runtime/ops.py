@@ -275,6 +275,30 @@ def h_if(sim: Any, core: Core, op: OpIf) -> bool:
     return True
 
 
+class OpIfReg(Op):
+    """An ``If`` comparing one register with a constant (a loop's or a count's test, nearly
+    every ``If`` the spatial programs hold): :func:`h_if` without evaluating two
+    expressions."""
+
+    __slots__ = ("reg", "cmp", "const", "else_pc")
+
+
+def h_if_reg(sim: Any, core: Core, op: OpIfReg) -> bool:
+    if op.cmp(core.regs[op.reg], op.const):
+        core.pc += 1
+    else:
+        core.pc = op.else_pc
+    return True
+
+
+def register_of(e: Expr) -> str | None:
+    """The register a compiled expression is, unscaled and unshifted; else None."""
+    v, terms = e
+    if v == 0 and len(terms) == 1 and terms[0][1] == 1:
+        return terms[0][0]
+    return None
+
+
 class OpJump(Op):
     __slots__ = ("target",)
 

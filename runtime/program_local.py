@@ -90,15 +90,14 @@ class LocalCompiler:
         c = ins.cond
         if c.op not in ops.CMP:
             raise self.fail(ins, f"unknown comparison {c.op!r}; use one of {' '.join(ops.CMP)}")
-        br = make(
-            ops.OpIf,
-            ops.h_if,
-            ins,
-            lhs=ops.expr(c.lhs),
-            cmp=ops.CMP[c.op],
-            rhs=ops.expr(c.rhs),
-            else_pc=0,
-        )
+        lhs, rhs = ops.expr(c.lhs), ops.expr(c.rhs)
+        reg = ops.register_of(lhs)
+        if reg is not None and not rhs[1]:  # a register against a constant
+            br = make(
+                ops.OpIfReg, ops.h_if_reg, ins, reg=reg, cmp=ops.CMP[c.op], const=rhs[0], else_pc=0
+            )
+        else:
+            br = make(ops.OpIf, ops.h_if, ins, lhs=lhs, cmp=ops.CMP[c.op], rhs=rhs, else_pc=0)
         code.append(br)
         self.block(ins.then)
         if ins.orelse:

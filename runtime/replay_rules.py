@@ -337,6 +337,7 @@ RULES: dict[Any, Any] = {
     ops.h_loop: ops.h_loop,
     ops.h_next: ops.h_next,
     ops.h_if: ops.h_if,
+    ops.h_if_reg: ops.h_if_reg,
     ops.h_jump: ops.h_jump,
     ops.h_alloc: _alloc,
     ops.h_free: _free_buf,
