@@ -110,7 +110,11 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="spatial (STeP) or kernel-by-kernel (ELK); auto: kernel on ICCA chips (ipu-hbm, mesh)",
     )
     r.add_argument(
-        "--kv-len", type=int, default=None, help="kernel execution: KV cache rows (default 2048)"
+        "--kv-len",
+        type=int,
+        default=None,
+        help="KV cache rows every request attends (kernel execution default 2048; spatial "
+        "default: the packaged KV trace of --batch, --kv-trace)",
     )
     r.add_argument(
         "--sim-layers",
@@ -200,6 +204,7 @@ def _run_report(args: argparse.Namespace) -> int:
             impl=args.impl,
             trace=args.out is not None,
             dtype=args.dtype or "bf16",
+            kv_len=args.kv_len,
         )
     if args.out is not None:
         run.report.save(

@@ -99,9 +99,10 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
 
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``compare``: both execution models of one layer, side by side."""
-    import torch2step
     from hwmodel.presets import load_chip
-    from models import get_layer
+    from models import LAYERS
+    from torch2step.config_jobs import started
+    from torch2step.named import report_layer
 
     t0 = time.perf_counter()
     if args.batch < 1:
@@ -110,22 +111,24 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         schip, kchip = load_chip(args.spatial_chip), load_chip(args.kernel_chip)
     except Exception as e:  # noqa: BLE001 - report any preset problem as a usage error
         parser.error(f"unknown chip: {e}")
+    kind = LAYERS[args.layer].kind
+    kv_len = args.kv_len if kind in ("attention", "decoder") else None
+
+    def spatial() -> tuple[Any, list[str]]:
+        # the same layer as the kernel execution plans: the served dtype (bf16), every request
+        # at --kv-len; a report of its own (weights on the meta device), picklable
+        run = report_layer(args.layer, args.batch, schip, kv_len=kv_len, dtype="bf16")
+        return run.report, run.notes
+
+    if not args.quiet:
+        print(f"[{time.perf_counter() - t0:6.1f}s] spatial on {schip.name}", file=sys.stderr)
+    spatial_result = started(spatial)  # in a worker beside the kernel execution (2 CPUs)
     if not args.quiet:
         print(
             f"[{time.perf_counter() - t0:6.1f}s] kernel-by-kernel on {kchip.name}", file=sys.stderr
         )
     krep = kernel_layer_report(args.layer, args.batch, kchip, args.kv_len, args.design)
-    if not args.quiet:
-        print(f"[{time.perf_counter() - t0:6.1f}s] spatial on {schip.name}", file=sys.stderr)
-    spec = get_layer(args.layer, batch=args.batch, device="cpu")
-    prog = torch2step.compile(
-        spec.module,
-        spec.example_inputs,
-        chip=schip,
-        dynamic_shapes=spec.dynamic_shapes,
-        execution="spatial",
-    )
-    srep = prog.report(*spec.example_inputs)
+    srep, snotes = spatial_result()
     kus = krep.cycles / (kchip.clock_ghz * 1e3)
     rows = {
         "spatial": {
@@ -145,9 +148,12 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         },
     }
     if args.json:
-        print(json.dumps({"layer": args.layer, "batch": args.batch, **rows}))
+        head = {"layer": args.layer, "batch": args.batch, "dtype": "bf16", "kv_len": kv_len}
+        print(json.dumps({**head, **rows, "spatial_notes": snotes}))
         return 0
-    print(f"{args.layer}, batch {args.batch}: spatial vs kernel-by-kernel")
+    print(f"{args.layer}, batch {args.batch}, bf16: spatial vs kernel-by-kernel")
+    for n in snotes:
+        print(f"  spatial: {n}")
     print(f"{'':10} {'chip':10} {'cycles':>12} {'latency us':>11} {'sim s':>7}")
     for k, r in rows.items():
         print(f"{k:10} {r['chip']:10} {r['cycles']:12,} {r['latency_us']:11.1f} {r['sim_s']:7.2f}")

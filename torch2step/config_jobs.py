@@ -19,6 +19,10 @@ A configuration that does not fit once its buffers are counted is halved (its er
 :class:`~torch2step.errors.ScheduleError`); the halves take its place and the configurations
 after it are renumbered, as in the one-after-another order.  The first error in configuration
 order is the one raised.
+
+:func:`started` runs one call in a forked worker beside the process's own work (``torch2step
+compare`` makes the spatial report there while it plans and simulates the kernel-by-kernel
+execution), under the same ``TORCH2STEP_JOBS``.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, TypeVar
 
 from torch2step.errors import InputError, ScheduleError
 
-__all__ = ["JOBS_ENV", "jobs_for", "run_groups"]
+__all__ = ["JOBS_ENV", "jobs_for", "run_groups", "started"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +107,61 @@ def _serial(run: Runner, pending: list[tuple[int, ...]]) -> Done:
 _RUN: Runner | None = None
 
 
-def _work(group: tuple[int, ...], k: int) -> tuple[Any, Any]:
+def _worker_setup() -> None:
     import torch
 
-    from runtime.engine import progress
-
-    assert _RUN is not None, "configuration worker started without its runner"
     # one thread: the parent's OpenMP pool is not usable after a fork (a parallel region in
     # the child would wait for threads that are not there), and the workers fill the CPUs
     torch.set_num_threads(1)
+
+
+def _work(group: tuple[int, ...], k: int) -> tuple[Any, Any]:
+    from runtime.engine import progress
+
+    assert _RUN is not None, "configuration worker started without its runner"
+    _worker_setup()
     with progress(None):  # the parent's progress bar is not the worker's to draw
         return _RUN(group, k)
+
+
+#: The call a forked worker of :func:`started` inherits (set only while it forks).
+_CALL: Callable[[], Any] | None = None
+
+
+def _call() -> Any:
+    from runtime.engine import progress
+
+    assert _CALL is not None, "worker started without its call"
+    _worker_setup()
+    with progress(None):
+        return _CALL()
+
+
+def started(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn()`` started in a forked worker process, to run beside what this process does next
+    (e.g. ``torch2step compare``'s two executions); returns the call that waits for its
+    result.  Without a second worker (``TORCH2STEP_JOBS=1``, one CPU, no ``fork``) the
+    returned call makes the call itself, in this process.  ``fn``'s result must pickle."""
+    if jobs_for(2) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return fn
+    global _CALL
+    _CALL = fn
+    ex = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        fut = ex.submit(_call)  # the worker is forked here, with _CALL set
+    finally:
+        _CALL = None
+
+    def result() -> T:
+        try:
+            return fut.result()  # type: ignore[no-any-return]
+        except BrokenProcessPool as exc:  # the worker died (e.g. out of memory): call here
+            log.warning("worker process stopped (%s); running it here", exc)
+            return fn()
+        finally:
+            ex.shutdown(wait=False, cancel_futures=True)
+
+    return result
 
 
 def _forked(run: Runner, pending: list[tuple[int, ...]], jobs: int) -> Done:

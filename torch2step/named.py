@@ -283,12 +283,15 @@ def report_layer(
     trace: bool = False,
     reuse: bool = True,
     dtype: str = "bf16",
+    kv_len: int | None = None,
 ) -> LayerRun:
     """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring);
     ``reuse``: take the program compiled for an earlier batch of the same layer, chip and
     options when its inputs' static sizes match.  ``dtype``: the element type the layer is
     built, timed and its bytes counted in (``bf16`` as served and as the STeP paper's
-    evaluation uses, or ``fp32``)."""
+    evaluation uses, or ``fp32``).  ``kv_len``: attention and decoder layers: every request
+    attends ``kv_len`` cached rows (a uniform batch, as the kernel-by-kernel operator lists
+    assume) instead of the KV lengths of ``kv_trace``."""
     import torch
 
     from models import LAYERS, get_layer
@@ -311,9 +314,20 @@ def report_layer(
     target = resolve_chip(chip, sets)
     notes: list[str] = []
     kv = None
-    if entry.kind in ("attention", "decoder"):
+    if entry.kind in ("attention", "decoder") and kv_len is not None:
+        if not isinstance(kv_len, int) or isinstance(kv_len, bool) or kv_len < 1:
+            raise InputError(f"--kv-len {kv_len!r}: must be a positive integer")
+        if kv_trace != "auto":
+            raise InputError(
+                f"--kv-len {kv_len} and --kv-trace {kv_trace}: give one (a uniform KV length "
+                "or one per request)"
+            )
+        notes.append(f"KV lengths: every request {kv_len} (uniform)")
+    elif entry.kind in ("attention", "decoder"):
         kv, note = _kv(kv_trace, batch, tiny)
         notes.append(note)
+    else:
+        kv_len = None  # no KV cache
     log.info("building %s (batch %d%s)", layer, batch, ", tiny" if tiny else "")
     # a full-size layer is built on the meta device (shapes only) and timed on stand-in
     # values: a timing report reads no weight or cache value, only what steers control (the
@@ -324,6 +338,7 @@ def report_layer(
         layer,
         tiny=tiny,
         batch=batch,
+        kv_len=kv_len,
         kv_lengths=kv,
         impl=impl,
         device=device,

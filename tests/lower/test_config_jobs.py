@@ -91,3 +91,16 @@ def test_a_split_layer_reports_alike_in_workers_and_in_one_process(
     two = _split_report(monkeypatch, 2, tmp_path)
     assert two[0] == one[0]
     assert two[1] == one[1]
+
+
+def test_a_started_call_runs_beside_this_process_and_returns_its_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch2step.config_jobs import started
+
+    monkeypatch.setenv(JOBS_ENV, "2")
+    result = started(lambda: (os.getpid(), sum(range(10))))
+    pid, total = result()
+    assert total == 45 and pid != os.getpid()
+    monkeypatch.setenv(JOBS_ENV, "1")
+    assert started(lambda: os.getpid())() == os.getpid()

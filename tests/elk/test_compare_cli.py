@@ -1,0 +1,40 @@
+"""``torch2step compare``: both execution models of one layer on the same inputs — the served
+dtype and one KV length for every request — side by side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torch2step.cli import main
+from torch2step.config_jobs import JOBS_ENV
+from torch2step.named import report_layer
+
+
+def test_compare_runs_both_executions_of_the_same_layer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(JOBS_ENV, "1")  # the spatial report in this process: its program is reused
+    argv = ["compare", "--layer", "llama-gqa", "--batch", "4", "--kv-len", "256", "--json", "-q"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["dtype"] == "bf16" and out["kv_len"] == 256
+    assert out["spatial_notes"] == ["KV lengths: every request 256 (uniform)"]
+    # the spatial row is the report of that layer: bf16, every request at 256 rows
+    run = report_layer("llama-gqa", 4, "step-sda", kv_len=256, dtype="bf16")
+    assert out["spatial"]["cycles"] == run.report.latency_cycles
+    assert out["spatial"]["chip"] == "step-sda" and out["kernel"]["chip"] == "ipu-hbm"
+    assert out["kernel"]["cycles"] > 0 and 0 < out["kernel"]["hbm_util"] <= 1
+    # and a longer cache costs the spatial execution more
+    longer = report_layer("llama-gqa", 4, "step-sda", kv_len=1024, dtype="bf16")
+    assert longer.report.latency_cycles > run.report.latency_cycles
+
+
+def test_a_uniform_kv_length_and_a_kv_trace_are_one_choice() -> None:
+    from torch2step.errors import InputError
+
+    with pytest.raises(InputError, match="give one"):
+        report_layer("llama-gqa", 64, kv_len=256, kv_trace="b64/med")
+    with pytest.raises(InputError, match="positive"):
+        report_layer("llama-gqa", 4, kv_len=0)
