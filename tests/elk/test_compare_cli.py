@@ -26,9 +26,7 @@ def test_compare_runs_both_executions_of_the_same_layer(
     assert out["spatial"]["cycles"] == run.report.latency_cycles
     assert out["spatial"]["chip"] == "step-sda" and out["kernel"]["chip"] == "ipu-hbm"
     assert out["kernel"]["cycles"] > 0 and 0 < out["kernel"]["hbm_util"] <= 1
-    # and a longer cache costs the spatial execution more
-    longer = report_layer("llama-gqa", 4, "step-sda", kv_len=1024, dtype="bf16")
-    assert longer.report.latency_cycles > run.report.latency_cycles
+    assert run.report.dynamic["past"] == 256  # the cache the requests attend: --kv-len rows
 
 
 def test_a_uniform_kv_length_and_a_kv_trace_are_one_choice() -> None:
