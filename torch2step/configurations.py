@@ -226,30 +226,26 @@ def split_report(
     inputs = tuple(inputs) or prog.example_inputs
     values = _Values(layer, inputs)
     pending = split_layer(layer, chip.num_cores, opts)
-    if failed is not None and len(pending) == 1:  # the whole layer, which did not fit
-        for n in _oversized(prog, failed):  # alone it does not fit either: its error first
-            sub = subgraph(layer, [n], f"{layer.name}_{n.name}")
-            lowered = lower(sub, opts)
-            part = Program(sub, lowered, chip, values.inputs(sub, lowered))
-            part.split = False
-            args = dict(kwargs)
-            if not isinstance(n.op, L.TopKRouting):
-                args.pop("routing", None)
-            part.report(**args)  # raises its placement error (or fits: halving decides)
-        group = pending.pop()  # halved at once (it is not tried again)
-        pending = [group[: len(group) // 2], group[len(group) // 2 :]]
-    position = {id(n): i for i, n in enumerate(layer.nodes)}
 
-    def run(at: tuple[int, ...], k: int) -> tuple[Any, Any]:
-        group = [layer.nodes[i] for i in at]
-        sub = subgraph(layer, group, f"{layer.name}_config{k}")
+    def report_part(group: Sequence[Node], name: str) -> tuple[Any, Any]:
+        sub = subgraph(layer, group, name)
         lowered = lower(sub, opts)
         part = Program(sub, lowered, chip, values.inputs(sub, lowered))
         part.split = False  # a part that does not fit is halved, not split again
         args = dict(kwargs)
         if not any(isinstance(n.op, L.TopKRouting) for n in group):
             args.pop("routing", None)
-        rep = part.report(**args)
+        return part.report(**args), part
+
+    if failed is not None and len(pending) == 1:  # the whole layer, which did not fit
+        for n in _oversized(prog, failed):  # alone it does not fit either: its error first
+            report_part([n], f"{layer.name}_{n.name}")  # raises (or fits: halving decides)
+        group = pending.pop()  # halved at once (it is not tried again)
+        pending = [group[: len(group) // 2], group[len(group) // 2 :]]
+    position = {id(n): i for i, n in enumerate(layer.nodes)}
+
+    def run(at: tuple[int, ...], k: int) -> tuple[Any, Any]:
+        rep, part = report_part([layer.nodes[i] for i in at], f"{layer.name}_config{k}")
         # what write_trace reads of the run (the per-core programs that ran stay behind)
         return rep, replace(part._last, plan=None)
 
