@@ -43,14 +43,17 @@ def kernel_layer_report(
     kv_len: int = 2048,
     design: str = "elk_full",
     dtype: str = "bf16",
+    routing: Any = None,
 ) -> Any:
     """Plan and simulate registered ``layer`` kernel by kernel on ``chip`` (shapes only), in
-    ``dtype``."""
+    ``dtype``; ``routing``: a MoE layer's expert choices (``[batch, top_k]``), else the
+    experts expected under uniform routing."""
     from elk.plan import plan_model
     from torch2step.kernel import simulate_schedule
     from torch2step.kernel.layers import registered_layer_ops
 
-    sched = plan_model(registered_layer_ops(layer, batch, kv_len, dtype), chip, design)
+    ops = registered_layer_ops(layer, batch, kv_len, dtype, routing)
+    sched = plan_model(ops, chip, design)
     return simulate_schedule(sched, chip, tokens=batch)
 
 
@@ -97,6 +100,24 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     return 0
 
 
+def _moe_routing(entry: Any, layer: str, batch: int) -> tuple[Any, list[str]]:
+    """The expert choices the spatial report of ``layer`` at ``batch`` simulates (its default
+    routing trace) and the kernel side's note; None when that report uses the router."""
+    from models import get_layer
+    from torch2step.kernel.layers import moe_active
+    from torch2step.named import _routing
+
+    meta = get_layer(layer, batch=batch, device="meta").metadata
+    routing, note = _routing(entry, meta, "auto")
+    cfg = meta["config"]
+    if routing is None:
+        n = moe_active(cfg, batch)
+        return None, [f"experts: {n} of {cfg.num_experts}, expected under uniform routing"]
+    n = moe_active(cfg, batch, routing)
+    how = note.removeprefix("routing: ")
+    return routing, [f"experts: {n} of {cfg.num_experts} active, as the spatial side routes ({how})"]
+
+
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``compare``: both execution models of one layer, side by side."""
     from hwmodel.presets import load_chip
@@ -111,8 +132,11 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         schip, kchip = load_chip(args.spatial_chip), load_chip(args.kernel_chip)
     except Exception as e:  # noqa: BLE001 - report any preset problem as a usage error
         parser.error(f"unknown chip: {e}")
-    kind = LAYERS[args.layer].kind
-    kv_len = args.kv_len if kind in ("attention", "decoder") else None
+    entry = LAYERS[args.layer]
+    kv_len = args.kv_len if entry.kind in ("attention", "decoder") else None
+    routing, knotes = None, []
+    if entry.kind == "moe":  # both executions route the batch alike: the spatial side's choice
+        routing, knotes = _moe_routing(entry, args.layer, args.batch)
 
     def spatial() -> tuple[Any, list[str]]:
         # the same layer as the kernel execution plans: the served dtype (bf16), every request
@@ -127,7 +151,9 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(
             f"[{time.perf_counter() - t0:6.1f}s] kernel-by-kernel on {kchip.name}", file=sys.stderr
         )
-    krep = kernel_layer_report(args.layer, args.batch, kchip, args.kv_len, args.design)
+    krep = kernel_layer_report(
+        args.layer, args.batch, kchip, args.kv_len, args.design, routing=routing
+    )
     srep, snotes = spatial_result()
     kus = krep.cycles / (kchip.clock_ghz * 1e3)
     rows = {
@@ -149,11 +175,13 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     }
     if args.json:
         head = {"layer": args.layer, "batch": args.batch, "dtype": "bf16", "kv_len": kv_len}
-        print(json.dumps({**head, **rows, "spatial_notes": snotes}))
+        print(json.dumps({**head, **rows, "spatial_notes": snotes, "kernel_notes": knotes}))
         return 0
     print(f"{args.layer}, batch {args.batch}, bf16: spatial vs kernel-by-kernel")
     for n in snotes:
         print(f"  spatial: {n}")
+    for n in knotes:
+        print(f"  kernel: {n}")
     print(f"{'':10} {'chip':10} {'cycles':>12} {'latency us':>11} {'sim s':>7}")
     for k, r in rows.items():
         print(f"{k:10} {r['chip']:10} {r['cycles']:12,} {r['latency_us']:11.1f} {r['sim_s']:7.2f}")

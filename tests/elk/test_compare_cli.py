@@ -36,3 +36,41 @@ def test_a_uniform_kv_length_and_a_kv_trace_are_one_choice() -> None:
         report_layer("llama-gqa", 64, kv_len=256, kv_trace="b64/med")
     with pytest.raises(InputError, match="positive"):
         report_layer("llama-gqa", 4, kv_len=0)
+
+
+def test_moe_operators_follow_the_routing_they_are_given() -> None:
+    import numpy as np
+
+    from models.registry import LAYERS
+    from torch2step.errors import LoweringError
+    from torch2step.kernel.layers import moe_active, registered_layer_ops
+
+    cfg = LAYERS["qwen3-moe"].config
+    tokens, k = 16, cfg.top_k
+    skewed = np.tile(np.arange(k), (tokens, 1))  # every token picks experts 0..k-1
+    assert moe_active(cfg, tokens, skewed) == k
+    assert moe_active(cfg, tokens) == round(cfg.num_experts * (1 - (1 - k / cfg.num_experts) ** tokens))
+    ops = {o.name: o for o in registered_layer_ops("qwen3-moe", tokens, routing=skewed)}
+    rows, width = ops["experts_gate_up"].dims[0], ops["experts_gate_up"].dims[2]
+    assert width == 2 * cfg.intermediate_size * k and rows == tokens  # k experts, every token
+    with pytest.raises(LoweringError, match="expected"):
+        registered_layer_ops("qwen3-moe", tokens, routing=skewed[:3])
+
+
+def test_compare_routes_the_kernel_side_as_the_spatial_side() -> None:
+    import numpy as np
+
+    from models import get_layer
+    from models.registry import LAYERS
+    from torch2step.cli_compare import _moe_routing
+    from torch2step.named import _routing
+
+    meta = get_layer("qwen3-moe", batch=32, device="meta").metadata
+    want, _ = _routing(LAYERS["qwen3-moe"], meta, "auto")
+    got, notes = _moe_routing(LAYERS["qwen3-moe"], "qwen3-moe", 32)
+    assert want is not None and np.array_equal(got, want)
+    n = len(np.unique(want))
+    assert notes == [
+        f"experts: {n} of 128 active, as the spatial side routes (the first 32 tokens of trace "
+        "qwen_b1024)"
+    ]

@@ -5,13 +5,16 @@ weights): the single attention and MoE layers of :mod:`models` and whole decode 
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 from elk.ops import Operator
 from models.configs import AttentionConfig, MoEConfig
 from models.registry import LAYERS
 from torch2step.errors import LoweringError
 
-__all__ = ["ICCA_CHIPS", "registered_layer_ops"]
+__all__ = ["ICCA_CHIPS", "moe_active", "registered_layer_ops"]
 
 #: Chip presets that are inter-core-connected (kernel-by-kernel execution by default).
 ICCA_CHIPS = ("ipu-hbm", "mesh")
@@ -32,9 +35,26 @@ def _attention(cfg: AttentionConfig, batch: int, kv_len: int, dtype: str) -> lis
     ]
 
 
-def _moe(cfg: MoEConfig, tokens: int, dtype: str) -> list[Operator]:
+def moe_active(cfg: MoEConfig, tokens: int, routing: Any = None) -> int:
+    """Experts a batch of ``tokens`` selects: the distinct ids of ``routing`` (``[tokens,
+    top_k]`` expert choices, e.g. a real trace), else their expected number under uniform
+    routing, ``E (1 - (1 - k/E)^tokens)``."""
+    e, k = cfg.num_experts, cfg.top_k
+    if routing is None:
+        return max(1, round(e * (1 - (1 - k / e) ** tokens)))
+    ids = np.asarray(routing)
+    if ids.ndim != 2 or ids.shape[0] != tokens or ids.shape[1] != k:
+        raise LoweringError(
+            f"routing of shape {ids.shape}: expected [{tokens}, {k}] expert ids (tokens, top_k)"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= e):
+        raise LoweringError(f"routing: expert ids {ids.min()}..{ids.max()}, the layer has {e}")
+    return max(1, len(np.unique(ids)))
+
+
+def _moe(cfg: MoEConfig, tokens: int, dtype: str, routing: Any = None) -> list[Operator]:
     e, k, h, i = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
-    active = max(1, round(e * (1 - (1 - k / e) ** tokens)))
+    active = moe_active(cfg, tokens, routing)
     rows = max(1, math.ceil(tokens * k / active))
     spec = [
         ("router", "matmul", (tokens, h, e), 0),
@@ -50,11 +70,12 @@ def _moe(cfg: MoEConfig, tokens: int, dtype: str) -> list[Operator]:
 
 
 def registered_layer_ops(
-    name: str, batch: int, kv_len: int = 2048, dtype: str = "bf16"
+    name: str, batch: int, kv_len: int = 2048, dtype: str = "bf16", routing: Any = None
 ) -> list[Operator]:
-    """Operators of registered layer ``name`` at full size (MoE: experts any of ``batch``
-    tokens selects, in expectation under uniform routing), in ``dtype`` (``bf16`` as served,
-    ``fp16`` or ``fp32``)."""
+    """Operators of registered layer ``name`` at full size (MoE: the experts ``routing``
+    selects, ``[batch, top_k]`` expert ids, or without it the experts any of ``batch`` tokens
+    selects in expectation under uniform routing; each expert's rows the mean of the
+    selections), in ``dtype`` (``bf16`` as served, ``fp16`` or ``fp32``)."""
     if name not in LAYERS:
         raise LoweringError(f"unknown layer {name!r}; valid names: {', '.join(LAYERS)}")
     if dtype not in ("bf16", "fp16", "fp32"):
@@ -63,5 +84,5 @@ def registered_layer_ops(
     if isinstance(cfg, AttentionConfig):
         return _attention(cfg, batch, kv_len, dtype)
     if isinstance(cfg, MoEConfig):
-        return _moe(cfg, batch, dtype)
+        return _moe(cfg, batch, dtype, routing)
     raise LoweringError(f"layer {name!r} has no kernel-execution operator list")
