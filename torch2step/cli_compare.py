@@ -62,12 +62,22 @@ def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     kv = getattr(args, "kv_len", None) or 2048
     design = getattr(args, "design", "elk_full")
     dtype = getattr(args, "dtype", None) or "bf16"
-    rep = kernel_layer_report(args.layer, args.batch, chip, kv, design, dtype)
+    from models import LAYERS
+
+    entry = LAYERS[args.layer]
+    routing, notes = None, []
+    if entry.kind == "moe":  # routed as the spatial report routes (--routing-trace)
+        arg = getattr(args, "routing_trace", None) or "auto"
+        routing, notes = _moe_routing(entry, args.layer, args.batch, arg)
+    rep = kernel_layer_report(args.layer, args.batch, chip, kv, design, dtype, routing)
     if args.json:
-        print(json.dumps({"layer": args.layer, "batch": args.batch, **rep.to_dict()}))
+        out = {"layer": args.layer, "batch": args.batch, **rep.to_dict(), "notes": notes}
+        print(json.dumps(out))
     else:
         print(rep.schedule)
         print(rep)
+        for n in notes:
+            print(f"note: {n}")
     return 0
 
 
@@ -100,19 +110,23 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     return 0
 
 
-def _moe_routing(entry: Any, layer: str, batch: int) -> tuple[Any, list[str]]:
-    """The expert choices the spatial report of ``layer`` at ``batch`` simulates (its default
-    routing trace) and the kernel side's note; None when that report uses the router."""
+def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple[Any, list[str]]:
+    """The expert choices the spatial report of ``layer`` at ``batch`` simulates with
+    ``--routing-trace arg`` and the kernel side's note; None (the experts expected under
+    uniform routing) where that report uses the model's router."""
+    import numpy as np
+
     from models import get_layer
     from torch2step.kernel.layers import moe_active
     from torch2step.named import _routing
 
     meta = get_layer(layer, batch=batch, device="meta").metadata
-    routing, note = _routing(entry, meta, "auto")
+    routing, note = _routing(entry, meta, arg)
     cfg = meta["config"]
     if routing is None:
         n = moe_active(cfg, batch)
         return None, [f"experts: {n} of {cfg.num_experts}, expected under uniform routing"]
+    routing = np.asarray(routing)[:batch]
     n = moe_active(cfg, batch, routing)
     how = note.removeprefix("routing: ")
     return routing, [f"experts: {n} of {cfg.num_experts} active, as the spatial side routes ({how})"]
