@@ -49,12 +49,31 @@ def kernel_layer_report(
     ``dtype``; ``routing``: a MoE layer's expert choices (``[batch, top_k]``), else the
     experts expected under uniform routing."""
     from elk.plan import plan_model
+    from models import LAYERS
     from torch2step.kernel import simulate_schedule
     from torch2step.kernel.layers import registered_layer_ops
 
+    if LAYERS[layer].kind == "decoder":  # a decoder layer: its config's decode step
+        return _decoder_report(layer, batch, chip, kv_len, design, dtype)
     ops = registered_layer_ops(layer, batch, kv_len, dtype, routing)
     sched = plan_model(ops, chip, design)
     return simulate_schedule(sched, chip, tokens=batch)
+
+
+def _decoder_report(
+    layer: str, batch: int, chip: Chip, kv_len: int, design: str, dtype: str | None
+) -> Any:
+    """A registered decoder layer kernel by kernel: the one-layer decode step of its
+    ``config.json`` (``torch2step.compile_config``; a MoE decoder's experts expected under
+    uniform routing), every request attending ``kv_len`` rows."""
+    import torch2step
+    from models.registry import HF_CONFIGS, LAYERS
+
+    prog = torch2step.compile_config(
+        HF_CONFIGS / LAYERS[layer].config, batch=batch, past=kv_len, chip=chip,
+        execution="kernel", design=design, dtype=dtype,
+    )  # fmt: skip
+    return prog.report(tokens=batch)
 
 
 def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
@@ -151,6 +170,11 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     routing, knotes = None, []
     if entry.kind == "moe":  # both executions route the batch alike: the spatial side's choice
         routing, knotes = _moe_routing(entry, args.layer, args.batch)
+    elif entry.kind == "decoder":
+        knotes = [
+            f"the one-layer decode step of {entry.config} (a MoE layer's experts: those "
+            "expected under uniform routing)"
+        ]
 
     def spatial() -> tuple[Any, list[str]]:
         # the same layer as the kernel execution plans: the served dtype (bf16), every request

@@ -74,3 +74,30 @@ def test_compare_routes_the_kernel_side_as_the_spatial_side() -> None:
         f"experts: {n} of 128 active, as the spatial side routes (the first 32 tokens of trace "
         "qwen_b1024)"
     ]
+
+
+def test_a_registered_decoder_runs_kernel_by_kernel_as_its_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``report --layer llama-decoder --chip ipu-hbm`` and ``compare`` plan the decoder layer
+    as the one-layer decode step of its config.json (what ``--hf-config`` compiles)."""
+    import torch2step
+    from hwmodel.presets import load_chip
+    from models.registry import HF_CONFIGS
+    from torch2step.cli_compare import kernel_layer_report
+
+    seen = {}
+
+    class Prog:
+        def report(self, tokens: int) -> str:
+            return f"report of {tokens} tokens"
+
+    def compile_config(path, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen.update(kw, path=path)
+        return Prog()
+
+    monkeypatch.setattr(torch2step, "compile_config", compile_config)
+    chip = load_chip("ipu-hbm")
+    assert kernel_layer_report("llama-decoder", 8, chip, 512) == "report of 8 tokens"
+    assert seen["path"] == HF_CONFIGS / "llama-3-8b.json"
+    assert (seen["batch"], seen["past"], seen["execution"], seen["chip"]) == (8, 512, "kernel", chip)
