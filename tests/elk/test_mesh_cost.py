@@ -59,14 +59,25 @@ def test_gather_link_loads_equal_route_enumeration() -> None:
     assert links.gather_pairs(h, w) == pytest.approx(max(load.values()))
 
 
-@pytest.mark.parametrize("name", ["attn_norm", "qkv_proj", "attention", "down"])
-def test_cost_model_matches_simulator_per_operator_kind_on_mesh(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "kv_len"),
+    [
+        ("attn_norm", 512),
+        ("qkv_proj", 512),
+        # 512 cached rows keep every core's KV share above a stripe of all channels
+        # (asserted below), so the preload check runs as at 1024 rows, in half the cycles
+        ("attention", 512),
+        pytest.param("attention", 1024, marks=pytest.mark.slow),
+        ("down", 512),
+    ],
+)
+def test_cost_model_matches_simulator_per_operator_kind_on_mesh(name: str, kv_len: int) -> None:
     """One operator of a small layer alone on the mesh preset (its input read from HBM, its
     output stored there), its fastest plan: the predicted preload + execute within 10% of the
     simulated run, and the preload alone within 10% where the preload reaches every channel."""
     chip = load_chip("mesh")
     costs = ChipCosts.from_chip(chip)
-    op = next(o for o in layer_ops(SMALL, 16, 1024) if o.name.endswith(name))
+    op = next(o for o in layer_ops(SMALL, 16, kv_len) if o.name.endswith(name))
     it = items_for(costs, [op])[0]
     e = it.fastest
     plan = it.execs[e].ref
@@ -75,7 +86,9 @@ def test_cost_model_matches_simulator_per_operator_kind_on_mesh(name: str) -> No
     # issued before the only execute: every core loads at once (Item.first_loads)
     predicted = it.first_load_time(e) + it.execs[e].time
     assert abs(predicted / total - 1) < 0.10
-    if op.kind != "vector" and plan.preload_space // plan.cores >= chip.hbm.channels * 256:
+    spans_channels = plan.preload_space // plan.cores >= chip.hbm.channels * 256
+    assert spans_channels or op.kind == "vector", op.name
+    if op.kind != "vector":
         pre = preload_alone_cycles(chip, ops, plan, tensors)
         assert abs(it.first_load_time(e) / pre - 1) < 0.10
 
