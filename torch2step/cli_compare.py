@@ -78,11 +78,11 @@ def _decoder_report(
 
 def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     """``report --execution kernel``: the ELK schedule and its simulated breakdown."""
+    from models import LAYERS
+
     kv = getattr(args, "kv_len", None) or 2048
     design = getattr(args, "design", "elk_full")
     dtype = getattr(args, "dtype", None) or "bf16"
-    from models import LAYERS
-
     entry = LAYERS[args.layer]
     routing, notes = None, []
     if entry.kind == "moe":  # routed as the spatial report routes (--routing-trace)
@@ -133,8 +133,6 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
     """The expert choices the spatial report of ``layer`` at ``batch`` simulates with
     ``--routing-trace arg`` and the kernel side's note; None (the experts expected under
     uniform routing) where that report uses the model's router."""
-    import numpy as np
-
     from models import get_layer
     from torch2step.kernel.layers import moe_active
     from torch2step.named import _routing
@@ -145,7 +143,6 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
     if routing is None:
         n = moe_active(cfg, batch)
         return None, [f"experts: {n} of {cfg.num_experts}, expected under uniform routing"]
-    routing = np.asarray(routing)[:batch]
     n = moe_active(cfg, batch, routing)
     how = note.removeprefix("routing: ")
     return routing, [f"experts: {n} of {cfg.num_experts} active, as the spatial side routes ({how})"]

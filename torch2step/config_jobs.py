@@ -31,7 +31,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -76,65 +76,78 @@ def run_groups(run: Runner, groups: Sequence[Sequence[int]], jobs: int) -> Done:
     order, halving a group that does not fit (module docstring), with ``jobs`` workers."""
     pending = [tuple(g) for g in groups]
     if jobs > 1 and len(pending) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        global _TASK
+        _TASK = run
+        ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+        failed = True
         try:
-            return _forked(run, pending, jobs)
+            done = _collect(lambda g, k: ex.submit(_in_worker, g, k), pending)
+            failed = False
+            return done
         except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): go on here
             log.warning("configuration workers stopped (%s); reporting them one by one", exc)
-    return _serial(run, pending)
+        finally:
+            ex.shutdown(wait=not failed, cancel_futures=failed)
+            _TASK = None
+    return _collect(lambda g, k: _Here(run, g, k), pending)
 
 
-def _halves(group: tuple[int, ...]) -> list[tuple[int, ...]]:
-    half = len(group) // 2
-    return [group[:half], group[half:]]
+class _Here:
+    """A report made in this process when its result is asked for: the one-after-another
+    counterpart of a worker's ``Future`` (:func:`_collect` asks in configuration order)."""
+
+    def __init__(self, run: Runner, group: tuple[int, ...], k: int) -> None:
+        self.call = (run, group, k)
+
+    def result(self) -> tuple[Any, Any]:
+        run, group, k = self.call
+        return run(group, k)
+
+    def cancel(self) -> bool:
+        return True
 
 
-def _serial(run: Runner, pending: list[tuple[int, ...]]) -> Done:
+def _collect(submit: Callable[[tuple[int, ...], int], Any], pending: list[tuple[int, ...]]) -> Done:
+    """The reports of ``pending``, each from ``submit(group, k)`` (a ``Future`` or
+    :class:`_Here`), taken in order: a group that does not fit is replaced by its halves and
+    the configurations after it are submitted again, renumbered; the first error in
+    configuration order is raised."""
+    slots = [(g, submit(g, k)) for k, g in enumerate(pending, 1)]
     done: Done = []
-    while pending:
-        group = pending.pop(0)
+    while len(done) < len(slots):
+        i = len(done)
+        group, fut = slots[i]
         try:
-            rep, last = run(group, len(done) + 1)
+            rep, last = fut.result()
         except ScheduleError:
             if len(group) == 1:
                 raise
-            pending[:0] = _halves(group)
+            half = len(group) // 2
+            rest = [g for g, _ in slots[i + 1 :]]
+            for _, later in slots[i + 1 :]:
+                later.cancel()
+            groups = [group[:half], group[half:], *rest]
+            slots[i:] = [(g, submit(g, i + 1 + j)) for j, g in enumerate(groups)]
             continue
         done.append((group, rep, last))
     return done
 
 
-#: The runner the forked workers inherit (set only while :func:`_forked` runs).
-_RUN: Runner | None = None
+#: What a forked worker runs (:func:`_in_worker`), set while its workers are forked.
+_TASK: Callable[..., Any] | None = None
 
 
-def _worker_setup() -> None:
+def _in_worker(*args: Any) -> Any:
     import torch
 
+    from runtime.engine import progress
+
+    assert _TASK is not None, "worker started without its task"
     # one thread: the parent's OpenMP pool is not usable after a fork (a parallel region in
     # the child would wait for threads that are not there), and the workers fill the CPUs
     torch.set_num_threads(1)
-
-
-def _work(group: tuple[int, ...], k: int) -> tuple[Any, Any]:
-    from runtime.engine import progress
-
-    assert _RUN is not None, "configuration worker started without its runner"
-    _worker_setup()
     with progress(None):  # the parent's progress bar is not the worker's to draw
-        return _RUN(group, k)
-
-
-#: The call a forked worker of :func:`started` inherits (set only while it forks).
-_CALL: Callable[[], Any] | None = None
-
-
-def _call() -> Any:
-    from runtime.engine import progress
-
-    assert _CALL is not None, "worker started without its call"
-    _worker_setup()
-    with progress(None):
-        return _CALL()
+        return _TASK(*args)
 
 
 def started(fn: Callable[[], T]) -> Callable[[], T]:
@@ -144,13 +157,13 @@ def started(fn: Callable[[], T]) -> Callable[[], T]:
     returned call makes the call itself, in this process.  ``fn``'s result must pickle."""
     if jobs_for(2) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return fn
-    global _CALL
-    _CALL = fn
+    global _TASK
+    _TASK = fn
     ex = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
     try:
-        fut = ex.submit(_call)  # the worker is forked here, with _CALL set
+        fut = ex.submit(_in_worker)  # the worker is forked here, with _TASK set
     finally:
-        _CALL = None
+        _TASK = None
 
     def result() -> T:
         try:
@@ -162,38 +175,3 @@ def started(fn: Callable[[], T]) -> Callable[[], T]:
             ex.shutdown(wait=False, cancel_futures=True)
 
     return result
-
-
-def _forked(run: Runner, pending: list[tuple[int, ...]], jobs: int) -> Done:
-    global _RUN
-    _RUN = run
-    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
-    failed = True
-    try:
-        slots: list[tuple[tuple[int, ...], Future]] = [
-            (g, ex.submit(_work, g, k)) for k, g in enumerate(pending, 1)
-        ]
-        done: Done = []
-        while len(done) < len(slots):
-            i = len(done)
-            group, fut = slots[i]
-            try:
-                rep, last = fut.result()
-            except ScheduleError:
-                if len(group) == 1:
-                    raise
-                # the halves take its place; the configurations after it are renumbered
-                rest = [g for g, _ in slots[i + 1 :]]
-                for _, later in slots[i + 1 :]:
-                    later.cancel()
-                slots[i:] = [
-                    (g, ex.submit(_work, g, i + 1 + j))
-                    for j, g in enumerate([*_halves(group), *rest])
-                ]
-                continue
-            done.append((group, rep, last))
-        failed = False
-        return done
-    finally:
-        ex.shutdown(wait=not failed, cancel_futures=failed)
-        _RUN = None
