@@ -3,8 +3,9 @@
     python benchmarks/report_speed.py                        # every layer at batch 64
     python benchmarks/report_speed.py --batch 1024 --layers qwen3-moe llama-gqa
 
-Each report runs as ``python -m torch2step.cli report --layer L --batch B -q`` in a child
-process started from this repository (so its sources are imported), with a fixed
+Each report runs as ``torch2step report --layer L --batch B -q`` in a child process (this
+script's ``--child`` mode, which runs the command's ``main`` as the process, as ``python -m
+torch2step.cli`` does) started from this repository (so its sources are imported), with a fixed
 ``PYTHONHASHSEED``; the figure is the child's user + system CPU seconds (``getrusage``), which on
 a shared machine is the report's own cost where wall time is not.  It covers everything the
 command does: imports, building the layer on the meta device, compiling, the timing run of the
@@ -12,7 +13,11 @@ interpreter, the spatial plan and the simulation.  The latency line of each repo
 next to it, so runs of two versions can be compared for identical cycles as well as for time.
 The wall seconds are the child's from start to exit: a layer split into configurations reports
 them in worker processes side by side (:mod:`torch2step.config_jobs`), so on two cores its
-wall time is below its CPU time (which counts the workers too).
+wall time is below its CPU time (which counts the workers too).  ``build`` is the wall time
+of building the layer (``models.registry.get_layer``: importing the library that defines it,
+e.g. transformers for a decoder layer, and constructing the module with its weights on the
+``meta`` device), measured in the child; ``wall - build`` is the report's own end-to-end wall
+time, the figure a target that excludes weight building compares with.
 
 ``--phases`` also splits each report's CPU seconds by phase, measured in the child with
 ``time.process_time`` around the pipeline's stages (each second counted once: a stage called
@@ -77,9 +82,33 @@ PHASES = (
 )
 
 
-def _timed_child(argv: list[str]) -> None:
-    """Run ``torch2step report`` in this process with :data:`PHASES` timed; print the split
-    as one ``phases`` JSON line on stderr."""
+def _build_timed() -> dict[str, float]:
+    """Time ``get_layer`` in wall seconds (accumulated in the returned dict's ``build``)."""
+    import time
+
+    import models.registry as registry
+
+    took = {"build": 0.0}
+    fn = registry.get_layer
+
+    def get_layer(*a: object, **k: object) -> object:
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)  # type: ignore[arg-type]
+        finally:
+            took["build"] += time.perf_counter() - t
+
+    registry.get_layer = get_layer  # type: ignore[assignment]
+    for m in list(sys.modules.values()):  # also where it was imported by name
+        if getattr(m, "get_layer", None) is fn:
+            m.get_layer = get_layer  # type: ignore[attr-defined]
+    return took
+
+
+def _timed_child(argv: list[str], phases: bool) -> None:
+    """Run ``torch2step report`` in this process with the wall time of building the layer
+    measured and (``phases``) :data:`PHASES` timed; print them as ``build`` and ``phases``
+    JSON lines on stderr."""
     import importlib
     import json
     import time
@@ -87,6 +116,14 @@ def _timed_child(argv: list[str]) -> None:
     t0 = time.process_time()
     from torch2step.cli import main as cli_main
 
+    took = _build_timed()
+    if not phases:
+        sys.argv = ["torch2step", "report", *argv]
+        try:
+            code = cli_main()
+        finally:
+            print("build " + json.dumps(took), file=sys.stderr, flush=True)
+        raise SystemExit(code)
     spent: dict[str, float] = {"imports": time.process_time() - t0}
     stack: list[list] = []  # [label, start] of the phases under way, innermost last
 
@@ -127,21 +164,23 @@ def _timed_child(argv: list[str]) -> None:
     finally:
         spent["total"] = time.process_time() - t0
         print("phases " + json.dumps(spent), file=sys.stderr, flush=True)
+        print("build " + json.dumps(took), file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
 def report_cpu(
     layer: str, batch: int, extra: list[str], phases: bool = False
-) -> tuple[float, float, str, dict[str, float]]:
+) -> tuple[float, float, float, str, dict[str, float]]:
     """CPU seconds of one report in a child process (its configuration workers included),
-    its wall seconds, its latency line and (``phases``) its CPU seconds by phase (measured
-    with the configurations reported one after another in the child: ``TORCH2STEP_JOBS=1``)."""
+    its wall seconds, the wall seconds of building the layer, its latency line and
+    (``phases``) its CPU seconds by phase (measured with the configurations reported one after
+    another in the child: ``TORCH2STEP_JOBS=1``)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     if phases:
         env["TORCH2STEP_JOBS"] = "1"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    head = [str(Path(__file__).resolve()), "--child"] if phases else ["-m", "torch2step.cli"]
+    head = [str(Path(__file__).resolve()), "--child-phases" if phases else "--child"]
     out = subprocess.run(
         [
             sys.executable,
@@ -163,22 +202,27 @@ def report_cpu(
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    import json
+
     split: dict[str, float] = {}
+    build = 0.0
     for ln in out.stderr.splitlines():
         if ln.startswith("phases "):
-            import json
-
             split = json.loads(ln[len("phases ") :])
+        elif ln.startswith("build "):
+            build = json.loads(ln[len("build ") :])["build"]
     if out.returncode != 0:
-        err = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("phases ")]
-        return cpu, wall, f"failed: {err[-1:]}", split
+        err = [
+            ln for ln in out.stderr.strip().splitlines() if not ln.startswith(("phases ", "build "))
+        ]
+        return cpu, wall, build, f"failed: {err[-1:]}", split
     line = next((ln.strip() for ln in out.stdout.splitlines() if "latency" in ln), "?")
-    return cpu, wall, line, split
+    return cpu, wall, build, line, split
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:  # the child of --phases: argv[2] is "report"
-        _timed_child(sys.argv[3:])
+    if sys.argv[1:2] in (["--child"], ["--child-phases"]):  # a report's child: argv[2] is "report"
+        _timed_child(sys.argv[3:], sys.argv[1] == "--child-phases")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--layers", nargs="*", default=None, help="default: every shipped layer")
@@ -187,9 +231,10 @@ def main() -> None:
     args = ap.parse_args()
     extra = [a for a in args.extra if a != "--"]
     for layer in args.layers or _layers():
-        cpu, wall, line, split = report_cpu(layer, args.batch, extra, args.phases)
+        cpu, wall, build, line, split = report_cpu(layer, args.batch, extra, args.phases)
         print(
-            f"{layer:18s} batch {args.batch:5d}  {cpu:7.2f} CPU s  {wall:7.2f} wall s   {line}",
+            f"{layer:18s} batch {args.batch:5d}  {cpu:7.2f} CPU s  {wall:7.2f} wall s  "
+            f"{build:5.2f} build  {wall - build:7.2f} wall - build   {line}",
             flush=True,
         )
         if split:
