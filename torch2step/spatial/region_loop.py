@@ -16,7 +16,10 @@ chunk's expert, weight addresses and padding index computed in registers from th
   the region's first chunk only (:func:`region_view`); the unit reading the selector itself
   (the expert's index) takes it as its loop's reference;
 * the Partition back to the experts keeps its counters across the loop: they are set before
-  it and each output's stop token (the count it received) is sent after it.
+  it and each output's stop token (the count it received) is sent after it.  Only a
+  Partition that routes each element by its selector's register does so
+  (:func:`routes_at_run_time`); one of control values (the dispatch lanes' chunk counts)
+  forwards them as the run's selectors say and keeps the run's unrolled program.
 
 The weight loads (RandomOffChipLoad at the addresses the region computes from the selector)
 loop over their addresses instead, until the address unit forwards the merge's stop token
