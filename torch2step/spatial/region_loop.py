@@ -16,7 +16,10 @@ chunk's expert, weight addresses and padding index computed in registers from th
   the region's first chunk only (:func:`region_view`); the unit reading the selector itself
   (the expert's index) takes it as its loop's reference;
 * the Partition back to the experts keeps its counters across the loop: they are set before
-  it and each output's stop token (the count it received) is sent after it.
+  it and each output's stop token (the count it received) is sent after it.  Only a
+  Partition that routes each element by its selector's register does so
+  (:func:`routes_at_run_time`); one of control values (the dispatch lanes' chunk counts)
+  forwards them as the run's selectors say and keeps the run's unrolled program.
 
 The weight loads (RandomOffChipLoad at the addresses the region computes from the selector)
 loop over their addresses instead, until the address unit forwards the merge's stop token
@@ -70,7 +73,7 @@ from .buffer_loop import group_tokens
 from .context import EmitCtx
 from .item_memory import address_loop
 from .region_views import chunk_views, region_view
-from .streams import StreamInfo
+from .streams import _VALUE_DTYPES, StreamInfo, declared_leaves
 from .structure import Structure
 from .tile_loop import tile_body
 from .unit import UnitBuilder
@@ -80,6 +83,7 @@ __all__ = [
     "region_plan",
     "RegionGroup",
     "find_region_groups",
+    "routes_at_run_time",
     "region_view",
     "region_body",
     "emit_region_load",
@@ -147,12 +151,15 @@ def find_region_groups(
     bounds: Mapping[str, int],
     grouped: AbstractSet[str] = frozenset(),
     paced: AbstractSet[str] = frozenset(),
+    streams: Mapping[str, StreamInfo] | None = None,
 ) -> list[RegionGroup]:
     """Every statically tiled region (:class:`RegionGroup`, run counts not yet set): a
     single-node EagerMerge unit of tiles of a static row count, each input's messages from one
     channel ending with a stop token, whose chunk count's symbols have bounds (``bounds``: a
     Partition count's by name), and the units downstream of it all of whose inputs have that
-    chunk count as their outer size."""
+    chunk count as their outer size; a Partition among them only when it routes at run time
+    (:func:`routes_at_run_time`, of the run's ``streams`` when given), else it keeps the
+    run's unrolled program."""
     graph = st.graph
     outputs = {op.name: outs for op, outs in zip(graph.nodes, graph.node_outputs)}
     values = [v for outs in graph.node_outputs for v in outs]
@@ -197,9 +204,12 @@ def find_region_groups(
                     continue
                 if not rows and not {n for n in outs if not _tiles_only(types[n])} <= paced:
                     continue
+            op = st.units[k][0]
+            if isinstance(op, Partition) and not routes_at_run_time(op, types, streams):
+                continue
             if ins and all(outer[n] == m for n in ins):
                 units.add(k)
-                if isinstance(st.units[k][0], Partition):
+                if isinstance(op, Partition):
                     parts.add(k)
                     names |= {v.name for v in outputs[st.units[k][0].name]}
         readers = {
@@ -211,10 +221,39 @@ def find_region_groups(
         }
         if units and readers <= units:  # every reader of the selectors loops until the token
             loads, fwd = _loads(st, units)
-            streams = tuple(sorted(names, key=order.__getitem__))
+            region = tuple(sorted(names, key=order.__getitem__))
             out.append(RegionGroup(h, sel.name, m, frozenset(units - loads), frozenset(parts),
-                                   limit, streams, 0, loads, fwd, ragged))  # fmt: skip
+                                   limit, region, 0, loads, fwd, ragged))  # fmt: skip
     return out
+
+
+def routes_at_run_time(
+    op: Partition, types: Mapping[str, Any], streams: Mapping[str, StreamInfo] | None = None
+) -> bool:
+    """Whether Partition ``op`` (``types``: the graph's stream types by name) can loop over a region's chunks (:func:`region_body`): its
+    program for one chunk routes each element by its selector's register, counting what each
+    output got in a register (:func:`~.emit_routing._routed`), so the loop keeps the counters
+    across the chunks and each output's stop token sends the count of the whole run.  That
+    needs every element to be received data (a control value, an expert id or a padding flag,
+    is forwarded to the outputs the run's selectors name when it is built, and its stop tokens
+    carry that chunk's counts): every part of its input's declared type a tile that cannot be
+    a ``[1, 1]`` integer one (those travel as control values, :func:`~.streams.element_parts`),
+    and of the run's elements (``streams``) every message data, every selector one value."""
+    for t in declared_leaves(types[op.input.name].dtype):
+        if t is None:  # a selector or buffer reference: a control value
+            return False
+        one = all(not sp.sympify(d).is_Integer or int(d) == 1 for d in t.shape)
+        if t.dtype in _VALUE_DTYPES and one:
+            return False
+    if streams is None:
+        return True
+    x, s = streams.get(op.input.name), streams.get(op.sel.name)
+    return (
+        x is not None
+        and s is not None
+        and all(p.kind == "data" for pc in x.pieces for _, _, p in pc)
+        and all(len(pc) == 1 and pc[0][2].kind == "value" for pc in s.pieces)
+    )
 
 
 def _tiles_only(t: Any) -> bool:
@@ -395,7 +434,7 @@ def region_plan(
     views: dict[int, dict[str, StreamInfo]] = {}
     paced = tail.paced if tail is not None else frozenset()
     control = tail.control if tail is not None else {}
-    for g in find_region_groups(st, stops, bounds, grouped, paced):
+    for g in find_region_groups(st, stops, bounds, grouped, paced, streams):
         # a chunk's row count for the FlatMap back to rows, one per chunk (.region_tail)
         ctl = tuple(ch for ch, (_, d, _) in control.items() if st.unit_index(d) in g.units)
         g = dataclasses.replace(g, streams=g.streams + ctl)

@@ -38,7 +38,7 @@ from torch2step.step.types import DataType, TileType, TupleType
 
 from .context import EmitCtx
 from .region_tail import chunk_channel, row_source, rows_channel
-from .stop_loop import declared_element, emit_stop_loop
+from .stop_loop import data_first, declared_element, emit_stop_loop
 from .streams import _VALUE_DTYPES, StreamInfo
 from .structure import Structure
 from .unit import Elem, UnitBuilder
@@ -194,6 +194,8 @@ def emit_zip_loop(
         if ch_ is None or ch_ in chans:
             return False
         chans.append(ch_)
+    if not data_first(x):  # its first message taken with the token (.stop_loop)
+        return False
     if len(chans) < 2 or any(
         ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0) != int(empty) for ch in chans
     ):

@@ -48,6 +48,7 @@ from .unit import Elem, UnitBuilder
 from .unit_reuse import EACH, EVERY
 
 __all__ = [
+    "data_first",
     "declared_element",
     "forwards_stop",
     "stop_channel",
@@ -121,10 +122,21 @@ def _zeros(t: Any) -> Any:
     return None
 
 
+def data_first(x: StreamInfo) -> bool:
+    """Whether every element of ``x`` begins with a data message, so that a loop over ``x``
+    can take each element's first message with ``Recv(..., stop=reg)``: a Partition's stop
+    token is a plain control value (its count), which such a ``Recv`` tells from data, but a
+    ``RecvValue`` with ``stop`` takes only a value sent as a stop token, so it cannot tell an
+    element that begins with a control value (a token index, a padding flag) from the token.
+    A unit over such a stream keeps its unrolled program."""
+    return all(pc and pc[0][2].kind == "data" for pc in x.pieces)
+
+
 def stop_channel(b: UnitBuilder, op: Op, x: StreamInfo) -> tuple[str, int] | None:
     """``(channel, bound)`` when ``op``'s unit can loop over its input ``x`` until the stop
     token: ``x`` is a rank-0 stream of a count with a bound, received whole from one channel
-    that ends with a stop token, every element with the same messages (and tile shapes)."""
+    that ends with a stop token, every element with the same messages (and tile shapes),
+    beginning with a data message (:func:`data_first`)."""
     shape = getattr(op.input.type, "shape", ())  # type: ignore[attr-defined]
     if len(shape) != 1 or x.value.rank != 0 or not x.flat or b.bound is None:
         return None
@@ -135,7 +147,7 @@ def stop_channel(b: UnitBuilder, op: Op, x: StreamInfo) -> tuple[str, int] | Non
     if ch is None or ch not in b.stops or b.own(ch) or b.next_seq.get(ch, 0):
         return None
     first = x.parts(0)
-    if any(x.parts(k) != first for k in range(1, len(x.flat))):
+    if not data_first(x) or any(x.parts(k) != first for k in range(1, len(x.flat))):
         return None
     shape0 = getattr(x.flat[0], "shape", None)
     if any(getattr(v, "shape", None) != shape0 for v in x.flat):
