@@ -29,7 +29,12 @@ import torch
 from torch2step.errors import ScheduleError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, Node
-from torch2step.layers.standins import standin_inputs, standin_params
+from torch2step.layers.standins import (
+    concat_zeros,
+    is_zero_standin,
+    standin_inputs,
+    standin_params,
+)
 
 __all__ = ["cores_by_operator", "split_layer", "split_report", "subgraph"]
 
@@ -153,6 +158,9 @@ class _Values:
         self.layer = layer
         self.env: dict[str, torch.Tensor] = standin_params(layer.params)
         self.env.update(zip(layer.inputs, standin_inputs(inputs)))
+        # the values that are all zeros: large stand-ins, and concatenations of only those
+        self.zero = {n for n, t in layer.params.items() if is_zero_standin(t)}
+        self.zero.update(n for n, t in zip(layer.inputs, inputs) if is_zero_standin(t))
         self.dims = dim_sizes(layer, self.env)
         self.producer = {o: n for n in layer.nodes for o in n.outputs}
 
@@ -171,7 +179,14 @@ class _Values:
             if missing:
                 todo.extend(missing)
                 continue
-            outs = evaluate_node(node, [self.env[i] for i in node.inputs], self.dims)
+            args = [self.env[i] for i in node.inputs]
+            zero = [i in self.zero for i in node.inputs]
+            if isinstance(node.op, L.Concat) and any(zero):  # a KV cache and its new rows
+                outs: Sequence[torch.Tensor] = (concat_zeros(args, zero, node.op.dim),)
+                if all(zero):
+                    self.zero.add(node.outputs[0])
+            else:
+                outs = evaluate_node(node, args, self.dims)
             self.env.update(zip(node.outputs, outs))
         return self.env[name]
 
