@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from run_checks import assert_run_equals_module
 
 import torch2step
 from hwmodel.presets import load_chip
@@ -52,12 +52,7 @@ def test_lanes_with_static_tiles_run_the_layer(mixtral, lanes: int) -> None:  # 
     )
     rep = prog.report(*x)  # builds, validates and simulates the programs
     assert rep.latency_cycles > 0
-    with torch.no_grad():
-        want = mixtral.module(*x)
-    want = want[0] if isinstance(want, tuple) else want
-    got = prog.run(*x)
-    got = got[0] if isinstance(got, tuple) else got
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert_run_equals_module(prog, mixtral.module, x)
 
 
 def _reads(body: tuple) -> dict[str, set[str | None]]:
