@@ -111,7 +111,7 @@ def hbm_bandwidth(res: SimResult, chip: Chip) -> float:
     share the channels' summed bandwidth (:mod:`runtime.network`), so busy cycles can add
     up to more than the run (e.g. 103% for a MoE layer whose preloads overlap its loads)."""
     st = res.stats
-    peak = chip.hbm.channels * chip.hbm.bytes_per_cycle_per_channel * st.cycles
+    peak = chip.hbm.bytes_per_cycle * st.cycles
     return sum(r.bytes for r in st.hbm_channels) / peak if peak else 0.0
 
 

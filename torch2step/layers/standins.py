@@ -38,13 +38,13 @@ def standin(t: torch.Tensor, seed: int, small: int = SMALL) -> torch.Tensor:
     if not t.is_meta:
         return t
     shape = tuple(int(d) for d in t.shape)
-    if t.dtype.is_floating_point:
-        if t.numel() <= small:
-            gen = torch.Generator().manual_seed(seed)
-            scale = shape[-1] ** -0.5 if shape else 1.0
-            return torch.randn(shape, generator=gen) * scale
-        return torch.from_numpy(np.zeros(shape, np.float32))
-    return torch.from_numpy(np.zeros(shape, np.int64))
+    if is_zero_standin(t, small):
+        return torch.from_numpy(
+            np.zeros(shape, np.float32 if t.dtype.is_floating_point else np.int64)
+        )
+    gen = torch.Generator().manual_seed(seed)
+    scale = shape[-1] ** -0.5 if shape else 1.0
+    return torch.randn(shape, generator=gen) * scale
 
 
 def is_zero_standin(t: torch.Tensor, small: int = SMALL) -> bool:

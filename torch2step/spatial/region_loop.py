@@ -230,8 +230,8 @@ def find_region_groups(
 def routes_at_run_time(
     op: Partition, types: Mapping[str, Any], streams: Mapping[str, StreamInfo] | None = None
 ) -> bool:
-    """Whether Partition ``op`` (``types``: the graph's stream types by name) can loop over a region's chunks (:func:`region_body`): its
-    program for one chunk routes each element by its selector's register, counting what each
+    """Whether Partition ``op`` (``types``: the graph's stream types by name) can loop over a
+    region's chunks (:func:`region_body`): its program for one chunk routes each element by its selector's register, counting what each
     output got in a register (:func:`~.emit_routing._routed`), so the loop keeps the counters
     across the chunks and each output's stop token sends the count of the whole run.  That
     needs every element to be received data (a control value, an expert id or a padding flag,
