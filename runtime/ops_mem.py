@@ -50,18 +50,35 @@ def _dma_slot(sim: Any, core: Core) -> bool:
     full; then one completed request is dropped (it stays completed, so which one is dropped
     and keeping the others change no later decision), or the core waits for the earliest known
     completion, or blocks on the oldest request whose completion is not known yet.  The
-    completion cycles are gathered and compared by builtins (``getattr(d, "time", d)``: a
-    request's cycle or its Pending's), not element by element."""
+    completion cycles are compared by builtins, not element by element: when every entry is
+    a known cycle (an int) by one ``min`` over the queue, else gathered first
+    (``getattr(d, "time", d)``: a request's cycle or its Pending's)."""
     q = core.dmaq
     if len(q) < sim.dma_depth:
         return True
-    ts = [*map(getattr, q, _TIME, q)]
-    known = [*filter(_known, ts)]
-    if known:
-        first = min(known)
+    first = None
+    if q[0].__class__ is int and q[-1].__class__ is int:
+        # every cycle known, most likely (requests granted at once, e.g. a stream of Loads):
+        # the earliest by one ``min`` over the cycles themselves (the same one and the same
+        # index as below); a Pending among them makes ``min`` fail and the general rule runs
+        try:
+            first = min(q)
+        except TypeError:
+            pass
+    if first is not None:
+        known = q
         if first <= sim.now:
-            del q[ts.index(first)]
+            del q[q.index(first)]
             return True
+    else:
+        ts = [*map(getattr, q, _TIME, q)]
+        known = [*filter(_known, ts)]
+        if known:
+            first = min(known)
+            if first <= sim.now:
+                del q[ts.index(first)]
+                return True
+    if known:
         d = first - core.t  # advance(sim, core, first, MEM), inlined
         if d > 0:
             core.st[MEM] += d
