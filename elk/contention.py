@@ -49,6 +49,8 @@ def _lead(
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
+    if pol.mesh is None and not pol.paced:
+        return _spill(items, i, e, res, _shares(items, order, positions, i, e, g, res, pol))
     crowded = g is not None and _crowded(items, g, res, pol)
     tot = hbm = every = 0.0
     shares: list[tuple[int, float]] = []  # (consumer, port cycles) of the queued preloads
@@ -89,6 +91,44 @@ def _lead(
     return tot
 
 
+def _shares(
+    items: Sequence[Item],
+    order: Sequence[int],
+    positions: Sequence[int],
+    i: int,
+    e: int,
+    g: tuple[int, int] | None,
+    res: dict[int, tuple[int, float, int, int]],
+    pol: Policy,
+) -> list[tuple[int, float]]:
+    """The ``(consumer, port cycles)`` of the preloads at ``positions`` that queue on the cores
+    of ``execute(i)`` with plan ``e`` (grid ``g``): :func:`_lead`'s selection, for the
+    all-to-all chip, where only these shares matter (:func:`_spill`).  Whether the grids are
+    crowded (:func:`_crowded`) is asked only when a resident's grid is to be compared."""
+    shares: list[tuple[int, float]] = []
+    crowded: bool | None = None
+    for k in positions:
+        j = order[k]
+        pj = items[j]
+        ports = pj.ports
+        if not ports:
+            continue
+        if j == i:  # its own preload's pieces queue ahead of its input on every core
+            shares.append((j, ports[e]))
+            continue
+        r = res.get(j)
+        if r is None:
+            continue
+        plan = r[3]
+        if g is not None and pj.grids:
+            if crowded is None:
+                crowded = _crowded(items, g, res, pol)
+            if not crowded and not pol.must_share(g, pj.grids[plan]):
+                continue
+        shares.append((j, ports[plan]))
+    return shares
+
+
 def _spill(
     items: Sequence[Item],
     i: int,
@@ -112,11 +152,15 @@ def _spill(
     k = i + 1
     need = lead = 0.0
     for j, port in sorted(shares):
-        while k < j:  # the executions between: their free port cycles
+        while k < j:  # the executions between: their free port cycles (Item.quiet, inlined)
             item = items[k]
             if item.execs:
-                plan = res[k][3] if k in res else item.fastest
-                free += item.quiet(plan)
+                r = res.get(k)
+                quiets = item.quiets
+                if quiets:
+                    free += quiets[r[3] if r is not None else item.fastest]
+                else:
+                    free += 0.0
             k += 1
         need += port
         room = free if j == i else free + items[j].slack(res[j][3])
@@ -153,7 +197,13 @@ def _crowded(
     """Whether an executing grid ``g`` and the grids of all operators resident beside it
     (``res``: op -> (space, bound, preload plan, exec plan)) cannot all be apart
     (:func:`_crowd`)."""
-    return _crowd(pol, [g, *(items[j].grids[pj] for j, (*_, pj) in res.items() if items[j].grids)])
+    hit = _RESIDENT_GRIDS.get(id(res))
+    if hit is None or hit[0] is not res:
+        if len(_RESIDENT_GRIDS) > 65536:
+            _RESIDENT_GRIDS.clear()
+        grids = [items[j].grids[pj] for j, (*_, pj) in res.items() if items[j].grids]
+        hit = _RESIDENT_GRIDS[id(res)] = (res, _totals(grids))
+    return _crowd_with(pol, g, hit[1])
 
 
 def _crowd(pol: Policy, grids: Sequence[tuple[int, int]]) -> bool:
@@ -240,3 +290,7 @@ def _sharers(
 
 #: :func:`_sharers` answers of the running :func:`schedule` call (items and policy fixed).
 _SHARERS: dict[tuple, list[tuple[int, ...]]] = {}
+
+#: :func:`_crowded`'s totals of each resident table's grids (:func:`_totals`), per table of the
+#: running :func:`schedule` call (a table is kept with its entry, so its id stays its own).
+_RESIDENT_GRIDS: dict[int, tuple[dict, tuple[int, int, int, int]]] = {}
