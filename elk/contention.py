@@ -147,26 +147,44 @@ def _spill(
     a later execution were checked against the same free cycles earlier in the backward search
     (which decides later steps first), though the ones issued here are served before them: the
     later checks are optimistic by the free cycles these preloads take from them."""
-    it = items[i]
-    free = it.quiet(e)  # free port cycles up to the consumer so far
-    k = i + 1
+    if not shares:
+        return 0.0
+    frees = _free_cycles(items, i, e, res, max(shares)[0])
     need = lead = 0.0
     for j, port in sorted(shares):
-        while k < j:  # the executions between: their free port cycles (Item.quiet, inlined)
-            item = items[k]
-            if item.execs:
-                r = res.get(k)
-                quiets = item.quiets
-                if quiets:
-                    free += quiets[r[3] if r is not None else item.fastest]
-                else:
-                    free += 0.0
-            k += 1
+        free = frees[j - i - 1] if j > i else frees[0]
         need += port
         room = free if j == i else free + items[j].slack(res[j][3])
         if need - room > lead:
             lead = need - room
     return lead
+
+
+def _free_cycles(
+    items: Sequence[Item], i: int, e: int, res: dict[int, tuple[int, float, int, int]], j: int
+) -> list[float]:
+    """:func:`_spill`'s free port cycles before each consumer: entry ``m`` holds those of
+    ``execute(i)`` (plan ``e``) and of the executions ``i+1 .. i+m`` (each with its plan in
+    ``res``, else its fastest), summed in that order, up to entry ``j - i - 1`` at least.  The
+    sums depend on the resident table alone (the scheduler asks for one table with every
+    preload number), so they are kept per table and extended as far as asked."""
+    hit = _FREE.get(id(res))
+    if hit is None or hit[0] is not res or hit[1] != i or hit[2] != e:
+        if len(_FREE) > 65536:
+            _FREE.clear()
+        hit = _FREE[id(res)] = (res, i, e, [items[i].quiet(e)])
+    frees = hit[3]
+    k = i + len(frees)  # the next execution to add
+    while k < j:
+        item = items[k]
+        free = frees[-1]
+        if item.execs:  # Item.quiet, inlined
+            r = res.get(k)
+            quiets = item.quiets
+            free += quiets[r[3] if r is not None else item.fastest] if quiets else 0.0
+        frees.append(free)
+        k += 1
+    return frees
 
 
 def _paced(time: float, quiet: float, queue: Sequence[tuple[float, float]]) -> float:
@@ -294,3 +312,6 @@ _SHARERS: dict[tuple, list[tuple[int, ...]]] = {}
 #: :func:`_crowded`'s totals of each resident table's grids (:func:`_totals`), per table of the
 #: running :func:`schedule` call (a table is kept with its entry, so its id stays its own).
 _RESIDENT_GRIDS: dict[int, tuple[dict, tuple[int, int, int, int]]] = {}
+
+#: :func:`_free_cycles` per resident table of the running :func:`schedule` call.
+_FREE: dict[int, tuple[dict, int, int, list[float]]] = {}

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from elk.allocate import Allocation, Option, allocate
 from elk.contention import (  # noqa: F401 (_crowd: re-export)
+    _FREE,
     _RESIDENT_GRIDS,
     _SHARERS,
     _crowd,
@@ -511,6 +512,7 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     cap = _caps(items, pos)
     _SHARERS.clear()
     _RESIDENT_GRIDS.clear()
+    _FREE.clear()
     bad = next((i for i in range(n) if lo[i] > cap[i]), None)
     if bad is not None:
         raise ElkError(
