@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from elk.model import Item, Policy
-from elk.suffix import _last, _State
+from elk.suffix import _last, _resident, _State
 
 __all__: list[str] = []  # used by elk.schedule
 
@@ -276,15 +276,21 @@ def _sharers(
     n = len(items)
     if parent is None or not it.grids or not it.ports:
         return [()] * len(it.execs)
-    res = {op: e for op, _, _, _, e in parent.res}
+    res = _resident(parent)  # op -> (space, end bound, preload plan, exec plan)
     last = _last(order, P)
     held = []
     for j in range(i + 1, min(n, last + 1)):
-        if pos[j] >= P or not items[j].ports or not items[j].grids:
+        if pos[j] >= P:
             continue
-        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
-        if pj is not None:
-            held.append((j, items[j].grids[pj]))
+        it_j = items[j]
+        if not it_j.ports or not it_j.grids:
+            continue
+        if j == i + 1:
+            held.append((j, it_j.grids[parent.step.exec_plan]))
+        else:
+            r = res.get(j)
+            if r is not None:
+                held.append((j, it_j.grids[r[3]]))
     # the same residents on the same grids give the same answer (memo per schedule run)
     key = (i, tuple(held))
     hit = _SHARERS.get(key)
