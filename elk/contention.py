@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from elk.model import Item, Policy
-from elk.suffix import _last, _State
+from elk.suffix import _last, _resident, _State
 
 __all__: list[str] = []  # used by elk.schedule
 
@@ -49,6 +49,8 @@ def _lead(
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
+    if pol.mesh is None and not pol.paced:
+        return _spill(items, i, e, res, _shares(items, order, positions, i, e, g, res, pol))
     crowded = g is not None and _crowded(items, g, res, pol)
     tot = hbm = every = 0.0
     shares: list[tuple[int, float]] = []  # (consumer, port cycles) of the queued preloads
@@ -89,6 +91,44 @@ def _lead(
     return tot
 
 
+def _shares(
+    items: Sequence[Item],
+    order: Sequence[int],
+    positions: Sequence[int],
+    i: int,
+    e: int,
+    g: tuple[int, int] | None,
+    res: dict[int, tuple[int, float, int, int]],
+    pol: Policy,
+) -> list[tuple[int, float]]:
+    """The ``(consumer, port cycles)`` of the preloads at ``positions`` that queue on the cores
+    of ``execute(i)`` with plan ``e`` (grid ``g``): :func:`_lead`'s selection, for the
+    all-to-all chip, where only these shares matter (:func:`_spill`).  Whether the grids are
+    crowded (:func:`_crowded`) is asked only when a resident's grid is to be compared."""
+    shares: list[tuple[int, float]] = []
+    crowded: bool | None = None
+    for k in positions:
+        j = order[k]
+        pj = items[j]
+        ports = pj.ports
+        if not ports:
+            continue
+        if j == i:  # its own preload's pieces queue ahead of its input on every core
+            shares.append((j, ports[e]))
+            continue
+        r = res.get(j)
+        if r is None:
+            continue
+        plan = r[3]
+        if g is not None and pj.grids:
+            if crowded is None:
+                crowded = _crowded(items, g, res, pol)
+            if not crowded and not pol.must_share(g, pj.grids[plan]):
+                continue
+        shares.append((j, ports[plan]))
+    return shares
+
+
 def _spill(
     items: Sequence[Item],
     i: int,
@@ -107,22 +147,44 @@ def _spill(
     a later execution were checked against the same free cycles earlier in the backward search
     (which decides later steps first), though the ones issued here are served before them: the
     later checks are optimistic by the free cycles these preloads take from them."""
-    it = items[i]
-    free = it.quiet(e)  # free port cycles up to the consumer so far
-    k = i + 1
+    if not shares:
+        return 0.0
+    frees = _free_cycles(items, i, e, res, max(shares)[0])
     need = lead = 0.0
     for j, port in sorted(shares):
-        while k < j:  # the executions between: their free port cycles
-            item = items[k]
-            if item.execs:
-                plan = res[k][3] if k in res else item.fastest
-                free += item.quiet(plan)
-            k += 1
+        free = frees[j - i - 1] if j > i else frees[0]
         need += port
         room = free if j == i else free + items[j].slack(res[j][3])
         if need - room > lead:
             lead = need - room
     return lead
+
+
+def _free_cycles(
+    items: Sequence[Item], i: int, e: int, res: dict[int, tuple[int, float, int, int]], j: int
+) -> list[float]:
+    """:func:`_spill`'s free port cycles before each consumer: entry ``m`` holds those of
+    ``execute(i)`` (plan ``e``) and of the executions ``i+1 .. i+m`` (each with its plan in
+    ``res``, else its fastest), summed in that order, up to entry ``j - i - 1`` at least.  The
+    sums depend on the resident table alone (the scheduler asks for one table with every
+    preload number), so they are kept per table and extended as far as asked."""
+    hit = _FREE.get(id(res))
+    if hit is None or hit[0] is not res or hit[1] != i or hit[2] != e:
+        if len(_FREE) > 65536:
+            _FREE.clear()
+        hit = _FREE[id(res)] = (res, i, e, [items[i].quiet(e)])
+    frees = hit[3]
+    k = i + len(frees)  # the next execution to add
+    while k < j:
+        item = items[k]
+        free = frees[-1]
+        if item.execs:  # Item.quiet, inlined
+            r = res.get(k)
+            quiets = item.quiets
+            free += quiets[r[3] if r is not None else item.fastest] if quiets else 0.0
+        frees.append(free)
+        k += 1
+    return frees
 
 
 def _paced(time: float, quiet: float, queue: Sequence[tuple[float, float]]) -> float:
@@ -153,7 +215,13 @@ def _crowded(
     """Whether an executing grid ``g`` and the grids of all operators resident beside it
     (``res``: op -> (space, bound, preload plan, exec plan)) cannot all be apart
     (:func:`_crowd`)."""
-    return _crowd(pol, [g, *(items[j].grids[pj] for j, (*_, pj) in res.items() if items[j].grids)])
+    hit = _RESIDENT_GRIDS.get(id(res))
+    if hit is None or hit[0] is not res:
+        if len(_RESIDENT_GRIDS) > 65536:
+            _RESIDENT_GRIDS.clear()
+        grids = [items[j].grids[pj] for j, (*_, pj) in res.items() if items[j].grids]
+        hit = _RESIDENT_GRIDS[id(res)] = (res, _totals(grids))
+    return _crowd_with(pol, g, hit[1])
 
 
 def _crowd(pol: Policy, grids: Sequence[tuple[int, int]]) -> bool:
@@ -208,15 +276,21 @@ def _sharers(
     n = len(items)
     if parent is None or not it.grids or not it.ports:
         return [()] * len(it.execs)
-    res = {op: e for op, _, _, _, e in parent.res}
+    res = _resident(parent)  # op -> (space, end bound, preload plan, exec plan)
     last = _last(order, P)
     held = []
     for j in range(i + 1, min(n, last + 1)):
-        if pos[j] >= P or not items[j].ports or not items[j].grids:
+        if pos[j] >= P:
             continue
-        pj = parent.step.exec_plan if j == i + 1 else res.get(j)
-        if pj is not None:
-            held.append((j, items[j].grids[pj]))
+        it_j = items[j]
+        if not it_j.ports or not it_j.grids:
+            continue
+        if j == i + 1:
+            held.append((j, it_j.grids[parent.step.exec_plan]))
+        else:
+            r = res.get(j)
+            if r is not None:
+                held.append((j, it_j.grids[r[3]]))
     # the same residents on the same grids give the same answer (memo per schedule run)
     key = (i, tuple(held))
     hit = _SHARERS.get(key)
@@ -240,3 +314,10 @@ def _sharers(
 
 #: :func:`_sharers` answers of the running :func:`schedule` call (items and policy fixed).
 _SHARERS: dict[tuple, list[tuple[int, ...]]] = {}
+
+#: :func:`_crowded`'s totals of each resident table's grids (:func:`_totals`), per table of the
+#: running :func:`schedule` call (a table is kept with its entry, so its id stays its own).
+_RESIDENT_GRIDS: dict[int, tuple[dict, tuple[int, int, int, int]]] = {}
+
+#: :func:`_free_cycles` per resident table of the running :func:`schedule` call.
+_FREE: dict[int, tuple[dict, int, int, list[float]]] = {}

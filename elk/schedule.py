@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 
 from elk.allocate import Allocation, Option, allocate
 from elk.contention import (  # noqa: F401 (_crowd: re-export)
+    _FREE,
+    _RESIDENT_GRIDS,
     _SHARERS,
     _crowd,
     _crowd_with,
@@ -111,8 +113,10 @@ def _stepper(
             plan = parent.step.exec_plan
             bound = parent.step.start + items[op].slack(plan)
         else:
-            bound, plan = res_parent[op][1], res_parent[op][3]
-        s = min(bound, later) - items[op].load_time(plan)
+            r = res_parent[op]
+            bound, plan = r[1], r[3]
+        it_op = items[op]  # Item.load_time, inlined
+        s = min(bound, later) - (it_op.loads[plan] if it_op.loads else it_op.load)
         head.append(s)
         later = s
     head.reverse()
@@ -137,7 +141,8 @@ def _stepper(
     if pol.contention:
         for j in residents:
             plan_j = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
-            overlap += items[j].load_time(plan_j)
+            it_j = items[j]  # Item.load_time, inlined
+            overlap += it_j.loads[plan_j] if it_j.loads else it_j.load
     busy: float = overlap
 
     def cost(e: int) -> float:
@@ -162,9 +167,11 @@ def _stepper(
     if pol.core_sram is not None and item.grids and residents:
         for j in residents:
             pj = parent.step.exec_plan if j == i + 1 else res_parent[j][3]  # type: ignore[union-attr]
-            if items[j].grids:
-                gj = items[j].grids[pj]
-                cs = items[j].exec_core_space(pj)
+            it_j = items[j]
+            if it_j.grids:
+                gj = it_j.grids[pj]
+                # Item.exec_core_space, inlined
+                cs = it_j.core_spaces[pj] if it_j.core_spaces else it_j.execs[pj].space
                 held.append((gj, cs))
                 held_space += cs
                 rows += gj[0]
@@ -504,6 +511,8 @@ def schedule(items: Sequence[Item], policy: Policy, order: Sequence[int] | None 
     lo = _lows(pos)
     cap = _caps(items, pos)
     _SHARERS.clear()
+    _RESIDENT_GRIDS.clear()
+    _FREE.clear()
     bad = next((i for i in range(n) if lo[i] > cap[i]), None)
     if bad is not None:
         raise ElkError(
