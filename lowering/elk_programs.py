@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 import lowering.elk_kernels  # noqa: F401  (registers the kernels)
 from elk.cost import Plan, chunks
@@ -102,9 +103,13 @@ def _matmul(
     dt: str,
     flow: Flow,
     order: Sequence[int],
+    memo: dict[tuple, Any] | None = None,
 ) -> bool:
     """Core ``(r, c)``'s tile of product ``j``; ``order``: its weight pieces in the order they
-    were preloaded (:mod:`lowering.elk_pieces`), each multiplied as it arrives."""
+    were preloaded (:mod:`lowering.elk_pieces`), each multiplied as it arrives.  ``memo`` (one
+    per program builder): the instructions every core of a grid row but the first emits alike
+    (the activation pieces received from the row's first core; :func:`lowering.elk_reduce.
+    scatter`), made once per row and appended as the same objects."""
     m, k, n = pl.op.dims
     kb, nb = k // pl.rows, n // pl.cols
     nc = chunks(kb)
@@ -119,17 +124,25 @@ def _matmul(
     if pl.cols > 1 and not b.has_channel(chan):
         row = pl.cores[r * pl.cols : (r + 1) * pl.cols]
         b.channel(chan, row[0], row[1:], depth=nc)
-    for q in range(nc):  # activation pieces: loaded by the row's first core, multicast along it
-        a = f"o{j}_a{q}"
-        p.alloc(a, (m, rb), dt)
-        if c == 0:
-            flow.get(p, j, a, pl.op.tensor("x"), (0, r * kb + q * rb), (m, rb))
-            if pl.cols > 1:
-                p.send(chan, a)
-        else:
-            p.recv(chan, a)
+    # activation pieces: loaded by the row's first core, multicast along it
+    run = None if c == 0 or memo is None else memo.get(("recv", j, r))
+    if run is not None:
+        p.extend(run)
+    else:
+        start = p.size()
+        for q in range(nc):
+            a = f"o{j}_a{q}"
+            p.alloc(a, (m, rb), dt)
+            if c == 0:
+                flow.get(p, j, a, pl.op.tensor("x"), (0, r * kb + q * rb), (m, rb))
+                if pl.cols > 1:
+                    p.send(chan, a)
+            else:
+                p.recv(chan, a)
+        if c and memo is not None:
+            memo[("recv", j, r)] = p.emitted(start)
     if axis >= 0:
-        return scatter(b, p, j, pl, r, c, dt, flow, axis, order)
+        return scatter(b, p, j, pl, r, c, dt, flow, axis, order, memo)
     for q in order:
         a, w = f"o{j}_a{q}", f"o{j}_w{q}"
         if q == order[0]:
@@ -436,6 +449,7 @@ def _emit(
     for i in range(1, n):
         first[i] = max(first[i - 1], issued[i - 1])
     rot = [rotates(chip.hbm, pl) for pl in placed]
+    memo: dict[tuple, Any] = {}  # instructions the cores of a grid row emit alike (_matmul)
     source = lay.source if lay is not None else [-1] * n
     template = lay.template if lay is not None else [False] * n
     held = lay.held(b) if lay is not None else ()
@@ -465,7 +479,7 @@ def _emit(
                 dt = ops[i].dtype
                 order_i = piece_order(pl, r, c, rot[i])
                 if pl.op.kind == "matmul":
-                    fin = _matmul(b, p, i, pl, r, c, dt, flow, order_i)
+                    fin = _matmul(b, p, i, pl, r, c, dt, flow, order_i, memo)
                 elif pl.op.kind == "attention":
                     fin = _attention(b, p, i, pl, r, c, dt, flow, order_i)
                 else:
