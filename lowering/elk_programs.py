@@ -33,14 +33,14 @@ import lowering.elk_kernels  # noqa: F401  (registers the kernels)
 from elk.cost import Plan, chunks
 from elk.ops import Operator
 from hwmodel.chip import Chip
-from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
+from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder
 from lowering.elk_flow import Flow
-from lowering.elk_layers import Layering, find_layering
+from lowering.elk_layers import Layering, _maker, find_layering
 from lowering.elk_pieces import piece_order, rotates
 from lowering.elk_placement import Placed, place
 from lowering.elk_reduce import scatter
 from lowering.errors import ProgramError
-from lowering.isa import ProgramSet
+from lowering.isa import Load, ProgramSet, Region
 
 __all__ = ["elk_programs"]
 
@@ -90,7 +90,12 @@ def _preload(
 ) -> None:
     for buf, tensor, st, ex in _pre_bufs(j, pl, r, c, order):
         p.alloc(buf, ex, dtype)
-        p.load(buf, tensor, region(st, ex), background=True)
+        p.emit(_LOAD(buf, tensor, _REGION(st, ex), True))  # p.load(.., region(st, ex), True)
+
+
+#: the preloads' Load and Region constructors, one slot store per field (a chip's cores issue
+#: hundreds of thousands of preload pieces per layer)
+_LOAD, _REGION = _maker(Load), _maker(Region)
 
 
 def _matmul(
@@ -450,6 +455,9 @@ def _emit(
         first[i] = max(first[i - 1], issued[i - 1])
     rot = [rotates(chip.hbm, pl) for pl in placed]
     memo: dict[tuple, Any] = {}  # instructions the cores of a grid row emit alike (_matmul)
+    # the recording pass keeps only the activation loads and stores (Flow) and the layering's
+    # records: the preloads and the reports to the controller are not made there
+    rec = isinstance(b, RecordingBuilder)
     source = lay.source if lay is not None else [-1] * n
     template = lay.template if lay is not None else [False] * n
     held = lay.held(b) if lay is not None else ()
@@ -466,7 +474,7 @@ def _emit(
             mark = lay.mark(b, p) if template[i] and lay is not None else None
             if i > 0 and i in busy:
                 p.recv_value(f"go{i}", "go")
-            for k in range(first[i], issued[i]):
+            for k in range(first[i], issued[i]) if not rec else ():
                 jj = order[k]
                 if jj in mine:
                     r, c = mine[jj]
@@ -486,7 +494,7 @@ def _emit(
                     fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
                 if fin != _finishes(pl, r, c):
                     raise ProgramError(f"operator {i}: core ({r}, {c}) finishing is {fin}")
-                fin = fin and i < n - 1 and _report(b, p, i, pl, r, c, ctrl)
+                fin = fin and i < n - 1 and not rec and _report(b, p, i, pl, r, c, ctrl)
                 if fin:
                     finishers[i].append(core)
             if mark is not None:
