@@ -41,6 +41,12 @@ def _rect(shape: Sequence[int], st: Sequence[int] | None, ex: Sequence[int] | No
     return (st[0], st[1] * inner, ex[0], ex[1] * inner)
 
 
+def _slice(key: tuple) -> dict[str, str]:
+    """The ``elk_slice`` parameters of piece ``key`` (``(buffer, row, col, rows, cols, dtype)``
+    relative to the buffer's region)."""
+    return {"at": f"{key[1]},{key[2]}", "ext": f"{key[3]},{key[4]}"}
+
+
 def _meet(a: Rect, b: Rect) -> Rect | None:
     r0, c0 = max(a[0], b[0]), max(a[1], b[1])
     r1, c1 = min(a[0] + a[2], b[0] + b[2]), min(a[1] + a[3], b[1] + b[3])
@@ -115,9 +121,26 @@ class Flow:
     #: ``(producer op, consumer op, producer core, consumer core)`` -> the pieces' channel
     #: names in the order :meth:`plan` named them (:mod:`lowering.elk_layers` renames by it)
     names: dict[tuple[int, int, int, int], list[str]] = field(default_factory=dict)
+    #: ``(tensor, starts, extents)`` -> its 2-D view (:func:`_rect`; the cores of a grid
+    #: share their regions' shapes)
+    _rects: dict[tuple, Rect | None] = field(default_factory=dict)
+    #: the instructions cutting a piece out of a buffer to send it, by buffer, piece position
+    #: and dtype: made once, appended as the same (shared) objects by every core cutting it
+    _cuts: dict[tuple, tuple[list[Any], list[Any]]] = field(default_factory=dict)
 
     def _source(self, tensor: str) -> str:
         return self.links.get(tensor, tensor)
+
+    def _view(self, tensor: str, st: Sequence[int] | None, ex: Sequence[int] | None) -> Rect | None:
+        """:func:`_rect` of region ``(st, ex)`` of ``tensor``, kept by the region."""
+        key = (tensor, st, ex)
+        try:
+            return self._rects[key]
+        except KeyError:
+            out = self._rects[key] = _rect(self.tensors[tensor][0], st, ex)
+            return out
+        except TypeError:  # starts or extents given as lists
+            return _rect(self.tensors[tensor][0], st, ex)
 
     # -- the two calls the operator emitters make ----------------------------------------------
     def get(
@@ -131,7 +154,7 @@ class Flow:
     ) -> None:
         """Fill ``buf`` with region ``(st, ex)`` of ``tensor``: from the producing cores when
         every element was produced on chip, otherwise from HBM."""
-        rect = _rect(self.tensors[tensor][0], st, ex)
+        rect = self._view(tensor, st, ex)
         if self.recording:
             self._gets.append((op, p.core, tensor, rect))
         queue = None if rect is None else self._gathers.get((op, p.core, tensor, rect))
@@ -166,7 +189,7 @@ class Flow:
     ) -> None:
         """``buf`` holds region ``(st, ex)`` of ``tensor``: send its pieces to the cores that
         read them (or keep them here), and store it to HBM when it is a result."""
-        rect = _rect(self.tensors[tensor][0], st, ex)
+        rect = self._view(tensor, st, ex)
         if self.recording:
             if rect is not None:
                 put = _Put(op, p.core, buf, rect, self.tensors[tensor][1])
@@ -199,28 +222,35 @@ class Flow:
             if src != buf:
                 p.free(src)
 
-    @staticmethod
     def _emit_piece(
-        p: CoreBuilder, chan: str, piece: Rect, dst: int, src: str, base: Rect, dtype: str
+        self, p: CoreBuilder, chan: str, piece: Rect, dst: int, src: str, base: Rect, dtype: str
     ) -> None:
         """Keep ``piece`` of buffer ``src`` (holding region ``base``) on this core or send it."""
-        whole = piece == base
-        params = {
-            "at": f"{piece[0] - base[0]},{piece[1] - base[1]}",
-            "ext": f"{piece[2]},{piece[3]}",
-        }
+        if piece == base and dst != p.core:
+            p.send(chan, src)
+            return
+        key = (src, piece[0] - base[0], piece[1] - base[1], piece[2], piece[3], dtype)
         if dst == p.core:
             p.alloc(chan, (piece[2], piece[3]), dtype)
-            p.compute("elk_slice", chan, src, params, dtype)
+            p.compute("elk_slice", chan, src, _slice(key), dtype)
             return
-        cut = src
-        if not whole:
-            cut = f"{src}_cut"
+        cut = f"{src}_cut"
+        runs = self._cuts.get(key)
+        if runs is None:
+            k = p.size()
             p.alloc(cut, (piece[2], piece[3]), dtype)
-            p.compute("elk_slice", cut, src, params, dtype)
-        p.send(chan, cut)
-        if not whole:
+            p.compute("elk_slice", cut, src, _slice(key), dtype)
+            head = p.emitted(k)
+            p.send(chan, cut)
+            k = p.size()
             p.free(cut)
+            runs = (head, p.emitted(k))
+            if runs[0] and runs[1]:  # a builder that keeps its instructions
+                self._cuts[key] = runs
+            return
+        p.extend(runs[0])
+        p.send(chan, cut)
+        p.extend(runs[1])
 
     # -- copies of an equal layer's records (lowering.elk_layers) ------------------------------
     def marks(self) -> tuple[int, int]:

@@ -122,8 +122,15 @@ def rotates(spec: HbmSpec, pl: Placed) -> bool:
     return _ROTATES[key]
 
 
-def piece_order(pl: Placed, r: int, c: int, rotate: bool) -> list[int]:
+#: :func:`piece_order` answers by (pieces, first piece): the cores of a grid share them
+_ORDERS: dict[tuple[int, int], tuple[int, ...]] = {}
+
+
+def piece_order(pl: Placed, r: int, c: int, rotate: bool) -> tuple[int, ...]:
     """The pieces of core ``(r, c)`` of ``pl`` in the order it loads and computes on them."""
     nc = _pieces(pl)
     first = (r * pl.cols + c) % nc if rotate else 0
-    return [(first + s) % nc for s in range(nc)]
+    out = _ORDERS.get((nc, first))
+    if out is None:
+        out = _ORDERS[(nc, first)] = tuple((first + s) % nc for s in range(nc))
+    return out

@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 import lowering.elk_kernels  # noqa: F401  (registers the kernels)
 from elk.cost import Plan, chunks
 from elk.ops import Operator
 from hwmodel.chip import Chip
-from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder, region
+from lowering.builder import CoreBuilder, ProgramBuilder, RecordingBuilder
 from lowering.elk_flow import Flow
-from lowering.elk_layers import Layering, find_layering
+from lowering.elk_layers import Layering, _maker, find_layering
 from lowering.elk_pieces import piece_order, rotates
 from lowering.elk_placement import Placed, place
 from lowering.elk_reduce import scatter
 from lowering.errors import ProgramError
-from lowering.isa import ProgramSet
+from lowering.isa import Load, ProgramSet, Region
 
 __all__ = ["elk_programs"]
 
@@ -89,7 +90,12 @@ def _preload(
 ) -> None:
     for buf, tensor, st, ex in _pre_bufs(j, pl, r, c, order):
         p.alloc(buf, ex, dtype)
-        p.load(buf, tensor, region(st, ex), background=True)
+        p.emit(_LOAD(buf, tensor, _REGION(st, ex), True))  # p.load(.., region(st, ex), True)
+
+
+#: the preloads' Load and Region constructors, one slot store per field (a chip's cores issue
+#: hundreds of thousands of preload pieces per layer)
+_LOAD, _REGION = _maker(Load), _maker(Region)
 
 
 def _matmul(
@@ -102,9 +108,13 @@ def _matmul(
     dt: str,
     flow: Flow,
     order: Sequence[int],
+    memo: dict[tuple, Any] | None = None,
 ) -> bool:
     """Core ``(r, c)``'s tile of product ``j``; ``order``: its weight pieces in the order they
-    were preloaded (:mod:`lowering.elk_pieces`), each multiplied as it arrives."""
+    were preloaded (:mod:`lowering.elk_pieces`), each multiplied as it arrives.  ``memo`` (one
+    per program builder): the instructions every core of a grid row but the first emits alike
+    (the activation pieces received from the row's first core; :func:`lowering.elk_reduce.
+    scatter`), made once per row and appended as the same objects."""
     m, k, n = pl.op.dims
     kb, nb = k // pl.rows, n // pl.cols
     nc = chunks(kb)
@@ -119,17 +129,25 @@ def _matmul(
     if pl.cols > 1 and not b.has_channel(chan):
         row = pl.cores[r * pl.cols : (r + 1) * pl.cols]
         b.channel(chan, row[0], row[1:], depth=nc)
-    for q in range(nc):  # activation pieces: loaded by the row's first core, multicast along it
-        a = f"o{j}_a{q}"
-        p.alloc(a, (m, rb), dt)
-        if c == 0:
-            flow.get(p, j, a, pl.op.tensor("x"), (0, r * kb + q * rb), (m, rb))
-            if pl.cols > 1:
-                p.send(chan, a)
-        else:
-            p.recv(chan, a)
+    # activation pieces: loaded by the row's first core, multicast along it
+    run = None if c == 0 or memo is None else memo.get(("recv", j, r))
+    if run is not None:
+        p.extend(run)
+    else:
+        start = p.size()
+        for q in range(nc):
+            a = f"o{j}_a{q}"
+            p.alloc(a, (m, rb), dt)
+            if c == 0:
+                flow.get(p, j, a, pl.op.tensor("x"), (0, r * kb + q * rb), (m, rb))
+                if pl.cols > 1:
+                    p.send(chan, a)
+            else:
+                p.recv(chan, a)
+        if c and memo is not None:
+            memo[("recv", j, r)] = p.emitted(start)
     if axis >= 0:
-        return scatter(b, p, j, pl, r, c, dt, flow, axis, order)
+        return scatter(b, p, j, pl, r, c, dt, flow, axis, order, memo)
     for q in order:
         a, w = f"o{j}_a{q}", f"o{j}_w{q}"
         if q == order[0]:
@@ -436,6 +454,10 @@ def _emit(
     for i in range(1, n):
         first[i] = max(first[i - 1], issued[i - 1])
     rot = [rotates(chip.hbm, pl) for pl in placed]
+    memo: dict[tuple, Any] = {}  # instructions the cores of a grid row emit alike (_matmul)
+    # the recording pass keeps only the activation loads and stores (Flow) and the layering's
+    # records: the preloads and the reports to the controller are not made there
+    rec = isinstance(b, RecordingBuilder)
     source = lay.source if lay is not None else [-1] * n
     template = lay.template if lay is not None else [False] * n
     held = lay.held(b) if lay is not None else ()
@@ -452,7 +474,7 @@ def _emit(
             mark = lay.mark(b, p) if template[i] and lay is not None else None
             if i > 0 and i in busy:
                 p.recv_value(f"go{i}", "go")
-            for k in range(first[i], issued[i]):
+            for k in range(first[i], issued[i]) if not rec else ():
                 jj = order[k]
                 if jj in mine:
                     r, c = mine[jj]
@@ -465,14 +487,14 @@ def _emit(
                 dt = ops[i].dtype
                 order_i = piece_order(pl, r, c, rot[i])
                 if pl.op.kind == "matmul":
-                    fin = _matmul(b, p, i, pl, r, c, dt, flow, order_i)
+                    fin = _matmul(b, p, i, pl, r, c, dt, flow, order_i, memo)
                 elif pl.op.kind == "attention":
                     fin = _attention(b, p, i, pl, r, c, dt, flow, order_i)
                 else:
                     fin = _vector(b, p, i, pl, r, c, dt, tensors, flow)
                 if fin != _finishes(pl, r, c):
                     raise ProgramError(f"operator {i}: core ({r}, {c}) finishing is {fin}")
-                fin = fin and i < n - 1 and _report(b, p, i, pl, r, c, ctrl)
+                fin = fin and i < n - 1 and not rec and _report(b, p, i, pl, r, c, ctrl)
                 if fin:
                     finishers[i].append(core)
             if mark is not None:
