@@ -49,38 +49,19 @@ def _lead(
     if not pol.contention or not it.ports:
         return 0.0
     g = it.grids[e] if it.grids else None
-    if pol.mesh is None and not pol.paced:
-        return _spill(items, i, e, res, _shares(items, order, positions, i, e, g, res, pol))
-    crowded = g is not None and _crowded(items, g, res, pol)
-    tot = hbm = every = 0.0
-    shares: list[tuple[int, float]] = []  # (consumer, port cycles) of the queued preloads
-    queue: list[tuple[float, float]] = []  # (HBM cycles, port cycles here) in issue order
-    for k in positions:
-        j = order[k]
-        pj = items[j]
-        every += pj.hbm_time
-        queue.append((pj.hbm_time, 0.0))
-        if not pj.ports:
-            continue
-        if j == i:  # its own preload's pieces queue ahead of its input on every core
-            tot += pj.ports[e]
-            hbm += pj.hbm_time
-            shares.append((j, pj.ports[e]))
-            queue[-1] = (pj.hbm_time, pj.ports[e])
-            continue
-        if j not in res:
-            continue
-        plan = res[j][3]
-        gj = pj.grids[plan] if pj.grids else None
-        if g is None or gj is None or crowded or pol.must_share(g, gj):
-            tot += pj.ports[plan]
-            hbm += pj.hbm_time
-            shares.append((j, pj.ports[plan]))
-            queue[-1] = (pj.hbm_time, pj.ports[plan])
+    shares = _shares(items, order, positions, i, e, g, res, pol)  # (consumer, port cycles)
     if pol.mesh is None:
-        if pol.paced:
+        if pol.paced:  # (HBM cycles, port cycles here) of each preload, in issue order
+            port_of = dict(shares)
+            queue = [(items[order[k]].hbm_time, port_of.get(order[k], 0.0)) for k in positions]
             return _paced(it.execs[e].time, it.quiet(e), queue)
         return _spill(items, i, e, res, shares)
+    tot = hbm = every = 0.0
+    for j, port in shares:
+        tot += port
+        hbm += items[j].hbm_time
+    for k in positions:
+        every += items[order[k]].hbm_time
     # a core's input activation was pushed to it before these preloads were issued: the
     # queued pieces hold the execution up from its first message sent during it on
     tot = max(0.0, tot - it.quiet(e))
@@ -102,8 +83,8 @@ def _shares(
     pol: Policy,
 ) -> list[tuple[int, float]]:
     """The ``(consumer, port cycles)`` of the preloads at ``positions`` that queue on the cores
-    of ``execute(i)`` with plan ``e`` (grid ``g``): :func:`_lead`'s selection, for the
-    all-to-all chip, where only these shares matter (:func:`_spill`).  Whether the grids are
+    of ``execute(i)`` with plan ``e`` (grid ``g``), in issue order (:func:`_lead`): its own,
+    and those of residents whose grids share a core with ``g``.  Whether the grids are
     crowded (:func:`_crowded`) is asked only when a resident's grid is to be compared."""
     shares: list[tuple[int, float]] = []
     crowded: bool | None = None
