@@ -174,11 +174,11 @@ class HbmClasses:
         equal bytes are served once.  Their byte and grant counts so far are written to their
         channels first, a merged class counting from zero."""
         cfree = self.cfree
+        if len({cfree[k] for k, _ in classes}) == len(classes):
+            return  # every class free at its own cycle (the common case): nothing to merge
         by_free: dict[float, list[int]] = {}
         for k, _ in classes:
             by_free.setdefault(cfree[k], []).append(k)
-        if len(by_free) == len(classes):
-            return
         self._flush_uses()
         dirty: set[int] = set()
         for ks in by_free.values():
@@ -238,18 +238,19 @@ class HbmClasses:
 
     def _plan(self, split: tuple) -> tuple:
         """``(version, ((class, bytes / rate), ...), [uses, used], ((class, bytes per member),
-        ...), logged, split)`` for ``split``, refining the channel classes so that every class
-        it touches is covered whole with equal bytes (``uses``: requests served with it whose
-        bytes and grants are not yet added to their classes, see :meth:`_flush_uses`;
-        ``logged``: ``((class, bytes / rate, its log or None), ...)`` when a class is a merged
-        one, else None).  Plans are kept by the split's ``id``; a plan holds its split, so no
+        ...), logged, split, classes)`` for ``split``, refining the channel classes so that
+        every class it touches is covered whole with equal bytes (``uses``: requests served
+        with it whose bytes and grants are not yet added to their classes, see
+        :meth:`_flush_uses`; ``logged``: ``((class, bytes / rate, its log or None), ...)`` when
+        a class is a merged one, else None; ``classes``: the classes it touches, for
+        :meth:`_changed`).  Plans are kept by the split's ``id``; a plan holds its split, so no
         other split (a LoadValue's one-element split is made per request) can take that id
         while the plan lives."""
         same = self.hbm_vals.get(split)
         if same is not None and same[0] == self.hver:
             # an equal split planned at this version (a request made anew with the same
             # bytes): the same plan, sharing its uses, held with this split for its ``id``
-            hit = (*same[:5], split)
+            hit = (*same[:5], split, same[6])
             self.hbm_plans[id(split)] = hit
             return hit
         cls = self.cls_of
@@ -301,7 +302,7 @@ class HbmClasses:
         logged = None
         if logs and not logs.keys().isdisjoint(per):
             logged = tuple((k, d, logs.get(k)) for k, d in plan)
-        hit = (self.hver, plan, [0, False], nbytes, logged, split)
+        hit = (self.hver, plan, [0, False], nbytes, logged, split, tuple(per))
         self.hbm_plans[id(split)] = self.hbm_vals[split] = hit
         return hit
 
@@ -317,7 +318,7 @@ class HbmClasses:
         kept = {
             key: (ver, *plan[1:])
             for key, plan in self.hbm_plans.items()
-            if plan[2][1] and isdisjoint(dict(plan[3]))
+            if plan[2][1] and isdisjoint(plan[6])
         }
         for plan in kept.values():
             plan[2][1] = False
