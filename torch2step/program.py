@@ -326,7 +326,7 @@ class Program:
         from runtime.trace import write_trace_json
 
         parts = self._split_parts or ([(0, "", self._last)] if self._last is not None else [])
-        if not parts or not all(last.sim.trace_events for _, _, last in parts):
+        if not parts or not all(last is not None and last.sim.trace_events for _, _, last in parts):
             raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
         cores = None
         if units is not None:  # the busiest units of every configuration
