@@ -174,7 +174,8 @@ def report_cpu(
     """CPU seconds of one report in a child process (its configuration workers included),
     its wall seconds, the wall seconds of building the layer, its latency line and
     (``phases``) its CPU seconds by phase (measured with the configurations reported one after
-    another in the child: ``TORCH2STEP_JOBS=1``)."""
+    another in the child, and the §4.1 formulas computed in it rather than beside it in a
+    forked child, :mod:`torch2step.background`: ``TORCH2STEP_JOBS=1``)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     if phases:
         env["TORCH2STEP_JOBS"] = "1"

@@ -163,7 +163,33 @@ def _window(text: str | None) -> tuple[float, float] | None:
     return lo, hi
 
 
+@contextmanager
+def _one_tensor_thread() -> Iterator[None]:
+    """PyTorch's intra-op parallelism off while a report runs (restored after it).
+
+    A report's own tensor work is small — the raising's probes on sample-sized tensors, the
+    stand-in values that steer control — and its second CPU is taken by its own processes
+    (a split layer's configuration workers, the §4.1 formulas computed beside the plan:
+    :mod:`torch2step.background`) or by other programs.  A two-thread parallel region then
+    waits for a thread that is not scheduled: on a busy two-CPU machine the raising of
+    Llama-3-8B attention took 1.2 s with two threads and 0.04 s with one (the same layer
+    graph; workers already run with one thread, :mod:`torch2step.config_jobs`)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def _run_report(args: argparse.Namespace) -> int:
+    with _one_tensor_thread():
+        return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
 
     window = _window(args.trace_window)

@@ -261,8 +261,9 @@ def split_report(
 
     def run(at: tuple[int, ...], k: int) -> tuple[Any, Any]:
         rep, part = report_part([layer.nodes[i] for i in at], f"{layer.name}_config{k}")
-        # what write_trace reads of the run (the per-core programs that ran stay behind)
-        return rep, replace(part._last, plan=None)
+        # what write_trace reads of the run (the per-core programs that ran stay behind);
+        # nothing without a trace, for which write_trace has nothing to write
+        return rep, replace(part._last, plan=None) if kwargs.get("trace") else None
 
     groups = [tuple(position[id(n)] for n in g) for g in pending]
     done = run_groups(run, groups, jobs_for(len(groups)))

@@ -260,19 +260,24 @@ class Program:
             res, dynamic["attn_regions_of_requests"] = d.run, d.assignment
         if self._plans is None:
             self._plans = PlanCache()
+        # the §4.1 formulas and their values need only the program and the run's sizes: they
+        # are computed on an idle CPU while the plan and the simulation take this one
+        formulas = self._formulas_beside(res.bindings)
         try:
             sim = self._plans.simulate(lw.program, self.chip, res, trace=trace)
         except ScheduleError as err:
+            formulas.cancel()
             if not self.split or len(self.layer.nodes) < 2:
                 raise
             from torch2step.configurations import split_report
 
             return split_report(self, inputs, err, routing=routing, trace=trace, notes=notes)
+        except BaseException:
+            formulas.cancel()
+            raise
         sim_s = time.perf_counter() - t0
         self._last, self._split_parts = sim, []
-        m = self.metrics
-        at = m.evaluate(res.bindings)
-        rep = _make_report(self, lw, sim, m, at, dynamic, sim_s)
+        rep = _make_report(self, lw, sim, formulas.result(), dynamic, sim_s)
         spans = list(sim.memory_notes)  # units whose bytes exceed one core's SRAM
         if len(spans) > 3:
             spans = spans[:3] + [f"{len(spans) - 3} more units span several cores' SRAM"]
@@ -280,6 +285,25 @@ class Program:
         if self.strategy_table:
             notes = (*notes, self.strategy_table)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
+
+    def _formulas_beside(self, bindings: Any) -> Any:
+        """What a report prints of the §4.1 metrics (STeP arXiv 2511.07776 §4.1) for a run
+        of sizes ``bindings`` — the off-chip traffic and on-chip memory formulas and their
+        values — computed in a forked child beside this process's work
+        (:func:`torch2step.background.beside`; the same values as computed here)."""
+        from torch2step.background import beside
+
+        def formulas() -> _Formulas:
+            m = self.metrics
+            at = m.evaluate(bindings)
+            return _Formulas(
+                str(m.offchip_bytes),
+                int(at["offchip_bytes"]),
+                str(m.onchip_bytes),
+                int(at["onchip_bytes"]),
+            )
+
+        return beside(formulas)
 
     def _units_fit(self) -> bool:
         """Whether the chip has a core for every spatial unit of the program (the placement's
@@ -302,7 +326,7 @@ class Program:
         from runtime.trace import write_trace_json
 
         parts = self._split_parts or ([(0, "", self._last)] if self._last is not None else [])
-        if not parts or not all(last.sim.trace_events for _, _, last in parts):
+        if not parts or not all(last is not None and last.sim.trace_events for _, _, last in parts):
             raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
         cores = None
         if units is not None:  # the busiest units of every configuration
@@ -340,8 +364,18 @@ class Program:
         return Path(path)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Formulas:
+    """The §4.1 formulas a report prints and their values for its run."""
+
+    offchip: str
+    offchip_bytes: int
+    onchip: str
+    onchip_bytes: int
+
+
 def _make_report(
-    prog: Program, lw: Lowered, sim: Any, m: Any, at: dict, dynamic: dict, sim_s: float
+    prog: Program, lw: Lowered, sim: Any, f: _Formulas, dynamic: dict, sim_s: float
 ) -> Report:
     units = [asdict(u) for u in sim.units]
     breakdown = {k: int(v) for k, v in sim.breakdown.items()}
@@ -354,10 +388,10 @@ def _make_report(
         latency_cycles=int(sim.cycles),
         latency_s=float(sim.seconds),
         hbm_bytes=int(sim.hbm_bytes),
-        hbm_bytes_symbolic=int(at["offchip_bytes"]),
-        hbm_bytes_formula=str(m.offchip_bytes),
-        peak_onchip_bytes=int(at["onchip_bytes"]),
-        onchip_formula=str(m.onchip_bytes),
+        hbm_bytes_symbolic=f.offchip_bytes,
+        hbm_bytes_formula=f.offchip,
+        peak_onchip_bytes=f.onchip_bytes,
+        onchip_formula=f.onchip,
         flops=int(sim.flops),
         roofline_cycles=int(sim.roofline),
         roofline_fraction=float(sim.roofline_fraction),
