@@ -48,7 +48,7 @@ import numpy as np
 from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.program import Compiled
-from runtime.replay_rules import RULES
+from runtime.replay_rules import RULES, skip_unread_shapes
 from runtime.report import wait_for
 from runtime.state import Core, Post, StopPost
 
@@ -102,6 +102,7 @@ class Replay:
                         f"untimed replay has no rule for `{describe(op.src)}` ({op.fn.__name__})"
                     )
                 steps.append((rule, op))
+        skip_unread_shapes(self.steps)  # Computes whose output shapes nothing reads
 
     # -- the simulator's deadlock interface ----------------------------------------------------
 
