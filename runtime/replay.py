@@ -22,7 +22,9 @@ Everything else completes at once (HBM accesses, compute, the DMA queue: they on
 Buffers keep their shapes and types as the simulator's do (an Alloc's, a kernel's shape rule,
 a Load's extents, a received message's): a ``WriteValue`` writes a control value into the shape
 its buffer has then (a decode request's cursor, STeP arXiv 2511.07776 §5.1), and a control Load
-reads in the buffer's type.
+reads in the buffer's type.  Only the shapes a ``WriteValue`` can read are followed: a kernel
+whose output reaches no ``WriteValue`` (through other kernels, sends and receives) skips its
+shape rule (:func:`runtime.replay_rules.shape_readers`), as nothing else reads a shape.
 A message is taken when a receive is matched with it, which frees its FIFO slot; in the timed
 simulation the slot frees when the message has also arrived, which always happens later, so
 the deadlocked states agree.  Each blocked core is checked in the order the simulator's
@@ -48,7 +50,7 @@ import numpy as np
 from runtime.checks import describe
 from runtime.errors import DeadlockError, SimulationError
 from runtime.program import Compiled
-from runtime.replay_rules import RULES
+from runtime.replay_rules import RULES, skip_unread_shapes
 from runtime.report import wait_for
 from runtime.state import Core, Post, StopPost
 
@@ -102,6 +104,7 @@ class Replay:
                         f"untimed replay has no rule for `{describe(op.src)}` ({op.fn.__name__})"
                     )
                 steps.append((rule, op))
+        skip_unread_shapes(self.steps)  # Computes whose output shapes nothing reads
 
     # -- the simulator's deadlock interface ----------------------------------------------------
 

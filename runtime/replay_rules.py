@@ -17,7 +17,7 @@ from runtime.state import Core, Post, StopPost
 if TYPE_CHECKING:
     from runtime.replay import Replay
 
-__all__ = ["RULES"]
+__all__ = ["RULES", "shape_readers", "skip_unread_shapes"]
 
 
 def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
@@ -53,6 +53,89 @@ def _compute(rp: Replay, core: Core, op: Any) -> bool:
     _shapes(rp, core, op)
     core.pc += 1
     return True
+
+
+def _compute_unread(rp: Replay, core: Core, op: Any) -> bool:
+    """:func:`_compute` of a Compute whose output shapes nothing reads (:func:`shape_readers`):
+    it waits for its buffers as the simulator's handler does and leaves their shapes alone."""
+    i = 0
+    sc = core.scan
+    if sc is not None:
+        core.scan = None
+        if sc[0] is op:
+            i = sc[1]
+    bufs = op.ins + op.outs
+    n = len(bufs)
+    while i < n:
+        b = bufs[i]
+        p = b.wp
+        if p is not None:
+            if p.time is None:
+                if i:
+                    core.scan = (op, i)
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
+        i += 1
+    core.pc += 1
+    return True
+
+
+def shape_readers(code: list[Any]) -> set[int] | None:
+    """The ids of the Compute operations of ``code`` (every active core's operations) whose
+    output shapes the replay must follow: a buffer's shape matters only to a ``WriteValue``
+    into it (:func:`runtime.ops_control.write_element` writes into that shape), and it comes
+    from the Compute that wrote the buffer (its shape rule reads its inputs' shapes) or from
+    the ``Send`` whose message a receive took into it.  The closure of those dependencies
+    back from every ``WriteValue``; every other Compute's shapes are never read, so the
+    replay skips its shape rule.  ``None`` (follow every shape) when a layer call rebinds the
+    operations' buffers (:mod:`runtime.program_layers`)."""
+    writers: dict[int, list[Any]] = {}  # buffer -> the Computes writing it
+    recv_chans: dict[int, list[str]] = {}  # buffer -> the channels received into it
+    senders: dict[str, list[Any]] = {}  # channel -> the buffers sent on it
+    need: set[int] = set()
+    recvs = (ops_comm.h_recv, ops_comm.h_recvstop)
+    for op in code:
+        fn = op.fn
+        if fn is program_layers.h_call or fn is program_layers.h_ret:
+            return None
+        if fn is ops.h_compute or fn is ops.h_fastloop:
+            for c in op.body if fn is ops.h_fastloop else (op,):
+                for b in c.outs:
+                    writers.setdefault(id(b), []).append(c)
+        elif fn is ops_control.h_writevalue:
+            need.add(id(op.buf))
+        elif fn in recvs:
+            recv_chans.setdefault(id(op.buf), []).append(op.end.chan.name)
+        elif fn is ops_comm.h_send and op.buf is not None:
+            senders.setdefault(op.chan.name, []).append(op.buf)
+    live: set[int] = set()
+    todo = list(need)
+    while todo:
+        key = todo.pop()
+        found: list[Any] = []
+        for c in writers.pop(key, ()):
+            if id(c) not in live:
+                live.add(id(c))
+                found += c.ins
+        for ch in recv_chans.pop(key, ()):
+            found += senders.pop(ch, ())
+        for b in found:
+            if id(b) not in need:
+                need.add(id(b))
+                todo.append(id(b))
+    return live
+
+
+def skip_unread_shapes(steps: dict[int, list[tuple[Any, Any]]]) -> None:
+    """Give the Computes of ``steps`` (each core's ``(rule, operation)`` pairs) whose output
+    shapes nothing reads (:func:`shape_readers`) the rule that skips their shape rule."""
+    live = shape_readers([op for pairs in steps.values() for _, op in pairs])
+    if live is None:
+        return
+    for pairs in steps.values():
+        for i, (rule, op) in enumerate(pairs):
+            if rule is _compute and id(op) not in live:
+                pairs[i] = (_compute_unread, op)
 
 
 def _shapes(rp: Replay, core: Core, op: Any) -> None:
@@ -172,11 +255,16 @@ def _loadvalue(rp: Replay, core: Core, op: Any) -> bool:
 
 def _send(rp: Replay, core: Core, op: Any) -> bool:
     b = op.buf
-    if b is not None and not _free(rp, core, (b,)):
-        return False
+    if b is not None:
+        p = b.wp  # _free of the one buffer, inline
+        if p is not None:
+            if p.time is None:
+                return rp.block(core, ("buf", b, p), p)
+            b.wp = None
     chan = op.chan
     depth = chan.depth
-    for end in chan.ends:
+    ends = chan.ends
+    for end in ends:
         if len(end.unmatched) >= depth:
             end.waiter = core
             core.blocked = ("credit", end)
@@ -188,9 +276,9 @@ def _send(rp: Replay, core: Core, op: Any) -> bool:
         payload = (None, False, v, None)
     else:
         payload = (b.data, True, None, b.shape)
-    for end in chan.ends:
-        if end.posts:
-            q = end.posts
+    for end in ends:
+        q = end.posts
+        if q:
             p = q[0]
             del q[0]
             rp.match(p, payload)
@@ -250,13 +338,42 @@ def _post(rp: Replay, end: Any, post: Post) -> None:
         end.posts.append(post)
 
 
+def _take(rp: Replay, end: Any) -> tuple:
+    """The first message waiting in FIFO ``end``, taken (a receive matched at once: its slot
+    frees, so a sender stopped on the FIFO retries, as :meth:`runtime.replay.Replay.match`)."""
+    q = end.unmatched
+    payload = q[0]
+    del q[0]
+    w = end.waiter
+    if w is not None:
+        end.waiter = None
+        rp.wake(w)
+    return payload  # type: ignore[no-any-return]
+
+
+# A receive whose message is already waiting takes it at once, without a Post: the buffer (or
+# register) gets its contents as :meth:`runtime.replay.Replay.match` would give them, and the
+# buffer has no pending write (a matched Post's is complete, so the next check drops it).
+
+
 def _recv(rp: Replay, core: Core, op: Any) -> bool:
     b = op.buf
-    if not _free(rp, core, (b,)):
-        return False
-    post = Post(core, b, op.end, 0)
-    b.wp = post
-    _post(rp, op.end, post)
+    p = b.wp
+    if p is not None:
+        if p.time is None:
+            return rp.block(core, ("buf", b, p), p)
+        b.wp = None
+    end = op.end
+    if end.unmatched:
+        data, tensor, _, shape = _take(rp, end)
+        if not tensor:
+            raise rp.error(core, "a receive into a buffer took a control value")
+        b.data = data
+        b.shape = shape
+    else:
+        post = Post(core, b, end, 0)
+        b.wp = post
+        end.posts.append(post)
     core.pc += 1
     return True
 
@@ -270,19 +387,41 @@ def _arrived(rp: Replay, core: Core, op: Any, p: Post) -> bool:
     return True
 
 
+def _value_now(rp: Replay, core: Core, op: Any) -> Any:
+    """The control value a value receive takes at once (``None``: no message waits; then a
+    Post waits for it, :attr:`Core.cur`)."""
+    end = op.end
+    if core.cur is None and end.unmatched:
+        value = _take(rp, end)[2]
+        if value is None:
+            raise rp.error(core, "a value receive took a tensor")
+        return value
+    return None
+
+
 def _recvvalue(rp: Replay, core: Core, op: Any) -> bool:
+    value = _value_now(rp, core, op)
+    if value is not None:
+        core.regs[op.reg] = value
+        core.pc += 1
+        return True
     p = core.cur
     if p is None:
         p = core.cur = Post(core, None, op.end, 0)
-        _post(rp, op.end, p)
+        op.end.posts.append(p)
     return _arrived(rp, core, op, p)
 
 
 def _recvvaluestop(rp: Replay, core: Core, op: Any) -> bool:
+    value = _value_now(rp, core, op)
+    if value is not None:
+        ops_comm.take_value(core.regs, op.reg, value)
+        core.pc += 1
+        return True
     p = core.cur
     if p is None:
         p = core.cur = Post(core, None, op.end, 0)
-        _post(rp, op.end, p)
+        op.end.posts.append(p)
     if p.time is None:
         return rp.block(core, ("value", p), p)
     core.cur = None

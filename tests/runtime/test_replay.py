@@ -221,3 +221,52 @@ def test_replay_follows_a_recorded_wait_any_order() -> None:
     assert replay.chosen == {"k": []}
     assert replay.waits() == {2: (3, None), 3: (2, None)}
     replay.close()
+
+
+def test_replay_follows_only_the_shapes_a_write_reads() -> None:
+    """runtime.replay_rules.shape_readers: a kernel writing a buffer that reaches a WriteValue
+    (here on another core, through a Send and a Recv) keeps its shape rule in the replay; the
+    kernels whose outputs nothing writes into skip it, and the replay reads the same value."""
+    sender = Program(
+        0,
+        (
+            Alloc("c", (3,), "int64"),
+            Alloc("m", (4,)),
+            Compute("copy", ("c",), ("c",)),
+            Compute("copy", ("m",), ("m",)),
+            Send("cnt", "c"),
+            Send("d", "m"),
+        ),
+    )
+    receiver = Program(
+        1,
+        (
+            Alloc("r", (3,), "int64"),
+            Alloc("x", (4,)),
+            Recv("cnt", "r"),
+            WriteValue("r", 2, 7),
+            ReadValue("k", "r", 2),
+            Recv("d", "x"),
+            Compute("copy", ("x",), ("x",)),
+        ),
+    )
+    ps = ProgramSet((sender, receiver), (Channel("cnt", 0, (1,)), Channel("d", 0, (1,))))
+    sim = Simulator(ps, mesh_chip(1, 2))
+    replay = sim.replay()
+    rules = {
+        core: [
+            (rule.__name__, tuple(b.name for b in op.outs))
+            for rule, op in steps
+            if op.src.__class__ is Compute
+        ]
+        for core, steps in replay.steps.items()
+    }
+    assert rules == {
+        0: [("_compute", ("c",)), ("_compute_unread", ("m",))],
+        1: [("_compute_unread", ("x",))],
+    }
+    replay.run()
+    assert replay.comp.cores[1].regs["k"] == 7
+    replay.close()
+    sim.run()
+    assert sim.comp.cores[1].regs["k"] == 7

@@ -193,7 +193,7 @@ from .region_tail import row_units
 from .region_values import ragged_bounds
 from .static_pad import counted_rows
 from .stop_loop import forwards_stop
-from .streams import StreamInfo, build_streams
+from .streams import StreamInfo, build_streams, stream_bytes
 from .structure import DEFAULT_WIRES, analyse
 from .tile_loop import control_stream
 from .timing import TimingModel, UnitConfig, simulation_chip
@@ -451,8 +451,10 @@ def _build_plan(
             ctx.deps.bounds[rows] = value
         return value
 
-    def has_dsts(ch: str) -> bool:
-        return ch in dsts
+    has_dsts = dsts.__contains__  # whether channel ``ch`` has a destination
+    owned: dict[int, set[str]] = {}  # unit -> the channels it sends on
+    for ch, u in unit_of_chan.items():
+        owned.setdefault(u, set()).add(ch)
 
     def info_of(k: int, info: UnitInfo, entry: Any = None) -> UnitInfo:
         """Unit ``k``'s bookkeeping in the run from its program's (in its view; ``entry``:
@@ -493,7 +495,7 @@ def _build_plan(
             ops[0].name,
             timing,
             deps.tracking(has_dsts),
-            lambda ch, k=k: unit_of_chan.get(ch) == k,
+            owned.get(k, set()).__contains__,
             waits[k],
             notify.get(k),
             unit_stops,
@@ -591,9 +593,7 @@ def _build_plan(
         ch: 1 for ch in token_dsts
     }
     message_bytes = {
-        ch: sum(p.nbytes if p.kind == "data" else 4 for pcs in streams[ch].pieces for *_, p in pcs)
-        + 4 * (tokens.get(ch, 0) + absent.get(ch, 0))
-        for ch in dsts
+        ch: stream_bytes(streams[ch]) + 4 * (tokens.get(ch, 0) + absent.get(ch, 0)) for ch in dsts
     } | {ch: 4 for ch in token_dsts}
     fences = tuple((fence_group(st.units[src][0].name), (core[src],)) for src in sorted(notify))
     tensors = tuple(TensorDecl(lay.name, lay.decl_shape, lay.dtype) for lay in ctx.layouts.values())

@@ -50,6 +50,7 @@ __all__ = [
     "element_parts",
     "build_streams",
     "flat_elements",
+    "stream_bytes",
     "iter_nodes",
     "leaves",
     "unit_pieces",
@@ -152,6 +153,21 @@ class StreamInfo:
         return sum(len(ps) for ps in self.pieces)
 
 
+def stream_bytes(info: StreamInfo) -> int:
+    """The bytes of a stream's messages (a control value: 4), each distinct part's counted
+    once (a stream's elements share a few :class:`Part` objects)."""
+    size: dict[int, int] = {}
+    total = 0
+    for pcs in info.pieces:
+        for piece in pcs:
+            p = piece[2]
+            n = size.get(id(p))
+            if n is None:
+                n = size[id(p)] = p.nbytes if p.kind == "data" else 4
+            total += n
+    return total
+
+
 def flat_elements(s: StreamValue) -> list[Any]:
     """The elements of a stream value in stream order (list comprehensions level by level:
     several times faster than a recursive generator on large streams)."""
@@ -217,6 +233,8 @@ WIRE_RULES: dict[type, Callable[..., list]] = {
 def unit_pieces(name: str, t: DataType, flat: list[Any]) -> list[tuple[Piece, ...]]:
     """The pieces of the elements ``flat`` (declared type ``t``) of a stream a unit sends on
     channel ``name``: each part one message, numbered in order."""
+    if isinstance(t, TileType):
+        return _tile_pieces(name, t.dtype, flat)
     seq = 0
     out = []
     is_buf = isinstance(t, BufferType)
@@ -230,6 +248,24 @@ def unit_pieces(name: str, t: DataType, flat: list[Any]) -> list[tuple[Piece, ..
         else:
             out.append(tuple([(name, seq + i, p) for i, p in enumerate(ps)]))
             seq += len(ps)
+    return out
+
+
+def _tile_pieces(name: str, dtype: str, flat: list[Any]) -> list[tuple[Piece, ...]]:
+    """:func:`unit_pieces` of a stream of tiles: one message per element, its part that of
+    :func:`element_parts` (a data part found once per tile size)."""
+    value = dtype in _VALUE_DTYPES
+    by_size: dict[int, Part] = {}
+    out: list[tuple[Piece, ...]] = []
+    for seq, x in enumerate(flat):
+        if value and x.shape == (1, 1):
+            p = _part("value", dtype, 1, int(x[0, 0]))
+        else:
+            n = x.size
+            p = by_size.get(n)  # type: ignore[assignment]
+            if p is None:
+                p = by_size[n] = _part("data", dtype, int(n))
+        out.append(((name, seq, p),))
     return out
 
 
