@@ -53,7 +53,8 @@ class Template:
     channels (``cnames``), received channels and
     the FIFO end of this core (``enames``, ``eidx``), tensors (``tnames``; ``tload``: read by a
     Load); per operation field the operations and table positions to bind (``binds``:
-    ``(setter, operations, positions)``); its own table (``home``).  A table lists the
+    ``(setter, operations, positions)``; a field naming a buffer local to the section is
+    bound once, when compiled, see :attr:`kept`); its own table (``home``).  A table lists the
     buffers, the buffer tuples, the channels, the FIFO ends and the tensors, in that order."""
 
     __slots__ = (
@@ -274,16 +275,27 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
                 g = groups[(cls, of)] = ([], [])
             g[0].append(op)
             g[1].append(ref)
-    nb, nbt, nc, ne = len(bnames), len(bt), len(tm.cnames), len(tm.enames)
-    base = {"b": 0, "bt": nb, "cs": nb + nbt, "ce": nb + nbt + nc, "t": nb + nbt + nc + ne}
-    tm.binds = [
-        (getattr(cls, of).__set__, g[0], [base[k] + j for k, j in g[1]])
-        for (cls, of), g in groups.items()
-    ]
-    tm.home = hb + hbt + tm.cobjs + ce + tm.tobjs
     own = _local(body, s, n)
     tm.kept = tuple([k for k, x in enumerate(bnames) if x not in own])
     tm.kept_bt = tuple([any(bnames[k] not in own for k in ix) for ix in bt])
+    # a field naming a section-local buffer (or a tuple of them) holds the same object in
+    # every table: it keeps the template's binding and is never bound again
+    fixed = {("b", k) for k, x in enumerate(bnames) if x in own}
+    fixed |= {("bt", k) for k, m in enumerate(tm.kept_bt) if not m}
+    nb, nbt, nc, ne = len(bnames), len(bt), len(tm.cnames), len(tm.enames)
+    base = {"b": 0, "bt": nb, "cs": nb + nbt, "ce": nb + nbt + nc, "t": nb + nbt + nc + ne}
+    tm.binds = []
+    for (cls, of), (targets, refs) in groups.items():
+        keep = [k for k, ref in enumerate(refs) if ref not in fixed]
+        if keep:
+            tm.binds.append(
+                (
+                    getattr(cls, of).__set__,
+                    [targets[k] for k in keep],
+                    [base[refs[k][0]] + refs[k][1] for k in keep],
+                )
+            )
+    tm.home = hb + hbt + tm.cobjs + ce + tm.tobjs
     kept = tuple([bnames[k] for k in tm.kept])
     sig = (kept, tuple(tm.tnames), tuple(tm.tload))
     tm.sig = comp.shared.setdefault(_SIGS, {}).setdefault(sig, sig)
