@@ -313,33 +313,36 @@ def _local(body: Sequence[Instr], s: int, n: int) -> set[str]:
     acts as a fresh one's for every later instruction, which compares those cycles with the
     core's clock only.  The buffers a copy makes then are those it shares with other sections
     (preloaded weights and KV pieces, ELK §4.5), not one per tile and layer."""
-    state: dict[str, bool] = {}  # name -> allocated now
+    live: dict[str, bool] = {}  # name -> allocated now
+    get = live.get
     bad: set[str] = set()
     for ins in body[s : s + n]:
         cls = ins.__class__
         if cls is Alloc:
             x = ins.buf  # type: ignore[attr-defined]
-            if state.get(x, False):
+            if get(x, False):
                 bad.add(x)
-            state[x] = True
+            live[x] = True
         elif cls is Free:
             x = ins.buf  # type: ignore[attr-defined]
-            if not state.get(x, False):
+            if not get(x, False):
                 bad.add(x)
-            state[x] = False
+            live[x] = False
+        elif cls is Compute:
+            for x in ins.outs + ins.ins:  # type: ignore[attr-defined]
+                if not get(x, False):
+                    bad.add(x)
         else:
-            fields = _FIELDS.get(cls, ())
-            for _, inf, kind in fields:
-                if kind == "b":
-                    names: Any = (getattr(ins, inf),)
-                elif kind == "bt":
-                    names = getattr(ins, inf)
-                else:
-                    continue
-                for x in names:
-                    if not state.get(x, False):
-                        bad.add(x)
-    return {x for x, live in state.items() if not live and x not in bad}
+            attr = _BUF_OF.get(cls)
+            if attr is not None:
+                x = getattr(ins, attr)
+                if not get(x, False):
+                    bad.add(x)
+    return {x for x, on in live.items() if not on and x not in bad}
+
+
+#: the buffer field of the other instructions a copy holds (SendValue, RecvValue: none)
+_BUF_OF = {Load: "dst", Recv: "dst", Store: "src", Send: "src"}
 
 
 def _table(
