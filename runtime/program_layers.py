@@ -53,12 +53,13 @@ class Template:
     channels (``cnames``), received channels and
     the FIFO end of this core (``enames``, ``eidx``), tensors (``tnames``; ``tload``: read by a
     Load); per operation field the operations and table positions to bind (``binds``:
-    ``(setter, operations, positions)``); its own table (``home``).  A table lists the
+    ``(setter, operations, positions)``; a field naming a buffer local to the section is
+    bound once, when compiled, see :attr:`kept`); its own table (``home``).  A table lists the
     buffers, the buffer tuples, the channels, the FIFO ends and the tensors, in that order."""
 
     __slots__ = (
         "start", "stop", "bnames", "bt", "cnames", "cobjs", "enames", "eidx", "eobjs",
-        "tnames", "tload", "tobjs", "binds", "home", "sig",
+        "tnames", "tload", "tobjs", "binds", "home", "sig", "kept", "kept_bt",
     )  # fmt: skip
 
     def __init__(self, start: int, stop: int) -> None:
@@ -80,6 +81,13 @@ class Template:
         #: object for every template of the program set that binds the same ones
         #: (:func:`_table` renames them once per copy for all those templates)
         self.sig: tuple = ()
+        #: positions in ``bnames`` of the buffers that outlive the template range (a copy
+        #: makes its own); the others are the section's own (:func:`_local`) and every copy
+        #: of the template on this core binds the template's buffer object instead
+        self.kept: tuple[int, ...] = ()
+        #: per buffer tuple of ``bt``: whether it holds a kept buffer (else the template's
+        #: tuple is bound as it is)
+        self.kept_bt: tuple[bool, ...] = ()
 
 
 def bind(t: Template, table: Sequence[Any]) -> None:
@@ -267,16 +275,74 @@ def _template(comp: Any, body: Sequence[Instr], s: int, n: int, pc0: int) -> Tem
                 g = groups[(cls, of)] = ([], [])
             g[0].append(op)
             g[1].append(ref)
+    own = _local(body, s, n)
+    tm.kept = tuple([k for k, x in enumerate(bnames) if x not in own])
+    tm.kept_bt = tuple([any(bnames[k] not in own for k in ix) for ix in bt])
+    # a field naming a section-local buffer (or a tuple of them) holds the same object in
+    # every table: it keeps the template's binding and is never bound again
+    fixed = {("b", k) for k, x in enumerate(bnames) if x in own}
+    fixed |= {("bt", k) for k, m in enumerate(tm.kept_bt) if not m}
     nb, nbt, nc, ne = len(bnames), len(bt), len(tm.cnames), len(tm.enames)
     base = {"b": 0, "bt": nb, "cs": nb + nbt, "ce": nb + nbt + nc, "t": nb + nbt + nc + ne}
-    tm.binds = [
-        (getattr(cls, of).__set__, g[0], [base[k] + j for k, j in g[1]])
-        for (cls, of), g in groups.items()
-    ]
+    tm.binds = []
+    for (cls, of), (targets, refs) in groups.items():
+        keep = [k for k, ref in enumerate(refs) if ref not in fixed]
+        if keep:
+            tm.binds.append(
+                (
+                    getattr(cls, of).__set__,
+                    [targets[k] for k in keep],
+                    [base[refs[k][0]] + refs[k][1] for k in keep],
+                )
+            )
     tm.home = hb + hbt + tm.cobjs + ce + tm.tobjs
-    sig = (tuple(bnames), tuple(tm.tnames), tuple(tm.tload))
+    kept = tuple([bnames[k] for k in tm.kept])
+    sig = (kept, tuple(tm.tnames), tuple(tm.tload))
     tm.sig = comp.shared.setdefault(_SIGS, {}).setdefault(sig, sig)
     return tm
+
+
+def _local(body: Sequence[Instr], s: int, n: int) -> set[str]:
+    """The buffers of ``body[s:s+n]`` that live only there: first mentioned by an Alloc,
+    every later mention while allocated, freed by the range's last mention of them.
+
+    A copy of the range runs after the range (and after every earlier copy) on the same core,
+    each allocating and freeing such a buffer between its own instructions, so the copies can
+    run on the template's buffer object: a freed buffer's state (``Buf.w`` and ``Buf.r`` no
+    later than the core's clock, no pending access: :func:`runtime.ops.h_free` waits for them)
+    acts as a fresh one's for every later instruction, which compares those cycles with the
+    core's clock only.  The buffers a copy makes then are those it shares with other sections
+    (preloaded weights and KV pieces, ELK §4.5), not one per tile and layer."""
+    live: dict[str, bool] = {}  # name -> allocated now
+    get = live.get
+    bad: set[str] = set()
+    for ins in body[s : s + n]:
+        cls = ins.__class__
+        if cls is Alloc:
+            x = ins.buf  # type: ignore[attr-defined]
+            if get(x, False):
+                bad.add(x)
+            live[x] = True
+        elif cls is Free:
+            x = ins.buf  # type: ignore[attr-defined]
+            if not get(x, False):
+                bad.add(x)
+            live[x] = False
+        elif cls is Compute:
+            for x in ins.outs + ins.ins:  # type: ignore[attr-defined]
+                if not get(x, False):
+                    bad.add(x)
+        else:
+            attr = _BUF_OF.get(cls)
+            if attr is not None:
+                x = getattr(ins, attr)
+                if not get(x, False):
+                    bad.add(x)
+    return {x for x, on in live.items() if not on and x not in bad}
+
+
+#: the buffer field of the other instructions a copy holds (SendValue, RecvValue: none)
+_BUF_OF = {Load: "dst", Recv: "dst", Store: "src", Send: "src"}
 
 
 def _table(
@@ -300,15 +366,24 @@ def _table(
         got = memo[key] = _shared(comp, tm, names, tensors)
     bufs = comp.bufs
     get = bufs.get
-    b = []
-    add = b.append
+    kb = []
+    add = kb.append
     for x in got[0]:
         y = get(x)
         if y is None:
             y = bufs[x] = Buf(x)
         add(y)
+    nb = len(tm.bnames)
+    if len(kb) == nb:  # no buffer of the section is its own
+        b = kb
+    else:
+        b = tm.home[:nb]
+        for k, y in zip(tm.kept, kb):
+            b[k] = y
     at = b.__getitem__
-    b += [tuple(map(at, ix)) for ix in tm.bt]
+    if tm.bt:
+        hbt = tm.home[nb : nb + len(tm.bt)]
+        b += [tuple(map(at, ix)) if fresh else t for ix, fresh, t in zip(tm.bt, tm.kept_bt, hbt)]
     chans = comp.chans
     cn = list(map(names.__getitem__, tm.cnames))
     cs = list(map(chans.__getitem__, cn))
@@ -329,7 +404,7 @@ def _shared(
     """What a copy of ``tm`` binds that is not one core's (:func:`_table`): its buffer names
     and its tensors, checked against the template's and counted as loaded or stored (the
     program set's loads and stores are the union over its cores)."""
-    bn = tuple(map(names.__getitem__, tm.bnames))
+    bn = tuple([names[tm.bnames[k]] for k in tm.kept])
     tn = list(map(tensors.__getitem__, tm.tnames))
     ts = list(map(comp.layout.tensors.__getitem__, tn))
     seen = comp.shared.setdefault(("copied",), set())

@@ -21,10 +21,10 @@ from lowering.elk_flow import Flow  # noqa: E402
 from lowering.elk_layers import Renamer  # noqa: E402
 from lowering.elk_programs import elk_programs  # noqa: E402
 from lowering.errors import ProgramError  # noqa: E402
-from lowering.isa import Load, ProgramSet, Recv  # noqa: E402
+from lowering.isa import Alloc, Compute, Free, Load, ProgramSet, Recv, Send  # noqa: E402
 from models.decoder import tiny_config_dict  # noqa: E402
 from runtime import Simulator, simulate  # noqa: E402
-from runtime.program_layers import OpCall  # noqa: E402
+from runtime.program_layers import OpCall, _local  # noqa: E402
 
 
 def _both(prog, layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ProgramSet, ProgramSet]:
@@ -78,6 +78,10 @@ def test_copied_layers_compile_once_and_replay(tmp_path, monkeypatch) -> None:
     calls = sum(op.__class__ is OpCall for c in ca.cores for op in c.code)
     assert calls > 0
     assert sum(len(c.code) for c in ca.cores) < sum(len(c.code) for c in cb.cores) - calls
+    # a copy's tile buffers (allocated and freed in its section) are its template's objects
+    for c in ca.cores:
+        assert len(c.bufs) <= len(cb.cores[c.id].bufs)
+    assert sum(len(c.bufs) for c in ca.cores) < sum(len(c.bufs) for c in cb.cores)
     sa.replay().close()  # runs every copy, then hands the programs back bound to layer 1
     a, b = sa.run(), sb.run()
     assert a.cycles == b.cycles > 0 and a.stats.to_dict() == b.stats.to_dict()
@@ -96,6 +100,24 @@ def test_copied_layers_with_weights_are_the_full_emission(monkeypatch, tiny_llam
     b = simulate(full, prog.chip, mode="functional", inputs=inputs)
     assert a.cycles == b.cycles and sorted(a.tensors) == sorted(b.tensors)
     assert all((a.tensors[t] == b.tensors[t]).all() for t in a.tensors)
+
+
+def test_section_local_buffers_are_those_allocated_and_freed_inside() -> None:
+    body = (
+        Alloc("o4_w0", (2, 2)),  # freed later: outlives the range
+        Alloc("o3_a0", (2, 2)),
+        Recv("c0", "o3_a0"),
+        Compute("matmul", ("o3_p",), ("o3_a0", "o4_w0")),  # o3_p: not allocated here
+        Free("o3_a0"),
+        Alloc("o3_a0", (2, 2)),  # allocated again, freed again: still local
+        Free("o3_a0"),
+        Alloc("o3_s", (2, 2)),
+        Free("o3_s"),
+        Send("c1", "o3_s"),  # a use after the Free: not local
+    )
+    assert _local(body, 0, len(body)) == {"o3_a0"}
+    assert _local(body, 1, 6) == {"o3_a0"}
+    assert _local(body, 2, 3) == set()  # the Alloc is outside the range
 
 
 def test_renamer_shifts_operator_names_and_refuses_others() -> None:
