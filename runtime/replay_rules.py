@@ -31,33 +31,9 @@ def _free(rp: Replay, core: Core, bufs: tuple) -> bool:
     return True
 
 
-def _compute(rp: Replay, core: Core, op: Any) -> bool:
-    i = 0
-    sc = core.scan
-    if sc is not None:  # a retry after a wait goes on where it stopped (scoreboard._ready_long)
-        core.scan = None
-        if sc[0] is op:
-            i = sc[1]
-    bufs = op.ins + op.outs
-    n = len(bufs)
-    while i < n:
-        b = bufs[i]
-        p = b.wp
-        if p is not None:
-            if p.time is None:
-                if i:
-                    core.scan = (op, i)
-                return rp.block(core, ("buf", b, p), p)
-            b.wp = None
-        i += 1
-    _shapes(rp, core, op)
-    core.pc += 1
-    return True
-
-
-def _compute_unread(rp: Replay, core: Core, op: Any) -> bool:
-    """:func:`_compute` of a Compute whose output shapes nothing reads (:func:`shape_readers`):
-    it waits for its buffers as the simulator's handler does and leaves their shapes alone."""
+def _ready(rp: Replay, core: Core, op: Any) -> bool:
+    """Compute ``op``'s buffers are all written, or ``core`` blocks on the first that is not
+    (a retry goes on where it stopped, as the simulator's handler: scoreboard._ready_long)."""
     i = 0
     sc = core.scan
     if sc is not None:
@@ -76,6 +52,24 @@ def _compute_unread(rp: Replay, core: Core, op: Any) -> bool:
                 return rp.block(core, ("buf", b, p), p)
             b.wp = None
         i += 1
+    return True
+
+
+def _compute(rp: Replay, core: Core, op: Any) -> bool:
+    """A Compute whose output shapes the replay follows: it waits for its buffers, then
+    applies the kernel's shape rule (:func:`_shapes`)."""
+    if not _ready(rp, core, op):
+        return False
+    _shapes(rp, core, op)
+    core.pc += 1
+    return True
+
+
+def _compute_unread(rp: Replay, core: Core, op: Any) -> bool:
+    """:func:`_compute` of a Compute whose output shapes nothing reads (:func:`shape_readers`):
+    it waits for its buffers as the simulator's handler does and leaves their shapes alone."""
+    if not _ready(rp, core, op):
+        return False
     core.pc += 1
     return True
 
