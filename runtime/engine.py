@@ -31,8 +31,9 @@ separately and never as events: instructions fast-forwarded (``fast_forwarded``)
 per-channel HBM grants a class grant stands for (``closed_form_grants``).
 
 Progress: ``run(progress=fn)`` (or every run inside ``with progress(fn):``) calls
-``fn(cycle, events)`` while the queue advances — at most once per ``PROGRESS_EVENTS`` events and
-once per ``PROGRESS_SECONDS`` of wall time — and once at the end.  It only reads the clock, so the
+``fn(cycle, events)`` while the queue advances — checked every ``PROGRESS_EVENTS`` queue pops,
+called at most once per ``PROGRESS_SECONDS`` of wall time — and once at the end; ``events`` are
+counted as above (what :attr:`runtime.stats.EventCounts.events` of the result will count).  It only reads the clock, so the
 cycles and trace are those of a run without it; when off the loop pays one ``None`` test per
 distinct cycle.
 """
@@ -59,7 +60,7 @@ from runtime.layout import HbmLayout, numpy_dtype
 from runtime.network import Fabric
 from runtime.program import Compiled, compile_programs
 from runtime.replay import Replay, ReplayUnsupported
-from runtime.report import build_result, deadlock_message, wait_for
+from runtime.report import build_result, deadlock_message, event_counts, wait_for
 from runtime.state import Core, Pending
 from runtime.stats import SimResult
 from runtime.transfer import Transfers
@@ -69,7 +70,7 @@ __all__ = ["Simulator", "simulate", "progress", "DEFAULT_DMA_QUEUE_DEPTH"]
 #: ``fn(cycle, events)``: the simulated cycle reached and the events executed so far.
 ProgressFn = Callable[[int, int], None]
 
-#: Progress is checked every this many events and reported at most once per this many seconds.
+#: Progress is checked every this many queue pops and reported at most once per this many seconds.
 PROGRESS_EVENTS = 20_000
 PROGRESS_SECONDS = 1.0
 
@@ -401,12 +402,13 @@ class Simulator(Transfers):
                     now = time.perf_counter()
                     if now - last >= PROGRESS_SECONDS:
                         last = now
-                        report(t, pops)
+                        self.n_pops = pops
+                        report(t, event_counts(self).events)
         finally:
             self.n_pops = pops
             self.inline_hbm = False
         if report is not None:
-            report(self.now, pops)
+            report(self.now, event_counts(self).events)
         if self.ndone < len(self.comp.active):
             raise DeadlockError(deadlock_message(self))
         for ch in self.comp.chans.values() if self.unreceived else ():

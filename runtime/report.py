@@ -105,6 +105,17 @@ def _num(x: float) -> int | float:
     return int(r) if r == int(r) else r
 
 
+def event_counts(sim: Any) -> EventCounts:
+    """What the simulator has processed so far (:mod:`runtime.engine`: what an event is)."""
+    cores = sim.comp.cores
+    stepped = sum(c.stepped for c in cores)
+    ff = sum(c.ff for c in cores)
+    # per-channel HBM grants counted per resource (``rs``) but computed once per channel class
+    closed = 0 if sim.attached else sum(sim.rs[r][3] for r in sim.chan_res) - sim.n_cls
+    grants = sum(r[3] for r in sim.rs)
+    return EventCounts(stepped + ff, stepped, ff, grants - closed, sim.n_deliv, sim.n_pops, closed)
+
+
 def build_result(sim: Any, wall: float) -> SimResult:
     """Freeze the simulator's counters into a :class:`SimResult`."""
     comp = sim.comp
@@ -126,11 +137,6 @@ def build_result(sim: Any, wall: float) -> SimResult:
         )
         if r.kind != "hbm":
             link_bytes += nbytes
-    stepped = sum(c.stepped for c in comp.cores)
-    # per-channel HBM grants counted per resource (``rs``) but computed once per channel class
-    closed = 0 if sim.attached else sum(sim.rs[r][3] for r in sim.chan_res) - sim.n_cls
-    ff = sum(c.ff for c in comp.cores)
-    grants = sum(r[3] for r in sim.rs)
     stats = SimStats(
         cycles,
         tuple(cores),
@@ -143,7 +149,7 @@ def build_result(sim: Any, wall: float) -> SimResult:
             ("noc_messages", sim.msg_bytes),
             ("noc_link_traffic", link_bytes),
         ),
-        EventCounts(stepped + ff, stepped, ff, grants - closed, sim.n_deliv, sim.n_pops, closed),
+        event_counts(sim),
     )
     trace_events: tuple = ()
     if sim.tracing:
