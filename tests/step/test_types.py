@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -27,6 +29,7 @@ from torch2step.step import (
     sum_over,
     types_equal,
 )
+from torch2step.step.dims import free_indices
 from torch2step.step.types import absorb_ragged
 from torch2step.step.values import StepRuntimeError
 
@@ -70,6 +73,16 @@ def test_ragged_dim_binds_to_outer_axis_and_sums() -> None:
     assert evaluate(st.card(), B=3, L=[2, 0, 5]) == 28
     with pytest.raises(StepTypeError, match="no outer axis has extent N"):
         stream_type(TileType((1, 1)), (1, B, RaggedDim("L", N)))
+
+
+def test_ragged_sizes_and_types_pickle() -> None:
+    # an Index keeps its class and assumptions through pickling (a stream type or a formula
+    # sent to or from another process)
+    st = stream_type(TileType((16, 64)), (1, B, RaggedDim("L", B), 4))
+    back = pickle.loads(pickle.dumps(st))
+    assert back == st and back.card() == st.card()
+    (j,) = free_indices(back.shape[2])
+    assert type(j) is Index and j.is_integer and j.is_nonnegative
 
 
 def test_stream_type_check_rejects_unbound_index() -> None:

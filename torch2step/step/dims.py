@@ -54,6 +54,11 @@ class Index(sp.Symbol):
     def __new__(cls, name: str) -> Index:  # noqa: D102 - sympy constructor
         return super().__new__(cls, name, integer=True, nonnegative=True)
 
+    def __getnewargs_ex__(self) -> tuple[tuple[str], dict[str, bool]]:
+        # pickled by name only: the constructor sets the assumptions (sympy's own rule
+        # passes them back as keywords, which this constructor does not take)
+        return (self.name,), {}
+
 
 def dyn(name: str, *, positive: bool = False) -> sp.Symbol:
     """A dynamic-regular dimension: a non-negative (or positive) integer symbol."""
