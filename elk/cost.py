@@ -494,16 +494,19 @@ def _quicker_loads(
 
 def plans_for(c: ChipCosts, op: Operator) -> tuple[Plan, ...]:
     """The Pareto-optimal execute-state plans of ``op`` (space ascending)."""
-    return _plans(
-        c,
-        op.kind,
-        op.dims,
-        op.dtype,
-        op.flops_per_elem,
-        op.param_bytes,
-        op.row_reduce,
-        op.node is not None,
-    )
+    try:
+        return _plans(
+            c,
+            op.kind,
+            op.dims,
+            op.dtype,
+            op.flops_per_elem,
+            op.param_bytes,
+            op.row_reduce,
+            op.node is not None,
+        )
+    except ElkError as err:  # the plans are kept by shape: name the operator here
+        raise ElkError(f"operator {op.name!r}: {err}") from None
 
 
 def item_for(c: ChipCosts, op: Operator) -> Item:

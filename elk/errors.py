@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from hwmodel.errors import Torch2StepError
+
 __all__ = ["ElkError"]
 
 
-class ElkError(ValueError):
+class ElkError(Torch2StepError, ValueError):
     """No operator schedule satisfies the chip's constraints, or an operator list is malformed;
     the message names the operator and what to change."""

@@ -21,7 +21,10 @@ __all__ = [
     "DecoderShape",
     "DECODERS",
     "decode_step_ops",
+    "expert_groups",
+    "expected_active",
     "layer_ops",
+    "routed_expert_ops",
     "input_on_chip",
 ]
 
@@ -30,6 +33,14 @@ _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: Routed experts per operator in a decode step (a layer's active experts become a few
 #: grouped operators, so each fits the chip and can be preloaded on its own).
 EXPERTS_PER_OP = 32
+
+#: Bytes of the gate and up weights of one grouped expert operator at most: the operator must
+#: fit the chip with room left to preload the next (a quarter of an IPU-class chip's ~900 MB of
+#: SRAM; for scale, one of Llama-3-8B's dense MLP projections, 4096 x 14336 in bf16, is 117 MB).
+#: Qwen3-30B-A3B's experts (2 x 2048 x 768 in bf16, 6.3 MB) stay grouped by
+#: :data:`EXPERTS_PER_OP`; one Mixtral-8x7B expert's gate and up (2 x 4096 x 14336, 235 MB) is
+#: an operator of its own.
+EXPERT_OP_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +157,52 @@ DECODERS: dict[str, DecoderShape] = {
 }
 
 
+def expert_groups(active: int, hidden: int, intermediate: int, dtype: str = "bf16") -> list[int]:
+    """How many of the ``active`` routed experts each grouped operator takes, as evenly as
+    possible: at most :data:`EXPERTS_PER_OP` experts, and no more than keep an operator's gate
+    and up weights (``2 x hidden x intermediate`` elements of ``dtype`` per expert) within
+    :data:`EXPERT_OP_BYTES` (at least one expert per operator)."""
+    if dtype not in _BYTES:
+        raise ElkError(f"dtype {dtype!r}: choose from {', '.join(_BYTES)}")
+    per_expert = 2 * hidden * intermediate * _BYTES[dtype]
+    per = max(1, min(EXPERTS_PER_OP, EXPERT_OP_BYTES // max(1, per_expert)))
+    groups = math.ceil(active / per)
+    return [active // groups + (1 if g < active % groups else 0) for g in range(groups)]
+
+
+def expected_active(experts: int, top_k: int, tokens: int) -> int:
+    """Experts a batch of ``tokens`` selects in expectation under uniform routing,
+    ``E (1 - (1 - k/E)^tokens)`` (at least one)."""
+    return max(1, round(experts * (1 - (1 - top_k / experts) ** tokens)))
+
+
+def routed_expert_ops(
+    tokens: int,
+    hidden: int,
+    intermediate: int,
+    top_k: int,
+    active: int,
+    dtype: str = "bf16",
+    routed: dict | None = None,
+    prefix: str = "",
+) -> list[tuple[str, str, tuple[int, ...], dict]]:
+    """The ``active`` routed experts of a MoE layer as ``(name, kind, dims, fields)`` of
+    grouped operators (:func:`expert_groups`; grouped GEMMs: every expert's weights meet the
+    rows routed to it, the mean ``tokens x top_k / active`` rows per expert): per group its
+    gate and up projections, the SwiGLU and the down projection.  ``routed``: fields of the two
+    matmuls (dynamic MoE: ``routed_by``)."""
+    rows = max(1, math.ceil(tokens * top_k / active))
+    mm = dict(routed or {})
+    out: list[tuple[str, str, tuple[int, ...], dict]] = []
+    for g, ng in enumerate(expert_groups(active, hidden, intermediate, dtype)):
+        out += [
+            (f"{prefix}experts{g}_gate_up", "matmul", (rows, hidden, 2 * intermediate * ng), mm),
+            (f"{prefix}experts{g}_act", "vector", (rows * ng, intermediate), {"flops_per_elem": 5}),
+            (f"{prefix}experts{g}_down", "matmul", (rows, intermediate * ng, hidden), mm),
+        ]
+    return out
+
+
 def layer_ops(
     shape: DecoderShape, batch: int, kv_len: int, layer: int = 0, dynamic: bool = False
 ) -> list[Operator]:
@@ -175,23 +232,13 @@ def layer_ops(
         # each expert's rows are the tokens routed to it.
         e, k = shape.experts, shape.top_k
         routed = {"routed_by": f"L{layer}.topk"} if dynamic else {}
-        active = max(1, round(e * (1 - (1 - k / e) ** batch)))
-        rows = max(1, math.ceil(batch * k / active))
-        i = shape.intermediate
         ops += [
             ("router", "matmul", (batch, h, e), {}),
             ("topk", "vector", (batch, e), {"flops_per_elem": 8, "row_reduce": True}),
         ]
-        # The active experts as operators of at most EXPERTS_PER_OP experts each (grouped
-        # GEMMs: every expert's weights meet the rows routed to it), then the weighted sum.
-        groups = math.ceil(active / EXPERTS_PER_OP)
-        for g in range(groups):
-            ng = active // groups + (1 if g < active % groups else 0)
-            ops += [
-                (f"experts{g}_gate_up", "matmul", (rows, h, 2 * i * ng), routed),
-                (f"experts{g}_act", "vector", (rows * ng, i), {"flops_per_elem": 5}),
-                (f"experts{g}_down", "matmul", (rows, i * ng, h), routed),
-            ]
+        # the active experts as a few grouped operators, then the weighted sum
+        active = expected_active(e, k, batch)
+        ops += routed_expert_ops(batch, h, shape.intermediate, k, active, routed=routed)
         ops.append(("experts_sum", "vector", (batch, h), {"flops_per_elem": 2 * k}))
     else:
         i = shape.intermediate

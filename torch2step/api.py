@@ -123,10 +123,10 @@ def compile(  # noqa: A001  (the public name the users asked for)
 
         opts = {**options, "execution": execution, "design": design}
         return compile_stack(layer, tuple(example_inputs), chip=target, **opts)
-    from torch2step.kernel.layers import ICCA_CHIPS
+    from torch2step.kernel.layers import default_execution
 
     if execution is None:
-        execution = "kernel" if target.name in ICCA_CHIPS else "spatial"
+        execution = default_execution(target)
     if execution == "kernel":
         from torch2step.kernel.program import KernelProgram
 

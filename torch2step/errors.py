@@ -6,6 +6,7 @@ known) and what to do instead.  Catch :class:`Torch2StepError` to catch them all
 
 from __future__ import annotations
 
+from elk.errors import ElkError
 from hwmodel.errors import ChipConfigError, Torch2StepError
 from lowering.errors import ProgramError
 from runtime.errors import DeadlockError, SimulationError
@@ -13,6 +14,7 @@ from runtime.errors import DeadlockError, SimulationError
 __all__ = [
     "Torch2StepError",
     "ChipConfigError",
+    "ElkError",
     "ProgramError",
     "SimulationError",
     "DeadlockError",

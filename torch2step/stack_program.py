@@ -54,10 +54,10 @@ def compile_stack(
 
     op = stack_node(graph)
     from torch2step.api import _resolve_chip
-    from torch2step.kernel.layers import ICCA_CHIPS
+    from torch2step.kernel.layers import default_execution
 
     target = _resolve_chip(chip)
-    execution = options.get("execution") or ("kernel" if target.name in ICCA_CHIPS else "spatial")
+    execution = options.get("execution") or default_execution(target)
     if execution == "kernel":  # the whole step planned as one model (ELK §4.4)
         from torch2step.kernel.stack import KernelStackProgram
 

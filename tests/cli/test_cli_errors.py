@@ -42,6 +42,7 @@ def _one_line(err: str) -> str:
         torch2step.FrontendError,
         torch2step.LoweringError,
         torch2step.ScheduleError,
+        torch2step.errors.ElkError,
         InputError,
     ],
 )
@@ -102,6 +103,18 @@ def test_pipeline_errors_are_one_line_exit_1(capsys: pytest.CaptureFixture[str])
     first = err.splitlines()[0]
     assert first.startswith("torch2step: ScheduleError:") and "Traceback" not in err
     assert "to make it fit, try (each needs fewer cores): --option moe_lanes=" in err
+
+
+def test_icca_chip_with_overrides_runs_kernel_by_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    # an ipu-hbm with fields overridden is still an ICCA chip: the ELK planner's error, one
+    # line naming the operator
+    argv = ["report", "--layer", "llama-gqa", "--batch", "8", "-q"]
+    argv += ["--chip", "ipu-hbm", "--set", "core.sram_bytes=4096"]
+    code, err = _run(argv, capsys)
+    assert code == 1, err
+    line = _one_line(err)
+    assert line.startswith("torch2step: ElkError: operator 'qkv_proj':"), line
+    assert "4096 bytes of SRAM on ipu-hbm[core.sram_bytes=4096]" in line
 
 
 def test_report_layer_api_raises_input_error() -> None:

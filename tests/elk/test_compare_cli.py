@@ -51,10 +51,34 @@ def test_moe_operators_follow_the_routing_they_are_given() -> None:
     assert moe_active(cfg, tokens, skewed) == k
     assert moe_active(cfg, tokens) == round(cfg.num_experts * (1 - (1 - k / cfg.num_experts) ** tokens))
     ops = {o.name: o for o in registered_layer_ops("qwen3-moe", tokens, routing=skewed)}
-    rows, width = ops["experts_gate_up"].dims[0], ops["experts_gate_up"].dims[2]
+    rows, width = ops["experts0_gate_up"].dims[0], ops["experts0_gate_up"].dims[2]
     assert width == 2 * cfg.intermediate_size * k and rows == tokens  # k experts, every token
+    assert "experts1_gate_up" not in ops  # k experts are one grouped operator
     with pytest.raises(LoweringError, match="expected"):
         registered_layer_ops("qwen3-moe", tokens, routing=skewed[:3])
+
+
+def test_moe_experts_are_grouped_into_operators_that_fit_the_chip() -> None:
+    from elk.ops import EXPERT_OP_BYTES, EXPERTS_PER_OP, expert_groups
+    from hwmodel import load_chip
+    from models.registry import LAYERS
+    from torch2step.kernel.layers import registered_layer_ops
+
+    # Qwen3-30B-A3B: small experts, grouped by EXPERTS_PER_OP; Mixtral-8x7B: one expert's
+    # gate and up weights (235 MB) are an operator of their own
+    assert expert_groups(82, 2048, 768) == [28, 27, 27] and EXPERTS_PER_OP == 32
+    assert expert_groups(6, 4096, 14336) == [1] * 6
+    assert expert_groups(3, 4096, 14336, "fp32") == [1, 1, 1]
+    chip = load_chip("ipu-hbm")
+    capacity = chip.num_cores * chip.core.sram_bytes
+    for name in ("qwen3-moe", "mixtral-moe"):
+        cfg = LAYERS[name].config
+        ops = registered_layer_ops(name, 64)
+        ups = [o for o in ops if o.name.endswith("_gate_up")]
+        experts = sum(o.dims[2] for o in ups) // (2 * cfg.intermediate_size)
+        assert experts == round(cfg.num_experts * (1 - (1 - cfg.top_k / cfg.num_experts) ** 64))
+        for o in ups:  # each fits the chip with room for the next preload
+            assert o.hbm_bytes <= EXPERT_OP_BYTES < capacity / 2
 
 
 def test_compare_routes_the_kernel_side_as_the_spatial_side() -> None:
@@ -101,3 +125,15 @@ def test_a_registered_decoder_runs_kernel_by_kernel_as_its_config(
     assert kernel_layer_report("llama-decoder", 8, chip, 512) == "report of 8 tokens"
     assert seen["path"] == HF_CONFIGS / "llama-3-8b.json"
     assert (seen["batch"], seen["past"], seen["execution"], seen["chip"]) == (8, 512, "kernel", chip)
+
+
+def test_default_execution_follows_the_chip_family() -> None:
+    from hwmodel import load_chip, with_mesh_shape, with_overrides
+    from torch2step.kernel.layers import default_execution
+
+    ipu, mesh = load_chip("ipu-hbm"), load_chip("mesh")
+    assert default_execution(ipu) == default_execution(mesh) == "kernel"
+    assert default_execution(with_overrides(ipu, ["core.sram_bytes=4096"])) == "kernel"
+    assert default_execution(with_mesh_shape(mesh, 4, 8)) == "kernel"
+    for name in ("step-sda", "step-paper", "sn40l-like"):
+        assert default_execution(load_chip(name)) == "spatial"

@@ -92,3 +92,26 @@ def test_config_stack_reports_without_weights_and_refuses_to_run(tmp_path, capsy
     assert main([*argv, "ipu-hbm", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["layers"] == 2 and rep["design"] == "elk_full" and rep["cycles"] > 0
+
+
+def test_config_moe_times_the_experts_its_tokens_select(tmp_path) -> None:
+    # a MoE decoder from its config (no weights, no routing): the experts the tokens select in
+    # expectation under uniform routing, as grouped operators; the others are never loaded
+    from elk.ops import expected_active
+
+    cfg = tiny_config_dict("qwen3_moe", num_experts=16, num_experts_per_tok=2)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    prog = torch2step.compile_config(path, batch=2, past=8, chip="ipu-hbm")
+    names = [o.name for o in prog.schedule.ops]
+    assert not any(".e0." in n or n.endswith(".route") for n in names)  # no dense experts
+    ups = [o for o in prog.schedule.ops if o.name.endswith("_gate_up")]
+    active = expected_active(16, 2, 2)
+    assert active == 4 and sum(o.dims[2] for o in ups) == 2 * 32 * active
+    assert all(o.dims[0] == 1 for o in ups)  # 2 tokens x top-2 over 4 experts: a row each
+    assert any(n.endswith(".experts_sum") for n in names)
+    rep = prog.report(tokens=2)
+    assert rep.cycles > 0 and "4 of 16 experts active" in str(rep)
+    assert rep.to_dict()["notes"] == list(rep.notes)
+    stack = torch2step.compile_config(path, batch=2, past=8, layers=2, chip="ipu-hbm")
+    assert [n.startswith("each layer's") for n in stack.graph.notes] == [True]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elk.ops import Operator
+from elk.ops import Operator, expected_active, routed_expert_ops
 from lowering.elk_kernels import register_node
 from torch2step.errors import LoweringError
 from torch2step.layers import ops as L
@@ -58,6 +58,10 @@ class GraphOps:
     dtype: str = "fp32"  # the float dtype the layer is served in
     # output -> (cache input, appended row tensor, axis): a KV cache grown in place in HBM
     appends: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    # MoEExperts node -> (tokens, hidden, intermediate, experts, top_k): timed as routed
+    # expert groups when shapes only (_for_timing)
+    moe: dict[str, tuple[int, int, int, int, int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what a timing schedule assumes
 
     def stored(self) -> list[str]:
         """The tensors holding the outputs (an appended cache: its new row)."""
@@ -276,6 +280,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
         elif isinstance(op, L.MoEExperts):
             x, wts, ids, wg, wu, wd = n.inputs
             e = op.num_experts
+            out.moe[n.name] = (shape[x][0], shape[x][-1], shape[wg][1], e, op.top_k)
             table = f"{n.name}.cw"
             shape[table], dtype[table] = (shape[x][0], e), fdt
 
@@ -347,10 +352,22 @@ def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]])
     of :mod:`elk.ops` are: views are dropped, every other node becomes a row-partitioned
     ``vector`` operator over its first output (``rows x last dim``, ELK §5 slices every
     dimension) and operators are bound to timing tensors by
-    :func:`torch2step.kernel.build.bind_timing` (activations passed core to core)."""
+    :func:`torch2step.kernel.build.bind_timing` (activations passed core to core).  A MoE
+    node's experts are those its tokens select in expectation under uniform routing, as
+    grouped operators (:func:`elk.ops.routed_expert_ops`), then their weighted sum: an
+    expert no token selects is not loaded (the functional path, with values, loads every
+    expert and weighs the unselected by zero)."""
     kinds = {n.name: n.op for n in g.nodes}
-    ops = []
+    ops: list[Operator] = []
+    timed: set[str] = set()
     for op in out.ops:
+        # a MoE node's operators: "<node>.route", "<node>.e<expert>.gate", ...
+        moe = next((m for m in out.moe if op.name.startswith(f"{m}.")), None)
+        if moe is not None:
+            if moe not in timed:
+                timed.add(moe)
+                ops += _routed_experts(out, moe, op)
+            continue
         if op.kind != "vector":
             ops.append(dataclasses.replace(op, tensors=()))
             continue
@@ -372,6 +389,25 @@ def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]])
         )
     out.ops = [dataclasses.replace(op, slot=k) for k, op in enumerate(ops)]
     out.weights = {}
+
+
+def _routed_experts(out: GraphOps, moe: str, first: Operator) -> list[Operator]:
+    """MoE node ``moe``'s experts for a timing schedule (:func:`_for_timing`), in place of its
+    dense expert operators (``first``: the first of them)."""
+    tokens, hidden, inter, experts, k = out.moe[moe]
+    active = expected_active(experts, k, tokens)
+    spec = routed_expert_ops(tokens, hidden, inter, k, active, out.dtype, prefix=f"{moe}.")
+    spec.append((f"{moe}.experts_sum", "vector", (tokens, hidden), {"flops_per_elem": 2 * k}))
+    groups = (len(spec) - 1) // 3
+    out.notes.append(
+        f"{moe}: {active} of {experts} experts active, as {tokens} tokens select in expectation "
+        f"under uniform top-{k} routing ({groups} grouped operator{'s' if groups > 1 else ''}); "
+        "experts no token selects are not loaded"
+    )
+    return [
+        Operator(name, kind, dims, out.dtype, layer=first.layer, **kw)  # type: ignore[arg-type]
+        for name, kind, dims, kw in spec
+    ]
 
 
 def _host(x: torch.Tensor) -> np.ndarray:

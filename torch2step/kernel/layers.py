@@ -4,20 +4,28 @@ weights): the single attention and MoE layers of :mod:`models` and whole decode 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from elk.ops import Operator
+from elk.ops import Operator, expected_active, routed_expert_ops
+from hwmodel.chip import Chip
 from models.configs import AttentionConfig, MoEConfig
 from models.registry import LAYERS
 from torch2step.errors import LoweringError
 
-__all__ = ["ICCA_CHIPS", "moe_active", "registered_layer_ops"]
+__all__ = ["ICCA_CHIPS", "default_execution", "moe_active", "registered_layer_ops"]
 
 #: Chip presets that are inter-core-connected (kernel-by-kernel execution by default).
 ICCA_CHIPS = ("ipu-hbm", "mesh")
+
+
+def default_execution(chip: Chip) -> str:
+    """``"kernel"`` for an inter-core-connected chip (a preset of :data:`ICCA_CHIPS`, also
+    with fields overridden, ``ipu-hbm[core.sram_bytes=...]``, or its mesh reshaped,
+    ``mesh@16x16``), else ``"spatial"``."""
+    base = chip.name.split("[", 1)[0].split("@", 1)[0]
+    return "kernel" if base in ICCA_CHIPS else "spatial"
 
 
 def _attention(cfg: AttentionConfig, batch: int, kv_len: int, dtype: str) -> list[Operator]:
@@ -41,7 +49,7 @@ def moe_active(cfg: MoEConfig, tokens: int, routing: Any = None) -> int:
     routing, ``E (1 - (1 - k/E)^tokens)``."""
     e, k = cfg.num_experts, cfg.top_k
     if routing is None:
-        return max(1, round(e * (1 - (1 - k / e) ** tokens)))
+        return expected_active(e, k, tokens)
     ids = np.asarray(routing)
     if ids.ndim != 2 or ids.shape[0] != tokens or ids.shape[1] != k:
         raise LoweringError(
@@ -55,14 +63,13 @@ def moe_active(cfg: MoEConfig, tokens: int, routing: Any = None) -> int:
 def _moe(cfg: MoEConfig, tokens: int, dtype: str, routing: Any = None) -> list[Operator]:
     e, k, h, i = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     active = moe_active(cfg, tokens, routing)
-    rows = max(1, math.ceil(tokens * k / active))
     spec = [
         ("router", "matmul", (tokens, h, e), 0),
         ("topk", "vector", (tokens, e), 8),
-        ("experts_gate_up", "matmul", (rows, h, 2 * i * active), 0),
-        ("experts_act", "vector", (rows * active, i), 5),
-        ("experts_down", "matmul", (rows, i * active, h), 0),
     ]
+    # the active experts as grouped operators that each fit the chip, as in a decode step
+    for name, kind, dims, kw in routed_expert_ops(tokens, h, i, k, active, dtype):
+        spec.append((name, kind, dims, kw.get("flops_per_elem", 0)))
     return [
         Operator(name, kind, dims, dtype, slot=n, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
         for n, (name, kind, dims, fpe) in enumerate(spec)

@@ -8,6 +8,7 @@ ELK's terms.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -60,7 +61,9 @@ class KernelProgram:
         self.design = design
         self.example_inputs = tuple(example_inputs)
         self.graph: GraphOps = graph_ops(layer, self.example_inputs)
-        self.schedule: ElkSchedule = plan_model(self.graph.ops, chip, design, dtype=self.graph.dtype)
+        self.schedule: ElkSchedule = plan_model(
+            self.graph.ops, chip, design, dtype=self.graph.dtype
+        )
 
     @cached_property
     def programs(self) -> ProgramSet:
@@ -108,9 +111,10 @@ class KernelProgram:
 
     def report(self, tokens: int = 1) -> KernelReport:
         """Timing simulation of the schedule, reported in ELK's terms."""
-        return simulate_schedule(
+        rep = simulate_schedule(
             self.schedule, self.chip, programs=self.programs, inputs={}, tokens=tokens
         )
+        return dataclasses.replace(rep, notes=tuple(self.graph.notes))
 
     def __str__(self) -> str:
         return str(self.schedule)

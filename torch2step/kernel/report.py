@@ -29,6 +29,7 @@ class KernelReport:
     tokens: int = 1
     noc_mean: float = 0.0
     result: SimResult | None = field(default=None, compare=False, repr=False)
+    notes: tuple[str, ...] = ()  # what the operators assume (e.g. a MoE's active experts)
 
     @property
     def predicted(self) -> float:
@@ -67,6 +68,7 @@ class KernelReport:
             "plan_s": round(s.plan_seconds, 3),
             "sim_s": round(self.sim_seconds, 3),
             "breakdown": {k: round(v / max(s.cycles, 1e-9), 4) for k, v in s.breakdown().items()},
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
 
     def __str__(self) -> str:
@@ -95,6 +97,7 @@ class KernelReport:
                     else ""
                 ),
                 f"plan {s.plan_seconds:.2f} s  simulation {self.sim_seconds:.2f} s",
+                *(f"note: {n}" for n in self.notes),
             ]
         )
 

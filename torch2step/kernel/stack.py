@@ -79,6 +79,7 @@ def stack_graph_ops(body: GraphOps, layer: LayerGraph, op: Repeat) -> GraphOps:
         (f"L{li}.{v}", shp) for v, shp in body.outputs[op.carried :] for li in range(op.count)
     ]
     out.shapes_only = body.shapes_only
+    out.notes = [f"each layer's {n}" for n in body.notes]
     return out
 
 
@@ -209,6 +210,7 @@ class KernelStackProgram:
             ps = self.programs(sim_layers)
             build = time.perf_counter() - t0
             rep = simulate_schedule(self.schedule, self.chip, programs=ps, inputs={}, tokens=tokens)
+        rep = dataclasses.replace(rep, notes=tuple(self.graph.notes))
         return KernelStackReport(
             rep,
             self.count,
@@ -279,6 +281,7 @@ class KernelStackReport:
             "build_s": round(self.build_seconds, 3),
             "sim_s": round(r.sim_seconds, 3),
             "breakdown": {k: round(v / tot, 4) for k, v in s.breakdown().items()},
+            **({"notes": list(r.notes)} if r.notes else {}),
         }
 
     def __str__(self) -> str:
@@ -310,5 +313,6 @@ class KernelStackReport:
                 f" of Ideal (plan {ideal / tot:.1%})",
                 f"plan {s.plan_seconds:.2f} s  programs {self.build_seconds:.2f} s  "
                 f"simulation {r.sim_seconds:.2f} s",
+                *(f"note: {n}" for n in r.notes),
             ]
         )
