@@ -6,7 +6,9 @@
 * ``MoEExperts`` -> dense expert operators: a routing node turns the top-k weights and indices
   into a ``tokens x experts`` weight table, then per expert two matmuls (gate, up), the SwiGLU
   node, the down matmul and a weighted accumulation node.  Every expert is loaded, also one no
-  token picked (its weight column is zero, so the result is unchanged).
+  token picked (its weight column is zero, so the result is unchanged).  A shapes-only graph
+  (a config, timed) has no routing to weigh: its experts are those the tokens select in
+  expectation, grouped (:func:`_for_timing`).
 * ``Concat(cache, new)`` of a KV cache input read only by decode attention -> an append
   writing the new row into the cache in HBM (ELK §4.5: the cache is not copied); the output
   is the cache input with that row appended.
