@@ -99,7 +99,12 @@ def _compiled(key: dict[str, Any], spec: Any, chip: Chip, opts: dict[str, Any]) 
     if prog is None:
         log.info("compiling for %s", chip.name)
         prog = torch2step.compile(
-            spec.module, spec.example_inputs, chip=chip, dynamic_shapes=spec.dynamic_shapes, **opts
+            spec.module,
+            spec.example_inputs,
+            chip=chip,
+            dynamic_shapes=spec.dynamic_shapes,
+            execution="spatial",
+            **opts,
         )
     else:
         log.info("reusing the program compiled for %s", chip.name)
@@ -285,7 +290,9 @@ def report_layer(
     dtype: str = "bf16",
     kv_len: int | None = None,
 ) -> LayerRun:
-    """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring);
+    """Build, compile and simulate the registered ``layer`` at ``batch`` (module docstring)
+    in the spatial (STeP) execution, on any chip (the kernel-by-kernel report of a registered
+    layer is :func:`torch2step.cli_compare.kernel_layer_report`);
     ``reuse``: take the program compiled for an earlier batch of the same layer, chip and
     options when its inputs' static sizes match.  ``dtype``: the element type the layer is
     built, timed and its bytes counted in (``bf16`` as served and as the STeP paper's
@@ -377,6 +384,7 @@ def report_layer(
             spec.example_inputs,
             chip=target,
             dynamic_shapes=spec.dynamic_shapes,
+            execution="spatial",
             **opts,
         )
     log.info("simulating")
@@ -408,6 +416,7 @@ def report_config(
 ) -> LayerRun:
     """Compile and simulate layer 0 of a HuggingFace ``config.json`` (or ``layers`` identical
     layers) as a decode step at full size with no weights (:func:`torch2step.compile_config`),
+    in the spatial (STeP) execution,
     in ``dtype`` (default: the dtype the config says the model is served in)."""
     import torch2step
 
@@ -417,7 +426,7 @@ def report_config(
     target = resolve_chip(chip, sets)
     log.info("compiling %s (batch %d, no weights) for %s", config, batch, target.name)
     prog = torch2step.compile_config(
-        config, batch=batch, chip=target, layers=layers, dtype=dtype, **opts
+        config, batch=batch, chip=target, layers=layers, dtype=dtype, execution="spatial", **opts
     )
     log.info("simulating")
     with simulation_progress():

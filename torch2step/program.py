@@ -43,6 +43,8 @@ __all__ = ["Program"]
 class Program:
     """A layer compiled for a chip (build it with :func:`torch2step.compile`)."""
 
+    execution = "spatial"  # a STeP program placed on the chip (KernelProgram: "kernel")
+
     def __init__(
         self, layer: LayerGraph, lowered: Lowered, chip: Chip, example_inputs: Sequence[Any]
     ) -> None:

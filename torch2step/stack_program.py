@@ -78,6 +78,8 @@ def _layer_inputs(op: Repeat, inputs: tuple[torch.Tensor, ...], i: int) -> tuple
 class StackProgram:
     """``count`` layers compiled as one body (:func:`compile_stack`)."""
 
+    execution = "spatial"  # (KernelStackProgram: "kernel")
+
     def __init__(
         self, layer: LayerGraph, op: Repeat, body: Any, example_inputs: tuple[torch.Tensor, ...]
     ) -> None:

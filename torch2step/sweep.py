@@ -16,7 +16,9 @@ A spec (YAML or a dict)::
 shows a progress bar with an ETA, and caches each finished point in ``out/points/<hash>.json``
 where the hash covers the point's inputs, the resolved chip description and the package
 version, so a rerun skips finished points.  A point that fails is recorded with its error and
-the sweep goes on.  Results: ``results.csv`` (one row per point, ordered as the spec),
+the sweep goes on.  A point on an inter-core-connected chip runs kernel by kernel at full size
+(:func:`_kernel_row`; the ``execution`` column).  Results: ``results.csv`` (one row per point,
+ordered as the spec),
 ``results.parquet`` when pyarrow is installed, ``latency_vs_batch.png`` and ``pareto.png``.
 """
 
@@ -48,6 +50,7 @@ ROW_COLUMNS = (
     "batch",
     "chip",
     "chip_name",
+    "execution",
     "options",
     "trace",
     "tiny",
@@ -152,7 +155,8 @@ def _label(point: Mapping[str, Any]) -> str:
 def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     """Simulate one point; a failure becomes a row with ``status`` "error" and the message."""
     from torch2step.errors import Torch2StepError
-    from torch2step.named import report_layer
+    from torch2step.kernel.layers import default_execution
+    from torch2step.named import report_layer, resolve_chip
 
     row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS, "")
     row.update(
@@ -166,6 +170,10 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     )
     is_moe = "moe" in point["layer"]
     try:
+        chip = resolve_chip(point["chip"], point["set"])
+        if default_execution(chip) == "kernel":
+            row.update(_kernel_row(point, chip))
+            return row
         run = report_layer(
             point["layer"],
             point["batch"],
@@ -183,6 +191,7 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     r = run.report
     row.update(
         chip_name=r.chip,
+        execution="spatial",
         status="ok",
         latency_cycles=r.latency_cycles,
         latency_s=r.latency_s,
@@ -196,6 +205,59 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
         notes="; ".join(r.notes),
     )
     return row
+
+
+def _kernel_row(point: Mapping[str, Any], chip: Any) -> dict[str, Any]:
+    """A point on an inter-core-connected chip, run as ``torch2step report --chip`` runs it:
+    the full-size layer kernel by kernel (ELK-Full plan, per-core programs, timing simulation;
+    :func:`torch2step.cli_compare.kernel_layer_report`), a MoE batch routed by the point's
+    trace as the spatial rows are, every attention request attending 2048 cached rows."""
+    from models import LAYERS
+    from torch2step.cli_compare import _moe_routing, kernel_layer_report
+
+    layer, batch = point["layer"], point["batch"]
+    if point["tiny"]:
+        raise InputError(
+            f"chip {chip.name}: kernel-by-kernel execution times the full-size {layer} from "
+            "its configuration; set tiny: false for inter-core-connected chips"
+        )
+    if point["options"]:
+        raise InputError(
+            f"options {point['options']}: tiling options of the spatial execution; chip "
+            f"{chip.name} runs kernel by kernel, give it options: [{{}}]"
+        )
+    entry = LAYERS[layer]
+    notes = ["kernel by kernel (ELK-Full)"]
+    routing = None
+    if entry.kind == "moe":
+        routing, more = _moe_routing(entry, layer, batch, point["trace"])
+        notes += more
+    elif point["trace"] != "auto":
+        raise InputError(
+            f"trace {point['trace']!r}: kernel-by-kernel execution times every request "
+            f"attending the same number of cached rows; use trace auto for chip {chip.name}"
+        )
+    else:
+        notes.append("KV: every request attends 2048 cached rows")
+    rep = kernel_layer_report(layer, batch, chip, routing=routing)
+    stats = rep.result.stats if rep.result is not None else None
+    moved = dict(stats.bytes_moved) if stats is not None else {}
+    cores = stats.cores if stats is not None else ()
+    return {
+        "chip_name": chip.name,
+        "execution": "kernel",
+        "status": "ok",
+        "latency_cycles": rep.cycles,
+        "latency_s": chip.cycles_to_seconds(rep.cycles),
+        "hbm_bytes": moved.get("hbm_read", 0) + moved.get("hbm_write", 0),
+        "flops": sum(op.flops for op in rep.schedule.ops),
+        # what the run held: every core's peak, as a spatial row counts its units'
+        "peak_onchip_bytes": sum(c.sram_peak_bytes for c in cores),
+        "hbm_bandwidth_fraction": round(rep.hbm_util, 9),
+        "cores_used": sum(1 for c in cores if c.busy),
+        "cores_available": chip.num_cores,
+        "notes": "; ".join([*notes, *rep.notes]),
+    }
 
 
 def _progress(total: int, initial: int) -> Any:

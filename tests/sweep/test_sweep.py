@@ -127,3 +127,25 @@ def test_reused_program_equals_a_fresh_compile(layer: str, batches: tuple[int, i
         **fresh.report.to_dict(),
         "simulation_s": reused.report.simulation_s,
     }
+
+
+def test_icca_chip_points_run_kernel_by_kernel(tmp_path: Path) -> None:
+    # a point on an inter-core-connected chip runs as `torch2step report --chip` does: the
+    # full-size layer kernel by kernel; a tiny one is an error row, not a crashed sweep
+    from torch2step.cli_compare import kernel_layer_report
+    from torch2step.named import report_layer
+    from torch2step.sweep import run_point
+
+    base = {"layer": "llama-gqa", "batch": 2, "set": [], "options": {}, "trace": "auto"}
+    row = run_point({**base, "chip": "ipu-hbm", "tiny": False})
+    assert row["status"] == "ok" and row["execution"] == "kernel", row
+    want = kernel_layer_report("llama-gqa", 2, load_chip("ipu-hbm"))
+    assert row["latency_cycles"] == want.cycles and row["cores_available"] == 1472
+    assert "every request attends 2048 cached rows" in row["notes"]
+    tiny = run_point({**base, "chip": "ipu-hbm", "tiny": True})
+    assert tiny["status"] == "error" and "set tiny: false" in tiny["error"]
+    spatial = run_point({**base, "chip": "step-sda", "tiny": True})
+    assert spatial["status"] == "ok" and spatial["execution"] == "spatial"
+    # report_layer is the spatial report, on any chip (`report --execution spatial`)
+    run = report_layer("llama-gqa", 2, "ipu-hbm", tiny=True)
+    assert run.report.latency_cycles > 0 and run.program.execution == "spatial"
