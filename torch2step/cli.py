@@ -269,6 +269,13 @@ def _run_import_onnx(args: argparse.Namespace) -> int:
     if args.print:
         prog.print()
     log.info("simulating")
+    if prog.execution == "kernel":  # an ICCA chip: kernel by kernel (the ELK plan's report)
+        import json
+
+        with simulation_progress():
+            krep = prog.report(tokens=args.tokens)
+        print(json.dumps(krep.to_dict()) if args.json else f"{prog.schedule}\n{krep}")
+        return 0
     with simulation_progress():
         rep = prog.report(*inputs)
     print(rep.to_json() if args.json else rep)

@@ -57,6 +57,10 @@ def test_import_onnx_prints_a_report(tmp_path, capsys) -> None:  # type: ignore[
     capsys.readouterr()
     assert main(["import-onnx", str(path), "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["latency_cycles"] > 0
+    # on an inter-core-connected chip: kernel by kernel, the ELK report
+    assert main(["import-onnx", str(path), "--chip", "ipu-hbm", "--json", "--quiet"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["cycles"] > 0 and rep["chip"] == "ipu-hbm" and rep["design"] == "elk_full"
 
 
 def test_missing_onnx_file_is_a_clear_error(capsys) -> None:  # type: ignore[no-untyped-def]
