@@ -21,6 +21,7 @@ __all__ = [
     "kernel_report",
     "compare",
     "kernel_layer_report",
+    "refuse_spatial_flags",
 ]
 
 
@@ -76,9 +77,39 @@ def _decoder_report(
     return prog.report(tokens=batch)
 
 
+#: ``report`` flags of the spatial execution only: (attribute, flag, its default).
+_SPATIAL_ONLY = (
+    ("options", "--option", []),
+    ("kv_trace", "--kv-trace", "auto"),
+    ("tiny", "--tiny", False),
+    ("impl", "--impl", None),
+    ("out", "--out", None),
+    ("trace_window", "--trace-window", None),
+    ("trace_units", "--trace-units", None),
+)
+
+
+def refuse_spatial_flags(args: argparse.Namespace, chip: Chip) -> None:
+    """A kernel-by-kernel ``report`` given flags only the spatial execution honours: an
+    :class:`~torch2step.errors.InputError` naming them (they would be silently ignored)."""
+    from torch2step.errors import InputError
+
+    given = [
+        flag for attr, flag, default in _SPATIAL_ONLY if getattr(args, attr, default) != default
+    ]
+    if given:
+        raise InputError(
+            f"{', '.join(given)}: options of the spatial execution; on {chip.name} the report "
+            "runs kernel by kernel (full size, every request attending --kv-len rows): drop "
+            "them, or add --execution spatial"
+        )
+
+
 def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     """``report --execution kernel``: the ELK schedule and its simulated breakdown."""
     from models import LAYERS
+
+    refuse_spatial_flags(args, chip)
 
     kv = getattr(args, "kv_len", None) or 2048
     design = getattr(args, "design", "elk_full")
@@ -106,6 +137,7 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     import torch2step
     from torch2step.errors import InputError
 
+    refuse_spatial_flags(args, chip)
     if args.batch < 1:
         raise InputError(f"--batch {args.batch}: must be a positive integer")
     kv = args.kv_len or 2048
@@ -145,7 +177,9 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
         return None, [f"experts: {n} of {cfg.num_experts}, expected under uniform routing"]
     n = moe_active(cfg, batch, routing)
     how = note.removeprefix("routing: ")
-    return routing, [f"experts: {n} of {cfg.num_experts} active, as the spatial side routes ({how})"]
+    return routing, [
+        f"experts: {n} of {cfg.num_experts} active, as the spatial side routes ({how})"
+    ]
 
 
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

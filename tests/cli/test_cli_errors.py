@@ -86,6 +86,10 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (gqa + ["--kv-trace", str(neg)], "KV length -3; lengths must be >= 0"),
         (gqa + ["--kv-trace", "b64/med"], "holds 64 requests"),
         (["chips", "--show", "ipu-hmb"], "did you mean 'ipu-hbm'"),
+        (  # a flag the kernel-by-kernel report would ignore
+            ["report", "--layer", "llama-gqa", "--batch", "4", "--chip", "ipu-hbm", "--tiny"],
+            "--tiny: options of the spatial execution",
+        ),
     ]
     for argv, needle in cases:
         code, err = _run(argv, capsys)
