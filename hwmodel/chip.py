@@ -36,7 +36,11 @@ class CoreSpec:
         for name, value in self.flops_per_cycle:
             if name == dtype:
                 return value
-        raise KeyError(dtype)
+        have = ", ".join(name for name, _ in self.flops_per_cycle)
+        raise ChipConfigError(
+            f"the core has no {dtype} compute rate (flops_per_cycle gives {have}); add one, "
+            f"e.g. --set core.flops_per_cycle.{dtype}=N"
+        )
 
 
 @dataclass(frozen=True, slots=True)

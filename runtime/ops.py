@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from hwmodel.errors import ChipConfigError
 from lowering.isa import Affine
 from lowering.kernels import Kernel, kernel_cycles
 from runtime.errors import SimulationError
@@ -112,6 +113,8 @@ def _cost(sim: Any, core: Core, op: OpCompute, shapes: tuple) -> tuple[int, tupl
     try:
         outs = op.kernel.out_shapes(shapes, op.params)
         cycles = kernel_cycles(sim.core_spec, op.kernel, shapes, op.params, op.dtype)
+    except ChipConfigError as exc:  # no compute rate for the kernel's dtype
+        raise sim.error(core, f"kernel {op.kernel.name!r} computes in {op.dtype}: {exc}") from None
     except (KeyError, ValueError, IndexError) as exc:
         raise sim.error(
             core, f"kernel {op.kernel.name!r} rejects input shapes {list(shapes)}: {exc}"

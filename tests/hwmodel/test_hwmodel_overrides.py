@@ -56,3 +56,10 @@ def test_chips_show_with_set_round_trips(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["chips", "--show", "step-sda", "--set", "hbm.channels=16"]) == 0
     chip = from_yaml(capsys.readouterr().out)
     assert chip == with_overrides(load_chip("step-sda"), ["hbm.channels=16"])
+
+
+def test_missing_dtype_rate_is_a_chip_error_naming_the_field() -> None:
+    from hwmodel import ChipConfigError
+
+    with pytest.raises(ChipConfigError, match=r"no fp32 compute rate .* core\.flops_per_cycle\.fp32"):
+        load_chip("step-sda").core.flops("fp32")
