@@ -93,7 +93,10 @@ NoC = MeshNoC | AllToAllNoC
 
 @dataclass(frozen=True, slots=True)
 class Chip:
-    """A whole chip: ``num_cores`` identical cores, an HBM, a NoC, a clock."""
+    """A whole chip: ``num_cores`` identical cores, an HBM, a NoC, a clock.  ``execution``: how
+    a layer runs on it by default — ``"spatial"`` (a dataflow accelerator: the STeP program's
+    operators placed on the cores) or ``"kernel"`` (an inter-core-connected chip: operator by
+    operator, ELK schedules)."""
 
     name: str
     clock_ghz: float
@@ -103,6 +106,7 @@ class Chip:
     noc: NoC
     description: str = ""
     sources: tuple[str, ...] = field(default=())
+    execution: Literal["spatial", "kernel"] = "spatial"
 
     def cycles_to_seconds(self, cycles: float) -> float:
         """Wall-clock time of ``cycles`` at this chip's clock."""

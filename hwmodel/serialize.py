@@ -65,6 +65,7 @@ def to_dict(chip: Chip) -> dict[str, Any]:
         "core": core,
         "hbm": hbm,
         "noc": noc,
+        "execution": chip.execution,
         "sources": list(chip.sources),
     }
 

@@ -185,6 +185,11 @@ def chip_problems(chip: Chip) -> list[str]:
     _core_problems(chip.core, problems)
     _hbm_problems(chip.hbm, chip.num_cores, problems)
     _noc_problems(chip.noc, chip.num_cores, problems)
+    if chip.execution not in ("spatial", "kernel"):
+        problems.append(
+            f"execution = {chip.execution!r}: must be 'spatial' (a dataflow accelerator) or "
+            "'kernel' (an inter-core-connected chip, run operator by operator)"
+        )
     if not isinstance(chip.description, str):
         problems.append(f"description: must be a string, got {type(chip.description).__name__}")
     if not isinstance(chip.sources, tuple) or not all(isinstance(s, str) for s in chip.sources):

@@ -123,10 +123,8 @@ def compile(  # noqa: A001  (the public name the users asked for)
 
         opts = {**options, "execution": execution, "design": design}
         return compile_stack(layer, tuple(example_inputs), chip=target, **opts)
-    from torch2step.kernel.layers import default_execution
-
     if execution is None:
-        execution = default_execution(target)
+        execution = target.execution  # what the chip's description says
     if execution == "kernel":
         from torch2step.kernel.program import KernelProgram
 

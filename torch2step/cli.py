@@ -198,11 +198,10 @@ def _report(args: argparse.Namespace) -> int:
 
         raise InputError("--layers N needs --hf-config (a model's config.json)")
     if args.execution != "spatial":
-        from torch2step.kernel.layers import default_execution
         from torch2step.named import resolve_chip
 
         chip = resolve_chip(args.chip, args.sets)
-        if args.execution == "kernel" or default_execution(chip) == "kernel":
+        if args.execution == "kernel" or chip.execution == "kernel":
             from torch2step.cli_compare import kernel_config_report, kernel_report
 
             return (kernel_report if args.layer is not None else kernel_config_report)(args, chip)

@@ -54,10 +54,9 @@ def compile_stack(
 
     op = stack_node(graph)
     from torch2step.api import _resolve_chip
-    from torch2step.kernel.layers import default_execution
 
     target = _resolve_chip(chip)
-    execution = options.get("execution") or default_execution(target)
+    execution = options.get("execution") or target.execution
     if execution == "kernel":  # the whole step planned as one model (ELK §4.4)
         from torch2step.kernel.stack import KernelStackProgram
 

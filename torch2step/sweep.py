@@ -155,7 +155,6 @@ def _label(point: Mapping[str, Any]) -> str:
 def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     """Simulate one point; a failure becomes a row with ``status`` "error" and the message."""
     from torch2step.errors import Torch2StepError
-    from torch2step.kernel.layers import default_execution
     from torch2step.named import report_layer, resolve_chip
 
     row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS, "")
@@ -171,7 +170,7 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     is_moe = "moe" in point["layer"]
     try:
         chip = resolve_chip(point["chip"], point["set"])
-        if default_execution(chip) == "kernel":
+        if chip.execution == "kernel":
             row.update(_kernel_row(point, chip))
             return row
         run = report_layer(

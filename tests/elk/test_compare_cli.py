@@ -127,13 +127,17 @@ def test_a_registered_decoder_runs_kernel_by_kernel_as_its_config(
     assert (seen["batch"], seen["past"], seen["execution"], seen["chip"]) == (8, 512, "kernel", chip)
 
 
-def test_default_execution_follows_the_chip_family() -> None:
-    from hwmodel import load_chip, with_mesh_shape, with_overrides
-    from torch2step.kernel.layers import default_execution
+def test_default_execution_follows_the_chip_description() -> None:
+    # compile and report run a layer as the chip's description says (Chip.execution)
+    from hwmodel import ChipConfigError, load_chip, with_mesh_shape, with_overrides
 
     ipu, mesh = load_chip("ipu-hbm"), load_chip("mesh")
-    assert default_execution(ipu) == default_execution(mesh) == "kernel"
-    assert default_execution(with_overrides(ipu, ["core.sram_bytes=4096"])) == "kernel"
-    assert default_execution(with_mesh_shape(mesh, 4, 8)) == "kernel"
+    assert ipu.execution == mesh.execution == "kernel"
+    assert with_overrides(ipu, ["core.sram_bytes=4096"]).execution == "kernel"
+    assert with_mesh_shape(mesh, 4, 8).execution == "kernel"
     for name in ("step-sda", "step-paper", "sn40l-like"):
-        assert default_execution(load_chip(name)) == "spatial"
+        assert load_chip(name).execution == "spatial"
+    # any chip can declare itself inter-core-connected
+    assert with_overrides(load_chip("step-sda"), ["execution=kernel"]).execution == "kernel"
+    with pytest.raises(ChipConfigError, match="execution = 'dataflow'"):
+        with_overrides(ipu, ["execution=dataflow"])

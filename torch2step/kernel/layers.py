@@ -9,23 +9,11 @@ from typing import Any
 import numpy as np
 
 from elk.ops import Operator, expected_active, routed_expert_ops
-from hwmodel.chip import Chip
 from models.configs import AttentionConfig, MoEConfig
 from models.registry import LAYERS
 from torch2step.errors import LoweringError
 
-__all__ = ["ICCA_CHIPS", "default_execution", "moe_active", "registered_layer_ops"]
-
-#: Chip presets that are inter-core-connected (kernel-by-kernel execution by default).
-ICCA_CHIPS = ("ipu-hbm", "mesh")
-
-
-def default_execution(chip: Chip) -> str:
-    """``"kernel"`` for an inter-core-connected chip (a preset of :data:`ICCA_CHIPS`, also
-    with fields overridden, ``ipu-hbm[core.sram_bytes=...]``, or its mesh reshaped,
-    ``mesh@16x16``), else ``"spatial"``."""
-    base = chip.name.split("[", 1)[0].split("@", 1)[0]
-    return "kernel" if base in ICCA_CHIPS else "spatial"
+__all__ = ["moe_active", "registered_layer_ops"]
 
 
 def _attention(cfg: AttentionConfig, batch: int, kv_len: int, dtype: str) -> list[Operator]:
