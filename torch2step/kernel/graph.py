@@ -400,7 +400,7 @@ def _routed_experts(out: GraphOps, moe: str, first: Operator) -> list[Operator]:
     active = expected_active(experts, k, tokens)
     spec = routed_expert_ops(tokens, hidden, inter, k, active, out.dtype, prefix=f"{moe}.")
     spec.append((f"{moe}.experts_sum", "vector", (tokens, hidden), {"flops_per_elem": 2 * k}))
-    groups = (len(spec) - 1) // 3
+    groups = sum(1 for name, *_ in spec if name.endswith("_gate_up"))
     out.notes.append(
         f"{moe}: {active} of {experts} experts active, as {tokens} tokens select in expectation "
         f"under uniform top-{k} routing ({groups} grouped operator{'s' if groups > 1 else ''}); "
