@@ -49,6 +49,24 @@ def test_the_first_failing_configuration_in_order_is_the_error_raised() -> None:
             run_groups(_runner(1, frozenset({5, 9})), GROUPS, jobs)
 
 
+def test_a_placement_error_comes_back_from_a_worker_with_the_cores_it_names(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from torch2step.spatial.placement import PlacementError
+
+    def run(group: tuple[int, ...], k: int) -> tuple[tuple, int]:
+        if group == (4,):
+            raise PlacementError("operator 4 needs 1,536 cores", {"n4_moe": 1536})
+        return (group, k), os.getpid()
+
+    with caplog.at_level("WARNING", logger="torch2step"):
+        with pytest.raises(PlacementError, match="1,536 cores") as info:
+            run_groups(run, GROUPS, 2)
+    assert info.value.cores == {"n4_moe": 1536}
+    # the worker's error arrived as itself: the pool did not break and rerun the layer here
+    assert "workers stopped" not in caplog.text
+
+
 def test_jobs_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JOBS_ENV, "3")
     assert jobs_for(8) == 3 and jobs_for(2) == 2

@@ -96,6 +96,11 @@ class PlacementError(ScheduleError):
         super().__init__(message)
         self.cores = dict(cores)
 
+    def __reduce__(self) -> tuple:
+        # rebuilt from both arguments: a layer split into configurations reports them in
+        # worker processes (torch2step.config_jobs), which send this error back pickled
+        return (type(self), (self.args[0], self.cores))
+
 
 # -- walks ---------------------------------------------------------------------------------------
 
