@@ -116,11 +116,13 @@ def split_layer(layer: LayerGraph, cores: int, options: Any) -> list[list[Node]]
     for n in layer.nodes:
         need = _units(layer, n, options)
         if need > cores:
-            raise ScheduleError(
+            err = ScheduleError(
                 f"{layer.name}: layer operator {n.name} ({type(n.op).__name__}) alone needs "
                 f"{need} units but the chip has {cores} cores; use a chip with more cores or "
                 "coarser tiles"
             )
+            err.operators = (type(n.op).__name__,)  # (torch2step.named.fit_suggestions)
+            raise err
         if groups[-1] and used + need > cores:
             groups.append([])
             used = 0

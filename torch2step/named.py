@@ -260,15 +260,33 @@ def _kv(arg: str, batch: int, tiny: bool) -> tuple[np.ndarray | None, str]:
     return lens, note
 
 
-def fit_suggestions(kind: str, options: Mapping[str, Any]) -> list[str]:
-    """Compile options that reduce the number of units a layer needs."""
+def fit_suggestions(
+    kind: str, options: Mapping[str, Any], layer: Any = None, error: Exception | None = None
+) -> list[str]:
+    """Compile options that reduce the number of units a layer needs: ``kind`` is the
+    registered layer's kind; ``layer`` (its layer graph) adds those of the operators it holds
+    (a decoder layer's experts and attention), unless ``error`` names the one operator kind
+    that does not fit (``operators``: :func:`torch2step.configurations.split_layer`)."""
+    from torch2step.layers import ops as L
+
+    has = set()
+    if kind in ("moe", "attention"):
+        has.add(kind)
+    if layer is not None:
+        if any(True for _ in layer.ops(L.MoEExperts)):
+            has.add("moe")
+        if any(True for _ in layer.ops(L.Attention)):
+            has.add("attention")
+    named = getattr(error, "operators", None)
+    if named is not None:
+        has &= {{"MoEExperts": "moe", "Attention": "attention"}.get(k, k) for k in named}
     out = []
-    if kind == "moe":
+    if "moe" in has:
         lanes = options.get("moe_lanes")
         for k in (8, 4, 2):
             if lanes is None or (lanes and k < lanes) or lanes == 0:
                 out.append(f"--option moe_lanes={k}")
-    if kind == "attention":
+    if "attention" in has:
         out.append(f"--option tile_kv={2 * int(options.get('tile_kv') or 64)}")
     out.append("a chip with more cores (--set num_cores=... with noc.rows/noc.cols)")
     return out
@@ -392,7 +410,7 @@ def report_layer(
         with simulation_progress():
             rep = prog.report(*timed, routing=routing, trace=trace, notes=notes)
     except ScheduleError as e:
-        fixes = fit_suggestions(entry.kind, opts)
+        fixes = fit_suggestions(entry.kind, opts, getattr(prog, "layer", None), e)
         raise ScheduleError(
             f"{e}\n  to make it fit, try (each needs fewer cores): {'; or '.join(fixes)}"
         ) from None

@@ -101,12 +101,31 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_pipeline_errors_are_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     # a chip far too small for the layer: a ScheduleError naming options that would help
     argv = ["report", "--layer", "qwen3-moe", "--tiny", "--batch", "8", "-q"]
-    argv += ["--set", "noc.rows=2", "--set", "noc.cols=2"]
+    argv += ["--set", "noc.rows=4", "--set", "noc.cols=4"]
     code, err = _run(argv, capsys)
     assert code == 1, err
     first = err.splitlines()[0]
     assert first.startswith("torch2step: ScheduleError:") and "Traceback" not in err
     assert "to make it fit, try (each needs fewer cores): --option moe_lanes=" in err
+    # on a 2x2 chip the router's matrix product alone does not fit: no expert option helps
+    argv[-3:] = ["noc.rows=2", "--set", "noc.cols=2"]
+    code, err = _run(argv, capsys)
+    assert code == 1 and "layer operator n1_linear (Linear) alone needs" in err, err
+    assert "moe_lanes" not in err and "a chip with more cores" in err
+
+
+def test_a_decoder_whose_experts_do_not_fit_is_offered_expert_lanes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a MoE decoder layer's experts alone need more cores than a 4x4 chip: the options that
+    # help are the experts' (moe_lanes), not the attention's
+    argv = ["report", "--layer", "qwen3-moe-decoder", "--tiny", "--batch", "8", "-q"]
+    argv += ["--set", "noc.rows=4", "--set", "noc.cols=4"]
+    code, err = _run(argv, capsys)
+    assert code == 1, err
+    assert "layer operator n28_moeexperts (MoEExperts) alone needs" in err
+    assert "to make it fit, try (each needs fewer cores): --option moe_lanes=8;" in err
+    assert "tile_kv" not in err
 
 
 def test_icca_chip_with_overrides_runs_kernel_by_kernel(capsys: pytest.CaptureFixture[str]) -> None:
