@@ -9,8 +9,9 @@ traffic, and sequentially place tensors in HBM").
 
 A region (an n-d box) of a row-major tensor is a set of contiguous byte *runs*; the bytes each
 channel serves are counted exactly with ``F(x, c)``, the number of bytes below address ``x`` that
-map to channel ``c``.  The split depends only on the region's extents and on its start address
-modulo the round, so it is cached under that key (tiled loads repeat a handful of keys).
+map to channel ``c``.  The split depends only on the tensor's shape and element size, the region's extents and its
+start address modulo the round, so it is cached under that key (tiled loads repeat a handful of
+keys, and equal layers' tensors share theirs).
 """
 
 from __future__ import annotations
@@ -110,7 +111,10 @@ class HbmLayout:
         """``(channel, bytes)`` pairs (bytes > 0, channel order) a region occupies."""
         eb = info.elem_bytes
         off = info.base + eb * sum(map(mul, starts, info.strides))
-        key = (info.name, extents, off % self.round)
+        # what the split depends on (:meth:`_compute_split`): the tensor's shape and element
+        # size, the extents and the start within the interleave round, not which tensor it is
+        # (the same region of equal layers' weights is one entry)
+        key = (info.shape, eb, extents, off % self.round)
         hit = self._split_cache.get(key)
         if hit is None:
             hit = self._compute_split(info, off, extents)
