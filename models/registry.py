@@ -48,7 +48,8 @@ class LayerEntry:
     impls: tuple[str, ...]
     default_impl: str
     description: str
-    routing_prefix: str | None = None  # folder prefix in models/traces/expert_routing
+    #: folder prefix in models/traces/expert_routing (MoE layers and MoE decoder layers)
+    routing_prefix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ LAYERS: dict[str, LayerEntry] = {
         ("hf",),
         "hf",
         "Mixtral-8x7B decoder layer (HF MixtralDecoderLayer): GQA 32/8 heads, 8 experts top-2",
+        "mixtral",
     ),
     "qwen3-moe-decoder": LayerEntry(
         "qwen3-moe-decoder",
@@ -144,6 +146,7 @@ LAYERS: dict[str, LayerEntry] = {
         ("hf",),
         "hf",
         "Qwen3-30B-A3B decoder layer (HF Qwen3MoeDecoderLayer): GQA 32/4, 128 experts top-8",
+        "qwen",
     ),
 }
 
@@ -340,4 +343,9 @@ def _get_decoder(
         "kv_trace": trace_name, "param_count": n_params,
         "param_bytes": n_params * torch.empty((), dtype=dtype).element_size(),
     }  # fmt: skip
+    if entry.routing_prefix is not None:  # a MoE decoder layer: one token per request
+        trace = f"{entry.routing_prefix}_b{b}"
+        meta.update(
+            tokens=b, routing_trace=trace if trace in traces.list_traces()["routing"] else None
+        )
     return LayerSpec(entry.name, module, inputs, dynamic, meta)

@@ -86,7 +86,7 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument(
         "--routing-trace",
         default="auto",
-        help="MoE: expert choices — a packaged trace name (e.g. qwen_b64), an .npz/.npy file, "
+        help="MoE layers and MoE decoder layers: expert choices — a packaged trace name (e.g. qwen_b64), an .npz/.npy file, "
         "'auto' (the model's real trace for this batch; the report says what was used) or "
         "'router' (the layer's own router)",
     )

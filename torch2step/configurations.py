@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from torch2step.errors import ScheduleError
@@ -154,10 +155,15 @@ class _Values:
     experts, most matrix products) are never evaluated — a timing report computes values
     only where they steer control."""
 
-    def __init__(self, layer: LayerGraph, inputs: Sequence[torch.Tensor]) -> None:
+    def __init__(
+        self, layer: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
+    ) -> None:
         from torch2step.layers.evaluate import dim_sizes
 
         self.layer = layer
+        #: ``[tokens, k]`` expert ids replacing the router's choice (``Program.report``'s
+        #: ``routing``): what every configuration after the router reads as its experts
+        self.routing = routing
         self.env: dict[str, torch.Tensor] = standin_params(layer.params)
         self.env.update(zip(layer.inputs, standin_inputs(inputs)))
         # the values that are all zeros: large stand-ins, and concatenations of only those
@@ -189,8 +195,31 @@ class _Values:
                     self.zero.add(node.outputs[0])
             else:
                 outs = evaluate_node(node, args, self.dims)
+                if self.routing is not None and isinstance(node.op, L.TopKRouting):
+                    outs = (outs[0], self._traced(node, outs[1]))
             self.env.update(zip(node.outputs, outs))
         return self.env[name]
+
+    def _traced(self, node: Node, ids: torch.Tensor) -> torch.Tensor:
+        """The routing's expert ids in place of the router's ``ids`` (same shape)."""
+        from torch2step.errors import Torch2StepError
+
+        traced = torch.as_tensor(np.asarray(self.routing, dtype=np.int64))
+        if tuple(traced.shape) != tuple(ids.shape):
+            raise Torch2StepError(
+                f"{node.name}: routing has shape {list(traced.shape)}; the router chooses "
+                f"{list(ids.shape)} (tokens, k) here"
+            )
+        return traced.to(ids.dtype)
+
+    def tokens_per_expert(self) -> list[int] | None:
+        """Tokens each expert receives, from the ids the MoE operator reads (None: no MoE)."""
+        routers = list(self.layer.ops(L.TopKRouting))
+        experts = [n.op.num_experts for n in self.layer.ops(L.MoEExperts)]
+        if len(routers) != 1 or not experts:
+            return None
+        ids = self.value(routers[0].outputs[1]).reshape(-1).to(torch.int64).numpy()
+        return np.bincount(ids, minlength=experts[0]).tolist()
 
     def shaped(self, name: str) -> torch.Tensor:
         """A ``meta`` tensor of the shape and element type of ``name`` (no values)."""
@@ -241,7 +270,10 @@ def split_report(
     layer, chip = prog.layer, prog.chip
     opts = prog.lowered.options
     inputs = tuple(inputs) or prog.example_inputs
-    values = _Values(layer, inputs)
+    routing = kwargs.get("routing")
+    if routing is not None:
+        prog._routing_override(routing)  # checked as an unsplit layer's report checks it
+    values = _Values(layer, inputs, routing)
     pending = split_layer(layer, chip.num_cores, opts)
 
     def report_part(group: Sequence[Node], name: str) -> tuple[Any, Any]:
@@ -297,6 +329,12 @@ def split_report(
         f"{layer.name} needs more cores than {chip.name}'s {chip.num_cores}: split into "
         f"{len(reports)} sequential configurations (each reads its inputs from HBM)"
     )
+    dynamic = {**first.dynamic, "configurations": len(reports)}
+    # the routing the experts' configuration ran (its router's part stores the ids, which
+    # steer nothing there, so that part's run does not compute them)
+    spread = values.tokens_per_expert()
+    if spread is not None:
+        dynamic["tokens_per_expert"] = spread
     return replace(
         first,
         **summed,
@@ -309,6 +347,6 @@ def split_report(
         utilisation=util,
         units=units,
         simulated_onchip_bytes=max(r.simulated_onchip_bytes for r in reports),
-        dynamic={**first.dynamic, "configurations": len(reports)},
-        notes=[*layer.notes, note, *lines],
+        dynamic=dynamic,
+        notes=[*layer.notes, *kwargs.get("notes", ()), note, *lines],
     )

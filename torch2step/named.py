@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -187,12 +188,28 @@ def _check_id_dtype(arg: str) -> None:
         )
 
 
+def _experts(config: Any) -> tuple[int, int]:
+    """``(experts, top_k)`` of a MoE config: the project's ``MoEConfig`` or a HuggingFace
+    config (``num_experts`` or ``num_local_experts``, ``num_experts_per_tok``)."""
+    if hasattr(config, "top_k"):
+        return config.num_experts, config.top_k
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    return int(experts), int(config.num_experts_per_tok)
+
+
 def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | None, str]:
     """Expert choices ``(tokens, top_k)`` to simulate (None: the router's own) and a note."""
     from models import traces
 
-    tokens, cfg = meta["tokens"], meta["config"]
+    tokens = meta["tokens"]
+    num_experts, top_k = _experts(meta["config"])
+    cfg = SimpleNamespace(num_experts=num_experts, top_k=top_k)
     if arg == "router":
+        if entry.kind == "decoder" and meta.get("device") == "meta":
+            return None, (
+                "routing: the model's router (--routing-trace router), on stand-in values: the "
+                "layer is shapes only, so its router weighs random stand-in weights"
+            )
         return None, "routing: the model's router (--routing-trace router)"
     if arg == "auto":
         if meta.get("routing_trace"):
@@ -379,7 +396,7 @@ def report_layer(
             for x in timed
         )
     routing = None
-    if entry.kind == "moe":
+    if entry.routing_prefix is not None:  # a MoE layer, or a decoder layer with experts
         routing, note = _routing(entry, spec.metadata, routing_trace)
         notes.append(note)
     for n in notes:

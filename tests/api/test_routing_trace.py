@@ -82,3 +82,40 @@ def test_bad_routing_is_one_clear_error(bad, match) -> None:
 def test_get_layer_rejects_a_non_positive_batch(batch) -> None:
     with pytest.raises(ValueError, match="batch must be a positive integer"):
         get_layer("qwen3-moe", tiny=True, batch=batch)
+
+
+def _split_decoder():
+    pytest.importorskip("transformers")
+    from hwmodel import load_chip
+    from hwmodel.presets import with_mesh_shape
+    from models.decoder import decode_inputs, decoder_step, tiny_config
+
+    cfg = tiny_config("qwen3_moe")
+    step, args = decoder_step(cfg, device="cpu"), decode_inputs(cfg, 3, 9)
+    # a 10 x 10 mesh holds the router's and the experts' halves only one at a time
+    prog = torch2step.compile(
+        step, args, chip=with_mesh_shape(load_chip("mesh"), 10, 10), execution="spatial"
+    )
+    return prog, args, cfg.num_experts
+
+
+def _experts_cycles(rep) -> int:
+    line = next(n for n in rep.notes if n.startswith("configuration 2:"))
+    return int(line.rsplit(", ", 1)[1].split()[0].replace(",", ""))
+
+
+def test_a_split_decoder_layer_routes_its_experts_configuration_by_the_trace() -> None:
+    # the router runs in the first configuration, the experts in the second: the trace must
+    # reach the second one (it reads the routing from HBM), and the report counts its tokens
+    prog, args, experts = _split_decoder()
+    spread = np.array([[0, 1], [3, 0], [2, 3]])
+    bunched = np.array([[0, 1], [0, 1], [0, 1]])
+    a = prog.report(*args, routing=spread, notes=["routing: a test trace"])
+    b = prog.report(*args, routing=bunched)
+    assert a.dynamic["configurations"] == b.dynamic["configurations"] == 2
+    assert a.dynamic["tokens_per_expert"] == np.bincount(spread.ravel(), minlength=experts).tolist()
+    assert b.dynamic["tokens_per_expert"] == [3, 3, 0, 0]
+    assert _experts_cycles(a) != _experts_cycles(b)  # four experts loaded against two
+    assert "routing: a test trace" in a.notes  # the caller's notes stay in a split report
+    with pytest.raises(Torch2StepError, match=r"shape \[2, 2\]"):
+        prog.report(*args, routing=spread[:2])
