@@ -215,6 +215,7 @@ def _report(args: argparse.Namespace) -> int:
             trace=args.out is not None,
             layers=args.layers,
             dtype=args.dtype,
+            routing_trace=args.routing_trace,
         )
     else:
         run = report_layer(

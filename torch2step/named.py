@@ -448,12 +448,16 @@ def report_config(
     trace: bool = False,
     layers: int | None = None,
     dtype: str | None = None,
+    routing_trace: str = "auto",
 ) -> LayerRun:
     """Compile and simulate layer 0 of a HuggingFace ``config.json`` (or ``layers`` identical
     layers) as a decode step at full size with no weights (:func:`torch2step.compile_config`),
     in the spatial (STeP) execution,
-    in ``dtype`` (default: the dtype the config says the model is served in)."""
+    in ``dtype`` (default: the dtype the config says the model is served in).
+    ``routing_trace``: a MoE layer's expert choices, a packaged trace name or a file (``auto``
+    and ``router``: the router's own choice, on stand-in values; the report's note says so)."""
     import torch2step
+    from torch2step.layers import ops as L
 
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise InputError(f"--batch {batch!r}: must be a positive integer")
@@ -463,9 +467,29 @@ def report_config(
     prog = torch2step.compile_config(
         config, batch=batch, chip=target, layers=layers, dtype=dtype, execution="spatial", **opts
     )
+    layer = prog.body.layer if hasattr(prog, "body") else prog.layer  # a stack: its layer
+    routers = list(layer.ops(L.TopKRouting))
+    experts = [n.op.num_experts for n in layer.ops(L.MoEExperts)]
+    routing, notes = None, []
+    if routers and experts:
+        if routing_trace in ("auto", "router"):
+            notes.append(
+                "routing: the model's router on stand-in values (a config has no weights, so "
+                "the router weighs random stand-in weights and its choice is random)"
+                + ("; --routing-trace NAME|FILE routes by a trace" if routing_trace == "auto" else "")
+            )
+        else:
+            moe = SimpleNamespace(num_experts=experts[0], top_k=routers[0].op.k)
+            entry = SimpleNamespace(kind="decoder", routing_prefix=None)
+            routing, note = _routing(entry, {"tokens": batch, "config": moe}, routing_trace)
+            notes.append(note)
+    elif routing_trace != "auto":
+        raise InputError(f"--routing-trace {routing_trace}: the model has no MoE router")
+    for n in notes:
+        log.info("%s", n)
     log.info("simulating")
     with simulation_progress():
-        rep = prog.report(trace=trace)
+        rep = prog.report(trace=trace, routing=routing, notes=notes)
     rep = replace(rep, options={**rep.options, "hf_config": str(config), "batch": batch, **opts})
     log.info("done: %s cycles", f"{rep.latency_cycles:,}")
-    return LayerRun(rep, prog, [])
+    return LayerRun(rep, prog, notes)

@@ -239,3 +239,31 @@ def test_bf16_decoder_keeps_its_rounded_rope_table() -> None:
     for g, w in zip(prog.run(*ins), want):
         scale = float(w.float().abs().max()) or 1.0
         torch.testing.assert_close(g.float(), w.float(), atol=2e-2 * scale, rtol=0)
+
+
+def test_cli_config_report_says_how_a_moe_layer_was_routed(tmp_path, capsys) -> None:
+    import numpy as np
+
+    from torch2step.cli import main
+
+    cfg = tiny_config("qwen3_moe").to_dict()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg, default=str))
+    argv = ["report", "--hf-config", str(path), "--batch", "3", "--quiet", "--json"]
+    assert main(argv) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert any("the model's router on stand-in values" in n for n in rep["notes"])
+    ids = np.array([[0, 1], [0, 1], [2, 1]])  # top-2 of the tiny config's 4 experts
+    np.save(tmp_path / "ids.npy", ids)
+    assert main([*argv, "--routing-trace", str(tmp_path / "ids.npy")]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["dynamic"]["tokens_per_expert"] == [2, 3, 1, 0]
+    assert any(n.startswith("routing: trace ") for n in rep["notes"])
+    # a dense model has no router to route
+    dense = {**cfg, "model_type": "qwen3"}
+    (tmp_path / "dense.json").write_text(json.dumps(dense, default=str))
+    bad = ["report", "--hf-config", str(tmp_path / "dense.json"), "--batch", "3", "--quiet"]
+    with pytest.raises(SystemExit) as stop:
+        main([*bad, "--routing-trace", "qwen_b64"])
+    assert stop.value.code == 2
+    assert "the model has no MoE router" in capsys.readouterr().err
