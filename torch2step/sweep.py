@@ -8,7 +8,7 @@ A spec (YAML or a dict)::
       - step-sda
       - {chip: step-sda, set: [hbm.channels=64]}
     options: [{}, {moe_lanes: 4}]
-    traces: [auto]               # routing trace (MoE) / KV trace (attention) per point
+    traces: [auto]               # routing trace (MoE) / KV trace (attention, decoder) per point
     tiny: true
 
 :func:`points` expands it; :func:`run_sweep` runs every point on a local process pool
@@ -167,7 +167,12 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
         tiny=point["tiny"],
         hash=point_hash(point),
     )
-    is_moe = "moe" in point["layer"]
+    from models import LAYERS
+
+    # a point's trace routes a MoE layer, or gives an attention or decoder layer's KV lengths
+    # (a MoE decoder layer is routed by its model's packaged trace)
+    entry = LAYERS.get(point["layer"])
+    is_moe = entry is not None and entry.kind == "moe"
     try:
         chip = resolve_chip(point["chip"], point["set"])
         if chip.execution == "kernel":
