@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch2step.errors import ScheduleError
+from torch2step.errors import ScheduleError, Torch2StepError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, Node
 from torch2step.layers.standins import (
@@ -202,8 +202,6 @@ class _Values:
 
     def _traced(self, node: Node, ids: torch.Tensor) -> torch.Tensor:
         """The routing's expert ids in place of the router's ``ids`` (same shape)."""
-        from torch2step.errors import Torch2StepError
-
         traced = torch.as_tensor(np.asarray(self.routing, dtype=np.int64))
         if tuple(traced.shape) != tuple(ids.shape):
             raise Torch2StepError(
@@ -330,11 +328,16 @@ def split_report(
         f"{len(reports)} sequential configurations (each reads its inputs from HBM)"
     )
     dynamic = {**first.dynamic, "configurations": len(reports)}
-    # the routing the experts' configuration ran (its router's part stores the ids, which
-    # steer nothing there, so that part's run does not compute them)
-    spread = values.tokens_per_expert()
-    if spread is not None:
-        dynamic["tokens_per_expert"] = spread
+    dynamic.pop("tokens_per_expert", None)
+    for at, rep, _ in done:  # the routing the experts' configuration ran
+        group = [layer.nodes[i] for i in at]
+        if any(isinstance(n.op, L.MoEExperts) for n in group):
+            if any(isinstance(n.op, L.TopKRouting) for n in group):  # its own run routed
+                spread = rep.dynamic.get("tokens_per_expert")
+            else:  # the ids it read (the router's part stores them; they steer nothing there)
+                spread = values.tokens_per_expert()
+            if spread is not None:
+                dynamic["tokens_per_expert"] = spread
     return replace(
         first,
         **summed,
