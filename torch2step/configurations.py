@@ -282,7 +282,12 @@ def split_report(
         args = dict(kwargs)
         if not any(isinstance(n.op, L.TopKRouting) for n in group):
             args.pop("routing", None)
-        return part.report(**args), part
+        try:
+            return part.report(**args), part
+        except ScheduleError as e:  # the operators that did not fit (fit_suggestions)
+            if getattr(e, "operators", None) is None:
+                e.operators = tuple(dict.fromkeys(type(n.op).__name__ for n in group))
+            raise
 
     if failed is not None and len(pending) == 1:  # the whole layer, which did not fit
         for n in _oversized(prog, failed):  # alone it does not fit either: its error first

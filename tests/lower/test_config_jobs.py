@@ -56,13 +56,16 @@ def test_a_placement_error_comes_back_from_a_worker_with_the_cores_it_names(
 
     def run(group: tuple[int, ...], k: int) -> tuple[tuple, int]:
         if group == (4,):
-            raise PlacementError("operator 4 needs 1,536 cores", {"n4_moe": 1536})
+            err = PlacementError("operator 4 needs 1,536 cores", {"n4_moe": 1536})
+            err.operators = ("MoEExperts",)
+            raise err
         return (group, k), os.getpid()
 
     with caplog.at_level("WARNING", logger="torch2step"):
         with pytest.raises(PlacementError, match="1,536 cores") as info:
             run_groups(run, GROUPS, 2)
     assert info.value.cores == {"n4_moe": 1536}
+    assert info.value.operators == ("MoEExperts",)
     # the worker's error arrived as itself: the pool did not break and rerun the layer here
     assert "workers stopped" not in caplog.text
 

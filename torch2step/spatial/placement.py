@@ -99,7 +99,7 @@ class PlacementError(ScheduleError):
     def __reduce__(self) -> tuple:
         # rebuilt from both arguments: a layer split into configurations reports them in
         # worker processes (torch2step.config_jobs), which send this error back pickled
-        return (type(self), (self.args[0], self.cores))
+        return (type(self), (self.args[0], self.cores), self.__dict__)
 
 
 # -- walks ---------------------------------------------------------------------------------------
