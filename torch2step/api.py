@@ -82,10 +82,14 @@ def compile(  # noqa: A001  (the public name the users asked for)
     ``Program.strategy_table``.
     ``execution``: ``"spatial"`` (a STeP program) or ``"kernel"`` (kernel by kernel: an ELK
     schedule and per-core programs, :class:`torch2step.kernel.program.KernelProgram`, whose
-    option ``design`` picks one of ``elk.designs.DESIGNS``); default: ``"kernel"`` on the ICCA
-    presets (``ipu-hbm``, ``mesh``), else ``"spatial"``.
+    option ``design`` picks one of ``elk.designs.DESIGNS``); default: what the chip's
+    description says (``Chip.execution``: ``"kernel"`` on the ICCA presets ``ipu-hbm`` and
+    ``mesh``).  ``routing`` (kernel execution of a layer compiled from shapes only, e.g. a
+    config): ``[tokens, k]`` expert ids whose experts the plan loads (default: the number
+    expected under uniform routing); the spatial execution takes it at ``report`` time.
     """
     design = options.pop("design", "elk_full")
+    routing = options.pop("routing", None)
     strategy = options.pop("strategy", None)
     onchip_budget = options.pop("onchip_budget", None)
     compute_budget = options.pop("compute_budget", None)
@@ -122,15 +126,24 @@ def compile(  # noqa: A001  (the public name the users asked for)
         from torch2step.stack_program import compile_stack
 
         opts = {**options, "execution": execution, "design": design}
+        if routing is not None:
+            opts["routing"] = routing
         return compile_stack(layer, tuple(example_inputs), chip=target, **opts)
     if execution is None:
         execution = target.execution  # what the chip's description says
     if execution == "kernel":
         from torch2step.kernel.program import KernelProgram
 
-        return KernelProgram(layer, target, tuple(example_inputs), design=design)
+        return KernelProgram(
+            layer, target, tuple(example_inputs), design=design, routing=routing
+        )
     if execution != "spatial":
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
+    if routing is not None:
+        raise LoweringError(
+            "routing= is a compile option of kernel execution (ELK plans the experts it "
+            "loads); a spatial program takes it in report(..., routing=ids)"
+        )
     if options.get("linear_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
         options["linear_lanes"] = LINEAR_LANES  # a large chip runs each large Linear on lanes
         options["linear_lanes_auto"] = True

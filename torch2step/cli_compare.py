@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from hwmodel.chip import Chip
@@ -55,24 +56,32 @@ def kernel_layer_report(
     from torch2step.kernel.layers import registered_layer_ops
 
     if LAYERS[layer].kind == "decoder":  # a decoder layer: its config's decode step
-        return _decoder_report(layer, batch, chip, kv_len, design, dtype)
+        return _decoder_report(layer, batch, chip, kv_len, design, dtype, routing)
     ops = registered_layer_ops(layer, batch, kv_len, dtype, routing)
     sched = plan_model(ops, chip, design)
     return simulate_schedule(sched, chip, tokens=batch)
 
 
 def _decoder_report(
-    layer: str, batch: int, chip: Chip, kv_len: int, design: str, dtype: str | None
+    layer: str,
+    batch: int,
+    chip: Chip,
+    kv_len: int,
+    design: str,
+    dtype: str | None,
+    routing: Any = None,
 ) -> Any:
     """A registered decoder layer kernel by kernel: the one-layer decode step of its
-    ``config.json`` (``torch2step.compile_config``; a MoE decoder's experts expected under
-    uniform routing), every request attending ``kv_len`` rows."""
+    ``config.json`` (``torch2step.compile_config``; a MoE decoder's experts those ``routing``
+    selects, else those expected under uniform routing), every request attending ``kv_len``
+    rows."""
     import torch2step
     from models.registry import HF_CONFIGS, LAYERS
 
     prog = torch2step.compile_config(
         HF_CONFIGS / LAYERS[layer].config, batch=batch, past=kv_len, chip=chip,
         execution="kernel", design=design, dtype=dtype,
+        **({} if routing is None else {"routing": routing}),
     )  # fmt: skip
     return prog.report(tokens=batch)
 
@@ -116,7 +125,7 @@ def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     dtype = getattr(args, "dtype", None) or "bf16"
     entry = LAYERS[args.layer]
     routing, notes = None, []
-    if entry.kind == "moe":  # routed as the spatial report routes (--routing-trace)
+    if entry.routing_prefix is not None:  # routed as the spatial report routes
         arg = getattr(args, "routing_trace", None) or "auto"
         routing, notes = _moe_routing(entry, args.layer, args.batch, arg)
     rep = kernel_layer_report(args.layer, args.batch, chip, kv, design, dtype, routing)
@@ -167,11 +176,12 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
     uniform routing) where that report uses the model's router."""
     from models import get_layer
     from torch2step.kernel.layers import moe_active
-    from torch2step.named import _routing
+    from torch2step.named import _experts, _routing
 
     meta = get_layer(layer, batch=batch, device="meta").metadata
     routing, note = _routing(entry, meta, arg)
-    cfg = meta["config"]
+    experts, top_k = _experts(meta["config"])  # a MoE layer's or a decoder's HF config
+    cfg = SimpleNamespace(num_experts=experts, top_k=top_k)
     if routing is None:
         n = moe_active(cfg, batch)
         return None, [f"experts: {n} of {cfg.num_experts}, expected under uniform routing"]
@@ -199,13 +209,11 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     entry = LAYERS[args.layer]
     kv_len = args.kv_len if entry.kind in ("attention", "decoder") else None
     routing, knotes = None, []
-    if entry.kind == "moe":  # both executions route the batch alike: the spatial side's choice
-        routing, knotes = _moe_routing(entry, args.layer, args.batch)
-    elif entry.kind == "decoder":
-        knotes = [
-            f"the one-layer decode step of {entry.config} (a MoE layer's experts: those "
-            "expected under uniform routing)"
-        ]
+    if entry.kind == "decoder":
+        knotes = [f"the one-layer decode step of {entry.config}"]
+    if entry.routing_prefix is not None:  # both executions route the batch alike: the
+        routing, more = _moe_routing(entry, args.layer, args.batch)  # spatial side's choice
+        knotes += more
 
     def spatial() -> tuple[Any, list[str]]:
         # the same layer as the kernel execution plans: the served dtype (bf16), every request

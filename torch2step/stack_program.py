@@ -61,7 +61,9 @@ def compile_stack(
         from torch2step.kernel.stack import KernelStackProgram
 
         design = options.get("design") or "elk_full"
-        return KernelStackProgram(graph, op, target, tuple(example_inputs), design=design)
+        return KernelStackProgram(
+            graph, op, target, tuple(example_inputs), design=design, routing=options.get("routing")
+        )
     body_inputs = _layer_inputs(op, tuple(example_inputs), 0)
     body = compile_graph(op.body, body_inputs, chip=chip, **options)
     if not isinstance(body, Program):

@@ -243,6 +243,9 @@ def _kernel_row(point: Mapping[str, Any], chip: Any) -> dict[str, Any]:
         )
     else:
         notes.append("KV: every request attends 2048 cached rows")
+        if entry.routing_prefix is not None:  # a MoE decoder layer: its model's trace
+            routing, more = _moe_routing(entry, layer, batch)
+            notes += more
     rep = kernel_layer_report(layer, batch, chip, routing=routing)
     assert rep.result is not None  # a timing simulation keeps its result
     moved = dict(rep.result.stats.bytes_moved)

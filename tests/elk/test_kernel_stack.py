@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -115,3 +116,27 @@ def test_config_moe_times_the_experts_its_tokens_select(tmp_path) -> None:
     assert rep.to_dict()["notes"] == list(rep.notes)
     stack = torch2step.compile_config(path, batch=2, past=8, layers=2, chip="ipu-hbm")
     assert [n.startswith("each layer's") for n in stack.graph.notes] == [True]
+
+
+def test_config_moe_plans_the_experts_a_routing_selects(tmp_path) -> None:
+    # with routing= the plan loads the experts the ids name (here 3, against 4 expected under
+    # uniform routing), in one layer and in every layer of a stack; a spatial program takes
+    # routing at report time instead
+    cfg = tiny_config_dict("qwen3_moe", num_experts=16, num_experts_per_tok=2)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    ids = np.array([[0, 5], [5, 9]])
+    prog = torch2step.compile_config(path, batch=2, past=8, chip="ipu-hbm", routing=ids)
+    ups = [o for o in prog.schedule.ops if o.name.endswith("_gate_up")]
+    assert sum(o.dims[2] for o in ups) == 2 * 32 * 3
+    rep = prog.report(tokens=2)
+    assert "3 of 16 experts active, as the routing's 2 tokens select" in str(rep)
+    stack = torch2step.compile_config(
+        path, batch=2, past=8, layers=2, chip="ipu-hbm", routing=ids
+    )
+    ups = [o for o in stack.schedule.ops if o.name.endswith("_gate_up")]
+    assert sum(o.dims[2] for o in ups) == 2 * (2 * 32 * 3)  # two layers of three experts
+    with pytest.raises(torch2step.LoweringError, match=r"expected \[2, 2\] integer expert ids"):
+        torch2step.compile_config(path, batch=2, past=8, chip="ipu-hbm", routing=ids[:1])
+    with pytest.raises(torch2step.LoweringError, match="report\\(..., routing=ids\\)"):
+        torch2step.compile_config(path, batch=2, past=8, chip="step-sda", routing=ids)

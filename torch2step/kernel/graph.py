@@ -21,6 +21,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,8 +85,12 @@ def _served(g: LayerGraph) -> str:
     return "fp32"
 
 
-def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
-    """ELK operators of ``g`` for these inputs (shapes concrete, values bound)."""
+def graph_ops(
+    g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
+) -> GraphOps:
+    """ELK operators of ``g`` for these inputs (shapes concrete, values bound); ``routing``
+    (``[tokens, k]`` expert ids): the experts a shapes-only graph's MoE node loads
+    (:func:`_for_timing`)."""
     out = GraphOps()
     env_in = dict(zip(g.inputs, inputs))
     dims = {sym: int(env_in[name].shape[axis]) for sym, (name, axis) in g.dims.items()}
@@ -341,7 +346,12 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor]) -> GraphOps:
     out.shapes_only = len(held) < len(out.values)
     out.values = held
     if out.shapes_only:
-        _for_timing(out, g, shape)
+        _for_timing(out, g, shape, routing)
+    elif routing is not None:
+        raise LoweringError(
+            f"{g.name}: routing= times a layer compiled from shapes only (a config); with "
+            "weights the router's own choice runs"
+        )
     return out
 
 
@@ -349,16 +359,19 @@ _VIEWS = (L.Reshape, L.Arange)  # no data moves: dropped from a shapes-only sche
 _ROW_REDUCE = (L.RMSNorm, L.Softmax, L.TopKRouting)
 
 
-def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]]) -> None:
+def _for_timing(
+    out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]], routing: Any = None
+) -> None:
     """A shapes-only graph (no values) is scheduled for timing as the full-size operator lists
     of :mod:`elk.ops` are: views are dropped, every other node becomes a row-partitioned
     ``vector`` operator over its first output (``rows x last dim``, ELK §5 slices every
     dimension) and operators are bound to timing tensors by
     :func:`torch2step.kernel.build.bind_timing` (activations passed core to core).  A MoE
-    node's experts are those its tokens select in expectation under uniform routing, as
-    grouped operators (:func:`elk.ops.routed_expert_ops`), then their weighted sum: an
-    expert no token selects is not loaded (the functional path, with values, loads every
-    expert and weighs the unselected by zero)."""
+    node's experts are those ``routing`` selects (its distinct ids), else those its tokens
+    select in expectation under uniform routing, as grouped operators
+    (:func:`elk.ops.routed_expert_ops`), then their weighted sum: an expert no token selects
+    is not loaded (the functional path, with values, loads every expert and weighs the
+    unselected by zero)."""
     kinds = {n.name: n.op for n in g.nodes}
     ops: list[Operator] = []
     timed: set[str] = set()
@@ -368,7 +381,7 @@ def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]])
         if moe is not None:
             if moe not in timed:
                 timed.add(moe)
-                ops += _routed_experts(out, moe, op)
+                ops += _routed_experts(out, moe, op, routing)
             continue
         if op.kind != "vector":
             ops.append(dataclasses.replace(op, tensors=()))
@@ -393,17 +406,34 @@ def _for_timing(out: GraphOps, g: LayerGraph, shape: dict[str, tuple[int, ...]])
     out.weights = {}
 
 
-def _routed_experts(out: GraphOps, moe: str, first: Operator) -> list[Operator]:
+def _routed_experts(
+    out: GraphOps, moe: str, first: Operator, routing: Any = None
+) -> list[Operator]:
     """MoE node ``moe``'s experts for a timing schedule (:func:`_for_timing`), in place of its
     dense expert operators (``first``: the first of them)."""
     tokens, hidden, inter, experts, k = out.moe[moe]
-    active = expected_active(experts, k, tokens)
+    if routing is None:
+        active = expected_active(experts, k, tokens)
+        how = f"as {tokens} tokens select in expectation under uniform top-{k} routing"
+    else:
+        ids = np.asarray(routing)
+        if ids.shape != (tokens, k) or not np.issubdtype(ids.dtype, np.integer):
+            raise LoweringError(
+                f"{moe}: routing of shape {list(ids.shape)} ({ids.dtype}): expected "
+                f"[{tokens}, {k}] integer expert ids (tokens, top_k)"
+            )
+        if ids.min() < 0 or ids.max() >= experts:
+            raise LoweringError(
+                f"{moe}: routing names experts {ids.min()}..{ids.max()}; the layer has {experts}"
+            )
+        active = max(1, len(np.unique(ids)))
+        how = f"as the routing's {tokens} tokens select"
     spec = routed_expert_ops(tokens, hidden, inter, k, active, out.dtype, prefix=f"{moe}.")
     spec.append((f"{moe}.experts_sum", "vector", (tokens, hidden), {"flops_per_elem": 2 * k}))
     groups = sum(1 for name, *_ in spec if name.endswith("_gate_up"))
     out.notes.append(
-        f"{moe}: {active} of {experts} experts active, as {tokens} tokens select in expectation "
-        f"under uniform top-{k} routing ({groups} grouped operator{'s' if groups > 1 else ''}); "
+        f"{moe}: {active} of {experts} experts active, {how} "
+        f"({groups} grouped operator{'s' if groups > 1 else ''}); "
         "experts no token selects are not loaded"
     )
     return [

@@ -55,12 +55,14 @@ class KernelProgram:
         chip: Chip,
         example_inputs: Sequence[torch.Tensor],
         design: str = "elk_full",
+        routing: Any = None,
     ) -> None:
         self.layer = layer
         self.chip = chip
         self.design = design
         self.example_inputs = tuple(example_inputs)
-        self.graph: GraphOps = graph_ops(layer, self.example_inputs)
+        #: ``routing``: the expert ids whose experts a shapes-only plan loads (graph_ops)
+        self.graph: GraphOps = graph_ops(layer, self.example_inputs, routing)
         self.schedule: ElkSchedule = plan_model(
             self.graph.ops, chip, design, dtype=self.graph.dtype
         )

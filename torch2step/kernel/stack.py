@@ -95,10 +95,14 @@ class KernelStackProgram:
         chip: Chip,
         example_inputs: Sequence[torch.Tensor],
         design: str = "elk_full",
+        routing: Any = None,
     ) -> None:
         self.layer, self.op, self.chip, self.design = layer, op, chip, design
         self.example_inputs = tuple(example_inputs)
-        self.body_ops: GraphOps = graph_ops(op.body, _layer_inputs(op, self.example_inputs, 0))
+        # ``routing``: every layer's experts are those its ids select (a shapes-only body)
+        self.body_ops: GraphOps = graph_ops(
+            op.body, _layer_inputs(op, self.example_inputs, 0), routing
+        )
         self.graph: GraphOps = stack_graph_ops(self.body_ops, layer, op)
         self.schedule: ElkSchedule = plan_model(
             self.graph.ops, chip, design, dtype=self.graph.dtype
