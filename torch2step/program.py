@@ -245,6 +245,8 @@ class Program:
         choices made for the user, carried into the report's text."""
         from torch2step.spatial.reuse import PlanCache
 
+        if routing is None and not any(n.startswith("routing:") for n in notes):
+            notes = (*notes, *self._standin_routing(inputs))
         if self.split and len(self.layer.nodes) >= 2 and not self._units_fit():
             # placement would fail (one core per unit at least): split at once, without the
             # whole layer's interpreter run and plan that the split configurations redo
@@ -287,6 +289,23 @@ class Program:
         if self.strategy_table:
             notes = (*notes, self.strategy_table)
         return _with_context(self, lw, rep, sim, routing is not None, notes)
+
+    def _standin_routing(self, inputs: Sequence[Any]) -> tuple[str, ...]:
+        """The note of a MoE router that chooses on stand-in values: a layer with shapes
+        only (a config, ``meta`` weights) is timed on random stand-ins
+        (:mod:`torch2step.layers.standins`), so its router's choice is random."""
+        if not any(True for _ in self.layer.ops(L.TopKRouting)):
+            return ()
+        xs = tuple(inputs) or self.example_inputs
+        if not any(t.is_meta for t in self.layer.params.values()) and not any(
+            getattr(x, "is_meta", False) for x in xs
+        ):
+            return ()
+        return (
+            "routing: the router's choice on stand-in values (the layer is shapes only, so "
+            "its router weighs random stand-in weights); report(..., routing=ids) routes by "
+            "a trace",
+        )
 
     def _formulas_beside(self, bindings: Any) -> Any:
         """What a report prints of the §4.1 metrics (STeP arXiv 2511.07776 §4.1) for a run

@@ -259,6 +259,9 @@ def test_cli_config_report_says_how_a_moe_layer_was_routed(tmp_path, capsys) -> 
     rep = json.loads(capsys.readouterr().out)
     assert rep["dynamic"]["tokens_per_expert"] == [2, 3, 1, 0]
     assert any(n.startswith("routing: trace ") for n in rep["notes"])
+    # the API says it too: a config's router chooses on stand-in values
+    rep = torch2step.compile_config(path, batch=3).report()
+    assert any(n.startswith("routing: the router's choice on stand-in values") for n in rep.notes)
     # a dense model has no router to route
     dense = {**cfg, "model_type": "qwen3"}
     (tmp_path / "dense.json").write_text(json.dumps(dense, default=str))
