@@ -131,6 +131,15 @@ class Flow:
     def _source(self, tensor: str) -> str:
         return self.links.get(tensor, tensor)
 
+    def done(self) -> None:
+        """After the programs are emitted: drop the records of loads, stores and sends.  What
+        outlives the emission is :attr:`names` (the renamers of equal layers read it while the
+        simulator compiles their copies); the records refer to those renamers, which refer to
+        this flow, a cycle that would keep every record until a cyclic collection."""
+        self._puts, self._gets, self._gathers, self._sends = {}, [], {}, {}
+        self._putlog, self._copies, self._rects, self._cuts = [], {}, {}, {}
+        self._stored, self.held = set(), {}
+
     def _view(self, tensor: str, st: Sequence[int] | None, ex: Sequence[int] | None) -> Rect | None:
         """:func:`_rect` of region ``(st, ex)`` of ``tensor``, kept by the region."""
         key = (tensor, st, ex)

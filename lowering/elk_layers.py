@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,11 +136,16 @@ class _Names(dict):
 
     def __init__(self, make: Callable[[str], str]) -> None:
         super().__init__()
-        self._make = make
+        # weakly: ``make`` is a method of the renamer that holds this dict, so a strong
+        # reference would be a cycle keeping the renamer (and the layers' activation flow)
+        # alive until a cyclic collection after the program set is dropped
+        self._make = weakref.WeakMethod(make)  # type: ignore[arg-type]
 
     def __missing__(self, name: str) -> str:
+        make = self._make()
+        assert make is not None, "a renamer's names outlived it"
         try:
-            out = self[name] = self._make(name)
+            out = self[name] = make(name)
         except ProgramError:
             raise KeyError(name) from None
         return out

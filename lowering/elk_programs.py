@@ -400,6 +400,7 @@ def elk_programs(
     b = ProgramBuilder(name, share=True)
     flow.plan(b)
     _emit(b, chip, ops, placed, order, issued, tensors, flow, lay)
+    flow.done()
     b.meta("order", " ".join(str(o) for o in order))
     b.meta("issued", " ".join(str(x) for x in issued))
     ps = b.build()

@@ -273,13 +273,17 @@ class Simulator(Transfers):
         """After a completed run: break the reference cycles of the run's working state (cores
         <-> operations <-> buffers <-> receives) so that reference counting frees the compiled
         program at once, rather than a cyclic collection walking its millions of objects later.
-        The channels hold none: a completed run received every message, and a consumed message
-        is unlinked from its FIFO and its receive (:meth:`Transfers.consume`).  What stays
-        readable: ``comp.active`` and each core's statistics, ``comp.chans`` (names, depths)
-        and ``comp.groups``."""
+        A completed run received every message, and a consumed message is unlinked from its
+        FIFO and its receive (:meth:`Transfers.consume`); a channel and its FIFOs refer to
+        each other, so the FIFOs' link back is cut here.  What stays readable:
+        ``comp.active`` and each core's statistics, ``comp.chans`` (names, depths, sources,
+        destinations) and ``comp.groups``."""
         for core in self.comp.cores:
             core.code = []
             core.bufs = {}
+        for ch in self.comp.chans.values():
+            for end in ch.ends:
+                end.chan = None
         self.comp.templates = []  # (runtime.program_layers) their operations hold buffers
         self.comp.frames = []
 
