@@ -27,9 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elk.ops import Operator, expected_active, routed_expert_ops
+from elk.ops import Operator, routed_expert_ops
 from lowering.elk_kernels import register_node
 from torch2step.errors import LoweringError
+from torch2step.kernel.layers import active_experts
 from torch2step.layers import ops as L
 from torch2step.layers.evaluate import EVALUATORS
 from torch2step.layers.graph import LayerGraph
@@ -412,21 +413,10 @@ def _routed_experts(
     """MoE node ``moe``'s experts for a timing schedule (:func:`_for_timing`), in place of its
     dense expert operators (``first``: the first of them)."""
     tokens, hidden, inter, experts, k = out.moe[moe]
+    active = active_experts(experts, k, tokens, routing, where=f"{moe}: routing")
     if routing is None:
-        active = expected_active(experts, k, tokens)
         how = f"as {tokens} tokens select in expectation under uniform top-{k} routing"
     else:
-        ids = np.asarray(routing)
-        if ids.shape != (tokens, k) or not np.issubdtype(ids.dtype, np.integer):
-            raise LoweringError(
-                f"{moe}: routing of shape {list(ids.shape)} ({ids.dtype}): expected "
-                f"[{tokens}, {k}] integer expert ids (tokens, top_k)"
-            )
-        if ids.min() < 0 or ids.max() >= experts:
-            raise LoweringError(
-                f"{moe}: routing names experts {ids.min()}..{ids.max()}; the layer has {experts}"
-            )
-        active = max(1, len(np.unique(ids)))
         how = f"as the routing's {tokens} tokens select"
     spec = routed_expert_ops(tokens, hidden, inter, k, active, out.dtype, prefix=f"{moe}.")
     spec.append((f"{moe}.experts_sum", "vector", (tokens, hidden), {"flops_per_elem": 2 * k}))

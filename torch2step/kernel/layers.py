@@ -35,16 +35,26 @@ def moe_active(cfg: MoEConfig, tokens: int, routing: Any = None) -> int:
     """Experts a batch of ``tokens`` selects: the distinct ids of ``routing`` (``[tokens,
     top_k]`` expert choices, e.g. a real trace), else their expected number under uniform
     routing, ``E (1 - (1 - k/E)^tokens)``."""
-    e, k = cfg.num_experts, cfg.top_k
+    return active_experts(cfg.num_experts, cfg.top_k, tokens, routing)
+
+
+def active_experts(
+    experts: int, top_k: int, tokens: int, routing: Any = None, where: str = "routing"
+) -> int:
+    """:func:`moe_active` of a layer with ``experts`` experts, ``top_k`` per token (``where``
+    names it in errors)."""
     if routing is None:
-        return expected_active(e, k, tokens)
+        return expected_active(experts, top_k, tokens)
     ids = np.asarray(routing)
-    if ids.ndim != 2 or ids.shape[0] != tokens or ids.shape[1] != k:
+    if ids.shape != (tokens, top_k) or not np.issubdtype(ids.dtype, np.integer):
         raise LoweringError(
-            f"routing of shape {ids.shape}: expected [{tokens}, {k}] expert ids (tokens, top_k)"
+            f"{where} of shape {list(ids.shape)} ({ids.dtype}): expected [{tokens}, {top_k}] "
+            "integer expert ids (tokens, top_k)"
         )
-    if ids.size and (ids.min() < 0 or ids.max() >= e):
-        raise LoweringError(f"routing: expert ids {ids.min()}..{ids.max()}, the layer has {e}")
+    if ids.size and (ids.min() < 0 or ids.max() >= experts):
+        raise LoweringError(
+            f"{where}: expert ids {ids.min()}..{ids.max()}, the layer has {experts}"
+        )
     return max(1, len(np.unique(ids)))
 
 
