@@ -100,13 +100,24 @@ def gc_paused() -> Iterator[None]:
     that reference counting frees; with the collector on, every full collection re-walks all of
     them, and on a 1472-core chip that costs more than the work itself and grows faster than
     linearly with the program.  Callers that build and simulate in one go (e.g.
-    :func:`torch2step.kernel.simulate_schedule`) hold it across both steps."""
+    :func:`torch2step.kernel.simulate_schedule`) hold it across both steps.
+
+    When the outermost block ends, what it allocated and is still alive (a plan, a compiled
+    program, a result) moves to the collector's oldest generation at once
+    (:func:`gc.freeze` then :func:`gc.unfreeze`, which only join the collector's lists).  With
+    the collector simply re-enabled, the first young collections would walk every one of those
+    objects twice on their way there (seconds for a multi-layer decode step on a 1472-core
+    chip); a cycle among them is still collected, by the next full collection.  Objects a
+    caller froze itself (:func:`gc.get_freeze_count`) are left as they are."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -155,7 +155,6 @@ units its selector steers start with the data, whatever order they follow.
 from __future__ import annotations
 
 import dataclasses
-import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,6 +165,7 @@ import sympy as sp
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
 from lowering.isa import Channel, Program, ProgramSet, TensorDecl
+from runtime.engine import gc_paused
 from torch2step.errors import LoweringError
 from torch2step.step.graph import Program as StepProgram
 from torch2step.step.interpreter import RunResult
@@ -301,13 +301,8 @@ def build_plan(
 
     The cyclic garbage collector is paused meanwhile: generation allocates many small acyclic
     objects, and every collection would rescan the run's large stream contents."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _build_plan(graph, load_chip(chip), run, configs, walk, wires, fifo_depth, units)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build_plan(

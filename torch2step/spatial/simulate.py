@@ -17,7 +17,6 @@ latency and on-chip transfers, so it is a lower bound, not a prediction (as long
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -27,6 +26,7 @@ from typing import Any
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
 from lowering.validate import validate_programs
+from runtime.engine import gc_paused
 from runtime.errors import SimulationError
 from torch2step.step.graph import Program
 from torch2step.step.interpreter import RunResult
@@ -75,9 +75,7 @@ def simulate_plan(
     """Run a :class:`SpatialPlan` on the simulator (``check``: validate the programs first;
     ``plan_s``: the seconds it took to build ``plan``, carried into the result)."""
     t0 = time.perf_counter()
-    enabled = gc.isenabled()
-    gc.disable()  # validation allocates many small acyclic objects (as plan building does)
-    try:
+    with gc_paused():  # validation allocates many small acyclic objects (as plan building does)
         if check:
             validate_programs(plan.programs, plan.sim_chip)
         sim, ran, deep = run_deepening(
@@ -90,9 +88,6 @@ def simulate_plan(
             checked=check,
             inputs=plan.inputs,
         )
-    finally:
-        if enabled:
-            gc.enable()
     unit_at = {c: k for k, u in enumerate(plan.placement.units) for c in u.cores}
     fifo_bytes = [0] * len(plan.units)
     for ch in ran.channels:
