@@ -92,10 +92,9 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         sim.schedule(core, core.t)
         return False
     chan = op.chan
-    ends = chan.ends
-    if b is None or len(ends) != 1 or sim.watch is not None:
-        return _send(sim, core, op, b, chan, ends)
-    end = ends[0]
+    end = chan.end1
+    if b is None or end is None or sim.watch is not None:
+        return _send(sim, core, op, b, chan, chan.ends)
     inf = end.inflight
     if len(inf) >= chan.depth:
         c = sim.credit(core, chan)
@@ -123,22 +122,22 @@ def h_send(sim: Any, core: Core, op: OpSend) -> bool:
         end.unmatched.append(x)
     sim.msg_bytes += nbytes
     sim.unreceived += 1
-    port = chan.port
-    if port is not None and not sim.slow:
+    res = chan.pres
+    if res >= 0 and not sim.slow:
         # sim._stage(x, port, nbytes, now, now), inlined for the first hop of a unicast route
-        # (a resource whose one child is a resource): once per message
-        res, lat, children, _, _ = port
+        # (a resource whose one child is a resource, ChanState.pres): once per message
         r = sim.rs[res]
         f = r[0]
         start = now if now > f else f
         inj = start + nbytes / r[4]
+        lat = chan.plat
         if now + lat > inj:
             inj = now + lat
         r[0] = inj
         r[1] += inj - start
         r[2] += nbytes
         r[3] += 1
-        ch = children[0]
+        ch = chan.pnext
         t = (start if start.__class__ is int else _ceil(start - _EPS)) + ch[1]
         bk = sim.buckets.get(t)
         if bk is None:

@@ -143,7 +143,10 @@ class ChanEnd:
 class ChanState:
     """A channel's static route plus its per-destination FIFOs."""
 
-    __slots__ = ("name", "src", "dsts", "depth", "roots", "port", "ends", "sent", "nbytes")
+    __slots__ = (
+        "name", "src", "dsts", "depth", "roots", "pres", "plat", "pnext", "ends", "end1", "sent",
+        "nbytes",
+    )  # fmt: skip
 
     def __init__(self, name: str, src: int, dsts: tuple[int, ...], depth: int, roots: tuple):
         self.name = name
@@ -151,17 +154,22 @@ class ChanState:
         self.dsts = dsts
         self.depth = depth
         self.roots = roots
-        #: the route's one first stage when it is a resource followed by one resource stage
-        #: and delivering nowhere (a unicast message's first hop: an all-to-all injection
-        #: port, a mesh link), reserved by the send itself (:func:`runtime.ops_comm.h_send`)
-        self.port: tuple | None = None
+        #: when the route's one first stage is a resource followed by one resource stage and
+        #: delivers nowhere (a unicast message's first hop: an all-to-all injection port, a
+        #: mesh link), reserved by the send itself (:func:`runtime.ops_comm.h_send`): that
+        #: resource (``pres``, else -1), its latency and the stage after it, kept here rather
+        #: than read through the route's tuples (one message per channel, as in an all-to-all
+        #: exchange, finds those out of cache)
+        self.pres, self.plat, self.pnext = -1, 0, None
         if len(roots) == 1:
-            res, _, children, delivers, form = roots[0]
+            res, lat, children, delivers, form = roots[0]
             if res >= 0 and form == FORM_NEXT and not delivers and children[0][0] >= 0:
-                self.port = roots[0]
+                self.pres, self.plat, self.pnext = res, lat, children[0]
         self.ends = (
             (ChanEnd(self, dsts[0]),) if len(dsts) == 1 else tuple([ChanEnd(self, d) for d in dsts])
         )
+        #: the one FIFO end of a channel to one destination (else None)
+        self.end1: ChanEnd | None = self.ends[0] if len(dsts) == 1 else None
         self.sent = 0
         self.nbytes = 0
         if depth > LONG_FIFO:
