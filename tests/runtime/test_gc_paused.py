@@ -29,6 +29,7 @@ def test_pause_nests_and_restores_the_collector() -> None:
 
 
 def test_survivors_move_to_the_oldest_generation_and_cycles_are_still_collected() -> None:
+    gc.unfreeze()  # (nothing an earlier test froze stays frozen)
     with gc_paused():
         kept = _Node()
         a, b = _Node(), _Node()
