@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from hwmodel.chip import Chip
@@ -175,21 +174,17 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
     ``--routing-trace arg`` and the kernel side's note; None (the experts expected under
     uniform routing) where that report uses the model's router."""
     from models import get_layer
-    from torch2step.kernel.layers import moe_active
+    from torch2step.kernel.layers import active_experts
     from torch2step.named import _experts, _routing
 
     meta = get_layer(layer, batch=batch, device="meta").metadata
     routing, note = _routing(entry, meta, arg)
     experts, top_k = _experts(meta["config"])  # a MoE layer's or a decoder's HF config
-    cfg = SimpleNamespace(num_experts=experts, top_k=top_k)
+    n = active_experts(experts, top_k, batch, routing)
     if routing is None:
-        n = moe_active(cfg, batch)
-        return None, [f"experts: {n} of {cfg.num_experts}, expected under uniform routing"]
-    n = moe_active(cfg, batch, routing)
+        return None, [f"experts: {n} of {experts}, expected under uniform routing"]
     how = note.removeprefix("routing: ")
-    return routing, [
-        f"experts: {n} of {cfg.num_experts} active, as the spatial side routes ({how})"
-    ]
+    return routing, [f"experts: {n} of {experts} active, as the spatial side routes ({how})"]
 
 
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
