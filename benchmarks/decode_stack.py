@@ -2,6 +2,7 @@
 
     python benchmarks/decode_stack.py --layers 4            # Llama-3-8B, 4 layers, ipu-hbm
     python benchmarks/decode_stack.py --layers 32 --digest  # and digests to compare versions
+    python benchmarks/decode_stack.py --layers 32 --sim-layers 7  # the steady-period report
 
 The Llama-3-8B config (``models/hf_configs/llama-3-8b.json``, batch 32, KV 2048) compiled with
 :func:`torch2step.compile_config` for kernel execution (ELK-Full, ELK §4.4: the layers planned
@@ -17,6 +18,13 @@ copies, compiled once as their template), simulated cycles, peak RSS and, with `
 SHA-256 prefixes of the schedule, the program set and the run's statistics (events excluded,
 as ``sim_golden.py`` does), so two versions can be shown
 to plan, build and simulate the same thing.
+
+``--sim-layers K`` instead times what ``torch2step report ... --layers N --sim-layers K``
+runs: a ``K``-layer step planned on its own and simulated, the other layers timed by its
+steady period (:mod:`torch2step.kernel.steady`).  Printed: its cycles for the whole step, the
+period and the layers that showed it, the wall seconds of both plans, the build and the
+simulation (``total_wall_s``), and — run it beside a run without ``--sim-layers`` — the ratio a
+reader compares: the same ``cycles`` in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -53,12 +61,40 @@ def main() -> None:
         "--dtype", default=None, help="bf16, fp16 or fp32 (default: the config's, as served)"
     )
     ap.add_argument("--digest", action="store_true", help="digests of schedule, programs, stats")
+    ap.add_argument(
+        "--sim-layers", type=int, default=None, help="simulate K layers, time the rest by their period"
+    )
     args = ap.parse_args()
     chip = load_chip(args.chip)
+    w_start = time.perf_counter()
     prog = torch2step.compile_config(
         args.config, batch=args.batch, past=args.kv_len, chip=chip, layers=args.layers,
         execution="kernel", design="elk_full", dtype=args.dtype,
     )  # fmt: skip
+    if args.sim_layers is not None:
+        rep = prog.report(sim_layers=args.sim_layers)
+        st = rep.steady
+        print(
+            json.dumps(
+                {
+                    "layers": args.layers,
+                    "sim_layers": args.sim_layers,
+                    "cycles": rep.cycles,
+                    "cycles_simulated": rep.sim.cycles,
+                    "rest": "steady_period" if rep.by_period else "plan",
+                    "steady": str(st) if st is not None else None,
+                    "plan_s": round(rep.schedule.plan_seconds, 2),
+                    "plan_s_simulated": round(rep.sim.schedule.plan_seconds, 2),
+                    "build_s": round(rep.build_seconds, 2),
+                    "sim_s": round(rep.sim.sim_seconds, 2),
+                    # from the config to the report: both plans, build, compile and run
+                    "total_wall_s": round(time.perf_counter() - w_start, 2),
+                    "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+                }
+            ),
+            flush=True,
+        )
+        return
     s = prog.schedule
     # plan_s: wall seconds; the candidate preload orders run on plan_jobs processes
     out: dict[str, object] = {

@@ -220,10 +220,12 @@ class Simulator(Transfers):
         trace: bool | str | Path = False,
         max_cycles: int | None = None,
         progress: ProgressFn | None = None,
+        copy_starts: bool = False,
     ) -> SimResult:
         """Simulate to completion; ``trace`` records a Chrome trace (a path also writes it);
         ``progress``: ``fn(cycle, events)`` called while running (module docstring; default:
-        the one set by :func:`progress`)."""
+        the one set by :func:`progress`); ``copy_starts``: record when each core starts each
+        copy of an equal layer's section (:attr:`runtime.stats.SimResult.copy_starts`)."""
         wall = time.perf_counter()
         # the collector stays off for the whole run: the set-up allocates many small objects
         # (per-resource state), which would otherwise start a collection of the compiled
@@ -251,6 +253,7 @@ class Simulator(Transfers):
             self.hbm_data = {k: v.copy() for k, v in self._inputs.items()}
             self.dirty: set[str] = set()
             self.tracing = bool(trace)
+            self.copy_starts: list[tuple] | None = [] if copy_starts else None
             self.ctrace: list[tuple] = []
             self.rtrace: list[tuple] | None = [] if self.tracing else None
             self.bg_reset()  # background traffic (runtime.transfer)
@@ -503,9 +506,12 @@ def simulate(
     max_cycles: int | None = None,
     dma_queue_depth: int | None = None,
     progress: ProgressFn | None = None,
+    copy_starts: bool = False,
 ) -> SimResult:
     """Run ``programs`` on ``chip`` and return cycles, statistics, HBM contents and trace
-    (``progress``: see :meth:`Simulator.run`)."""
+    (``progress``, ``copy_starts``: see :meth:`Simulator.run`)."""
     with gc_paused():  # one pause across compiling and running
         sim = Simulator(programs, chip, mode=mode, inputs=inputs, dma_queue_depth=dma_queue_depth)
-        return sim.run(trace=trace, max_cycles=max_cycles, progress=progress)
+        return sim.run(
+            trace=trace, max_cycles=max_cycles, progress=progress, copy_starts=copy_starts
+        )

@@ -110,9 +110,10 @@ class Frame:
 
 
 class OpCall(ops.Op):
-    """Run template ``tmpl`` with ``table`` bound, then go on after this operation."""
+    """Run template ``tmpl`` with ``table`` bound, then go on after this operation (``shift``:
+    the copy's shift, see :func:`compile_layered`)."""
 
-    __slots__ = ("fr", "tmpl", "table")
+    __slots__ = ("fr", "tmpl", "table", "shift")
 
 
 class OpRet(ops.Op):
@@ -123,6 +124,9 @@ class OpRet(ops.Op):
 
 def h_call(sim: Any, core: Any, op: OpCall) -> bool:
     bind(op.tmpl, op.table)
+    rec = sim.copy_starts
+    if rec is not None:  # (runtime.Simulator.run(copy_starts=True))
+        rec.append((core.id, op.tmpl.start, op.shift, core.t))
     fr = op.fr
     fr.tmpl = op.tmpl
     fr.back = core.pc + 1
@@ -204,7 +208,7 @@ def compile_layered(
         if table is None:
             comp.block(body[s:pos])
         else:
-            code.append(_CALL(h_call, None, fr, tm, table))
+            code.append(_CALL(h_call, None, fr, tm, table, d))
     comp.block(body[pos:])
     code.append(ops.make(ops.Op, ops.h_end, None))
     core = comp.core

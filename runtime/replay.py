@@ -65,6 +65,8 @@ class Replay:
     """The untimed replay of compiled programs ``comp`` (module docstring); ``hbm``: the
     integer HBM tensors control data is read from (timing mode's inputs)."""
 
+    copy_starts = None  # records no copies' starts (runtime.program_layers.h_call)
+
     def __init__(
         self,
         comp: Compiled,

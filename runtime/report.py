@@ -164,5 +164,13 @@ def build_result(sim: Any, wall: float) -> SimResult:
         )
     chip = sim.chip
     return SimResult(
-        cycles, stats, dict(sim.hbm_data), sim.mode, chip.name, chip.clock_ghz, trace_events, wall
+        cycles,
+        stats,
+        dict(sim.hbm_data),
+        sim.mode,
+        chip.name,
+        chip.clock_ghz,
+        trace_events,
+        wall,
+        tuple(sim.copy_starts or ()),
     )

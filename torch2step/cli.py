@@ -121,7 +121,8 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="K",
-        help="kernel execution of --layers N: simulate the first K layers of the plan",
+        help="kernel execution of --layers N: simulate K layers (from 5: a K-layer step planned "
+        "on its own; the layers in between timed by its steady period, else the plan's prediction)",
     )
     r.add_argument("--tiny", action="store_true", help="use the layer's tiny test configuration")
     r.add_argument("--impl", default=None, help="the layer's spelling (see `torch2step layers`)")

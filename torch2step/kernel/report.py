@@ -156,12 +156,14 @@ def simulate_schedule(
     programs: Any = None,
     inputs: Mapping[str, np.ndarray] | None = None,
     tokens: int = 1,
+    copy_starts: bool = False,
 ) -> KernelReport:
-    """Simulate ``sched`` on ``chip`` (its programs built for timing unless given)."""
+    """Simulate ``sched`` on ``chip`` (its programs built for timing unless given;
+    ``copy_starts``: see :meth:`runtime.Simulator.run`)."""
     with gc_paused():  # one pause across building, compiling and running (runtime.gc_paused)
         ps = programs if programs is not None else build_programs(sched, chip)
         t0 = time.perf_counter()
-        res = simulate(ps, chip, mode=mode, inputs=dict(inputs or {}))
+        res = simulate(ps, chip, mode=mode, inputs=dict(inputs or {}), copy_starts=copy_starts)
         wall = time.perf_counter() - t0
     return KernelReport(
         sched,

@@ -7,7 +7,9 @@ layer overlap the current one, and the preload order permutation found on the fi
 applied to every identical layer (:mod:`elk.reorder`, ELK §4.4: ``layer`` / ``slot`` of each
 operator).  ``report(sim_layers=k)`` simulates the per-core programs of the first ``k`` layers
 of that plan (the plan cut after layer ``k``: the same execute plans, preload order and issue
-points, without the preloads of later layers) and reports the rest as the plan's prediction.
+points, without the preloads of later layers) and times the rest by the simulated layers'
+steady period (:mod:`torch2step.kernel.steady`) when they show one, else by the plan's
+prediction.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch2step.kernel.build import bind_timing, timing_links
 from torch2step.kernel.graph import GraphOps, graph_ops
 from torch2step.kernel.program import output
 from torch2step.kernel.report import KernelReport, simulate_schedule
+from torch2step.kernel.steady import MIN_LAYERS, Steady, plans_differ, steady_period
 from torch2step.layers.graph import LayerGraph, format_layer_graph
 from torch2step.layers.stack import Repeat
 
@@ -204,24 +207,58 @@ class KernelStackProgram:
             outs.append(torch.stack([output(self.graph, res, named, v) for v, _ in layers]))
         return tuple(outs)
 
+    def shorter(self, layers: int) -> KernelStackProgram:
+        """The same step with its first ``layers`` layers, planned as a model of its own."""
+        if not 1 <= layers <= self.count:
+            raise LoweringError(f"{self.layer.name}: 1..{self.count} layers, not {layers}")
+        new = object.__new__(type(self))
+        new.layer, new.chip, new.design = self.layer, self.chip, self.design
+        new.example_inputs, new.body_ops = self.example_inputs, self.body_ops
+        lp = self.op.layer_params[:layers]
+        new.op = dataclasses.replace(self.op, count=layers, layer_params=lp)
+        new.graph = stack_graph_ops(self.body_ops, self.layer, new.op)
+        new.schedule = plan_model(new.graph.ops, self.chip, self.design, dtype=new.graph.dtype)
+        return new
+
     def report(self, sim_layers: int = 1, tokens: int = 1) -> KernelStackReport:
-        """Simulate the first ``sim_layers`` layers of the plan in timing mode."""
+        """Simulate ``sim_layers`` layers in timing mode and time the rest
+        (:class:`KernelStackReport`): with at least :data:`~torch2step.kernel.steady.MIN_LAYERS`
+        of them (and fewer than the step's), a ``sim_layers``-layer step planned as a model of
+        its own (:meth:`shorter`: its end is planned as this step's end is) whose steady
+        period times the layers in between; with fewer, the first ``sim_layers`` layers of
+        this plan, the rest the plan's prediction."""
+        if not 1 <= sim_layers <= self.count:
+            raise LoweringError(f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}")
+        own = MIN_LAYERS <= sim_layers < self.count
+        src = self.shorter(sim_layers) if own else self
         # one collector pause across building, compiling and running (runtime.gc_paused): with
         # the collector back on between them, the first allocations after the build walk
         # every instruction of it
         with gc_paused():
             t0 = time.perf_counter()
-            ps = self.programs(sim_layers)
+            ps = src.programs(sim_layers)
             build = time.perf_counter() - t0
-            rep = simulate_schedule(self.schedule, self.chip, programs=ps, inputs={}, tokens=tokens)
+            rep = simulate_schedule(
+                src.schedule, self.chip, programs=ps, inputs={}, tokens=tokens, copy_starts=own
+            )
+        steady = None
+        per_layer = len(self.body_ops.ops)
+        if own:
+            steady = steady_period(rep.result.copy_starts, per_layer, sim_layers)
+            if steady.period is not None:
+                differ = plans_differ(self.schedule, src.schedule, steady.last * per_layer)
+                if differ:
+                    steady = Steady(None, why=f"the {sim_layers}-layer plan differs: {differ}")
         rep = dataclasses.replace(rep, notes=tuple(self.graph.notes))
         return KernelStackReport(
             rep,
             self.count,
             sim_layers,
-            self.predicted_cycles(sim_layers),
+            src.schedule.cycles if own else self.predicted_cycles(sim_layers),
             build,
             self.schedule.ideal().cycles,
+            steady,
+            self.schedule if own else None,
         )
 
     def __str__(self) -> str:
@@ -235,8 +272,10 @@ class KernelStackProgram:
 class KernelStackReport:
     """A plan of ``layers`` layers, its first ``sim_layers`` simulated (ELK §6.2-§6.3 terms).
 
-    ``cycles`` (the whole step) is the plan's prediction for the layers not simulated added to
-    the simulated cycles of the first ``sim_layers``; ``sim.cycles`` alone is simulated."""
+    ``cycles`` (the whole step) adds to the simulated cycles of the first ``sim_layers`` those
+    of the layers not simulated: the simulated steady period per layer when the simulated
+    layers showed one (``steady``, :mod:`torch2step.kernel.steady`), else the plan's
+    prediction for them; ``sim.cycles`` alone is simulated."""
 
     sim: KernelReport
     layers: int
@@ -244,10 +283,19 @@ class KernelStackReport:
     sim_predicted: float
     build_seconds: float
     ideal: float  # the Ideal design's predicted cycles for the whole step (ELK §6.1)
+    steady: Steady | None = None  # the simulated layers' steady period (None: all simulated)
+    #: the step's plan when the simulated layers were planned on their own (``sim.schedule``)
+    plan: ElkSchedule | None = None
+
+    @property
+    def by_period(self) -> bool:
+        """The layers not simulated are timed by the simulated steady period."""
+        return self.steady is not None and self.steady.period is not None
 
     @property
     def schedule(self) -> ElkSchedule:
-        return self.sim.schedule
+        """The whole step's plan."""
+        return self.plan if self.plan is not None else self.sim.schedule
 
     @property
     def predicted(self) -> float:
@@ -255,7 +303,11 @@ class KernelStackReport:
 
     @property
     def cycles(self) -> int:
-        """Simulated cycles of the first layers plus the plan's prediction for the rest."""
+        """Simulated cycles of the first layers plus the rest's: their steady period, else
+        the plan's prediction for them."""
+        if self.by_period:
+            assert self.steady is not None and self.steady.period is not None
+            return self.sim.cycles + (self.layers - self.sim_layers) * self.steady.period
         return round(self.sim.cycles + (self.predicted - self.sim_predicted))
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,6 +320,18 @@ class KernelStackReport:
             "layers": self.layers,
             "operators": len(s.ops),
             "simulated_layers": self.sim_layers,
+            **(
+                {
+                    "rest": "steady_period" if self.by_period else "plan",
+                    "steady_period": self.steady.period,
+                    "steady_layers": [self.steady.first, self.steady.last]
+                    if self.by_period
+                    else None,
+                    **({"no_period": self.steady.why} if not self.by_period else {}),
+                }
+                if self.steady is not None
+                else {}
+            ),
             "cycles": self.cycles,
             "cycles_simulated": r.cycles,
             "predicted_cycles": round(self.predicted),
@@ -282,11 +346,35 @@ class KernelStackReport:
             "ideal_cycles": round(self.ideal),
             "of_ideal": round(self.ideal / self.cycles, 4) if self.cycles else None,
             "plan_s": round(s.plan_seconds, 3),
+            **(
+                {"plan_s_simulated": round(r.schedule.plan_seconds, 3)}
+                if self.plan is not None
+                else {}
+            ),
             "build_s": round(self.build_seconds, 3),
             "sim_s": round(r.sim_seconds, 3),
             "breakdown": {k: round(v / tot, 4) for k, v in s.breakdown().items()},
             **({"notes": list(r.notes)} if r.notes else {}),
         }
+
+    def _short_plan(self) -> str:
+        if self.plan is None:
+            return ""
+        return f" (the {self.sim_layers}-layer step's {self.sim.schedule.plan_seconds:.2f} s)"
+
+    def _simulated(self) -> str:
+        """What was simulated."""
+        if self.steady is None:
+            return f"layers 1-{self.sim_layers} simulated"
+        return f"a {self.sim_layers}-layer step planned as a model of its own simulated"
+
+    def _rest(self) -> str:
+        """How the layers not simulated are timed, and why."""
+        st = self.steady
+        if st is None or st.period is None:
+            why = f" ({st})" if st is not None else ""
+            return f"the plan's prediction{why}"
+        return f"at the simulated {st}"
 
     def __str__(self) -> str:
         s, r = self.schedule, self.sim
@@ -301,9 +389,9 @@ class KernelStackReport:
                 f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.layers} layers, "
                 f"{len(s.ops)} operators planned as one model",
                 f"decode step: {self.cycles} cycles = {us:.1f} us "
-                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch) — layers 1-{self.sim_layers} "
-                f"simulated ({r.cycles} cycles; plan predicted {self.sim_predicted:.0f}, "
-                f"{err:+.1%}), layers {self.sim_layers + 1}-{self.layers} the plan's prediction"
+                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch) — {self._simulated()} "
+                f"({r.cycles} cycles; plan predicted {self.sim_predicted:.0f}, "
+                f"{err:+.1%}), layers {self.sim_layers + 1}-{self.layers} {self._rest()}"
                 if self.sim_layers < self.layers
                 else f"decode step: {self.cycles} cycles = {us:.1f} us "
                 f"per step ({us / max(1, r.tokens):.2f} us per token of the batch), all {self.layers} layers "
@@ -315,7 +403,7 @@ class KernelStackReport:
                 f"FLOP utilisation {s.flop_utilisation(self.cycles):.2%}",
                 f"Ideal (ELK §6.1) predicts {ideal:.0f} cycles: step at {ideal / max(1, self.cycles):.1%}"
                 f" of Ideal (plan {ideal / tot:.1%})",
-                f"plan {s.plan_seconds:.2f} s  programs {self.build_seconds:.2f} s  "
+                f"plan {s.plan_seconds:.2f} s{self._short_plan()}  programs {self.build_seconds:.2f} s  "
                 f"simulation {r.sim_seconds:.2f} s",
                 *(f"note: {n}" for n in r.notes),
             ]

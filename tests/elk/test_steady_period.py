@@ -1,0 +1,63 @@
+"""The layers of a decode step not simulated, timed by the simulated layers' steady period
+(torch2step.kernel.steady): the period is found only where every copy of every core starts
+exactly one period after the layer before, and the step it gives equals simulating every layer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from torch2step.kernel.steady import MIN_LAYERS, steady_period
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _starts(periods: list[int], cores: int = 3, sections: int = 2, per_layer: int = 5) -> list:
+    """Copy starts of layers 2.. whose layer ``l + 1`` starts ``periods[l - 2]`` after ``l``."""
+    out, t = [], 1000
+    for layer in range(2, len(periods) + 3):
+        for c in range(cores):
+            for s in range(sections):
+                out.append((c, 10 * s, (layer - 1) * per_layer, t + 7 * c + 100 * s))
+        if layer - 2 < len(periods):
+            t += periods[layer - 2]
+    return out
+
+
+def test_three_layers_one_period_apart_give_the_period() -> None:
+    st = steady_period(_starts([500, 500, 430, 410]), 5, 6)
+    assert (st.period, st.first, st.last) == (500, 2, 4)
+    assert "500 cycles per layer" in str(st)
+
+
+def test_no_period_when_one_section_is_late_or_too_few_layers() -> None:
+    starts = _starts([500, 500, 430, 410])
+    c, s, sh, t = starts[7]  # layer 3, one core's section one cycle late
+    starts[7] = (c, s, sh, t + 1)
+    st = steady_period(starts, 5, 6)
+    assert st.period is None and "equal period" in st.why
+    assert steady_period(_starts([500, 500]), 5, MIN_LAYERS - 1).period is None
+    missing = [x for x in _starts([500, 500, 500]) if not (x[0] == 1 and x[2] == 10)]
+    assert steady_period(missing, 5, 6).period is None  # a copy started in one layer only
+    assert "whole layers" in steady_period([(0, 0, 7, 1)], 5, 6).why
+
+
+def test_steady_period_times_the_step_as_simulating_every_layer() -> None:
+    import torch2step
+    from models.decoder import tiny_config_dict
+
+    prog = torch2step.compile_config(
+        tiny_config_dict("llama"), batch=4, past=64, chip="ipu-hbm", layers=8,
+        execution="kernel", design="elk_full",
+    )  # fmt: skip
+    part, every = prog.report(sim_layers=6), prog.report(sim_layers=8)
+    assert part.by_period and every.steady is None
+    assert part.steady is not None and part.steady.period is not None
+    assert part.cycles == every.cycles == every.sim.cycles
+    assert part.cycles == part.sim.cycles + 2 * part.steady.period
+    assert part.schedule is prog.schedule and part.sim.schedule is not prog.schedule
+    d = part.to_dict()
+    assert d["rest"] == "steady_period" and d["steady_period"] == part.steady.period
+    assert "steady period" in str(part) and "planned as a model of its own" in str(part)

@@ -1,0 +1,118 @@
+"""The steady period of a simulated decode step: the layers not simulated, timed by the ones
+that were.
+
+A decode step of ``N`` identical layers is planned as one model (ELK §4.4: the same execute
+plans, preload order and issue points in every layer), so once the first layer's cold start has
+passed, each layer runs as the one before it, one period later — until the last layers, which
+have no later layers' preloads to issue.  The per-core programs run every equal section of a
+later layer as a copy of layer 1's (:mod:`runtime.program_layers`), and the simulator records
+the cycle each core starts each copy (``copy_starts``).  A layer pair ``(l, l + 1)`` is
+*steady* when the same copies start in both (the same core and section) and every one of them
+starts in layer ``l + 1`` exactly ``P`` cycles after its counterpart in layer ``l``: every
+core's every section, one period on.
+
+:meth:`torch2step.kernel.stack.KernelStackProgram.report` simulates a ``k``-layer step planned
+as a model of its own, so that its last layers end as the ``N``-layer step's do, and checks
+that its plan decides every operator up to the steady layers as the ``N``-layer plan does
+(:func:`plans_differ`).  :func:`steady_period` looks for two consecutive steady pairs with the
+same ``P`` (three layers in a row, each exactly one period after the last).  Then the ``k``
+layers' simulated cycles plus ``(N - k) * P`` are the whole step's: a simulation of all ``N``
+layers runs ``N - k`` more steady layers before the same last layers.  This is a measured
+regularity, not a proof that the simulator's whole state repeats (its FIFOs, HBM channel
+classes and background queues are not compared), so the report says which layers showed the
+period, and ``benchmarks/decode_stack.py --sim-layers K`` prints it next to the cycles of
+simulating every layer.  When no period shows (e.g. on a mesh, where one layer's traffic
+delays the next unevenly, or with too few layers simulated) the rest is the plan's
+prediction, and the report says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from elk.plan import ElkSchedule
+
+__all__ = ["Steady", "steady_period", "plans_differ", "MIN_LAYERS"]
+
+#: the fewest simulated layers that can show a period: the cold first layer, three steady
+#: ones, and the last, whose missing preloads change its timing (often the last two or three)
+MIN_LAYERS = 5
+
+
+@dataclass(frozen=True)
+class Steady:
+    """The outcome: ``period`` cycles per layer (``None``: no period shown) seen across the
+    layers ``first .. last`` (1-based), or ``why`` not."""
+
+    period: int | None
+    first: int = 0
+    last: int = 0
+    why: str = ""
+
+    def __str__(self) -> str:
+        if self.period is None:
+            return f"no steady period: {self.why}"
+        return (
+            f"steady period {self.period} cycles per layer (layers {self.first}-{self.last}: "
+            "every core started every section of a layer exactly that much after the layer "
+            "before)"
+        )
+
+
+def steady_period(
+    starts: Iterable[tuple[int, int, int, int]], per_layer: int, layers: int
+) -> Steady:
+    """The steady period of a ``layers``-layer run whose copies started at ``starts``
+    (:attr:`runtime.stats.SimResult.copy_starts`; a copy of layer ``l``'s section has shift
+    ``(l - 1) * per_layer``, the operators of one layer), see the module docstring."""
+    at: dict[int, dict[tuple[int, int], int]] = {}
+    for core, tmpl, shift, cycle in starts:
+        if shift <= 0 or shift % per_layer:
+            return Steady(None, why=f"a copy shifted by {shift}, not whole layers of {per_layer}")
+        at.setdefault(shift // per_layer + 1, {})[(core, tmpl)] = cycle
+    if layers < MIN_LAYERS:
+        return Steady(None, why=f"{layers} layers simulated, at least {MIN_LAYERS} are needed")
+    deltas: dict[int, int | None] = {}
+    for layer in range(2, layers):
+        a, b = at.get(layer), at.get(layer + 1)
+        if not a or not b or a.keys() != b.keys():
+            deltas[layer] = None
+            continue
+        seen = {b[k] - a[k] for k in a}
+        deltas[layer] = seen.pop() if len(seen) == 1 else None
+    for layer in range(2, layers - 1):
+        p = deltas[layer]
+        if p is not None and p > 0 and deltas[layer + 1] == p:
+            return Steady(p, layer, layer + 2)
+    if not at:
+        return Steady(None, why="no layer ran as a copy of layer 1 (its sections differ)")
+    return Steady(
+        None,
+        why="no three layers in a row started each section one equal period apart; "
+        "simulate more layers, or read the plan's prediction",
+    )
+
+
+def plans_differ(full: ElkSchedule, short: ElkSchedule, ops: int) -> str:
+    """Where the plan ``short`` of the first layers of the step planned as ``full`` decides its
+    first ``ops`` operators differently (``""``: nowhere): their execute-state plans, the
+    preload-state plans, the preloads issued before each (ELK §4.2's preload numbers) and the
+    preload order up to there — what their per-core programs are built from."""
+    fs, ss = full.timeline.steps, short.timeline.steps
+    fp, sp = full.plans, short.plans
+    top = 0
+    for i in range(ops):
+        a, b = fs[i], ss[i]
+        if a.exec_plan != b.exec_plan or fp[i] != sp[i]:
+            return f"operator {i} ({full.ops[i].name}) has another execute-state plan"
+        if a.P != b.P or a.next_preload != b.next_preload:
+            return f"operator {i} ({full.ops[i].name}) issues other preloads"
+        top = max(top, a.P)
+    if full.timeline.order[:top] != short.timeline.order[:top]:
+        return "the preload order differs"
+    fpp, spp = full.timeline.preload_plan, short.timeline.preload_plan
+    for o in full.timeline.order[:top]:
+        if (fpp[o] if o < len(fpp) else None) != (spp[o] if o < len(spp) else None):
+            return f"operator {o} ({full.ops[o].name}) has another preload-state plan"
+    return ""
