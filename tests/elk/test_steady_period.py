@@ -61,3 +61,37 @@ def test_steady_period_times_the_step_as_simulating_every_layer() -> None:
     d = part.to_dict()
     assert d["rest"] == "steady_period" and d["steady_period"] == part.steady.period
     assert "steady period" in str(part) and "planned as a model of its own" in str(part)
+
+
+def test_a_shorter_step_planned_otherwise_falls_back_to_the_plan(monkeypatch) -> None:
+    """A shorter step whose plan decides its first layers otherwise (ELK-Dyn's first preloads
+    depend on the step's length) cannot time this one: the first layers of the step's own plan
+    are simulated, the rest predicted, and the report says why."""
+    import dataclasses
+
+    import torch2step
+    from models.decoder import tiny_config_dict
+    from torch2step.kernel import stack
+    from torch2step.kernel.steady import plans_differ
+
+    prog = torch2step.compile_config(
+        tiny_config_dict("llama"), batch=4, past=64, chip="ipu-hbm", layers=6,
+        execution="kernel", design="elk_full",
+    )  # fmt: skip
+    s = prog.schedule
+    n = 4 * len(prog.body_ops.ops)
+    assert plans_differ(s, s, n) == ""
+    steps = list(s.timeline.steps)
+    steps[1] = dataclasses.replace(steps[1], P=steps[1].P + 1)
+    other = dataclasses.replace(s, timeline=dataclasses.replace(s.timeline, steps=tuple(steps)))
+    assert "issues other preloads" in plans_differ(s, other, n)
+    assert plans_differ(s, other, 1) == ""  # only the operators asked about
+
+    monkeypatch.setattr(stack, "plans_differ", lambda *a: "operator 1 issues other preloads")
+    rep = prog.report(sim_layers=5)
+    assert not rep.by_period and rep.plan is None and rep.steady is not None
+    assert "planned otherwise" in rep.steady.why
+    assert rep.sim.schedule is s
+    assert rep.cycles == round(rep.sim.cycles + s.cycles - prog.predicted_cycles(5))
+    assert "layers 1-5 simulated" in str(rep) and "the plan's prediction (no steady" in str(rep)
+    assert rep.to_dict()["rest"] == "plan"

@@ -225,12 +225,26 @@ class KernelStackProgram:
         (:class:`KernelStackReport`): with at least :data:`~torch2step.kernel.steady.MIN_LAYERS`
         of them (and fewer than the step's), a ``sim_layers``-layer step planned as a model of
         its own (:meth:`shorter`: its end is planned as this step's end is) whose steady
-        period times the layers in between; with fewer, the first ``sim_layers`` layers of
-        this plan, the rest the plan's prediction."""
+        period times the layers in between, provided its plan decides the layers a period can
+        show in as this plan does; otherwise, or with fewer layers, the first ``sim_layers``
+        layers of this plan, the rest the plan's prediction."""
         if not 1 <= sim_layers <= self.count:
             raise LoweringError(f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}")
-        own = MIN_LAYERS <= sim_layers < self.count
-        src = self.shorter(sim_layers) if own else self
+        per_layer = len(self.body_ops.ops)
+        src, steady = self, None
+        if MIN_LAYERS <= sim_layers < self.count:
+            short = self.shorter(sim_layers)
+            # a period shows first in layers 2-4 (torch2step.kernel.steady)
+            differ = plans_differ(self.schedule, short.schedule, 4 * per_layer)
+            if differ:
+                steady = Steady(
+                    None,
+                    why=f"a {sim_layers}-layer step is planned otherwise ({differ}), so this "
+                    f"plan's first {sim_layers} layers were simulated",
+                )
+            else:
+                src = short
+        own = src is not self
         # one collector pause across building, compiling and running (runtime.gc_paused): with
         # the collector back on between them, the first allocations after the build walk
         # every instruction of it
@@ -241,8 +255,6 @@ class KernelStackProgram:
             rep = simulate_schedule(
                 src.schedule, self.chip, programs=ps, inputs={}, tokens=tokens, copy_starts=own
             )
-        steady = None
-        per_layer = len(self.body_ops.ops)
         if own:
             steady = steady_period(rep.result.copy_starts, per_layer, sim_layers)
             if steady.period is not None:
@@ -364,7 +376,7 @@ class KernelStackReport:
 
     def _simulated(self) -> str:
         """What was simulated."""
-        if self.steady is None:
+        if self.plan is None:
             return f"layers 1-{self.sim_layers} simulated"
         return f"a {self.sim_layers}-layer step planned as a model of its own simulated"
 
