@@ -126,7 +126,7 @@ def h_call(sim: Any, core: Any, op: OpCall) -> bool:
     bind(op.tmpl, op.table)
     rec = sim.copy_starts
     if rec is not None:  # (runtime.Simulator.run(copy_starts=True))
-        rec.append((core.id, op.tmpl.start, op.shift, core.t))
+        rec.append((core.id, op.tmpl.start, op.shift, core.t, tuple(core.st)))
     fr = op.fr
     fr.tmpl = op.tmpl
     fr.back = core.pc + 1

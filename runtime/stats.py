@@ -118,11 +118,12 @@ class SimResult:
     clock_ghz: float
     trace_events: tuple[dict[str, Any], ...] = ()
     wall_seconds: float = field(default=0.0, compare=False)
-    #: ``(core, template, shift, cycle)`` each time a core started a copy of an equal layer's
-    #: section (:mod:`runtime.program_layers`; its template's first operation, the copy's name
-    #: shift, the core's clock), in the order they ran; recorded when the run was asked to
-    #: (``copy_starts=True``), else empty
-    copy_starts: tuple[tuple[int, int, int, int], ...] = field(
+    #: ``(core, template, shift, cycle, categories)`` each time a core started a copy of an
+    #: equal layer's section (:mod:`runtime.program_layers`; its template's first operation,
+    #: the copy's name shift, the core's clock and its cycles so far per category of
+    #: :data:`runtime.state.CATEGORIES`), in the order they ran; recorded when the run was
+    #: asked to (``copy_starts=True``), else empty
+    copy_starts: tuple[tuple[int, int, int, int, tuple[int, ...]], ...] = field(
         default=(), compare=False, repr=False
     )
 

@@ -20,7 +20,8 @@ def _starts(periods: list[int], cores: int = 3, sections: int = 2, per_layer: in
     for layer in range(2, len(periods) + 3):
         for c in range(cores):
             for s in range(sections):
-                out.append((c, 10 * s, (layer - 1) * per_layer, t + 7 * c + 100 * s))
+                u = t + 7 * c + 100 * s
+                out.append((c, 10 * s, (layer - 1) * per_layer, u, (u // 2, 0, 0, u - u // 2, 0)))
         if layer - 2 < len(periods):
             t += periods[layer - 2]
     return out
@@ -34,14 +35,21 @@ def test_three_layers_one_period_apart_give_the_period() -> None:
 
 def test_no_period_when_one_section_is_late_or_too_few_layers() -> None:
     starts = _starts([500, 500, 430, 410])
-    c, s, sh, t = starts[7]  # layer 3, one core's section one cycle late
-    starts[7] = (c, s, sh, t + 1)
+    c, s, sh, t, cats = starts[7]  # layer 3, one core's section one cycle late
+    starts[7] = (c, s, sh, t + 1, cats)
     st = steady_period(starts, 5, 6)
     assert st.period is None and "equal period" in st.why
     assert steady_period(_starts([500, 500]), 5, MIN_LAYERS - 1).period is None
     missing = [x for x in _starts([500, 500, 500]) if not (x[0] == 1 and x[2] == 10)]
     assert steady_period(missing, 5, 6).period is None  # a copy started in one layer only
-    assert "whole layers" in steady_period([(0, 0, 7, 1)], 5, 6).why
+    assert "whole layers" in steady_period([(0, 0, 7, 1, (0,) * 5)], 5, 6).why
+    # every start one period on, but one core's time spent otherwise in the second pair
+    moved = _starts([500, 500, 500, 500])
+    c, s, sh, t, cats = moved[0]  # layer 2, core 0, section 0
+    moved[0] = (c, s, sh, t, (cats[0] + 3, cats[1] - 3, *cats[2:]))
+    assert steady_period(moved, 5, 6).first == 3  # layers 3-5 still repeat
+    moved[18] = (*moved[18][:4], (0,) * 5)  # and not in layer 5
+    assert steady_period(moved, 5, 6).period is None
 
 
 def test_steady_period_times_the_step_as_simulating_every_layer() -> None:

@@ -9,7 +9,9 @@ later layer as a copy of layer 1's (:mod:`runtime.program_layers`), and the simu
 the cycle each core starts each copy (``copy_starts``).  A layer pair ``(l, l + 1)`` is
 *steady* when the same copies start in both (the same core and section) and every one of them
 starts in layer ``l + 1`` exactly ``P`` cycles after its counterpart in layer ``l``: every
-core's every section, one period on.
+core's every section, one period on.  Two steady pairs *repeat* when, besides, every core
+spent the same cycles in each category (busy, waiting to receive, to send, for memory, at a
+barrier) from each section's start in one layer to the next in both pairs.
 
 :meth:`torch2step.kernel.stack.KernelStackProgram.report` simulates a ``k``-layer step planned
 as a model of its own, so that its last layers end as the ``N``-layer step's do, and checks
@@ -56,34 +58,37 @@ class Steady:
         return (
             f"steady period {self.period} cycles per layer (layers {self.first}-{self.last}: "
             "every core started every section of a layer exactly that much after the layer "
-            "before)"
+            "before, its cycles busy and stalled alike)"
         )
 
 
-def steady_period(
-    starts: Iterable[tuple[int, int, int, int]], per_layer: int, layers: int
-) -> Steady:
+def steady_period(starts: Iterable[tuple], per_layer: int, layers: int) -> Steady:
     """The steady period of a ``layers``-layer run whose copies started at ``starts``
     (:attr:`runtime.stats.SimResult.copy_starts`; a copy of layer ``l``'s section has shift
-    ``(l - 1) * per_layer``, the operators of one layer), see the module docstring."""
-    at: dict[int, dict[tuple[int, int], int]] = {}
-    for core, tmpl, shift, cycle in starts:
+    ``(l - 1) * per_layer``, the operators of one layer), see the module docstring: two
+    consecutive steady pairs with the same period in which, besides, every core spent the same
+    cycles in each category (busy, waiting to receive, to send, for memory, at a barrier)
+    between its starts of a section in both pairs."""
+    at: dict[int, dict[tuple[int, int], tuple]] = {}
+    for core, tmpl, shift, cycle, cats in starts:
         if shift <= 0 or shift % per_layer:
             return Steady(None, why=f"a copy shifted by {shift}, not whole layers of {per_layer}")
-        at.setdefault(shift // per_layer + 1, {})[(core, tmpl)] = cycle
+        at.setdefault(shift // per_layer + 1, {})[(core, tmpl)] = (cycle, *cats)
     if layers < MIN_LAYERS:
         return Steady(None, why=f"{layers} layers simulated, at least {MIN_LAYERS} are needed")
-    deltas: dict[int, int | None] = {}
+    # per layer pair (l, l + 1): its period (None: none) and every start's change
+    pairs: dict[int, tuple[int | None, dict]] = {}
     for layer in range(2, layers):
         a, b = at.get(layer), at.get(layer + 1)
         if not a or not b or a.keys() != b.keys():
-            deltas[layer] = None
+            pairs[layer] = (None, {})
             continue
-        seen = {b[k] - a[k] for k in a}
-        deltas[layer] = seen.pop() if len(seen) == 1 else None
+        moved = {k: tuple(y - x for x, y in zip(a[k], b[k])) for k in a}
+        seen = {d[0] for d in moved.values()}
+        pairs[layer] = (seen.pop() if len(seen) == 1 else None, moved)
     for layer in range(2, layers - 1):
-        p = deltas[layer]
-        if p is not None and p > 0 and deltas[layer + 1] == p:
+        (p, m1), (q, m2) = pairs[layer], pairs[layer + 1]
+        if p is not None and p > 0 and p == q and m1 == m2:
             return Steady(p, layer, layer + 2)
     if not at:
         return Steady(None, why="no layer ran as a copy of layer 1 (its sections differ)")
