@@ -5,11 +5,11 @@ each copy reading its own weights and KV cache and the previous layer's output, 
 ``N x ops`` list is planned as one model by :func:`elk.plan.plan_model`: preloads of the next
 layer overlap the current one, and the preload order permutation found on the first layer is
 applied to every identical layer (:mod:`elk.reorder`, ELK §4.4: ``layer`` / ``slot`` of each
-operator).  ``report(sim_layers=k)`` simulates the per-core programs of the first ``k`` layers
-of that plan (the plan cut after layer ``k``: the same execute plans, preload order and issue
-points, without the preloads of later layers) and times the rest by the simulated layers'
-steady period (:mod:`torch2step.kernel.steady`) when they show one, else by the plan's
-prediction.
+operator).  ``report(sim_layers=k)`` with ``k`` below 5 simulates the per-core programs of the
+first ``k`` layers of that plan (the plan cut after layer ``k``: the same execute plans, preload
+order and issue points, without the preloads of later layers) and adds the plan's prediction
+for the rest; from 5 it simulates a ``k``-layer step planned on its own and times the layers in
+between by its steady period (:mod:`torch2step.kernel.steady`) when it shows one.
 """
 
 from __future__ import annotations
@@ -383,9 +383,13 @@ class KernelStackReport:
     def _rest(self) -> str:
         """How the layers not simulated are timed, and why."""
         st = self.steady
-        if st is None or st.period is None:
-            why = f" ({st})" if st is not None else ""
-            return f"the plan's prediction{why}"
+        if st is None:
+            return (
+                f"the plan's prediction (simulate at least {MIN_LAYERS} layers to time them by "
+                "the simulated steady period)"
+            )
+        if st.period is None:
+            return f"the plan's prediction ({st})"
         return f"at the simulated {st}"
 
     def __str__(self) -> str:
