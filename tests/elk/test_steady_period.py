@@ -47,6 +47,9 @@ def test_no_period_when_one_section_is_late_or_too_few_layers() -> None:
     moved = _starts([500, 500, 500, 500])
     c, s, sh, t, cats = moved[0]  # layer 2, core 0, section 0
     moved[0] = (c, s, sh, t, (cats[0] + 3, cats[1] - 3, *cats[2:]))
+    kinds = list(moved)  # a stalled cycle charged to another kind of wait
+    kinds[18] = (*kinds[18][:4], (kinds[18][4][0], 1, 0, kinds[18][4][3] - 1, 0))
+    assert steady_period(kinds, 5, 6).period == 500
     assert steady_period(moved, 5, 6).first == 3  # layers 3-5 still repeat
     moved[18] = (*moved[18][:4], (0,) * 5)  # and not in layer 5
     assert steady_period(moved, 5, 6).period is None
