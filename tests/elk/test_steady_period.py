@@ -74,10 +74,13 @@ def test_steady_period_times_the_step_as_simulating_every_layer() -> None:
     assert "steady period" in str(part) and "planned as a model of its own" in str(part)
 
 
-def test_a_shorter_step_planned_otherwise_falls_back_to_the_plan(monkeypatch) -> None:
+def test_a_shorter_step_planned_otherwise_times_the_rest_by_this_plans_period(
+    monkeypatch,
+) -> None:
     """A shorter step whose plan decides its first layers otherwise (ELK-Dyn's first preloads
     depend on the step's length) cannot time this one: the first layers of the step's own plan
-    are simulated, the rest predicted, and the report says why."""
+    are simulated, their steady period times the rest, their last layers stand for the step's
+    (an estimate), and the report says so."""
     import dataclasses
 
     import torch2step
@@ -86,7 +89,7 @@ def test_a_shorter_step_planned_otherwise_falls_back_to_the_plan(monkeypatch) ->
     from torch2step.kernel.steady import plans_differ
 
     prog = torch2step.compile_config(
-        tiny_config_dict("llama"), batch=4, past=64, chip="ipu-hbm", layers=6,
+        tiny_config_dict("llama"), batch=4, past=64, chip="ipu-hbm", layers=8,
         execution="kernel", design="elk_full",
     )  # fmt: skip
     s = prog.schedule
@@ -99,10 +102,11 @@ def test_a_shorter_step_planned_otherwise_falls_back_to_the_plan(monkeypatch) ->
     assert plans_differ(s, other, 1) == ""  # only the operators asked about
 
     monkeypatch.setattr(stack, "plans_differ", lambda *a: "operator 1 issues other preloads")
-    rep = prog.report(sim_layers=5)
-    assert not rep.by_period and rep.plan is None and rep.steady is not None
-    assert "planned otherwise" in rep.steady.why
-    assert rep.sim.schedule is s
-    assert rep.cycles == round(rep.sim.cycles + s.cycles - prog.predicted_cycles(5))
-    assert "layers 1-5 simulated" in str(rep) and "the plan's prediction (no steady" in str(rep)
-    assert rep.to_dict()["rest"] == "plan"
+    rep = prog.report(sim_layers=6)
+    assert rep.plan is None and rep.sim.schedule is s  # this plan's first 6 layers
+    st = rep.steady
+    assert st is not None and st.period is not None and "planned otherwise" in st.cut
+    assert rep.cycles == rep.sim.cycles + 2 * st.period
+    assert "layers 1-6 simulated" in str(rep) and "an estimate" in str(rep)
+    d = rep.to_dict()
+    assert d["rest"] == "steady_period_of_cut" and "planned otherwise" in d["own_plan_differs"]

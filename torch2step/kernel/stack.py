@@ -226,22 +226,21 @@ class KernelStackProgram:
         of them (and fewer than the step's), a ``sim_layers``-layer step planned as a model of
         its own (:meth:`shorter`: its end is planned as this step's end is) whose steady
         period times the layers in between, provided its plan decides the layers a period can
-        show in as this plan does; otherwise, or with fewer layers, the first ``sim_layers``
-        layers of this plan, the rest the plan's prediction."""
+        show in as this plan does; if it does not, the first ``sim_layers`` layers of this plan,
+        whose steady period times the rest, their last layers standing for the step's (an
+        estimate: they lack the later layers' preloads); with fewer layers, or no period, the
+        first ``sim_layers`` layers of this plan and the plan's prediction for the rest."""
         if not 1 <= sim_layers <= self.count:
             raise LoweringError(f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}")
         per_layer = len(self.body_ops.ops)
-        src, steady = self, None
-        if MIN_LAYERS <= sim_layers < self.count:
+        rest = MIN_LAYERS <= sim_layers < self.count  # timed by a steady period if one shows
+        src, cut = self, ""
+        if rest:
             short = self.shorter(sim_layers)
             # a period shows first in layers 2-4 (torch2step.kernel.steady)
             differ = plans_differ(self.schedule, short.schedule, 4 * per_layer)
             if differ:
-                steady = Steady(
-                    None,
-                    why=f"a {sim_layers}-layer step is planned otherwise ({differ}), so this "
-                    f"plan's first {sim_layers} layers were simulated",
-                )
+                cut = f"a {sim_layers}-layer step is planned otherwise ({differ})"
             else:
                 src = short
         own = src is not self
@@ -253,11 +252,14 @@ class KernelStackProgram:
             ps = src.programs(sim_layers)
             build = time.perf_counter() - t0
             rep = simulate_schedule(
-                src.schedule, self.chip, programs=ps, inputs={}, tokens=tokens, copy_starts=own
+                src.schedule, self.chip, programs=ps, inputs={}, tokens=tokens, copy_starts=rest
             )
-        if own:
+        steady = None
+        if rest:
             steady = steady_period(rep.result.copy_starts, per_layer, sim_layers)
-            if steady.period is not None:
+            if cut:
+                steady = dataclasses.replace(steady, cut=cut)
+            elif steady.period is not None:
                 differ = plans_differ(self.schedule, src.schedule, steady.last * per_layer)
                 if differ:
                     steady = Steady(None, why=f"the {sim_layers}-layer plan differs: {differ}")
@@ -334,12 +336,17 @@ class KernelStackReport:
             "simulated_layers": self.sim_layers,
             **(
                 {
-                    "rest": "steady_period" if self.by_period else "plan",
+                    "rest": (
+                        ("steady_period_of_cut" if self.steady.cut else "steady_period")
+                        if self.by_period
+                        else "plan"
+                    ),
                     "steady_period": self.steady.period,
                     "steady_layers": [self.steady.first, self.steady.last]
                     if self.by_period
                     else None,
                     **({"no_period": self.steady.why} if not self.by_period else {}),
+                    **({"own_plan_differs": self.steady.cut} if self.steady.cut else {}),
                 }
                 if self.steady is not None
                 else {}
@@ -390,6 +397,12 @@ class KernelStackReport:
             )
         if st.period is None:
             return f"the plan's prediction ({st})"
+        if st.cut:
+            return (
+                f"at the simulated {st} — this plan's first {self.sim_layers} layers, as {st.cut}: "
+                f"an estimate, their last layers, which lack the later layers' preloads, standing "
+                "for the step's"
+            )
         return f"at the simulated {st}"
 
     def __str__(self) -> str:
