@@ -3,6 +3,7 @@
     python benchmarks/decode_stack.py --layers 4            # Llama-3-8B, 4 layers, ipu-hbm
     python benchmarks/decode_stack.py --layers 32 --digest  # and digests to compare versions
     python benchmarks/decode_stack.py --layers 32 --sim-layers 7  # the steady-period report
+    python benchmarks/decode_stack.py --layers 12 --sim-layers 7 --check --design elk_dyn
 
 The Llama-3-8B config (``models/hf_configs/llama-3-8b.json``, batch 32, KV 2048) compiled with
 :func:`torch2step.compile_config` for kernel execution (ELK-Full, ELK §4.4: the layers planned
@@ -23,8 +24,10 @@ to plan, build and simulate the same thing.
 runs: a ``K``-layer step planned on its own and simulated, the other layers timed by its
 steady period (:mod:`torch2step.kernel.steady`).  Printed: its cycles for the whole step, the
 period and the layers that showed it, the wall seconds of both plans, the build and the
-simulation (``total_wall_s``), and — run it beside a run without ``--sim-layers`` — the ratio a
-reader compares: the same ``cycles`` in a fraction of the time.
+simulation (``total_wall_s``).  ``--check`` then simulates every layer of the same plan and
+prints its cycles, the relative error of the steady-period figure and the speed-up
+(``total_wall_s_every_layer / total_wall_s``, each with the step's plan).  ``--design``
+chooses the ELK design (default ELK-Full).
 """
 
 from __future__ import annotations
@@ -64,36 +67,47 @@ def main() -> None:
     ap.add_argument(
         "--sim-layers", type=int, default=None, help="simulate K layers, time the rest by their period"
     )
+    ap.add_argument(
+        "--check", action="store_true", help="with --sim-layers: also simulate every layer, compare"
+    )
+    ap.add_argument("--design", default="elk_full", help="basic, static, elk_dyn, elk_full")
     args = ap.parse_args()
     chip = load_chip(args.chip)
     w_start = time.perf_counter()
     prog = torch2step.compile_config(
         args.config, batch=args.batch, past=args.kv_len, chip=chip, layers=args.layers,
-        execution="kernel", design="elk_full", dtype=args.dtype,
+        execution="kernel", design=args.design, dtype=args.dtype,
     )  # fmt: skip
     if args.sim_layers is not None:
         rep = prog.report(sim_layers=args.sim_layers)
-        st = rep.steady
-        print(
-            json.dumps(
-                {
-                    "layers": args.layers,
-                    "sim_layers": args.sim_layers,
-                    "cycles": rep.cycles,
-                    "cycles_simulated": rep.sim.cycles,
-                    "rest": "steady_period" if rep.by_period else "plan",
-                    "steady": str(st) if st is not None else None,
-                    "plan_s": round(rep.schedule.plan_seconds, 2),
-                    "plan_s_simulated": round(rep.sim.schedule.plan_seconds, 2),
-                    "build_s": round(rep.build_seconds, 2),
-                    "sim_s": round(rep.sim.sim_seconds, 2),
-                    # from the config to the report: both plans, build, compile and run
-                    "total_wall_s": round(time.perf_counter() - w_start, 2),
-                    "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
-                }
-            ),
-            flush=True,
-        )
+        d = rep.to_dict()
+        out: dict[str, object] = {
+            "layers": args.layers,
+            "design": args.design,
+            "sim_layers": args.sim_layers,
+            "cycles": rep.cycles,
+            "cycles_simulated": rep.sim.cycles,
+            "rest": d.get("rest", "none"),
+            "steady": str(rep.steady) if rep.steady is not None else None,
+            "plan_s": round(rep.schedule.plan_seconds, 2),
+            "plan_s_simulated": round(rep.sim.schedule.plan_seconds, 2),
+            "build_s": round(rep.build_seconds, 2),
+            "sim_s": round(rep.sim.sim_seconds, 2),
+            # from the config to the report: both plans, build, compile and run
+            "total_wall_s": round(time.perf_counter() - w_start, 2),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        }
+        if args.check:  # the reference: every layer simulated, on the same plan
+            w0 = time.perf_counter()
+            every = prog.report(sim_layers=args.layers)
+            wall = prog.schedule.plan_seconds + time.perf_counter() - w0
+            out.update(
+                cycles_every_layer=every.cycles,
+                error=round(rep.cycles / every.cycles - 1, 5),
+                total_wall_s_every_layer=round(wall, 2),
+                speedup=round(wall / out["total_wall_s"], 2),  # type: ignore[operator]
+            )
+        print(json.dumps(out), flush=True)
         return
     s = prog.schedule
     # plan_s: wall seconds; the candidate preload orders run on plan_jobs processes

@@ -24,7 +24,7 @@ layers' simulated cycles plus ``(N - k) * P`` are the whole step's: a simulation
 layers runs ``N - k`` more steady layers before the same last layers.  This is a measured
 regularity, not a proof that the simulator's whole state repeats (its FIFOs, HBM channel
 classes and background queues are not compared), so the report says which layers showed the
-period, and ``benchmarks/decode_stack.py --sim-layers K`` prints it next to the cycles of
+period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it next to the cycles of
 simulating every layer.  When the shorter step is planned otherwise (ELK-Dyn's first preloads
 depend on the step's length, and so can a mesh's plan), the step's own plan's first ``k``
 layers are simulated and their period times the rest, their last layers standing for the
