@@ -19,7 +19,7 @@ Qwen3-30B-A3B one core's choice alternates from layer to layer while every time 
 as a model of its own, so that its last layers end as the ``N``-layer step's do, and checks
 that its plan decides every operator up to the steady layers as the ``N``-layer plan does
 (:func:`plans_differ`).  :func:`steady_period` looks for two consecutive steady pairs with the
-same ``P`` (three layers in a row, each exactly one period after the last).  Then the ``k``
+same ``P`` that repeat (three layers in a row, each exactly one period after the last).  Then the ``k``
 layers' simulated cycles plus ``(N - k) * P`` are the whole step's: a simulation of all ``N``
 layers runs ``N - k`` more steady layers before the same last layers.  This is a measured
 regularity, not a proof that the simulator's whole state repeats (its FIFOs, HBM channel
