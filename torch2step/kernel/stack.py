@@ -99,13 +99,15 @@ class KernelStackProgram:
         example_inputs: Sequence[torch.Tensor],
         design: str = "elk_full",
         routing: Any = None,
+        body_ops: GraphOps | None = None,
     ) -> None:
+        """``body_ops``: the body's operators when already made (:meth:`shorter`)."""
         self.layer, self.op, self.chip, self.design = layer, op, chip, design
         self.example_inputs = tuple(example_inputs)
-        # ``routing``: every layer's experts are those its ids select (a shapes-only body)
-        self.body_ops: GraphOps = graph_ops(
-            op.body, _layer_inputs(op, self.example_inputs, 0), routing
-        )
+        if body_ops is None:
+            # ``routing``: every layer's experts are those its ids select (a shapes-only body)
+            body_ops = graph_ops(op.body, _layer_inputs(op, self.example_inputs, 0), routing)
+        self.body_ops: GraphOps = body_ops
         self.graph: GraphOps = stack_graph_ops(self.body_ops, layer, op)
         self.schedule: ElkSchedule = plan_model(
             self.graph.ops, chip, design, dtype=self.graph.dtype
@@ -211,14 +213,10 @@ class KernelStackProgram:
         """The same step with its first ``layers`` layers, planned as a model of its own."""
         if not 1 <= layers <= self.count:
             raise LoweringError(f"{self.layer.name}: 1..{self.count} layers, not {layers}")
-        new = object.__new__(type(self))
-        new.layer, new.chip, new.design = self.layer, self.chip, self.design
-        new.example_inputs, new.body_ops = self.example_inputs, self.body_ops
-        lp = self.op.layer_params[:layers]
-        new.op = dataclasses.replace(self.op, count=layers, layer_params=lp)
-        new.graph = stack_graph_ops(self.body_ops, self.layer, new.op)
-        new.schedule = plan_model(new.graph.ops, self.chip, self.design, dtype=new.graph.dtype)
-        return new
+        op = dataclasses.replace(self.op, count=layers, layer_params=self.op.layer_params[:layers])
+        return KernelStackProgram(
+            self.layer, op, self.chip, self.example_inputs, self.design, body_ops=self.body_ops
+        )
 
     def report(self, sim_layers: int = 1, tokens: int = 1) -> KernelStackReport:
         """Simulate ``sim_layers`` layers in timing mode and time the rest
@@ -334,23 +332,7 @@ class KernelStackReport:
             "layers": self.layers,
             "operators": len(s.ops),
             "simulated_layers": self.sim_layers,
-            **(
-                {
-                    "rest": (
-                        ("steady_period_of_cut" if self.steady.cut else "steady_period")
-                        if self.by_period
-                        else "plan"
-                    ),
-                    "steady_period": self.steady.period,
-                    "steady_layers": [self.steady.first, self.steady.last]
-                    if self.by_period
-                    else None,
-                    **({"no_period": self.steady.why} if not self.by_period else {}),
-                    **({"own_plan_differs": self.steady.cut} if self.steady.cut else {}),
-                }
-                if self.steady is not None
-                else {}
-            ),
+            **self._rest_fields(),
             "cycles": self.cycles,
             "cycles_simulated": r.cycles,
             "predicted_cycles": round(self.predicted),
@@ -375,6 +357,24 @@ class KernelStackReport:
             "breakdown": {k: round(v / tot, 4) for k, v in s.breakdown().items()},
             **({"notes": list(r.notes)} if r.notes else {}),
         }
+
+    def _rest_fields(self) -> dict[str, Any]:
+        """How the layers not simulated are timed, for :meth:`to_dict` (none: all simulated)."""
+        st = self.steady
+        if st is None:
+            return {}
+        if st.period is None:
+            out: dict[str, Any] = {"rest": "plan", "steady_period": None, "steady_layers": None}
+            out["no_period"] = st.why
+        else:
+            out = {
+                "rest": "steady_period_of_cut" if st.cut else "steady_period",
+                "steady_period": st.period,
+                "steady_layers": [st.first, st.last],
+            }
+        if st.cut:
+            out["own_plan_differs"] = st.cut
+        return out
 
     def _short_plan(self) -> str:
         if self.plan is None:
