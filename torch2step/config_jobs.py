@@ -18,7 +18,10 @@ made in this process.
 A configuration that does not fit once its buffers are counted is halved (its error is a
 :class:`~torch2step.errors.ScheduleError`); the halves take its place and the configurations
 after it are renumbered, as in the one-after-another order.  The first error in configuration
-order is the one raised.
+order is the one raised.  A later configuration's failure is acted on as soon as it is known,
+not when the earlier ones are done: one of several operators is halved at once, and one of a
+single operator, which cannot be halved, fails the whole report at once with its error (the
+workers still running are stopped).
 
 :func:`started` runs one call in a forked worker beside the process's own work (``torch2step
 compare`` makes the spatial report there while it plans and simulates the kernel-by-kernel
@@ -31,7 +34,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -87,6 +90,8 @@ def run_groups(run: Runner, groups: Sequence[Sequence[int]], jobs: int) -> Done:
         except BrokenProcessPool as exc:  # a worker died (e.g. out of memory): go on here
             log.warning("configuration workers stopped (%s); reporting them one by one", exc)
         finally:
+            if failed:  # reports nobody will read: do not let them take the CPUs
+                _stop_workers(ex)
             ex.shutdown(wait=not failed, cancel_futures=failed)
             _TASK = None
     return _collect(lambda g, k: _Here(run, g, k), pending)
@@ -111,26 +116,67 @@ def _collect(submit: Callable[[tuple[int, ...], int], Any], pending: list[tuple[
     """The reports of ``pending``, each from ``submit(group, k)`` (a ``Future`` or
     :class:`_Here`), taken in order: a group that does not fit is replaced by its halves and
     the configurations after it are submitted again, renumbered; the first error in
-    configuration order is raised."""
+    configuration order is raised (but see :func:`_settle_later`)."""
     slots = [(g, submit(g, k)) for k, g in enumerate(pending, 1)]
     done: Done = []
     while len(done) < len(slots):
         i = len(done)
+        _settle_later(slots, i, submit)
         group, fut = slots[i]
         try:
             rep, last = fut.result()
         except ScheduleError:
             if len(group) == 1:
                 raise
-            half = len(group) // 2
-            rest = [g for g, _ in slots[i + 1 :]]
-            for _, later in slots[i + 1 :]:
-                later.cancel()
-            groups = [group[:half], group[half:], *rest]
-            slots[i:] = [(g, submit(g, i + 1 + j)) for j, g in enumerate(groups)]
+            _halve(slots, i, submit)
             continue
         done.append((group, rep, last))
     return done
+
+
+Slots = list[tuple[tuple[int, ...], Any]]
+
+
+def _halve(slots: Slots, i: int, submit: Callable[[tuple[int, ...], int], Any]) -> None:
+    """Replace configuration ``i``, which did not fit, by its halves; those after it are
+    submitted again, renumbered."""
+    group = slots[i][0]
+    half = len(group) // 2
+    rest = [g for g, _ in slots[i + 1 :]]
+    for _, later in slots[i + 1 :]:
+        later.cancel()
+    groups = [group[:half], group[half:], *rest]
+    slots[i:] = [(g, submit(g, i + 1 + j)) for j, g in enumerate(groups)]
+
+
+def _settle_later(slots: Slots, i: int, submit: Callable[[tuple[int, ...], int], Any]) -> None:
+    """While configuration ``i``'s report is made by a worker, act on the later ones that do
+    not fit as soon as they fail: one of several operators is halved at once, one of a single
+    operator raises its error (module docstring)."""
+    head = slots[i][1]
+    if not isinstance(head, Future):
+        return
+    while not head.done():
+        for j in range(i + 1, len(slots)):
+            group, fut = slots[j]
+            if fut.done() and not fut.cancelled() and isinstance(fut.exception(), ScheduleError):
+                if len(group) == 1:
+                    raise fut.exception()  # type: ignore[misc]
+                _halve(slots, j, submit)
+                break
+        else:
+            running = [f for _, f in slots[i:] if isinstance(f, Future) and not f.done()]
+            wait(running, return_when=FIRST_COMPLETED)
+
+
+def _stop_workers(ex: ProcessPoolExecutor) -> None:
+    """Stop the executor's worker processes, their reports under way included."""
+    stop = getattr(ex, "terminate_workers", None)  # Python 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        proc.terminate()
 
 
 #: What a forked worker runs (:func:`_in_worker`), set while its workers are forked.

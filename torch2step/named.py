@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from hwmodel import Chip, ChipConfigError, load_chip, with_overrides
-from torch2step.errors import InputError, ScheduleError
+from torch2step.errors import InputError
+from torch2step.fit import fit_suggestions, report_fitting
 
 __all__ = [
     "LayerRun",
@@ -76,6 +77,7 @@ def simulation_progress() -> Iterator[None]:
             yield
     finally:
         bar.close()
+
 
 #: Compiled programs of the last few (layer, config, chip, options): the program is symbolic in
 #: the batch (tokens / requests / KV lengths are data or dynamic sizes), and the registered
@@ -277,38 +279,6 @@ def _kv(arg: str, batch: int, tiny: bool) -> tuple[np.ndarray | None, str]:
     return lens, note
 
 
-def fit_suggestions(
-    kind: str, options: Mapping[str, Any], layer: Any = None, error: Exception | None = None
-) -> list[str]:
-    """Compile options that reduce the number of units a layer needs: ``kind`` is the
-    registered layer's kind; ``layer`` (its layer graph) adds those of the operators it holds
-    (a decoder layer's experts and attention), unless ``error`` names the one operator kind
-    that does not fit (``operators``: :func:`torch2step.configurations.split_layer`)."""
-    from torch2step.layers import ops as L
-
-    has = set()
-    if kind in ("moe", "attention"):
-        has.add(kind)
-    if layer is not None:
-        if any(True for _ in layer.ops(L.MoEExperts)):
-            has.add("moe")
-        if any(True for _ in layer.ops(L.Attention)):
-            has.add("attention")
-    named = getattr(error, "operators", None)
-    if named is not None:
-        has &= {{"MoEExperts": "moe", "Attention": "attention"}.get(k, k) for k in named}
-    out = []
-    if "moe" in has:
-        lanes = options.get("moe_lanes")
-        for k in (8, 4, 2):
-            if lanes is None or (lanes and k < lanes) or lanes == 0:
-                out.append(f"--option moe_lanes={k}")
-    if "attention" in has:
-        out.append(f"--option tile_kv={2 * int(options.get('tile_kv') or 64)}")
-    out.append("a chip with more cores (--set num_cores=... with noc.rows/noc.cols)")
-    return out
-
-
 def report_layer(
     layer: str,
     batch: int,
@@ -408,29 +378,28 @@ def report_layer(
         "dtype": dtype,
         "seed": spec.metadata.get("seed"),
     }
-    if reuse:
-        prog = _compiled(key, spec, target, opts)
-    else:
+
+    def make(o: dict[str, Any]) -> Any:
+        if reuse:
+            return _compiled(key, spec, target, o)
         import torch2step
 
         log.info("compiling for %s", target.name)
-        prog = torch2step.compile(
+        return torch2step.compile(
             spec.module,
             spec.example_inputs,
             chip=target,
             dynamic_shapes=spec.dynamic_shapes,
             execution="spatial",
-            **opts,
+            **o,
         )
-    log.info("simulating")
-    try:
+
+    def run(prog: Any, said: list[str]) -> Any:
+        log.info("simulating")
         with simulation_progress():
-            rep = prog.report(*timed, routing=routing, trace=trace, notes=notes)
-    except ScheduleError as e:
-        fixes = fit_suggestions(entry.kind, opts, getattr(prog, "layer", None), e)
-        raise ScheduleError(
-            f"{e}\n  to make it fit, try (each needs fewer cores): {'; or '.join(fixes)}"
-        ) from None
+            return prog.report(*timed, routing=routing, trace=trace, notes=said)
+
+    prog, rep, opts = report_fitting(make, run, entry.kind, opts, notes, target.name)
     rep = replace(
         rep, options={**rep.options, "layer": layer, "batch": batch, "tiny": tiny, **opts}
     )
@@ -464,9 +433,13 @@ def report_config(
     opts = parse_options(options)
     target = resolve_chip(chip, sets)
     log.info("compiling %s (batch %d, no weights) for %s", config, batch, target.name)
-    prog = torch2step.compile_config(
-        config, batch=batch, chip=target, layers=layers, dtype=dtype, execution="spatial", **opts
-    )
+
+    def make(o: dict[str, Any]) -> Any:
+        return torch2step.compile_config(
+            config, batch=batch, chip=target, layers=layers, dtype=dtype, execution="spatial", **o
+        )
+
+    prog = make(opts)
     layer = prog.body.layer if hasattr(prog, "body") else prog.layer  # a stack: its layer
     routers = list(layer.ops(L.TopKRouting))
     experts = [n.op.num_experts for n in layer.ops(L.MoEExperts)]
@@ -476,7 +449,11 @@ def report_config(
             notes.append(
                 "routing: the model's router on stand-in values (a config has no weights, so "
                 "the router weighs random stand-in weights and its choice is random)"
-                + ("; --routing-trace NAME|FILE routes by a trace" if routing_trace == "auto" else "")
+                + (
+                    "; --routing-trace NAME|FILE routes by a trace"
+                    if routing_trace == "auto"
+                    else ""
+                )
             )
         else:
             moe = SimpleNamespace(num_experts=experts[0], top_k=routers[0].op.k)
@@ -487,9 +464,15 @@ def report_config(
         raise InputError(f"--routing-trace {routing_trace}: the model has no MoE router")
     for n in notes:
         log.info("%s", n)
-    log.info("simulating")
-    with simulation_progress():
-        rep = prog.report(trace=trace, routing=routing, notes=notes)
+
+    def run(p: Any, said: list[str]) -> Any:
+        log.info("simulating")
+        with simulation_progress():
+            return p.report(trace=trace, routing=routing, notes=said)
+
+    prog, rep, opts = report_fitting(
+        lambda o: prog if o == opts else make(o), run, "decoder", opts, notes, target.name
+    )
     rep = replace(rep, options={**rep.options, "hf_config": str(config), "batch": batch, **opts})
     log.info("done: %s cycles", f"{rep.latency_cycles:,}")
     return LayerRun(rep, prog, notes)

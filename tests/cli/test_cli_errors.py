@@ -106,7 +106,9 @@ def test_pipeline_errors_are_one_line_exit_1(capsys: pytest.CaptureFixture[str])
     assert code == 1, err
     first = err.splitlines()[0]
     assert first.startswith("torch2step: ScheduleError:") and "Traceback" not in err
-    assert "to make it fit, try (each needs fewer cores): --option moe_lanes=" in err
+    # the default expert lanes' fewer ones were tried (torch2step.fit): none is offered again
+    assert "to make it fit, try (each needs fewer cores): a chip with more cores" in err
+    assert "(expert lanes 4, 2 were tried: they do not fit either)" in err
     # on a 2x2 chip the router's matrix product alone does not fit: no expert option helps
     argv[-3:] = ["noc.rows=2", "--set", "noc.cols=2"]
     code, err = _run(argv, capsys)
@@ -118,14 +120,15 @@ def test_a_decoder_whose_experts_do_not_fit_is_offered_expert_lanes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # a MoE decoder layer's experts alone need more cores than a 4x4 chip: the options that
-    # help are the experts' (moe_lanes), not the attention's
+    # help are the experts' (moe_lanes), not the attention's; with the default lanes fewer
+    # are tried at once (torch2step.fit), an explicit count is offered fewer
     argv = ["report", "--layer", "qwen3-moe-decoder", "--tiny", "--batch", "8", "-q"]
-    argv += ["--set", "noc.rows=4", "--set", "noc.cols=4"]
+    argv += ["--set", "noc.rows=4", "--set", "noc.cols=4", "--option", "moe_lanes=0"]
     code, err = _run(argv, capsys)
     assert code == 1, err
     assert "layer operator n28_moeexperts (MoEExperts) alone needs" in err
-    assert "to make it fit, try (each needs fewer cores): --option moe_lanes=8;" in err
-    assert "tile_kv" not in err
+    assert "to make it fit, try (each needs fewer cores): --option moe_lanes=4;" in err
+    assert "tile_kv" not in err and "tried" not in err
 
 
 def test_icca_chip_with_overrides_runs_kernel_by_kernel(capsys: pytest.CaptureFixture[str]) -> None:

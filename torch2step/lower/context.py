@@ -32,9 +32,30 @@ from torch2step.layers.ops import TensorType
 from torch2step.step import Graph, OffChipTensor, Value, dyn, fn, zeros
 from torch2step.step.types import DTYPE_BYTES, TileType
 
-__all__ = ["ATTN_LANES", "HostIndex", "LowerCtx", "LowerOptions", "Placed", "rows_cols"]
+__all__ = [
+    "ATTN_LANES",
+    "DEFAULT_MOE_LANES",
+    "HostIndex",
+    "LowerCtx",
+    "LowerOptions",
+    "Placed",
+    "default_moe_lanes",
+    "rows_cols",
+]
 
 ATTN_LANES = 16
+
+#: Expert lanes of a MoE layer of more experts than this when ``moe_lanes`` is not given.
+DEFAULT_MOE_LANES = 16
+
+
+def default_moe_lanes(num_experts: int) -> int:
+    """The expert lanes (STeP §5.3) of ``num_experts`` experts when ``moe_lanes`` is not given:
+    :data:`DEFAULT_MOE_LANES` for a larger layer, so that large MoEs fit a chip's units, and
+    ``0`` (a region per expert) otherwise."""
+    return DEFAULT_MOE_LANES if num_experts > DEFAULT_MOE_LANES else 0
+
+
 """Default decode-attention pipelines.  A lane's K and V tiles (and its expanded query tiles)
 all enter its one online-softmax unit over one NoC link (the placement lays a lane's K and V
 loaders side by side), so a lane draws at most one link's bandwidth (64 B/cycle on the STeP
@@ -113,8 +134,7 @@ class LowerOptions:
             raise LoweringError("option attn_regions must be a positive integer or None")
         if self.attn_assign not in ("coarse", "interleave", "dynamic"):
             raise LoweringError(
-                f"option attn_assign={self.attn_assign!r}: use 'coarse', 'interleave' or "
-                "'dynamic'"
+                f"option attn_assign={self.attn_assign!r}: use 'coarse', 'interleave' or 'dynamic'"
             )
         if self.attn_coarse_chunk is not None and int(self.attn_coarse_chunk) < 1:
             raise LoweringError("option attn_coarse_chunk must be a positive integer or None")
@@ -123,8 +143,7 @@ class LowerOptions:
                 raise LoweringError(f"option {name} must be a positive integer")
         if self.moe_lane_assign not in ("dispatch", "consecutive"):
             raise LoweringError(
-                f"option moe_lane_assign={self.moe_lane_assign!r}: use 'dispatch' or "
-                "'consecutive'"
+                f"option moe_lane_assign={self.moe_lane_assign!r}: use 'dispatch' or 'consecutive'"
             )
         if self.moe_static_tile is not None and int(self.moe_static_tile) < 1:
             raise LoweringError(

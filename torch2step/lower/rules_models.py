@@ -16,7 +16,7 @@ from torch2step.layers import ops as L
 from torch2step.layers.graph import Node
 from torch2step.step import fn
 
-from .context import ATTN_LANES, LowerCtx
+from .context import ATTN_LANES, LowerCtx, default_moe_lanes
 from .rules_index import concrete
 
 __all__ = ["lower_attention", "lower_moe", "lower_topk"]
@@ -58,7 +58,7 @@ def lower_moe(ctx: LowerCtx, n: Node) -> None:
         kw["tile_i"] = ctx.options.moe_tile_i
     lanes = ctx.options.moe_lanes
     if lanes is None:
-        lanes = 16 if op.num_experts > 16 else 0
+        lanes = default_moe_lanes(op.num_experts)
     if 0 < lanes < op.num_experts:
         kw["lanes"] = lanes
         kw["lane_assign"] = ctx.options.moe_lane_assign
