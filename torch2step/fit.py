@@ -126,13 +126,13 @@ def report_fitting(
             fixes = fit_suggestions(kind, opts, layer, first)
             raise ScheduleError(_with_fixes(first, fixes)) from None
         default = default_moe_lanes(experts)
+        why = _why(first)
         tried: list[int] = []
         for lanes in fewer_lanes(experts, default):
             tried.append(lanes)
             log.info("the default expert lanes do not fit %s: trying moe_lanes=%d", chip, lanes)
             here = {**opts, "moe_lanes": lanes}
             prog = make(here)
-            why = _why(first)
             usual = f"{default} lanes" if default else f"a region per expert ({experts})"
             note = (
                 f"expert lanes: {lanes} (moe_lanes={lanes}, STeP §5.3): the default, {usual}, "
