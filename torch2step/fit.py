@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from torch2step.errors import ScheduleError
+from torch2step.errors import ScheduleError, Torch2StepError
 from torch2step.lower.context import default_moe_lanes
 
 __all__ = [
@@ -132,7 +132,6 @@ def report_fitting(
             tried.append(lanes)
             log.info("the default expert lanes do not fit %s: trying moe_lanes=%d", chip, lanes)
             here = {**opts, "moe_lanes": lanes}
-            prog = make(here)
             usual = f"{default} lanes" if default else f"a region per expert ({experts})"
             note = (
                 f"expert lanes: {lanes} (moe_lanes={lanes}, STeP §5.3): the default, {usual}, "
@@ -140,9 +139,11 @@ def report_fitting(
                 + (f"; nor do {', '.join(map(str, tried[:-1]))} lanes" if len(tried) > 1 else "")
                 + f"; --option moe_lanes={default} keeps the default"
             )
-            try:
+            try:  # a lane count that fails otherwise (e.g. to lower) is passed over too
+                prog = make(here)
                 rep = run(prog, [*notes, note])
-            except ScheduleError:
+            except Torch2StepError as e:
+                log.info("moe_lanes=%d: %s", lanes, str(e).split("\n")[0])
                 continue
             notes.append(note)
             return prog, rep, here
