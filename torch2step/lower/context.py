@@ -45,6 +45,15 @@ __all__ = [
 
 ATTN_LANES = 16
 
+"""Default decode-attention pipelines.  A lane's K and V tiles (and its expanded query tiles)
+all enter its one online-softmax unit over one NoC link (the placement lays a lane's K and V
+loaders side by side), so a lane draws at most one link's bandwidth (64 B/cycle on the STeP
+chips; that link is busy 97% of a Qwen3 decode step) and 16 lanes just match a 1 KB/cycle HBM
+(STeP (arXiv 2511.07776) §5.1).  32 lanes would leave headroom for uneven KV lengths, but
+the full-size Llama GQA decode at batch 64 then needs more cores than ``step-sda`` has and runs
+as two sequential configurations (2.6% fewer cycles, 2.7 GB instead of 0.5 GB to simulate), so
+``attn_lanes=32`` is an option, not the default."""
+
 #: Expert lanes of a MoE layer of more experts than this when ``moe_lanes`` is not given.
 DEFAULT_MOE_LANES = 16
 
@@ -54,16 +63,6 @@ def default_moe_lanes(num_experts: int) -> int:
     :data:`DEFAULT_MOE_LANES` for a larger layer, so that large MoEs fit a chip's units, and
     ``0`` (a region per expert) otherwise."""
     return DEFAULT_MOE_LANES if num_experts > DEFAULT_MOE_LANES else 0
-
-
-"""Default decode-attention pipelines.  A lane's K and V tiles (and its expanded query tiles)
-all enter its one online-softmax unit over one NoC link (the placement lays a lane's K and V
-loaders side by side), so a lane draws at most one link's bandwidth (64 B/cycle on the STeP
-chips; that link is busy 97% of a Qwen3 decode step) and 16 lanes just match a 1 KB/cycle HBM
-(STeP (arXiv 2511.07776) §5.1).  32 lanes would leave headroom for uneven KV lengths, but
-the full-size Llama GQA decode at batch 64 then needs more cores than ``step-sda`` has and runs
-as two sequential configurations (2.6% fewer cycles, 2.7 GB instead of 0.5 GB to simulate), so
-``attn_lanes=32`` is an option, not the default."""
 
 
 @dataclass(frozen=True, slots=True)
