@@ -36,11 +36,11 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from torch2step.errors import InputError, ScheduleError
 
-__all__ = ["JOBS_ENV", "jobs_for", "run_groups", "started"]
+__all__ = ["JOBS_ENV", "Started", "jobs_for", "run_groups", "started"]
 
 T = TypeVar("T")
 
@@ -196,13 +196,40 @@ def _in_worker(*args: Any) -> Any:
         return _TASK(*args)
 
 
-def started(fn: Callable[[], T]) -> Callable[[], T]:
+class Started(Generic[T]):
+    """A call started by :func:`started`: calling it waits for the call's result (or makes the
+    call here, when it was not started in a worker); :meth:`cancel` gives it up."""
+
+    def __init__(self, fn: Callable[[], T], ex: ProcessPoolExecutor | None = None,
+                 fut: Future | None = None) -> None:  # fmt: skip
+        self._fn, self._ex, self._fut = fn, ex, fut
+
+    def __call__(self) -> T:
+        if self._ex is None or self._fut is None:
+            return self._fn()
+        try:
+            return self._fut.result()  # type: ignore[no-any-return]
+        except BrokenProcessPool as exc:  # the worker died (e.g. out of memory): call here
+            log.warning("worker process stopped (%s); running it here", exc)
+            return self._fn()
+        finally:
+            self._ex.shutdown(wait=False, cancel_futures=True)
+
+    def cancel(self) -> None:
+        """Give the call up: its worker, if it has one, is stopped."""
+        if self._ex is not None:
+            _stop_workers(self._ex)
+            self._ex.shutdown(wait=True, cancel_futures=True)
+            self._ex = None
+
+
+def started(fn: Callable[[], T]) -> Started[T]:
     """``fn()`` started in a forked worker process, to run beside what this process does next
     (e.g. ``torch2step compare``'s two executions); returns the call that waits for its
     result.  Without a second worker (``TORCH2STEP_JOBS=1``, one CPU, no ``fork``) the
     returned call makes the call itself, in this process.  ``fn``'s result must pickle."""
     if jobs_for(2) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return fn
+        return Started(fn)
     global _TASK
     _TASK = fn
     ex = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
@@ -210,14 +237,4 @@ def started(fn: Callable[[], T]) -> Callable[[], T]:
         fut = ex.submit(_in_worker)  # the worker is forked here, with _TASK set
     finally:
         _TASK = None
-
-    def result() -> T:
-        try:
-            return fut.result()  # type: ignore[no-any-return]
-        except BrokenProcessPool as exc:  # the worker died (e.g. out of memory): call here
-            log.warning("worker process stopped (%s); running it here", exc)
-            return fn()
-        finally:
-            ex.shutdown(wait=False, cancel_futures=True)
-
-    return result
+    return Started(fn, ex, fut)

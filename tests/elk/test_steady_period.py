@@ -27,6 +27,16 @@ def _starts(periods: list[int], cores: int = 3, sections: int = 2, per_layer: in
     return out
 
 
+def _tiny_step() -> object:
+    import torch2step
+    from models.decoder import tiny_config_dict
+
+    return torch2step.compile_config(
+        tiny_config_dict("llama"), batch=4, past=64, chip="ipu-hbm", layers=8,
+        execution="kernel", design="elk_full",
+    )  # fmt: skip
+
+
 def test_three_layers_one_period_apart_give_the_period() -> None:
     st = steady_period(_starts([500, 500, 430, 410]), 5, 6)
     assert (st.period, st.first, st.last) == (500, 2, 4)
@@ -80,19 +90,27 @@ def test_a_shorter_step_planned_otherwise_times_the_rest_by_this_plans_period(
     """A shorter step whose plan decides its first layers otherwise (ELK-Dyn's first preloads
     depend on the step's length) cannot time this one: the first layers of the step's own plan
     are simulated, their steady period times the rest, their last layers stand for the step's
-    (an estimate), and the report says so."""
+    (an estimate), and the report says so.  The worker that began simulating the shorter step
+    while this one was planned is stopped."""
     import dataclasses
+    import multiprocessing
 
-    import torch2step
-    from models.decoder import tiny_config_dict
     from torch2step.kernel import stack
     from torch2step.kernel.steady import plans_differ
 
-    prog = torch2step.compile_config(
-        tiny_config_dict("llama"), batch=4, past=64, chip="ipu-hbm", layers=8,
-        execution="kernel", design="elk_full",
-    )  # fmt: skip
+    prog = _tiny_step()
+    monkeypatch.setattr(stack, "plans_differ", lambda *a: "operator 1 issues other preloads")
+    rep = prog.report(sim_layers=6)
+    assert not multiprocessing.active_children()
     s = prog.schedule
+    assert rep.plan is None and rep.sim.schedule is s  # this plan's first 6 layers
+    st = rep.steady
+    assert st is not None and st.period is not None and "planned otherwise" in st.cut
+    assert rep.cycles == rep.sim.cycles + 2 * st.period
+    assert "layers 1-6 simulated" in str(rep) and "an estimate" in str(rep)
+    d = rep.to_dict()
+    assert d["rest"] == "steady_period_of_cut" and "planned otherwise" in d["own_plan_differs"]
+
     n = 4 * len(prog.body_ops.ops)
     assert plans_differ(s, s, n) == ""
     steps = list(s.timeline.steps)
@@ -101,12 +119,25 @@ def test_a_shorter_step_planned_otherwise_times_the_rest_by_this_plans_period(
     assert "issues other preloads" in plans_differ(s, other, n)
     assert plans_differ(s, other, 1) == ""  # only the operators asked about
 
-    monkeypatch.setattr(stack, "plans_differ", lambda *a: "operator 1 issues other preloads")
-    rep = prog.report(sim_layers=6)
-    assert rep.plan is None and rep.sim.schedule is s  # this plan's first 6 layers
-    st = rep.steady
-    assert st is not None and st.period is not None and "planned otherwise" in st.cut
-    assert rep.cycles == rep.sim.cycles + 2 * st.period
-    assert "layers 1-6 simulated" in str(rep) and "an estimate" in str(rep)
-    d = rep.to_dict()
-    assert d["rest"] == "steady_period_of_cut" and "planned otherwise" in d["own_plan_differs"]
+
+def test_the_shorter_step_simulated_in_a_worker_gives_the_report_of_one_process(
+    monkeypatch,
+) -> None:
+    """The step's plan is made when first needed; a steady-period report simulates its shorter
+    step in a worker meanwhile, with the result of doing both in this process."""
+    from torch2step.config_jobs import JOBS_ENV, jobs_for
+
+    prog = _tiny_step()
+    assert prog._schedule is None  # not planned by compiling
+    beside = prog.report(sim_layers=6)
+    monkeypatch.setenv(JOBS_ENV, "1")
+    assert jobs_for(2) == 1
+    alone = _tiny_step().report(sim_layers=6)
+    assert beside.by_period and alone.by_period
+    assert (beside.cycles, beside.sim.cycles, beside.steady) == (
+        alone.cycles,
+        alone.sim.cycles,
+        alone.steady,
+    )
+    assert beside.sim.result.copy_starts == alone.sim.result.copy_starts
+    assert beside.schedule.cycles == alone.schedule.cycles

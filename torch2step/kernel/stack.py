@@ -9,7 +9,14 @@ operator).  ``report(sim_layers=k)`` with ``k`` below 5 simulates the per-core p
 first ``k`` layers of that plan (the plan cut after layer ``k``: the same execute plans, preload
 order and issue points, without the preloads of later layers) and adds the plan's prediction
 for the rest; from 5 it simulates a ``k``-layer step planned on its own and times the layers in
-between by its steady period (:mod:`torch2step.kernel.steady`) when it shows one.
+between by its steady period (:mod:`torch2step.kernel.steady`) when it shows one.  The step's
+plan is made when first needed (:attr:`KernelStackProgram.schedule`), so such a report plans the
+``k``-layer step, starts building and simulating it in a worker process
+(:func:`torch2step.config_jobs.started`) and plans the ``N``-layer step meanwhile: the two
+independent halves of the report on two CPUs, with the result of making them one after the
+other (with one worker, ``TORCH2STEP_JOBS=1``, they are).  Where the two plans differ in the
+layers a period shows in, the worker is stopped and the step's own first layers are simulated
+instead.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +37,7 @@ from lowering.elk_placement import tile_major
 from lowering.elk_programs import elk_programs
 from lowering.isa import ProgramSet
 from runtime import gc_paused
+from torch2step.config_jobs import Started, started
 from torch2step.errors import LoweringError
 from torch2step.kernel.build import bind_timing, timing_links
 from torch2step.kernel.graph import GraphOps, graph_ops
@@ -86,6 +95,24 @@ def stack_graph_ops(body: GraphOps, layer: LayerGraph, op: Repeat) -> GraphOps:
     return out
 
 
+def _simulated(
+    src: KernelStackProgram, layers: int, tokens: int, copy_starts: bool
+) -> tuple[KernelReport, float]:
+    """The timing report of ``src``'s first ``layers`` layers and the seconds building their
+    per-core programs took."""
+    # one collector pause across building, compiling and running (runtime.gc_paused): with
+    # the collector back on between them, the first allocations after the build walk every
+    # instruction of it
+    with gc_paused():
+        t0 = time.perf_counter()
+        ps = src.programs(layers)
+        build = time.perf_counter() - t0
+        rep = simulate_schedule(
+            src.schedule, src.chip, programs=ps, inputs={}, tokens=tokens, copy_starts=copy_starts
+        )
+    return rep, build
+
+
 class KernelStackProgram:
     """``count`` identical layers planned as one model and lowered to per-core programs."""
 
@@ -109,9 +136,17 @@ class KernelStackProgram:
             body_ops = graph_ops(op.body, _layer_inputs(op, self.example_inputs, 0), routing)
         self.body_ops: GraphOps = body_ops
         self.graph: GraphOps = stack_graph_ops(self.body_ops, layer, op)
-        self.schedule: ElkSchedule = plan_model(
-            self.graph.ops, chip, design, dtype=self.graph.dtype
-        )
+        self._schedule: ElkSchedule | None = None
+
+    @property
+    def schedule(self) -> ElkSchedule:
+        """The step's plan (ELK §4.4), made when first asked for: :meth:`report` of a steady
+        period simulates a shorter step beside it."""
+        if self._schedule is None:
+            self._schedule = plan_model(
+                self.graph.ops, self.chip, self.design, dtype=self.graph.dtype
+            )
+        return self._schedule
 
     @property
     def count(self) -> int:
@@ -233,25 +268,26 @@ class KernelStackProgram:
         per_layer = len(self.body_ops.ops)
         rest = MIN_LAYERS <= sim_layers < self.count  # timed by a steady period if one shows
         src, cut = self, ""
+        job: Started | None = None
         if rest:
             short = self.shorter(sim_layers)
+            if self._schedule is None:
+                # the shorter step is planned, then built and simulated in a worker while
+                # this step is planned here (config_jobs.started: two CPUs, the same result)
+                short.schedule  # noqa: B018 - planned before the worker is forked
+                job = started(partial(_simulated, short, sim_layers, tokens, True))
             # a period shows first in layers 2-4 (torch2step.kernel.steady)
             differ = plans_differ(self.schedule, short.schedule, 4 * per_layer)
             if differ:
                 cut = f"a {sim_layers}-layer step is planned otherwise ({differ})"
+                if job is not None:
+                    job.cancel()
+                    job = None
             else:
                 src = short
         own = src is not self
-        # one collector pause across building, compiling and running (runtime.gc_paused): with
-        # the collector back on between them, the first allocations after the build walk
-        # every instruction of it
-        with gc_paused():
-            t0 = time.perf_counter()
-            ps = src.programs(sim_layers)
-            build = time.perf_counter() - t0
-            rep = simulate_schedule(
-                src.schedule, self.chip, programs=ps, inputs={}, tokens=tokens, copy_starts=rest
-            )
+        ideal = self.schedule.ideal().cycles  # (beside the worker's simulation, if any)
+        rep, build = job() if job is not None else _simulated(src, sim_layers, tokens, rest)
         steady = None
         if rest:
             steady = steady_period(rep.result.copy_starts, per_layer, sim_layers)
@@ -268,7 +304,7 @@ class KernelStackProgram:
             sim_layers,
             src.schedule.cycles if own else self.predicted_cycles(sim_layers),
             build,
-            self.schedule.ideal().cycles,
+            ideal,
             steady,
             self.schedule if own else None,
         )
