@@ -225,7 +225,8 @@ class Simulator(Transfers):
         """Simulate to completion; ``trace`` records a Chrome trace (a path also writes it);
         ``progress``: ``fn(cycle, events)`` called while running (module docstring; default:
         the one set by :func:`progress`); ``copy_starts``: record when each core starts each
-        copy of an equal layer's section (:attr:`runtime.stats.SimResult.copy_starts`)."""
+        copy of an equal layer's section (:attr:`runtime.stats.SimResult.copy_starts`), and the
+        shared resources' state when each layer's first copy starts (``copy_marks``)."""
         wall = time.perf_counter()
         # the collector stays off for the whole run: the set-up allocates many small objects
         # (per-resource state), which would otherwise start a collection of the compiled
@@ -254,6 +255,7 @@ class Simulator(Transfers):
             self.dirty: set[str] = set()
             self.tracing = bool(trace)
             self.copy_starts: list[tuple] | None = [] if copy_starts else None
+            self.copy_marks: dict[int, tuple] = {}  # (runtime.program_layers.h_call)
             self.ctrace: list[tuple] = []
             self.rtrace: list[tuple] | None = [] if self.tracing else None
             self.bg_reset()  # background traffic (runtime.transfer)

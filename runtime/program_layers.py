@@ -25,6 +25,7 @@ from typing import Any
 
 from lowering.isa import Alloc, Compute, Free, Instr, Load, Recv, RecvValue, Send, SendValue, Store
 from runtime import ops
+from runtime.backlog import backlog
 from runtime.errors import SimulationError
 from runtime.state import Buf
 
@@ -127,6 +128,9 @@ def h_call(sim: Any, core: Any, op: OpCall) -> bool:
     rec = sim.copy_starts
     if rec is not None:  # (runtime.Simulator.run(copy_starts=True))
         rec.append((core.id, op.tmpl.start, op.shift, core.t, tuple(core.st)))
+        marks = sim.copy_marks
+        if op.shift not in marks:  # a layer's first copy: the shared state (runtime.backlog)
+            marks[op.shift] = (core.id, op.tmpl.start, sim.now, backlog(sim))
     fr = op.fr
     fr.tmpl = op.tmpl
     fr.back = core.pc + 1

@@ -173,4 +173,5 @@ def build_result(sim: Any, wall: float) -> SimResult:
         trace_events,
         wall,
         tuple(sim.copy_starts or ()),
+        dict(getattr(sim, "copy_marks", None) or {}),
     )

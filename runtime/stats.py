@@ -126,6 +126,10 @@ class SimResult:
     copy_starts: tuple[tuple[int, int, int, int, tuple[int, ...]], ...] = field(
         default=(), compare=False, repr=False
     )
+    #: per copy shift (one per layer), when its first copy started: ``(core, template, cycle,
+    #: backlog)``, the shared resources' and the event queue's state then
+    #: (:func:`runtime.backlog.backlog`); recorded with ``copy_starts``
+    copy_marks: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def seconds(self) -> float:

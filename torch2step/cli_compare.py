@@ -165,7 +165,7 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     else:
         print(rep.schedule)
         print(rep)
-        print(f"compile (config, operators, plan) {compile_s:.2f} s")
+        print(f"compile (config, operators; the plan is made by the report) {compile_s:.2f} s")
     return 0
 
 

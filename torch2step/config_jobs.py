@@ -212,8 +212,8 @@ class Started(Generic[T]):
         except BrokenProcessPool as exc:  # the worker died (e.g. out of memory): call here
             log.warning("worker process stopped (%s); running it here", exc)
             return self._fn()
-        finally:
-            self._ex.shutdown(wait=False, cancel_futures=True)
+        finally:  # the worker has finished: join it
+            self._ex.shutdown(wait=True, cancel_futures=True)
 
     def cancel(self) -> None:
         """Give the call up: its worker, if it has one, is stopped."""

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from torch2step.kernel.steady import MIN_LAYERS, steady_period
+from torch2step.kernel.steady import GAP, MIN_LAYERS, steady_period
 
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -65,6 +65,31 @@ def test_no_period_when_one_section_is_late_or_too_few_layers() -> None:
     assert steady_period(moved, 5, 6).period is None
 
 
+def test_a_period_needs_the_same_backlog_at_each_layers_start() -> None:
+    from runtime.backlog import backlog_gap
+
+    queue = ((0, ((3, 64, 1.5),), (7,)), (20, (), (1, 2)))
+    a = ((0.0, 2.25), ((), 0.0), (), queue)
+    assert backlog_gap(a, a) == 0.0
+    assert backlog_gap(a, ((0.0, 2.25 + 1e-12), ((), 0.0), (), queue)) < 1e-9
+    assert backlog_gap(a, ((0.0, 3.25), ((), 0.0), (), queue)) == 1.0
+    assert backlog_gap(a, ((1.0, 2.25), ((), 0.0), (), queue)) is None  # a port busy in one
+    assert backlog_gap(a, ((0.0, 2.25), ((), 0.0), (), queue[:1])) is None  # fewer queued
+    other = ((0, ((3, 64, 1.5),), (8,)), queue[1])  # another core to resume
+    assert backlog_gap(a, ((0.0, 2.25), ((), 0.0), (), other)) is None
+
+    starts, per = _starts([500, 500, 430, 410]), 5
+    t0 = 1000  # _starts: layer 2's first copy (core 0, section 0) starts at cycle 1000
+    marks = {(k - 1) * per: (0, 0, t0 + 500 * (k - 2), a) for k in (2, 3, 4)}
+    st = steady_period(starts, per, 6, marks)
+    assert (st.period, st.first, st.gap) == (500, 2, 0.0)
+    assert "held the same work" in str(st)
+    late = dict(marks)
+    late[2 * per] = (0, 0, t0 + 500, ((0.0, 3.25), ((), 0.0), (), queue))  # layer 3's backlog
+    st = steady_period(starts, per, 6, late)
+    assert st.period is None and "held other work" in st.why
+
+
 def test_steady_period_times_the_step_as_simulating_every_layer() -> None:
     import torch2step
     from models.decoder import tiny_config_dict
@@ -78,6 +103,7 @@ def test_steady_period_times_the_step_as_simulating_every_layer() -> None:
     assert part.steady is not None and part.steady.period is not None
     assert part.cycles == every.cycles == every.sim.cycles
     assert part.cycles == part.sim.cycles + 2 * part.steady.period
+    assert part.steady.gap is not None and part.steady.gap <= GAP  # the backlogs compared
     assert part.schedule is prog.schedule and part.sim.schedule is not prog.schedule
     d = part.to_dict()
     assert d["rest"] == "steady_period" and d["steady_period"] == part.steady.period

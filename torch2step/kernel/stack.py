@@ -264,7 +264,9 @@ class KernelStackProgram:
         estimate: they lack the later layers' preloads); with fewer layers, or no period, the
         first ``sim_layers`` layers of this plan and the plan's prediction for the rest."""
         if not 1 <= sim_layers <= self.count:
-            raise LoweringError(f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}")
+            raise LoweringError(
+                f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}"
+            )
         per_layer = len(self.body_ops.ops)
         rest = MIN_LAYERS <= sim_layers < self.count  # timed by a steady period if one shows
         src, cut = self, ""
@@ -290,7 +292,8 @@ class KernelStackProgram:
         rep, build = job() if job is not None else _simulated(src, sim_layers, tokens, rest)
         steady = None
         if rest:
-            steady = steady_period(rep.result.copy_starts, per_layer, sim_layers)
+            res = rep.result
+            steady = steady_period(res.copy_starts, per_layer, sim_layers, res.copy_marks)
             if cut:
                 steady = dataclasses.replace(steady, cut=cut)
             elif steady.period is not None:

@@ -21,14 +21,15 @@ that its plan decides every operator up to the steady layers as the ``N``-layer 
 (:func:`plans_differ`).  :func:`steady_period` looks for two consecutive steady pairs with the
 same ``P`` that repeat (three layers in a row, each exactly one period after the last).  Then the ``k``
 layers' simulated cycles plus ``(N - k) * P`` are the whole step's: a simulation of all ``N``
-layers runs ``N - k`` more steady layers before the same last layers.  This is a measured
-regularity, not a proof that the simulator's whole state repeats (its FIFOs, HBM channel
-classes and background queues are not compared), so the report says which layers showed the
-period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it next to the cycles of
-simulating every layer.  When the shorter step is planned otherwise (ELK-Dyn's first preloads
-depend on the step's length, and so can a mesh's plan), the step's own plan's first ``k``
-layers are simulated and their period times the rest, their last layers standing for the
-step's: an estimate, as those lack the later layers' preloads (0.5% to 1.3% over simulating
+layers runs ``N - k`` more steady layers before the same last layers.  This is a checked
+regularity, not a proof that the simulator's whole state repeats: the messages already in a
+FIFO and the buffers' pending accesses are not compared, and the resources' fractional clocks,
+equal to :data:`GAP` here, need not round alike in later layers.  So the report says which
+layers showed the period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it
+next to the cycles of simulating every layer.  When the shorter step is planned otherwise
+(ELK-Dyn's first preloads depend on the step's length, and so can a mesh's plan), the step's
+own plan's first ``k`` layers are simulated and their period times the rest, their last layers
+standing for the step's: an estimate, as those lack the later layers' preloads (0.5% to 1.3% over simulating
 every layer on Llama-3-8B, against 4% under for the plan's prediction).  When no period shows
 (too few layers simulated, or the layers' timing does not repeat exactly, as on a mesh) the
 rest is the plan's prediction.  The report says which of these it did, and why.
@@ -36,10 +37,11 @@ rest is the plan's prediction.  The report says which of these it did, and why.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from elk.plan import ElkSchedule
+from runtime.backlog import backlog_gap
 
 __all__ = ["Steady", "steady_period", "plans_differ", "MIN_LAYERS"]
 
@@ -60,23 +62,42 @@ class Steady:
     last: int = 0
     why: str = ""
     cut: str = ""
+    #: the largest difference, in cycles, between the shared resources' backlogs at the
+    #: starts of those layers (:func:`runtime.backlog.backlog`; ``None``: not compared)
+    gap: float | None = None
 
     def __str__(self) -> str:
         if self.period is None:
             return f"no steady period: {self.cut + ', and ' if self.cut else ''}{self.why}"
+        same = (
+            ""
+            if self.gap is None
+            else ", and the links, ports, HBM channels, transfers in flight and cores held the "
+            f"same work at each layer's start (to {self.gap:.1g} cycles)"
+        )
         return (
             f"steady period {self.period} cycles per layer (layers {self.first}-{self.last}: "
             "every core started every section of a layer exactly that much after the layer "
-            "before, its cycles busy and stalled alike)"
+            f"before, its cycles busy and stalled alike{same})"
         )
 
 
-def steady_period(starts: Iterable[tuple], per_layer: int, layers: int) -> Steady:
+#: backlogs at the starts of the layers of a period may differ by this many cycles (rounding of
+#: the resources' fractional clocks; a cycle's work is 1)
+GAP = 1e-6
+
+
+def steady_period(
+    starts: Iterable[tuple], per_layer: int, layers: int, marks: Mapping[int, tuple] | None = None
+) -> Steady:
     """The steady period of a ``layers``-layer run whose copies started at ``starts``
     (:attr:`runtime.stats.SimResult.copy_starts`; a copy of layer ``l``'s section has shift
     ``(l - 1) * per_layer``, the operators of one layer), see the module docstring: two
     consecutive steady pairs with the same period in which, besides, every core spent the same
-    cycles busy and the same stalled between its starts of a section in both pairs."""
+    cycles busy and the same stalled between its starts of a section in both pairs; with
+    ``marks`` (:attr:`runtime.stats.SimResult.copy_marks`), the three layers' first copies
+    also started on the same core, one period apart, with the same backlog of the shared
+    resources and the event queue (within :data:`GAP` cycles)."""
     at: dict[int, dict[tuple[int, int], tuple]] = {}
     for core, tmpl, shift, cycle, cats in starts:
         if shift <= 0 or shift % per_layer:
@@ -96,17 +117,45 @@ def steady_period(starts: Iterable[tuple], per_layer: int, layers: int) -> Stead
         moved = {k: tuple(y - x for x, y in zip(a[k], b[k])) for k in a}
         seen = {d[0] for d in moved.values()}
         pairs[layer] = (seen.pop() if len(seen) == 1 else None, moved)
+    held = ""
     for layer in range(2, layers - 1):
         (p, m1), (q, m2) = pairs[layer], pairs[layer + 1]
         if p is not None and p > 0 and p == q and m1 == m2:
-            return Steady(p, layer, layer + 2)
+            if marks is None:
+                return Steady(p, layer, layer + 2)
+            gap = _same_backlog(marks, per_layer, layer, p)
+            if gap is not None:
+                return Steady(p, layer, layer + 2, gap=gap)
+            held = (
+                f"layers {layer}-{layer + 2} started one period ({p} cycles) apart, but the "
+                "shared resources, the transfers in flight or the cores held other work at "
+                "their starts"
+            )
     if not at:
         return Steady(None, why="no layer ran as a copy of layer 1 (its sections differ)")
     return Steady(
         None,
-        why="no three layers in a row started each section one equal period apart; "
-        "simulate more layers, or read the plan's prediction",
+        why=(held or "no three layers in a row started each section one equal period apart")
+        + "; simulate more layers, or read the plan's prediction",
     )
+
+
+def _same_backlog(marks: Mapping[int, tuple], per_layer: int, layer: int, p: int) -> float | None:
+    """The largest backlog difference (cycles) of layers ``layer .. layer + 2``'s first copies
+    when they started on the same core and section ``p`` cycles apart with the same backlog
+    (``None``: they did not)."""
+    got = [marks.get((k - 1) * per_layer) for k in range(layer, layer + 3)]
+    if any(m is None for m in got):
+        return None
+    worst = 0.0
+    for a, b in zip(got, got[1:]):
+        if a[:2] != b[:2] or b[2] - a[2] != p:
+            return None
+        gap = backlog_gap(a[3], b[3])
+        if gap is None or gap > GAP:
+            return None
+        worst = max(worst, gap)
+    return worst
 
 
 def plans_differ(full: ElkSchedule, short: ElkSchedule, ops: int) -> str:
