@@ -127,7 +127,7 @@ class SimResult:
         default=(), compare=False, repr=False
     )
     #: per copy shift (one per layer), when its first copy started: ``(core, template, cycle,
-    #: backlog)``, the shared resources' and the event queue's state then
+    #: backlog)``, the state of the shared resources, the event queue and the cores then
     #: (:func:`runtime.backlog.backlog`); recorded with ``copy_starts``
     copy_marks: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
 

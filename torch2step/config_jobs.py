@@ -200,8 +200,9 @@ class Started(Generic[T]):
     """A call started by :func:`started`: calling it waits for the call's result (or makes the
     call here, when it was not started in a worker); :meth:`cancel` gives it up."""
 
-    def __init__(self, fn: Callable[[], T], ex: ProcessPoolExecutor | None = None,
-                 fut: Future | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[[], T], ex: ProcessPoolExecutor | None = None, fut: Future | None = None
+    ) -> None:
         self._fn, self._ex, self._fut = fn, ex, fut
 
     def __call__(self) -> T:
