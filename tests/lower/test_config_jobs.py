@@ -125,3 +125,18 @@ def test_a_started_call_runs_beside_this_process_and_returns_its_result(
     assert total == 45 and pid != os.getpid()
     monkeypatch.setenv(JOBS_ENV, "1")
     assert started(lambda: os.getpid())() == os.getpid()
+
+
+def test_a_started_call_given_up_stops_its_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    import time
+
+    from torch2step.config_jobs import started
+
+    monkeypatch.setenv(JOBS_ENV, "2")
+    t0 = time.perf_counter()
+    job = started(lambda: time.sleep(60))
+    job.cancel()
+    assert not multiprocessing.active_children() and time.perf_counter() - t0 < 30
+    monkeypatch.setenv(JOBS_ENV, "1")
+    started(lambda: 1).cancel()  # nothing started: nothing to stop
