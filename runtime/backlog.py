@@ -37,7 +37,8 @@ def backlog(sim: Any) -> tuple:
     * the event queue: per cycle still to come, its offset, the stages queued there (their
       hop's resource, bytes and tail's offset) and the cores to resume (their ids);
     * per core, how far its clock is ahead, what it waits for (the kind of wait), whether it
-      has finished, its SRAM held, and its outstanding HBM accesses (:func:`_requests`)."""
+      has finished, its SRAM held, and its outstanding HBM accesses (:func:`_requests`);
+    * the messages sent and not yet received (on their way, or waiting in a FIFO)."""
     now = sim.now
     classed = bool(sim.cmembers)
     chans = set(sim.chan_res) if classed else set()
@@ -72,7 +73,7 @@ def backlog(sim: Any) -> tuple:
         )
         for c in sim.comp.cores
     )
-    return res, hbm, bgs, queue, cores
+    return res, hbm, bgs, queue, cores, sim.unreceived
 
 
 def _requests(q: list, now: int) -> tuple:

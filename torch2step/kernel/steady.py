@@ -22,9 +22,10 @@ that its plan decides every operator up to the steady layers as the ``N``-layer 
 same ``P`` that repeat (three layers in a row, each exactly one period after the last).  Then the ``k``
 layers' simulated cycles plus ``(N - k) * P`` are the whole step's: a simulation of all ``N``
 layers runs ``N - k`` more steady layers before the same last layers.  This is a checked
-regularity, not a proof that the simulator's whole state repeats: the messages already in a
-FIFO and the buffers' pending accesses are not compared, and the resources' fractional clocks,
-equal to :data:`GAP` here, need not round alike in later layers.  So the report says which
+regularity, not a proof that the simulator's whole state repeats: the messages not yet
+received are counted, not compared one by one, the buffers' pending accesses are not compared,
+and the resources' fractional clocks, equal to :data:`GAP` here, need not round alike in later
+layers.  So the report says which
 layers showed the period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it
 next to the cycles of simulating every layer.  When the shorter step is planned otherwise
 (ELK-Dyn's first preloads depend on the step's length, and so can a mesh's plan), the step's
