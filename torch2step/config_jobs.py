@@ -227,9 +227,14 @@ class Started(Generic[T]):
 def started(fn: Callable[[], T]) -> Started[T]:
     """``fn()`` started in a forked worker process, to run beside what this process does next
     (e.g. ``torch2step compare``'s two executions); returns the call that waits for its
-    result.  Without a second worker (``TORCH2STEP_JOBS=1``, one CPU, no ``fork``) the
-    returned call makes the call itself, in this process.  ``fn``'s result must pickle."""
-    if jobs_for(2) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    result.  Without a second worker (``TORCH2STEP_JOBS=1``, one CPU, no ``fork``, or in a
+    daemonic process, which may not have children) the returned call makes the call itself, in
+    this process.  ``fn``'s result must pickle."""
+    if (
+        jobs_for(2) < 2
+        or "fork" not in multiprocessing.get_all_start_methods()
+        or multiprocessing.current_process().daemon
+    ):
         return Started(fn)
     global _TASK
     _TASK = fn

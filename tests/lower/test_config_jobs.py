@@ -140,3 +140,15 @@ def test_a_started_call_given_up_stops_its_worker(monkeypatch: pytest.MonkeyPatc
     assert not multiprocessing.active_children() and time.perf_counter() - t0 < 30
     monkeypatch.setenv(JOBS_ENV, "1")
     started(lambda: 1).cancel()  # nothing started: nothing to stop
+
+
+def test_a_daemonic_process_makes_a_started_call_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's worker is daemonic and may not have children: the call runs there."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from torch2step.config_jobs import started
+
+    monkeypatch.setenv(JOBS_ENV, "2")
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
+    assert started(lambda: os.getpid())() == os.getpid()
