@@ -19,12 +19,20 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from elk.errors import ElkError
 from elk.schedule import Item, Policy, Timeline, schedule
 
-__all__ = ["heavy_slots", "candidate_orders", "valid_order", "best_order", "plan_jobs"]
+__all__ = [
+    "heavy_slots",
+    "candidate_orders",
+    "valid_order",
+    "best_order",
+    "plan_jobs",
+    "leaving_cpus",
+]
 
 
 #: At most this many HBM-heavy operators per layer are permuted (ELK §4.4: "H <= 6 in most
@@ -101,16 +109,37 @@ def candidate_orders(
 PARALLEL_OPS = 64
 
 
+#: CPUs this process leaves to work running beside its plans (:func:`leaving_cpus`)
+_LEFT = 0
+
+
 def plan_jobs() -> int:
     """Processes :func:`best_order` may use: ``TORCH2STEP_PLAN_JOBS`` if set, else the CPUs this
-    process may run on."""
+    process may run on, less those left to work running beside the plan
+    (:func:`leaving_cpus`), at least one."""
     env = os.environ.get("TORCH2STEP_PLAN_JOBS", "").strip()
     if env:
         return max(1, int(env))
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    return max(1, cpus - _LEFT)
+
+
+@contextmanager
+def leaving_cpus(n: int) -> Iterator[None]:
+    """Inside the block, plans leave ``n`` of this process's CPUs to work running beside them
+    (a worker process simulating another step: :mod:`torch2step.kernel.stack`), so that the
+    two do not take turns on the same CPUs; an explicit ``TORCH2STEP_PLAN_JOBS`` is kept.  The
+    plan is the same (:func:`best_order`)."""
+    global _LEFT
+    old = _LEFT
+    _LEFT = old + max(0, n)
+    try:
+        yield
+    finally:
+        _LEFT = old
 
 
 #: ``(items, policy, orders)`` of the running parallel :func:`best_order` (inherited by the

@@ -205,6 +205,11 @@ class Started(Generic[T]):
     ) -> None:
         self._fn, self._ex, self._fut = fn, ex, fut
 
+    @property
+    def in_worker(self) -> bool:
+        """Whether the call runs in a worker process (beside this one), not yet given up."""
+        return self._ex is not None and self._fut is not None
+
     def __call__(self) -> T:
         if self._ex is None or self._fut is None:
             return self._fn()

@@ -59,3 +59,22 @@ def test_plan_jobs_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert reorder.plan_jobs() == 1
     monkeypatch.delenv("TORCH2STEP_PLAN_JOBS")
     assert reorder.plan_jobs() >= 1
+
+
+def test_plans_leave_cpus_to_work_beside_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan made while a worker simulates leaves it a CPU (torch2step.kernel.stack); an
+    explicit TORCH2STEP_PLAN_JOBS is kept."""
+    monkeypatch.delenv("TORCH2STEP_PLAN_JOBS", raising=False)
+    monkeypatch.setattr(reorder.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert reorder.plan_jobs() == 3
+    with reorder.leaving_cpus(1):
+        assert reorder.plan_jobs() == 2
+        with reorder.leaving_cpus(5):
+            assert reorder.plan_jobs() == 1
+        assert reorder.plan_jobs() == 2
+        monkeypatch.setenv("TORCH2STEP_PLAN_JOBS", "3")
+        assert reorder.plan_jobs() == 3
+    monkeypatch.delenv("TORCH2STEP_PLAN_JOBS")
+    with reorder.leaving_cpus(0):
+        assert reorder.plan_jobs() == 3
+    assert reorder.plan_jobs() == 3

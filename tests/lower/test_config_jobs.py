@@ -121,10 +121,12 @@ def test_a_started_call_runs_beside_this_process_and_returns_its_result(
 
     monkeypatch.setenv(JOBS_ENV, "2")
     result = started(lambda: (os.getpid(), sum(range(10))))
+    assert result.in_worker
     pid, total = result()
     assert total == 45 and pid != os.getpid()
     monkeypatch.setenv(JOBS_ENV, "1")
-    assert started(lambda: os.getpid())() == os.getpid()
+    here = started(lambda: os.getpid())
+    assert not here.in_worker and here() == os.getpid()
 
 
 def test_a_started_call_given_up_stops_its_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,6 +140,7 @@ def test_a_started_call_given_up_stops_its_worker(monkeypatch: pytest.MonkeyPatc
     job = started(lambda: time.sleep(60))
     job.cancel()
     assert not multiprocessing.active_children() and time.perf_counter() - t0 < 30
+    assert not job.in_worker
     monkeypatch.setenv(JOBS_ENV, "1")
     started(lambda: 1).cancel()  # nothing started: nothing to stop
 
@@ -151,4 +154,5 @@ def test_a_daemonic_process_makes_a_started_call_itself(monkeypatch: pytest.Monk
 
     monkeypatch.setenv(JOBS_ENV, "2")
     monkeypatch.setattr(multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
-    assert started(lambda: os.getpid())() == os.getpid()
+    job = started(lambda: os.getpid())
+    assert not job.in_worker and job() == os.getpid()

@@ -12,9 +12,10 @@ for the rest; from 5 it simulates a ``k``-layer step planned on its own and time
 between by its steady period (:mod:`torch2step.kernel.steady`) when it shows one.  The step's
 plan is made when first needed (:attr:`KernelStackProgram.schedule`), so such a report plans the
 ``k``-layer step, starts building and simulating it in a worker process
-(:func:`torch2step.config_jobs.started`) and plans the ``N``-layer step meanwhile: the two
-independent halves of the report on two CPUs, with the result of making them one after the
-other (with one worker, ``TORCH2STEP_JOBS=1``, they are).  Where the two plans differ in the
+(:func:`torch2step.config_jobs.started`) and plans the ``N``-layer step meanwhile, leaving
+the worker its CPU (:func:`elk.reorder.leaving_cpus`): the two independent halves of the
+report on two CPUs, with the result of making them one after the other (with one worker,
+``TORCH2STEP_JOBS=1``, they are).  Where the two plans differ in the
 layers a period shows in, the worker is stopped and the step's own first layers are simulated
 instead.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from elk.plan import ElkSchedule, plan_model
+from elk.reorder import leaving_cpus
 from hwmodel.chip import Chip
 from lowering.elk_placement import tile_major
 from lowering.elk_programs import elk_programs
@@ -279,7 +282,8 @@ class KernelStackProgram:
                 short.schedule  # noqa: B018 - planned before the worker is forked
                 job = started(partial(_simulated, short, sim_layers, tokens, True))
             # a period shows first in layers 2-4 (torch2step.kernel.steady)
-            differ = plans_differ(self.schedule, short.schedule, 4 * per_layer)
+            with _beside(job):
+                differ = plans_differ(self.schedule, short.schedule, 4 * per_layer)
             if differ:
                 cut = f"a {sim_layers}-layer step is planned otherwise ({differ})"
                 if job is not None:
@@ -288,7 +292,8 @@ class KernelStackProgram:
             else:
                 src = short
         own = src is not self
-        ideal = self.schedule.ideal().cycles  # (beside the worker's simulation, if any)
+        with _beside(job):
+            ideal = self.schedule.ideal().cycles  # (beside the worker's simulation, if any)
         rep, build = job() if job is not None else _simulated(src, sim_layers, tokens, rest)
         steady = None
         if rest:
@@ -317,6 +322,13 @@ class KernelStackProgram:
 
     def print(self) -> None:
         print(self)
+
+
+def _beside(job: Started | None) -> AbstractContextManager:
+    """Plans made while ``job`` runs in a worker leave it one CPU (:func:`elk.reorder.leaving_cpus`:
+    with two CPUs the plan's candidate orders then take one, the worker's simulation the other,
+    rather than three processes taking turns on two CPUs)."""
+    return leaving_cpus(1) if job is not None and job.in_worker else nullcontext()
 
 
 @dataclass(frozen=True)
