@@ -31,7 +31,7 @@ __all__ = [
     "valid_order",
     "best_order",
     "plan_jobs",
-    "leaving_cpus",
+    "yielding",
 ]
 
 
@@ -109,37 +109,45 @@ def candidate_orders(
 PARALLEL_OPS = 64
 
 
-#: CPUs this process leaves to work running beside its plans (:func:`leaving_cpus`)
-_LEFT = 0
+#: How much lower the scheduling priority of a plan's worker processes is inside
+#: :func:`yielding` (``os.nice`` steps; 0 outside)
+_NICE = 0
+
+#: the ``os.nice`` increment :func:`yielding` gives a plan's worker processes
+YIELD_NICE = 10
 
 
 def plan_jobs() -> int:
     """Processes :func:`best_order` may use: ``TORCH2STEP_PLAN_JOBS`` if set, else the CPUs this
-    process may run on, less those left to work running beside the plan
-    (:func:`leaving_cpus`), at least one."""
+    process may run on."""
     env = os.environ.get("TORCH2STEP_PLAN_JOBS", "").strip()
     if env:
         return max(1, int(env))
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus - _LEFT)
+        return max(1, os.cpu_count() or 1)
 
 
 @contextmanager
-def leaving_cpus(n: int) -> Iterator[None]:
-    """Inside the block, plans leave ``n`` of this process's CPUs to work running beside them
-    (a worker process simulating another step: :mod:`torch2step.kernel.stack`), so that the
-    two do not take turns on the same CPUs; an explicit ``TORCH2STEP_PLAN_JOBS`` is kept.  The
-    plan is the same (:func:`best_order`)."""
-    global _LEFT
-    old = _LEFT
-    _LEFT = old + max(0, n)
+def yielding() -> Iterator[None]:
+    """Inside the block, a plan's worker processes run at a lower scheduling priority
+    (:data:`YIELD_NICE`), so that work running beside the plan (a worker process simulating
+    another step: :mod:`torch2step.kernel.stack`) keeps its CPU while the plan takes the CPU
+    time left, every CPU once that work is done: whichever of the two takes longer, neither
+    waits for the other's share of a CPU.  The plan is the same (:func:`best_order`)."""
+    global _NICE
+    old = _NICE
+    _NICE = YIELD_NICE
     try:
         yield
     finally:
-        _LEFT = old
+        _NICE = old
+
+
+def _lower_priority(nice: int) -> None:
+    """A plan's worker process starting (:func:`yielding`)."""
+    os.nice(nice)
 
 
 #: ``(items, policy, orders)`` of the running parallel :func:`best_order` (inherited by the
@@ -173,7 +181,8 @@ def _schedules(
     try:
         if not parallel:
             return [_scheduled(k) for k in range(len(orders))]
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        init = (_lower_priority, (_NICE,)) if _NICE else (None, ())
+        with multiprocessing.get_context("fork").Pool(jobs, *init) as pool:
             return pool.map(_scheduled, range(len(orders)), chunksize=1)
     finally:
         _JOB = None

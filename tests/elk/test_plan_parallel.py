@@ -4,6 +4,7 @@ scheduled on several processes, and the allocation's shortcut when the fastest p
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import replace
 
@@ -61,20 +62,27 @@ def test_plan_jobs_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert reorder.plan_jobs() >= 1
 
 
-def test_plans_leave_cpus_to_work_beside_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plan made while a worker simulates leaves it a CPU (torch2step.kernel.stack); an
-    explicit TORCH2STEP_PLAN_JOBS is kept."""
-    monkeypatch.delenv("TORCH2STEP_PLAN_JOBS", raising=False)
-    monkeypatch.setattr(reorder.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    assert reorder.plan_jobs() == 3
-    with reorder.leaving_cpus(1):
-        assert reorder.plan_jobs() == 2
-        with reorder.leaving_cpus(5):
-            assert reorder.plan_jobs() == 1
-        assert reorder.plan_jobs() == 2
-        monkeypatch.setenv("TORCH2STEP_PLAN_JOBS", "3")
-        assert reorder.plan_jobs() == 3
-    monkeypatch.delenv("TORCH2STEP_PLAN_JOBS")
-    with reorder.leaving_cpus(0):
-        assert reorder.plan_jobs() == 3
-    assert reorder.plan_jobs() == 3
+def _niceness(k: int) -> int:
+    return os.nice(0)
+
+
+def test_a_yielding_plan_runs_its_processes_at_lower_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plan made while a worker simulates yields it the CPU (torch2step.kernel.stack): its
+    processes run at a lower priority, there only, and the plan is the same."""
+    rng = random.Random(4421)
+    items = _items(rng, 12, multi_preload=True, ports=True)
+    pol = Policy(rng.randint(30, 40), window=4, beam=2, plan_branch=True, core_sram=8.0)
+    orders = [tuple(range(len(items)))] * 2
+    monkeypatch.setattr(reorder, "PARALLEL_OPS", 2)
+    want = best_order(items, pol, 8, jobs=2)
+    with reorder.yielding():
+        assert best_order(items, pol, 8, jobs=2) == want
+    monkeypatch.setattr(reorder, "_scheduled", _niceness)  # what each worker reports
+    here = os.nice(0)
+    assert reorder._schedules(items, pol, orders, 2) == [here, here]
+    with reorder.yielding():
+        assert reorder._schedules(items, pol, orders, 2) == [min(19, here + reorder.YIELD_NICE)] * 2
+    assert reorder._schedules(items, pol, orders, 2) == [here, here]
+    assert os.nice(0) == here

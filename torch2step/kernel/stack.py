@@ -12,10 +12,10 @@ for the rest; from 5 it simulates a ``k``-layer step planned on its own and time
 between by its steady period (:mod:`torch2step.kernel.steady`) when it shows one.  The step's
 plan is made when first needed (:attr:`KernelStackProgram.schedule`), so such a report plans the
 ``k``-layer step, starts building and simulating it in a worker process
-(:func:`torch2step.config_jobs.started`) and plans the ``N``-layer step meanwhile, leaving
-the worker its CPU (:func:`elk.reorder.leaving_cpus`): the two independent halves of the
-report on two CPUs, with the result of making them one after the other (with one worker,
-``TORCH2STEP_JOBS=1``, they are).  Where the two plans differ in the
+(:func:`torch2step.config_jobs.started`) and plans the ``N``-layer step meanwhile, its
+processes yielding the worker its CPU (:func:`elk.reorder.yielding`): the two independent
+halves of the report on two CPUs, with the result of making them one after the other (with
+one worker, ``TORCH2STEP_JOBS=1``, they are).  Where the two plans differ in the
 layers a period shows in, the worker is stopped and the step's own first layers are simulated
 instead.
 """
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from elk.plan import ElkSchedule, plan_model
-from elk.reorder import leaving_cpus
+from elk.reorder import yielding
 from hwmodel.chip import Chip
 from lowering.elk_placement import tile_major
 from lowering.elk_programs import elk_programs
@@ -325,10 +325,10 @@ class KernelStackProgram:
 
 
 def _beside(job: Started | None) -> AbstractContextManager:
-    """Plans made while ``job`` runs in a worker leave it one CPU (:func:`elk.reorder.leaving_cpus`:
-    with two CPUs the plan's candidate orders then take one, the worker's simulation the other,
-    rather than three processes taking turns on two CPUs)."""
-    return leaving_cpus(1) if job is not None and job.in_worker else nullcontext()
+    """Plans made while ``job`` runs in a worker yield to it (:func:`elk.reorder.yielding`: the
+    plan's processes at a lower priority), so the worker's simulation keeps a CPU and the plan
+    takes the CPU time left: three processes on two CPUs, whichever half takes longer."""
+    return yielding() if job is not None and job.in_worker else nullcontext()
 
 
 @dataclass(frozen=True)
