@@ -31,6 +31,11 @@ class _State:
     )
     # no NaN among ``spre`` (:func:`_clean`), worked out when first asked
     clean: bool | None = field(default=None, compare=False, repr=False)
+    # the parts of :func:`_vector` before and after the preload starts, worked out when
+    # first asked (:func:`_assemble` is asked several times per suffix)
+    ends: tuple[tuple[float, ...], tuple[float, ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 def _resident(st: _State) -> dict[int, tuple[int, float, int, int]]:
@@ -72,25 +77,28 @@ def _vector(st: _State, items: Sequence[Item], pol: Policy) -> tuple[float, ...]
 def _assemble(
     st: _State, items: Sequence[Item], pol: Policy, spre: tuple[float, ...]
 ) -> tuple[float, ...]:
-    """:func:`_vector` with ``spre`` (all of the suffix's preload starts or a head of them)."""
-    res = st.res
-    it = items[st.step.op]
-    grid: tuple[float, ...] = ()
-    if it.ports and it.grids:
-        r, c = it.grids[st.step.exec_plan]
-        grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
-    own: tuple[float, ...] = ()
-    if pol.plan_branch:  # its own preload as earlier steps schedule it (ELK §4.2)
-        e = st.step.exec_plan
-        own = (-it.load_time(e), -(it.ports[e] if it.ports else 0.0))
-    return (
-        st.step.start,
-        *own,
-        *spre,
-        *(bound for _, _, bound, _, _ in res),
-        *(-float(sp) for _, sp, _, _, _ in res),
-        *grid,
-    )
+    """:func:`_vector` with ``spre`` (all of the suffix's preload starts or a head of them);
+    ``items`` and ``pol`` are those of the schedule that made ``st``."""
+    ends = st.ends
+    if ends is None:
+        res = st.res
+        it = items[st.step.op]
+        grid: tuple[float, ...] = ()
+        if it.ports and it.grids:
+            r, c = it.grids[st.step.exec_plan]
+            grid = (-float(r), -float(c)) if pol.mesh is not None else (-float(r * c),)
+        own: tuple[float, ...] = ()
+        if pol.plan_branch:  # its own preload as earlier steps schedule it (ELK §4.2)
+            e = st.step.exec_plan
+            own = (-it.load_time(e), -(it.ports[e] if it.ports else 0.0))
+        tail = (
+            *(bound for _, _, bound, _, _ in res),
+            *(-float(sp) for _, sp, _, _, _ in res),
+            *grid,
+        )
+        ends = (st.step.start, *own), tail
+        object.__setattr__(st, "ends", ends)
+    return ends[0] + spre + ends[1]
 
 
 #: A suffix's *anchor* is its ancestor this many steps later (:func:`_keyed`).
