@@ -44,6 +44,19 @@ def _resolve_chip(chip: Chip | str | os.PathLike[str]) -> Chip:
     return chip if isinstance(chip, Chip) else load_chip(chip)
 
 
+def refuse_spatial_options(options: dict[str, Any], chip: Chip) -> None:
+    """Kernel-by-kernel execution plans with ELK and lowers no STeP program, so the options of
+    a STeP program (tiling, STeP §5 strategies and their search) would be ignored: they are
+    refused, all named at once, rather than dropped."""
+    given = sorted(k for k, v in options.items() if v is not None)
+    if given:
+        raise LoweringError(
+            f"compile option(s) {', '.join(given)} shape a STeP program (spatial execution); "
+            f"kernel-by-kernel execution on {chip.name} plans with ELK and does not use them: "
+            "drop them, or pass execution='spatial' to place the STeP program on this chip"
+        )
+
+
 def _is_onnx(obj: Any) -> bool:
     if isinstance(obj, (str, os.PathLike)):
         return True
@@ -128,11 +141,25 @@ def compile(  # noqa: A001  (the public name the users asked for)
         opts = {**options, "execution": execution, "design": design}
         if routing is not None:
             opts["routing"] = routing
+        budgets = {"onchip_budget": onchip_budget, "compute_budget": compute_budget}
+        for k, v in {"strategy": strategy, **budgets}.items():
+            if v is not None:  # the body's STeP strategies (a kernel step refuses them)
+                opts[k] = v
         return compile_stack(layer, tuple(example_inputs), chip=target, **opts)
     if execution is None:
         execution = target.execution  # what the chip's description says
     if execution == "kernel":
         from torch2step.kernel.program import KernelProgram
+
+        refuse_spatial_options(
+            {
+                **options,
+                "strategy": None if strategy == "default" else strategy,
+                "onchip_budget": onchip_budget,
+                "compute_budget": compute_budget,
+            },
+            target,
+        )
 
         return KernelProgram(
             layer, target, tuple(example_inputs), design=design, routing=routing

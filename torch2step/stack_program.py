@@ -58,8 +58,13 @@ def compile_stack(
     target = _resolve_chip(chip)
     execution = options.get("execution") or target.execution
     if execution == "kernel":  # the whole step planned as one model (ELK §4.4)
+        from torch2step.api import refuse_spatial_options
         from torch2step.kernel.stack import KernelStackProgram
 
+        refuse_spatial_options(
+            {k: v for k, v in options.items() if k not in ("execution", "design", "routing")},
+            target,
+        )
         design = options.get("design") or "elk_full"
         return KernelStackProgram(
             graph, op, target, tuple(example_inputs), design=design, routing=options.get("routing")

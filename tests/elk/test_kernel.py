@@ -3,6 +3,8 @@ model against the simulator, the printable plan and the CLI."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from kernel_helpers import assert_kernel_run_equals, preload_alone_cycles
@@ -93,6 +95,27 @@ def test_execution_choice() -> None:
     assert isinstance(torch2step.compile(m, inp, chip="step-sda"), Program)
     with pytest.raises(LoweringError, match="execution"):
         torch2step.compile(m, inp, chip="ipu-hbm", execution="dataflow")
+
+
+def test_kernel_execution_refuses_the_options_of_a_step_program() -> None:
+    """Tiling and STeP §5 strategies shape a STeP program; kernel execution plans with ELK
+    and would ignore them, so they are refused (all named), on a layer and on a stack."""
+    from torch2step.errors import LoweringError
+    from torch2step.frontend.hf_config import compile_config
+    from torch2step.kernel.program import KernelProgram
+
+    m, inp, ds, _ = get_layer("qwen3-moe", tiny=True, batch=2)
+    with pytest.raises(LoweringError, match=r"moe_lanes, tile_rows shape a STeP program"):
+        torch2step.compile(m, inp, chip="ipu-hbm", tile_rows=64, moe_lanes=2)
+    with pytest.raises(LoweringError, match="strategy.*execution='spatial'"):
+        torch2step.compile(m, inp, chip="mesh", strategy="auto")
+    assert isinstance(torch2step.compile(m, inp, chip="ipu-hbm", strategy="default"), KernelProgram)
+    # the same options place the STeP program on the ICCA chip when asked for
+    spatial = torch2step.compile(m, inp, chip="ipu-hbm", execution="spatial", moe_lanes=2)
+    assert spatial.execution == "spatial"
+    cfg = Path(__file__).resolve().parents[2] / "models" / "hf_configs" / "llama-3-8b.json"
+    with pytest.raises(LoweringError, match="tile_kv shape a STeP program"):
+        compile_config(cfg, batch=4, past=16, chip="ipu-hbm", layers=2, tile_kv=64)
 
 
 def test_decode_step_plan_orders_designs() -> None:
