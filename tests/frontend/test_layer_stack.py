@@ -123,3 +123,14 @@ def test_model_with_weights_compiles_as_a_stack_equal_to_pytorch() -> None:
     for got in (evaluate(g, x, ks, vs), prog.run(x, ks, vs)):
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_a_stacks_body_searches_the_strategies_it_is_given(llama) -> None:
+    """``strategy="auto"`` on a stack compiled for a spatial chip searches its body's STeP §5
+    strategies (it is not dropped on the way to the body)."""
+    cfg, _, body = llama
+    g = stack_graph(body, 3)
+    x, k, v = decode_inputs(cfg, 2, 4, seed=3)
+    ks, vs = torch.stack([k] * 3), torch.stack([v] * 3)
+    prog = torch2step.compile(g, (x, ks, vs), strategy="auto")
+    assert prog.body.strategy_table[0].startswith("strategy=auto: ")
