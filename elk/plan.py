@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from elk.cost import ChipCosts, Plan, footprint, items_for
 from elk.designs import DESIGNS, plan_design
@@ -21,7 +22,7 @@ from elk.ops import Operator
 from elk.schedule import Item, Timeline
 from hwmodel.chip import Chip
 
-__all__ = ["ElkSchedule", "plan_model", "format_schedule"]
+__all__ = ["ElkSchedule", "plan_model", "format_schedule", "plan_search", "PLAN_OPTIONS"]
 
 
 def _measure(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -63,6 +64,9 @@ class ElkSchedule:
     timeline: Timeline
     plan_seconds: float
     core_peak: int | None = None
+    #: the search budget it was planned with, when not :data:`DEFAULT_SEARCH` (plan_model's
+    #: ``window``, ``beam``, ``max_orders``, ``window_data``), as printed
+    search: tuple[tuple[str, Any], ...] = ()
 
     @property
     def plans(self) -> tuple[Plan, ...]:
@@ -178,7 +182,8 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
     lines = [
         f"ELK schedule ({s.design}) of {len(s.ops)} operators on {s.costs.name} "
         f"({s.costs.cores} worker cores, {s.costs.capacity / 2**20:.0f} MiB on chip): "
-        f"{s.cycles:.0f} cycles = {s.seconds * 1e6:.1f} us, planned in {s.plan_seconds:.2f} s",
+        f"{s.cycles:.0f} cycles = {s.seconds * 1e6:.1f} us, planned in {s.plan_seconds:.2f} s"
+        + (f" (search {search_label(dict(s.search))})" if s.search else ""),
         f"{'operator':24} {'kind':9} {'exec plan':14} {'cores':>5} {'pre#':>4} {'order':>5} "
         f"{'exec KiB/core':>13} {'pre KiB/core':>12} {'preload us':>10} {'exec us':>8} "
         f"{'start us':>9}",
@@ -272,7 +277,50 @@ def plan_model(
             f"SRAM (it has {costs.sram}) even with the on-chip budget cut to "
             f"{capacity / 2**20:.0f} MiB; use a chip with more cores or SRAM, or fewer layers"
         )
-    return dataclasses.replace(sched, plan_seconds=time.perf_counter() - t0, core_peak=peak or None)
+    given = {"window": window, "beam": beam, "max_orders": max_orders, "window_data": window_data}
+    search = tuple((k, v) for k, v in given.items() if v != DEFAULT_SEARCH[k])
+    return dataclasses.replace(
+        sched, plan_seconds=time.perf_counter() - t0, core_peak=peak or None, search=search
+    )
+
+
+#: plan_model's search budget by default: ELK §4.2's preload numbers tried per operator
+#: (``window``, counted in operator positions unless ``window_data``), the suffixes kept per
+#: preload number (``beam``) and ELK §4.4's candidate preload orders (``max_orders``)
+DEFAULT_SEARCH: dict[str, Any] = {"window": 16, "beam": 4, "max_orders": 8, "window_data": False}
+
+#: compile options of a kernel-by-kernel plan's search -> plan_model's keywords
+PLAN_OPTIONS = {
+    "plan_window": "window",
+    "plan_beam": "beam",
+    "plan_orders": "max_orders",
+    "plan_window_data": "window_data",
+}
+
+
+def plan_search(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the plan-search compile options (:data:`PLAN_OPTIONS`) out of ``options`` and
+    return them as :func:`plan_model` keywords, checked: a smaller ``plan_window``,
+    ``plan_beam`` or ``plan_orders`` plans a long step faster and may find a slower plan
+    (``benchmarks/elk_figures.py`` plans with 8, 2 and 4 and ``plan_window_data=True``)."""
+    out: dict[str, Any] = {}
+    for name, key in PLAN_OPTIONS.items():
+        if name not in options:
+            continue
+        v = options.pop(name)
+        if key == "window_data":
+            if not isinstance(v, bool):
+                raise ElkError(f"{name}={v!r}: give True or False")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ElkError(f"{name}={v!r}: give a positive integer")
+        out[key] = v
+    return out
+
+
+def search_label(search: dict[str, Any]) -> str:
+    """``search`` (plan_model keywords) as the compile options that give it."""
+    names = {v: k for k, v in PLAN_OPTIONS.items()}
+    return ", ".join(f"{names[k]}={v}" for k, v in search.items())
 
 
 def _core_peak(s: ElkSchedule, chip: Chip) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import sympy as sp
 import torch
 
+from elk.plan import PLAN_OPTIONS, plan_search
 from hwmodel.chip import Chip
 from hwmodel.presets import load_chip
 from torch2step.errors import FrontendError, LoweringError
@@ -42,6 +43,18 @@ def import_onnx(path_or_model: Any, *, name: str | None = None) -> LayerGraph:
 
 def _resolve_chip(chip: Chip | str | os.PathLike[str]) -> Chip:
     return chip if isinstance(chip, Chip) else load_chip(chip)
+
+
+def refuse_plan_options(options: dict[str, Any]) -> None:
+    """The options of an ELK plan's search given to a spatial compile (a STeP program, which
+    has no ELK plan): refused, all named at once, rather than ignored."""
+    given = sorted(k for k in options if k in PLAN_OPTIONS)
+    if given:
+        raise LoweringError(
+            f"compile option(s) {', '.join(given)} set the search of an ELK plan (kernel-by-kernel "
+            "execution); a spatial compile places a STeP program and plans no ELK schedule: drop "
+            "them, or compile for an ICCA chip (execution='kernel')"
+        )
 
 
 def refuse_spatial_options(options: dict[str, Any], chip: Chip) -> None:
@@ -103,6 +116,7 @@ def compile(  # noqa: A001  (the public name the users asked for)
     """
     design = options.pop("design", "elk_full")
     routing = options.pop("routing", None)
+    given_plan = {k: options.pop(k) for k in PLAN_OPTIONS if k in options}
     strategy = options.pop("strategy", None)
     onchip_budget = options.pop("onchip_budget", None)
     compute_budget = options.pop("compute_budget", None)
@@ -138,7 +152,7 @@ def compile(  # noqa: A001  (the public name the users asked for)
     if any(isinstance(n.op, Repeat) for n in layer.nodes):  # N identical layers, one body
         from torch2step.stack_program import compile_stack
 
-        opts = {**options, "execution": execution, "design": design}
+        opts = {**options, **given_plan, "execution": execution, "design": design}
         if routing is not None:
             opts["routing"] = routing
         budgets = {"onchip_budget": onchip_budget, "compute_budget": compute_budget}
@@ -162,10 +176,16 @@ def compile(  # noqa: A001  (the public name the users asked for)
         )
 
         return KernelProgram(
-            layer, target, tuple(example_inputs), design=design, routing=routing
+            layer,
+            target,
+            tuple(example_inputs),
+            design=design,
+            routing=routing,
+            search=plan_search(given_plan),
         )
     if execution != "spatial":
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
+    refuse_plan_options(given_plan)
     if routing is not None:
         raise LoweringError(
             "routing= is a compile option of kernel execution (ELK plans the experts it "

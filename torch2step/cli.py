@@ -56,7 +56,9 @@ def _chip_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from elk.designs import DESIGNS
     from models import LAYERS
+    from torch2step.cli_compare import add_plan_flag
 
     r = sub.add_parser("report", help="latency report of a named layer on a chip")
     what = r.add_mutually_exclusive_group(required=True)
@@ -124,6 +126,13 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="kernel execution of --layers N: simulate K layers (from 5: a K-layer step planned "
         "on its own; the layers in between timed by its steady period, else the plan's prediction)",
     )
+    r.add_argument(
+        "--design",
+        choices=DESIGNS,
+        default="elk_full",
+        help="kernel execution: the ELK design (ELK §6.1; default elk_full)",
+    )
+    add_plan_flag(r)
     r.add_argument("--tiny", action="store_true", help="use the layer's tiny test configuration")
     r.add_argument("--impl", default=None, help="the layer's spelling (see `torch2step layers`)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -206,6 +215,15 @@ def _report(args: argparse.Namespace) -> int:
             from torch2step.cli_compare import kernel_config_report, kernel_report
 
             return (kernel_report if args.layer is not None else kernel_config_report)(args, chip)
+    given = [f for f, on in (("--design", args.design != "elk_full"), ("--plan", args.plan)) if on]
+    if given:
+        from torch2step.errors import InputError
+
+        raise InputError(
+            f"{', '.join(given)}: options of the kernel-by-kernel execution (an ELK plan); the "
+            "spatial report places a STeP program: drop them, or report on an ICCA chip "
+            "(ipu-hbm, mesh) or with --execution kernel"
+        )
     if args.hf_config is not None:
         run = report_config(
             args.hf_config,

@@ -22,6 +22,8 @@ __all__ = [
     "compare",
     "kernel_layer_report",
     "refuse_spatial_flags",
+    "add_plan_flag",
+    "plan_options",
 ]
 
 
@@ -34,7 +36,59 @@ def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
     c.add_argument("--spatial-chip", default="step-sda", help=f"preset ({', '.join(chips)})")
     c.add_argument("--kernel-chip", default="ipu-hbm", help=f"preset ({', '.join(chips)})")
     c.add_argument("--design", default="elk_full", help="ELK design of the kernel execution")
+    add_plan_flag(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_plan_flag(p: argparse.ArgumentParser) -> None:
+    """``--plan KEY=VALUE``: the search budget of the kernel execution's ELK plan."""
+    p.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="kernel execution: the ELK plan's search, window=N (preload numbers tried per "
+        "operator, ELK §4.2; default 16), beam=N (4), orders=N (preload orders tried, ELK §4.4; "
+        "8), window_data=1 (count the window in operators that preload data); smaller plans a "
+        "long step faster and may find a slower plan",
+    )
+
+
+#: ``--plan`` keys -> compile options (elk.plan.PLAN_OPTIONS)
+_PLAN_KEYS = {
+    "window": "plan_window",
+    "beam": "plan_beam",
+    "orders": "plan_orders",
+    "window_data": "plan_window_data",
+}
+
+
+def plan_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The compile options ``--plan`` gives (:func:`add_plan_flag`), checked."""
+    from torch2step.errors import InputError
+
+    out: dict[str, Any] = {}
+    for text in getattr(args, "plan", None) or []:
+        key, sep, raw = str(text).partition("=")
+        name = _PLAN_KEYS.get(key.strip())
+        if not sep or name is None:
+            raise InputError(
+                f"--plan {text!r}: write KEY=VALUE with KEY one of {', '.join(_PLAN_KEYS)}, "
+                "e.g. --plan window=8"
+            )
+        try:
+            value = int(raw)
+        except ValueError:
+            raise InputError(f"--plan {text!r}: the value must be an integer") from None
+        if name == "plan_window_data":
+            if value not in (0, 1):
+                raise InputError(f"--plan {text!r}: window_data is 0 or 1")
+            out[name] = bool(value)
+        elif value < 1:
+            raise InputError(f"--plan {text!r}: must be a positive integer")
+        else:
+            out[name] = value
+    return out
 
 
 def kernel_layer_report(
@@ -45,19 +99,21 @@ def kernel_layer_report(
     design: str = "elk_full",
     dtype: str = "bf16",
     routing: Any = None,
+    plan: dict[str, Any] | None = None,
 ) -> Any:
     """Plan and simulate registered ``layer`` kernel by kernel on ``chip`` (shapes only), in
     ``dtype``; ``routing``: a MoE layer's expert choices (``[batch, top_k]``), else the
-    experts expected under uniform routing."""
-    from elk.plan import plan_model
+    experts expected under uniform routing; ``plan``: the plan's search options
+    (:data:`elk.plan.PLAN_OPTIONS`)."""
+    from elk.plan import plan_model, plan_search
     from models import LAYERS
     from torch2step.kernel import simulate_schedule
     from torch2step.kernel.layers import registered_layer_ops
 
     if LAYERS[layer].kind == "decoder":  # a decoder layer: its config's decode step
-        return _decoder_report(layer, batch, chip, kv_len, design, dtype, routing)
+        return _decoder_report(layer, batch, chip, kv_len, design, dtype, routing, plan)
     ops = registered_layer_ops(layer, batch, kv_len, dtype, routing)
-    sched = plan_model(ops, chip, design)
+    sched = plan_model(ops, chip, design, **plan_search(dict(plan or {})))
     return simulate_schedule(sched, chip, tokens=batch)
 
 
@@ -69,6 +125,7 @@ def _decoder_report(
     design: str,
     dtype: str | None,
     routing: Any = None,
+    plan: dict[str, Any] | None = None,
 ) -> Any:
     """A registered decoder layer kernel by kernel: the one-layer decode step of its
     ``config.json`` (``torch2step.compile_config``; a MoE decoder's experts those ``routing``
@@ -79,7 +136,7 @@ def _decoder_report(
 
     prog = torch2step.compile_config(
         HF_CONFIGS / LAYERS[layer].config, batch=batch, past=kv_len, chip=chip,
-        execution="kernel", design=design, dtype=dtype,
+        execution="kernel", design=design, dtype=dtype, **(plan or {}),
         **({} if routing is None else {"routing": routing}),
     )  # fmt: skip
     return prog.report(tokens=batch)
@@ -127,7 +184,9 @@ def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     if entry.routing_prefix is not None:  # routed as the spatial report routes
         arg = getattr(args, "routing_trace", None) or "auto"
         routing, notes = _moe_routing(entry, args.layer, args.batch, arg)
-    rep = kernel_layer_report(args.layer, args.batch, chip, kv, design, dtype, routing)
+    rep = kernel_layer_report(
+        args.layer, args.batch, chip, kv, design, dtype, routing, plan_options(args)
+    )
     if args.json:
         out = {"layer": args.layer, "batch": args.batch, **rep.to_dict(), "notes": notes}
         print(json.dumps(out))
@@ -153,6 +212,7 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     prog = torch2step.compile_config(
         args.hf_config, batch=args.batch, past=kv, chip=chip, layers=args.layers,
         execution="kernel", design=getattr(args, "design", "elk_full"), dtype=args.dtype,
+        **plan_options(args),
     )  # fmt: skip
     compile_s = time.perf_counter() - t0
     if args.layers is None:
@@ -224,8 +284,9 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"[{time.perf_counter() - t0:6.1f}s] kernel-by-kernel on {kchip.name}", file=sys.stderr
         )
     krep = kernel_layer_report(
-        args.layer, args.batch, kchip, args.kv_len, args.design, routing=routing
-    )
+        args.layer, args.batch, kchip, args.kv_len, args.design, routing=routing,
+        plan=plan_options(args),
+    )  # fmt: skip
     srep, snotes = spatial_result()
     kus = krep.cycles / (kchip.clock_ghz * 1e3)
     rows = {

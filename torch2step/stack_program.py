@@ -49,7 +49,9 @@ def compile_stack(
     :func:`torch2step.compile`.  Kernel-by-kernel execution (the default on the ICCA chips)
     plans the whole step as one model instead:
     :class:`torch2step.kernel.stack.KernelStackProgram`."""
+    from elk.plan import plan_search
     from torch2step.api import compile as compile_graph
+    from torch2step.api import refuse_plan_options
     from torch2step.program import Program
 
     op = stack_node(graph)
@@ -61,14 +63,20 @@ def compile_stack(
         from torch2step.api import refuse_spatial_options
         from torch2step.kernel.stack import KernelStackProgram
 
-        refuse_spatial_options(
-            {k: v for k, v in options.items() if k not in ("execution", "design", "routing")},
-            target,
-        )
+        rest = {k: v for k, v in options.items() if k not in ("execution", "design", "routing")}
+        search = plan_search(rest)
+        refuse_spatial_options(rest, target)
         design = options.get("design") or "elk_full"
         return KernelStackProgram(
-            graph, op, target, tuple(example_inputs), design=design, routing=options.get("routing")
+            graph,
+            op,
+            target,
+            tuple(example_inputs),
+            design=design,
+            routing=options.get("routing"),
+            search=search,
         )
+    refuse_plan_options(options)
     body_inputs = _layer_inputs(op, tuple(example_inputs), 0)
     body = compile_graph(op.body, body_inputs, chip=chip, **options)
     if not isinstance(body, Program):

@@ -3,6 +3,7 @@ model against the simulator, the printable plan and the CLI."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,59 @@ def test_cli_report_kernel(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "ELK schedule" in out and "breakdown" in out and "interconnect" in out
     assert "FLOP utilisation" in out and "of Ideal" in out and "per token" in out
+
+
+def test_cli_report_kernel_takes_the_design_and_the_plans_search(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--design`` and ``--plan`` reach the ELK plan, which prints the search it used; the
+    spatial report refuses them, and a bad ``--plan`` is named."""
+    from elk.plan import plan_model
+    from torch2step.cli import main
+    from torch2step.kernel.layers import registered_layer_ops
+
+    argv = ["report", "--layer", "llama-gqa", "--batch", "8", "--chip", "ipu-hbm", "--json"]
+    assert main([*argv, "--design", "static", "--plan", "window=4", "--plan", "orders=2"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    ops = registered_layer_ops("llama-gqa", 8, 2048, "bf16", None)
+    want = plan_model(ops, load_chip("ipu-hbm"), "static", window=4, max_orders=2)
+    assert got["design"] == "static" and got["predicted_cycles"] == round(want.cycles)
+    assert got["plan_search"] == {"window": 4, "max_orders": 2}
+    assert "(search plan_window=4, plan_orders=2)" in str(want).splitlines()[0]
+    assert "(search" not in str(plan_model(ops, load_chip("ipu-hbm"), "static")).splitlines()[0]
+    def error(argv: list[str]) -> str:  # one line on stderr, exit status 2
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        return capsys.readouterr().err
+
+    spatial = ["report", "--layer", "llama-gqa", "--chip", "step-sda"]
+    err = error([*spatial, "--design", "basic", "--plan", "beam=2"])
+    assert "--design, --plan: options of the kernel-by-kernel execution" in err
+    for bad, why in (("beam", "KEY=VALUE"), ("depth=2", "KEY one of"), ("beam=0", "positive"),
+                     ("window_data=2", "0 or 1"), ("orders=x", "integer")):  # fmt: skip
+        assert why in error([*argv, "--plan", bad])
+
+
+def test_compile_takes_the_plans_search_and_a_shorter_step_keeps_it() -> None:
+    from elk.plan import plan_model
+    from torch2step.errors import LoweringError, Torch2StepError
+    from torch2step.frontend.hf_config import compile_config
+
+    m, inp, ds, _ = get_layer("llama-gqa", tiny=True, batch=2)
+    prog = torch2step.compile(m, inp, chip="ipu-hbm", plan_beam=1, plan_window_data=True)
+    want = plan_model(prog.graph.ops, load_chip("ipu-hbm"), dtype=prog.graph.dtype, beam=1,
+                      window_data=True)  # fmt: skip
+    assert prog.schedule.plans == want.plans and prog.schedule.cycles == want.cycles
+    assert dict(prog.schedule.search) == {"beam": 1, "window_data": True}
+    with pytest.raises(Torch2StepError, match="plan_window=0: give a positive integer"):
+        torch2step.compile(m, inp, chip="ipu-hbm", plan_window=0)
+    with pytest.raises(LoweringError, match="plan_orders set the search of an ELK plan"):
+        torch2step.compile(m, inp, chip="step-sda", plan_orders=2)
+    cfg = Path(__file__).resolve().parents[2] / "models" / "hf_configs" / "llama-3-8b.json"
+    stack = compile_config(cfg, batch=4, past=16, chip="ipu-hbm", layers=6, plan_orders=1)
+    assert stack.search == {"max_orders": 1} and stack.shorter(5).search == {"max_orders": 1}
+    assert dict(stack.shorter(5).schedule.search) == {"max_orders": 1}
 
 
 def test_execution_choice() -> None:

@@ -56,7 +56,10 @@ class KernelProgram:
         example_inputs: Sequence[torch.Tensor],
         design: str = "elk_full",
         routing: Any = None,
+        search: dict[str, Any] | None = None,
     ) -> None:
+        """``search``: the plan's search budget (:func:`elk.plan.plan_search`; default
+        :data:`elk.plan.DEFAULT_SEARCH`)."""
         self.layer = layer
         self.chip = chip
         self.design = design
@@ -64,7 +67,7 @@ class KernelProgram:
         #: ``routing``: the expert ids whose experts a shapes-only plan loads (graph_ops)
         self.graph: GraphOps = graph_ops(layer, self.example_inputs, routing)
         self.schedule: ElkSchedule = plan_model(
-            self.graph.ops, chip, design, dtype=self.graph.dtype
+            self.graph.ops, chip, design, dtype=self.graph.dtype, **(search or {})
         )
 
     @cached_property

@@ -66,6 +66,8 @@ class KernelReport:
             "ideal_cycles": round(self.ideal_cycles),
             "of_ideal": round(self.ideal_cycles / self.cycles, 4) if self.cycles else None,
             "plan_s": round(s.plan_seconds, 3),
+            # the plan's search budget where it is not plan_model's default (elk.plan)
+            **({"plan_search": dict(s.search)} if s.search else {}),
             "sim_s": round(self.sim_seconds, 3),
             "breakdown": {k: round(v / max(s.cycles, 1e-9), 4) for k, v in s.breakdown().items()},
             **({"notes": list(self.notes)} if self.notes else {}),

@@ -130,9 +130,12 @@ class KernelStackProgram:
         design: str = "elk_full",
         routing: Any = None,
         body_ops: GraphOps | None = None,
+        search: dict[str, Any] | None = None,
     ) -> None:
-        """``body_ops``: the body's operators when already made (:meth:`shorter`)."""
+        """``body_ops``: the body's operators when already made (:meth:`shorter`);
+        ``search``: the plan's search budget (:func:`elk.plan.plan_search`)."""
         self.layer, self.op, self.chip, self.design = layer, op, chip, design
+        self.search = dict(search or {})
         self.example_inputs = tuple(example_inputs)
         if body_ops is None:
             # ``routing``: every layer's experts are those its ids select (a shapes-only body)
@@ -147,7 +150,7 @@ class KernelStackProgram:
         period simulates a shorter step beside it."""
         if self._schedule is None:
             self._schedule = plan_model(
-                self.graph.ops, self.chip, self.design, dtype=self.graph.dtype
+                self.graph.ops, self.chip, self.design, dtype=self.graph.dtype, **self.search
             )
         return self._schedule
 
@@ -253,7 +256,13 @@ class KernelStackProgram:
             raise LoweringError(f"{self.layer.name}: 1..{self.count} layers, not {layers}")
         op = dataclasses.replace(self.op, count=layers, layer_params=self.op.layer_params[:layers])
         return KernelStackProgram(
-            self.layer, op, self.chip, self.example_inputs, self.design, body_ops=self.body_ops
+            self.layer,
+            op,
+            self.chip,
+            self.example_inputs,
+            self.design,
+            body_ops=self.body_ops,
+            search=self.search,
         )
 
     def report(self, sim_layers: int = 1, tokens: int = 1) -> KernelStackReport:
