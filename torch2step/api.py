@@ -108,7 +108,9 @@ def compile(  # noqa: A001  (the public name the users asked for)
     ``Program.strategy_table``.
     ``execution``: ``"spatial"`` (a STeP program) or ``"kernel"`` (kernel by kernel: an ELK
     schedule and per-core programs, :class:`torch2step.kernel.program.KernelProgram`, whose
-    option ``design`` picks one of ``elk.designs.DESIGNS``); default: what the chip's
+    option ``design`` picks one of ``elk.designs.DESIGNS`` and ``plan_window``, ``plan_beam``,
+    ``plan_orders``, ``plan_window_data`` its plan's search budget, :func:`elk.plan.plan_search`;
+    the options of a STeP program are refused there); default: what the chip's
     description says (``Chip.execution``: ``"kernel"`` on the ICCA presets ``ipu-hbm`` and
     ``mesh``).  ``routing`` (kernel execution of a layer compiled from shapes only, e.g. a
     config): ``[tokens, k]`` expert ids whose experts the plan loads (default: the number

@@ -64,6 +64,8 @@ def compile_stack(
         from torch2step.kernel.stack import KernelStackProgram
 
         rest = {k: v for k, v in options.items() if k not in ("execution", "design", "routing")}
+        if rest.get("strategy") == "default":  # no strategy search: nothing to refuse
+            del rest["strategy"]
         search = plan_search(rest)
         refuse_spatial_options(rest, target)
         design = options.get("design") or "elk_full"

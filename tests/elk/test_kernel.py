@@ -170,6 +170,7 @@ def test_kernel_execution_refuses_the_options_of_a_step_program() -> None:
     cfg = Path(__file__).resolve().parents[2] / "models" / "hf_configs" / "llama-3-8b.json"
     with pytest.raises(LoweringError, match="tile_kv shape a STeP program"):
         compile_config(cfg, batch=4, past=16, chip="ipu-hbm", layers=2, tile_kv=64)
+    compile_config(cfg, batch=4, past=16, chip="ipu-hbm", layers=2, strategy="default")
 
 
 def test_decode_step_plan_orders_designs() -> None:
