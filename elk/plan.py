@@ -216,17 +216,23 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
 SRAM_RETRIES = 4
 
 
+#: plan_model's search budget by default: ELK §4.2's preload numbers tried per operator
+#: (``window``, counted in operator positions unless ``window_data``), the suffixes kept per
+#: preload number (``beam``) and ELK §4.4's candidate preload orders (``max_orders``)
+DEFAULT_SEARCH: dict[str, Any] = {"window": 16, "beam": 4, "max_orders": 8, "window_data": False}
+
+
 def plan_model(
     ops: Sequence[Operator],
     chip: Chip | ChipCosts,
     design: str = "elk_full",
     *,
     dtype: str = "bf16",
-    window: int | None = 16,
-    beam: int | None = 4,
-    max_orders: int = 8,
+    window: int | None = DEFAULT_SEARCH["window"],
+    beam: int | None = DEFAULT_SEARCH["beam"],
+    max_orders: int = DEFAULT_SEARCH["max_orders"],
     paced: bool = False,
-    window_data: bool = False,
+    window_data: bool = DEFAULT_SEARCH["window_data"],
 ) -> ElkSchedule:
     """Plan ``ops`` on ``chip`` with ``design`` (one of :data:`elk.designs.DESIGNS`).
 
@@ -283,11 +289,6 @@ def plan_model(
         sched, plan_seconds=time.perf_counter() - t0, core_peak=peak or None, search=search
     )
 
-
-#: plan_model's search budget by default: ELK §4.2's preload numbers tried per operator
-#: (``window``, counted in operator positions unless ``window_data``), the suffixes kept per
-#: preload number (``beam``) and ELK §4.4's candidate preload orders (``max_orders``)
-DEFAULT_SEARCH: dict[str, Any] = {"window": 16, "beam": 4, "max_orders": 8, "window_data": False}
 
 #: compile options of a kernel-by-kernel plan's search -> plan_model's keywords
 PLAN_OPTIONS = {

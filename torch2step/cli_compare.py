@@ -42,15 +42,18 @@ def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
 
 def add_plan_flag(p: argparse.ArgumentParser) -> None:
     """``--plan KEY=VALUE``: the search budget of the kernel execution's ELK plan."""
+    from elk.plan import DEFAULT_SEARCH as d
+
     p.add_argument(
         "--plan",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="kernel execution: the ELK plan's search, window=N (preload numbers tried per "
-        "operator, ELK §4.2; default 16), beam=N (4), orders=N (preload orders tried, ELK §4.4; "
-        "8), window_data=1 (count the window in operators that preload data); smaller plans a "
-        "long step faster and may find a slower plan",
+        help=f"kernel execution: the ELK plan's search, window=N (preload numbers tried per "
+        f"operator, ELK §4.2; default {d['window']}), beam=N ({d['beam']}), orders=N (preload "
+        f"orders tried, ELK §4.4; {d['max_orders']}), window_data=1 (count the window in "
+        "operators that preload data); smaller plans a long step faster and may find a slower "
+        "plan",
     )
 
 
@@ -64,7 +67,10 @@ _PLAN_KEYS = {
 
 
 def plan_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The compile options ``--plan`` gives (:func:`add_plan_flag`), checked."""
+    """The compile options ``--plan`` gives (:func:`add_plan_flag`), checked by
+    :func:`elk.plan.plan_search` (``window_data`` is written 0 or 1)."""
+    from elk.errors import ElkError
+    from elk.plan import plan_search
     from torch2step.errors import InputError
 
     out: dict[str, Any] = {}
@@ -77,17 +83,18 @@ def plan_options(args: argparse.Namespace) -> dict[str, Any]:
                 "e.g. --plan window=8"
             )
         try:
-            value = int(raw)
+            value: Any = int(raw)
         except ValueError:
             raise InputError(f"--plan {text!r}: the value must be an integer") from None
         if name == "plan_window_data":
             if value not in (0, 1):
                 raise InputError(f"--plan {text!r}: window_data is 0 or 1")
-            out[name] = bool(value)
-        elif value < 1:
-            raise InputError(f"--plan {text!r}: must be a positive integer")
-        else:
-            out[name] = value
+            value = bool(value)
+        try:
+            plan_search({name: value})
+        except ElkError as exc:
+            raise InputError(f"--plan {text!r}: {exc}") from None
+        out[name] = value
     return out
 
 
