@@ -503,7 +503,23 @@ def _emit(
                 lay.capture(b, p, i, mark, fin)
     cp = b.core(ctrl)
     for i in range(n - 1):
+        # the controller's section of a copied operator is its template's renamed when it
+        # hears from the same cores and starts the same ones (ELK §4.4: equal layers)
+        src = source[i]
+        if (
+            src >= 0
+            and finishers[i] == finishers[src]
+            and listeners[i + 1] == listeners[src + 1]
+        ):
+            if (ctrl, src) in held:
+                assert lay is not None
+                lay.replay(b, cp, i, finishers)
+            continue
+        mark = lay.mark(b, cp) if template[i] and lay is not None else None
         for core in finishers[i]:
             cp.recv_value(f"done{i}_{core}", "d")
-        if listeners[i + 1]:
-            cp.send_value(f"go{i + 1}", i + 1)
+        if listeners[i + 1]:  # a token (its channel names the operator), 1 in every layer
+            cp.send_value(f"go{i + 1}", 1)
+        if mark is not None:
+            assert lay is not None
+            lay.capture(b, cp, i, mark, False)

@@ -25,8 +25,10 @@ def _after(t: Any, now: int) -> float:
     return float(d) if d > TINY else 0.0
 
 
-def backlog(sim: Any) -> tuple:
-    """The state of ``sim``'s shared resources at its current cycle, relative to that cycle:
+def backlog(sim: Any, shift: int = 0) -> tuple:
+    """The state of ``sim``'s shared resources and cores at its current cycle, relative to
+    that cycle (``shift``: the shift of the copies whose layer is being marked, see
+    :func:`_where`):
 
     * per resource (a link, a port; an HBM channel unless the channels are served in classes,
       :mod:`runtime.hbm_classes`), how long it stays busy with what it has granted;
@@ -38,7 +40,11 @@ def backlog(sim: Any) -> tuple:
       hop's resource, bytes and tail's offset) and the cores to resume (their ids);
     * per core, how far its clock is ahead, what it waits for (the kind of wait), whether it
       has finished, its SRAM held, and its outstanding HBM accesses (:func:`_requests`);
-    * the messages sent and not yet received (on their way, or waiting in a FIFO)."""
+    * per core, where its sequencer is (:func:`_where`), its registers and loop counters, and
+      its allocated buffers' pending reads and writes (:func:`_buffers`);
+    * the messages sent and not yet received, per destination core, each with its arrival,
+      size and whether a receive is posted for it, the receives posted with no message yet,
+      and the FIFO slots still held (:func:`_messages`)."""
     now = sim.now
     classed = bool(sim.cmembers)
     chans = set(sim.chan_res) if classed else set()
@@ -61,6 +67,8 @@ def backlog(sim: Any) -> tuple:
         for t in sorted(sim.buckets)
         if t >= now
     )
+    comp = sim.comp
+    frames = _frames(sim)
     cores = tuple(
         (
             _after(c.t, now),
@@ -70,10 +78,137 @@ def backlog(sim: Any) -> tuple:
             _after(c.dma, now),
             _requests(c.dmaq, now),
             _requests(c.dma_p, now),
+            _where(c, frames.get(c.id), shift),
+            tuple(sorted(c.regs.items())),
+            tuple(c.lc),
+            tuple(c.li),
+            c.bar is not None,
+            _buffers(c, now),
         )
-        for c in sim.comp.cores
+        for c in comp.cores
     )
-    return res, hbm, bgs, queue, cores, sim.unreceived
+    return res, hbm, bgs, queue, cores, sim.unreceived, _messages(sim, now)
+
+
+def _frames(sim: Any) -> dict[int, tuple]:
+    """Per core with copied sections: its call frame and its templates' ranges (found once
+    per run)."""
+    from runtime.program_layers import OpCall, OpRet  # (which records backlogs)
+
+    comp = sim.comp
+    got = getattr(sim, "frame_of", None)
+    if got is None or got[0] is not comp:
+        per = {}
+        for c in comp.cores:
+            tm = [op for op in c.code if op.__class__ in (OpCall, OpRet)]
+            if tm:
+                ranges = tuple(sorted({(op.tmpl.start, op.tmpl.stop) for op in tm}))
+                per[c.id] = (tm[0].fr, ranges, OpCall)
+        got = sim.frame_of = (comp, per)
+    return got[1]
+
+
+def _where(core: Any, frame: tuple | None, shift: int) -> tuple:
+    """Where ``core``'s sequencer is, the same in two layers that run alike: in a template
+    (:mod:`runtime.program_layers`), its position there and the layer of the copy it runs
+    relative to the layer being marked (``shift`` apart: the copy's shift minus ``shift``;
+    the template's own section is shift 0); at a copy's call, the template and the copy's
+    relative shift; elsewhere (a section emitted for one layer only), its position in its
+    program, equal only in the same layer."""
+    pc = core.pc
+    if frame is not None:
+        fr, ranges, call_cls = frame
+        if fr.tmpl is not None:
+            call = core.code[fr.back - 1]
+            return ("copy", pc, call.shift - shift)
+        op = core.code[pc] if pc < len(core.code) else None
+        if op.__class__ is call_cls:
+            return ("call", op.tmpl.start, op.shift - shift)
+        for a, b in ranges:
+            if a <= pc <= b:
+                return ("copy", pc, -shift)
+    return ("at", pc, core.done)
+
+
+def _pending(p: Any, now: int) -> tuple:
+    """A pending access: its kind and how far its completion lies ahead (``-1.0``: not known)."""
+    t = p.time
+    return (p.__class__.__name__, -1.0 if t is None else _after(t, now))
+
+
+def _buffers(core: Any, now: int) -> tuple:
+    """The allocated buffers of ``core``, sorted (their names differ from layer to layer):
+    shape, bytes held, and their pending and last writes and reads relative to ``now``."""
+    out = []
+    for b in [b for b in core.bufs.values() if b.allocated]:
+        w, r = _after(b.w, now), _after(b.r, now)
+        out.append(
+            (
+                b.alloc_shape,
+                b.shape,
+                b.dtype,
+                b.nbytes,
+                b.held,
+                w,
+                b.wk if w else -1,  # what a wait is charged to, if one may come
+                () if b.wp is None else _pending(b.wp, now),
+                tuple(_pending(p, now) for p in (b.wq or ())[b.wqi :]),
+                r,
+                b.rk if r else -1,
+                tuple(sorted(_pending(p, now) for p in b.rp or ())),
+            )
+        )
+    out.sort()
+    return tuple(out)
+
+
+def _messages(sim: Any, now: int) -> tuple:
+    """Per destination core (sorted), the messages it has not received (arrival relative to
+    ``now``, ``-1.0`` on the way; elements and dtype; whether a receive is posted), the
+    receives it posted that no message matched yet, and the FIFO slots its channels still hold
+    (each slot's consumption ahead of ``now``); cores with none are left out."""
+    per: dict[int, list] = {}
+    for end in [
+        e
+        for e in _ends(sim)
+        if e.unmatched
+        or e.posts
+        or e.waiter is not None
+        # receives match in order, so the newest slot is the last one consumed
+        or (e.inflight and ((c := e.inflight[-1].consumed) is None or c > now))
+    ]:
+        got = per.setdefault(end.dst, [])
+        for s in end.inflight:
+            c = s.consumed
+            if c is not None and c <= now:
+                continue  # a slot freed, dropped by the next send's credit check
+            a = s.arrival
+            _, shape, dtype, value, n = s.payload
+            got.append(
+                (
+                    "m",
+                    -1.0 if a is None else _after(a, now),
+                    -1.0 if c is None else _after(c, now),
+                    n,
+                    dtype,
+                    value is not None,
+                    s.post is not None,
+                    end.chan.depth,
+                )
+            )
+        got.extend(("r", p.post_t - now if p.post_t > now else 0) for p in end.posts)
+        if end.waiter is not None:
+            got.append(("w", end.waiter.id))
+    return tuple((d, tuple(sorted(v))) for d, v in sorted(per.items()) if v)
+
+
+def _ends(sim: Any) -> list:
+    """Every FIFO end of the run's program set (listed once per run)."""
+    got = getattr(sim, "fifo_ends", None)
+    if got is None or got[0] is not sim.comp:
+        ends = [e for ch in sim.comp.chans.values() for e in ch.ends]
+        got = sim.fifo_ends = (sim.comp, ends)
+    return got[1]
 
 
 def _requests(q: list, now: int) -> tuple:

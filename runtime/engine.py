@@ -302,6 +302,7 @@ class Simulator(Transfers):
                 end.chan = None
         self.comp.templates = []  # (runtime.program_layers) their operations hold buffers
         self.comp.frames = []
+        self.fifo_ends = self.frame_of = None  # (runtime.backlog) what the run's marks listed
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)

@@ -130,7 +130,7 @@ def h_call(sim: Any, core: Any, op: OpCall) -> bool:
         rec.append((core.id, op.tmpl.start, op.shift, core.t, tuple(core.st)))
         marks = sim.copy_marks
         if op.shift not in marks:  # a layer's first copy: the shared state (runtime.backlog)
-            marks[op.shift] = (core.id, op.tmpl.start, sim.now, backlog(sim))
+            marks[op.shift] = (core.id, op.tmpl.start, sim.now, backlog(sim, op.shift))
     fr = op.fr
     fr.tmpl = op.tmpl
     fr.back = core.pc + 1

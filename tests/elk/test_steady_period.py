@@ -15,15 +15,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _starts(periods: list[int], cores: int = 3, sections: int = 2, per_layer: int = 5) -> list:
-    """Copy starts of layers 2.. whose layer ``l + 1`` starts ``periods[l - 2]`` after ``l``."""
+    """Copy starts of layers 3.. (copies of layer 2's sections, shifted by whole layers) whose
+    layer ``l + 1`` starts ``periods[l - 3]`` after ``l``."""
     out, t = [], 1000
-    for layer in range(2, len(periods) + 3):
+    for layer in range(3, len(periods) + 4):
         for c in range(cores):
             for s in range(sections):
                 u = t + 7 * c + 100 * s
-                out.append((c, 10 * s, (layer - 1) * per_layer, u, (u // 2, 0, 0, u - u // 2, 0)))
-        if layer - 2 < len(periods):
-            t += periods[layer - 2]
+                out.append((c, 10 * s, (layer - 2) * per_layer, u, (u // 2, 0, 0, u - u // 2, 0)))
+        if layer - 3 < len(periods):
+            t += periods[layer - 3]
     return out
 
 
@@ -39,13 +40,13 @@ def _tiny_step() -> object:
 
 def test_three_layers_one_period_apart_give_the_period() -> None:
     st = steady_period(_starts([500, 500, 430, 410]), 5, 6)
-    assert (st.period, st.first, st.last) == (500, 2, 4)
+    assert (st.period, st.first, st.last) == (500, 3, 5)
     assert "500 cycles per layer" in str(st)
 
 
 def test_no_period_when_one_section_is_late_or_too_few_layers() -> None:
     starts = _starts([500, 500, 430, 410])
-    c, s, sh, t, cats = starts[7]  # layer 3, one core's section one cycle late
+    c, s, sh, t, cats = starts[7]  # layer 4, one core's section one cycle late
     starts[7] = (c, s, sh, t + 1, cats)
     st = steady_period(starts, 5, 6)
     assert st.period is None and "equal period" in st.why
@@ -55,13 +56,13 @@ def test_no_period_when_one_section_is_late_or_too_few_layers() -> None:
     assert "whole layers" in steady_period([(0, 0, 7, 1, (0,) * 5)], 5, 6).why
     # every start one period on, but one core's time spent otherwise in the second pair
     moved = _starts([500, 500, 500, 500])
-    c, s, sh, t, cats = moved[0]  # layer 2, core 0, section 0
+    c, s, sh, t, cats = moved[0]  # layer 3, core 0, section 0
     moved[0] = (c, s, sh, t, (cats[0] + 3, cats[1] - 3, *cats[2:]))
     kinds = list(moved)  # a stalled cycle charged to another kind of wait
     kinds[18] = (*kinds[18][:4], (kinds[18][4][0], 1, 0, kinds[18][4][3] - 1, 0))
     assert steady_period(kinds, 5, 6).period == 500
-    assert steady_period(moved, 5, 6).first == 3  # layers 3-5 still repeat
-    moved[18] = (*moved[18][:4], (0,) * 5)  # and not in layer 5
+    assert steady_period(moved, 5, 6).first == 4  # layers 4-6 still repeat
+    moved[18] = (*moved[18][:4], (0,) * 5)  # and not in layer 6
     assert steady_period(moved, 5, 6).period is None
 
 
@@ -79,13 +80,13 @@ def test_a_period_needs_the_same_backlog_at_each_layers_start() -> None:
     assert backlog_gap(a, ((0.0, 2.25), ((), 0.0), (), other)) is None
 
     starts, per = _starts([500, 500, 430, 410]), 5
-    t0 = 1000  # _starts: layer 2's first copy (core 0, section 0) starts at cycle 1000
-    marks = {(k - 1) * per: (0, 0, t0 + 500 * (k - 2), a) for k in (2, 3, 4)}
+    t0 = 1000  # _starts: layer 3's first copy (core 0, section 0) starts at cycle 1000
+    marks = {(k - 2) * per: (0, 0, t0 + 500 * (k - 3), a) for k in (3, 4, 5)}
     st = steady_period(starts, per, 6, marks)
-    assert (st.period, st.first, st.gap) == (500, 2, 0.0)
+    assert (st.period, st.first, st.gap) == (500, 3, 0.0)
     assert "held the same work" in str(st)
     late = dict(marks)
-    late[2 * per] = (0, 0, t0 + 500, ((0.0, 3.25), ((), 0.0), (), queue))  # layer 3's backlog
+    late[2 * per] = (0, 0, t0 + 500, ((0.0, 3.25), ((), 0.0), (), queue))  # layer 4's
     st = steady_period(starts, per, 6, late)
     assert st.period is None and "held other work" in st.why
 
@@ -167,3 +168,54 @@ def test_the_shorter_step_simulated_in_a_worker_gives_the_report_of_one_process(
     )
     assert beside.sim.result.copy_starts == alone.sim.result.copy_starts
     assert beside.schedule.cycles == alone.schedule.cycles
+
+
+def test_the_plans_stand_for_the_whole_step_only_where_they_repeat() -> None:
+    """layers_differ: the N-layer plan repeats its layers from the first steady one to its
+    last layers, which the shorter plan's last layers decide alike."""
+    import dataclasses
+
+    from torch2step.kernel.steady import layers_differ
+
+    prog = _tiny_step()  # 8 layers
+    short = prog.shorter(6).schedule
+    full = prog.schedule
+    per = len(prog.body_ops.ops)
+    assert layers_differ(full, short, per, 3, 5) == ""
+
+    def preloaded_otherwise(s: object, op: int) -> object:
+        tl = s.timeline  # type: ignore[attr-defined]
+        pp = list(tl.preload_plan)
+        pp[op] = -7  # another preload-state plan for operator ``op``
+        return dataclasses.replace(s, timeline=dataclasses.replace(tl, preload_plan=tuple(pp)))
+
+    heavy = max(range(per), key=lambda j: full.timeline.preload_plan[j])
+    assert full.timeline.preload_plan[heavy] >= 0  # an operator the layers preload
+    middle = layers_differ(preloaded_otherwise(full, 5 * per + heavy), short, per, 3, 5)
+    assert "the 8-layer plan decides operator" in middle
+    assert "otherwise than the layer before" in middle
+    tail = layers_differ(full, preloaded_otherwise(short, 5 * per + heavy), per, 3, 5)
+    assert "otherwise than the 6-layer plan its layer" in tail
+
+
+def test_a_layers_start_records_every_cores_place_buffers_and_messages() -> None:
+    """The state recorded at each layer's first copy (runtime.backlog) holds every core's
+    place in its program, registers, buffers' pending accesses and unreceived messages; three
+    steady layers' records agree, and one with a message more does not."""
+    from runtime.backlog import backlog_gap
+    from torch2step.kernel.stack import _simulated
+
+    short = _tiny_step().shorter(6)
+    rep, _ = _simulated(short, 6, 1, True)
+    marks = rep.result.copy_marks
+    per = len(short.body_ops.ops)
+    got = [marks[(k - 2) * per][3] for k in (3, 4, 5)]
+    assert all(len(m) == 7 for m in got)
+    cores, messages = got[0][4], got[0][6]
+    assert {c[7][0] for c in cores} <= {"copy", "call", "at"}
+    assert any(c[7][0] == "copy" for c in cores)  # cores inside a copied section
+    assert messages  # messages on their way when the layer starts
+    assert backlog_gap(got[0], got[1]) is not None and backlog_gap(got[1], got[2]) is not None
+    dst, held = messages[0]
+    more = (*got[1][:6], ((dst, (*held, held[0])), *got[1][6][1:]))
+    assert backlog_gap(got[0], more) is None

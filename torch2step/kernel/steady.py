@@ -4,36 +4,43 @@ that were.
 A decode step of ``N`` identical layers is planned as one model (ELK §4.4: the same execute
 plans, preload order and issue points in every layer), so once the first layer's cold start has
 passed, each layer runs as the one before it, one period later — until the last layers, which
-have no later layers' preloads to issue.  The per-core programs run every equal section of a
-later layer as a copy of layer 1's (:mod:`runtime.program_layers`), and the simulator records
-the cycle each core starts each copy (``copy_starts``).  A layer pair ``(l, l + 1)`` is
-*steady* when the same copies start in both (the same core and section) and every one of them
-starts in layer ``l + 1`` exactly ``P`` cycles after its counterpart in layer ``l``: every
-core's every section, one period on.  Two steady pairs *repeat* when, besides, every core
-spent the same cycles busy and the same cycles stalled from each section's start in one layer
-to the next in both pairs.  (Not per kind of stall: where a core's wait ends as a receive and
-a memory access complete in the same cycle, the cycle is charged to one or the other, and on
-Qwen3-30B-A3B one core's choice alternates from layer to layer while every time repeats.)
+have no later layers' preloads to issue.  The per-core programs run every equal section of
+layer 3 and later as a copy of layer 2's (:mod:`runtime.program_layers`,
+:func:`lowering.elk_layers.find_layering`), and the simulator records the cycle each core
+starts each copy (``copy_starts``).  A layer pair ``(l, l + 1)`` is *steady* when the same
+copies start in both (the same core and section) and every one of them starts in layer
+``l + 1`` exactly ``P`` cycles after its counterpart in layer ``l``: every core's every
+section, one period on.  Two steady pairs *repeat* when, besides, every core spent the same
+cycles busy and the same cycles stalled from each section's start in one layer to the next in
+both pairs.  (Not per kind of stall: where a core's wait ends as a receive and a memory access
+complete in the same cycle, the cycle is charged to one or the other, and on Qwen3-30B-A3B one
+core's choice alternates from layer to layer while every time repeats.)  When each of the
+three layers' first copy starts, the simulator's state is recorded relative to that cycle
+(:func:`runtime.backlog.backlog`): the shared resources, the event queue, and every core's
+clock, wait, place in its program, registers, buffers' pending accesses and the messages it has
+not received; the three must agree, within :data:`GAP` cycles.
 
 :meth:`torch2step.kernel.stack.KernelStackProgram.report` simulates a ``k``-layer step planned
 as a model of its own, so that its last layers end as the ``N``-layer step's do, and checks
-that its plan decides every operator up to the steady layers as the ``N``-layer plan does
-(:func:`plans_differ`).  :func:`steady_period` looks for two consecutive steady pairs with the
-same ``P`` that repeat (three layers in a row, each exactly one period after the last).  Then the ``k``
-layers' simulated cycles plus ``(N - k) * P`` are the whole step's: a simulation of all ``N``
-layers runs ``N - k`` more steady layers before the same last layers.  This is a checked
-regularity, not a proof that the simulator's whole state repeats: the messages not yet
-received are counted, not compared one by one, the buffers' pending accesses are not compared,
-and the resources' fractional clocks, equal to :data:`GAP` here, need not round alike in later
-layers.  So the report says which
-layers showed the period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it
-next to the cycles of simulating every layer.  When the shorter step is planned otherwise
-(ELK-Dyn's first preloads depend on the step's length, and so can a mesh's plan), the step's
-own plan's first ``k`` layers are simulated and their period times the rest, their last layers
-standing for the step's: an estimate, as those lack the later layers' preloads (0.5% to 1.3% over simulating
-every layer on Llama-3-8B, against 4% under for the plan's prediction).  When no period shows
-(too few layers simulated, or the layers' timing does not repeat exactly, as on a mesh) the
-rest is the plan's prediction.  The report says which of these it did, and why.
+the plans (:func:`plans_differ`, :func:`layers_differ`): the ``k``-layer plan decides the
+layers up to the steady ones as the ``N``-layer plan does, the ``N``-layer plan repeats its
+decisions from the first steady layer to where its last ``k - last`` layers begin, and those
+are decided as the ``k``-layer plan's last ones.  :func:`steady_period` looks for two
+consecutive steady pairs with the same ``P`` that repeat (three layers in a row, each exactly
+one period after the last).  Then the ``k`` layers' simulated cycles plus ``(N - k) * P`` are
+the whole step's: a simulation of all ``N`` layers runs ``N - k`` more steady layers, from the
+same state each, before the same last layers.  What is compared is not the state object by
+object: buffers, messages and pending accesses are compared as each core's collections of
+them (their names differ from layer to layer), and the resources' fractional clocks, equal to
+:data:`GAP` here, need not round alike in later layers.  So the report says which layers
+showed the period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it next to
+the cycles of simulating every layer.  When the shorter step is planned otherwise (ELK-Dyn's
+first preloads depend on the step's length, and so can a mesh's plan), the step's own plan's
+first ``k`` layers are simulated and their period times the rest, their last layers standing
+for the step's: an estimate, as those lack the later layers' preloads (0.5% to 1.3% over
+simulating every layer on Llama-3-8B, against 4% under for the plan's prediction).  When no
+period shows (too few layers simulated, or the layers' timing does not repeat exactly, as on a
+mesh) the rest is the plan's prediction.  The report says which of these it did, and why.
 """
 
 from __future__ import annotations
@@ -44,11 +51,16 @@ from dataclasses import dataclass
 from elk.plan import ElkSchedule
 from runtime.backlog import backlog_gap
 
-__all__ = ["Steady", "steady_period", "plans_differ", "MIN_LAYERS"]
+__all__ = ["Steady", "steady_period", "plans_differ", "layers_differ", "MIN_LAYERS"]
 
-#: the fewest simulated layers that can show a period: the cold first layer, three steady
-#: ones, and the last, whose missing preloads change its timing (often the last two or three)
-MIN_LAYERS = 5
+#: the fewest simulated layers that can show a period: the cold first layer, the second (whose
+#: sections the later layers copy, so its starts are not recorded), three steady ones, and the
+#: last, whose missing preloads change its timing (often the last two or three)
+MIN_LAYERS = 6
+
+#: the layer whose sections later layers copy: a copy of layer ``l``'s section is shifted by
+#: ``(l - COPIED) * per_layer`` operators (:func:`lowering.elk_layers.find_layering`)
+COPIED = 2
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ def steady_period(
 ) -> Steady:
     """The steady period of a ``layers``-layer run whose copies started at ``starts``
     (:attr:`runtime.stats.SimResult.copy_starts`; a copy of layer ``l``'s section has shift
-    ``(l - 1) * per_layer``, the operators of one layer), see the module docstring: two
+    ``(l - COPIED) * per_layer``, the operators of one layer), see the module docstring: two
     consecutive steady pairs with the same period in which, besides, every core spent the same
     cycles busy and the same stalled between its starts of a section in both pairs; with
     ``marks`` (:attr:`runtime.stats.SimResult.copy_marks`), the three layers' first copies
@@ -105,7 +117,11 @@ def steady_period(
             return Steady(None, why=f"a copy shifted by {shift}, not whole layers of {per_layer}")
         # busy and stalled cycles: which wait a stalled cycle is charged to (receive, send,
         # memory, barrier) can alternate where two complete in the same cycle
-        at.setdefault(shift // per_layer + 1, {})[(core, tmpl)] = (cycle, cats[0], sum(cats[1:]))
+        at.setdefault(shift // per_layer + COPIED, {})[(core, tmpl)] = (
+            cycle,
+            cats[0],
+            sum(cats[1:]),
+        )
     if layers < MIN_LAYERS:
         return Steady(None, why=f"{layers} layers simulated, at least {MIN_LAYERS} are needed")
     # per layer pair (l, l + 1): its period (None: none) and every start's change
@@ -145,7 +161,7 @@ def _same_backlog(marks: Mapping[int, tuple], per_layer: int, layer: int, p: int
     """The largest backlog difference (cycles) of layers ``layer .. layer + 2``'s first copies
     when they started on the same core and section ``p`` cycles apart with the same backlog
     (``None``: they did not)."""
-    got = [marks.get((k - 1) * per_layer) for k in range(layer, layer + 3)]
+    got = [marks.get((k - COPIED) * per_layer) for k in range(layer, layer + 3)]
     if any(m is None for m in got):
         return None
     worst = 0.0
@@ -180,4 +196,51 @@ def plans_differ(full: ElkSchedule, short: ElkSchedule, ops: int) -> str:
     for o in full.timeline.order[:top]:
         if (fpp[o] if o < len(fpp) else None) != (spp[o] if o < len(spp) else None):
             return f"operator {o} ({full.ops[o].name}) has another preload-state plan"
+    return ""
+
+
+def _sections(s: ElkSchedule) -> list[tuple]:
+    """Per operator ``i``, what its section of the per-core programs is built from, relative
+    to ``i`` (:func:`lowering.elk_programs`: ELK §4.5): whether it is the last, its execute-state
+    plan, and the preloads issued in it — each preloaded operator's offset from ``i``, its
+    execute plan and its preload-state plan (ELK §4.2-§4.4)."""
+    tl = s.timeline
+    steps, order, pp, plans = tl.steps, tl.order, tl.preload_plan, s.plans
+    n = len(steps)
+    out = []
+    first = 0
+    for i, t in enumerate(steps):
+        pre = tuple(
+            (order[k] - i, plans[order[k]], pp[order[k]] if order[k] < len(pp) else None)
+            for k in range(first, t.P)
+        )
+        out.append((i == n - 1, t.exec_plan, plans[i], pre))
+        first = max(first, t.P)
+    return out
+
+
+def layers_differ(
+    full: ElkSchedule, short: ElkSchedule, per_layer: int, first: int, last: int
+) -> str:
+    """Where the step planned as ``full`` (``N`` layers) is not the one ``short`` (``k``
+    layers, steady in layers ``first .. last``) stands for, beyond :func:`plans_differ`'s
+    first layers (``""``: nowhere): the ``N``-layer plan decides each of its layers ``first
+    .. N - k + last`` as the layer before it, one layer on, and its layers from ``N - k +
+    last`` as the ``k``-layer plan's from ``last``."""
+    fs, ss = _sections(full), _sections(short)
+    n, k = len(fs) // per_layer, len(ss) // per_layer
+    for i in range((first - 1) * per_layer, (n - k + last - 1) * per_layer):
+        if fs[i] != fs[i + per_layer]:
+            j = i + per_layer
+            return (
+                f"the {n}-layer plan decides operator {j} ({full.ops[j].name}) of layer "
+                f"{j // per_layer + 1} otherwise than the layer before"
+            )
+    shift = (n - k) * per_layer
+    for i in range((last - 1) * per_layer, k * per_layer):
+        if ss[i] != fs[i + shift]:
+            return (
+                f"the {n}-layer plan decides operator {i + shift} ({full.ops[i + shift].name}) "
+                f"otherwise than the {k}-layer plan its layer {i // per_layer + 1}"
+            )
     return ""
