@@ -84,7 +84,7 @@ def test_a_period_needs_the_same_backlog_at_each_layers_start() -> None:
     marks = {(k - 2) * per: (0, 0, t0 + 500 * (k - 3), a) for k in (3, 4, 5)}
     st = steady_period(starts, per, 6, marks)
     assert (st.period, st.first, st.gap) == (500, 3, 0.0)
-    assert "held the same work" in str(st)
+    assert "state was the same at each layer" in str(st)
     late = dict(marks)
     late[2 * per] = (0, 0, t0 + 500, ((0.0, 3.25), ((), 0.0), (), queue))  # layer 4's
     st = steady_period(starts, per, 6, late)

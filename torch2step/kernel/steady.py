@@ -85,8 +85,10 @@ class Steady:
         same = (
             ""
             if self.gap is None
-            else ", and the links, ports, HBM channels, transfers in flight and cores held the "
-            f"same work at each layer's start (to {self.gap:.1g} cycles)"
+            else ", and the simulator's state was the same at each layer's start (the links, "
+            "ports, HBM channels, event queue and transfers in flight; every core's clock, "
+            "place in its program, registers, buffers and unreceived messages; to "
+            f"{self.gap:.1g} cycles)"
         )
         return (
             f"steady period {self.period} cycles per layer (layers {self.first}-{self.last}: "
@@ -145,11 +147,11 @@ def steady_period(
                 return Steady(p, layer, layer + 2, gap=gap)
             held = (
                 f"layers {layer}-{layer + 2} started one period ({p} cycles) apart, but the "
-                "shared resources, the transfers in flight or the cores held other work at "
-                "their starts"
+                "shared resources, the transfers in flight or the cores (their places, buffers or "
+                "unreceived messages) held other work at their starts"
             )
     if not at:
-        return Steady(None, why="no layer ran as a copy of layer 1 (its sections differ)")
+        return Steady(None, why=f"no layer ran as a copy of layer {COPIED} (its sections differ)")
     return Steady(
         None,
         why=(held or "no three layers in a row started each section one equal period apart")
