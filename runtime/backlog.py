@@ -36,8 +36,9 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
       (what background reads wait behind, :meth:`runtime.transfer.Transfers._stage`);
     * per resource with background work, the transfer in service's tentative end and the
       waiting ones' sizes and arrivals;
-    * the event queue: per cycle still to come, its offset, the stages queued there (their
-      hop's resource, bytes and tail's offset) and the cores to resume (their ids);
+    * the event queue: per cycle still to come, its offset, the stages queued there (the kind
+      of transfer, the hop with the rest of its route, bytes and the tail's offset) and the
+      cores to resume (their ids);
     * per core, how far its clock is ahead, what it waits for (the kind of wait), whether it
       has finished, its SRAM held, and its outstanding HBM accesses (:func:`_requests`);
     * per core, where its sequencer is (:func:`_where`), its registers and loop counters, and
@@ -61,7 +62,10 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
     queue = tuple(
         (
             t - now,
-            tuple((h[1][0], h[2], _after(h[3], now)) for h in sim.buckets[t][0]),
+            tuple(
+                (h[0].__class__.__name__, h[1], h[2], _after(h[3], now))
+                for h in sim.buckets[t][0]
+            ),
             tuple(c.id for c in sim.buckets[t][1]),
         )
         for t in sorted(sim.buckets)
