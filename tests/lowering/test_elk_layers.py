@@ -58,6 +58,8 @@ def test_copied_layers_are_the_full_emission(tmp_path, monkeypatch) -> None:
     assert layered == full
     assert [p.core for p in layered.programs] == [p.core for p in full.programs]
     assert layered.copies and not hasattr(full, "copies")
+    # the controller (the last core: go_i / done_i tokens, ELK §4.5) copies its sections too
+    assert prog.chip.num_cores - 1 in layered.copies
     a, b = simulate(layered, prog.chip, trace=True), simulate(full, prog.chip, trace=True)
     assert a.cycles == b.cycles > 0 and a.stats.to_dict() == b.stats.to_dict()
     assert a.trace_json() == b.trace_json()
