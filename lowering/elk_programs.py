@@ -506,11 +506,7 @@ def _emit(
         # the controller's section of a copied operator is its template's renamed when it
         # hears from the same cores and starts the same ones (ELK §4.4: equal layers)
         src = source[i]
-        if (
-            src >= 0
-            and finishers[i] == finishers[src]
-            and listeners[i + 1] == listeners[src + 1]
-        ):
+        if src >= 0 and finishers[i] == finishers[src] and listeners[i + 1] == listeners[src + 1]:
             if (ctrl, src) in held:
                 assert lay is not None
                 lay.replay(b, cp, i, finishers)

@@ -63,8 +63,7 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
         (
             t - now,
             tuple(
-                (h[0].__class__.__name__, h[1], h[2], _after(h[3], now))
-                for h in sim.buckets[t][0]
+                (h[0].__class__.__name__, h[1], h[2], _after(h[3], now)) for h in sim.buckets[t][0]
             ),
             tuple(c.id for c in sim.buckets[t][1]),
         )
