@@ -123,7 +123,7 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="K",
-        help="kernel execution of --layers N: simulate K layers (from 6: a K-layer step planned "
+        help="kernel execution of --layers N: simulate K layers (from 5: a K-layer step planned "
         "on its own; the layers in between timed by its steady period, else the plan's prediction)",
     )
     r.add_argument(

@@ -5,10 +5,10 @@ each copy reading its own weights and KV cache and the previous layer's output, 
 ``N x ops`` list is planned as one model by :func:`elk.plan.plan_model`: preloads of the next
 layer overlap the current one, and the preload order permutation found on the first layer is
 applied to every identical layer (:mod:`elk.reorder`, ELK §4.4: ``layer`` / ``slot`` of each
-operator).  ``report(sim_layers=k)`` with ``k`` below 6 simulates the per-core programs of the
+operator).  ``report(sim_layers=k)`` with ``k`` below 5 simulates the per-core programs of the
 first ``k`` layers of that plan (the plan cut after layer ``k``: the same execute plans, preload
 order and issue points, without the preloads of later layers) and adds the plan's prediction
-for the rest; from 6 it simulates a ``k``-layer step planned on its own and times the layers in
+for the rest; from 5 it simulates a ``k``-layer step planned on its own and times the layers in
 between by its steady period (:mod:`torch2step.kernel.steady`) when it shows one.  The step's
 plan is made when first needed (:attr:`KernelStackProgram.schedule`), so such a report plans the
 ``k``-layer step, starts building and simulating it in a worker process
@@ -296,9 +296,9 @@ class KernelStackProgram:
                 # this step is planned here (config_jobs.started: two CPUs, the same result)
                 short.schedule  # noqa: B018 - planned before the worker is forked
                 job = started(partial(_simulated, short, sim_layers, tokens, True))
-            # a period shows first in layers 3-5 (torch2step.kernel.steady)
+            # a period shows first from layer 3 on (torch2step.kernel.steady)
             with _beside(job):
-                differ = plans_differ(self.schedule, short.schedule, 5 * per_layer)
+                differ = plans_differ(self.schedule, short.schedule, 3 * per_layer)
             if differ:
                 cut = f"a {sim_layers}-layer step is planned otherwise ({differ})"
                 if job is not None:
@@ -318,7 +318,7 @@ class KernelStackProgram:
                 steady = dataclasses.replace(steady, cut=cut)
             elif steady.period is not None:
                 differ = plans_differ(
-                    self.schedule, src.schedule, steady.last * per_layer
+                    self.schedule, src.schedule, steady.first * per_layer
                 ) or layers_differ(
                     self.schedule, src.schedule, per_layer, steady.first, steady.last
                 )

@@ -6,41 +6,46 @@ plans, preload order and issue points in every layer), so once the first layer's
 passed, each layer runs as the one before it, one period later — until the last layers, which
 have no later layers' preloads to issue.  The per-core programs run every equal section of
 layer 3 and later as a copy of layer 2's (:mod:`runtime.program_layers`,
-:func:`lowering.elk_layers.find_layering`), and the simulator records the cycle each core
-starts each copy (``copy_starts``).  A layer pair ``(l, l + 1)`` is *steady* when the same
-copies start in both (the same core and section) and every one of them starts in layer
-``l + 1`` exactly ``P`` cycles after its counterpart in layer ``l``: every core's every
-section, one period on.  Two steady pairs *repeat* when, besides, every core spent the same
-cycles busy and the same cycles stalled from each section's start in one layer to the next in
-both pairs.  (Not per kind of stall: where a core's wait ends as a receive and a memory access
-complete in the same cycle, the cycle is charged to one or the other, and on Qwen3-30B-A3B one
-core's choice alternates from layer to layer while every time repeats.)  When each of the
-three layers' first copy starts, the simulator's state is recorded relative to that cycle
-(:func:`runtime.backlog.backlog`): the shared resources, the event queue, and every core's
-clock, wait, place in its program, registers, buffers' pending accesses and the messages it has
-not received; the three must agree, within :data:`GAP` cycles.
+:func:`lowering.elk_layers.find_layering`).  When a layer's first copy starts (on the first
+core to reach it), the simulator records its state relative to that cycle
+(:func:`runtime.backlog.backlog`): the links, ports and HBM channels, the event queue and the
+transfers in flight, and every core's clock, wait, place in its program, registers, buffers'
+pending accesses and unreceived messages.
 
 :meth:`torch2step.kernel.stack.KernelStackProgram.report` simulates a ``k``-layer step planned
-as a model of its own, so that its last layers end as the ``N``-layer step's do, and checks
-the plans (:func:`plans_differ`, :func:`layers_differ`): the ``k``-layer plan decides the
-layers up to the steady ones as the ``N``-layer plan does, the ``N``-layer plan repeats its
-decisions from the first steady layer to where its last ``k - last`` layers begin, and those
-are decided as the ``k``-layer plan's last ones.  :func:`steady_period` looks for two
-consecutive steady pairs with the same ``P`` that repeat (three layers in a row, each exactly
-one period after the last).  Then the ``k`` layers' simulated cycles plus ``(N - k) * P`` are
-the whole step's: a simulation of all ``N`` layers runs ``N - k`` more steady layers, from the
-same state each, before the same last layers.  What is compared is not the state object by
-object: buffers, messages and pending accesses are compared as each core's collections of
-them (their names differ from layer to layer), and the resources' fractional clocks, equal to
-:data:`GAP` here, need not round alike in later layers.  So the report says which layers
-showed the period, and ``benchmarks/decode_stack.py --sim-layers K --check`` prints it next to
-the cycles of simulating every layer.  When the shorter step is planned otherwise (ELK-Dyn's
-first preloads depend on the step's length, and so can a mesh's plan), the step's own plan's
-first ``k`` layers are simulated and their period times the rest, their last layers standing
-for the step's: an estimate, as those lack the later layers' preloads (0.5% to 1.3% over
-simulating every layer on Llama-3-8B, against 4% under for the plan's prediction).  When no
-period shows (too few layers simulated, or the layers' timing does not repeat exactly, as on a
-mesh) the rest is the plan's prediction.  The report says which of these it did, and why.
+as a model of its own, so that its last layers end as the ``N``-layer step's do, and
+:func:`steady_period` finds the first layers ``l, l + 1`` whose first copies started on the
+same core and section with the same state (within :data:`GAP` cycles), ``P`` cycles apart.
+The report then checks the plans (:func:`plans_differ`, :func:`layers_differ`): the ``k``-layer
+plan decides layers ``1 .. l`` as the ``N``-layer plan does, the ``N``-layer plan decides each
+of its layers ``l .. N - k + l`` as the layer before it, one layer on, and its last ``k - l``
+layers as the ``k``-layer plan's.  Then the ``k`` layers' simulated cycles plus ``(N - k) * P``
+are the whole step's.  The simulator is deterministic, and what a run does from a layer's start
+on depends only on its state then and the programs still to run.  So:
+
+* a simulation of all ``N`` layers reaches layer ``l``'s start in the shorter step's state
+  (the same programs before it);
+* it runs layers ``l .. N - k + l`` each from the state the one before started in, one period
+  on (the same programs, one layer on);
+* it then runs the last ``k - l`` layers from layer ``l + 1``'s state, as the shorter step
+  does.
+
+What is compared is not the state object by object: buffers, messages and pending accesses are
+compared as each core's collections of them (their names differ from layer to layer), and the
+resources' fractional clocks, equal to :data:`GAP` here, need not round alike in later layers.
+So the report says which layers showed the period, and ``benchmarks/decode_stack.py
+--sim-layers K --check`` prints it next to the cycles of simulating every layer.  Without the
+recorded states (``marks``), :func:`steady_period` falls back on a regularity of the copies'
+start cycles alone (``copy_starts``): three layers in a row, every section of each starting
+``P`` cycles after the layer before's, every core's busy and stalled cycles repeating.
+
+When the shorter step is planned otherwise (ELK-Dyn's first preloads depend on the step's
+length, and so can a mesh's plan), the step's own plan's first ``k`` layers are simulated and
+their period times the rest, their last layers standing for the step's: an estimate, as those
+lack the later layers' preloads (0.5% to 1.3% over simulating every layer on Llama-3-8B, against
+4% under for the plan's prediction).  When no period shows (too few layers simulated, or no two
+layers start in the same state, as on a mesh) the rest is the plan's prediction.  The report
+says which of these it did, and why.
 """
 
 from __future__ import annotations
@@ -54,9 +59,9 @@ from runtime.backlog import backlog_gap
 __all__ = ["Steady", "steady_period", "plans_differ", "layers_differ", "MIN_LAYERS"]
 
 #: the fewest simulated layers that can show a period: the cold first layer, the second (whose
-#: sections the later layers copy, so its starts are not recorded), three steady ones, and the
-#: last, whose missing preloads change its timing (often the last two or three)
-MIN_LAYERS = 6
+#: sections the later layers copy, so no state is recorded at its start), two steady ones, and
+#: the last, whose missing preloads change its timing
+MIN_LAYERS = 5
 
 #: the layer whose sections later layers copy: a copy of layer ``l``'s section is shifted by
 #: ``(l - COPIED) * per_layer`` operators (:func:`lowering.elk_layers.find_layering`)
@@ -82,18 +87,18 @@ class Steady:
     def __str__(self) -> str:
         if self.period is None:
             return f"no steady period: {self.cut + ', and ' if self.cut else ''}{self.why}"
-        same = (
-            ""
-            if self.gap is None
-            else ", and the simulator's state was the same at each layer's start (the links, "
-            "ports, HBM channels, event queue and transfers in flight; every core's clock, "
-            "place in its program, registers, buffers and unreceived messages; to "
-            f"{self.gap:.1g} cycles)"
-        )
+        if self.gap is None:
+            return (
+                f"steady period {self.period} cycles per layer (layers {self.first}-{self.last}: "
+                "every core started every section of a layer exactly that much after the layer "
+                "before, its cycles busy and stalled alike)"
+            )
         return (
-            f"steady period {self.period} cycles per layer (layers {self.first}-{self.last}: "
-            "every core started every section of a layer exactly that much after the layer "
-            f"before, its cycles busy and stalled alike{same})"
+            f"steady period {self.period} cycles per layer (layers {self.first} and "
+            f"{self.last} started that far apart with the simulator in the same state: the "
+            "links, ports, HBM channels, event queue and transfers in flight, every core's "
+            "clock, place in its program, registers, buffers and unreceived messages; to "
+            f"{self.gap:.1g} cycles)"
         )
 
 
@@ -107,12 +112,14 @@ def steady_period(
 ) -> Steady:
     """The steady period of a ``layers``-layer run whose copies started at ``starts``
     (:attr:`runtime.stats.SimResult.copy_starts`; a copy of layer ``l``'s section has shift
-    ``(l - COPIED) * per_layer``, the operators of one layer), see the module docstring: two
-    consecutive steady pairs with the same period in which, besides, every core spent the same
-    cycles busy and the same stalled between its starts of a section in both pairs; with
-    ``marks`` (:attr:`runtime.stats.SimResult.copy_marks`), the three layers' first copies
-    also started on the same core, one period apart, with the same backlog of the shared
-    resources and the event queue (within :data:`GAP` cycles)."""
+    ``(l - COPIED) * per_layer``, the operators of one layer), see the module docstring.
+
+    With ``marks`` (:attr:`runtime.stats.SimResult.copy_marks`, what a report passes): the
+    first two consecutive layers whose first copies started on the same core and section with
+    the same simulator state (:func:`runtime.backlog.backlog`, within :data:`GAP` cycles); the
+    period is the cycles between those starts.  Without: two consecutive steady pairs with the
+    same period in which, besides, every core spent the same cycles busy and the same stalled
+    between its starts of a section in both pairs (a regularity of the starts alone)."""
     at: dict[int, dict[tuple[int, int], tuple]] = {}
     for core, tmpl, shift, cycle, cats in starts:
         if shift <= 0 or shift % per_layer:
@@ -126,6 +133,10 @@ def steady_period(
         )
     if layers < MIN_LAYERS:
         return Steady(None, why=f"{layers} layers simulated, at least {MIN_LAYERS} are needed")
+    if not at:
+        return Steady(None, why=f"no layer ran as a copy of layer {COPIED} (its sections differ)")
+    if marks is not None:
+        return _same_state(marks, per_layer, layers)
     # per layer pair (l, l + 1): its period (None: none) and every start's change
     pairs: dict[int, tuple[int | None, dict]] = {}
     for layer in range(2, layers):
@@ -136,45 +147,39 @@ def steady_period(
         moved = {k: tuple(y - x for x, y in zip(a[k], b[k])) for k in a}
         seen = {d[0] for d in moved.values()}
         pairs[layer] = (seen.pop() if len(seen) == 1 else None, moved)
-    held = ""
     for layer in range(2, layers - 1):
         (p, m1), (q, m2) = pairs[layer], pairs[layer + 1]
         if p is not None and p > 0 and p == q and m1 == m2:
-            if marks is None:
-                return Steady(p, layer, layer + 2)
-            gap = _same_backlog(marks, per_layer, layer, p)
-            if gap is not None:
-                return Steady(p, layer, layer + 2, gap=gap)
-            held = (
-                f"layers {layer}-{layer + 2} started one period ({p} cycles) apart, but the "
-                "shared resources, the transfers in flight or the cores (their places, buffers or "
-                "unreceived messages) held other work at their starts"
-            )
-    if not at:
-        return Steady(None, why=f"no layer ran as a copy of layer {COPIED} (its sections differ)")
+            return Steady(p, layer, layer + 2)
     return Steady(
         None,
-        why=(held or "no three layers in a row started each section one equal period apart")
-        + "; simulate more layers, or read the plan's prediction",
+        why="no three layers in a row started each section one equal period apart; simulate "
+        "more layers, or read the plan's prediction",
     )
 
 
-def _same_backlog(marks: Mapping[int, tuple], per_layer: int, layer: int, p: int) -> float | None:
-    """The largest backlog difference (cycles) of layers ``layer .. layer + 2``'s first copies
-    when they started on the same core and section ``p`` cycles apart with the same backlog
-    (``None``: they did not)."""
-    got = [marks.get((k - COPIED) * per_layer) for k in range(layer, layer + 3)]
-    if any(m is None for m in got):
-        return None
-    worst = 0.0
-    for a, b in zip(got, got[1:]):
-        if a[:2] != b[:2] or b[2] - a[2] != p:
-            return None
+def _same_state(marks: Mapping[int, tuple], per_layer: int, layers: int) -> Steady:
+    """:func:`steady_period` with marks: the first layers ``l, l + 1`` whose first copies
+    started on the same core and section with the same state."""
+    held = ""
+    for layer in range(COPIED + 1, layers):
+        a = marks.get((layer - COPIED) * per_layer)
+        b = marks.get((layer + 1 - COPIED) * per_layer)
+        if a is None or b is None or a[:2] != b[:2] or b[2] <= a[2]:
+            continue
         gap = backlog_gap(a[3], b[3])
-        if gap is None or gap > GAP:
-            return None
-        worst = max(worst, gap)
-    return worst
+        if gap is not None and gap <= GAP:
+            return Steady(b[2] - a[2], layer, layer + 1, gap=gap)
+        held = held or (
+            f"layers {layer} and {layer + 1} started on the same core, but the shared "
+            "resources, the transfers in flight or the cores (their places, buffers or "
+            "unreceived messages) held other work at their starts"
+        )
+    return Steady(
+        None,
+        why=(held or "no two layers in a row started their first copy on the same core")
+        + "; simulate more layers, or read the plan's prediction",
+    )
 
 
 def plans_differ(full: ElkSchedule, short: ElkSchedule, ops: int) -> str:
@@ -225,13 +230,13 @@ def layers_differ(
     full: ElkSchedule, short: ElkSchedule, per_layer: int, first: int, last: int
 ) -> str:
     """Where the step planned as ``full`` (``N`` layers) is not the one ``short`` (``k``
-    layers, steady in layers ``first .. last``) stands for, beyond :func:`plans_differ`'s
-    first layers (``""``: nowhere): the ``N``-layer plan decides each of its layers ``first
-    .. N - k + last`` as the layer before it, one layer on, and its layers from ``N - k +
-    last`` as the ``k``-layer plan's from ``last``."""
+    layers, in the same state at the starts of layers ``first`` and ``last = first + 1``)
+    stands for, beyond :func:`plans_differ`'s first layers (``""``: nowhere): the ``N``-layer
+    plan decides each of its layers ``first + 1 .. N - k + first`` as the layer before it, one
+    layer on, and its layers from ``N - k + last`` as the ``k``-layer plan's from ``last``."""
     fs, ss = _sections(full), _sections(short)
     n, k = len(fs) // per_layer, len(ss) // per_layer
-    for i in range((first - 1) * per_layer, (n - k + last - 1) * per_layer):
+    for i in range((first - 1) * per_layer, (n - k + first - 1) * per_layer):
         if fs[i] != fs[i + per_layer]:
             j = i + per_layer
             return (
