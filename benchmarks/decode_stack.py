@@ -2,8 +2,8 @@
 
     python benchmarks/decode_stack.py --layers 4            # Llama-3-8B, 4 layers, ipu-hbm
     python benchmarks/decode_stack.py --layers 32 --digest  # and digests to compare versions
-    python benchmarks/decode_stack.py --layers 32 --sim-layers 7  # the steady-period report
-    python benchmarks/decode_stack.py --layers 12 --sim-layers 7 --check --design elk_dyn
+    python benchmarks/decode_stack.py --layers 32 --sim-layers 5  # the steady-period report
+    python benchmarks/decode_stack.py --layers 12 --sim-layers 5 --check --design elk_dyn
 
 The Llama-3-8B config (``models/hf_configs/llama-3-8b.json``, batch 32, KV 2048) compiled with
 :func:`torch2step.compile_config` for kernel execution (ELK-Full, ELK §4.4: the layers planned

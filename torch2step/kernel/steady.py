@@ -44,7 +44,7 @@ length, and so can a mesh's plan), the step's own plan's first ``k`` layers are 
 their period times the rest, their last layers standing for the step's: an estimate, as those
 lack the later layers' preloads (0.5% to 1.3% over simulating every layer on Llama-3-8B, against
 4% under for the plan's prediction).  When no period shows (too few layers simulated, or no two
-layers start in the same state, as on a mesh) the rest is the plan's prediction.  The report
+layers start in the same state) the rest is the plan's prediction.  The report
 says which of these it did, and why.
 """
 
