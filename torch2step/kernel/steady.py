@@ -33,6 +33,10 @@ on depends only on its state then and the programs still to run.  So:
 What is compared is not the state object by object: buffers, messages and pending accesses are
 compared as each core's collections of them (their names differ from layer to layer), and the
 resources' fractional clocks, equal to :data:`GAP` here, need not round alike in later layers.
+On a mesh (Llama-3-8B, the first 6 layers of an 8-layer step) layers 3, 4 and 5 start in the
+same recorded state, yet each layer's sections start ``P - 1`` or ``P`` cycles after the layer
+before's: there the step is repeated to within a cycle per section, not exactly, and which of
+the two (rounding or state the record misses) is not known.
 So the report says which layers showed the period, and ``benchmarks/decode_stack.py
 --sim-layers K --check`` prints it next to the cycles of simulating every layer.  Without the
 recorded states (``marks``), :func:`steady_period` falls back on a regularity of the copies'
