@@ -36,13 +36,14 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
       (what background reads wait behind, :meth:`runtime.transfer.Transfers._stage`);
     * per resource with background work, the transfer in service's tentative end and the
       waiting ones' sizes and arrivals;
-    * the event queue: per cycle still to come, its offset, the stages queued there (the kind
-      of transfer, the hop with the rest of its route, bytes and the tail's offset) and the
-      cores to resume (their ids);
+    * the event queue: per cycle still to come, its offset, the stages queued there (the
+      transfer, :func:`_transfer`; the hop with the rest of its route, bytes and the tail's
+      offset) and the cores to resume (their ids);
     * per core, how far its clock is ahead, what it waits for (the kind of wait), whether it
       has finished, its SRAM held, and its outstanding HBM accesses (:func:`_requests`);
-    * per core, where its sequencer is (:func:`_where`), its registers and loop counters, and
-      its allocated buffers' pending reads and writes (:func:`_buffers`);
+    * per core, where its sequencer is (:func:`_where`), its registers and loop counters, the
+      receive or read it has posted (``Core.cur``), and its allocated buffers' pending reads
+      and writes (:func:`_buffers`);
     * the messages sent and not yet received, per destination core, each with its arrival,
       size and whether a receive is posted for it, the receives posted with no message yet,
       and the FIFO slots still held (:func:`_messages`)."""
@@ -62,9 +63,7 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
     queue = tuple(
         (
             t - now,
-            tuple(
-                (h[0].__class__.__name__, h[1], h[2], _after(h[3], now)) for h in sim.buckets[t][0]
-            ),
+            tuple((_transfer(h[0], now), h[1], h[2], _after(h[3], now)) for h in sim.buckets[t][0]),
             tuple(c.id for c in sim.buckets[t][1]),
         )
         for t in sorted(sim.buckets)
@@ -86,6 +85,7 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
             tuple(c.lc),
             tuple(c.li),
             c.bar is not None,
+            () if c.cur is None else _pending(c.cur, now),
             _buffers(c, now),
         )
         for c in comp.cores
@@ -131,6 +131,18 @@ def _where(core: Any, frame: tuple | None, shift: int) -> tuple:
             if a <= pc <= b:
                 return ("copy", pc, -shift)
     return ("at", pc, core.done)
+
+
+def _transfer(x: Any, now: int) -> tuple:
+    """A transfer in flight: its kind, and for an HBM access (``runtime.transfer._Hbm``) the
+    parts still to arrive and the latest arrival so far; for a message, whether a receive is
+    posted for it."""
+    kind = x.__class__.__name__
+    if hasattr(x, "left"):
+        return (kind, x.left, _after(x.end, now))
+    if hasattr(x, "post"):
+        return (kind, x.post is not None)
+    return (kind,)
 
 
 def _pending(p: Any, now: int) -> tuple:
