@@ -69,8 +69,10 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
         for t in sorted(sim.buckets)
         if t >= now
     )
+    from runtime.program_layers import OpCall  # (which records backlogs)
+
     comp = sim.comp
-    frames = _frames(sim)
+    frames = comp.frames
     cores = tuple(
         (
             _after(c.t, now),
@@ -80,7 +82,7 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
             _after(c.dma, now),
             _requests(c.dmaq, now),
             _requests(c.dma_p, now),
-            _where(c, frames.get(c.id), shift),
+            _where(c, frames.get(c.id), shift, OpCall),
             tuple(sorted(c.regs.items())),
             tuple(c.lc),
             tuple(c.li),
@@ -93,41 +95,23 @@ def backlog(sim: Any, shift: int = 0) -> tuple:
     return res, hbm, bgs, queue, cores, sim.unreceived, _messages(sim, now)
 
 
-def _frames(sim: Any) -> dict[int, tuple]:
-    """Per core with copied sections: its call frame and its templates' ranges (found once
-    per run)."""
-    from runtime.program_layers import OpCall, OpRet  # (which records backlogs)
-
-    comp = sim.comp
-    got = getattr(sim, "frame_of", None)
-    if got is None or got[0] is not comp:
-        per = {}
-        for c in comp.cores:
-            tm = [op for op in c.code if op.__class__ in (OpCall, OpRet)]
-            if tm:
-                ranges = tuple(sorted({(op.tmpl.start, op.tmpl.stop) for op in tm}))
-                per[c.id] = (tm[0].fr, ranges, OpCall)
-        got = sim.frame_of = (comp, per)
-    return got[1]
-
-
-def _where(core: Any, frame: tuple | None, shift: int) -> tuple:
+def _where(core: Any, fr: Any, shift: int, call_cls: type) -> tuple:
     """Where ``core``'s sequencer is, the same in two layers that run alike: in a template
     (:mod:`runtime.program_layers`), its position there and the layer of the copy it runs
     relative to the layer being marked (``shift`` apart: the copy's shift minus ``shift``;
     the template's own section is shift 0); at a copy's call, the template and the copy's
     relative shift; elsewhere (a section emitted for one layer only), its position in its
-    program, equal only in the same layer."""
+    program, equal only in the same layer.  ``fr``: the core's call frame (``None``: no
+    templates)."""
     pc = core.pc
-    if frame is not None:
-        fr, ranges, call_cls = frame
+    if fr is not None:
         if fr.tmpl is not None:
             call = core.code[fr.back - 1]
             return ("copy", pc, call.shift - shift)
         op = core.code[pc] if pc < len(core.code) else None
         if op.__class__ is call_cls:
             return ("call", op.tmpl.start, op.shift - shift)
-        for a, b in ranges:
+        for a, b in fr.spans:
             if a <= pc <= b:
                 return ("copy", pc, -shift)
     return ("at", pc, core.done)
@@ -218,12 +202,11 @@ def _messages(sim: Any, now: int) -> tuple:
 
 
 def _ends(sim: Any) -> list:
-    """Every FIFO end of the run's program set (listed once per run)."""
-    got = getattr(sim, "fifo_ends", None)
-    if got is None or got[0] is not sim.comp:
-        ends = [e for ch in sim.comp.chans.values() for e in ch.ends]
-        got = sim.fifo_ends = (sim.comp, ends)
-    return got[1]
+    """Every FIFO end of the run's program set (listed once per compiled program)."""
+    comp = sim.comp
+    if comp.fifo_ends is None:
+        comp.fifo_ends = [e for ch in comp.chans.values() for e in ch.ends]
+    return comp.fifo_ends
 
 
 def _requests(q: list, now: int) -> tuple:

@@ -301,8 +301,8 @@ class Simulator(Transfers):
             for end in ch.ends:
                 end.chan = None
         self.comp.templates = []  # (runtime.program_layers) their operations hold buffers
-        self.comp.frames = []
-        self.fifo_ends = self.frame_of = None  # (runtime.backlog) what the run's marks listed
+        self.comp.frames = {}
+        self.comp.fifo_ends = None
 
     def resume(self) -> None:
         """Continue a run that stopped with a :class:`DeadlockError` (after :meth:`deepen`)

@@ -60,6 +60,7 @@ class Compiled:
         "values",
         "templates",
         "frames",
+        "fifo_ends",
     )
 
     def __init__(self, cores: list[Core], chans: dict[str, ChanState], groups: dict[str, Group]):
@@ -72,11 +73,14 @@ class Compiled:
         self.values: set[str] = set()
         #: templates of copied layers and the cores' call frames (:mod:`runtime.program_layers`)
         self.templates: list[program_layers.Template] = []
-        self.frames: list[program_layers.Frame] = []
+        #: (by core id)
+        self.frames: dict[int, program_layers.Frame] = {}
+        #: every channel's FIFO ends, listed when first asked for (:mod:`runtime.backlog`)
+        self.fifo_ends: list | None = None
 
     def rebind(self) -> None:
         """Templates back on their own names, frames cleared (after a replay)."""
-        program_layers.reset(self.templates, self.frames)
+        program_layers.reset(self.templates, self.frames.values())
 
 
 def compile_programs(
@@ -135,7 +139,7 @@ def compile_programs(
         if marks:
             tmpls, frame = program_layers.compile_layered(comp, prog.body, marks, renames)
             out.templates += tmpls
-            out.frames.append(frame)
+            out.frames[prog.core] = frame
         else:
             comp.run(prog.body)
     out.active = [c for c in cores if c.code]

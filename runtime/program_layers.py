@@ -20,7 +20,7 @@ the template's instruction (the copy's with layer 1's names).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lowering.isa import Alloc, Compute, Free, Instr, Load, Recv, RecvValue, Send, SendValue, Store
@@ -101,13 +101,14 @@ def bind(t: Template, table: Sequence[Any]) -> None:
 
 class Frame:
     """A core's call state: the template running for a copy (``None``: none) and where the
-    copy's caller goes on."""
+    copy's caller goes on; ``spans``: the ``(start, stop)`` of the core's templates."""
 
-    __slots__ = ("tmpl", "back")
+    __slots__ = ("tmpl", "back", "spans")
 
     def __init__(self) -> None:
         self.tmpl: Template | None = None
         self.back = 0
+        self.spans: tuple[tuple[int, int], ...] = ()
 
 
 class OpCall(ops.Op):
@@ -161,7 +162,7 @@ def r_ret(sim: Any, core: Any, op: OpRet) -> bool:
     return h_ret(sim, core, op)
 
 
-def reset(templates: Sequence[Template], frames: Sequence[Frame]) -> None:
+def reset(templates: Sequence[Template], frames: Iterable[Frame]) -> None:
     """Bind every template to its own names again and clear the frames (a replay's
     :meth:`runtime.replay.Replay.close` hands the compiled programs back)."""
     for t in templates:
@@ -219,6 +220,7 @@ def compile_layered(
     core.code = code
     core.lc = [0] * comp.slots
     core.li = [0] * comp.slots
+    fr.spans = tuple((tm.start, tm.stop) for tm in tmpls.values())
     return list(tmpls.values()), fr
 
 
