@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -448,7 +449,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torch2step`` command (``argv`` None: the process's arguments,
     the command being the whole process)."""
     with _command_gc(process_exit=argv is None):
-        return _main(argv)
+        try:
+            return _main(argv)
+        except BrokenPipeError:  # the reader stopped early (``| head``): no traceback
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit fails no more
+            return 1
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -460,7 +466,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return args.run(args)
     except InputError as e:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {str(e).splitlines()[0]}\n")
+        # every problem of the input at once (a chip file lists each bad field on its line)
+        parser.exit(2, f"{parser.prog} {args.command}: error: {str(e).rstrip()}\n")
     except Torch2StepError as e:
         lines = str(e).splitlines() or [""]
         more = (

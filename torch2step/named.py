@@ -199,6 +199,19 @@ def _experts(config: Any) -> tuple[int, int]:
     return int(experts), int(config.num_experts_per_tok)
 
 
+def _misfit(sel: np.ndarray, tokens: int, cfg: Any) -> str | None:
+    """Why packaged expert choices ``sel`` cannot route ``tokens`` tokens of a layer with
+    ``cfg.top_k`` of ``cfg.num_experts`` experts (None: they can)."""
+    if len(sel) < tokens:
+        return f"has {len(sel)} tokens, the batch is {tokens}"
+    if sel.max() >= cfg.num_experts or sel.shape[1] != cfg.top_k:
+        return (
+            f"routes top-{sel.shape[1]} of {sel.max() + 1}+ experts; this layer has "
+            f"top-{cfg.top_k} of {cfg.num_experts}"
+        )
+    return None
+
+
 def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | None, str]:
     """Expert choices ``(tokens, top_k)`` to simulate (None: the router's own) and a note."""
     from models import traces
@@ -213,23 +226,16 @@ def _routing(entry: Any, meta: dict[str, Any], arg: str) -> tuple[np.ndarray | N
                 "layer is shapes only, so its router weighs random stand-in weights"
             )
         return None, "routing: the model's router (--routing-trace router)"
-    if arg == "auto":
-        if meta.get("routing_trace"):
-            arg = meta["routing_trace"]
-        else:
-            big_name = f"{entry.routing_prefix}_b1024"
-            big = traces.routing(big_name)
-            why = None
-            if tokens > len(big):
-                why = f"{big_name} has {len(big)} tokens, the batch is {tokens}"
-            elif big.max() >= cfg.num_experts or big.shape[1] != cfg.top_k:
-                why = (
-                    f"{big_name} routes top-{big.shape[1]} of {big.max() + 1}+ experts; this "
-                    f"layer has top-{cfg.top_k} of {cfg.num_experts}"
-                )
-            if why:
-                return None, f"routing: the model's router (no packaged trace fits: {why})"
-            return big[:tokens], f"routing: the first {tokens} tokens of trace {big_name}"
+    if arg == "auto":  # the layer's trace for this batch, else the model's largest one
+        names = [n for n in (meta.get("routing_trace"), f"{entry.routing_prefix}_b1024") if n]
+        why = []
+        for name in dict.fromkeys(names):
+            sel = np.asarray(traces.routing(name))
+            misfit = _misfit(sel, tokens, cfg)
+            if misfit is None:
+                return sel[:tokens], f"routing: the first {tokens} tokens of trace {name}"
+            why.append(f"{name} {misfit}")
+        return None, f"routing: the model's router (no packaged trace fits: {'; '.join(why)})"
     _check_id_dtype(arg)
     try:
         sel = np.asarray(traces.routing(arg))

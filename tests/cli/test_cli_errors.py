@@ -26,8 +26,9 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 
 
 def _one_line(err: str) -> str:
+    """The error's line (an input error of several problems lists them below it)."""
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[")]
-    assert len(lines) == 1, err
+    assert len(lines) == 1 or all(ln.startswith("  - ") for ln in lines[1:]), err
     assert "Traceback" not in err
     return lines[0]
 
@@ -96,6 +97,8 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert code == 2, (argv, err)
         line = _one_line(err)
         assert needle in line, (argv, line)
+        if needle == "2 problems":  # each problem is printed, with its value
+            assert "  - clock_ghz = 0" in err and "  - hbm.channels = -1" in err, err
 
 
 def test_pipeline_errors_are_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:

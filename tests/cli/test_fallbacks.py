@@ -24,3 +24,12 @@ def test_auto_routing_says_which_trace_or_why_the_router() -> None:
     assert "no packaged trace fits" in str(run.report)
     explicit = report_layer("qwen3-moe", 4, tiny=True, routing_trace="router")
     assert "routing: the model's router (--routing-trace router)" in explicit.report.notes
+
+
+def test_auto_routing_checks_the_batch_trace_of_a_tiny_layer() -> None:
+    # batch 64 has a packaged trace of the full-size model (top-8 of 128): the tiny layer
+    # (top-2 of 8) cannot take it, so the router routes and the report says why
+    run = report_layer("qwen3-moe", 64, tiny=True)
+    assert run.report.options["routing"] == "router"
+    note = next(n for n in run.report.notes if n.startswith("routing:"))
+    assert "qwen_b64 routes top-8" in note and "this layer has top-2 of 8" in note
