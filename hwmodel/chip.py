@@ -39,7 +39,7 @@ class CoreSpec:
         have = ", ".join(name for name, _ in self.flops_per_cycle)
         raise ChipConfigError(
             f"the core has no {dtype} compute rate (flops_per_cycle gives {have}); add one, "
-            f"e.g. --set core.flops_per_cycle.{dtype}=N"
+            f"e.g. --set core.flops_per_cycle.{dtype}=N (compare: --kernel-set or --spatial-set)"
         )
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from hwmodel.chip import Chip
+from torch2step.errors import InputError
 
 __all__ = [
     "add_compare_parser",
@@ -33,9 +34,30 @@ def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
     c.add_argument("--layer", required=True, choices=layers, help="a registered layer")
     c.add_argument("--batch", type=int, default=32, help="tokens (MoE) or decode requests (GQA)")
     c.add_argument("--kv-len", type=int, default=2048, help="GQA: KV cache rows")
-    c.add_argument("--spatial-chip", default="step-sda", help=f"preset ({', '.join(chips)})")
-    c.add_argument("--kernel-chip", default="ipu-hbm", help=f"preset ({', '.join(chips)})")
-    c.add_argument("--design", default="elk_full", help="ELK design of the kernel execution")
+    from elk.designs import DESIGNS
+
+    presets = ", ".join(chips)
+    c.add_argument(
+        "--spatial-chip", default="step-sda", help=f"preset ({presets}) or YAML file (default step-sda)"
+    )
+    c.add_argument(
+        "--kernel-chip", default="ipu-hbm", help=f"preset ({presets}) or YAML file (default ipu-hbm)"
+    )
+    for side in ("spatial", "kernel"):
+        c.add_argument(
+            f"--{side}-set",
+            dest=f"{side}_sets",
+            action="append",
+            default=[],
+            metavar="FIELD=VALUE",
+            help=f"override a field of the {side} chip (as report's --set)",
+        )
+    c.add_argument(
+        "--design",
+        choices=DESIGNS,
+        default="elk_full",
+        help="ELK design of the kernel execution (ELK §6.1; default elk_full)",
+    )
     add_plan_flag(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -254,9 +276,18 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
     return routing, [f"experts: {n} of {experts} active, as the spatial side routes ({how})"]
 
 
+def _side_chip(side: str, chip: str, sets: list[str]) -> Chip:
+    """``compare``'s chip of one side: a preset or YAML file with its overrides."""
+    from torch2step.named import resolve_chip
+
+    try:
+        return resolve_chip(chip, sets)
+    except InputError as e:
+        raise InputError(str(e).replace("--chip/--set", f"--{side}-chip/--{side}-set", 1)) from None
+
+
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``compare``: both execution models of one layer, side by side."""
-    from hwmodel.presets import load_chip
     from models import LAYERS
     from torch2step.config_jobs import started
     from torch2step.named import report_layer
@@ -264,10 +295,8 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     t0 = time.perf_counter()
     if args.batch < 1:
         parser.error("argument --batch: must be a positive integer")
-    try:
-        schip, kchip = load_chip(args.spatial_chip), load_chip(args.kernel_chip)
-    except Exception as e:  # noqa: BLE001 - report any preset problem as a usage error
-        parser.error(f"unknown chip: {e}")
+    schip = _side_chip("spatial", args.spatial_chip, args.spatial_sets)
+    kchip = _side_chip("kernel", args.kernel_chip, args.kernel_sets)
     entry = LAYERS[args.layer]
     kv_len = args.kv_len if entry.kind in ("attention", "decoder") else None
     routing, knotes = None, []
@@ -322,9 +351,10 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"  spatial: {n}")
     for n in knotes:
         print(f"  kernel: {n}")
-    print(f"{'':10} {'chip':10} {'cycles':>12} {'latency us':>11} {'sim s':>7}")
+    w = max(10, *(len(r["chip"]) for r in rows.values()))
+    print(f"{'':10} {'chip':{w}} {'cycles':>12} {'latency us':>11} {'sim s':>7}")
     for k, r in rows.items():
-        print(f"{k:10} {r['chip']:10} {r['cycles']:12,} {r['latency_us']:11.1f} {r['sim_s']:7.2f}")
+        print(f"{k:10} {r['chip']:{w}} {r['cycles']:12,} {r['latency_us']:11.1f} {r['sim_s']:7.2f}")
     print()
     print(krep)
     return 0

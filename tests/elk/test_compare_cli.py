@@ -29,6 +29,28 @@ def test_compare_runs_both_executions_of_the_same_layer(
     assert run.report.dynamic["past"] == 256  # the cache the requests attend: --kv-len rows
 
 
+def test_compare_chips_take_overrides_and_refuse_bad_input(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(JOBS_ENV, "1")
+    base = ["compare", "--layer", "llama-gqa", "--batch", "4", "--kv-len", "256", "-q"]
+    with pytest.raises(SystemExit) as exc:  # an unknown design: a usage error, nothing run
+        main(base + ["--design", "bogus"])
+    assert exc.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(base + ["--kernel-chip", "ipu-hmb"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--kernel-chip/--kernel-set: " in err and "ipu-hbm" in err
+    # an override of the kernel chip: its label says so and its latency follows it
+    assert main(base + ["--json", "--kernel-set", "hbm.channels=16"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["kernel"]["chip"] == "ipu-hbm[hbm.channels=16]"
+    assert main(base + ["--json"]) == 0
+    full = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["kernel"]["cycles"] > full["kernel"]["cycles"]  # a quarter of the channels
+    assert out["spatial"]["cycles"] == full["spatial"]["cycles"]
+
+
 def test_a_uniform_kv_length_and_a_kv_trace_are_one_choice() -> None:
     from torch2step.errors import InputError
 
