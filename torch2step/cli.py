@@ -200,14 +200,46 @@ def _run_report(args: argparse.Namespace) -> int:
         return _report(args)
 
 
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Flags this report would not use, refused rather than ignored: an
+    :class:`~torch2step.errors.InputError` naming each with what it needs."""
+    from models import LAYERS
+    from torch2step.errors import InputError
+
+    why = []
+    if args.layers is not None and args.hf_config is None:
+        why.append("--layers N needs --hf-config (a model's config.json)")
+    if args.sim_layers != 1 and args.layers is None:
+        why.append("--sim-layers K needs --hf-config and --layers N (a decode step of N layers)")
+    shaping = [
+        f
+        for f, v in (("--trace-window", args.trace_window), ("--trace-units", args.trace_units))
+        if v is not None
+    ]
+    if shaping and args.out is None:
+        why.append(
+            f"{', '.join(shaping)}: options of the run directory's trace.json; add --out DIR"
+        )
+    entry = LAYERS.get(args.layer) if args.layer is not None else None
+    if entry is not None and entry.kind not in ("attention", "decoder"):
+        kv = [
+            f
+            for f, v in (("--kv-len", args.kv_len), ("--kv-trace", args.kv_trace != "auto" or None))
+            if v
+        ]
+        if kv:
+            why.append(f"{', '.join(kv)}: layer {args.layer} attends no KV cache")
+    if entry is not None and entry.routing_prefix is None and args.routing_trace != "auto":
+        why.append(f"--routing-trace: layer {args.layer} has no MoE router")
+    if why:
+        raise InputError("; ".join(why))
+
+
 def _report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
 
     window = _window(args.trace_window)
-    if args.layers is not None and args.hf_config is None:
-        from torch2step.errors import InputError
-
-        raise InputError("--layers N needs --hf-config (a model's config.json)")
+    _refuse_ignored(args)
     if args.execution != "spatial":
         from torch2step.named import resolve_chip
 
@@ -216,7 +248,15 @@ def _report(args: argparse.Namespace) -> int:
             from torch2step.cli_compare import kernel_config_report, kernel_report
 
             return (kernel_report if args.layer is not None else kernel_config_report)(args, chip)
-    given = [f for f, on in (("--design", args.design != "elk_full"), ("--plan", args.plan)) if on]
+    given = [
+        f
+        for f, on in (
+            ("--design", args.design != "elk_full"),
+            ("--plan", args.plan),
+            ("--sim-layers", args.sim_layers != 1),
+        )
+        if on
+    ]
     if given:
         from torch2step.errors import InputError
 
@@ -332,6 +372,8 @@ def _run_chips(args: argparse.Namespace) -> int:
     from hwmodel import list_presets, load_chip, preset_path, to_yaml, with_overrides
     from torch2step.errors import InputError
 
+    if args.sets and not args.show:
+        raise InputError("--set applies to a preset's YAML: add --show NAME")
     if args.show:
         try:
             if args.sets:

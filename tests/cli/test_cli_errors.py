@@ -87,6 +87,15 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (gqa + ["--kv-trace", str(neg)], "KV length -3; lengths must be >= 0"),
         (gqa + ["--kv-trace", "b64/med"], "holds 64 requests"),
         (["chips", "--show", "ipu-hmb"], "did you mean 'ipu-hbm'"),
+        # flags this report would not use are refused, not ignored
+        (moe + ["--sim-layers", "4"], "--sim-layers K needs --hf-config and --layers N"),
+        (moe + ["--trace-units", "4"], "--trace-units: options of the run directory's"),
+        (
+            moe + ["--kv-len", "100", "--kv-trace", "b8/med"],
+            "--kv-len, --kv-trace: layer qwen3-moe",
+        ),
+        (gqa + ["--routing-trace", "qwen_b64"], "layer llama-gqa has no MoE router"),
+        (["chips", "--set", "hbm.channels=64"], "add --show NAME"),
         (  # a flag the kernel-by-kernel report would ignore
             ["report", "--layer", "llama-gqa", "--batch", "4", "--chip", "ipu-hbm", "--tiny"],
             "--tiny: options of the spatial execution",
