@@ -69,7 +69,9 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=Path,
         help="a HuggingFace config.json: its decoder layer at full size, no weights",
     )
-    r.add_argument("--batch", type=int, default=64, help="tokens (MoE) or decode requests (GQA)")
+    r.add_argument(
+        "--batch", type=int, default=64, help="tokens (MoE) or decode requests (GQA); default 64"
+    )
     r.add_argument(
         "--layers",
         type=int,
@@ -305,7 +307,7 @@ def _add_import_onnx(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     o = sub.add_parser("import-onnx", help="import an ONNX file, compile and report it")
     o.add_argument("file", type=Path)
     _chip_args(o)
-    o.add_argument("--tokens", type=int, default=16, help="size given to dynamic dimensions")
+    o.add_argument("--tokens", type=int, default=16, help="size given to dynamic dimensions (default 16)")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--print", action="store_true", help="print the layer and STeP graphs")
     return o

@@ -32,8 +32,10 @@ def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
     """Register the ``compare`` sub-command."""
     c = sub.add_parser("compare", help="spatial vs kernel-by-kernel execution of one layer")
     c.add_argument("--layer", required=True, choices=layers, help="a registered layer")
-    c.add_argument("--batch", type=int, default=32, help="tokens (MoE) or decode requests (GQA)")
-    c.add_argument("--kv-len", type=int, default=2048, help="GQA: KV cache rows")
+    c.add_argument(
+        "--batch", type=int, default=32, help="tokens (MoE) or decode requests (GQA); default 32"
+    )
+    c.add_argument("--kv-len", type=int, default=2048, help="GQA: KV cache rows (default 2048)")
     from elk.designs import DESIGNS
 
     presets = ", ".join(chips)
@@ -258,10 +260,13 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     return 0
 
 
-def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple[Any, list[str]]:
+def _moe_routing(
+    entry: Any, layer: str, batch: int, arg: str = "auto", compared: bool = False
+) -> tuple[Any, list[str]]:
     """The expert choices the spatial report of ``layer`` at ``batch`` simulates with
-    ``--routing-trace arg`` and the kernel side's note; None (the experts expected under
-    uniform routing) where that report uses the model's router."""
+    ``--routing-trace arg`` and the kernel side's note (``compared``: beside that spatial
+    report, in ``compare``); None (the experts expected under uniform routing) where that
+    report uses the model's router."""
     from models import get_layer
     from torch2step.kernel.layers import active_experts
     from torch2step.named import _experts, _routing
@@ -273,7 +278,8 @@ def _moe_routing(entry: Any, layer: str, batch: int, arg: str = "auto") -> tuple
     if routing is None:
         return None, [f"experts: {n} of {experts}, expected under uniform routing"]
     how = note.removeprefix("routing: ")
-    return routing, [f"experts: {n} of {experts} active, as the spatial side routes ({how})"]
+    side = ", as the spatial side routes" if compared else ""
+    return routing, [f"experts: {n} of {experts} active{side} ({how})"]
 
 
 def _side_chip(side: str, chip: str, sets: list[str]) -> Chip:
@@ -303,7 +309,7 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if entry.kind == "decoder":
         knotes = [f"the one-layer decode step of {entry.config}"]
     if entry.routing_prefix is not None:  # both executions route the batch alike: the
-        routing, more = _moe_routing(entry, args.layer, args.batch)  # spatial side's choice
+        routing, more = _moe_routing(entry, args.layer, args.batch, compared=True)
         knotes += more
 
     def spatial() -> tuple[Any, list[str]]:
