@@ -175,7 +175,9 @@ class ElkSchedule:
 
 
 def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
-    """The plan, one line per operator (at most ``limit`` lines of operators)."""
+    """The plan, one line per operator (at most ``limit`` lines of operators): ``exec us`` is
+    the operator's execution span, ``stall us`` the part of it its cores wait for the
+    interconnect, busy with preload traffic (ELK §3.3 interconnect contention, Fig. 18 (a) ④)."""
     t = s.timeline
     pos = {op: k for k, op in enumerate(t.order)}
     clk = s.costs.clock_ghz * 1e3  # cycles per microsecond
@@ -186,7 +188,7 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
         + (f" (search {search_label(dict(s.search))})" if s.search else ""),
         f"{'operator':24} {'kind':9} {'exec plan':14} {'cores':>5} {'pre#':>4} {'order':>5} "
         f"{'exec KiB/core':>13} {'pre KiB/core':>12} {'preload us':>10} {'exec us':>8} "
-        f"{'start us':>9}",
+        f"{'stall us':>8} {'start us':>9}",
     ]
     shown = t.steps if limit is None else t.steps[:limit]
     for st in shown:
@@ -197,7 +199,7 @@ def format_schedule(s: ElkSchedule, limit: int | None = 40) -> str:
             f"{op.name:24} {op.kind:9} {plan.label():14} {plan.cores:5d} "
             f"{t.preload_number(st.op):4d} {pos[st.op]:5d} {plan.core_space / 1024:13.1f} "
             f"{pre_core:12.1f} {(t.preload_end[st.op] - t.preload_start[st.op]) / clk:10.2f} "
-            f"{st.time / clk:8.2f} {st.start / clk:9.2f}"
+            f"{st.time / clk:8.2f} {st.stall / clk:8.2f} {st.start / clk:9.2f}"
         )
     if limit is not None and len(t.steps) > limit:
         lines.append(f"... {len(t.steps) - limit} more operators")

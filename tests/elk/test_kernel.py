@@ -325,3 +325,18 @@ def test_dense_mlp_projections_are_separate_operators_and_plan_on_the_mesh() -> 
     assert mm["gate"] == mm["up"] == (64, 4096, 14336) and mm["down"] == (64, 14336, 4096)
     s = plan_model(ops, load_chip("mesh"), "ideal")
     assert s.cycles > 0 and len(s.plans) == len(ops)
+
+
+def test_the_schedule_table_shows_each_operators_interconnect_stall() -> None:
+    from elk.plan import format_schedule, plan_model
+    from torch2step.kernel.layers import registered_layer_ops
+
+    ops = registered_layer_ops("llama-gqa", 8, 2048, "bf16", None)
+    s = plan_model(ops, load_chip("ipu-hbm"), "elk_full")
+    lines = format_schedule(s).splitlines()
+    assert "exec us stall us start us" in " ".join(lines[1].split())
+    clk = s.costs.clock_ghz * 1e3
+    stalls = [float(ln.split()[-2]) for ln in lines[2 : 2 + len(s.ops)]]
+    assert stalls == [round(st.stall / clk, 2) for st in s.timeline.steps]
+    # the stalls are the breakdown's interconnect share (at most the overlapped time)
+    assert s.breakdown()["interconnect"] <= sum(st.stall for st in s.timeline.steps) + 1e-6
