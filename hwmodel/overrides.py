@@ -82,8 +82,12 @@ def with_overrides(chip: Chip, overrides: Iterable[str | tuple[str, Any]]) -> Ch
         rows, cols, ch = noc.get("rows"), noc.get("cols"), hbm.get("channels")
         if all(isinstance(v, int) and v > 0 for v in (rows, cols, ch)):
             hbm["attach_cores"] = list(edge_attach_cores(rows, cols, ch))
+    changed = ",".join(f"{k}={v}" for k, v in pairs)
     if "name" not in keys:
-        data["name"] = f"{chip.name}[{','.join(f'{k}={v}' for k, v in pairs)}]"
+        data["name"] = f"{chip.name}[{changed}]"
+    if "description" not in keys and data.get("description"):
+        # the preset's prose describes its own fields: say which ones no longer hold
+        data["description"] = f"{data['description']} Overridden here: {changed}."
     try:
         return from_dict(data)
     except ChipConfigError as exc:

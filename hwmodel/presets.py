@@ -60,7 +60,11 @@ def load_chip(name_or_path: str | os.PathLike[str] | Chip) -> Chip:
         return from_yaml(path.read_text(encoding="utf-8"), source=f"preset {name_or_path!r}")
     path = Path(text)
     if path.is_file():
-        return from_yaml(path.read_text(encoding="utf-8"), source=str(path))
+        chip = from_yaml(path.read_text(encoding="utf-8"), source=str(path))
+        if chip.name in list_presets() and chip != load_chip(chip.name):
+            # an edited copy of a preset (``chips --show``): its label tells the two apart
+            chip = dataclasses.replace(chip, name=f"{chip.name}[{path.name}]")
+        return chip
     if path.suffix in _SUFFIXES or os.sep in text or not isinstance(name_or_path, str):
         raise ChipConfigError(
             f"chip file {text!r} does not exist; give an existing YAML file or one of the "

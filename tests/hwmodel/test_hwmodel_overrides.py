@@ -63,3 +63,23 @@ def test_missing_dtype_rate_is_a_chip_error_naming_the_field() -> None:
 
     with pytest.raises(ChipConfigError, match=r"no fp32 compute rate .* core\.flops_per_cycle\.fp32"):
         load_chip("step-sda").core.flops("fp32")
+
+
+def test_an_edited_copy_of_a_preset_is_labelled_by_its_file(tmp_path) -> None:  # noqa: ANN001
+    from hwmodel import load_chip, preset_path
+
+    text = preset_path("step-sda").read_text(encoding="utf-8")
+    same = tmp_path / "same.yaml"
+    same.write_text(text, encoding="utf-8")
+    assert load_chip(same).name == "step-sda"  # the preset itself: its own name
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text.replace("channels: 32", "channels: 8", 1), encoding="utf-8")
+    chip = load_chip(mine)
+    assert chip.hbm.channels == 8 and chip.name == "step-sda[mine.yaml]"
+
+
+def test_overrides_say_so_in_the_description() -> None:
+    from hwmodel import load_chip, with_overrides
+
+    chip = with_overrides(load_chip("step-sda"), ["hbm.channels=64"])
+    assert chip.description.endswith("Overridden here: hbm.channels=64.")
