@@ -307,7 +307,9 @@ def _add_import_onnx(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     o = sub.add_parser("import-onnx", help="import an ONNX file, compile and report it")
     o.add_argument("file", type=Path)
     _chip_args(o)
-    o.add_argument("--tokens", type=int, default=16, help="size given to dynamic dimensions (default 16)")
+    o.add_argument(
+        "--tokens", type=int, default=16, help="size given to dynamic dimensions (default 16)"
+    )
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--print", action="store_true", help="print the layer and STeP graphs")
     return o
@@ -336,7 +338,8 @@ def _run_import_onnx(args: argparse.Namespace) -> int:
 
         with simulation_progress():
             krep = prog.report(tokens=args.tokens)
-        print(json.dumps(krep.to_dict()) if args.json else f"{prog.schedule}\n{krep}")
+        head = {"file": str(args.file), "tokens": args.tokens}
+        print(json.dumps({**head, **krep.to_dict()}) if args.json else f"{prog.schedule}\n{krep}")
         return 0
     with simulation_progress():
         rep = prog.report(*inputs)

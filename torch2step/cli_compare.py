@@ -40,10 +40,14 @@ def add_compare_parser(sub: Any, chips: list[str], layers: list[str]) -> None:
 
     presets = ", ".join(chips)
     c.add_argument(
-        "--spatial-chip", default="step-sda", help=f"preset ({presets}) or YAML file (default step-sda)"
+        "--spatial-chip",
+        default="step-sda",
+        help=f"preset ({presets}) or YAML file (default step-sda)",
     )
     c.add_argument(
-        "--kernel-chip", default="ipu-hbm", help=f"preset ({presets}) or YAML file (default ipu-hbm)"
+        "--kernel-chip",
+        default="ipu-hbm",
+        help=f"preset ({presets}) or YAML file (default ipu-hbm)",
     )
     for side in ("spatial", "kernel"):
         c.add_argument(
@@ -219,7 +223,10 @@ def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
         args.layer, args.batch, chip, kv, design, dtype, routing, plan_options(args)
     )
     if args.json:
-        out = {"layer": args.layer, "batch": args.batch, **rep.to_dict(), "notes": notes}
+        head = {"layer": args.layer, "batch": args.batch, "dtype": dtype}
+        if LAYERS[args.layer].kind in ("attention", "decoder"):
+            head["kv_len"] = kv
+        out = {**head, **rep.to_dict(), "notes": notes}
         print(json.dumps(out))
     else:
         print(rep.schedule)

@@ -105,6 +105,7 @@ def test_cli_report_kernel_takes_the_design_and_the_plans_search(
     assert got["plan_search"] == {"window": 4, "max_orders": 2}
     assert "(search plan_window=4, plan_orders=2)" in str(want).splitlines()[0]
     assert "(search" not in str(plan_model(ops, load_chip("ipu-hbm"), "static")).splitlines()[0]
+
     def error(argv: list[str]) -> str:  # one line on stderr, exit status 2
         with pytest.raises(SystemExit) as e:
             main(argv)
@@ -340,3 +341,19 @@ def test_the_schedule_table_shows_each_operators_interconnect_stall() -> None:
     assert stalls == [round(st.stall / clk, 2) for st in s.timeline.steps]
     # the stalls are the breakdown's interconnect share (at most the overlapped time)
     assert s.breakdown()["interconnect"] <= sum(st.stall for st in s.timeline.steps) + 1e-6
+
+
+def test_kernel_json_carries_the_spatial_reports_names(capsys: pytest.CaptureFixture[str]) -> None:
+    from torch2step.cli import main
+
+    argv = ["report", "--layer", "llama-gqa", "--batch", "8", "--chip", "ipu-hbm", "--json"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["execution"] == "kernel" and got["latency_cycles"] == got["cycles"]
+    assert got["latency_s"] * 1e6 == pytest.approx(got["latency_us"])
+    assert (got["layer"], got["batch"], got["dtype"], got["kv_len"]) == (
+        "llama-gqa",
+        8,
+        "bf16",
+        2048,
+    )

@@ -53,10 +53,14 @@ class KernelReport:
     def to_dict(self) -> dict[str, Any]:
         s = self.schedule
         return {
+            "execution": "kernel",
             "design": s.design,
             "chip": s.costs.name,
             "operators": len(s.ops),
             "cycles": self.cycles,
+            # the spatial report's names for the same figures (torch2step.report.Report)
+            "latency_cycles": self.cycles,
+            "latency_s": self.cycles / (s.costs.clock_ghz * 1e9),
             "predicted_cycles": round(self.predicted),
             "latency_us": self.cycles / (s.costs.clock_ghz * 1e3),
             "hbm_util": round(self.hbm_util, 4),

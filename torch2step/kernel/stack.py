@@ -397,6 +397,7 @@ class KernelStackReport:
         us = self.cycles / (s.costs.clock_ghz * 1e3)
         tot = max(s.cycles, 1e-9)
         return {
+            "execution": "kernel",
             "design": s.design,
             "chip": s.costs.name,
             "layers": self.layers,
@@ -404,6 +405,9 @@ class KernelStackReport:
             "simulated_layers": self.sim_layers,
             **self._rest_fields(),
             "cycles": self.cycles,
+            # the spatial report's names for the same figures (torch2step.report.Report)
+            "latency_cycles": self.cycles,
+            "latency_s": self.cycles / (s.costs.clock_ghz * 1e9),
             "cycles_simulated": r.cycles,
             "predicted_cycles": round(self.predicted),
             "predicted_cycles_simulated_layers": round(self.sim_predicted),
