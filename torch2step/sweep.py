@@ -25,6 +25,7 @@ ordered as the spec),
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import itertools
 import json
@@ -107,7 +108,39 @@ def load_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     out["chips"] = chips
     out["options"] = [dict(o or {}) for o in data.get("options") or [{}]]
     out["traces"] = [str(t) for t in data.get("traces") or ["auto"]]
+    _check_spec(out)
     return out
+
+
+def _check_spec(spec: Mapping[str, Any]) -> None:
+    """Every problem of a sweep spec's layers, batches, chips and options at once, before
+    any point runs (an :class:`InputError` naming each in the spec's terms)."""
+    from models import LAYERS
+    from torch2step.named import parse_options, resolve_chip
+
+    why = []
+    for layer in spec["layers"]:
+        if layer not in LAYERS:
+            close = difflib.get_close_matches(str(layer), list(LAYERS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            why.append(f"layers: {layer!r} is not a registered layer{hint}")
+    for b in spec["batches"]:
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            why.append(f"batches: {b!r} is not a positive integer")
+    for entry in spec["chips"]:
+        try:
+            resolve_chip(entry["chip"], entry["set"])
+        except InputError as e:
+            why.append(f"chips: {str(e).removeprefix('--chip/--set: ')}")
+    for opts in spec["options"]:
+        try:
+            parse_options(opts)
+        except InputError as e:
+            why.append(f"options: {str(e).removeprefix('--option ')}")
+    if len(why) == 1:
+        raise InputError(f"sweep spec: {why[0]}")
+    if why:
+        raise InputError(f"sweep spec: {len(why)} problems:\n" + "\n".join(f"  - {w}" for w in why))
 
 
 def points(spec: str | Path | Mapping[str, Any]) -> list[dict[str, Any]]:

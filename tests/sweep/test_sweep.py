@@ -106,12 +106,32 @@ def test_set_overrides_equal_edited_chip_file(tmp_path: Path) -> None:
 
 
 def test_spec_expansion_and_errors(tmp_path: Path) -> None:
-    pts = points({"layers": ["a", "b"], "batches": [1, 2], "chips": ["mesh", "step-sda"]})
-    assert len(pts) == 8 and pts[0]["layer"] == "a" and pts[0]["chip"] == "mesh"
+    two = ["qwen3-moe", "llama-gqa"]
+    pts = points({"layers": two, "batches": [1, 2], "chips": ["mesh", "step-sda"]})
+    assert len(pts) == 8 and pts[0]["layer"] == "qwen3-moe" and pts[0]["chip"] == "mesh"
     from torch2step.errors import InputError
 
     with pytest.raises(InputError, match="unknown keys"):
-        points({"layers": ["a"], "batches": [1], "chip": ["mesh"]})
+        points({"layers": ["qwen3-moe"], "batches": [1], "chip": ["mesh"]})
+    # every problem of the spec at once, before any point runs, in the spec's terms
+    bad = {
+        "layers": ["qwen3-moe", "qwen3-mo"],
+        "batches": [0, 8],
+        "chips": ["step-sda", "nope", {"chip": "step-sda", "set": ["hbm.channels=-1"]}],
+        "options": [{}, {"nosuch": 3}],
+    }
+    with pytest.raises(InputError) as exc:
+        points(bad)
+    msg = str(exc.value)
+    assert msg.startswith("sweep spec: 5 problems:")
+    for want in (
+        "layers: 'qwen3-mo' is not a registered layer (did you mean 'qwen3-moe'?)",
+        "batches: 0 is not a positive integer",
+        "chips: unknown chip preset 'nope'",
+        "hbm.channels = -1",
+        "options: nosuch: unknown compile option",
+    ):
+        assert want in msg, msg
     assert json.dumps(pts)  # points are plain data (sent to workers)
 
 
