@@ -434,6 +434,20 @@ def _layer_dtype(layer: LayerGraph) -> str:
     return floats[0] if len(floats) == 1 else ",".join(floats) or "int"
 
 
+def dtype_rate_note(chip: Chip, dtype: str) -> str:
+    """The note of a layer timed in an element type ``dtype`` the chip lists no compute rate
+    for (its tiles are timed at the cores' 16-bit rate); empty when the chip lists one."""
+    from torch2step.spatial.timing import TimingModel
+
+    tm = TimingModel(chip)
+    if dtype in tm.rates:
+        return ""
+    return (
+        f"{dtype} tiles are timed at the cores' 16-bit rate ({tm.default_rate:,} FLOPs/cycle "
+        f"per core): the chip lists no {dtype} rate"
+    )
+
+
 def _timeline(sim: Any) -> dict[str, Any]:
     """Utilisation counters of the trace (``runtime.trace``) as ``{edges, compute, hbm, noc}``."""
     out: dict[str, list[float]] = {"edges": [], "compute": [], "hbm": [], "noc": []}
@@ -462,11 +476,9 @@ def _with_context(
     dtype = rep.dtype or _layer_dtype(prog.layer)
     tm = TimingModel(prog.chip)
     all_notes = [*prog.layer.notes, *notes]
-    if dtype not in tm.rates:
-        all_notes.append(
-            f"{dtype} tiles are timed at the cores' 16-bit rate ({tm.default_rate:,} FLOPs/cycle "
-            f"per core): the chip lists no {dtype} rate"
-        )
+    rate_note = dtype_rate_note(prog.chip, dtype)
+    if rate_note:
+        all_notes.append(rate_note)
     options = {k: v for k, v in asdict(prog.lowered.options).items() if v is not None}
     options["routing"] = "trace" if traced_routing else "router"
     origins = step_origins(lw)

@@ -10,13 +10,17 @@ one; ``save(dir)`` a run directory with CSVs, plots and ``report.md``
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Report"]
+__all__ = ["OPERATOR_ROWS", "Report"]
 
 _CATS = ("busy", "stall_recv", "stall_send", "stall_mem")
+
+#: rows of the by-operator table in the text report (``--json`` and ``--out`` hold them all)
+OPERATOR_ROWS = 16
 
 
 def _si(value: float, unit: str) -> str:
@@ -61,7 +65,16 @@ class Report:
     description (:func:`hwmodel.to_dict`); ``peak_flops_per_cycle`` of the whole chip at that
     element type; ``options`` the compile options and inputs used (``routing`` names the trace
     or the router); ``notes`` every choice made for the user (a fallback, a scaled trace);
-    ``timeline`` the busy share of compute / HBM / NoC over the run (with a trace)."""
+    ``timeline`` the busy share of compute / HBM / NoC over the run (with a trace).
+
+    ``utilisation`` (fractions of the run's cycles, :attr:`SpatialResult.utilisation
+    <torch2step.spatial.result.SpatialResult.utilisation>`): ``hbm`` the mean busy share of
+    the HBM channels; ``noc_links`` / ``noc_links_peak`` that of the NoC links that carried
+    traffic / of the busiest one; ``units_busy`` the mean busy share of the units;
+    ``compute`` the FLOPs over the peak of the cores the units are *placed on* (a layer split
+    into configurations: each configuration's, weighted by its cycles).  The headline
+    :attr:`compute_fraction` divides the same FLOPs by the peak of the *whole chip*, so it
+    is the smaller of the two whenever the units leave cores free."""
 
     layer: str
     chip: str
@@ -92,9 +105,49 @@ class Report:
 
     # -- derived numbers ------------------------------------------------------------------
     @property
+    def _split(self) -> bool:
+        """Whether the layer ran as several configurations (:mod:`torch2step.configurations`)."""
+        return any("configuration" in u for u in self.units)
+
+    def _core_counts(self) -> tuple[int, int]:
+        """``(placed, for_fifos)`` of the configuration holding the most cores: the cores its
+        units are placed on (the placement's extra memory units included) and the further
+        cores whose SRAM holds what a unit's simulated bytes (buffers and deepened FIFOs) add
+        beyond the cores it was placed on (:mod:`torch2step.spatial.sram`: such a unit spans
+        ``ceil(bytes / SRAM per core)`` cores).  A layer that is not split is one
+        configuration; a split one's configurations run one after another on the chip."""
+        sram = int(self.chip_spec.get("core", {}).get("sram_bytes", 0))
+        groups: dict[Any, list[dict[str, Any]]] = {}
+        for u in self.units:
+            groups.setdefault(u.get("configuration", 1), []).append(u)
+        best = (0, 0)
+        for units in groups.values():
+            placed = len({c for u in units for c in u.get("cores", ())})
+            extra = 0
+            if sram:
+                for u in units:
+                    held = int(u.get("sram_bytes", 0)) + int(u.get("fifo_bytes", 0))
+                    extra += max(0, math.ceil(held / sram) - len(u.get("cores", ())))
+            if placed + extra > sum(best):
+                best = (placed, extra)
+        return best
+
+    @property
     def cores_used(self) -> int:
-        """Cores the units occupy (extra memory units included)."""
-        return len({c for u in self.units for c in u.get("cores", ())})
+        """Cores the run holds: :attr:`cores_placed` plus :attr:`cores_for_fifos`."""
+        return sum(self._core_counts())
+
+    @property
+    def cores_placed(self) -> int:
+        """Cores the units are placed on (extra memory units of the placement included)."""
+        return self._core_counts()[0]
+
+    @property
+    def cores_for_fifos(self) -> int:
+        """Further cores holding the bytes of units that outgrow the SRAM of the cores they
+        were placed on (FIFOs deepened during the run; the notes name the largest such
+        units)."""
+        return self._core_counts()[1]
 
     @property
     def cores_available(self) -> int:
@@ -114,7 +167,8 @@ class Report:
 
     @property
     def sram_capacity_bytes(self) -> int:
-        """On-chip memory of the cores the units occupy."""
+        """On-chip memory of the cores the run holds (:attr:`cores_used`: the cores the
+        units are placed on and those holding their spilled FIFOs)."""
         return self.cores_used * int(self.chip_spec.get("core", {}).get("sram_bytes", 0))
 
     @property
@@ -127,16 +181,22 @@ class Report:
 
     @property
     def compute_fraction(self) -> float:
-        """Achieved FLOPs per cycle over the whole chip's peak at the element type."""
+        """Achieved FLOPs per cycle over the whole chip's peak at the element type (all its
+        cores; ``utilisation["compute"]`` counts only the cores the units are placed on)."""
         if not self.peak_flops_per_cycle or not self.latency_cycles:
             return 0.0
         return self.flops / self.latency_cycles / self.peak_flops_per_cycle
 
     def derived(self) -> dict[str, Any]:
-        """The derived numbers above, units in the key names (for ``summary.json``)."""
+        """The derived numbers above, units in the key names (for ``summary.json``):
+        ``cores_used`` = ``cores_placed`` + ``cores_for_fifos``; ``sram_capacity_bytes`` the
+        SRAM of the ``cores_used``; ``compute_fraction`` the FLOPs over the whole chip's peak
+        (``utilisation["compute"]``: over the peak of the cores the units are placed on)."""
         clock = self.clock_ghz
         return {
             "cores_used": self.cores_used,
+            "cores_placed": self.cores_placed,
+            "cores_for_fifos": self.cores_for_fifos,
             "cores_available": self.cores_available,
             "clock_ghz": clock,
             "hbm_peak_bytes_per_cycle": self.hbm_peak_bytes_per_cycle,
@@ -196,22 +256,42 @@ class Report:
             return []
         clock = self.clock_ghz
         bw = self.hbm_peak_bytes_per_cycle
+        placed, for_fifos = self._core_counts()
+        cores = f"{placed + for_fifos:,} of {self.cores_available:,} cores used"
+        if for_fifos:
+            cores += f" ({placed:,} placed, {for_fifos:,} more holding units' FIFOs)"
+        if self._split:
+            cores += " in the largest configuration"
         lines = [
             f"  element type     {self.dtype or '?'}",
-            f"  chip             {clock:g} GHz, {self.cores_used:,} of {self.cores_available:,} "
-            f"cores used, HBM {_si(bw * clock * 1e9, 'B/s')} ({bw:,.0f} B/cycle)",
+            f"  chip             {clock:g} GHz, {cores}, "
+            f"HBM {_si(bw * clock * 1e9, 'B/s')} ({bw:,.0f} B/cycle)",
             f"  on-chip memory   {self.peak_onchip_bytes:>14,} bytes (STeP §4.1), "
             f"{self.simulated_onchip_bytes:,} held in the simulated run, of "
             f"{self.sram_capacity_bytes:,} in the cores used "
             f"({self.simulated_onchip_bytes / (self.sram_capacity_bytes or 1):.1%})",
             f"  HBM bandwidth    {_si(self.hbm_bytes / self.latency_s if self.latency_s else 0, 'B/s')}"
             f" achieved = {self.hbm_bandwidth_fraction:.1%} of peak",
-            f"  compute          {self.compute_fraction:.1%} of the chip's peak "
-            f"{self.peak_flops_per_cycle:,} FLOPs/cycle",
+            f"  compute          {self.compute_fraction:.1%} of the whole chip's peak "
+            f"{self.peak_flops_per_cycle:,} FLOPs/cycle (all {self.cores_available:,} cores)",
         ]
         return lines
 
+    def _compute_utilisation_label(self) -> str:
+        """What ``utilisation["compute"]`` divides by, beside the headline's whole chip."""
+        if self._split:
+            over = "each configuration's placed cores, weighted by its cycles"
+        else:
+            over = f"the {self.cores_placed:,} cores the units are placed on"
+        whole = f"; whole chip {self.compute_fraction:.1%}" if self.chip_spec else ""
+        return f"FLOPs over the peak of {over}{whole}"
+
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, rest_at: str = "see --json or --out") -> str:
+        """The text report (``str(report)``); ``rest_at``: where the rows the by-operator
+        table leaves out (past :data:`OPERATOR_ROWS`) are found."""
         lines = [
             f"{self.layer} on {self.chip}",
             f"  latency          {self.latency_cycles:>14,} cycles  ({self.latency_s * 1e6:,.2f} us)",
@@ -223,17 +303,22 @@ class Report:
             lines += chip_lines
         else:
             lines.append(f"  on-chip memory   {self.peak_onchip_bytes:>14,} bytes")
-        lines.append(f"  FLOPs            {self.flops:>14,}")
+        lines.append(
+            f"  FLOPs            {self.flops:>14,}   (as the tiles compute them: rows padded "
+            "to a tile included)"
+        )
         for note in self.notes:
             lines.append(f"  note: {note}")
         ops = self.operator_breakdown()
         if ops:
             total = sum(r["busy"] for r in ops.values()) or 1
             lines.append("  by operator (busy unit-cycles, share, FLOPs):")
-            for name, r in list(ops.items())[:16]:
+            for name, r in list(ops.items())[:OPERATOR_ROWS]:
                 lines.append(
                     f"    {name:<34} {r['busy']:>12,}  {r['busy'] / total:6.1%}  {r['flops']:>14,}"
                 )
+            if len(ops) > OPERATOR_ROWS:
+                lines.append(f"    ... {len(ops) - OPERATOR_ROWS:,} more operators ({rest_at})")
         if self.breakdown:
             lines.append("  breakdown (unit-cycles):")
             total = sum(v for k, v in self.breakdown.items() if ":" not in k) or 1
@@ -242,7 +327,8 @@ class Report:
         if self.utilisation:
             lines.append("  utilisation (busy share of the run's cycles):")
             for k, v in self.utilisation.items():
-                lines.append(f"    {k:<16} {v:6.1%}")
+                label = f"  ({self._compute_utilisation_label()})" if k == "compute" else ""
+                lines.append(f"    {k:<16} {v:6.1%}{label}")
         if self.dynamic:
             lines.append(
                 "  dynamic sizes: " + ", ".join(f"{k}={v}" for k, v in self.dynamic.items())

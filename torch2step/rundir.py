@@ -10,7 +10,7 @@
   attention...) where the program records them, and per STeP operator class;
 * ``trace.json`` — the Chrome / Perfetto timeline when the report was made with a trace;
 * ``roofline.png``, ``utilisation.png`` (with a trace), ``breakdown.png``;
-* ``report.md`` — the text report with the plots and how to open the trace.
+* ``report.md`` — the text report with the plots, and the trace's size and how to open it.
 """
 
 from __future__ import annotations
@@ -159,7 +159,10 @@ def _plots(out: Path, report: Report) -> list[str]:
 
 
 def _markdown(report: Report, pngs: list[str], trace: str | None, trace_note: str) -> str:
-    lines = [f"# {report.layer} on {report.chip}", "", "```", str(report), "```", ""]
+    """``report.md``: the text report, the plots, the files; ``trace``: the trace file's
+    name (None: no trace) and ``trace_note`` its size."""
+    text = report.text("see operators.csv and summary.json")
+    lines = [f"# {report.layer} on {report.chip}", "", "```", text, "```", ""]
     captions = {
         "roofline.png": "Roofline: the layer against the chip's peak compute and HBM bandwidth",
         "utilisation.png": "Busy share of compute, HBM channels and NoC links over the run",
@@ -176,7 +179,8 @@ def _markdown(report: Report, pngs: list[str], trace: str | None, trace_note: st
     ]
     if trace:
         lines.append(
-            f'- `{trace}`: the timeline — open it at https://ui.perfetto.dev ("Open trace '
+            f"- `{trace}`" + (f" ({trace_note})" if trace_note else "") + ": the timeline — "
+            'open it at https://ui.perfetto.dev ("Open trace '
             'file") or chrome://tracing; one trace microsecond is one cycle'
         )
     return "\n".join(lines) + "\n"
