@@ -312,8 +312,9 @@ def split_report(
         reports.append(rep)
         kinds = ", ".join(dict.fromkeys(type(n.op).__name__ for n in group))
         lines.append(
-            f"configuration {k}: {group[0].name} .. {group[-1].name} ({len(group)} operators: "
-            f"{kinds}), {len(rep.units)} units, {rep.latency_cycles:,} cycles"
+            f"configuration {k}: {group[0].name} .. {group[-1].name} ({len(group)} "
+            f"operator{'s' if len(group) > 1 else ''}: {kinds}), {len(rep.units)} units, "
+            f"{rep.latency_cycles:,} cycles"
         )
     prog._last, prog._split_parts = None, parts  # write_trace: one timeline, in order
     first = reports[0]
