@@ -263,7 +263,7 @@ def split_report(
     every halving."""
     from torch2step.config_jobs import jobs_for, run_groups
     from torch2step.lower import lower
-    from torch2step.program import Program, _layer_dtype, dtype_rate_note
+    from torch2step.program import Program, layer_dtype, dtype_rate_note
 
     layer, chip = prog.layer, prog.chip
     opts = prog.lowered.options
@@ -346,7 +346,7 @@ def split_report(
                 dynamic["tokens_per_expert"] = spread
     # the whole layer's element type: each configuration notes an untimed one in its own
     # report; the layer's report says it once
-    rate_note = [n for n in [dtype_rate_note(chip, _layer_dtype(layer))] if n]
+    rate_note = [n for n in [dtype_rate_note(chip, layer_dtype(layer))] if n]
     return replace(
         first,
         **summed,

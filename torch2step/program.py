@@ -422,12 +422,12 @@ def _make_report(
         dynamic={k: v for k, v in dynamic.items() if v is not None},
         events=int(sim.events),
         simulation_s=round(sim_s, 3),
-        dtype=_layer_dtype(prog.layer),
+        dtype=layer_dtype(prog.layer),
         simulated_onchip_bytes=sum(int(u.sram_bytes) + int(u.fifo_bytes) for u in sim.units),
     )
 
 
-def _layer_dtype(layer: LayerGraph) -> str:
+def layer_dtype(layer: LayerGraph) -> str:
     """The floating-point element type of the layer's inputs (what it is timed in)."""
     kinds = {layer.types[n].dtype for n in layer.inputs}
     floats = sorted(k for k in kinds if not k.startswith("int") and k != "bool")
@@ -473,7 +473,7 @@ def _with_context(
     from torch2step.origins import step_origins
     from torch2step.spatial.timing import TimingModel
 
-    dtype = rep.dtype or _layer_dtype(prog.layer)
+    dtype = rep.dtype or layer_dtype(prog.layer)
     tm = TimingModel(prog.chip)
     all_notes = [*prog.layer.notes, *notes]
     rate_note = dtype_rate_note(prog.chip, dtype)
