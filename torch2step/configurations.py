@@ -263,7 +263,7 @@ def split_report(
     every halving."""
     from torch2step.config_jobs import jobs_for, run_groups
     from torch2step.lower import lower
-    from torch2step.program import Program, layer_dtype, dtype_rate_note
+    from torch2step.program import Program, dtype_rate_note, layer_dtype
 
     layer, chip = prog.layer, prog.chip
     opts = prog.lowered.options
