@@ -9,6 +9,10 @@
   token picked (its weight column is zero, so the result is unchanged).  A shapes-only graph
   (a config, timed) has no routing to weigh: its experts are those the tokens select in
   expectation, grouped (:func:`_for_timing`).
+* ``Attention`` whose keys or values are computed in the step (a layer's slice of caches
+  stacked over layers, as ``models.decoder.model_step`` passes them; a scaled cache) -> a
+  ``vector`` operator after its producers, with a note: an attention operator preloads its KV
+  from HBM ahead of its turn (ELK §4.2), before an operator of the step stored it.
 * ``Concat(cache, new)`` of a KV cache input read only by decode attention -> an append
   writing the new row into the cache in HBM (ELK §4.5: the cache is not copied); the output
   is the cache input with that row appended.
@@ -267,9 +271,21 @@ def graph_ops(
                     ("vn", declare(vn)),
                 ]
                 length = shape[kc][2]
-            else:
+            elif k in g.inputs and v in g.inputs:
                 roles += [("kc", declare(k)), ("vc", declare(v))]
                 length = shape[k][2]
+            else:
+                # keys or values computed in the step (a slice of a stacked cache, a scaled
+                # cache): an attention operator preloads its KV from HBM ahead of its turn
+                # (ELK §4.2), before an operator of the step could have stored them, so
+                # the node runs as a vector operator reading them after their producers
+                out.notes.append(
+                    f"{n.name}: its keys or values are computed in the step, not read from a "
+                    "KV cache input, so it runs as one vector operator (no KV preload); pass "
+                    "each layer's cache as an input of its own to time it as ELK attention"
+                )
+                generic(n)
+                continue
             hkv = shape[k][1]
             if op.scale is not None and not math.isclose(op.scale, 1 / math.sqrt(d)) or op.causal:
                 generic(n)
