@@ -1,6 +1,7 @@
 """A layer graph as ELK operators with real tensors (the functional path of kernel execution).
 
-* ``Linear`` without bias -> a ``matmul`` operator (weight transposed, tile-major per its plan).
+* ``Linear`` -> a ``matmul`` operator (weight transposed, tile-major per its plan); with a bias,
+  followed by a node adding the bias to its rows.
 * ``Attention`` whose keys / values are ``Concat(cache, new)`` -> an ``attention`` operator that
   preloads the cache and adds the new token's partial on the combining core.
 * ``MoEExperts`` -> dense expert operators: a routing node turns the top-k weights and indices
@@ -114,7 +115,7 @@ def graph_ops(
         return v
 
     for n in g.nodes:  # layouts the structured operators read and write
-        if isinstance(n.op, L.Linear) and len(n.inputs) == 2 and n.inputs[1] in g.params:
+        if isinstance(n.op, L.Linear) and len(n.inputs) in (2, 3) and n.inputs[1] in g.params:
             k = shape[n.inputs[0]][-1]
             nn_ = shape[n.outputs[0]][-1]
             canon[n.inputs[0]] = (math.prod(shape[n.inputs[0]]) // k, k)
@@ -246,6 +247,20 @@ def graph_ops(
             out.appends[n.outputs[0]] = (n.inputs[0], row, 2)
         elif isinstance(op, L.Linear) and len(n.inputs) == 2 and n.inputs[1] in g.params:
             matmul(n.name, n.inputs[0], n.inputs[1] + ".T", out.values[n.inputs[1]].T, n.outputs[0])
+        elif isinstance(op, L.Linear) and len(n.inputs) == 3 and n.inputs[1] in g.params:
+            # with a bias: the matrix product, then the bias added to its rows (a vector op)
+            y, bias = n.outputs[0], n.inputs[2]
+            raw = f"{y}.nobias"
+            shape[raw], dtype[raw] = shape[y], dtype[y]
+            canon[raw] = canon[y]  # (rows, out), as the matrix product writes it
+            matmul(n.name, n.inputs[0], n.inputs[1] + ".T", out.values[n.inputs[1]].T, raw)
+            node_op(
+                f"{n.name}.bias",
+                [raw, bias],
+                [y],
+                lambda ts: (ts[0] + ts[1],),
+                math.prod(shape[y]),
+            )
         elif isinstance(op, L.Attention) and len(n.inputs) == 3:
             q, k, v = n.inputs
             pk, pv = producers.get(k), producers.get(v)
