@@ -157,6 +157,10 @@ class EmitCtx:
     #: node -> its statically tiled expert's reference channel, for the units that loop over
     #: the expert's tiles (:mod:`.tile_loop`)
     tiled: Mapping[str, str] = field(default_factory=dict)
+    #: the unit is a member of an expert region (:mod:`.region_loop`): one program, built from
+    #: the region's first chunk, serves every chunk, so the control values it sends are
+    #: computed from the ones it receives (:func:`~.control.lower_value`), never the run's
+    region: bool = False
     #: while a unit is emitted, what its emitter asks of the run (:mod:`.unit_reuse`)
     deps: Deps | None = field(default=None, init=False, repr=False, compare=False)
     _env: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)

@@ -180,7 +180,7 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         for k, val in enumerate(x.flat)
     ]
     if emit_row_map(  # a Map of a region's chunk rows, per chunk (.region_tail)
-        ctx, b, op, steps, lambda e, y: lower_value(b, op.fn, e, y, data)
+        ctx, b, op, steps, lambda e, y: lower_value(b, op.fn, e, y, data, ctx.region)
     ):
         return
     # a Map of a stream that ends with a stop token forwards it (after its last element)
@@ -224,7 +224,7 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         def each(k: int, e: Elem) -> None:
             parts = lo.parts(k)
             y = b.compute(c, (e,), parts, flops=fl)
-            b.send(lo, k, lower_value(b, op.fn, e, y, data))
+            b.send(lo, k, lower_value(b, op.fn, e, y, data, ctx.region))
 
         level = EVERY if alike else EACH
         emit_stop_loop(ctx, b, lx, lo, *looped, each, forward=fwd is not None, level=level)
@@ -235,7 +235,9 @@ def _map(ctx: EmitCtx, b: UnitBuilder, ops: tuple[Op, ...]) -> None:
         e = b.recv(x, k)
         parts = out.parts(k)
         c, fl, rule = steps[k]
-        y = lower_value(b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data)
+        y = lower_value(
+            b, op.fn, e, b.compute(c, (e,), parts, flops=fl, rule=rule), data, ctx.region
+        )
         computed = computed and all(q.kind == "value" and r is not None for q, r in y)
         b.send(out, k, y)
         b.step()

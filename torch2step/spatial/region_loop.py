@@ -473,8 +473,8 @@ def region_plan(
 
     def make_ctx(view: dict[str, StreamInfo], i: int = 0) -> EmitCtx:
         if not index:
-            return dataclasses.replace(ctx, streams=view)
+            return dataclasses.replace(ctx, streams=view, region=True)
         env = {**ctx.bindings, **blank, **dict.fromkeys(index, i)}
-        return dataclasses.replace(ctx, streams=view, bindings=env)
+        return dataclasses.replace(ctx, streams=view, bindings=env, region=True)
 
     return RegionPlan(members, loads, views, make_ctx, streams, grouped=frozenset(grouped))

@@ -119,7 +119,9 @@ def emit_value_grid(ctx: EmitCtx, b: UnitBuilder, op: Op) -> bool:
         return False
     x, out = ctx.stream(op.input), ctx.stream(op.name)
     cfg = ctx.config(op)
-    if cfg.reads_memory or cfg.writes_memory or not control_data(ctx.structure.graph):
+    if cfg.reads_memory or cfg.writes_memory:
+        return False
+    if not ctx.region and not control_data(ctx.structure.graph):  # (control.lower_value)
         return False
     rows, cols = int(op.fn.get("rows")), int(op.fn.get("cols"))
     rs, cs = int(op.fn.get("row_stride")), int(op.fn.get("col_stride"))
