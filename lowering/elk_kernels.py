@@ -12,7 +12,10 @@ running maximum and the running sum of exponentials, so merging two partials is 
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,30 +24,81 @@ import numpy as np
 from lowering.errors import ProgramError
 from lowering.kernels import KERNELS, Kernel, register_kernel
 
-__all__ = ["register_node", "NODE_KERNELS"]
+__all__ = ["register_node", "NODE_KERNELS", "NodeKernel", "NodeKey"]
 
-#: Layer-graph nodes a ``layer_node`` kernel may evaluate: key -> (output shapes, function).
-NODE_KERNELS: dict[
-    str,
-    tuple[tuple[tuple[int, ...], ...], Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]]],
-] = {}
+#: A layer-graph node's evaluation: its inputs' values -> its outputs' values.
+NodeFn = Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]]
 
 
-def register_node(
-    key: str,
-    out_shapes: tuple[tuple[int, ...], ...],
-    fn: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, ...]],
-) -> str:
-    """Make ``fn`` runnable as ``compute layer_node {node=key}``; returns ``key``."""
-    NODE_KERNELS[key] = (out_shapes, fn)
-    return key
+class NodeKernel:
+    """What a ``layer_node`` kernel evaluates: the node's output shapes and its function."""
+
+    __slots__ = ("out_shapes", "fn", "__weakref__")
+
+    def __init__(self, out_shapes: tuple[tuple[int, ...], ...], fn: NodeFn) -> None:
+        self.out_shapes = out_shapes
+        self.fn = fn
 
 
-def _node(p: Any) -> tuple[tuple[tuple[int, ...], ...], Callable]:
-    key = str(p["node"])
-    if key not in NODE_KERNELS:
-        raise ProgramError(f"layer_node kernel: node {key!r} is not registered; call register_node")
-    return NODE_KERNELS[key]
+class NodeKey(str):
+    """The key :func:`register_node` gives a node: a plain string (an ``Operator.node``, a
+    ``compute layer_node {node=key}`` parameter) that also holds its :class:`NodeKernel`.
+
+    Whatever holds the key (the operators of a compiled program, its schedule, its per-core
+    programs) keeps the kernel registered; once nothing does, the kernel leaves
+    :data:`NODE_KERNELS`.  Copies are the same object; a pickled key is a plain string, looked
+    up in :data:`NODE_KERNELS` where it is unpickled (a forked worker inherits the registry)."""
+
+    kernel: NodeKernel
+
+    def __new__(cls, key: str, kernel: NodeKernel) -> NodeKey:
+        """``key`` holding ``kernel``."""
+        self = super().__new__(cls, key)
+        self.kernel = kernel
+        return self
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        """Pickled as a plain string (a function of a layer graph does not pickle)."""
+        return (str, (str(self),))
+
+    def __copy__(self) -> NodeKey:
+        """Immutable: a copy is the key itself (and keeps its kernel)."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NodeKey:
+        """Immutable: a copy is the key itself (and keeps its kernel)."""
+        return self
+
+
+#: Layer-graph nodes a ``layer_node`` kernel may evaluate: key -> kernel.  Held weakly: a
+#: kernel stays while a key :func:`register_node` returned for it is held (by the operators
+#: of the program compiled with it), so one program's kernels are never another's.
+NODE_KERNELS: weakref.WeakValueDictionary[str, NodeKernel] = weakref.WeakValueDictionary()
+
+_SERIAL = itertools.count()
+
+
+def register_node(key: str, out_shapes: tuple[tuple[int, ...], ...], fn: NodeFn) -> NodeKey:
+    """Make ``fn`` runnable as ``compute layer_node {node=k}`` and return ``k``: ``key`` made
+    unique in this process (``key#<process>.<serial>``), so a node of the same name in
+    another graph, or in the same graph compiled for other sizes, gets a key of its own.  The
+    kernel stays registered while ``k`` (or an operator or program holding it) is held."""
+    kernel = NodeKernel(out_shapes, fn)
+    unique = NodeKey(f"{key}#{os.getpid()}.{next(_SERIAL)}", kernel)
+    NODE_KERNELS[str(unique)] = kernel  # a plain key: the registry holds no kernel
+    return unique
+
+
+def _node(p: Any) -> NodeKernel:
+    key = p["node"]
+    kernel = getattr(key, "kernel", None) or NODE_KERNELS.get(str(key))
+    if kernel is None:
+        raise ProgramError(
+            f"layer_node kernel: node {str(key)!r} is not registered in this process: its "
+            "program is gone or was made in another process; compile the layer here "
+            "(register_node registers its nodes)"
+        )
+    return kernel
 
 
 def _partial(x: Sequence[np.ndarray], p: Any) -> tuple[np.ndarray, ...]:
@@ -116,10 +170,10 @@ if "attn_partial" not in KERNELS:
     )
     register_kernel(
         Kernel(
-            "layer_node",  # params: node (a key of NODE_KERNELS)
-            lambda s, p: _node(p)[0],
-            lambda s, p: 2 * sum(math.prod(o) for o in _node(p)[0]),
-            lambda x, p: _node(p)[1](x),
+            "layer_node",  # params: node (a key register_node gave, see NODE_KERNELS)
+            lambda s, p: _node(p).out_shapes,
+            lambda s, p: 2 * sum(math.prod(o) for o in _node(p).out_shapes),
+            lambda x, p: _node(p).fn(x),
         )
     )
 
