@@ -128,3 +128,16 @@ def test_report_routing_of_a_moe_layer_with_weights_is_refused() -> None:
     assert isinstance(prog, KernelProgram) and prog.graph.moe
     with pytest.raises(LoweringError, match="loads every expert.*without routing="):
         prog.report(routing=np.array([[0, 1]] * 4))
+
+
+def test_a_config_program_knows_its_batch_for_the_time_per_token() -> None:
+    from models.decoder import tiny_config_dict
+    from torch2step.frontend.hf_config import compile_config
+
+    prog = compile_config(tiny_config_dict("llama"), batch=4, past=16, chip="ipu-hbm")
+    rep = prog.report()
+    assert prog.tokens == 4 and rep.tokens == 4
+    assert "us per token of the batch" in str(rep)
+    assert prog.report(tokens=2).tokens == 2  # given: it wins
+    stack = compile_config(tiny_config_dict("llama"), batch=4, past=16, chip="ipu-hbm", layers=2)
+    assert "us per token of the batch" in str(stack.report())

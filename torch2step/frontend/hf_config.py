@@ -223,13 +223,21 @@ def compile_config(
         stack = stack_from_config(cfg, layers, check=check, dtype=dtype)
         x, k, v = inputs
         k = torch.empty((int(layers), *k.shape), device="meta", dtype=dt)
-        return compile_stack(stack, (x, k, k.clone()), chip=chip, **options)
+        return _with_batch(compile_stack(stack, (x, k, k.clone()), chip=chip, **options), batch)
     if lens is None:
         graph = from_hf_config(cfg, check=check, dtype=dtype)
     else:
         graph = _with_kv_lengths(cfg, f"{cfg.model_type}_decoder", check, dt)
         inputs = (*inputs, torch.as_tensor(lens))
-    return compile_graph(graph, inputs, chip=chip, **options)
+    return _with_batch(compile_graph(graph, inputs, chip=chip, **options), batch)
+
+
+def _with_batch(prog: Any, batch: int) -> Any:
+    """A kernel-by-kernel program of a decode step knows its batch: its report gives the time
+    per token of the batch without ``tokens=`` (a spatial program counts from its inputs)."""
+    if hasattr(prog, "tokens"):
+        prog.tokens = batch
+    return prog
 
 
 def _with_kv_lengths(cfg: Any, name: str, check: bool, dt: Any) -> LayerGraph:

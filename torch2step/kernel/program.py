@@ -70,6 +70,9 @@ class KernelProgram:
         self.example_inputs = tuple(example_inputs)
         #: ``routing``: the expert ids whose experts a shapes-only plan loads (graph_ops)
         self.routing = routing
+        #: the tokens of the batch (a decode step's requests), for the time per token; None:
+        #: not known (report(tokens=...) gives it)
+        self.tokens: int | None = None
         self.graph: GraphOps = graph_ops(layer, self.example_inputs, routing)
         self.schedule: ElkSchedule = plan_model(
             self.graph.ops, chip, design, dtype=self.graph.dtype, **(search or {})
@@ -173,20 +176,24 @@ class KernelProgram:
         outs = tuple(output(self.graph, rep.result.tensors, ins, v) for v, _ in self.graph.outputs)
         return outs[0] if self.layer.single_output else outs
 
-    def report(self, *inputs: Any, tokens: int = 1, routing: Any = None) -> KernelReport:
+    def report(self, *inputs: Any, tokens: int | None = None, routing: Any = None) -> KernelReport:
         """Timing simulation of the schedule, reported in ELK's terms.
 
         ``inputs`` (default: the example inputs) are checked as :meth:`run` checks them; the
         timing depends on their sizes only, which the program was compiled for (every expert
         of a MoE layer with weights is loaded, whatever its router chooses).  ``tokens``: the
-        tokens of the batch, for the time per token.  ``routing``: the expert ids of a
+        tokens of the batch, for the time per token (default: :attr:`tokens`, else 1).  ``routing``: the expert ids of a
         shapes-only MoE layer, which the plan decides at compile time: only the ids the
         program was compiled with are taken."""
         self.check_inputs(inputs, "report")
         if routing is not None:
             self._check_routing(routing)
         rep = simulate_schedule(
-            self.schedule, self.chip, programs=self.programs, inputs={}, tokens=tokens
+            self.schedule,
+            self.chip,
+            programs=self.programs,
+            inputs={},
+            tokens=tokens or self.tokens or 1,
         )
         return dataclasses.replace(rep, notes=tuple(self.graph.notes))
 

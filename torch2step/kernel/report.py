@@ -14,7 +14,7 @@ from hwmodel.chip import Chip
 from runtime import SimResult, gc_paused, simulate
 from torch2step.kernel.build import build_programs
 
-__all__ = ["KernelReport", "noc_busy", "noc_mean", "simulate_schedule"]
+__all__ = ["KernelReport", "noc_busy", "noc_mean", "per_token", "simulate_schedule"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class KernelReport:
         return "\n".join(
             [
                 f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.cycles} cycles simulated "
-                f"= {us:.1f} us ({us / max(1, self.tokens):.2f} us per token of the batch), "
+                f"= {us:.1f} us{per_token(us, self.tokens)}, "
                 f"plan predicted {self.predicted:.0f} ({self.error:+.1%})",
                 "ELK breakdown (plan): " + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
                 f"HBM utilisation {self.hbm_util:.1%} (bytes moved over peak bandwidth, ELK "
@@ -181,3 +181,9 @@ def simulate_schedule(
         noc_mean(res),
         res,
     )
+
+
+def per_token(us: float, tokens: int) -> str:
+    """`` (X us per token of the batch)`` for a batch of ``tokens`` tokens above one (a batch
+    of one, or an unknown one, shows the latency alone)."""
+    return f" ({us / tokens:.2f} us per token of the batch)" if tokens > 1 else ""

@@ -45,7 +45,7 @@ from torch2step.errors import LoweringError
 from torch2step.kernel.build import bind_timing, timing_links
 from torch2step.kernel.graph import GraphOps, graph_ops
 from torch2step.kernel.program import output
-from torch2step.kernel.report import KernelReport, simulate_schedule
+from torch2step.kernel.report import KernelReport, per_token, simulate_schedule
 from torch2step.kernel.steady import (
     MIN_LAYERS,
     Steady,
@@ -142,6 +142,9 @@ class KernelStackProgram:
         ``search``: the plan's search budget (:func:`elk.plan.plan_search`)."""
         self.layer, self.op, self.chip, self.design = layer, op, chip, design
         self.search = dict(search or {})
+        #: the tokens of the batch (the step's requests), for the time per token; None: not
+        #: known (report(tokens=...) gives it)
+        self.tokens: int | None = None
         self.example_inputs = tuple(example_inputs)
         if body_ops is None:
             # ``routing``: every layer's experts are those its ids select (a shapes-only body)
@@ -271,7 +274,7 @@ class KernelStackProgram:
             search=self.search,
         )
 
-    def report(self, sim_layers: int = 1, tokens: int = 1) -> KernelStackReport:
+    def report(self, sim_layers: int = 1, tokens: int | None = None) -> KernelStackReport:
         """Simulate ``sim_layers`` layers in timing mode and time the rest
         (:class:`KernelStackReport`): with at least :data:`~torch2step.kernel.steady.MIN_LAYERS`
         of them (and fewer than the step's), a ``sim_layers``-layer step planned as a model of
@@ -285,6 +288,7 @@ class KernelStackProgram:
             raise LoweringError(
                 f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}"
             )
+        tokens = tokens or self.tokens or 1
         per_layer = len(self.body_ops.ops)
         rest = MIN_LAYERS <= sim_layers < self.count  # timed by a steady period if one shows
         src, cut = self, ""
@@ -492,12 +496,12 @@ class KernelStackReport:
                 f"kernel-by-kernel ({s.design}) on {s.costs.name}: {self.layers} layers, "
                 f"{len(s.ops)} operators planned as one model",
                 f"decode step: {self.cycles} cycles = {us:.1f} us "
-                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch) — {self._simulated()} "
+                f"per step{per_token(us, r.tokens)} — {self._simulated()} "
                 f"({r.cycles} cycles; plan predicted {self.sim_predicted:.0f}, "
                 f"{err:+.1%}), layers {self.sim_layers + 1}-{self.layers} {self._rest()}"
                 if self.sim_layers < self.layers
                 else f"decode step: {self.cycles} cycles = {us:.1f} us "
-                f"per step ({us / max(1, r.tokens):.2f} us per token of the batch), all {self.layers} layers "
+                f"per step{per_token(us, r.tokens)}, all {self.layers} layers "
                 f"simulated; plan predicted {s.cycles:.0f} ({err:+.1%})",
                 "ELK breakdown (plan, whole step): "
                 + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
