@@ -238,12 +238,12 @@ class ProgramView:
             if isinstance(v, torch.Tensor):
                 env = getattr(getattr(v, "fake_mode", None), "shape_env", None)
                 if env is not None:
-                    self.hints = {
-                        k: int(x)
-                        for k, x in (
-                            getattr(env, "backed_var_to_val", None) or env.var_to_val
-                        ).items()
-                    }
+                    # torch >= 2.10 names the map backed_var_to_val (var_to_val warns); it is
+                    # empty when every dim is static
+                    vals = getattr(env, "backed_var_to_val", None)
+                    if vals is None:
+                        vals = env.var_to_val
+                    self.hints = {k: int(x) for k, x in vals.items()}
                     break
         # a dim the module pins to one value (a deferred runtime assert) is static
         for sym, vr in self.ep.range_constraints.items():
