@@ -448,6 +448,37 @@ def dtype_rate_note(chip: Chip, dtype: str) -> str:
     )
 
 
+def padding_note(layer: LayerGraph, sizes: dict[str, Any], tile_rows: int) -> str:
+    """The note of a run whose Linear rows, a dynamic size, fill their last ``tile_rows``-row
+    block only in part: one program serves every size, so it computes whole blocks (the
+    padding counts in the cycles and FLOPs); empty when no Linear pads."""
+    syms = {str(sym): sym for sym in layer.dims}
+    env = {syms[k]: v for k, v in sizes.items() if k in syms and isinstance(v, int)}
+    worst = None
+    for n in layer.nodes:
+        if not isinstance(n.op, L.Linear):
+            continue
+        rows = sp.sympify(sp.prod(layer.types[n.inputs[0]].shape[:-1]))
+        if rows.is_Integer or not env:
+            continue
+        r = rows.subs(env)
+        if not r.is_Integer or int(r) < 1:
+            continue
+        r = int(r)
+        padded = -(-r // tile_rows) * tile_rows
+        if padded > r and (worst is None or (padded - r) / padded > worst[1]):
+            worst = (n.name, (padded - r) / padded, r, padded)
+    if worst is None:
+        return ""
+    name, share, r, padded = worst
+    return (
+        f"Linear rows are a dynamic size computed in blocks of {tile_rows} (tile_rows): {name}'s "
+        f"{r} rows take {padded}, {share:.0%} of them padding, which the cycles and FLOPs "
+        f"count; to time these sizes alone, compile with static shapes or tile_rows={r} "
+        f"(--option tile_rows={r})"
+    )
+
+
 def _timeline(sim: Any) -> dict[str, Any]:
     """Utilisation counters of the trace (``runtime.trace``) as ``{edges, compute, hbm, noc}``."""
     out: dict[str, list[float]] = {"edges": [], "compute": [], "hbm": [], "noc": []}
@@ -479,6 +510,9 @@ def _with_context(
     rate_note = dtype_rate_note(prog.chip, dtype)
     if rate_note:
         all_notes.append(rate_note)
+    pad = padding_note(prog.layer, rep.dynamic, prog.lowered.options.tile_rows)
+    if pad:
+        all_notes.append(pad)
     options = {k: v for k, v in asdict(prog.lowered.options).items() if v is not None}
     options["routing"] = "trace" if traced_routing else "router"
     origins = step_origins(lw)

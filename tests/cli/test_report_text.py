@@ -159,3 +159,25 @@ def test_split_cores_used_is_the_largest_configuration() -> None:
     )
     assert (rep.cores_used, rep.cores_placed, rep.cores_for_fifos) == (11, 8, 3)
     assert "11 of 32 cores used (8 placed, 3 more holding units' FIFOs) in the largest" in str(rep)
+
+
+def test_padded_linear_rows_are_said_and_static_shapes_do_not_pad() -> None:
+    import torch
+
+    import torch2step
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(256, 512, bias=False),
+        torch.nn.SiLU(),
+        torch.nn.Linear(512, 256, bias=False),
+    )
+    x = torch.randn(8, 256)
+    dyn = torch2step.compile(m, (x,)).report(x)
+    note = next(n for n in dyn.notes if n.startswith("Linear rows are a dynamic size"))
+    assert "8 rows take 64, 88% of them padding" in note and "tile_rows=8" in note
+    static = torch2step.compile(m, (x,), dynamic_shapes={"input": {}}).report(x)
+    assert not any(n.startswith("Linear rows") for n in static.notes)
+    assert static.flops < dyn.flops and static.latency_cycles < dyn.latency_cycles
+    full = torch2step.compile(m, (x,)).report(torch.randn(64, 256))  # whole blocks: no note
+    assert not any(n.startswith("Linear rows") for n in full.notes)
