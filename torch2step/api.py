@@ -18,7 +18,8 @@ import torch
 
 from elk.plan import PLAN_OPTIONS, plan_search
 from hwmodel.chip import Chip
-from hwmodel.presets import load_chip
+from hwmodel.errors import ChipConfigError
+from hwmodel.presets import list_presets, load_chip
 from torch2step.errors import FrontendError, LoweringError
 from torch2step.layers.graph import LayerGraph, torch_dtype
 from torch2step.lower import LowerOptions, lower
@@ -42,7 +43,14 @@ def import_onnx(path_or_model: Any, *, name: str | None = None) -> LayerGraph:
 
 
 def _resolve_chip(chip: Chip | str | os.PathLike[str]) -> Chip:
-    return chip if isinstance(chip, Chip) else load_chip(chip)
+    if isinstance(chip, Chip):
+        return chip
+    if not isinstance(chip, (str, os.PathLike)):
+        raise ChipConfigError(
+            f"chip={chip!r}: give a preset name ({', '.join(list_presets())}), the path of a "
+            "chip YAML file or a hwmodel.Chip"
+        )
+    return load_chip(chip)
 
 
 def refuse_plan_options(options: dict[str, Any]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -42,6 +44,23 @@ def test_unknown_option_and_chip() -> None:
         torch2step.compile(spec.module, spec.example_inputs, tile_size=3)
     with pytest.raises(ChipConfigError, match="step-sda"):
         torch2step.compile(spec.module, spec.example_inputs, chip="no-such-chip")
+    with pytest.raises(ChipConfigError, match="chip=3: give a preset name"):
+        torch2step.compile(spec.module, spec.example_inputs, chip=3)
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ({"tile_rows": "32"}, "option tile_rows='32': must be an integer"),
+        ({"tile_rows": 3.5}, "option tile_rows=3.5: must be an integer"),
+        ({"moe_lanes": 2.0}, "option moe_lanes=2.0: must be an integer or None"),
+        ({"stream_rows": 1}, "option stream_rows=1: must be True or False"),
+    ],
+)
+def test_an_option_of_the_wrong_kind_is_named(option: dict, says: str) -> None:
+    spec = models.get_layer("mixtral-moe", tiny=True, batch=2)
+    with pytest.raises(LoweringError, match=re.escape(says)):
+        torch2step.compile(spec.module, spec.example_inputs, **option)
 
 
 def test_missing_onnx_file() -> None:

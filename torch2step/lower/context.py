@@ -19,8 +19,10 @@ like any other tensor, so their bytes are counted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -123,6 +125,18 @@ class LowerOptions:
     store_tile_bytes: int = 4096
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # each option's kind first, named in the message
+            v = getattr(self, f.name)
+            kind = str(f.type)
+            if v is None and kind.endswith("| None"):
+                continue
+            if kind.startswith("int") and (not isinstance(v, Integral) or isinstance(v, bool)):
+                what = "an integer" + (" or None" if kind.endswith("| None") else "")
+                raise LoweringError(f"option {f.name}={v!r}: must be {what}")
+            if kind == "bool" and not isinstance(v, bool):
+                raise LoweringError(f"option {f.name}={v!r}: must be True or False")
+            if kind == "str" and not isinstance(v, str):
+                raise LoweringError(f"option {f.name}={v!r}: must be a string")
         if self.attn_lanes is not None and int(self.attn_lanes) < 1:
             raise LoweringError("option attn_lanes must be a positive integer or None")
         if self.linear_lanes is not None and int(self.linear_lanes) < 1:
