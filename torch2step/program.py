@@ -333,6 +333,15 @@ class Program:
 
         return len(analyse(self.lowered.program, DEFAULT_WIRES).units) <= self.chip.num_cores
 
+    @property
+    def has_trace(self) -> bool:
+        """Whether the last report recorded a trace (``report(..., trace=True)``) that
+        :meth:`write_trace` can write."""
+        parts = self._split_parts or ([(0, "", self._last)] if self._last is not None else [])
+        return bool(parts) and all(
+            last is not None and last.sim.trace_events for _, _, last in parts
+        )
+
     def write_trace(
         self,
         path: str | Path,
@@ -346,9 +355,9 @@ class Program:
         utilisation tracks are kept).  Core tracks are named after the units on them."""
         from runtime.trace import write_trace_json
 
-        parts = self._split_parts or ([(0, "", self._last)] if self._last is not None else [])
-        if not parts or not all(last is not None and last.sim.trace_events for _, _, last in parts):
+        if not self.has_trace:
             raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
+        parts = self._split_parts or [(0, "", self._last)]
         cores = None
         if units is not None:  # the busiest units of every configuration
             cores = set()

@@ -233,7 +233,15 @@ class Report:
         :class:`torch2step.Program` whose last report recorded a trace, written to
         ``trace.json`` (limited to ``trace_window`` cycles / the ``trace_units`` busiest units
         when given)."""
+        from torch2step.errors import Torch2StepError
         from torch2step.rundir import write_run_dir
+
+        if trace is not None and not getattr(trace, "has_trace", True):
+            # before any file is written: no half-made run directory
+            raise Torch2StepError(
+                "save(dir, trace=prog): the program's last report recorded no trace; call "
+                "prog.report(..., trace=True) and save that report, or save without trace="
+            )
 
         def write(path: Path) -> Any:
             return trace.write_trace(path, window=trace_window, units=trace_units)

@@ -181,3 +181,23 @@ def test_padded_linear_rows_are_said_and_static_shapes_do_not_pad() -> None:
     assert static.flops < dyn.flops and static.latency_cycles < dyn.latency_cycles
     full = torch2step.compile(m, (x,)).report(torch.randn(64, 256))  # whole blocks: no note
     assert not any(n.startswith("Linear rows") for n in full.notes)
+
+
+def test_save_with_a_program_without_a_trace_writes_nothing(tmp_path) -> None:  # noqa: ANN001
+    import pytest
+
+    import torch2step
+    from models import get_layer
+    from torch2step.errors import Torch2StepError
+
+    spec = get_layer("qwen3-moe", tiny=True, batch=8)
+    prog = torch2step.compile(spec.module, spec.example_inputs)
+    rep = prog.report(*spec.example_inputs)
+    assert not prog.has_trace
+    with pytest.raises(Torch2StepError, match="recorded no trace"):
+        rep.save(tmp_path / "run", trace=prog)
+    assert not (tmp_path / "run").exists()
+    traced = prog.report(*spec.example_inputs, trace=True)
+    assert prog.has_trace
+    out = traced.save(tmp_path / "run", trace=prog)
+    assert (out / "trace.json").stat().st_size > 0
