@@ -124,6 +124,7 @@ def compile(  # noqa: A001  (the public name the users asked for)
     config): ``[tokens, k]`` expert ids whose experts the plan loads (default: the number
     expected under uniform routing); the spatial execution takes it at ``report`` time.
     """
+    design_given = "design" in options
     design = options.pop("design", "elk_full")
     routing = options.pop("routing", None)
     given_plan = {k: options.pop(k) for k in PLAN_OPTIONS if k in options}
@@ -162,7 +163,9 @@ def compile(  # noqa: A001  (the public name the users asked for)
     if any(isinstance(n.op, Repeat) for n in layer.nodes):  # N identical layers, one body
         from torch2step.stack_program import compile_stack
 
-        opts = {**options, **given_plan, "execution": execution, "design": design}
+        opts = {**options, **given_plan, "execution": execution}
+        if design_given:  # a spatial stack's body refuses it as a spatial compile does
+            opts["design"] = design
         if routing is not None:
             opts["routing"] = routing
         budgets = {"onchip_budget": onchip_budget, "compute_budget": compute_budget}
@@ -196,6 +199,12 @@ def compile(  # noqa: A001  (the public name the users asked for)
     if execution != "spatial":
         raise LoweringError(f"execution must be 'spatial' or 'kernel', got {execution!r}")
     refuse_plan_options(given_plan)
+    if design_given:
+        raise LoweringError(
+            f"compile option design={design!r} picks an ELK design (kernel-by-kernel execution, "
+            "ELK §6.1); a spatial compile places a STeP program: drop it, or compile with "
+            "execution='kernel' (the default on the ICCA chips ipu-hbm and mesh)"
+        )
     if routing is not None:
         raise LoweringError(
             "routing= is a compile option of kernel execution (ELK plans the experts it "

@@ -102,3 +102,9 @@ def test_report_save_without_a_trace(moe: torch2step.Program, tmp_path) -> None:
     names = {p.name for p in out.iterdir()}
     assert {"summary.json", "units.csv", "operators.csv", "report.md", "roofline.png"} <= names
     assert "trace.json" not in names and "utilisation.png" not in names
+
+
+def test_a_design_on_a_spatial_compile_is_refused() -> None:
+    spec = models.get_layer("qwen3-moe", tiny=True, batch=2)
+    with pytest.raises(LoweringError, match="design='basic' picks an ELK design"):
+        torch2step.compile(spec.module, spec.example_inputs, design="basic")
