@@ -210,6 +210,7 @@ def compile(  # noqa: A001  (the public name the users asked for)
             "routing= is a compile option of kernel execution (ELK plans the experts it "
             "loads); a spatial program takes it in report(..., routing=ids)"
         )
+    _refuse_unused_options(layer, options)
     if options.get("linear_lanes") is None and target.num_cores >= LINEAR_LANES_MIN_CORES:
         options["linear_lanes"] = LINEAR_LANES  # a large chip runs each large Linear on lanes
         options["linear_lanes_auto"] = True
@@ -235,6 +236,35 @@ def compile(  # noqa: A001  (the public name the users asked for)
     prog = Program(layer, lowered, target, tuple(example_inputs))
     prog._check(tuple(example_inputs))
     return prog
+
+
+#: the options that shape a MoE layer's or an attention's lowering (STeP §5.2-§5.4)
+_MOE_OPTIONS = ("moe_tile_h", "moe_tile_i", "moe_lanes", "moe_static_tile", "moe_lane_assign")
+_ATTN_OPTIONS = ("tile_kv", "attn_regions", "attn_assign", "attn_coarse_chunk", "attn_lanes")
+
+
+def _refuse_unused_options(layer: LayerGraph, options: dict[str, Any]) -> None:
+    """Options of the MoE or attention lowering given for a layer without that operator:
+    refused, all named, rather than ignored."""
+    from torch2step.layers import ops as L
+
+    kinds = {type(n.op) for n in layer.nodes}
+    unused = [
+        f"{k} (for {what})"
+        for names, op, what in (
+            (_MOE_OPTIONS, L.MoEExperts, "MoE experts"),
+            (_ATTN_OPTIONS, L.Attention, "attention"),
+        )
+        if op not in kinds
+        for k in names
+        if k in options
+    ]
+    if unused:
+        have = ", ".join(sorted({k.__name__ for k in kinds}))
+        raise LoweringError(
+            f"{layer.name}: compile option(s) {', '.join(unused)}: the layer has no such "
+            f"operator (its operators: {have}), so they would change nothing; drop them"
+        )
 
 
 def example_inputs_for(

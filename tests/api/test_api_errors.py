@@ -108,3 +108,14 @@ def test_a_design_on_a_spatial_compile_is_refused() -> None:
     spec = models.get_layer("qwen3-moe", tiny=True, batch=2)
     with pytest.raises(LoweringError, match="design='basic' picks an ELK design"):
         torch2step.compile(spec.module, spec.example_inputs, design="basic")
+
+
+def test_moe_and_attention_options_on_a_layer_without_them_are_refused() -> None:
+    import torch
+
+    m = torch.nn.Linear(8, 8, bias=False)
+    with pytest.raises(LoweringError) as exc:
+        torch2step.compile(m, (torch.randn(4, 8),), moe_lanes=2, tile_kv=32)
+    msg = str(exc.value)
+    assert "moe_lanes (for MoE experts), tile_kv (for attention)" in msg
+    assert "its operators: Linear" in msg
