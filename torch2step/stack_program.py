@@ -152,6 +152,12 @@ class StackProgram:
 
     def report(self, *inputs: torch.Tensor, **kwargs: Any) -> Any:
         """The body's report for layer 0's inputs, scaled to ``count`` layers in sequence."""
+        if "sim_layers" in kwargs:
+            raise LoweringError(
+                f"{self.layer.name}: sim_layers= chooses the simulated layers of a kernel-by-"
+                "kernel decode step (an ICCA chip); this spatial step simulates its one body "
+                "and repeats it: call report() without it"
+            )
         ins = tuple(inputs) or self.example_inputs
         rep = self.body.report(*_layer_inputs(self.op, ins, 0), **kwargs)
         n = self.count

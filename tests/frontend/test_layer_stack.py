@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch2step  # noqa: E402
 from models.decoder import DecoderStep, decode_inputs, decoder_step, tiny_config  # noqa: E402
-from torch2step.errors import FrontendError  # noqa: E402
+from torch2step.errors import FrontendError, LoweringError  # noqa: E402
 from torch2step.frontend import from_torch  # noqa: E402
 from torch2step.frontend.hf_config import stack_from_config, stack_from_model  # noqa: E402
 from torch2step.layers import Repeat, evaluate  # noqa: E402
@@ -64,6 +64,8 @@ def test_compiled_stack_runs_and_reports_as_n_bodies(llama) -> None:
     assert rep.latency_cycles == 3 * one.latency_cycles
     assert rep.hbm_bytes == 3 * one.hbm_bytes and rep.peak_onchip_bytes == one.peak_onchip_bytes
     assert rep.dynamic["layers"] == 3
+    with pytest.raises(LoweringError, match="sim_layers= chooses the simulated layers"):
+        prog.report(x, ks, vs, sim_layers=2)  # a kernel step's option: named, not a TypeError
     text = str(prog)
     assert text.count("Repeat[count=3") == 1 and text.count("layer.mlp.down_proj.weight:") == 1
 
