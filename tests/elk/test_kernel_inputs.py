@@ -141,3 +141,19 @@ def test_a_config_program_knows_its_batch_for_the_time_per_token() -> None:
     assert prog.report(tokens=2).tokens == 2  # given: it wins
     stack = compile_config(tiny_config_dict("llama"), batch=4, past=16, chip="ipu-hbm", layers=2)
     assert "us per token of the batch" in str(stack.report())
+
+
+def test_a_kernel_stack_checks_its_run_inputs() -> None:
+    from models.decoder import decode_inputs, decoder_step, tiny_config
+    from torch2step.frontend import from_torch
+    from torch2step.layers.stack import stack_graph
+
+    cfg = tiny_config("llama")
+    x, k, v = decode_inputs(cfg, 2, 4, seed=3)
+    body = from_torch(decoder_step(cfg, device="cpu", seed=0), (x, k, v))
+    ks, vs = torch.stack([k, k + 1]), torch.stack([v, -v])
+    prog = torch2step.compile(stack_graph(body, 2), (x, ks, vs), chip="ipu-hbm")
+    with pytest.raises(FrontendError, match="takes 3 inputs"):
+        prog.run(x, ks)
+    with pytest.raises(FrontendError, match="compiled for shape"):
+        prog.run(x, ks[:, :1], vs[:, :1])

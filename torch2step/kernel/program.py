@@ -103,56 +103,8 @@ class KernelProgram:
         return {k: v for k, v in vals.items() if k in self.graph.tensors}
 
     def check_inputs(self, inputs: Sequence[Any], call: str = "run") -> tuple[torch.Tensor, ...]:
-        """``inputs`` of ``call`` (``run`` / ``report``; none: the example inputs) checked
-        against the example inputs the program was compiled for: as many, tensors, integer
-        where those are integer, and of the same shapes (the ELK schedule and the per-core
-        programs are made for static sizes).  Raises :class:`FrontendError` naming the input,
-        what was expected and what to do."""
-        g = self.layer
-        if not inputs:
-            return self.example_inputs
-        names = list(g.inputs)
-        if len(inputs) != len(names):
-            one = len(names) == 1
-            raise FrontendError(
-                f"{g.name}: {call}() takes {len(names)} input{'' if one else 's'} "
-                f"({', '.join(names)}), as the program was compiled with; got {len(inputs)}: "
-                f"pass {'it' if one else 'them in that order'}, or none to use the example "
-                f"input{'' if one else 's'}"
-            )
-        for name, x, ex in zip(names, inputs, self.example_inputs):
-            if not isinstance(x, torch.Tensor):
-                hint = (
-                    f"; the batch's token count is a keyword: report(tokens={x})"
-                    if call == "report" and isinstance(x, int) and not isinstance(x, bool)
-                    else ""
-                )
-                raise FrontendError(
-                    f"{g.name}: {call}() input {name!r} must be a torch.Tensor, got "
-                    f"{type(x).__name__}{hint}"
-                )
-            if x.is_floating_point() != ex.is_floating_point():
-                kind = "float" if ex.is_floating_point() else "integer"
-                raise FrontendError(
-                    f"{g.name}: {call}() input {name!r} has dtype {x.dtype}, but the program "
-                    f"was compiled for {ex.dtype}: pass {kind} values"
-                )
-            if tuple(x.shape) != tuple(ex.shape):
-                raise FrontendError(
-                    f"{g.name}: {call}() input {name!r} has shape {list(x.shape)}, but the "
-                    f"program was compiled for shape {list(ex.shape)} "
-                    f"({_differ(x.shape, ex.shape)}): kernel execution plans static sizes (the "
-                    "ELK schedule and the per-core programs are made for the example inputs), "
-                    "so compile again with inputs of this shape (torch2step.compile(module, "
-                    f"inputs, chip=...)) or pass an input of shape {list(ex.shape)}"
-                )
-            if call == "run" and x.is_meta:
-                raise FrontendError(
-                    f"{g.name}: run() input {name!r} is on the meta device (a shape, no "
-                    "values): run() computes values; pass a tensor with values, or use "
-                    "report() for timing"
-                )
-        return tuple(inputs)
+        """``inputs`` of ``call`` checked against the example inputs (:func:`check_inputs`)."""
+        return check_inputs(self.layer, self.example_inputs, inputs, call)
 
     def run(self, *inputs: torch.Tensor) -> Any:
         """Simulate functionally and return the module's outputs (torch tensors); ``inputs``
@@ -226,6 +178,63 @@ class KernelProgram:
 
     def __str__(self) -> str:
         return str(self.schedule)
+
+
+def check_inputs(
+    layer: LayerGraph,
+    example_inputs: Sequence[torch.Tensor],
+    inputs: Sequence[Any],
+    call: str = "run",
+) -> tuple[torch.Tensor, ...]:
+    """``inputs`` of ``call`` (``run`` / ``report``; none: the example inputs) checked
+    against the example inputs a kernel program was compiled for: as many, tensors, integer
+    where those are integer, and of the same shapes (the ELK schedule and the per-core
+    programs are made for static sizes).  Raises :class:`FrontendError` naming the input,
+    what was expected and what to do."""
+    if not inputs:
+        return tuple(example_inputs)
+    names = list(layer.inputs)
+    if len(inputs) != len(names):
+        one = len(names) == 1
+        raise FrontendError(
+            f"{layer.name}: {call}() takes {len(names)} input{'' if one else 's'} "
+            f"({', '.join(names)}), as the program was compiled with; got {len(inputs)}: "
+            f"pass {'it' if one else 'them in that order'}, or none to use the example "
+            f"input{'' if one else 's'}"
+        )
+    for name, x, ex in zip(names, inputs, example_inputs):
+        if not isinstance(x, torch.Tensor):
+            hint = (
+                f"; the batch's token count is a keyword: report(tokens={x})"
+                if call == "report" and isinstance(x, int) and not isinstance(x, bool)
+                else ""
+            )
+            raise FrontendError(
+                f"{layer.name}: {call}() input {name!r} must be a torch.Tensor, got "
+                f"{type(x).__name__}{hint}"
+            )
+        if x.is_floating_point() != ex.is_floating_point():
+            kind = "float" if ex.is_floating_point() else "integer"
+            raise FrontendError(
+                f"{layer.name}: {call}() input {name!r} has dtype {x.dtype}, but the program "
+                f"was compiled for {ex.dtype}: pass {kind} values"
+            )
+        if tuple(x.shape) != tuple(ex.shape):
+            raise FrontendError(
+                f"{layer.name}: {call}() input {name!r} has shape {list(x.shape)}, but the "
+                f"program was compiled for shape {list(ex.shape)} "
+                f"({_differ(x.shape, ex.shape)}): kernel execution plans static sizes (the "
+                "ELK schedule and the per-core programs are made for the example inputs), "
+                "so compile again with inputs of this shape (torch2step.compile(module, "
+                f"inputs, chip=...)) or pass an input of shape {list(ex.shape)}"
+            )
+        if call == "run" and x.is_meta:
+            raise FrontendError(
+                f"{layer.name}: run() input {name!r} is on the meta device (a shape, no "
+                "values): run() computes values; pass a tensor with values, or use "
+                "report() for timing"
+            )
+    return tuple(inputs)
 
 
 def _differ(got: Sequence[int], want: Sequence[int]) -> str:

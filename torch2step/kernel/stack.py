@@ -44,7 +44,7 @@ from torch2step.config_jobs import Started, started
 from torch2step.errors import LoweringError
 from torch2step.kernel.build import bind_timing, timing_links
 from torch2step.kernel.graph import GraphOps, graph_ops
-from torch2step.kernel.program import output
+from torch2step.kernel.program import check_inputs, output
 from torch2step.kernel.report import KernelReport, per_token, simulate_schedule
 from torch2step.kernel.steady import (
     MIN_LAYERS,
@@ -230,12 +230,12 @@ class KernelStackProgram:
 
     def run(self, *inputs: torch.Tensor) -> Any:
         """Simulate all layers functionally; returns what the stack returns."""
-        if self.graph.shapes_only and not inputs:
+        if self.graph.shapes_only:
             raise LoweringError(
                 f"{self.layer.name}: run() needs weights and input values; this stack was "
                 "compiled from shapes only (a config): use report() for timing"
             )
-        ins = tuple(inputs) or self.example_inputs
+        ins = check_inputs(self.layer, self.example_inputs, inputs, "run")
         rep = simulate_schedule(
             self.schedule,
             self.chip,
