@@ -214,8 +214,8 @@ def test_a_region_that_is_not_a_weighted_sum_is_reported(exported: dict) -> None
     assert "does not compute sum_j w[t, j] * expert(x[t])" in msg
 
 
-class _TanhLoopMoE(LoopMoE):
-    """:class:`LoopMoE` whose expert 1 puts ``tanh`` (no layer op) between its projections."""
+class _SinLoopMoE(LoopMoE):
+    """:class:`LoopMoE` whose expert 1 puts ``sin`` (no layer op) between its projections."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = torch.topk(F.softmax(self.router(x), dim=-1), TOP_K, dim=-1)
@@ -223,7 +223,7 @@ class _TanhLoopMoE(LoopMoE):
         out = torch.zeros_like(x)
         for e in range(EXPERTS):
             tok, slot = torch.where(ids == e)
-            h, act = x[tok], (torch.tanh if e == 1 else F.silu)
+            h, act = x[tok], (torch.sin if e == 1 else F.silu)
             y = F.linear(
                 act(F.linear(h, self.w_gate[e])) * F.linear(h, self.w_up[e]), self.w_down[e]
             )
@@ -234,16 +234,16 @@ class _TanhLoopMoE(LoopMoE):
 def test_out_of_scope_expert_is_named(tmp_path) -> None:
     """The per-expert diagnostic belongs to the MoE recogniser both frontends share: the ONNX
     import names the expert and what it computes, as the PyTorch frontend does."""
-    path = str(tmp_path / "tanh.onnx")
+    path = str(tmp_path / "sin.onnx")
     dyn = ({0: torch.export.Dim("tokens")},)
-    module = _seed_all(_TanhLoopMoE(), 3)
+    module = _seed_all(_SinLoopMoE(), 3)
     torch.onnx.export(module, (torch.randn(10, HIDDEN),), dynamo=True, opset_version=20,
                       dynamic_shapes=dyn, verbose=False).save(path)  # fmt: skip
     with pytest.raises(UnsupportedOperatorError) as err:
         import_onnx(path)
     msg = str(err.value)
     assert "experts must be down(act(gate(x)) * up(x)) or down(act(up(x)))" in msg
-    assert "expert 1 computes" in msg and "Tanh" in msg
+    assert "expert 1 computes" in msg and "Sin" in msg
 
 
 def test_grouped_translation_runs_in_onnxruntime(exported: dict) -> None:

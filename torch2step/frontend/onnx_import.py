@@ -149,7 +149,7 @@ def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.Mo
 SHARED_RULES = frozenset(
     {"add", "sub", "mul", "div", "maximum", "pow", "neg", "exp", "sqrt", "reciprocal", "sigmoid",
      "relu", "gelu", "where", "_softmax", "sum", "mean", "amax", "_to_copy", "alias", "permute",
-     "matmul", "cat"}
+     "matmul", "cat", "erf", "tanh"}
 )  # fmt: skip
 
 

@@ -36,7 +36,7 @@ _SAME = {
     "Reciprocal": "reciprocal", "Neg": "neg", "Cos": "cos", "Sin": "sin", "Exp": "exp",
     "Sigmoid": "sigmoid", "Relu": "relu", "MatMul": "matmul", "Where": "where", "Expand": "expand",
     "Reshape": "view", "Identity": "alias", "Equal": "eq", "Max": "maximum", "Gelu": "gelu",
-    "IsNaN": "isnan",
+    "IsNaN": "isnan", "Erf": "erf", "Tanh": "tanh",
 }  # fmt: skip
 #: Op types whose known single-element operands are ATen literals (numbers, axes, bounds).
 _LITERAL_ARGS = frozenset(

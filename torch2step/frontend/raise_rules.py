@@ -257,7 +257,8 @@ def _constant(em: FxEmitter, node: fx.Node) -> Value:
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
            "rsub": "rsub"}  # fmt: skip
 _UNARY = {"neg": "neg", "exp": "exp", "sigmoid": "sigmoid", "relu": "relu", "rsqrt": "rsqrt",
-          "sqrt": "sqrt", "silu": "silu", "reciprocal": "reciprocal"}  # fmt: skip
+          "sqrt": "sqrt", "silu": "silu", "reciprocal": "reciprocal", "erf": "erf",
+          "tanh": "tanh"}  # fmt: skip
 
 
 def _binary_check(view: ProgramView, node: fx.Node) -> str | None:

@@ -40,6 +40,8 @@ _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "silu": F.silu,
     "gelu": F.gelu,
     "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
+    "tanh": torch.tanh,
     "relu": torch.relu,
     "rsqrt": torch.rsqrt,
     "sqrt": torch.sqrt,

@@ -127,6 +127,8 @@ ELEMENTWISE_ARITY: dict[str, int] = {
     "silu": 1,
     "gelu": 1,
     "sigmoid": 1,
+    "erf": 1,
+    "tanh": 1,
     "relu": 1,
     "rsqrt": 1,
     "sqrt": 1,

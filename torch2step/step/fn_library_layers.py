@@ -3,7 +3,7 @@
 Map:    rmsnorm(eps) (row RMSNorm times a weight row), rotary(theta, rotary_dim) (rotate-half
         RoPE of a row at an integer position), softmax_row, topk_route(k, softmax_first,
         normalize) (router: logits row -> (weights, expert ids)), tile_reshape(rows, cols),
-        unary elementwise ``neg sigmoid gelu rsqrt sqrt reciprocal square cast``, scalar forms
+        unary elementwise ``neg sigmoid gelu erf tanh rsqrt sqrt reciprocal square cast``, scalar forms
         ``add_scalar mul_scalar pow_scalar`` (``value``), ``where`` (cond, a, b),
         reduce_row(fn) (``sum``/``mean``/``max`` of each row), slice_cols(start, end).
 Update: retile_col (append a tile's columns to the accumulator: the dynamic-width tile of a
@@ -226,6 +226,12 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype, copy=False)
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x).astype(x.dtype, copy=False)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype, copy=False)
 
@@ -239,6 +245,8 @@ def _inverse(x: np.ndarray, root: bool) -> np.ndarray:
 _UNARY: dict[str, tuple[Any, int]] = {
     "neg": (lambda f, x: -x, 1),
     "sigmoid": (lambda f, x: _sigmoid(x), 4),
+    "erf": (lambda f, x: _erf(x), 8),
+    "tanh": (lambda f, x: np.tanh(x), 4),
     "gelu": (lambda f, x: _gelu(x), 8),
     "rsqrt": (lambda f, x: _inverse(x, True), 2),
     "sqrt": (lambda f, x: np.sqrt(x), 1),
