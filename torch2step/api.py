@@ -265,6 +265,15 @@ def _refuse_unused_options(layer: LayerGraph, options: dict[str, Any]) -> None:
             f"{layer.name}: compile option(s) {', '.join(unused)}: the layer has no such "
             f"operator (its operators: {have}), so they would change nothing; drop them"
         )
+    lanes = options.get("moe_lanes")
+    experts = [n.op.num_experts for n in layer.nodes if isinstance(n.op, L.MoEExperts)]
+    if lanes is not None and experts and lanes > min(experts):
+        e = min(experts)
+        raise LoweringError(
+            f"{layer.name}: moe_lanes={lanes} is more expert lanes than the layer's {e} "
+            f"experts (STeP §5.3: a lane serves E/R experts); give at most {e} ({e} or 0: one "
+            "branch per expert)"
+        )
 
 
 def example_inputs_for(

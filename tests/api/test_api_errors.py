@@ -119,3 +119,9 @@ def test_moe_and_attention_options_on_a_layer_without_them_are_refused() -> None
     msg = str(exc.value)
     assert "moe_lanes (for MoE experts), tile_kv (for attention)" in msg
     assert "its operators: Linear" in msg
+
+
+def test_more_moe_lanes_than_experts_is_refused() -> None:
+    spec = models.get_layer("mixtral-moe", tiny=True, batch=2)  # 8 experts
+    with pytest.raises(LoweringError, match=r"moe_lanes=64 is more expert lanes than the layer's"):
+        torch2step.compile(spec.module, spec.example_inputs, moe_lanes=64)
