@@ -330,8 +330,9 @@ class Report:
         if self.breakdown:
             lines.append("  breakdown (unit-cycles):")
             total = sum(v for k, v in self.breakdown.items() if ":" not in k) or 1
+            w = max(24, *(len(k) for k in self.breakdown))
             for k, v in self.breakdown.items():
-                lines.append(f"    {k:<24} {v:>14,}  {v / total:6.1%}")
+                lines.append(f"    {k:<{w}} {v:>14,}  {v / total:6.1%}")
         if self.utilisation:
             lines.append("  utilisation (busy share of the run's cycles):")
             for k, v in self.utilisation.items():
