@@ -69,8 +69,12 @@ def with_overrides(chip: Chip, overrides: Iterable[str | tuple[str, Any]]) -> Ch
         return chip
     data = to_dict(chip)
     keys = {k for k, _ in pairs}
+    unknown = []
     for key, value in pairs:
-        _set(data, key, value)
+        try:
+            _set(data, key, value)
+        except ChipConfigError as exc:  # every field name checked before any is refused
+            unknown.append(str(exc))
     noc, hbm = data["noc"], data["hbm"]
     mesh_changed = bool(keys & {"noc.rows", "noc.cols"})
     if mesh_changed and "num_cores" not in keys and noc.get("kind") == "mesh":
@@ -89,6 +93,16 @@ def with_overrides(chip: Chip, overrides: Iterable[str | tuple[str, Any]]) -> Ch
         # the preset's prose describes its own fields: say which ones no longer hold
         data["description"] = f"{data['description']} Overridden here: {changed}."
     try:
-        return from_dict(data)
+        made = from_dict(data)
     except ChipConfigError as exc:
-        raise ChipConfigError(f"{chip.name} with overrides: {exc}") from None
+        if not unknown:
+            raise ChipConfigError(f"{chip.name} with overrides: {exc}") from None
+        unknown.append(str(exc))  # the values of the fields it knows, checked too
+    if unknown:
+        if len(unknown) == 1:
+            raise ChipConfigError(unknown[0])
+        raise ChipConfigError(
+            f"{chip.name} with overrides: {len(unknown)} problems:\n"
+            + "\n".join(f"  - {u}" for u in unknown)
+        )
+    return made

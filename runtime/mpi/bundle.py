@@ -85,7 +85,17 @@ def load_bundle(path: str | Path) -> Bundle:
             d = pickle.load(f)
         import_kernels(d.get("kernel_modules", []))
         return Bundle(d["programs"], d.get("chip"), d.get("inputs", {}))
-    except (OSError, pickle.UnpicklingError, KeyError, EOFError, TypeError, ImportError) as exc:
+    except (
+        OSError,
+        pickle.UnpicklingError,
+        KeyError,
+        EOFError,
+        TypeError,
+        ImportError,
+        ValueError,
+        AttributeError,
+        IndexError,
+    ) as exc:  # whatever a file that is not a bundle makes pickle raise
         raise MpiError(
             f"{path}: not a program bundle ({type(exc).__name__}: {exc}); write one with "
             "runtime.mpi.bundle.save_bundle"

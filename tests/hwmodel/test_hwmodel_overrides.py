@@ -83,3 +83,15 @@ def test_overrides_say_so_in_the_description() -> None:
 
     chip = with_overrides(load_chip("step-sda"), ["hbm.channels=64"])
     assert chip.description.endswith("Overridden here: hbm.channels=64.")
+
+
+def test_every_unknown_field_and_bad_value_is_named_at_once() -> None:
+    import pytest
+
+    from hwmodel import ChipConfigError, load_chip, with_overrides
+
+    with pytest.raises(ChipConfigError) as exc:
+        with_overrides(load_chip("step-sda"), ["noc.bogus=1", "hbm.nonesuch=2", "hbm.channels=-3"])
+    msg = str(exc.value)
+    assert "3 problems" in msg and "'noc.bogus'" in msg and "'hbm.nonesuch'" in msg
+    assert "hbm.channels = -3" in msg

@@ -41,3 +41,13 @@ def test_mpirun_bad_arguments(capsys):
         main(["mpirun", "nosuch", "-n", "2"])
     assert e.value.code == 2
     assert "neither a bundle file, a dataflow" in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_bundle_is_one_error(tmp_path):
+    from runtime.mpi.bundle import load_bundle
+    from runtime.mpi.errors import MpiError
+
+    bad = tmp_path / "bad.pkl"
+    bad.write_text("garbage\n")
+    with pytest.raises(MpiError, match="not a program bundle"):
+        load_bundle(bad)
