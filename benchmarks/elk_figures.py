@@ -95,7 +95,11 @@ def hbm_tbps(chip: Chip) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="llama3-8b,qwen3-30b-a3b")
+    p.add_argument(
+        "--models",
+        default="llama3-8b,qwen3-30b-a3b",
+        help=f"comma-separated, of: {', '.join(DECODERS)} (default: llama3-8b,qwen3-30b-a3b)",
+    )
     p.add_argument("--batches", default="32,64")
     p.add_argument("--kv-len", type=int, default=2048)
     p.add_argument("--chips", default="ipu-hbm-x4,ipu-hbm,mesh")
@@ -123,6 +127,9 @@ def main() -> int:
         "data (ELK §4.2's K; a MoE layer's expert preloads lie further apart than 8 positions)",
     )
     args = p.parse_args()
+    unknown = [m for m in args.models.split(",") if m not in DECODERS]
+    if unknown:
+        p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(DECODERS)}")
     window_data = not args.window_positions
     # the scheduler's search, the same for every design, figure and simulated plan
     search = {"window": 8, "beam": 2, "max_orders": 4, "window_data": window_data}

@@ -34,7 +34,7 @@ def peak(argv: list[str]) -> tuple[float, float, int]:
 def main() -> None:
     from models import LAYERS
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--layers", nargs="*", default=list(LAYERS))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--no-out", action="store_true", help="only without --out")

@@ -230,11 +230,17 @@ def _setup_note(full: ElkSchedule, paced: bool) -> str:
         "execution cost it and ELK's allocation avoids them (ELK §4.3)"
     )
     return (
-        f"set-up (ELK §6.1): {c.cores} cores x {c.sram / 1024:.0f} KiB = "
+        f"set-up (ELK §6.1): {c.cores} worker cores (one more, the controller, sequences the operators) x "
+        f"{c.sram / 1024:.0f} KiB = "
         f"{c.cores * c.sram / 2**30:.2f} GiB on chip, {c.hbm_peak * ghz / 1e3:.1f} TB/s HBM, "
         f"{c.port * ghz:.1f} GB/s per core port ({c.cores * c.port * ghz / 1e3:.1f} TB/s "
-        "all-to-all); the four chips are one all-to-all chip (IPU-POD4's inter-chip links "
-        "are not modelled); a decoder layer's preloads average "
+        + (
+            "all-to-all); the four chips are one all-to-all chip (IPU-POD4's inter-chip links "
+            "are not modelled)"
+            if "x4" in c.name
+            else "all-to-all); one chip"
+        )
+        + "; a decoder layer's preloads average "
         f"{per_layer / 1024:.0f} KiB per core ({kv / 1024:.0f} KiB of it KV cache) if spread "
         "over every core, so per-core SRAM holds several layers' operators and decode plans "
         f"meet little memory pressure; {model}"
