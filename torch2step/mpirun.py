@@ -4,7 +4,7 @@
 ``summa``, ``pumma``, ``weight_stationary``, ``systolic``: ``C = A @ B`` of ``--size`` on a
 ``--grid`` of PEs with seeded operands), or ``layer:NAME`` (the spatial per-core programs of a
 registered layer's tiny configuration, compiled for ``--chip``).  Writes each run's
-``outputs.npz`` and ``result.json`` (per-rank timings and traffic) under ``--out`` and prints
+``outputs.npz`` and ``result.json`` (per-rank timings and traffic) in ``--out/0/`` and prints
 the per-rank table; ``--check`` also runs the simulator's functional mode and compares the
 outputs bit for bit.
 """
@@ -138,6 +138,12 @@ def run_mpirun(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         bundle = _bundle(args, parser)
         ps = bundle.programs
         print(f"running {ps.name!r} ({len(ps.programs)} cores) on {args.n} MPI rank(s)", flush=True)
+        if args.n > len(ps.programs):
+            print(
+                f"note: {args.n - len(ps.programs)} of the {args.n} ranks get no core (one "
+                f"core runs on one rank; at most {len(ps.programs)} ranks do work)",
+                flush=True,
+            )
         res = launch([bundle], args.n, timeout=args.timeout, out=args.out)[0].check()
     except (SimulationError, ProgramError, Torch2StepError) as e:
         print(f"torch2step: {type(e).__name__}: {e}", file=sys.stderr)

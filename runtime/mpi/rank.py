@@ -214,7 +214,8 @@ class RankRun:
                 # nothing moved: back off so oversubscribed ranks share the cores
                 sleep = min(_MAX_SLEEP, sleep * 2 or 1e-5)
                 time.sleep(sleep)
-                self.idle_s += time.perf_counter() - now
+                if running:  # idle: its cores wait (not: they finished, the run goes on)
+                    self.idle_s += time.perf_counter() - now
             self.rounds += 1
             pending = self.net.pending_sends()
             finished = not running and not pending
