@@ -202,9 +202,10 @@ def _run_report(args: argparse.Namespace) -> int:
         return _report(args)
 
 
-def _refuse_ignored(args: argparse.Namespace) -> None:
+def _refuse_ignored(args: argparse.Namespace, kernel: bool = False) -> None:
     """Flags this report would not use, refused rather than ignored: an
-    :class:`~torch2step.errors.InputError` naming each with what it needs."""
+    :class:`~torch2step.errors.InputError` naming each with what it needs (``kernel``: the
+    report runs kernel by kernel, which refuses the run directory's flags itself)."""
     from models import LAYERS
     from torch2step.errors import InputError
 
@@ -218,7 +219,7 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
         for f, v in (("--trace-window", args.trace_window), ("--trace-units", args.trace_units))
         if v is not None
     ]
-    if shaping and args.out is None:
+    if shaping and args.out is None and not kernel:
         why.append(
             f"{', '.join(shaping)}: options of the run directory's trace.json; add --out DIR"
         )
@@ -241,7 +242,6 @@ def _report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
 
     window = _window(args.trace_window)
-    _refuse_ignored(args)
     if args.execution != "spatial":
         from torch2step.named import resolve_chip
 
@@ -249,7 +249,9 @@ def _report(args: argparse.Namespace) -> int:
         if args.execution == "kernel" or chip.execution == "kernel":
             from torch2step.cli_compare import kernel_config_report, kernel_report
 
+            _refuse_ignored(args, kernel=True)
             return (kernel_report if args.layer is not None else kernel_config_report)(args, chip)
+    _refuse_ignored(args)
     given = [
         f
         for f, on in (
