@@ -52,7 +52,11 @@ def test_objects_a_caller_froze_stay_frozen() -> None:
         assert frozen > 0
         with gc_paused():
             young = _Node()
-        assert gc.get_freeze_count() == frozen  # not unfrozen by the pause
+        # not unfrozen by the pause (gc.unfreeze would empty the permanent generation); the
+        # count itself may fall a little: another thread of the test process (pytest-xdist's
+        # channel) frees objects that were alive when they were frozen
+        assert gc.get_freeze_count() > frozen // 2
+        assert not any(o is mine for o in gc.get_objects())  # still in the frozen generation
         assert not _in_generation(young, 2)  # and this block's objects take the usual way
         assert not _in_generation(mine, 2)
     finally:
