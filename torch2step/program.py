@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 from functools import cached_property
@@ -31,7 +32,7 @@ import torch
 from hwmodel.chip import Chip
 from torch2step.errors import FrontendError, ScheduleError, Torch2StepError
 from torch2step.layers import ops as L
-from torch2step.layers.graph import LayerGraph, format_layer_graph
+from torch2step.layers.graph import LayerGraph, format_layer_graph, torch_dtype
 from torch2step.lower import Lowered
 from torch2step.report import Report
 from torch2step.step import RunResult, metrics, run
@@ -60,6 +61,7 @@ class Program:
         self.strategy_table: str = ""  # the candidates strategy="auto" tried (torch2step.auto)
         self.strategy_options: dict[str, Any] = {}
         self._plans: Any = None  # report's spatial plans by control signature (PlanCache)
+        self._cast: set[tuple[str, Any]] = set()  # (input, dtype) cast to the compiled dtype
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -102,6 +104,14 @@ class Program:
             if is_int != (not x.is_floating_point()):
                 raise FrontendError(
                     f"{g.name}: input {name} has dtype {x.dtype}; compiled for {want}"
+                )
+            if not is_int and x.dtype != torch_dtype(want) and (name, x.dtype) not in self._cast:
+                self._cast.add((name, x.dtype))  # said once per input and dtype
+                warnings.warn(
+                    f"{g.name}: input {name} has dtype {x.dtype}; the program was compiled for "
+                    f"{want} and takes its values in {want} (pass x.to({torch_dtype(want)}) to "
+                    "say so, or compile with inputs of this dtype)",
+                    stacklevel=4,
                 )
             if x.dim() != len(ty.shape):
                 raise FrontendError(

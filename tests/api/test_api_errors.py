@@ -125,3 +125,19 @@ def test_more_moe_lanes_than_experts_is_refused() -> None:
     spec = models.get_layer("mixtral-moe", tiny=True, batch=2)  # 8 experts
     with pytest.raises(LoweringError, match=r"moe_lanes=64 is more expert lanes than the layer's"):
         torch2step.compile(spec.module, spec.example_inputs, moe_lanes=64)
+
+
+def test_an_input_of_another_float_dtype_is_said_once() -> None:
+    import warnings
+
+    import torch
+
+    m = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(4, 8)
+    prog = torch2step.compile(m, (x,))
+    with pytest.warns(UserWarning, match="input input has dtype torch.float64; the program was"):
+        y = prog.run(x.double())
+    assert y.dtype == torch.float32 and torch.allclose(y, prog.run(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same input and dtype again: said already
+        prog.run(x.double())
