@@ -69,12 +69,12 @@ def with_overrides(chip: Chip, overrides: Iterable[str | tuple[str, Any]]) -> Ch
         return chip
     data = to_dict(chip)
     keys = {k for k, _ in pairs}
-    unknown = []
+    problems = []
     for key, value in pairs:
         try:
             _set(data, key, value)
         except ChipConfigError as exc:  # every field name checked before any is refused
-            unknown.append(str(exc))
+            problems.append(str(exc))
     noc, hbm = data["noc"], data["hbm"]
     mesh_changed = bool(keys & {"noc.rows", "noc.cols"})
     if mesh_changed and "num_cores" not in keys and noc.get("kind") == "mesh":
@@ -95,14 +95,14 @@ def with_overrides(chip: Chip, overrides: Iterable[str | tuple[str, Any]]) -> Ch
     try:
         made = from_dict(data)
     except ChipConfigError as exc:
-        if not unknown:
+        if not problems:
             raise ChipConfigError(f"{chip.name} with overrides: {exc}") from None
-        unknown.append(str(exc))  # the values of the fields it knows, checked too
-    if unknown:
-        if len(unknown) == 1:
-            raise ChipConfigError(unknown[0])
+        problems.append(str(exc))  # the values of the fields it knows, checked too
+    if len(problems) == 1:
+        raise ChipConfigError(problems[0])
+    if problems:
         raise ChipConfigError(
-            f"{chip.name} with overrides: {len(unknown)} problems:\n"
-            + "\n".join(f"  - {u}" for u in unknown)
+            f"{chip.name} with overrides: {len(problems)} problems:\n"
+            + "\n".join(f"  - {u}" for u in problems)
         )
     return made

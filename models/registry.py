@@ -51,6 +51,11 @@ class LayerEntry:
     #: folder prefix in models/traces/expert_routing (MoE layers and MoE decoder layers)
     routing_prefix: str | None = None
 
+    @property
+    def attends_kv(self) -> bool:
+        """Whether the layer attends a KV cache (an attention or a decoder layer)."""
+        return self.kind in ("attention", "decoder")
+
 
 @dataclass(frozen=True, slots=True)
 class LayerSpec:

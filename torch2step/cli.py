@@ -224,7 +224,7 @@ def _refuse_ignored(args: argparse.Namespace, kernel: bool = False) -> None:
             f"{', '.join(shaping)}: options of the run directory's trace.json; add --out DIR"
         )
     entry = LAYERS.get(args.layer) if args.layer is not None else None
-    if entry is not None and entry.kind not in ("attention", "decoder"):
+    if entry is not None and not entry.attends_kv:
         kv = [
             f
             for f, v in (("--kv-len", args.kv_len), ("--kv-trace", args.kv_trace != "auto" or None))

@@ -99,7 +99,6 @@ def plan_options(args: argparse.Namespace) -> dict[str, Any]:
     :func:`elk.plan.plan_search` (``window_data`` is written 0 or 1)."""
     from elk.errors import ElkError
     from elk.plan import plan_search
-    from torch2step.errors import InputError
 
     out: dict[str, Any] = {}
     for text in getattr(args, "plan", None) or []:
@@ -192,7 +191,6 @@ _SPATIAL_ONLY = (
 def refuse_spatial_flags(args: argparse.Namespace, chip: Chip) -> None:
     """A kernel-by-kernel ``report`` given flags only the spatial execution honours: an
     :class:`~torch2step.errors.InputError` naming them (they would be silently ignored)."""
-    from torch2step.errors import InputError
 
     given = [
         flag for attr, flag, default in _SPATIAL_ONLY if getattr(args, attr, default) != default
@@ -224,7 +222,7 @@ def kernel_report(args: argparse.Namespace, chip: Chip) -> int:
     )
     if args.json:
         head = {"layer": args.layer, "batch": args.batch, "dtype": dtype}
-        if LAYERS[args.layer].kind in ("attention", "decoder"):
+        if entry.attends_kv:
             head["kv_len"] = kv
         out = {**head, **rep.to_dict(), "notes": notes}
         print(json.dumps(out))
@@ -240,7 +238,6 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     """``report --hf-config C [--layers N] --chip ipu-hbm``: the decode step of a config at
     full size with no weights, kernel by kernel (one plan over all layers, ELK §4.4)."""
     import torch2step
-    from torch2step.errors import InputError
 
     refuse_spatial_flags(args, chip)
     if args.batch < 1:
@@ -289,29 +286,19 @@ def _moe_routing(
     return routing, [f"experts: {n} of {experts} active{side} ({how})"]
 
 
-def _side_chip(side: str, chip: str, sets: list[str]) -> Chip:
-    """``compare``'s chip of one side: a preset or YAML file with its overrides."""
-    from torch2step.named import resolve_chip
-
-    try:
-        return resolve_chip(chip, sets)
-    except InputError as e:
-        raise InputError(str(e).replace("--chip/--set", f"--{side}-chip/--{side}-set", 1)) from None
-
-
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``compare``: both execution models of one layer, side by side."""
     from models import LAYERS
     from torch2step.config_jobs import started
-    from torch2step.named import report_layer
+    from torch2step.named import report_layer, resolve_chip
 
     t0 = time.perf_counter()
     if args.batch < 1:
         parser.error("argument --batch: must be a positive integer")
-    schip = _side_chip("spatial", args.spatial_chip, args.spatial_sets)
-    kchip = _side_chip("kernel", args.kernel_chip, args.kernel_sets)
+    schip = resolve_chip(args.spatial_chip, args.spatial_sets, "--spatial-chip/--spatial-set")
+    kchip = resolve_chip(args.kernel_chip, args.kernel_sets, "--kernel-chip/--kernel-set")
     entry = LAYERS[args.layer]
-    kv_len = args.kv_len if entry.kind in ("attention", "decoder") else None
+    kv_len = args.kv_len if entry.attends_kv else None
     routing, knotes = None, []
     if entry.kind == "decoder":
         knotes = [f"the one-layer decode step of {entry.config}"]

@@ -127,12 +127,15 @@ class LayerRun:
     notes: list[str] = field(default_factory=list)
 
 
-def resolve_chip(chip: str | Chip, sets: Sequence[str] = ()) -> Chip:
-    """A preset name or YAML path (or a :class:`Chip`) with ``FIELD=VALUE`` overrides."""
+def resolve_chip(
+    chip: str | Chip, sets: Sequence[str] = (), flags: str = "--chip/--set"
+) -> Chip:
+    """A preset name or YAML path (or a :class:`Chip`) with ``FIELD=VALUE`` overrides; a
+    problem is an :class:`InputError` naming the ``flags`` that gave them."""
     try:
         return with_overrides(load_chip(chip), sets)
     except ChipConfigError as e:
-        raise InputError(f"--chip/--set: {e}") from None
+        raise InputError(f"{flags}: {e}") from None
 
 
 def parse_options(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -332,7 +335,7 @@ def report_layer(
     target = resolve_chip(chip, sets)
     notes: list[str] = []
     kv = None
-    if entry.kind in ("attention", "decoder") and kv_len is not None:
+    if entry.attends_kv and kv_len is not None:
         if not isinstance(kv_len, int) or isinstance(kv_len, bool) or kv_len < 1:
             raise InputError(f"--kv-len {kv_len!r}: must be a positive integer")
         if kv_trace != "auto":
@@ -341,7 +344,7 @@ def report_layer(
                 "or one per request)"
             )
         notes.append(f"KV lengths: every request {kv_len} (uniform)")
-    elif entry.kind in ("attention", "decoder"):
+    elif entry.attends_kv:
         kv, note = _kv(kv_trace, batch, tiny)
         notes.append(note)
     else:
