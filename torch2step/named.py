@@ -38,17 +38,35 @@ __all__ = [
 log = logging.getLogger("torch2step")
 
 
+#: Seconds between the progress log lines of a report whose stderr is a file or pipe.
+LOG_EVERY_S = 10.0
+
+
 @contextmanager
 def simulation_progress() -> Iterator[None]:
-    """While the ``torch2step`` logger is at INFO: a tqdm bar on stderr with the simulated cycles
-    of the run under way (:func:`runtime.engine.progress`; a report may run the simulator more
-    than once, e.g. to deepen FIFOs).  Nothing at all otherwise."""
+    """While the ``torch2step`` logger is at INFO: the simulated cycles of the run under way
+    (:func:`runtime.engine.progress`; a report may run the simulator more than once, e.g. to
+    deepen FIFOs) — on a terminal a tqdm bar on stderr redrawn every half second, into a file
+    or pipe one log line every 10 s (a bar's carriage returns would garble a log).  Nothing at
+    all otherwise."""
     if not log.isEnabledFor(logging.INFO):
         yield
         return
-    from tqdm import tqdm
-
     from runtime.engine import progress
+
+    if not getattr(sys.stderr, "isatty", lambda: False)():
+        last = [time.monotonic() if LOG_EVERY_S > 0 else float("-inf")]
+
+        def line(cycle: int, events: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= LOG_EVERY_S:
+                last[0] = now
+                log.info("simulating: %s cycles, %s events so far", f"{cycle:,}", f"{events:,}")
+
+        with progress(line):
+            yield
+        return
+    from tqdm import tqdm
 
     bar = tqdm(
         desc="simulating",
@@ -59,16 +77,13 @@ def simulation_progress() -> Iterator[None]:
         dynamic_ncols=True,
         mininterval=0.5,
     )
-
-    # redraw at most every half second on a terminal, every 10 s into a file or pipe
-    every = 0.5 if getattr(sys.stderr, "isatty", lambda: False)() else 10.0
     last = [float("-inf")]
 
     def update(cycle: int, events: int) -> None:
         bar.n = cycle
         bar.set_postfix_str(f"{events:,} events", refresh=False)
         now = time.monotonic()
-        if now - last[0] >= every:
+        if now - last[0] >= 0.5:
             last[0] = now
             bar.refresh()
 
