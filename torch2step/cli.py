@@ -124,10 +124,11 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument(
         "--sim-layers",
         type=int,
-        default=1,
+        default=None,
         metavar="K",
-        help="kernel execution of --layers N: simulate K layers (from 5: a K-layer step planned "
-        "on its own; the layers in between timed by its steady period, else the plan's prediction)",
+        help="kernel execution of --layers N: simulate K layers (default min(N, 5); from 5: a "
+        "K-layer step planned on its own, the layers in between timed by its steady period; "
+        "below 5 the rest is the plan's prediction, an estimate a few percent off)",
     )
     r.add_argument(
         "--design",
@@ -212,7 +213,7 @@ def _refuse_ignored(args: argparse.Namespace, kernel: bool = False) -> None:
     why = []
     if args.layers is not None and args.hf_config is None:
         why.append("--layers N needs --hf-config (a model's config.json)")
-    if args.sim_layers != 1 and args.layers is None:
+    if args.sim_layers is not None and args.layers is None:
         why.append("--sim-layers K needs --hf-config and --layers N (a decode step of N layers)")
     shaping = [
         f
@@ -257,7 +258,7 @@ def _report(args: argparse.Namespace) -> int:
         for f, on in (
             ("--design", args.design != "elk_full"),
             ("--plan", args.plan),
-            ("--sim-layers", args.sim_layers != 1),
+            ("--sim-layers", args.sim_layers is not None),
         )
         if on
     ]

@@ -253,7 +253,8 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     if args.layers is None:
         rep: Any = prog.report(tokens=args.batch)
     else:
-        rep = prog.report(sim_layers=min(args.sim_layers, args.layers), tokens=args.batch)
+        k = args.sim_layers
+        rep = prog.report(sim_layers=None if k is None else min(k, args.layers), tokens=args.batch)
     head = {"hf_config": str(args.hf_config), "batch": args.batch, "kv_len": kv}
     if args.json:
         print(json.dumps({**head, "compile_s": round(compile_s, 3), **rep.to_dict()}))

@@ -75,6 +75,12 @@ def test_report_simulates_the_first_layers_and_predicts_the_rest(stack3) -> None
         prog.report(sim_layers=4)
 
 
+def test_report_simulates_every_layer_of_a_short_step_by_default(stack3) -> None:
+    _, prog, _ = stack3
+    rep, every = prog.report(), prog.report(sim_layers=3)
+    assert rep.sim_layers == 3 and rep.cycles == every.cycles == rep.sim.cycles
+
+
 def test_config_stack_reports_without_weights_and_refuses_to_run(tmp_path, capsys) -> None:
     from torch2step.cli import main
 

@@ -274,8 +274,9 @@ class KernelStackProgram:
             search=self.search,
         )
 
-    def report(self, sim_layers: int = 1, tokens: int | None = None) -> KernelStackReport:
-        """Simulate ``sim_layers`` layers in timing mode and time the rest
+    def report(self, sim_layers: int | None = None, tokens: int | None = None) -> KernelStackReport:
+        """Simulate ``sim_layers`` layers in timing mode (default ``min(N, MIN_LAYERS)``: every
+        layer of a short step, else a step timed by its steady period) and time the rest
         (:class:`KernelStackReport`): with at least :data:`~torch2step.kernel.steady.MIN_LAYERS`
         of them (and fewer than the step's), a ``sim_layers``-layer step planned as a model of
         its own (:meth:`shorter`: its end is planned as this step's end is) whose steady
@@ -283,7 +284,11 @@ class KernelStackProgram:
         show in as this plan does; if it does not, the first ``sim_layers`` layers of this plan,
         whose steady period times the rest, their last layers standing for the step's (an
         estimate: they lack the later layers' preloads); with fewer layers, or no period, the
-        first ``sim_layers`` layers of this plan and the plan's prediction for the rest."""
+        first ``sim_layers`` layers of this plan and the plan's prediction for the rest (an
+        estimate a few percent off: the simulated layers run without the next layers'
+        preloads, which the prediction for the rest counts as already overlapped)."""
+        if sim_layers is None:
+            sim_layers = min(self.count, MIN_LAYERS)
         if not 1 <= sim_layers <= self.count:
             raise LoweringError(
                 f"{self.layer.name}: simulate 1..{self.count} layers, not {sim_layers}"
@@ -470,8 +475,9 @@ class KernelStackReport:
         st = self.steady
         if st is None:
             return (
-                f"the plan's prediction (simulate at least {MIN_LAYERS} layers to time them by "
-                "the simulated steady period)"
+                "the plan's prediction, an estimate a few percent off: it counts their preloads "
+                "as overlapping the simulated layers, which ran without them (simulate at "
+                f"least {MIN_LAYERS} layers to time them by the simulated steady period)"
             )
         if st.period is None:
             return f"the plan's prediction ({st})"
