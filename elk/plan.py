@@ -113,12 +113,14 @@ class ElkSchedule:
             "idle": max(0.0, total - (e + p - both)),
         }
 
-    def hbm_utilisation(self) -> float:
-        """Bytes preloaded over what the HBM could deliver in the predicted time."""
+    def hbm_utilisation(self, cycles: float | None = None) -> float:
+        """Bytes preloaded over what the HBM could deliver in ``cycles`` (default: the
+        predicted time)."""
+        t = self.cycles if cycles is None else cycles
         tot = sum(op.hbm_bytes for op in self.ops)
-        return tot / (self.costs.hbm_peak * self.cycles) if self.cycles else 0.0
+        return tot / (self.costs.hbm_peak * t) if t else 0.0
 
-    def noc_utilisation(self) -> float:
+    def noc_utilisation(self, cycles: float | None = None) -> float:
         """Interconnect utilisation as ELK §6.3-§6.4 plots it (Fig. 18 (c), Fig. 21): the
         cycles the interconnect is busy over the step's cycles, busy being the cycles each
         preload's HBM delivery occupies it (:meth:`noc_busy`) plus each execution's exchange
@@ -128,13 +130,14 @@ class ElkSchedule:
         cycles, for both topologies; a mesh is busier because a delivery from the edge
         controllers takes "multiple hops" (ELK §6.4): its bottleneck links carry every byte
         the grid receives.  On an all-to-all chip this is the bytes crossing the core ports
-        over the ports' capacity."""
+        over the ports' capacity.  ``cycles``: the step's time (default: the predicted)."""
         c = self.costs
-        if not self.cycles:
+        t = self.cycles if cycles is None else cycles
+        if not t:
             return 0.0
         busy = sum(p.xbytes for p in self.plans) / (c.cores * c.port)
         busy += sum(self.noc_busy(k) for k in range(len(self.ops)))
-        return busy / self.cycles
+        return busy / t
 
     def noc_busy(self, k: int) -> float:
         """Cycles operator ``k``'s HBM delivery occupies the interconnect: all-to-all, its

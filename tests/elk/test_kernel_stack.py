@@ -70,6 +70,10 @@ def test_report_simulates_the_first_layers_and_predicts_the_rest(stack3) -> None
         d["layers"] == 3 and d["simulated_layers"] == 1 and d["operators"] == len(prog.schedule.ops)
     )
     assert set(d["breakdown"]) == {"preload", "execute", "overlapped", "interconnect", "idle"}
+    # the step's utilisations are over its reported cycles, the plan's over its predicted ones
+    scale = prog.schedule.cycles / one.cycles
+    assert d["hbm_util"] == pytest.approx(d["hbm_util_plan"] * scale, abs=2e-4)
+    assert d["noc_util"] == pytest.approx(d["noc_util_plan"] * scale, abs=2e-4)
     assert "simulated" in str(one) and "the plan's prediction" in str(one)
     with pytest.raises(torch2step.Torch2StepError, match="simulate 1..3 layers"):
         prog.report(sim_layers=4)

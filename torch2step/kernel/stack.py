@@ -422,9 +422,13 @@ class KernelStackReport:
             "predicted_cycles_simulated_layers": round(self.sim_predicted),
             "latency_us": round(us, 3),
             "latency_us_per_token": round(us / max(1, r.tokens), 4),
-            "hbm_util": round(s.hbm_utilisation(), 4),
-            "noc_util": round(s.noc_utilisation(), 4),
+            # the step's bytes and interconnect busy cycles over its reported cycles; the
+            # plan's figures over its predicted ones; the simulated layers' as measured
+            "hbm_util": round(s.hbm_utilisation(self.cycles), 4),
+            "noc_util": round(s.noc_utilisation(self.cycles), 4),
             "flop_util": round(s.flop_utilisation(self.cycles), 5),
+            "hbm_util_plan": round(s.hbm_utilisation(), 4),
+            "noc_util_plan": round(s.noc_utilisation(), 4),
             "hbm_util_simulated": round(r.hbm_util, 4),
             "noc_util_simulated": round(r.noc_util, 4),
             "ideal_cycles": round(self.ideal),
@@ -511,9 +515,11 @@ class KernelStackReport:
                 f"simulated; plan predicted {s.cycles:.0f} ({err:+.1%})",
                 "ELK breakdown (plan, whole step): "
                 + ", ".join(f"{k} {v / tot:.1%}" for k, v in b.items()),
-                f"HBM utilisation {s.hbm_utilisation():.1%} (simulated layers {r.hbm_util:.1%})  "
-                f"interconnect {s.noc_utilisation():.1%} (simulated {r.noc_util:.1%})  "
-                f"FLOP utilisation {s.flop_utilisation(self.cycles):.2%}",
+                f"over the step's {self.cycles} cycles: HBM utilisation "
+                f"{s.hbm_utilisation(self.cycles):.1%}, interconnect "
+                f"{s.noc_utilisation(self.cycles):.1%}, FLOP {s.flop_utilisation(self.cycles):.2%}"
+                f"  (plan: HBM {s.hbm_utilisation():.1%}, interconnect {s.noc_utilisation():.1%};"
+                f" simulated layers: HBM {r.hbm_util:.1%}, interconnect {r.noc_util:.1%})",
                 f"Ideal (ELK §6.1) predicts {ideal:.0f} cycles: step at {ideal / max(1, self.cycles):.1%}"
                 f" of Ideal (plan {ideal / tot:.1%})",
                 f"plan {s.plan_seconds:.2f} s{self._short_plan()}  programs {self.build_seconds:.2f} s  "
