@@ -243,8 +243,6 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
 
             xb = cores * a + (tk - 1) * tn * cc
             space = k * n * e + cores * (a + 2 * cc)
-            # the activation arrives and the weight pieces but the last are multiplied before
-            # the last weight piece is needed
             pieces = chunks(kb)
             if c.links is not None:
                 first = c.gather(a, (tk, tn)) + c.net_lat * (tk + tn)
@@ -252,7 +250,19 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                 first = max(a / c.port, m * k * e / c.hbm_bw) + c.hbm_lat + c.net_lat
             # the multicast along the grid rows, else the first partial sum down the columns
             quiet = first if tn > 1 else (first + comp if tk > 1 else 0.0)
-            first += (a / c.port + c.net_lat * hops_row) if tn > 1 else 0.0
+            # the last weight piece is needed when the last product starts, as ``total``
+            # times the execution: after the activation's gather, the multicast of its last
+            # piece (each piece is multicast as it arrives) and the products of the other
+            # pieces; on a mesh, where gather, multicast and products stream piece by piece,
+            # at the end of the stream less the last product (before the partial sums'
+            # reduction down the grid columns)
+            if c.links is None:
+                if tn > 1:
+                    first += a / c.port / pieces + c.net_lat * hops_row
+                slack = first + comp * (pieces - 1) / pieces
+            else:
+                reduce = lv * (cc / c.port + c.net_lat * hops_col + add)
+                slack = total(1.0) - reduce - comp / pieces
             out.append(
                 Plan(
                     "matmul",
@@ -264,7 +274,7 @@ def _matmul(c: ChipCosts, op: Operator) -> list[Plan]:
                     total(1.0 / (1.0 - c.rho)),
                     xb,
                     k * n * e,
-                    first + comp * (pieces - 1) / pieces,
+                    slack,
                     quiet,
                     axis,
                     # received: the activation block, then the partial sums (a reduce-scatter
