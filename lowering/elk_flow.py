@@ -226,22 +226,42 @@ class Flow:
                     {"at": f"{r0 - rect[0]},0", "ext": f"{nr},{rect[3]}"},
                     dtype,
                 )
+            # a piece several cores read (one activation block multiplied by many weight
+            # blocks) is cut once and sent to each of them
+            dests: dict[Rect, list[tuple[str, int]]] = {}
             for chan, piece, dst in group:
-                self._emit_piece(p, chan, piece, dst, src, base, dtype)
+                dests.setdefault(piece, []).append((chan, dst))
+            for piece, to in dests.items():
+                self._emit_piece(p, piece, to, src, base, dtype)
             if src != buf:
                 p.free(src)
 
     def _emit_piece(
-        self, p: CoreBuilder, chan: str, piece: Rect, dst: int, src: str, base: Rect, dtype: str
+        self,
+        p: CoreBuilder,
+        piece: Rect,
+        to: Sequence[tuple[str, int]],
+        src: str,
+        base: Rect,
+        dtype: str,
     ) -> None:
-        """Keep ``piece`` of buffer ``src`` (holding region ``base``) on this core or send it."""
-        if piece == base and dst != p.core:
-            p.send(chan, src)
-            return
+        """Keep ``piece`` of buffer ``src`` (holding region ``base``) on this core or send it:
+        ``to`` lists its channels and their destination cores (this core: a local copy named
+        by the channel); a piece that is not the whole buffer is cut once for every core
+        it is sent to."""
         key = (src, piece[0] - base[0], piece[1] - base[1], piece[2], piece[3], dtype)
-        if dst == p.core:
-            p.alloc(chan, (piece[2], piece[3]), dtype)
-            p.compute("elk_slice", chan, src, _slice(key), dtype)
+        remote = []
+        for chan, dst in to:
+            if dst == p.core:
+                p.alloc(chan, (piece[2], piece[3]), dtype)
+                p.compute("elk_slice", chan, src, _slice(key), dtype)
+            else:
+                remote.append(chan)
+        if not remote:
+            return
+        if piece == base:
+            for chan in remote:
+                p.send(chan, src)
             return
         cut = f"{src}_cut"
         runs = self._cuts.get(key)
@@ -250,7 +270,8 @@ class Flow:
             p.alloc(cut, (piece[2], piece[3]), dtype)
             p.compute("elk_slice", cut, src, _slice(key), dtype)
             head = p.emitted(k)
-            p.send(chan, cut)
+            for chan in remote:
+                p.send(chan, cut)
             k = p.size()
             p.free(cut)
             runs = (head, p.emitted(k))
@@ -258,7 +279,8 @@ class Flow:
                 self._cuts[key] = runs
             return
         p.extend(runs[0])
-        p.send(chan, cut)
+        for chan in remote:
+            p.send(chan, cut)
         p.extend(runs[1])
 
     # -- copies of an equal layer's records (lowering.elk_layers) ------------------------------
