@@ -85,8 +85,10 @@ def lower_elementwise(ctx: LowerCtx, n: Node) -> None:
             raise ctx.fail(f"{v} {list(ctx.shape(v))} does not broadcast to {list(oshape)}")
     own = [v for v in n.inputs if all(_eq(a, b) for a, b in zip(shapes[v][:-1], lead_o))]
     one = [v for v in n.inputs if v not in own and all(_eq(a, 1) for a in shapes[v][:-1])]
+    # One stream per distinct operand, fanned out to each position that reads it (``x * x``):
+    # loading a value once per position would leave all but the last load unconsumed.
     streams: dict[str, Any] = {}
-    for v in n.inputs:
+    for v in dict.fromkeys(n.inputs):
         if v in own:
             streams[v] = _own(ctx, v, unit)
         elif v not in one:
