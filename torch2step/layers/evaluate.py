@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from torch2step.errors import FrontendError
+from torch2step.errors import FrontendError, InputError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, Node, torch_dtype
 from torch2step.layers.stack import Repeat, evaluate_repeat
@@ -28,11 +28,20 @@ __all__ = [
 
 Fn = Callable[[object, Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
 
+
+def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a / b``; two integer tensors divide truncating toward zero (ONNX ``Div``, STeP's
+    ``div`` tile function), keeping the integer dtype the layer graph gives the quotient."""
+    if a.is_floating_point() or b.is_floating_point():
+        return torch.div(a, b)
+    return torch.div(a, b, rounding_mode="trunc")
+
+
 _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "add": torch.add,
     "sub": torch.sub,
     "mul": torch.mul,
-    "div": torch.div,
+    "div": _div,
     "maximum": torch.maximum,
     "where": torch.where,
     "neg": torch.neg,
@@ -50,14 +59,37 @@ _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+_SCALAR: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "add_scalar": torch.add,
+    "mul_scalar": torch.mul,
+    "pow_scalar": torch.pow,
+}
+
+
 def _elementwise(op: L.Elementwise, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    if op.fn == "add_scalar":
-        return (x[0] + op.scalar,)
-    if op.fn == "mul_scalar":
-        return (x[0] * op.scalar,)
-    if op.fn == "pow_scalar":
-        return (x[0] ** op.scalar,)
-    return (_ELEMENTWISE[op.fn](*x),)
+    scalar = _SCALAR.get(op.fn)
+    if scalar is None:
+        return (_ELEMENTWISE[op.fn](*x),)
+    t = x[0]
+    if t.is_floating_point():
+        return (scalar(t, op.scalar),)
+    # an integer value keeps its dtype (the layer graph's type): computed in float64 and
+    # truncated toward zero, as STeP's tile functions do (``x * (1/3)`` is ONNX's ``Div(x, 3)``)
+    return (scalar(t.double(), op.scalar).to(t.dtype),)
+
+
+def _gather(op: L.Gather, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``src.index_select(dim, idx)`` where a negative index counts from the end (``idx +
+    size``), as ONNX ``Gather`` and PyTorch's ``src[..., idx]`` do."""
+    src, idx = x
+    size = src.shape[op.dim]
+    bad = idx[(idx < -size) | (idx >= size)]
+    if bad.numel():
+        raise InputError(
+            f"Gather along dim {op.dim} (size {size}): index {int(bad[0])} is outside "
+            f"[-{size}, {size})"
+        )
+    return (src.index_select(op.dim, torch.where(idx < 0, idx + size, idx)),)
 
 
 def _rmsnorm(op: L.RMSNorm, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -182,7 +214,7 @@ EVALUATORS: dict[type, Callable[..., tuple[torch.Tensor, ...]]] = {
     L.MoEExperts: _moe,
     L.Attention: _attention,
     L.Concat: lambda op, x: (torch.cat(list(x), dim=op.dim),),
-    L.Gather: lambda op, x: (x[0].index_select(op.dim, x[1]),),
+    L.Gather: _gather,
     L.Permute: lambda op, x: (x[0].permute(op.dims),),
     L.Reduce: _reduce,
     L.Cast: lambda op, x: (x[0].to(torch_dtype(op.dtype)),),

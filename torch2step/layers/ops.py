@@ -311,7 +311,8 @@ class Concat(LayerOp):
 
 @dataclass(frozen=True, slots=True)
 class Gather(LayerOp):
-    """``x.index_select(dim, index)``; inputs ``(x, index[n])``."""
+    """``x.index_select(dim, index)``, a negative index counting from the end (``index + size``,
+    as ONNX ``Gather`` and PyTorch's ``x[..., index]``); inputs ``(x, index[n])``."""
 
     dim: int
 
