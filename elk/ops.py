@@ -11,8 +11,11 @@ are needed to plan and time a full-size model).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from elk.errors import ElkError
 
@@ -23,6 +26,7 @@ __all__ = [
     "decode_step_ops",
     "expert_groups",
     "expected_active",
+    "expert_rows",
     "layer_ops",
     "routed_expert_ops",
     "input_on_chip",
@@ -51,7 +55,9 @@ class Operator:
     the layer.  ``tensors``: names of the HBM tensors the code generator binds (inputs, preloaded
     data, outputs); ``node``: the layer-graph node a vector operator evaluates (on one core);
     ``row_reduce``: a vector operator that reduces whole rows (norms, routing);
-    ``routed_by``: the operator whose result selects what this one preloads (dynamic MoE)."""
+    ``routed_by``: the operator whose result selects what this one preloads (dynamic MoE);
+    ``useful_flops``: the FLOPs its rows need when ``dims`` pad them (a grouped expert
+    operator is timed at its busiest expert's rows, :func:`routed_expert_ops`; 0: ``dims``')."""
 
     name: str
     kind: Literal["matmul", "attention", "vector"]
@@ -65,6 +71,7 @@ class Operator:
     node: str | None = None
     row_reduce: bool = False
     routed_by: str | None = None
+    useful_flops: int = 0
 
     @property
     def elem(self) -> int:
@@ -83,6 +90,9 @@ class Operator:
 
     @property
     def flops(self) -> int:
+        """FLOPs of the computation (``useful_flops`` when given: padding rows excluded)."""
+        if self.useful_flops:
+            return self.useful_flops
         if self.kind == "matmul":
             m, k, n = self.dims
             return 2 * m * k * n
@@ -185,22 +195,44 @@ def routed_expert_ops(
     dtype: str = "bf16",
     routed: dict | None = None,
     prefix: str = "",
+    counts: Sequence[int] | None = None,
 ) -> list[tuple[str, str, tuple[int, ...], dict]]:
     """The ``active`` routed experts of a MoE layer as ``(name, kind, dims, fields)`` of
     grouped operators (:func:`expert_groups`; grouped GEMMs: every expert's weights meet the
-    rows routed to it, the mean ``tokens x top_k / active`` rows per expert): per group its
-    gate and up projections, the SwiGLU and the down projection.  ``routed``: fields of the two
-    matmuls (dynamic MoE: ``routed_by``)."""
-    rows = max(1, math.ceil(tokens * top_k / active))
+    rows routed to it): per group its gate and up projections, the SwiGLU and the down
+    projection.  ``counts``: the rows each active expert receives (a routing's; default: the
+    ``tokens x top_k`` selections spread evenly).  The experts are grouped busiest first, so
+    experts of like load share an operator; a group's matmuls are timed at its busiest
+    expert's rows (its cores finish last) and count the FLOPs of the rows its experts
+    receive (``useful_flops``).  ``routed``: fields of the two matmuls (dynamic MoE:
+    ``routed_by``)."""
+    if counts is None:
+        sel = tokens * top_k
+        counts = [sel // active + (1 if j < sel % active else 0) for j in range(active)]
+    if len(counts) != active:
+        raise ElkError(f"{len(counts)} expert row counts for {active} active experts")
+    load = sorted((max(1, int(r)) for r in counts), reverse=True)
     mm = dict(routed or {})
     out: list[tuple[str, str, tuple[int, ...], dict]] = []
+    at = 0
     for g, ng in enumerate(expert_groups(active, hidden, intermediate, dtype)):
+        rows, total = load[at], sum(load[at : at + ng])
+        at += ng
+        gu = {**mm, "useful_flops": 2 * total * hidden * 2 * intermediate}
+        dn = {**mm, "useful_flops": 2 * total * intermediate * hidden}
         out += [
-            (f"{prefix}experts{g}_gate_up", "matmul", (rows, hidden, 2 * intermediate * ng), mm),
-            (f"{prefix}experts{g}_act", "vector", (rows * ng, intermediate), {"flops_per_elem": 5}),
-            (f"{prefix}experts{g}_down", "matmul", (rows, intermediate * ng, hidden), mm),
+            (f"{prefix}experts{g}_gate_up", "matmul", (rows, hidden, 2 * intermediate * ng), gu),
+            (f"{prefix}experts{g}_act", "vector", (total, intermediate), {"flops_per_elem": 5}),
+            (f"{prefix}experts{g}_down", "matmul", (rows, intermediate * ng, hidden), dn),
         ]
     return out
+
+
+def expert_rows(ids: Any, experts: int) -> list[int]:
+    """Rows each expert a routing selects receives: the nonzero counts of ``ids``
+    (``[tokens, top_k]`` expert ids) over ``experts`` experts."""
+    n = np.bincount(np.asarray(ids).reshape(-1), minlength=experts)
+    return [int(r) for r in n if r]
 
 
 def layer_ops(

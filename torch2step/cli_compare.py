@@ -280,11 +280,18 @@ def _moe_routing(
     routing, note = _routing(entry, meta, arg)
     experts, top_k = _experts(meta["config"])  # a MoE layer's or a decoder's HF config
     n = active_experts(experts, top_k, batch, routing)
+    # a decoder's experts are timed by its config's graph, which notes this itself
+    timed = (
+        ""
+        if entry.kind == "decoder"
+        else "; grouped operators each timed at its busiest expert's rows, their weights "
+        "preloaded once topk has chosen them (ELK §7 'Apply ELK to MoE')"
+    )
     if routing is None:
-        return None, [f"experts: {n} of {experts}, expected under uniform routing"]
+        return None, [f"experts: {n} of {experts}, expected under uniform routing{timed}"]
     how = note.removeprefix("routing: ")
     side = ", as the spatial side routes" if compared else ""
-    return routing, [f"experts: {n} of {experts} active{side} ({how})"]
+    return routing, [f"experts: {n} of {experts} active{side} ({how}){timed}"]
 
 
 def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -116,13 +116,17 @@ def test_compare_routes_the_kernel_side_as_the_spatial_side() -> None:
     got, notes = _moe_routing(LAYERS["qwen3-moe"], "qwen3-moe", 32, compared=True)
     assert want is not None and np.array_equal(got, want)
     n = len(np.unique(want))
+    timed = (
+        "; grouped operators each timed at its busiest expert's rows, their weights preloaded "
+        "once topk has chosen them (ELK §7 'Apply ELK to MoE')"
+    )
     assert notes == [
         f"experts: {n} of 128 active, as the spatial side routes (the first 32 tokens of trace "
-        "qwen_b1024)"
+        f"qwen_b1024){timed}"
     ]
     # a report of the kernel execution alone has no spatial side to name
     _, alone = _moe_routing(LAYERS["qwen3-moe"], "qwen3-moe", 32)
-    assert alone == [f"experts: {n} of 128 active (the first 32 tokens of trace qwen_b1024)"]
+    assert alone == [f"experts: {n} of 128 active (the first 32 tokens of trace qwen_b1024){timed}"]
 
 
 def test_a_registered_decoder_runs_kernel_by_kernel_as_its_config(

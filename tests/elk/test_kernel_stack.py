@@ -139,13 +139,22 @@ def test_config_moe_plans_the_experts_a_routing_selects(tmp_path) -> None:
     prog = torch2step.compile_config(path, batch=2, past=8, chip="ipu-hbm", routing=ids)
     ups = [o for o in prog.schedule.ops if o.name.endswith("_gate_up")]
     assert sum(o.dims[2] for o in ups) == 2 * 32 * 3
+    # expert 5 gets two rows, 0 and 9 one each: the group is timed at its busiest expert's
+    # rows and counts the FLOPs of the four rows routed (2 x rows x hidden x 2 x inter)
+    (up,) = ups
+    assert up.dims[0] == 2 and up.flops == 2 * 4 * up.dims[1] * 2 * 32
+    # the experts' weights are preloaded once the routing operator has chosen them
+    names = [o.name for o in prog.schedule.ops]
+    assert up.routed_by in names and names.index(up.routed_by) < names.index(up.name)
     rep = prog.report(tokens=2)
     assert "3 of 16 experts active, as the routing's 2 tokens select" in str(rep)
+    assert f"preloaded once {up.routed_by} has chosen them" in str(rep)
     stack = torch2step.compile_config(
         path, batch=2, past=8, layers=2, chip="ipu-hbm", routing=ids
     )
     ups = [o for o in stack.schedule.ops if o.name.endswith("_gate_up")]
     assert sum(o.dims[2] for o in ups) == 2 * (2 * 32 * 3)  # two layers of three experts
+    assert [o.routed_by.split(".")[0] for o in ups] == ["L0", "L1"]
     with pytest.raises(torch2step.LoweringError, match=r"expected \[2, 2\] integer expert ids"):
         torch2step.compile_config(path, batch=2, past=8, chip="ipu-hbm", routing=ids[:1])
     with pytest.raises(torch2step.LoweringError, match="report\\(..., routing=ids\\)"):

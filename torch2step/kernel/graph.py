@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elk.ops import Operator, routed_expert_ops
+from elk.ops import Operator, expert_rows, routed_expert_ops
 from lowering.elk_kernels import register_node
 from torch2step.errors import LoweringError
 from torch2step.kernel.layers import active_experts
@@ -413,7 +413,8 @@ def _for_timing(
         if moe is not None:
             if moe not in timed:
                 timed.add(moe)
-                ops += _routed_experts(out, moe, op, routing)
+                by = _router(g, moe, {o.name for o in ops})
+                ops += _routed_experts(out, moe, op, routing, by)
             continue
         if op.kind != "vector":
             ops.append(dataclasses.replace(op, tensors=()))
@@ -438,24 +439,53 @@ def _for_timing(
     out.weights = {}
 
 
+def _router(g: LayerGraph, moe: str, timed: set[str]) -> str | None:
+    """The timed operator computing MoE node ``moe``'s expert ids (through views, which are
+    not timed), or None when none of ``timed`` does."""
+    made = {v: n for n in g.nodes for v in n.outputs}
+    node = next(n for n in g.nodes if n.name == moe)
+    src = made.get(node.inputs[2])  # the expert ids (MoEExperts.roles)
+    while src is not None and isinstance(src.op, _VIEWS) and src.inputs:
+        src = made.get(src.inputs[0])
+    return src.name if src is not None and src.name in timed else None
+
+
 def _routed_experts(
-    out: GraphOps, moe: str, first: Operator, routing: Any = None
+    out: GraphOps, moe: str, first: Operator, routing: Any = None, by: str | None = None
 ) -> list[Operator]:
     """MoE node ``moe``'s experts for a timing schedule (:func:`_for_timing`), in place of its
-    dense expert operators (``first``: the first of them)."""
+    dense expert operators (``first``: the first of them); ``by``: the operator computing the
+    expert ids, which their weights' preloads wait for (ELK §7 "Apply ELK to MoE")."""
     tokens, hidden, inter, experts, k = out.moe[moe]
     active = active_experts(experts, k, tokens, routing, where=f"{moe}: routing")
     if routing is None:
         how = f"as {tokens} tokens select in expectation under uniform top-{k} routing"
+        counts = None
     else:
-        how = f"as the routing's {tokens} tokens select"
-    spec = routed_expert_ops(tokens, hidden, inter, k, active, out.dtype, prefix=f"{moe}.")
+        how = f"as the routing's {tokens} tokens select, each with the rows routed to it"
+        counts = expert_rows(routing, experts)
+    spec = routed_expert_ops(
+        tokens,
+        hidden,
+        inter,
+        k,
+        active,
+        out.dtype,
+        routed={"routed_by": by} if by is not None else None,
+        prefix=f"{moe}.",
+        counts=counts,
+    )
     spec.append((f"{moe}.experts_sum", "vector", (tokens, hidden), {"flops_per_elem": 2 * k}))
     groups = sum(1 for name, *_ in spec if name.endswith("_gate_up"))
     out.notes.append(
         f"{moe}: {active} of {experts} experts active, {how} "
-        f"({groups} grouped operator{'s' if groups > 1 else ''}); "
-        "experts no token selects are not loaded"
+        f"({groups} grouped operator{'s' if groups > 1 else ''}, each timed at its busiest "
+        "expert's rows); experts no token selects are not loaded"
+        + (
+            f", the others' weights preloaded once {by} has chosen them"
+            if by is not None
+            else ""
+        )
     )
     return [
         Operator(name, kind, dims, out.dtype, layer=first.layer, **kw)  # type: ignore[arg-type]

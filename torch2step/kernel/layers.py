@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from elk.ops import Operator, expected_active, routed_expert_ops
+from elk.ops import Operator, expected_active, expert_rows, routed_expert_ops
 from models.configs import AttentionConfig, MoEConfig
 from models.registry import LAYERS
 from torch2step.errors import LoweringError
@@ -59,18 +59,30 @@ def active_experts(
 
 
 def _moe(cfg: MoEConfig, tokens: int, dtype: str, routing: Any = None) -> list[Operator]:
+    """The router, its top-k and the active experts as grouped operators (each expert's rows
+    those ``routing`` gives it, else an even share), whose weights are preloaded only once
+    the top-k has executed (ELK §7 "Apply ELK to MoE": the routing selects them)."""
     e, k, h, i = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
     active = moe_active(cfg, tokens, routing)
-    spec = [
-        ("router", "matmul", (tokens, h, e), 0),
-        ("topk", "vector", (tokens, e), 8),
+    counts = None if routing is None else expert_rows(routing, e)
+    spec: list[tuple[str, str, tuple[int, ...], dict]] = [
+        ("router", "matmul", (tokens, h, e), {}),
+        ("topk", "vector", (tokens, e), {"flops_per_elem": 8}),
     ]
     # the active experts as grouped operators that each fit the chip, as in a decode step
-    for name, kind, dims, kw in routed_expert_ops(tokens, h, i, k, active, dtype):
-        spec.append((name, kind, dims, kw.get("flops_per_elem", 0)))
+    spec += routed_expert_ops(
+        tokens, h, i, k, active, dtype, routed={"routed_by": "topk"}, counts=counts
+    )
     return [
-        Operator(name, kind, dims, dtype, slot=n, flops_per_elem=max(1, fpe))  # type: ignore[arg-type]
-        for n, (name, kind, dims, fpe) in enumerate(spec)
+        Operator(
+            name,
+            kind,  # type: ignore[arg-type]
+            dims,
+            dtype,
+            slot=n,
+            **{"flops_per_elem": 1, **kw},
+        )
+        for n, (name, kind, dims, kw) in enumerate(spec)
     ]
 
 

@@ -88,6 +88,7 @@ def stack_graph_ops(body: GraphOps, layer: LayerGraph, op: Repeat) -> GraphOps:
                     name=f"L{li}.{o.name}",
                     layer=li,
                     tensors=tuple((r, ren(t)) for r, t in o.tensors),
+                    routed_by=None if o.routed_by is None else f"L{li}.{o.routed_by}",
                 )
             )
         for i, w in body.weights.items():
