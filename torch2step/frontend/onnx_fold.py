@@ -157,6 +157,25 @@ def _binary(fn: Callable[[Arr, Arr], Arr], symbolic: bool = True) -> Folder:
     return fold
 
 
+def _variadic(fn: Callable[[Arr, Arr], Arr], symbolic: bool = True, mean: bool = False) -> Folder:
+    """``Max``/``Min``/``Sum``/``Mean`` of any number of operands, folded pairwise."""
+    pair = _binary(fn, symbolic)
+
+    def fold(view: OnnxView, node: OnnxNode, ins: list[Any]) -> list[Arr] | None:
+        xs = [x for x in ins if x is not None]
+        if not xs or (mean and any(_is_sym(x) for x in xs)):
+            return None
+        out = xs[0]
+        for x in xs[1:]:
+            got = pair(view, node, [out, x])
+            if got is None:
+                return None
+            out = got[0]
+        return [(out / len(xs)).astype(out.dtype) if mean else out]
+
+    return fold
+
+
 def _div(a: Arr, b: Arr) -> Arr:
     if a.dtype == object or b.dtype == object:
         return np.vectorize(lambda x, y: sympy.floor(sympy.sympify(x) / y), otypes=[object])(a, b)
@@ -279,8 +298,10 @@ FOLDERS: dict[str, Folder] = {
     "Sub": _binary(np.subtract),
     "Mul": _binary(np.multiply),
     "Div": _binary(_div),
-    "Max": _binary(np.maximum, symbolic=False),
-    "Min": _binary(np.minimum, symbolic=False),
+    "Max": _variadic(np.maximum, symbolic=False),
+    "Min": _variadic(np.minimum, symbolic=False),
+    "Sum": _variadic(np.add),
+    "Mean": _variadic(np.add, symbolic=False, mean=True),
     "Mod": _binary(np.mod, symbolic=False),
     "Pow": _binary(np.power, symbolic=False),
     "Neg": _unary(np.negative),

@@ -35,12 +35,12 @@ _SAME = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Sqrt": "sqrt",
     "Reciprocal": "reciprocal", "Neg": "neg", "Cos": "cos", "Sin": "sin", "Exp": "exp",
     "Sigmoid": "sigmoid", "Relu": "relu", "MatMul": "matmul", "Where": "where", "Expand": "expand",
-    "Reshape": "view", "Identity": "alias", "Equal": "eq", "Max": "maximum", "Gelu": "gelu",
+    "Reshape": "view", "Identity": "alias", "Equal": "eq", "Gelu": "gelu",
     "IsNaN": "isnan", "Erf": "erf", "Tanh": "tanh",
 }  # fmt: skip
 #: Op types whose known single-element operands are ATen literals (numbers, axes, bounds).
 _LITERAL_ARGS = frozenset(
-    {"Add", "Sub", "Mul", "Div", "Pow", "Max", "ReduceMean", "ReduceSum", "ReduceMax", "Slice",
+    {"Add", "Sub", "Mul", "Div", "Pow", "ReduceMean", "ReduceSum", "ReduceMax", "Slice",
      "Unsqueeze", "TopK", "Split"}
 )  # fmt: skip
 

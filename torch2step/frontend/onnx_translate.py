@@ -89,6 +89,27 @@ def _alias(em: Emitter, node: OnnxNode) -> None:
     em.bind(node.outputs[0], em.get(node.inputs[0]))
 
 
+# -- variadic elementwise -----------------------------------------------------------------------
+def _variadic(em: Emitter, node: OnnxNode) -> None:
+    """``Max``/``Min``/``Sum``/``Mean`` of any number of broadcast operands, folded pairwise
+    from the left (one operand: itself; ``Min`` as ``-max(-a, -b)``, ``Mean`` as the sum times
+    ``1/n``)."""
+    xs = [em.get(x) for x in node.inputs if x]
+    if not xs:
+        raise Unsupported(f"{node.op_type} without inputs")
+    if node.op_type == "Min":
+        xs = [em.emit1(L.Elementwise("neg"), [x], source=node.source) for x in xs]
+    fn = "maximum" if node.op_type in ("Max", "Min") else "add"
+    out = xs[0]
+    for x in xs[1:]:
+        out = em.emit1(L.Elementwise(fn), [out, x], source=node.source)
+    if node.op_type == "Min":
+        out = em.emit1(L.Elementwise("neg"), [out], source=node.source)
+    if node.op_type == "Mean" and len(xs) > 1:
+        out = em.emit1(L.Elementwise("mul_scalar", 1.0 / len(xs)), [out], source=node.source)
+    em.bind(node.outputs[0], out)
+
+
 # -- views --------------------------------------------------------------------------------------
 def _reshape(em: Emitter, node: OnnxNode) -> None:
     x = em.get(node.inputs[0])
@@ -236,4 +257,8 @@ TRANSLATORS: dict[str, Translator] = {
     "Split": _split,
     "Gather": _gather,
     "Expand": _expand,
+    "Max": _variadic,
+    "Min": _variadic,
+    "Sum": _variadic,
+    "Mean": _variadic,
 }
