@@ -12,6 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import torch2step
+from torch2step.errors import UnsupportedOperatorError
 from torch2step.frontend.onnx_import import import_onnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -82,3 +83,51 @@ def test_variadic_ops_of_constants_are_folded() -> None:
     model = _model(nodes, [("x", ["N", 8])], [("y", ["N", 8])], inits)
     assert [type(n.op).__name__ for n in import_onnx(model).nodes] == ["Elementwise"]
     _same_as_ort(model, torch.randn(4, 8))
+
+
+# -- reductions ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("op", "opset", "axes"),
+    [("ReduceSum", 13, []), ("ReduceSum", 13, None), ("ReduceMean", 18, []),
+     ("ReduceMax", 18, None)],
+)  # fmt: skip
+@pytest.mark.parametrize("shape", [[8], ["N", 8]])
+def test_reduce_with_noop_and_empty_axes_is_the_identity(op, opset, axes, shape) -> None:
+    ins = ["x", "ax"] if axes is not None else ["x"]
+    inits = [("ax", np.array(axes, np.int64))] if axes is not None else []
+    nodes = [
+        helper.make_node(op, ins, ["s"], keepdims=1, noop_with_empty_axes=1),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    model = _model(nodes, [("x", shape)], [("y", shape)], inits, opset=opset)
+    assert "Reduce" not in str(import_onnx(model))
+    _same_as_ort(model, torch.randn(*[4 if d == "N" else d for d in shape]))
+
+
+def test_reduce_with_empty_axes_reduces_every_axis() -> None:
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=1),
+        helper.make_node("Add", ["s", "b"], ["y"]),
+    ]
+    inits = [("ax", np.array([], np.int64)), ("b", _vec(8))]
+    model = _model(nodes, [("x", [8])], [("y", [8])], inits, opset=13)
+    _same_as_ort(model, torch.randn(8), atol=1e-4)
+
+
+def test_reduce_of_constants_with_noop_and_empty_axes_folds_to_the_constant() -> None:
+    nodes = [
+        helper.make_node("ReduceSum", ["c", "ax"], ["s"], keepdims=1, noop_with_empty_axes=1),
+        helper.make_node("ReduceSum", ["c", "ax"], ["t"], keepdims=1),
+        helper.make_node("Add", ["s", "t"], ["st"]),
+        helper.make_node("Add", ["x", "st"], ["y"]),
+    ]
+    inits = [("c", _vec(8)), ("ax", np.array([], np.int64))]
+    model = _model(nodes, [("x", ["N", 8])], [("y", ["N", 8])], inits, opset=13)
+    _same_as_ort(model, torch.randn(4, 8))
+
+
+def test_reduce_over_run_time_axes_is_refused_naming_the_node() -> None:
+    nodes = [helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=1, name="rs")]
+    model = _model(nodes, [("x", ["N", 8]), ("ax", [1], I64)], [("y", ["N", 1])], opset=13)
+    with pytest.raises(UnsupportedOperatorError, match=r"rs \(ReduceSum\)[\s\S]*axes must be"):
+        import_onnx(model)

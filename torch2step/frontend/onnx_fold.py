@@ -245,7 +245,7 @@ def _reduce(fn: Callable[..., Arr]) -> Folder:
     def fold(view: OnnxView, node: OnnxNode, ins: list[Any]) -> list[Arr] | None:
         if _is_sym(ins[0]):
             return None
-        axes = _axes(node, ins, 1)
+        axes = _axes(node, ins, 1) or None  # absent or empty: every axis, or none
         if axes is None and node.attr("noop_with_empty_axes", 0):
             return [ins[0]]
         keep = bool(node.attr("keepdims", 1))

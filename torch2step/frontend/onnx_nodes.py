@@ -68,10 +68,13 @@ def _canonical(
     if op in _SAME:
         return _SAME[op], tuple(args), dict(node.attrs)
     if op in ("ReduceMean", "ReduceSum", "ReduceMax"):
-        if _axes(node, args) is None and node.attr("noop_with_empty_axes", 0):
+        if len(args) > 1 and isinstance(args[1], GNode):  # axes computed at run time
+            return op, tuple(args), dict(node.attrs)
+        axes = _axes(node, args) or None  # absent or empty: every axis ...
+        if axes is None and node.attr("noop_with_empty_axes", 0):  # ... or none (identity)
             return "alias", (args[0],), {}
         name = {"ReduceMax": "amax"}.get(op, op[6:].lower())
-        return name, (args[0], _axes(node, args), bool(node.attr("keepdims", 1))), {}
+        return name, (args[0], axes, bool(node.attr("keepdims", 1))), {}
     if op == "Softmax" and (opset >= 13 or node.attr("axis", 1) == -1):
         return "_softmax", (args[0], int(node.attr("axis", -1)), False), {}
     if op == "Concat":
