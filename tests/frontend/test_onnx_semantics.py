@@ -131,3 +131,44 @@ def test_reduce_over_run_time_axes_is_refused_naming_the_node() -> None:
     model = _model(nodes, [("x", ["N", 8]), ("ax", [1], I64)], [("y", ["N", 1])], opset=13)
     with pytest.raises(UnsupportedOperatorError, match=r"rs \(ReduceSum\)[\s\S]*axes must be"):
         import_onnx(model)
+
+
+# -- arithmetic operands: tensor exponents, 1-D matrix products, constant vectors --------------
+@pytest.mark.parametrize("base_first", [True, False])
+def test_pow_with_a_tensor_exponent_is_refused_naming_the_node(base_first: bool) -> None:
+    ins = ["x", "e"] if base_first else ["e", "x"]
+    e = _vec(8) if base_first else np.array(2.0, np.float32)
+    nodes = [helper.make_node("Pow", ins, ["y"], name="my_pow")]
+    model = _model(nodes, [("x", ["N", 8])], [("y", ["N", 8])], [("e", e)])
+    with pytest.raises(UnsupportedOperatorError, match=r"my_pow \(Pow\)") as err:
+        import_onnx(model)
+    assert "tensor exponent" in str(err.value) and "constant scalar" in str(err.value)
+
+
+def test_pow_with_a_scalar_exponent_still_runs() -> None:
+    nodes = [helper.make_node("Pow", ["x", "e"], ["y"])]
+    model = _model(nodes, [("x", ["N", 8])], [("y", ["N", 8])], [("e", np.array(3.0, np.float32))])
+    _same_as_ort(model, torch.rand(4, 8))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "y", "const_b"),
+    [(["N", 8], [8], ["N"], True), (["N", 8], [8], ["N"], False),
+     (["B", "N", 8], [8], ["B", "N"], True), ([4], [4, 8], [8], False), ([4], [4], [], False)],
+)  # fmt: skip
+def test_matmul_with_a_one_dimensional_operand_follows_numpy(a, b, y, const_b) -> None:
+    size = {"N": 3, "B": 2}
+    ta = torch.randn(*[size.get(d, d) for d in a])
+    tb = torch.randn(*[size.get(d, d) for d in b])
+    inits = [("b", tb.numpy())] if const_b else []
+    inputs = [("a", a)] + ([] if const_b else [("b", b)])
+    model = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], inputs, [("y", y)], inits)
+    _same_as_ort(model, *([ta] if const_b else [ta, tb]))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+def test_arithmetic_with_an_integer_constant_vector_is_a_tensor_operand(op: str) -> None:
+    nodes = [helper.make_node(op, ["x", "c"], ["y"])]
+    inits = [("c", np.arange(8, dtype=np.int64) - 3)]
+    model = _model(nodes, [("x", ["N", 8], I64)], [("y", ["N", 8], I64)], inits)
+    _same_as_ort(model, torch.arange(32).reshape(4, 8) - 16)

@@ -43,6 +43,8 @@ _LITERAL_ARGS = frozenset(
     {"Add", "Sub", "Mul", "Div", "Pow", "ReduceMean", "ReduceSum", "ReduceMax", "Slice",
      "Unsqueeze", "TopK", "Split"}
 )  # fmt: skip
+#: Of those, the arithmetic ones: a known operand of several elements stays a tensor.
+_NUMBER_ARGS = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
 
 
 def _ints(a: Any) -> list[Any] | None:
@@ -152,7 +154,8 @@ class OnnxNodeView:
 
     def _add(self, node: OnnxNode) -> None:
         lit = node.op_type in _LITERAL_ARGS
-        args = [self._arg(x, lit) if x else None for x in node.inputs]
+        numbers = node.op_type in _NUMBER_ARGS
+        args = [self._arg(x, lit, numbers) if x else None for x in node.inputs]
         target, cargs, kwargs = _canonical(node, args, self.onnx.opset)
         if target == "split_with_sizes" and cargs[1] is None:  # equal parts: the outputs say
             shapes = [self.onnx.shape(o) or () for o in node.outputs]
@@ -194,11 +197,13 @@ class OnnxNodeView:
         self.index[g] = len(self.nodes)
         self.nodes.append(g)
 
-    def _arg(self, name: str, literal: bool) -> Any:
+    def _arg(self, name: str, literal: bool, numbers_only: bool = False) -> Any:
+        """The operand ``name``: a literal when ``literal`` and it is known (only a number when
+        ``numbers_only``: a constant vector of an arithmetic op is a tensor), else its node."""
         known = self.onnx.known.get(name) if literal else None
         if known is not None:
             lit = _literal(known)
-            if lit is not None:
+            if lit is not None and not (numbers_only and isinstance(lit, list)):
                 return lit
             return self._leaf(name)
         return self.value.get(name) or self._leaf(name)

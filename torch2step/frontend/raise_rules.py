@@ -335,7 +335,17 @@ def _unary(em: FxEmitter, node: fx.Node) -> Value:
     return em.emit1(L.Elementwise(op_name(node)), [em.get(node.args[0])])
 
 
-@_rule("aten.pow.Tensor_Scalar")
+def _pow_check(view: ProgramView, node: fx.Node) -> str | None:
+    base, exponent = node.args[0], node.args[1]
+    if not is_node(base) or not isinstance(exponent, (int, float)):
+        return (
+            "power with a tensor exponent (the layer graph has only x ** c for a constant "
+            "scalar c); make the exponent a constant scalar"
+        )
+    return None
+
+
+@_rule("aten.pow.Tensor_Scalar", check=_pow_check)
 def _pow(em: FxEmitter, node: fx.Node) -> Value:
     e = float(node.args[1])
     x = em.get(node.args[0])
@@ -385,7 +395,22 @@ _rule("aten.amax.default")(_reduce("max"))
 # -- matrix products ----------------------------------------------------------------------------
 @_rule("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
 def _matmul(em: FxEmitter, node: fx.Node) -> Value:
-    return em.emit1(L.MatMul(), [em.get(node.args[0]), em.get(node.args[1])])
+    """``a @ b``; a 1-D operand (numpy semantics) is a ``[1, K]`` row on the left or a
+    ``[K, 1]`` column on the right, whose axis is then dropped from the product."""
+    a, b = node.args[0], node.args[1]
+    left, right = em.view.rank(a) == 1, em.view.rank(b) == 1
+    xa, xb = em.get(a), em.get(b)
+    if left:
+        xa = em.reshape(xa, (1, *em.type(xa).shape))
+    if right:
+        xb = em.reshape(xb, (*em.type(xb).shape, 1))
+    out = em.emit1(L.MatMul(), [xa, xb])
+    if not (left or right):
+        return out
+    shape = list(em.type(out).shape)
+    drop = {len(shape) - 2} if left else set()
+    drop |= {len(shape) - 1} if right else set()
+    return em.reshape(out, tuple(d for i, d in enumerate(shape) if i not in drop))
 
 
 def _addmm_check(view: ProgramView, node: fx.Node) -> str | None:

@@ -108,6 +108,11 @@ class MatMul(LayerOp):
 
     def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
         a, b = ins
+        if a.rank < 2 or b.rank < 2:
+            raise FrontendError(
+                f"MatMul: operands {a} and {b} must have rank >= 2 (a 1-D operand is a [1, K] "
+                "row or a [K, 1] column: reshape it first)"
+            )
         if not _same(a.shape[-1], b.shape[-2]):
             raise FrontendError(f"MatMul: inner dimensions of {a} and {b} differ")
         batch = _broadcast("MatMul", [a.shape[:-2], b.shape[:-2]])
