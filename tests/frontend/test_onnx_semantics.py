@@ -172,3 +172,35 @@ def test_arithmetic_with_an_integer_constant_vector_is_a_tensor_operand(op: str)
     inits = [("c", np.arange(8, dtype=np.int64) - 3)]
     model = _model(nodes, [("x", ["N", 8], I64)], [("y", ["N", 8], I64)], inits)
     _same_as_ort(model, torch.arange(32).reshape(4, 8) - 16)
+
+
+# -- Slice bounds --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim", [4, "N"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize(
+    ("start", "end"), [(-10, 2), (-6, -1), (-3, 100), (1, 100), (-1, 2**63 - 1), (0, 3)]
+)
+def test_slice_bounds_are_clamped_as_onnx_does(dim, axis: int, start: int, end: int) -> None:
+    shape = [dim, 4] if axis == 0 else [3, dim]
+    out = [None, 4] if axis == 0 else [3, None]
+    inits = [("s", np.array([start])), ("e", np.array([end])), ("a", np.array([axis]))]
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])]
+    model = _model(nodes, [("x", shape)], [("y", out)], inits)
+    _same_as_ort(model, torch.randn(4, 4) if axis == 0 else torch.randn(3, 4))
+
+
+def test_an_empty_slice_is_refused_naming_the_node() -> None:
+    inits = [("s", np.array([1])), ("e", np.array([-10])), ("a", np.array([1]))]
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a"], ["y"], name="my_slice")]
+    model = _model(nodes, [("x", [3, 4])], [("y", [3, None])], inits)
+    with pytest.raises(UnsupportedOperatorError, match=r"my_slice \(Slice\)[\s\S]*no elements"):
+        import_onnx(model)
+
+
+def test_a_pytorch_slice_from_before_the_start_is_clamped() -> None:
+    class Tail(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[:, -10:] * 2
+
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch2step.compile(Tail(), (x,)).run(x), x * 2)

@@ -151,16 +151,20 @@ def _flatten(em: Emitter, node: OnnxNode) -> None:
 
 
 def _slice_bound(v: Dim, size: Dim) -> Dim:
-    if isinstance(v, int):
-        if v >= _BIG:
-            return size
-        if v <= -_BIG:
-            return 0
-        if v < 0:
-            return sympy.sympify(size) + v
-        if isinstance(size, int):
-            return min(v, size)
-    return v
+    """A constant ``Slice`` start or end as ONNX clamps it: a negative one counts from the end,
+    then it is clamped into ``[0, size]`` (``Max``/``Min`` of a symbolic ``size``); a symbolic
+    bound is taken as given."""
+    if not isinstance(v, int):
+        return v
+    if v >= _BIG:
+        return size
+    if v <= -_BIG:
+        return 0
+    if isinstance(size, int):
+        return min(max(v + size if v < 0 else v, 0), size)
+    if v < 0:
+        return _dim(sympy.Max(sympy.sympify(size) + v, 0))
+    return _dim(sympy.Min(v, size))
 
 
 def _slice(em: Emitter, node: OnnxNode) -> None:
@@ -179,6 +183,11 @@ def _slice(em: Emitter, node: OnnxNode) -> None:
         lo, hi = _slice_bound(s, size), _slice_bound(e, size)
         if same_dim(lo, 0) and same_dim(hi, size):
             continue
+        if same_dim(lo, hi) or isinstance(lo, int) and isinstance(hi, int) and hi < lo:
+            raise Unsupported(
+                f"Slice [{s}:{e}] of axis {d} (size {size}) selects no elements; the layer graph "
+                "has no empty tensors"
+            )
         out = em.emit1(L.Slice(d, _dim(lo), _dim(hi)), [out], source=node.source)
     em.bind(node.outputs[0], out)
 

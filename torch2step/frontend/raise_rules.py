@@ -121,6 +121,8 @@ def _slice(em: FxEmitter, node: fx.Node) -> Value:
         end = size
     if isinstance(start, int) and start < 0:
         start = size + start
+    if isinstance(start, int) and isinstance(size, int):  # clamped into [0, size] as ATen does
+        start = min(max(start, 0), size)
     if isinstance(end, int) and end < 0:
         end = size + end
     out_len = em.view.shape(node)[dim]
