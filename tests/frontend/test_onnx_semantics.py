@@ -204,3 +204,11 @@ def test_a_pytorch_slice_from_before_the_start_is_clamped() -> None:
 
     x = torch.randn(3, 4)
     torch.testing.assert_close(torch2step.compile(Tail(), (x,)).run(x), x * 2)
+
+
+# -- Transpose -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("shape", "out"), [([2, 3, 4], [4, 3, 2]), (["N", 8], [8, "N"])])
+def test_transpose_without_perm_reverses_the_axes(shape, out) -> None:
+    nodes = [helper.make_node("Transpose", ["x"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    model = _model(nodes, [("x", shape)], [("y", out)])
+    _same_as_ort(model, torch.randn(*[4 if d == "N" else d for d in shape]))

@@ -74,6 +74,7 @@ _HINTS = {
     "Shape": "the size of a data-dependent tensor (only sizes of inputs are known)",
     "Sin": "trigonometry outside a recognised rotary embedding",
     "Softmax": "Softmax before opset 13 flattens axes; re-export with opset >= 13",
+    "Transpose": "Transpose without perm of a value of unknown rank; give perm",
     **{
         op: "reduction over axes computed at run time; the axes must be constants"
         for op in ("ReduceMean", "ReduceSum", "ReduceMax")

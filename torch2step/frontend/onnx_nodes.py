@@ -111,7 +111,13 @@ def _canonical(
         sizes = _ints(args[1]) if len(args) > 1 else node.attr("split")
         return "split_with_sizes", (args[0], sizes, int(node.attr("axis", 0))), {}
     if op == "Transpose":
-        return "permute", (args[0], list(node.attr("perm") or [])), {}
+        perm = node.attr("perm")
+        if perm is None:  # ONNX default: the axes reversed
+            shape = getattr(args[0], "shape", None)
+            if shape is None:
+                return op, tuple(args), dict(node.attrs)
+            perm = range(len(shape) - 1, -1, -1)
+        return "permute", (args[0], list(perm)), {}
     return op, tuple(args), dict(node.attrs)
 
 
