@@ -212,3 +212,31 @@ def test_transpose_without_perm_reverses_the_axes(shape, out) -> None:
     nodes = [helper.make_node("Transpose", ["x"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
     model = _model(nodes, [("x", shape)], [("y", out)])
     _same_as_ort(model, torch.randn(*[4 if d == "N" else d for d in shape]))
+
+
+# -- dim_param spellings -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "symbol"),
+    [("batch-size", "batch_size"), ("2*N", "d_2_N"), ("N/A", "N_A"), ("seq.len", "seq_len")],
+)
+def test_a_dim_param_that_is_no_identifier_is_an_opaque_dim(text: str, symbol: str) -> None:
+    w = _RNG.standard_normal((8, 4)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = _model(nodes, [("x", [text, 8])], [("y", [text, 4])], [("w", w)])
+    g = import_onnx(model)
+    assert {str(s): v for s, v in g.dims.items()} == {symbol: ("x", 0)}
+    prog = torch2step.compile(model, (torch.randn(6, 8),))
+    for n in (6, 4):
+        x = torch.randn(n, 8)
+        np.testing.assert_allclose(prog.run(x).numpy(), _ort(model, x), rtol=1e-5, atol=1e-5)
+    assert prog.report(torch.randn(4, 8)).latency_cycles > 0
+
+
+def test_a_dim_param_expression_of_other_input_dims_stays_derived() -> None:
+    nodes = [helper.make_node("Concat", ["x", "z"], ["y"], axis=0)]
+    inputs = [("x", ["N", 8]), ("z", ["N + 1", 8]), ("u", ["2*M", 8])]
+    nodes.append(helper.make_node("Relu", ["u"], ["v"]))
+    model = _model(nodes, inputs, [("y", ["2*N + 1", 8]), ("v", ["2*M", 8])])
+    g = import_onnx(model)
+    assert [str(g.types[i].shape[0]) for i in g.inputs] == ["N", "N + 1", "d_2_M"]
+    assert sorted(str(s) for s in g.dims) == ["N", "d_2_M"]

@@ -61,7 +61,9 @@ def parse_dim(text: str) -> sympy.Expr:
 
 
 def _sanitize(text: str) -> str:
-    return re.sub(r"\W+", "_", text).strip("_") or "dim"
+    """``text`` as an identifier: runs of other characters become ``_`` (``"2*N"`` -> ``d_2_N``)."""
+    name = re.sub(r"\W+", "_", text).strip("_") or "dim"
+    return name if name.isidentifier() else f"d_{name}"
 
 
 @dataclass(eq=False)
@@ -133,6 +135,8 @@ class OnnxView:
     known: dict[str, np.ndarray] = field(default_factory=dict)
     folded: set[str] = field(default_factory=set)
     dims: dict[sympy.Symbol, tuple[str, int]] = field(default_factory=dict)
+    #: the graph inputs' ``dim_param`` texts and what they stand for (see ``_name_input_dims``)
+    dim_names: dict[str, Dim] = field(default_factory=dict)
     opset: int = 0
     _node_view: Any = None
 
@@ -154,13 +158,42 @@ class OnnxView:
         for init in g.initializer:
             view.known[init.name] = numpy_helper.to_array(init)
             view.dtypes[init.name] = ONNX_DTYPES.get(init.data_type, f"onnx{init.data_type}")
-        for vi in [*g.input, *g.value_info, *g.output]:
-            view._record_type(vi)
         view.inputs = [i.name for i in g.input if i.name not in view.known]
         view.outputs = [o.name for o in g.output]
+        view._name_input_dims(g)
+        for vi in [*g.input, *g.value_info, *g.output]:
+            view._record_type(vi)
         view._register_input_dims(g)
         view._sort_nodes(g)
         return view
+
+    def _name_input_dims(self, g: onnx.GraphProto) -> None:
+        """What the graph inputs' ``dim_param`` texts stand for.  A name (``"batch"``,
+        ``"batch size"``) is a symbol; an integer expression of those names (a derived dim such
+        as ``"L + 1"``, as torch.export writes it) is that expression; any other text
+        (``"batch-size"``, ``"2*N"`` alone, ``"N/A"``) is an opaque label, as ONNX defines a
+        dim_param: one fresh symbol per distinct text, named after it (``batch_size``)."""
+        inputs = set(self.inputs)
+        texts = [
+            d.dim_param
+            for vi in g.input
+            if vi.name in inputs and vi.type.HasField("tensor_type")
+            for d in vi.type.tensor_type.shape.dim
+            if d.HasField("dim_param")
+        ]
+        parsed = {t: parse_dim(t) for t in texts}
+        names = {e for e in parsed.values() if isinstance(e, sympy.Symbol)}
+        taken = {str(s) for s in names}
+        for text, expr in parsed.items():
+            if not isinstance(expr, sympy.Symbol) and not (
+                expr.free_symbols <= names and expr.is_integer
+            ):
+                name = _sanitize(text)
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                expr = _symbol(name)
+            self.dim_names[text] = expr
 
     def _record_type(self, vi: onnx.ValueInfoProto) -> None:
         tt = vi.type.tensor_type
@@ -173,7 +206,7 @@ class OnnxView:
                 if d.HasField("dim_value"):
                     dims.append(int(d.dim_value))
                 elif d.HasField("dim_param"):
-                    dims.append(parse_dim(d.dim_param))
+                    dims.append(self.dim_names.get(d.dim_param, parse_dim(d.dim_param)))
                 else:
                     dims.append(None)
             self.shapes.setdefault(vi.name, tuple(dims))
