@@ -5,6 +5,8 @@ valid models the importer cannot translate are refused with a message naming the
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -12,7 +14,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import torch2step
-from torch2step.errors import UnsupportedOperatorError
+from torch2step.errors import FrontendError, UnsupportedOperatorError
 from torch2step.frontend.onnx_import import import_onnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -240,3 +242,40 @@ def test_a_dim_param_expression_of_other_input_dims_stays_derived() -> None:
     g = import_onnx(model)
     assert [str(g.types[i].shape[0]) for i in g.inputs] == ["N", "N + 1", "d_2_M"]
     assert sorted(str(s) for s in g.dims) == ["N", "d_2_M"]
+
+
+# -- dims ONNX shape inference left unknown --------------------------------------------------
+def test_a_legacy_export_with_unknown_dims_is_a_frontend_error_naming_the_node(tmp_path) -> None:
+    from models import get_layer
+
+    module, inputs, dynamic, _ = get_layer("qwen3-moe", tiny=True, batch=8, impl="loop")
+    path = tmp_path / "moe_ts.onnx"
+    axes = {n: {int(k): f"{n}_{k}" for k in d} for n, d in dynamic.items()}
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation and tracer ones
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(inputs), path, dynamo=False, opset_version=17,
+                          input_names=list(dynamic), dynamic_axes=axes)  # fmt: skip
+    with pytest.raises(FrontendError, match=r"\(TopK\): trying pattern") as err:
+        import_onnx(path)
+    assert "unk__" in str(err.value) and "dynamo=True" in str(err.value)
+
+
+def test_shape_of_a_value_with_unknown_dims_advises_a_dynamo_export() -> None:
+    nodes = [
+        helper.make_node("Reshape", ["x", "s"], ["r"]),
+        helper.make_node("Shape", ["r"], ["sh"], name="shape_r"),
+        helper.make_node("Reshape", ["x", "sh"], ["y"]),
+        helper.make_node("NonZero", ["x"], ["nz"]),
+        helper.make_node("Shape", ["nz"], ["shz"], name="shape_nz"),
+        helper.make_node("Reshape", ["x", "shz"], ["z"]),
+    ]
+    inputs = [("x", ["N", 8]), ("s", [2], I64)]
+    model = _model(nodes, inputs, [("y", [None, None]), ("z", [None, None])])
+    with pytest.raises(UnsupportedOperatorError) as err:
+        import_onnx(model)
+    why = {
+        line.split("(")[0].strip("- "): nxt
+        for line, nxt in zip(str(err.value).splitlines(), str(err.value).splitlines()[1:])
+    }
+    assert "unk__" in why["shape_r"] and "dynamo=True" in why["shape_r"]
+    assert "data-dependent" in why["shape_nz"] and "dynamo" not in why["shape_nz"]

@@ -76,6 +76,9 @@ def find_matches(view: Any, patterns: Sequence[Pattern]) -> tuple[dict[Any, Matc
             except NoMatch as exc:
                 notes.setdefault(node, f"{pattern.name}: {exc.reason}")
                 continue
+            except FrontendError as exc:  # the graph cannot be read there: say where
+                where = source_line(node) or node.name
+                raise FrontendError(f"{where}: trying pattern {pattern.name}: {exc}") from exc
             if m is None or any(r in matches for r in m.roots):
                 continue
             for r in m.roots:

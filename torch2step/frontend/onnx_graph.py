@@ -22,7 +22,15 @@ from onnx import numpy_helper
 from torch2step.errors import FrontendError
 from torch2step.frontend.gnode import same_dim
 
-__all__ = ["OnnxNode", "OnnxView", "Dim", "parse_dim", "same_dim", "ONNX_DTYPES"]
+__all__ = [
+    "OnnxNode",
+    "OnnxView",
+    "Dim",
+    "parse_dim",
+    "same_dim",
+    "unknown_dims_advice",
+    "ONNX_DTYPES",
+]
 
 Dim = int | sympy.Expr
 
@@ -58,6 +66,22 @@ def parse_dim(text: str) -> sympy.Expr:
         if isinstance(expr, sympy.Expr) and expr.free_symbols <= set(names.values()):
             return expr
     return _symbol(_sanitize(text))
+
+
+def unknown_dims_advice(names: Iterable[str]) -> str:
+    """Why the dims ``names`` are unknown and what to do (for messages)."""
+    names = sorted(set(names))
+    legacy = (
+        " (the legacy TorchScript exporter, torch.onnx.export(..., dynamo=False), leaves such "
+        "unk__ dims)"
+        if any(n.startswith("unk__") for n in names)
+        else ""
+    )
+    return (
+        f"ONNX shape inference left dims unknown ({', '.join(names)}){legacy}; re-export with "
+        "torch.onnx.export(..., dynamo=True), which records every shape in terms of the "
+        "inputs' dims"
+    )
 
 
 def _sanitize(text: str) -> str:

@@ -31,7 +31,7 @@ from torch2step.frontend.fx_pattern import Pattern
 from torch2step.frontend.gnode import GNode, arg_nodes
 from torch2step.frontend.onnx_emit import Emitter
 from torch2step.frontend.onnx_fold import fold_constants
-from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxView
+from torch2step.frontend.onnx_graph import ONNX_DTYPES, OnnxNode, OnnxView, unknown_dims_advice
 from torch2step.frontend.onnx_moe_experts import onnx_projections
 from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.onnx_translate import TRANSLATORS
@@ -71,7 +71,7 @@ _HINTS = {
     "If": "control flow: export without data-dependent branches (use torch.cond or remove them)",
     "Expand": "broadcast copy outside repeat_kv of grouped-query attention",
     "Cos": "trigonometry outside a recognised rotary embedding",
-    "Shape": "the size of a data-dependent tensor (only sizes of inputs are known)",
+    "Shape": "the size of a data-dependent tensor (only sizes of inputs are known)",  # _shape_hint
     "Sin": "trigonometry outside a recognised rotary embedding",
     "Softmax": "Softmax before opset 13 flattens axes; re-export with opset >= 13",
     "Transpose": "Transpose without perm of a value of unknown rank; give perm",
@@ -204,6 +204,8 @@ class OnnxFrontend:
             return None
         dom = f" (domain {onnx_node.domain!r})" if onnx_node.domain else ""
         hint = _HINTS.get(onnx_node.op_type, "no layer op or raising pattern covers it")
+        if onnx_node.op_type == "Shape" and not dom:
+            hint = _shape_hint(self.view.onnx, onnx_node) or hint
         return f"no translation for {onnx_node.op_type}{dom}: {hint}"
 
     def describe(self, node: GNode) -> str:
@@ -226,6 +228,40 @@ class OnnxFrontend:
         if onnx_node is None or node.target == "getitem" or len(onnx_node.outputs) == 1:
             return em.has(node.name)
         return any(em.has(o) for o in onnx_node.outputs if o)
+
+
+#: Op types whose outputs' sizes depend on the data.
+_DATA_DEPENDENT = frozenset({"NonZero", "Unique", "Compress", "Loop", "If", "Scan"})
+
+
+def _shape_hint(view: OnnxView, node: OnnxNode) -> str | None:
+    """Why ``Shape`` of a value that no data-dependent op computes was not folded: its dims
+    that are no input's (left unknown by shape inference), or None."""
+    shape = view.shape(node.inputs[0])
+    if shape is None:
+        return (
+            f"ONNX shape inference left the shape of {node.inputs[0]!r} unknown; re-export with "
+            "torch.onnx.export(..., dynamo=True), which records every shape"
+        )
+    unknown = [str(d) for d in shape if d is None or not view.is_graph_dim(d)]
+    if not unknown or _depends_on_data(view, node.inputs[0]):
+        return None
+    unknown = ["?" if d == "None" else d for d in unknown]
+    return f"the shape of {node.inputs[0]!r} is not known: " + unknown_dims_advice(unknown)
+
+
+def _depends_on_data(view: OnnxView, value: str) -> bool:
+    """Whether a data-dependent op (``NonZero``, ``Loop``, ...) is upstream of ``value``."""
+    seen, stack = set(), [value]
+    while stack:
+        node = view.producer.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        if node.op_type in _DATA_DEPENDENT:
+            return True
+        seen.add(node.name)
+        stack.extend(x for x in node.inputs if x)
+    return False
 
 
 def import_onnx(

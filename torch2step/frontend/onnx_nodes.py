@@ -20,8 +20,9 @@ import numpy as np
 import sympy
 import torch
 
+from torch2step.errors import FrontendError
 from torch2step.frontend.gnode import GNode, arg_nodes
-from torch2step.frontend.onnx_graph import OnnxNode, OnnxView
+from torch2step.frontend.onnx_graph import OnnxNode, OnnxView, unknown_dims_advice
 from torch2step.frontend.onnx_probe import concrete_value, run_subgraph, upstream
 
 __all__ = ["OnnxNodeView", "TORCH_DTYPES"]
@@ -251,7 +252,13 @@ class OnnxNodeView:
         return False
 
     def concrete(self, expr: Any, binding: dict[sympy.Symbol, int] | None = None) -> int:
-        return int(sympy.sympify(expr).subs(self.hints if binding is None else binding))
+        """``expr`` at the sample dims (or ``binding``); a FrontendError when it depends on a
+        dim that is not an input's (a dim ONNX shape inference left unknown)."""
+        value = sympy.sympify(expr).subs(self.hints if binding is None else binding)
+        if not value.is_Integer:
+            unknown = [str(s) for s in value.free_symbols]
+            raise FrontendError(f"the size {expr} is not known: {unknown_dims_advice(unknown)}")
+        return int(value)
 
     def run(
         self,
