@@ -279,3 +279,21 @@ def test_shape_of_a_value_with_unknown_dims_advises_a_dynamo_export() -> None:
     }
     assert "unk__" in why["shape_r"] and "dynamo=True" in why["shape_r"]
     assert "data-dependent" in why["shape_nz"] and "dynamo" not in why["shape_nz"]
+
+
+# -- Softmax before opset 13 ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("shape", "axis"), [(["N", 8], None), ([8], 0), ([8], -1), ([2, 3, "N", 8], 3)]
+)
+def test_softmax_before_opset_13_over_the_last_axis_is_accepted(shape, axis) -> None:
+    attrs = {} if axis is None else {"axis": axis}
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], **attrs)]
+    model = _model(nodes, [("x", shape)], [("y", shape)], opset=11)
+    _same_as_ort(model, torch.randn(*[4 if d == "N" else d for d in shape]))
+
+
+def test_softmax_before_opset_13_over_flattened_axes_is_refused() -> None:
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=1, name="sm")]
+    model = _model(nodes, [("x", [2, 3, 8])], [("y", [2, 3, 8])], opset=11)
+    with pytest.raises(UnsupportedOperatorError, match=r"sm \(Softmax\)[\s\S]*opset >= 13"):
+        import_onnx(model)

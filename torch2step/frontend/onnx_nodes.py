@@ -61,6 +61,16 @@ def _axes(node: OnnxNode, args: list[Any], pos: int = 1) -> Any:
     return node.attr("axes")
 
 
+def _softmax_axis(node: OnnxNode, x: Any, opset: int) -> int | None:
+    """The axis of a ``Softmax``; before opset 13 it flattens the axes from ``axis`` (default
+    1) on, the same as ATen's only when ``axis`` is the last one (else None)."""
+    if opset >= 13:
+        return int(node.attr("axis", -1))
+    axis = int(node.attr("axis", 1))
+    rank = len(getattr(x, "shape", None) or ())
+    return axis if rank and -rank <= axis < rank and axis % rank == rank - 1 else None
+
+
 def _canonical(
     node: OnnxNode, args: list[Any], opset: int
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
@@ -78,8 +88,8 @@ def _canonical(
             return "alias", (args[0],), {}
         name = {"ReduceMax": "amax"}.get(op, op[6:].lower())
         return name, (args[0], axes, bool(node.attr("keepdims", 1))), {}
-    if op == "Softmax" and (opset >= 13 or node.attr("axis", 1) == -1):
-        return "_softmax", (args[0], int(node.attr("axis", -1)), False), {}
+    if op == "Softmax" and (axis := _softmax_axis(node, args[0], opset)) is not None:
+        return "_softmax", (args[0], axis, False), {}
     if op == "Concat":
         return "cat", ([a for a in args if a is not None], int(node.attr("axis"))), {}
     if op == "Unsqueeze":
