@@ -297,3 +297,16 @@ def test_softmax_before_opset_13_over_flattened_axes_is_refused() -> None:
     model = _model(nodes, [("x", [2, 3, 8])], [("y", [2, 3, 8])], opset=11)
     with pytest.raises(UnsupportedOperatorError, match=r"sm \(Softmax\)[\s\S]*opset >= 13"):
         import_onnx(model)
+
+
+# -- loading -------------------------------------------------------------------------------------
+def test_a_missing_external_data_file_is_named(tmp_path) -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    w = _RNG.standard_normal((8, 4)).astype(np.float32)
+    model = _model(nodes, [("x", ["N", 8])], [("y", ["N", 4])], [("w", w)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="m.onnx.weights", size_threshold=0)
+    assert import_onnx(path).params
+    (tmp_path / "m.onnx.weights").unlink()
+    with pytest.raises(FrontendError, match=r"m\.onnx\.weights.*place m\.onnx\.weights next"):
+        import_onnx(path)

@@ -105,6 +105,24 @@ def _infer_shapes(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
         return model
 
 
+def _missing_external_data(path: Path) -> list[str]:
+    """The external data files ``path``'s tensors name that are not next to it."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a readable model at all: no external data to name
+        return []
+    g = model.graph
+    tensors = [*g.initializer, *(a.t for n in g.node for a in n.attribute if a.HasField("t"))]
+    locations = {
+        entry.value
+        for t in tensors
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    }
+    return sorted(loc for loc in locations if not (path.parent / loc).is_file())
+
+
 def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
     """Read ``source``, check it and infer its shapes; raises :class:`FrontendError` for a
     missing, unreadable or invalid model."""
@@ -123,6 +141,13 @@ def load_onnx_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.Mo
         try:
             model = onnx.load(str(path))
         except Exception as exc:  # protobuf decode errors have no common base class
+            missing = _missing_external_data(path)
+            if missing:
+                raise FrontendError(
+                    f"{where} keeps its weights in external data file(s) {', '.join(missing)}, "
+                    f"missing from {path.parent}; place {missing[0]} next to the model (the "
+                    "location is relative to the .onnx file) or re-export it"
+                ) from exc
             raise FrontendError(
                 f"cannot parse {where} as an ONNX model ({type(exc).__name__}: {exc}); the file "
                 "is corrupt or not ONNX — re-export it with torch.onnx.export(..., dynamo=True)"
