@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy as sp
@@ -40,6 +40,20 @@ def import_onnx(path_or_model: Any, *, name: str | None = None) -> LayerGraph:
     from torch2step.frontend.onnx_import import import_onnx as _imp
 
     return _imp(path_or_model, name=name)
+
+
+def _inputs_by_name(layer: LayerGraph, inputs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """``inputs`` given by the graph's input names, in the graph's input order."""
+    missing = [n for n in layer.inputs if n not in inputs]
+    unknown = sorted(str(n) for n in inputs if n not in layer.inputs)
+    if missing or unknown:
+        problems = [f"missing {', '.join(missing)}"] if missing else []
+        problems += [f"unknown {', '.join(unknown)}"] if unknown else []
+        raise FrontendError(
+            f"compile: example_inputs by name must name each input of {layer.name} "
+            f"({', '.join(layer.inputs)}); {'; '.join(problems)}"
+        )
+    return tuple(inputs[n] for n in layer.inputs)
 
 
 def _resolve_chip(chip: Chip | str | os.PathLike[str]) -> Chip:
@@ -86,7 +100,7 @@ def _is_onnx(obj: Any) -> bool:
 
 def compile(  # noqa: A001  (the public name the users asked for)
     module_or_onnx: Any,
-    example_inputs: Sequence[Any] | torch.Tensor | None = None,
+    example_inputs: Sequence[Any] | Mapping[str, Any] | torch.Tensor | None = None,
     chip: Chip | str = "step-sda",
     dynamic_shapes: Any = None,
     execution: str | None = None,
@@ -95,7 +109,8 @@ def compile(  # noqa: A001  (the public name the users asked for)
     """Compile a module, an ONNX file/model or a layer graph for ``chip``.
 
     ``example_inputs``: the module's positional tensors (required for a module; for an ONNX
-    model or layer graph, defaults to :func:`example_inputs_for`); ``dynamic_shapes`` as in
+    model or layer graph, also a mapping by input name, and by default
+    :func:`example_inputs_for`); ``dynamic_shapes`` as in
     ``torch.export`` (default: tokens / batch / KV-length dims are dynamic, see
     :mod:`torch2step.frontend.capture`); ``options``: tiling options of
     :class:`~torch2step.lower.LowerOptions` (``tile_rows``, ``tile_cols``, ``tile_kv``, ...).
@@ -141,6 +156,11 @@ def compile(  # noqa: A001  (the public name the users asked for)
     target = _resolve_chip(chip)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
+    if isinstance(example_inputs, Mapping) and isinstance(module_or_onnx, torch.nn.Module):
+        raise FrontendError(
+            "compile(module, example_inputs): a module's example inputs are its positional "
+            "tensors, a tuple; inputs by name are for an ONNX model or a layer graph"
+        )
     if isinstance(module_or_onnx, LayerGraph):
         layer = module_or_onnx
     elif _is_onnx(module_or_onnx):
@@ -158,6 +178,8 @@ def compile(  # noqa: A001  (the public name the users asked for)
         )
     if example_inputs is None:
         example_inputs = example_inputs_for(layer)
+    elif isinstance(example_inputs, Mapping):
+        example_inputs = _inputs_by_name(layer, example_inputs)
     from torch2step.layers.stack import Repeat
 
     if any(isinstance(n.op, Repeat) for n in layer.nodes):  # N identical layers, one body

@@ -310,3 +310,16 @@ def test_a_missing_external_data_file_is_named(tmp_path) -> None:
     (tmp_path / "m.onnx.weights").unlink()
     with pytest.raises(FrontendError, match=r"m\.onnx\.weights.*place m\.onnx\.weights next"):
         import_onnx(path)
+
+
+# -- example inputs by name ------------------------------------------------------------------
+def test_compile_takes_example_inputs_by_onnx_input_name() -> None:
+    nodes = [helper.make_node("Sub", ["x", "z"], ["y"])]
+    model = _model(nodes, [("x", ["N", 8]), ("z", ["N", 8])], [("y", ["N", 8])])
+    x, z = torch.randn(4, 8), torch.randn(4, 8)
+    prog = torch2step.compile(model, {"z": z, "x": x})
+    np.testing.assert_allclose(prog.run(x, z).numpy(), _ort(model, x, z), rtol=1e-6)
+    with pytest.raises(FrontendError, match=r"by name .*\(x, z\); missing z; unknown w"):
+        torch2step.compile(model, {"x": x, "w": z})
+    with pytest.raises(FrontendError, match="positional tensors, a tuple"):
+        torch2step.compile(torch.nn.ReLU(), {"x": x})
