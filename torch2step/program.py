@@ -34,7 +34,7 @@ from torch2step.errors import FrontendError, ScheduleError, Torch2StepError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, format_layer_graph, torch_dtype
 from torch2step.lower import Lowered
-from torch2step.report import Report
+from torch2step.report import PADDING_NOTE, Report
 from torch2step.step import RunResult, metrics, run
 from torch2step.step.printer import format_program
 
@@ -491,7 +491,7 @@ def padding_note(layer: LayerGraph, sizes: dict[str, Any], tile_rows: int) -> st
         return ""
     name, share, r, padded = worst
     return (
-        f"Linear rows are a dynamic size computed in blocks of {tile_rows} (tile_rows): {name}'s "
+        f"{PADDING_NOTE} {tile_rows} (tile_rows): {name}'s "
         f"{r} rows take {padded}, {share:.0%} of them padding, which the cycles and FLOPs "
         f"count; to time these sizes alone, compile with static shapes or tile_rows={r} "
         f"(--option tile_rows={r})"

@@ -17,6 +17,10 @@ from typing import Any
 
 __all__ = ["OPERATOR_ROWS", "Report"]
 
+#: How the note on a run's padded Linear rows begins (``torch2step.program.padding_note``):
+#: the FLOPs line says the padding is in the count only when that note is there.
+PADDING_NOTE = "Linear rows are a dynamic size computed in blocks of"
+
 _CATS = ("busy", "stall_recv", "stall_send", "stall_mem")
 
 #: rows of the by-operator table in the text report (``--json`` and ``--out`` hold them all)
@@ -311,9 +315,10 @@ class Report:
             lines += chip_lines
         else:
             lines.append(f"  on-chip memory   {self.peak_onchip_bytes:>14,} bytes")
+        padded = any(n.startswith(PADDING_NOTE) for n in self.notes)
         lines.append(
-            f"  FLOPs            {self.flops:>14,}   (as the tiles compute them: rows padded "
-            "to a tile included)"
+            f"  FLOPs            {self.flops:>14,}   (as the tiles compute them"
+            + ("; the padding rows of the note below included)" if padded else ")")
         )
         for note in self.notes:
             lines.append(f"  note: {note}")

@@ -181,6 +181,10 @@ def test_padded_linear_rows_are_said_and_static_shapes_do_not_pad() -> None:
     assert static.flops < dyn.flops and static.latency_cycles < dyn.latency_cycles
     full = torch2step.compile(m, (x,)).report(torch.randn(64, 256))  # whole blocks: no note
     assert not any(n.startswith("Linear rows") for n in full.notes)
+    # the FLOPs line names padding only where the note gives it
+    pad, whole = (next(ln for ln in str(r).splitlines() if "FLOPs  " in ln) for r in (dyn, full))
+    assert "padding rows of the note below included" in pad
+    assert "padding" not in whole and "as the tiles compute them" in whole
 
 
 def test_save_with_a_program_without_a_trace_writes_nothing(tmp_path) -> None:  # noqa: ANN001
