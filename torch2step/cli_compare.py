@@ -265,6 +265,24 @@ def kernel_config_report(args: argparse.Namespace, chip: Chip) -> int:
     return 0
 
 
+def chip_figures(chip: Chip) -> dict[str, float]:
+    """A chip's clock, HBM bandwidth (TB/s) and peak bf16 compute (TFLOP/s, all cores)."""
+    hz = chip.clock_ghz * 1e9
+    return {
+        "clock_ghz": chip.clock_ghz,
+        "hbm_tb_s": chip.hbm.bytes_per_cycle * hz / 1e12,
+        "peak_tflop_s": chip.num_cores * chip.core.flops("bf16") * hz / 1e12,
+    }
+
+
+def _kernel_bound(s: Any) -> float:
+    """Cycles an ELK schedule takes at least: its HBM bytes over the HBM bandwidth or its FLOPs
+    over the worker cores' peak, whichever is more (the plan's own chip figures)."""
+    c = s.costs
+    hbm = sum(op.hbm_bytes for op in s.ops) / c.hbm_peak
+    return max(hbm, sum(op.flops for op in s.ops) / (c.cores * c.flops))
+
+
 def _moe_routing(
     entry: Any, layer: str, batch: int, arg: str = "auto", compared: bool = False
 ) -> tuple[Any, list[str]]:
@@ -333,21 +351,28 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )  # fmt: skip
     srep, snotes = spatial_result()
     kus = krep.cycles / (kchip.clock_ghz * 1e3)
+    kbound = _kernel_bound(krep.schedule)
     rows = {
         "spatial": {
             "chip": schip.name,
             "cycles": srep.latency_cycles,
             "latency_us": srep.latency_s * 1e6,
+            "bound_us": srep.roofline_cycles / (schip.clock_ghz * 1e3),
+            "of_bound": srep.roofline_fraction,
             "sim_s": srep.simulation_s,
+            **chip_figures(schip),
         },
         "kernel": {
             "chip": kchip.name,
             "cycles": krep.cycles,
             "latency_us": kus,
+            "bound_us": kbound / (kchip.clock_ghz * 1e3),
+            "of_bound": kbound / krep.cycles if krep.cycles else 0.0,
             "sim_s": krep.sim_seconds,
             "plan_s": krep.schedule.plan_seconds,
             "hbm_util": krep.hbm_util,
             "noc_util": krep.noc_util,
+            **chip_figures(kchip),
         },
     }
     if args.json:
@@ -360,9 +385,25 @@ def compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for n in knotes:
         print(f"  kernel: {n}")
     w = max(10, *(len(r["chip"]) for r in rows.values()))
-    print(f"{'':10} {'chip':{w}} {'cycles':>12} {'latency us':>11} {'sim s':>7}")
+    print(
+        f"{'':10} {'chip':{w}} {'cycles':>12} {'GHz':>5} {'latency us':>11} {'bound us':>9} "
+        f"{'of bound':>8} {'HBM TB/s':>9} {'TFLOP/s':>8} {'sim s':>7}"
+    )
     for k, r in rows.items():
-        print(f"{k:10} {r['chip']:{w}} {r['cycles']:12,} {r['latency_us']:11.1f} {r['sim_s']:7.2f}")
+        print(
+            f"{k:10} {r['chip']:{w}} {r['cycles']:12,} {r['clock_ghz']:5.2f} "
+            f"{r['latency_us']:11.1f} {r['bound_us']:9.1f} {r['of_bound']:8.1%} "
+            f"{r['hbm_tb_s']:9.2f} {r['peak_tflop_s']:8.0f} {r['sim_s']:7.2f}"
+        )
+    s_, k_ = rows["spatial"], rows["kernel"]
+    if abs(s_["hbm_tb_s"] / k_["hbm_tb_s"] - 1) > 0.05 or (
+        abs(s_["peak_tflop_s"] / k_["peak_tflop_s"] - 1) > 0.05
+    ):
+        print(
+            "  the two chips differ in HBM bandwidth or peak compute: compare each side's latency "
+            "with its own bound (max of the bytes over the HBM bandwidth and the FLOPs over the "
+            "peak), not the latencies alone; --spatial-set / --kernel-set change either chip"
+        )
     print()
     print(krep)
     return 0

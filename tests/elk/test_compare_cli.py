@@ -27,6 +27,12 @@ def test_compare_runs_both_executions_of_the_same_layer(
     assert out["spatial"]["chip"] == "step-sda" and out["kernel"]["chip"] == "ipu-hbm"
     assert out["kernel"]["cycles"] > 0 and 0 < out["kernel"]["hbm_util"] <= 1
     assert run.report.dynamic["past"] == 256  # the cache the requests attend: --kv-len rows
+    # each side against its own chip's bound: the chips differ (HBM 1.64 vs 4.00 TB/s)
+    s, k = out["spatial"], out["kernel"]
+    assert s["of_bound"] == pytest.approx(run.report.roofline_fraction)
+    assert 0 < k["of_bound"] <= 1 and k["bound_us"] <= k["latency_us"]
+    assert (s["clock_ghz"], k["clock_ghz"]) == (1.6, 1.33)
+    assert s["hbm_tb_s"] == pytest.approx(1.6384) and k["hbm_tb_s"] == pytest.approx(4.0, rel=0.01)
 
 
 def test_compare_chips_take_overrides_and_refuse_bad_input(
