@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -311,11 +311,57 @@ def _add_import_onnx(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     o.add_argument("file", type=Path)
     _chip_args(o)
     o.add_argument(
-        "--tokens", type=int, default=16, help="size given to dynamic dimensions (default 16)"
+        "--tokens",
+        type=int,
+        default=16,
+        help="size given to dynamic dimensions --dim does not name (default 16)",
+    )
+    o.add_argument(
+        "--dim",
+        dest="dims",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="size of the dynamic dimension NAME (as the import names it; repeatable), e.g. "
+        "--dim batch=8 --dim past=2048",
     )
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--print", action="store_true", help="print the layer and STeP graphs")
     return o
+
+
+def _dim_sizes(items: list[str], graph: Any) -> dict[str, int]:
+    """``--dim NAME=SIZE`` pairs, each a dynamic dimension of ``graph``'s inputs (all problems
+    at once: an :class:`~torch2step.errors.InputError`)."""
+    import sympy as sp
+
+    from torch2step.errors import InputError
+
+    names = sorted(
+        {
+            str(s)
+            for n in graph.inputs
+            for d in graph.types[n].shape
+            for s in sp.sympify(d).free_symbols
+        }
+    )
+
+    out, bad = {}, []
+    for text in items:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not raw.strip().isdigit() or int(raw) < 1:
+            bad.append(f"--dim {text!r}: write NAME=SIZE with a positive integer SIZE")
+        elif key not in names:
+            bad.append(
+                f"--dim {key}: not a dynamic dimension of the inputs; they are "
+                f"{', '.join(names) or 'none (every input shape is static)'}"
+            )
+        else:
+            out[key] = int(raw)
+    if bad:
+        raise InputError("; ".join(bad))
+    return out
 
 
 def _run_import_onnx(args: argparse.Namespace) -> int:
@@ -330,7 +376,8 @@ def _run_import_onnx(args: argparse.Namespace) -> int:
     chip = resolve_chip(args.chip, args.sets)
     log.info("importing %s", args.file)
     graph = torch2step.import_onnx(args.file)
-    inputs = torch2step.example_inputs_for(graph, size=args.tokens)
+    sizes = _dim_sizes(args.dims, graph)
+    inputs = torch2step.example_inputs_for(graph, size=args.tokens, sizes=sizes)
     log.info("compiling for %s", chip.name)
     prog = torch2step.compile(graph, inputs, chip=chip)
     if args.print:

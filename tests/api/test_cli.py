@@ -61,6 +61,14 @@ def test_import_onnx_prints_a_report(tmp_path, capsys) -> None:  # type: ignore[
     assert main(["import-onnx", str(path), "--chip", "ipu-hbm", "--json", "--quiet"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["cycles"] > 0 and rep["chip"] == "ipu-hbm" and rep["design"] == "elk_full"
+    # --dim sizes one dynamic dimension by its name, --tokens the others
+    assert main(["import-onnx", str(path), "--dim", "tokens=5", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["dynamic"]["tokens"] == 5
+    with pytest.raises(SystemExit) as e:
+        main(["import-onnx", str(path), "--dim", "batch=4", "--dim", "tokens=x", "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--dim batch: not a dynamic dimension" in err
+    assert "they are tokens" in err and "--dim 'tokens=x': write NAME=SIZE" in err
 
 
 def test_missing_onnx_file_is_a_clear_error(capsys) -> None:  # type: ignore[no-untyped-def]
