@@ -86,7 +86,10 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a compile option, e.g. --option moe_lanes=4 (see torch2step.lower.LowerOptions)",
+        help="an option of the spatial compile, e.g. --option moe_lanes=4, "
+        "--option moe_lane_assign=consecutive or --option strategy=auto (tiling and strategies: "
+        "torch2step.lower.LowerOptions; strategy, onchip_budget, compute_budget: "
+        "torch2step.compile)",
     )
     r.add_argument(
         "--routing-trace",

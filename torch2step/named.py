@@ -9,6 +9,8 @@ argument, the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import logging
 import sys
@@ -142,9 +144,7 @@ class LayerRun:
     notes: list[str] = field(default_factory=list)
 
 
-def resolve_chip(
-    chip: str | Chip, sets: Sequence[str] = (), flags: str = "--chip/--set"
-) -> Chip:
+def resolve_chip(chip: str | Chip, sets: Sequence[str] = (), flags: str = "--chip/--set") -> Chip:
     """A preset name or YAML path (or a :class:`Chip`) with ``FIELD=VALUE`` overrides; a
     problem is an :class:`InputError` naming the ``flags`` that gave them."""
     try:
@@ -153,36 +153,116 @@ def resolve_chip(
         raise InputError(f"{flags}: {e}") from None
 
 
-def parse_options(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """Compile options from ``["moe_lanes=4", ...]`` (values parsed as ints where they are)."""
-    from torch2step.api import _OPTIONS
+#: The string options of a spatial compile and the values each takes (``LowerOptions``
+#: checks the lowering's; ``torch2step.compile`` the strategy search's).
+OPTION_CHOICES: dict[str, tuple[str, ...]] = {
+    "moe_lane_assign": ("dispatch", "consecutive"),
+    "attn_assign": ("coarse", "interleave", "dynamic"),
+    "strategy": ("auto", "default"),
+}
 
+#: The options of a spatial compile that are not tiling options (``LowerOptions``): the STeP
+#: §5 strategy search of ``torch2step.compile`` and its budgets, with their kinds.
+STRATEGY_OPTIONS: dict[str, str] = {
+    "strategy": "str | None",
+    "onchip_budget": "int | None",
+    "compute_budget": "int | None",
+}
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def option_kinds() -> dict[str, str]:
+    """Every option a spatial ``torch2step.compile`` takes -> its declared type (``int``,
+    ``float``, ``str``, ``bool``, each optionally ``| None``): the tiling options of
+    :class:`~torch2step.lower.LowerOptions`, then :data:`STRATEGY_OPTIONS`."""
+    from torch2step.lower import LowerOptions
+
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(LowerOptions)}
+    return {**kinds, **STRATEGY_OPTIONS}
+
+
+def _allowed(key: str, kind: str) -> str:
+    """The values option ``key`` of ``kind`` takes, in words."""
+    base = kind.removesuffix(" | None")
+    if base == "str":
+        what = "one of " + ", ".join(OPTION_CHOICES.get(key, ()))
+    else:
+        what = {"int": "an integer", "float": "a number", "bool": "true or false"}[base]
+    return what + (" or none" if kind.endswith("| None") else "")
+
+
+def _option_value(key: str, kind: str, value: Any, text: bool) -> Any:
+    """``value`` of option ``key`` checked against its ``kind`` (``text``: as written after
+    ``--option KEY=``, parsed by the kind); a bad value is an :class:`InputError` naming the
+    option, the value and the values allowed."""
+    nullable = kind.endswith("| None")
+    base = kind.removesuffix(" | None")
+    bad = InputError(f"--option {key}={value!r}: must be {_allowed(key, kind)}")
+    if text:
+        raw = str(value).strip()
+        if raw.lower() == "none":
+            value = None
+        elif base == "int":
+            try:
+                value = int(raw)
+            except ValueError:
+                raise bad from None
+        elif base == "float":
+            try:
+                value = float(raw)
+            except ValueError:
+                raise bad from None
+        elif base == "bool":
+            if raw.lower() not in _TRUE + _FALSE:
+                raise bad
+            value = raw.lower() in _TRUE
+        else:
+            value = raw
+    if value is None:
+        if not nullable:
+            raise bad
+        return None
+    if base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    else:
+        ok = isinstance(value, str) and value in OPTION_CHOICES.get(key, (value,))
+    if not ok:
+        raise bad
+    return value
+
+
+def parse_options(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Options of a spatial compile (:func:`option_kinds`) from ``["moe_lanes=4", ...]`` (each
+    value parsed by its option's type: an integer, a number, ``true``/``false``, one of a
+    string option's :data:`OPTION_CHOICES`, or ``none`` where the option may be None) or from
+    a mapping of typed values (a sweep spec's); an unknown option or a bad value is an
+    :class:`InputError` naming it, the value and what is allowed."""
+    kinds = option_kinds()
+    text = not isinstance(items, Mapping)
     if isinstance(items, Mapping):
         pairs = list(items.items())
     else:
         pairs = []
-        for text in items:
-            key, sep, raw = str(text).partition("=")
+        for item in items:
+            key, sep, raw = str(item).partition("=")
             if not sep:
-                raise InputError(f"--option {text!r}: write KEY=VALUE, e.g. moe_lanes=4")
-            value: Any = raw
-            if raw.lower() == "none":
-                value = None
-            else:
-                try:
-                    value = int(raw)
-                except ValueError:
-                    pass
-            pairs.append((key.strip(), value))
+                raise InputError(f"--option {item!r}: write KEY=VALUE, e.g. moe_lanes=4")
+            pairs.append((key.strip(), raw))
     out = {}
     for key, value in pairs:
-        if key not in _OPTIONS:
+        if key not in kinds:
+            close = difflib.get_close_matches(str(key), list(kinds), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
             raise InputError(
-                f"--option {key}: unknown compile option; valid options: {', '.join(_OPTIONS)}"
+                f"--option {key}: unknown compile option{hint}; valid options: {', '.join(kinds)}"
             )
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise InputError(f"--option {key}={value!r}: must be an integer (or none)")
-        out[key] = value
+        out[key] = _option_value(key, kinds[key], value, text)
     return out
 
 
@@ -333,8 +413,6 @@ def report_layer(
     from models import LAYERS, get_layer
 
     if layer not in LAYERS:
-        import difflib
-
         close = difflib.get_close_matches(layer, list(LAYERS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise InputError(f"--layer {layer!r}: unknown layer{hint}; layers: {', '.join(LAYERS)}")

@@ -161,3 +161,90 @@ def test_report_layer_api_raises_input_error() -> None:
     with pytest.raises(InputError, match="positive"):
         report_layer("qwen3-moe", -3, tiny=True)
     assert parse_options(["moe_lanes=4", "tile_cols=none"]) == {"moe_lanes": 4, "tile_cols": None}
+
+
+def test_parse_options_takes_every_spatial_compile_option_by_its_type() -> None:
+    # the strategy options and the string / boolean options README documents, typed
+    got = parse_options(
+        [
+            "strategy=auto",
+            "onchip_budget=4000000",
+            "moe_lane_assign=consecutive",
+            "attn_assign=coarse",
+            "stream_rows=false",
+            "moe_lanes=2",
+            "tile_cols=none",
+        ]
+    )
+    assert got == {
+        "strategy": "auto",
+        "onchip_budget": 4_000_000,
+        "moe_lane_assign": "consecutive",
+        "attn_assign": "coarse",
+        "stream_rows": False,
+        "moe_lanes": 2,
+        "tile_cols": None,
+    }
+    assert parse_options({"strategy": "auto", "attn_assign": "dynamic"}) == {
+        "strategy": "auto",
+        "attn_assign": "dynamic",
+    }
+    # a bad value names the option, the value and the values allowed
+    for items, want in (
+        (["strategy=best"], "--option strategy='best': must be one of auto, default or none"),
+        (["moe_lane_assign=rr"], "moe_lane_assign='rr': must be one of dispatch, consecutive"),
+        (["stream_rows=maybe"], "stream_rows='maybe': must be true or false"),
+        (["moe_lanes=two"], "moe_lanes='two': must be an integer or none"),
+        (["tile_rows=none"], "tile_rows='none': must be an integer"),
+        ({"tile_rows": "32"}, "tile_rows='32': must be an integer"),
+        ({"stream_rows": 1}, "stream_rows=1: must be true or false"),
+        (["moe_lanez=4"], "moe_lanez: unknown compile option (did you mean moe_lanes?)"),
+    ):
+        with pytest.raises(InputError) as exc:
+            parse_options(items)
+        assert want in str(exc.value), exc.value
+
+
+def test_option_kinds_are_what_compile_takes() -> None:
+    # every LowerOptions field and the strategy search's options, each choice one the
+    # lowering accepts and nothing else
+    import dataclasses
+
+    from torch2step.errors import LoweringError
+    from torch2step.lower import LowerOptions
+    from torch2step.named import OPTION_CHOICES, option_kinds
+
+    kinds = option_kinds()
+    fields = {f.name for f in dataclasses.fields(LowerOptions)}
+    assert fields | {"strategy", "onchip_budget", "compute_budget"} == set(kinds)
+    for key, choices in OPTION_CHOICES.items():
+        assert kinds[key].startswith("str"), key
+        if key in fields:
+            for c in choices:
+                LowerOptions(**{key: c})
+            with pytest.raises(LoweringError):
+                LowerOptions(**{key: "bogus"})
+    assert all(k in OPTION_CHOICES for k, v in kinds.items() if v.startswith("str"))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["strategy=auto"], ["moe_lane_assign=consecutive", "moe_lanes=2"]],
+    ids=["strategy", "consecutive-lanes"],
+)
+def test_report_takes_strategy_and_string_options(
+    options: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    argv = ["report", "--layer", "qwen3-moe", "--batch", "8", "--tiny", "--json", "-q"]
+    for o in options:
+        argv += ["--option", o]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0
+    rep = json.loads(out[out.index("{") :])
+    assert rep["latency_cycles"] > 0
+    for o in options:
+        key, _, value = o.partition("=")
+        assert str(rep["options"][key]) == value
