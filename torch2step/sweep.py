@@ -7,15 +7,16 @@ A spec (YAML or a dict)::
     chips:                       # a preset, a YAML file, or a chip with overrides
       - step-sda
       - {chip: step-sda, set: [hbm.channels=64]}
-    options: [{}, {moe_lanes: 4}]
+    options: [{}, {moe_lanes: 4}, [strategy=auto]]   # mappings or KEY=VALUE lists
     traces: [auto]               # routing trace (MoE) / KV trace (attention, decoder) per point
     tiny: true
 
 :func:`points` expands it; :func:`run_sweep` runs every point on a local process pool
 (``backend="pool"``) or on Ray (``backend="ray"``; ``address`` of a cluster, else a local Ray),
 shows a progress bar with an ETA, and caches each finished point in ``out/points/<hash>.json``
-where the hash covers the point's inputs, the resolved chip description and the package
-version, so a rerun skips finished points.  A point that fails is recorded with its error and
+where the hash covers the point's inputs, the resolved chip description, the content of its
+trace file and the package version, so a rerun skips finished points (Ctrl-C cancels the rest:
+:class:`SweepInterrupted`).  Chip and trace files are found relative to the spec file.  A point that fails is recorded with its error and
 the sweep goes on.  A point on an inter-core-connected chip runs kernel by kernel at full size
 (:func:`_kernel_row`; the ``execution`` column).  Results: ``results.csv`` (one row per point,
 ordered as the spec),
@@ -31,6 +32,8 @@ import itertools
 import json
 import logging
 import os
+import re
+import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -42,7 +45,15 @@ import yaml
 
 from torch2step.errors import InputError
 
-__all__ = ["load_spec", "points", "point_hash", "run_point", "run_sweep", "ROW_COLUMNS"]
+__all__ = [
+    "load_spec",
+    "points",
+    "point_hash",
+    "run_point",
+    "run_sweep",
+    "SweepInterrupted",
+    "ROW_COLUMNS",
+]
 
 log = logging.getLogger("torch2step")
 
@@ -70,6 +81,9 @@ ROW_COLUMNS = (
     "hash",
 )
 _KEYS = {"layers", "batches", "chips", "options", "traces", "tiny", "impl"}
+_OPTION_FORMS = (
+    "an option set is a mapping {tile_rows: 32} or a list of KEY=VALUE strings [tile_rows=32]"
+)
 
 
 def load_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -106,10 +120,19 @@ def load_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         entry["set"] = [str(s) for s in entry.get("set") or []]
         chips.append(entry)
     out["chips"] = chips
-    out["options"] = [dict(o or {}) for o in data.get("options") or [{}]]
-    out["traces"] = [str(t) for t in data.get("traces") or ["auto"]]
+    out["options"] = data.get("options") or [{}]
+    out["traces"] = [_trace_path(base, str(t)) for t in data.get("traces") or ["auto"]]
     _check_spec(out)
     return out
+
+
+def _trace_path(base: Path, trace: str) -> str:
+    """A trace file named relative to the spec's folder, as its absolute path (a trace name,
+    ``auto``, ``router``, or a file not found there: as written)."""
+    if trace in ("auto", "router"):
+        return trace
+    p = base / trace
+    return str(p.resolve()) if p.is_file() else trace
 
 
 def _check_spec(spec: Mapping[str, Any]) -> None:
@@ -127,16 +150,51 @@ def _check_spec(spec: Mapping[str, Any]) -> None:
     for b in spec["batches"]:
         if not isinstance(b, int) or isinstance(b, bool) or b < 1:
             why.append(f"batches: {b!r} is not a positive integer")
-    for entry in spec["chips"]:
+    tiny = spec.get("tiny", False)
+    if not isinstance(tiny, bool):
+        why.append(f"tiny: {tiny!r} is not a boolean; write true or false")
+    impl = spec.get("impl")
+    if impl is not None and not isinstance(impl, str):
+        why.append(f"impl: {impl!r} is not an implementation name")
+    sets = spec["options"]
+    if not isinstance(sets, list):
+        why.append(f"options: {sets!r} is not a list of option sets; {_OPTION_FORMS}")
+        sets = []
+    parsed = []
+    for opts in sets:
         try:
-            resolve_chip(entry["chip"], entry["set"])
-        except InputError as e:
-            why.append(f"chips: {str(e).removeprefix('--chip/--set: ')}")
-    for opts in spec["options"]:
-        try:
-            parse_options(opts)
+            if isinstance(opts, Mapping):
+                parsed.append(parse_options(opts))
+            elif isinstance(opts, list) and all(isinstance(o, str) and "=" in o for o in opts):
+                parsed.append(parse_options(opts))  # ["KEY=VALUE", ...], as --option takes
+            else:
+                why.append(f"options: {opts!r} is not an option set; {_OPTION_FORMS}")
         except InputError as e:
             why.append(f"options: {str(e).removeprefix('--option ')}")
+    spec["options"] = parsed
+    for entry in spec["chips"]:
+        try:
+            chip = resolve_chip(entry["chip"], entry["set"])
+        except InputError as e:
+            why.append(f"chips: {str(e).removeprefix('--chip/--set: ')}")
+            continue
+        if chip.execution != "kernel":
+            continue
+        # an inter-core-connected chip's points run the full-size layer kernel by kernel
+        # (_kernel_row): no tiny layer, no options of a STeP program
+        name = _label({"chip": entry["chip"], "set": entry["set"]})
+        if tiny is True:
+            why.append(
+                f"chips: {name} runs kernel by kernel, timing the full-size layer: tiny: true "
+                "does not apply to it (set tiny: false, or sweep it in a spec of its own)"
+            )
+        shaped = [o for o in parsed if o]
+        if shaped:
+            why.append(
+                f"chips: {name} runs kernel by kernel: options {', '.join(map(str, shaped))} "
+                "shape a STeP program (spatial execution) and do not apply to it (give it "
+                "options: [{}], or sweep it in a spec of its own)"
+            )
     if len(why) == 1:
         raise InputError(f"sweep spec: {why[0]}")
     if why:
@@ -166,7 +224,8 @@ def points(spec: str | Path | Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def point_hash(point: Mapping[str, Any]) -> str:
-    """Hash of a point's inputs, its resolved chip description and the package version."""
+    """Hash of a point's inputs, its resolved chip description, the content of its trace file
+    and the package version."""
     from hwmodel import to_dict
     from torch2step.named import resolve_chip
 
@@ -176,13 +235,50 @@ def point_hash(point: Mapping[str, Any]) -> str:
         chip = {"error": str(e)}
     from torch2step import __version__
 
-    blob = json.dumps({"point": point, "chip": chip, "version": __version__}, sort_keys=True)
+    inputs = {"point": point, "chip": chip, "version": __version__}
+    digest = _file_digest(point["trace"])
+    if digest is not None:  # a trace file: its content (a trace name: as before)
+        inputs["trace"] = digest
+    blob = json.dumps(inputs, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _file_digest(path: str) -> str | None:
+    """The SHA-256 of the bytes of the trace file a point reads (its routing or KV lengths),
+    so an edited file re-runs the point; None for a trace name (the package version covers
+    the packaged traces)."""
+    p = Path(path)
+    if path in ("auto", "router") or not p.is_file():
+        return None
+    digest = hashlib.sha256()
+    with p.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _label(point: Mapping[str, Any]) -> str:
     name = Path(point["chip"]).stem if os.sep in str(point["chip"]) else str(point["chip"])
     return name + (f"[{','.join(point['set'])}]" if point["set"] else "")
+
+
+#: ``torch2step report`` flags a point's error may name -> the spec field that gave the value
+_SPEC_FIELDS = {
+    "--routing-trace": "traces",
+    "--kv-trace": "traces",
+    "--impl": "impl",
+    "--tiny": "tiny",
+    "--batch": "batches",
+    "--option": "options",
+    "--chip/--set": "chips",
+}
+
+
+def _spec_terms(message: str) -> str:
+    """An error message of the report pipeline with the flags it names put as the spec's
+    fields (``--routing-trace x: ...`` -> ``traces x: ...``)."""
+    pattern = "|".join(re.escape(f) for f in sorted(_SPEC_FIELDS, key=len, reverse=True))
+    return re.sub(rf"(?<![\w-])({pattern})(?![\w-])", lambda m: _SPEC_FIELDS[m[1]], message)
 
 
 def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
@@ -223,7 +319,8 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
             impl=point.get("impl"),
         )
     except Torch2StepError as e:
-        row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        first = (str(e).splitlines() or [""])[0]
+        row.update(status="error", error=f"{type(e).__name__}: {_spec_terms(first)}")
         return row
     r = run.report
     row.update(
@@ -316,14 +413,46 @@ def run_point_in_worker(point: Mapping[str, Any]) -> dict[str, Any]:
     return run_point(point)
 
 
+def _ignore_sigint() -> None:
+    """A pool worker leaves Ctrl-C to the sweep, which stops it (:func:`_run_pool`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_pool(todo: list[dict], jobs: int, done: Callable[[dict, dict], None]) -> None:
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+    ex = ProcessPoolExecutor(
+        max_workers=jobs, mp_context=get_context("spawn"), initializer=_ignore_sigint
+    )
+    try:
         futures = {ex.submit(run_point_in_worker, p): p for p in todo}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
                 done(futures[f], f.result())
+    except BaseException:  # Ctrl-C (or a failure): no queued point starts, running ones stop
+        _stop_pool(ex)
+        raise
+    ex.shutdown()
+
+
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel ``ex``'s queued points and end the points its workers are running."""
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # a 2nd Ctrl-C waits
+    try:
+        workers = list((getattr(ex, "_processes", None) or {}).values())
+        ex.shutdown(wait=False, cancel_futures=True)
+        for w in workers:
+            if w.is_alive():
+                w.terminate()
+        for w in workers:
+            w.join(timeout=5)
+        ex.shutdown(wait=True)  # the pool's queues closed with it (no semaphore left behind)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
 
 
 def _run_ray(todo: list[dict], jobs: int, address: str | None, done: Callable) -> None:
@@ -342,10 +471,15 @@ def _run_ray(todo: list[dict], jobs: int, address: str | None, done: Callable) -
         remote = ray.remote(num_cpus=1)(run_point_in_worker)
         refs = {remote.remote(p): p for p in todo}
         pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                done(refs[ref], ray.get(ref))
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for ref in ready:
+                    done(refs[ref], ray.get(ref))
+        except BaseException:  # Ctrl-C (or a failure): the points not finished are cancelled
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
     finally:
         if started:
             ray.shutdown()
@@ -373,6 +507,15 @@ def _write_results(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     return written
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep: its queued points were cancelled and its running ones ended;
+    the ``finished`` of ``total`` points are cached in ``out/points`` (a rerun resumes)."""
+
+    def __init__(self, finished: int, total: int, out: Path) -> None:
+        super().__init__(f"sweep interrupted: {finished} of {total} points finished")
+        self.finished, self.total, self.out = finished, total, out
+
+
 def run_sweep(
     spec: str | Path | Mapping[str, Any],
     out: str | Path,
@@ -383,7 +526,8 @@ def run_sweep(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every point of ``spec`` not already cached in ``out`` (module docstring); returns
-    the rows in the spec's order."""
+    the rows in the spec's order.  Ctrl-C cancels the points not finished and raises
+    :class:`SweepInterrupted` (a :class:`KeyboardInterrupt`); the finished stay cached."""
     if backend not in ("pool", "ray", "serial"):
         raise InputError(f"--backend {backend!r}: choose pool, ray or serial")
     pts = points(spec)
@@ -438,6 +582,9 @@ def run_sweep(
             _run_pool(unique, n, done)
         else:
             _run_ray(unique, n, address, done)
+    except KeyboardInterrupt:
+        finished = sum(h in rows for h in set(hashes))
+        raise SweepInterrupted(finished, len(set(hashes)), d) from None
     finally:
         if bar is not None:
             bar.close()

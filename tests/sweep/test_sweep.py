@@ -169,3 +169,172 @@ def test_icca_chip_points_run_kernel_by_kernel(tmp_path: Path) -> None:
     # report_layer is the spatial report, on any chip (`report --execution spatial`)
     run = report_layer("llama-gqa", 2, "ipu-hbm", tiny=True)
     assert run.report.latency_cycles > 0 and run.program.execution == "spatial"
+
+
+def test_spec_options_take_strategy_options_and_key_value_lists(tmp_path: Path) -> None:
+    # every option a spatial compile takes, typed; an option set also as KEY=VALUE strings
+    spec = {
+        "layers": ["qwen3-moe"],
+        "batches": [2],
+        "tiny": True,
+        "options": [["moe_lane_assign=consecutive", "moe_lanes=2"], {"strategy": "default"}],
+    }
+    pts = points(spec)
+    assert [p["options"] for p in pts] == [
+        {"moe_lane_assign": "consecutive", "moe_lanes": 2},
+        {"strategy": "default"},
+    ]
+    rows = run_sweep(spec, tmp_path, backend="serial", progress=False)
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    assert json.loads(rows[0]["options"]) == {"moe_lane_assign": "consecutive", "moe_lanes": 2}
+
+
+def test_spec_refuses_bad_forms_all_at_once(tmp_path: Path) -> None:
+    from torch2step.errors import InputError
+
+    base = {"layers": ["llama-gqa"], "batches": [4]}
+    with pytest.raises(InputError) as exc:  # an option set given as a list of a pair
+        points({**base, "options": [["tile_rows", 32]]})
+    assert str(exc.value) == (
+        "sweep spec: options: ['tile_rows', 32] is not an option set; an option set is a "
+        "mapping {tile_rows: 32} or a list of KEY=VALUE strings [tile_rows=32]"
+    )
+    with pytest.raises(InputError, match="options: .* is not a list of option sets"):
+        points({**base, "options": {"tile_rows": 32}})
+    # tiny must be a YAML boolean; kernel chips take neither tiny nor STeP options: before
+    # any point runs, with the other problems
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "layers: [llama-gqa]\nbatches: [4]\nchips: [step-sda, ipu-hbm, "
+        "{chip: mesh, set: [hbm.channels=8]}]\noptions: [{}, {tile_kv: 32}, [attn_assign=x]]\n"
+        'tiny: "no"\n'
+    )
+    with pytest.raises(InputError) as exc:
+        points(spec)
+    msg = str(exc.value)
+    assert msg.startswith("sweep spec: 4 problems:"), msg
+    for want in (
+        "tiny: 'no' is not a boolean; write true or false",
+        "attn_assign='x': must be one of coarse, interleave, dynamic",
+        "chips: ipu-hbm runs kernel by kernel: options {'tile_kv': 32} shape a STeP program",
+        "chips: mesh[hbm.channels=8] runs kernel by kernel: options {'tile_kv': 32}",
+    ):
+        assert want in msg, msg
+    with pytest.raises(InputError) as exc:
+        points({**base, "chips": ["step-sda", "ipu-hbm"], "tiny": True})
+    assert "chips: ipu-hbm runs kernel by kernel, timing the full-size layer: tiny: true" in str(
+        exc.value
+    )
+    assert points({**base, "chips": ["ipu-hbm"], "tiny": False})[0]["tiny"] is False
+
+
+def test_point_errors_name_the_spec_fields() -> None:
+    from torch2step.sweep import run_point
+
+    base = {"layer": "qwen3-moe", "batch": 2, "chip": "step-sda", "set": [], "options": {}}
+    row = run_point({**base, "trace": "no_such_trace", "tiny": True})
+    assert row["error"].startswith("InputError: traces: unknown routing trace"), row["error"]
+    row = run_point({**base, "trace": "auto", "tiny": True, "impl": "bogus"})
+    assert row["error"].startswith("InputError: impl 'bogus': choose from"), row["error"]
+    assert "--" not in row["error"]
+
+
+def test_trace_files_resolve_from_the_spec_and_are_hashed_by_content(tmp_path: Path) -> None:
+    import numpy as np
+
+    from torch2step.sweep import point_hash
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    trace = folder / "route.npy"
+    np.save(trace, np.tile(np.array([[0, 1]]), (64, 1)).astype(np.int64))
+    spec = folder / "spec.yaml"
+    spec.write_text("layers: [qwen3-moe]\nbatches: [16]\ntraces: [route.npy]\ntiny: true\n")
+    (pt,) = points(spec)  # relative to the spec's folder, as chip files are
+    assert pt["trace"] == str(trace.resolve())
+    out = tmp_path / "out"
+    (a,) = run_sweep(spec, out, backend="serial", progress=False)
+    assert a["status"] == "ok", a
+    # the same path with other contents is another point: rerun, not taken from the cache
+    np.save(trace, (np.arange(128).reshape(64, 2) % 8).astype(np.int64))
+    assert point_hash(pt) != a["hash"]
+    (b,) = run_sweep(spec, out, backend="serial", progress=False)
+    assert b["status"] == "ok" and b["hash"] != a["hash"]
+    assert b["latency_cycles"] != a["latency_cycles"]
+
+
+def test_interrupted_sweep_cancels_the_rest_and_keeps_the_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C during the third point: no more points run, the two finished stay cached, the
+    # command says so and how to resume, and exits 130
+    import argparse
+
+    from torch2step import sweep
+    from torch2step.sweep_cli import run_sweep as cli_run_sweep
+
+    ran: list[int] = []
+
+    def fake(point: dict) -> dict:
+        if len(ran) == 2:
+            raise KeyboardInterrupt
+        ran.append(point["batch"])
+        return {**dict.fromkeys(ROW_COLUMNS, ""), "hash": sweep.point_hash(point), "status": "ok"}
+
+    monkeypatch.setattr(sweep, "run_point", fake)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    out = tmp_path / "out"
+    args = argparse.Namespace(
+        spec=spec, out=out, backend="serial", jobs=None, address=None, no_progress=True, quiet=True
+    )
+    try:
+        code = cli_run_sweep(args)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the sweep command as a KeyboardInterrupt")
+    assert code == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"interrupted: 2 of 5 points finished (kept in {out}/points)" in err, err
+    assert f"resume with: torch2step sweep {spec} --out {out} --backend serial" in err, err
+    assert ran == [1, 2] and len(list((out / "points").glob("*.json"))) == 2
+    assert not (out / "results.csv").exists()
+    with pytest.raises(sweep.SweepInterrupted) as exc:  # a KeyboardInterrupt to a caller
+        run_sweep(spec, out, backend="serial", progress=False)
+    assert isinstance(exc.value, KeyboardInterrupt) and exc.value.finished == 2
+
+
+@pytest.mark.slow  # starts and interrupts a sweep on a process pool (~10-20 s)
+def test_ctrl_c_stops_a_pool_sweep_at_once(tmp_path: Path) -> None:
+    chips = [{"chip": "step-sda", "set": [f"hbm.channels={2**k}"]} for k in range(6)]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump({"layers": ["qwen3-moe"], "batches": [2], "chips": chips, "tiny": True})
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch2step.cli", "sweep", str(spec), "--out", str(out)]
+    cmd += ["--jobs", "1", "--no-progress"]
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    cache = out / "points"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if cache.is_dir() and len(list(cache.glob("*.json"))) >= 1:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - t0 < 15  # not after every queued point
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    finished = len(list(cache.glob("*.json")))
+    assert 1 <= finished < 6
+    assert f"interrupted: {finished} of 6 points finished" in err, err
+    rows = run_sweep(spec, out, backend="serial", progress=False)  # resumes
+    assert all(r["status"] == "ok" for r in rows) and len(rows) == 6
