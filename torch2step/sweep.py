@@ -109,6 +109,12 @@ def load_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(data.get(key), list) or not data[key]:
             raise InputError(f"sweep spec: {key} must be a non-empty list")
     out = dict(data)
+    for key in ("chips", "traces"):  # (options: checked with the option sets)
+        if data.get(key) is not None and not isinstance(data[key], list):
+            raise InputError(
+                f"sweep spec: {key} must be a list (e.g. {key}: [{_EXAMPLE[key]}]), "
+                f"not {data[key]!r}"
+            )
     chips = []
     for c in data.get("chips") or ["step-sda"]:
         entry = {"chip": c, "set": []} if isinstance(c, str) else dict(c)
@@ -124,6 +130,10 @@ def load_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     out["traces"] = [_trace_path(base, str(t)) for t in data.get("traces") or ["auto"]]
     _check_spec(out)
     return out
+
+
+#: (load_spec) an entry of each list key, for the message of a key given a single value
+_EXAMPLE = {"chips": "step-sda", "traces": "auto"}
 
 
 def _trace_path(base: Path, trace: str) -> str:

@@ -201,6 +201,11 @@ def test_spec_refuses_bad_forms_all_at_once(tmp_path: Path) -> None:
     )
     with pytest.raises(InputError, match="options: .* is not a list of option sets"):
         points({**base, "options": {"tile_rows": 32}})
+    # one chip or trace written without the list brackets: not read letter by letter
+    with pytest.raises(InputError, match=r"chips must be a list \(e.g. chips: \[step-sda\]\)"):
+        points({**base, "chips": "step-sda"})
+    with pytest.raises(InputError, match=r"traces must be a list"):
+        points({**base, "traces": "auto"})
     # tiny must be a YAML boolean; kernel chips take neither tiny nor STeP options: before
     # any point runs, with the other problems
     spec = tmp_path / "spec.yaml"
