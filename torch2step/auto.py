@@ -15,13 +15,14 @@ dynamic, §5.4).  Every candidate is compiled and run once by the timing-only in
    such.
 
 The table of candidates tried (cycles, off-chip bytes, on-chip bytes, allocated FLOPs/cycle,
-compute utilisation, what pruned it) is printed and kept as ``Program.strategy_table``; the
+compute utilisation, what pruned it) is logged (the ``torch2step`` logger, at INFO) and kept as ``Program.strategy_table``; the
 chosen program's report carries it as a note.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,8 +153,8 @@ def search(
     chosen.status = "chosen"
     prog.strategy_table = format_table(tried, chosen)
     prog.strategy_options = {**options, **chosen.options}
-    if echo:
-        print(prog.strategy_table)
+    if echo:  # on stderr through the package's logger: a report keeps it as a note
+        logging.getLogger("torch2step").info("%s", prog.strategy_table)
     return prog
 
 
