@@ -28,7 +28,7 @@ from torch2step.frontend.fx_view import (
 )
 from torch2step.frontend.gnode import GNode
 from torch2step.layers import ops as L
-from torch2step.layers.graph import dtype_name
+from torch2step.layers.graph import dtype_name, torch_dtype
 
 __all__ = ["RULES", "CHECKS", "IGNORED", "rule_for", "check_node"]
 
@@ -258,6 +258,8 @@ def _constant(em: FxEmitter, node: fx.Node) -> Value:
 # -- arithmetic ---------------------------------------------------------------------------------
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
            "rsub": "rsub"}  # fmt: skip
+#: Layer-graph integer dtypes: a quotient keeps the dtype, truncated toward zero (ONNX ``Div``).
+_INT_DTYPES = frozenset({"int64", "int32"})
 _UNARY = {"neg": "neg", "exp": "exp", "sigmoid": "sigmoid", "relu": "relu", "rsqrt": "rsqrt",
           "sqrt": "sqrt", "silu": "silu", "reciprocal": "reciprocal", "erf": "erf",
           "tanh": "tanh"}  # fmt: skip
@@ -272,10 +274,29 @@ def _binary_check(view: ProgramView, node: fx.Node) -> str | None:
     for a in node.args[:2]:
         if is_node(a) and not is_tensor_node(a):
             return "arithmetic with a symbolic scalar"
+    divisor = node.args[1]
+    if (
+        op_name(node) == "div"
+        and isinstance(divisor, (int, float))
+        and divisor == 0
+        and view.dtype(node) in (torch.int64, torch.int32)
+    ):
+        return "integer division by the constant 0 (undefined); remove the division"
     return None
 
 
+def _int_div(em: FxEmitter, x: str, s: float, reverse: bool) -> str:
+    """``x / s`` (``s / x`` when ``reverse``) of an integer ``x`` truncated toward zero (ONNX
+    ``Div`` of integers): a division by a one-element constant of ``x``'s dtype.  Multiplying by
+    ``1/s`` instead is not exact (``49 * (1/49)`` is just below 1 and truncates to 0)."""
+    dtype = em.type(x).dtype
+    c = em.const(f"div_{dtype}", torch.tensor([s]).to(torch_dtype(dtype)))
+    return em.emit1(L.Elementwise("div"), [c, x] if reverse else [x, c])
+
+
 def _scalar_op(em: FxEmitter, fn: str, x: str, s: float, reverse: bool) -> str:
+    if fn == "div" and em.type(x).dtype in _INT_DTYPES:
+        return _int_div(em, x, s, reverse)
     if fn == "add":
         return em.emit1(L.Elementwise("add_scalar", s), [x])
     if fn == "mul":
@@ -284,8 +305,10 @@ def _scalar_op(em: FxEmitter, fn: str, x: str, s: float, reverse: bool) -> str:
         return em.emit1(L.Elementwise("add_scalar", -s), [x])
     if fn == "sub":  # s - x
         return em.emit1(L.Elementwise("add_scalar", s), [em.emit1(L.Elementwise("neg"), [x])])
-    if fn == "div" and not reverse:
-        return em.emit1(L.Elementwise("mul_scalar", 1.0 / s), [x])
+    if fn == "div" and not reverse:  # x / 0.0 is x * inf (+-inf, nan for 0), as IEEE divides
+        return em.emit1(
+            L.Elementwise("mul_scalar", 1.0 / s if s else math.copysign(math.inf, s)), [x]
+        )
     if fn == "div":  # s / x
         return em.emit1(
             L.Elementwise("mul_scalar", s), [em.emit1(L.Elementwise("reciprocal"), [x])]

@@ -74,7 +74,8 @@ def _elementwise(op: L.Elementwise, x: Sequence[torch.Tensor]) -> tuple[torch.Te
     if t.is_floating_point():
         return (scalar(t, op.scalar),)
     # an integer value keeps its dtype (the layer graph's type): computed in float64 and
-    # truncated toward zero, as STeP's tile functions do (``x * (1/3)`` is ONNX's ``Div(x, 3)``)
+    # truncated toward zero, as STeP's tile functions do (an integer ``Div`` by a constant is a
+    # ``div`` by a one-element tensor: ``x * (1/49)`` would truncate 49 / 49 to 0)
     return (scalar(t.double(), op.scalar).to(t.dtype),)
 
 
