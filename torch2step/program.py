@@ -41,6 +41,14 @@ from torch2step.step.printer import format_program
 __all__ = ["Program"]
 
 
+def _dtype_kind(dtype: torch.dtype) -> str:
+    """``"bool"``, ``"float"`` or ``"int"``: an input must be of its compiled dtype's kind (a
+    float input of another width is taken in the compiled one)."""
+    if dtype == torch.bool:
+        return "bool"
+    return "float" if dtype.is_floating_point else "int"
+
+
 class Program:
     """A layer compiled for a chip (build it with :func:`torch2step.compile`)."""
 
@@ -100,12 +108,13 @@ class Program:
                     f"{g.name}: input {name} must be a torch.Tensor, got {type(x).__name__}"
                 )
             want = ty.dtype
-            is_int = want.startswith("int")
-            if is_int != (not x.is_floating_point()):
+            if _dtype_kind(x.dtype) != _dtype_kind(torch_dtype(want)):
                 raise FrontendError(
-                    f"{g.name}: input {name} has dtype {x.dtype}; compiled for {want}"
+                    f"{g.name}: input {name} has dtype {x.dtype}; compiled for {want} (pass "
+                    f"x.to({torch_dtype(want)}), or compile with inputs of this dtype)"
                 )
-            if not is_int and x.dtype != torch_dtype(want) and (name, x.dtype) not in self._cast:
+            is_float = x.is_floating_point()
+            if is_float and x.dtype != torch_dtype(want) and (name, x.dtype) not in self._cast:
                 self._cast.add((name, x.dtype))  # said once per input and dtype
                 warnings.warn(
                     f"{g.name}: input {name} has dtype {x.dtype}; the program was compiled for "
