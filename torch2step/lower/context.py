@@ -296,6 +296,12 @@ class LowerCtx:
             fwd = self._forwarded(t, p.rows, cols)
             if fwd is not None:
                 return fwd
+        if not sp.sympify(cols).is_Integer:
+            raise self.fail(
+                f"{value}'s last dim {cols} is dynamic, but this operator reads whole rows as "
+                f"tiles of a static width; compile with a static last dim (a fixed size there, "
+                f"or dynamic_shapes marking only the leading dims dynamic)"
+            )
         if sp.simplify(sp.Mod(scols, cols)) == 0:
             v = self.graph.linear_load(t, (1, int(cols)), ref)
         elif sp.simplify(sp.Mod(cols, scols)) == 0:

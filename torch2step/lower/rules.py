@@ -118,6 +118,13 @@ def _reduce(ctx: LowerCtx, n: Node) -> None:
 
 
 def _cast(ctx: LowerCtx, n: Node) -> None:
+    """A ``Map(cast)`` over the rows; over single elements (``[1, 1]`` tiles) when the last
+    dim is dynamic, as an elementwise operator does (an off-chip tile is statically sized)."""
+    if not sp.sympify(ctx.rc(n.inputs[0])[1]).is_Integer:
+        src = ctx.flat(ctx.graph.linear_load(ctx.placed[n.inputs[0]].tensor, (1, 1)))
+        y = ctx.graph.map(fn("cast", dtype=ctx.dtype(n.outputs[0])), src)
+        ctx.graph.linear_store(y, ctx.declare(n.outputs[0]))
+        return
     rows = ctx.load_rows(n.inputs[0])
     y = ctx.graph.map(fn("cast", dtype=ctx.dtype(n.outputs[0])), rows)
     ctx.store_rows(y, n.outputs[0])
