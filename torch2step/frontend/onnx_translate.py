@@ -226,7 +226,20 @@ def _gather(em: Emitter, node: OnnxNode) -> None:
         sl = em.emit1(L.Slice(axis, _dim(i), _dim(sympy.sympify(i) + 1)), [x], source=node.source)
         em.reshape(sl, [d for k, d in enumerate(shape) if k != axis], node.outputs[0])
         return
-    idx = em.get(node.inputs[1])
+    size = shape[axis]
+    if idx_const is not None and (idx_const < 0).any() and sympy.sympify(size).is_Integer:
+        # a negative constant index counts from the end: index + size, fixed here (the
+        # lowering addresses the rows of a leading axis with the index as it is)
+        wrapped = np.where(idx_const < 0, idx_const + int(size), idx_const)
+        idx = em.param(wrapped.astype(idx_const.dtype), node.inputs[1] + "_wrapped")
+    elif idx_const is not None and (idx_const < 0).any() and axis != len(shape) - 1:
+        raise Unsupported(
+            f"Gather along axis {axis} of dynamic size {size} with negative constant "
+            f"indices {idx_const.ravel()[:4].tolist()}; make that axis static, or the "
+            "indices non-negative (index + size)"
+        )
+    else:
+        idx = em.get(node.inputs[1])
     ishape = em.type(idx).shape
     flat = (
         em.reshape(idx, [sympy.Mul(*[sympy.sympify(d) for d in ishape])])

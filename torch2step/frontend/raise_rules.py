@@ -13,6 +13,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
@@ -201,20 +202,53 @@ def _index_check(view: ProgramView, node: fx.Node) -> str | None:
     idx = [i for i in node.args[1] if i is not None]
     if len(idx) != 1 or view.rank(idx[0]) != 1:
         return "advanced indexing with several (or multi-dimensional) index tensors"
-    return None
+    dim = next(i for i, t in enumerate(node.args[1]) if t is not None)
+    return _negative_const(view, node.args[0], dim, idx[0])
+
+
+def _negative_const(view: ProgramView, x: fx.Node, dim: int, idx: fx.Node) -> str | None:
+    """Why a constant index with negative entries along a leading dim of dynamic size cannot
+    be translated (it could not be made ``index + size`` here), else None."""
+    c = view.const(idx)
+    size = sympy.sympify(view.shape(x)[dim])
+    if c is None or not bool((c < 0).any()) or size.is_Integer or dim == view.rank(x) - 1:
+        return None
+    return (
+        f"indexing dim {dim} of dynamic size {size} with negative constant indices "
+        f"{c.flatten()[:4].tolist()}; make that dim static, or the indices non-negative "
+        "(index + size)"
+    )
+
+
+def _gather(em: FxEmitter, x: fx.Node, dim: int, idx: fx.Node) -> str:
+    """``Gather(dim)`` of ``x`` at ``idx``; a constant ``idx`` with negative entries (counting
+    from the end) is first made ``index + size`` (the lowering addresses the rows of a leading
+    dim with the index as it is)."""
+    c = em.view.const(idx)
+    size = sympy.sympify(em.view.shape(x)[dim])
+    if c is not None and bool((c < 0).any()) and size.is_Integer:
+        index = em.const(f"{idx.name}_wrapped", torch.where(c < 0, c + int(size), c))
+    else:
+        index = em.get(idx)
+    return em.emit1(L.Gather(dim), [em.get(x), index])
 
 
 @_rule("aten.index.Tensor", check=_index_check)
 def _index(em: FxEmitter, node: fx.Node) -> Value:
     x, indices = node.args[0], node.args[1]
     dim = next(i for i, t in enumerate(indices) if t is not None)
-    return em.emit1(L.Gather(dim), [em.get(x), em.get(indices[dim])])
+    return _gather(em, x, dim, indices[dim])
 
 
-@_rule("aten.index_select.default")
+def _index_select_check(view: ProgramView, node: fx.Node) -> str | None:
+    x, d, idx = node.args
+    return _negative_const(view, x, _dim(x, d, view), idx)
+
+
+@_rule("aten.index_select.default", check=_index_select_check)
 def _index_select(em: FxEmitter, node: fx.Node) -> Value:
     x, d, idx = node.args
-    return em.emit1(L.Gather(_dim(x, d, em.view)), [em.get(x), em.get(idx)])
+    return _gather(em, x, _dim(x, d, em.view), idx)
 
 
 @_rule("aten.embedding.default")
