@@ -15,8 +15,8 @@ dynamic, §5.4).  Every candidate is compiled and run once by the timing-only in
    such.
 
 The table of candidates tried (cycles, off-chip bytes, on-chip bytes, allocated FLOPs/cycle,
-compute utilisation, what pruned it) is logged (the ``torch2step`` logger, at INFO) and kept as ``Program.strategy_table``; the
-chosen program's report carries it as a note.
+compute utilisation, what pruned it) is logged (the ``torch2step`` logger, at INFO) and kept
+as ``Program.strategy_table``; the chosen program's report carries it as a note.
 """
 
 from __future__ import annotations
