@@ -506,13 +506,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when a record is emitted (as logging's
+    last-resort handler does), not the stream it was made with: a caller that swaps
+    ``sys.stderr`` after a command ran (a test capturing output, a redirecting context) gets
+    the later records, and a closed old stream is never written to."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def _setup_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO)
     logger = logging.getLogger("torch2step")
     for h in list(logger.handlers):
         if getattr(h, "_torch2step_cli", False):
             logger.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler._torch2step_cli = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("[%(relativeCreated)8.0f ms] %(message)s"))
     logger.addHandler(handler)
