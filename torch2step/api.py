@@ -302,7 +302,7 @@ def example_inputs_for(
     graph: LayerGraph, size: int = 8, *, seed: int = 0, sizes: dict[str, int] | None = None
 ) -> tuple[torch.Tensor, ...]:
     """Random inputs for ``graph``: every dynamic dimension ``size`` (or ``sizes[name]``);
-    integer inputs (e.g. KV lengths) drawn in ``[1, size]``."""
+    integer inputs (e.g. KV lengths) drawn in ``[1, size]``, bool inputs true or false."""
     gen = torch.Generator().manual_seed(seed)
     given = sizes or {}
     out = []
@@ -317,6 +317,8 @@ def example_inputs_for(
         dt = torch_dtype(ty.dtype)
         if dt.is_floating_point:
             out.append(torch.randn(shape, generator=gen).to(dt))
+        elif dt == torch.bool:  # a condition (Where): true and false alike
+            out.append(torch.rand(shape, generator=gen) < 0.5)
         else:
             out.append(torch.randint(1, max(size, 1) + 1, shape, generator=gen, dtype=dt))
     return tuple(out)

@@ -85,3 +85,15 @@ def test_a_bool_tensor_for_an_integer_input_is_refused() -> None:
     prog = torch2step.compile(Twice(), (ids,))
     with pytest.raises(FrontendError, match=r"input ids has dtype torch.bool; compiled for int64"):
         prog.run(ids > 3)
+
+
+def test_example_inputs_of_a_bool_input_are_bools(tmp_path) -> None:  # noqa: ANN001
+    # import-onnx and compile() without inputs make example inputs: a condition of both values
+    graph = torch2step.import_onnx(_where_model(["N", 8]))
+    c, x, y = torch2step.example_inputs_for(graph, size=6)
+    assert c.dtype == torch.bool and c.shape == (6, 8) and c.any() and not c.all()
+    path = tmp_path / "where.onnx"
+    onnx.save(_where_model(["N", 8]), path)
+    from torch2step.cli import main
+
+    assert main(["import-onnx", str(path), "--dim", "N=5", "--quiet", "--json"]) == 0

@@ -365,11 +365,23 @@ def _binary(em: FxEmitter, node: fx.Node) -> Value:
         else:
             b = b * alpha
     ta, tb = is_node(a) or isinstance(a, _Named), is_node(b) or isinstance(b, _Named)
+    out = dtype_name(em.view.dtype(node)) if fn == "div" else None
     if ta and tb:
-        return em.emit1(L.Elementwise(fn), [_get(em, a), _get(em, b)])
+        return em.emit1(
+            L.Elementwise(fn), [_div_in(em, _get(em, a), out), _div_in(em, _get(em, b), out)]
+        )
     if ta:
-        return _scalar_op(em, fn, _get(em, a), float(b), reverse=False)
-    return _scalar_op(em, fn, _get(em, b), float(a), reverse=True)
+        return _scalar_op(em, fn, _div_in(em, _get(em, a), out), float(b), reverse=False)
+    return _scalar_op(em, fn, _div_in(em, _get(em, b), out), float(a), reverse=True)
+
+
+def _div_in(em: FxEmitter, x: str, out: str | None) -> str:
+    """An operand of a division whose result is ``out``: an integer operand of a true
+    division (PyTorch's ``int / c`` is a float) in the result's dtype, so it is not divided as
+    an integer (ONNX ``Div`` of integers, which truncates, keeps an integer result)."""
+    if out is None or out in _INT_DTYPES or em.type(x).dtype not in _INT_DTYPES:
+        return x
+    return em.cast(x, out)
 
 
 class _Named:

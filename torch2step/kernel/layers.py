@@ -90,9 +90,10 @@ def registered_layer_ops(
     name: str, batch: int, kv_len: int = 2048, dtype: str = "bf16", routing: Any = None
 ) -> list[Operator]:
     """Operators of registered layer ``name`` at full size (MoE: the experts ``routing``
-    selects, ``[batch, top_k]`` expert ids, or without it the experts any of ``batch`` tokens
-    selects in expectation under uniform routing; each expert's rows the mean of the
-    selections), in ``dtype`` (``bf16`` as served, ``fp16`` or ``fp32``)."""
+    selects, ``[batch, top_k]`` expert ids, each with the rows routed to it, or without it the
+    experts any of ``batch`` tokens selects in expectation under uniform routing, the
+    selections spread evenly; see :func:`_moe`), in ``dtype`` (``bf16`` as served, ``fp16`` or
+    ``fp32``)."""
     if name not in LAYERS:
         raise LoweringError(f"unknown layer {name!r}; valid names: {', '.join(LAYERS)}")
     if dtype not in ("bf16", "fp16", "fp32"):
