@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,10 +248,23 @@ class Report:
                 "prog.report(..., trace=True) and save that report, or save without trace="
             )
 
+        if trace is None and self.timeline:
+            warnings.warn(
+                "save(dir): this report recorded a trace but no trace.json is written; pass the "
+                "program, save(dir, trace=prog), to write it",
+                stacklevel=2,
+            )
+
         def write(path: Path) -> Any:
             return trace.write_trace(path, window=trace_window, units=trace_units)
 
-        return write_run_dir(out, self, write if trace is not None else None)
+        limits: dict[str, Any] = {}
+        if trace_window is not None:  # an open end as null: JSON has no infinity
+            lo, hi = trace_window
+            limits["window_cycles"] = [lo, None if hi is None or math.isinf(hi) else hi]
+        if trace_units is not None:
+            limits["units_kept"] = trace_units
+        return write_run_dir(out, self, write if trace is not None else None, limits)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary of every field."""

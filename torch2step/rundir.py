@@ -187,22 +187,50 @@ def _markdown(report: Report, pngs: list[str], trace: str | None, trace_note: st
 
 
 def write_run_dir(
-    out: str | Path, report: Report, trace: Callable[[Path], Any] | None = None
+    out: str | Path,
+    report: Report,
+    trace: Callable[[Path], Any] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> Path:
     """Write the run directory ``out`` (created if needed) for ``report``; ``trace`` writes
-    ``trace.json`` given its path (e.g. :meth:`torch2step.Program.write_trace`)."""
+    ``trace.json`` given its path (e.g. :meth:`torch2step.Program.write_trace`), ``limits``
+    what it was cut to (``window_cycles``, ``units_kept``; ``summary.json`` and ``report.md``
+    say so).  Files of an earlier run this one does not write (a trace, a plot) are removed,
+    so every file in the directory is of this run."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
-    summary = {**report.to_dict(), **report.derived(), "versions": versions()}
-    (d / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    _write_csv(d / "units.csv", UNIT_COLUMNS, _unit_rows(report))
-    _write_csv(d / "operators.csv", OPERATOR_COLUMNS, _operator_rows(report))
-    trace_name, trace_note = None, ""
+    trace_name, trace_note, trace_info = None, "", None
     if trace is not None:
         trace(d / "trace.json")
         trace_name = "trace.json"
-        trace_note = f"{(d / 'trace.json').stat().st_size:,} bytes"
+        size = (d / "trace.json").stat().st_size
+        trace_info = {"file": trace_name, "bytes": size, **(limits or {})}
+        trace_note = f"{size:,} bytes" + _limits_note(limits or {})
         log.info("trace.json: %s", trace_note)
+    else:
+        (d / "trace.json").unlink(missing_ok=True)
+    summary = {**report.to_dict(), **report.derived(), "versions": versions(), "trace": trace_info}
+    (d / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    _write_csv(d / "units.csv", UNIT_COLUMNS, _unit_rows(report))
+    _write_csv(d / "operators.csv", OPERATOR_COLUMNS, _operator_rows(report))
     pngs = _plots(d, report)
+    for stale in _PLOTS - set(pngs):
+        (d / stale).unlink(missing_ok=True)
     (d / "report.md").write_text(_markdown(report, pngs, trace_name, trace_note))
     return d
+
+
+#: the plots a run directory may hold (:func:`_plots`)
+_PLOTS = frozenset({"roofline.png", "utilisation.png", "breakdown.png"})
+
+
+def _limits_note(limits: dict[str, Any]) -> str:
+    """What a trace was cut to, for ``report.md`` (empty: the whole run)."""
+    out = ""
+    window = limits.get("window_cycles")
+    if window:
+        lo, hi = window
+        out += f"; cycles {lo:,.0f} to {'the end' if hi is None else f'{hi:,.0f}'} only"
+    if limits.get("units_kept") is not None:
+        out += f"; the cores of the {limits['units_kept']} busiest units only (every NoC, HBM and utilisation track)"
+    return out
