@@ -345,8 +345,12 @@ def split_report(
             if spread is not None:
                 dynamic["tokens_per_expert"] = spread
     # the whole layer's element type: each configuration notes an untimed one in its own
-    # report; the layer's report says it once
+    # report; the layer's report says it once; so the padding of its dynamic Linear rows
+    from torch2step.program import padding_note
+
     rate_note = [n for n in [dtype_rate_note(chip, layer_dtype(layer))] if n]
+    pad = padding_note(layer, first.dynamic, prog.lowered.options.tile_rows)
+    rate_note += [pad] if pad else []
     return replace(
         first,
         **summed,
@@ -357,8 +361,28 @@ def split_report(
         roofline_fraction=summed["roofline_cycles"] / max(1, summed["latency_cycles"]),
         breakdown=breakdown,
         utilisation=util,
+        timeline=_joined_timeline(reports),
         units=units,
         simulated_onchip_bytes=max(r.simulated_onchip_bytes for r in reports),
         dynamic=dynamic,
         notes=[*layer.notes, *kwargs.get("notes", ()), note, *lines, *rate_note],
     )
+
+
+def _joined_timeline(reports: Sequence[Any]) -> dict[str, list[float]]:
+    """The configurations' utilisation timelines one after another, as they run (each
+    ``edges`` shifted by the cycles before it; :func:`torch2step.program._timeline`); empty
+    when a configuration recorded none (no trace)."""
+    if not reports or not all(r.timeline.get("edges") for r in reports):
+        return {}
+    out: dict[str, list[float]] = {k: [] for k in reports[0].timeline}
+    start = 0
+    for r in reports:
+        for k, v in r.timeline.items():
+            if k == "edges":
+                out[k] += [start + e for e in v[:-1]]
+            else:
+                out.setdefault(k, []).extend(v)
+        start += r.latency_cycles
+    out["edges"].append(start)
+    return out
