@@ -30,14 +30,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from elk.ops import Operator, expert_rows, routed_expert_ops
 from lowering.elk_kernels import register_node
 from torch2step.errors import LoweringError
 from torch2step.kernel.layers import active_experts
 from torch2step.layers import ops as L
-from torch2step.layers.evaluate import EVALUATORS
+from torch2step.layers.evaluate import ACTIVATIONS, EVALUATORS
 from torch2step.layers.graph import LayerGraph
 
 __all__ = ["GraphOps", "graph_ops"]
@@ -91,9 +90,7 @@ def _served(g: LayerGraph) -> str:
     return "fp32"
 
 
-def graph_ops(
-    g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
-) -> GraphOps:
+def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None) -> GraphOps:
     """ELK operators of ``g`` for these inputs (shapes concrete, values bound); ``routing``
     (``[tokens, k]`` expert ids): the experts a shapes-only graph's MoE node loads
     (:func:`_for_timing`)."""
@@ -150,7 +147,9 @@ def graph_ops(
             ]
             res = fn(ts)
             return tuple(
-                np.ascontiguousarray(r.detach().numpy())
+                np.ascontiguousarray(
+                    (r.float() if r.dtype == torch.bfloat16 else r).detach().numpy()
+                )
                 .astype(_NP.get(out.tensors[v][1], np.float32))
                 .reshape(sh)
                 for r, v, sh in zip(res, outs, out_decl)
@@ -317,8 +316,17 @@ def graph_ops(
                 )
             )
         elif isinstance(op, L.MoEExperts):
+            if not op.gated or op.bias:
+                raise LoweringError(
+                    f"{n.name} (MoEExperts{f' at {n.source}' if n.source else ''}): "
+                    "kernel-by-kernel execution runs gated experts without biases "
+                    "(down(act(gate x) * up x)), as the STeP lowering does; this layer's experts "
+                    f"are {'plain two-matrix MLPs' if not op.gated else 'biased'}, which "
+                    "torch2step.layers.evaluate computes but neither execution lowers yet"
+                )
             x, wts, ids, wg, wu, wd = n.inputs
             e = op.num_experts
+            act = ACTIVATIONS[op.activation]
             out.moe[n.name] = (shape[x][0], shape[x][-1], shape[wg][1], e, op.top_k)
             table = f"{n.name}.cw"
             shape[table], dtype[table] = (shape[x][0], e), fdt
@@ -347,7 +355,7 @@ def graph_ops(
                     f"{n.name}.e{ex}.swiglu",
                     [gv, uv],
                     [hv],
-                    lambda ts: (F.silu(ts[0]) * ts[1],),
+                    lambda ts, act=act: (act(ts[0]) * ts[1],),  # SwiGLU, GeGLU, ReGLU
                     5 * math.prod(shape[hv]),
                 )
                 matmul(f"{n.name}.e{ex}.down", hv, f"{wd}[{ex}].T", out.values[wd][ex].T, dv)
@@ -481,11 +489,7 @@ def _routed_experts(
         f"{moe}: {active} of {experts} experts active, {how} "
         f"({groups} grouped operator{'s' if groups > 1 else ''}, each timed at its busiest "
         "expert's rows); experts no token selects are not loaded"
-        + (
-            f", the others' weights preloaded once {by} has chosen them"
-            if by is not None
-            else ""
-        )
+        + (f", the others' weights preloaded once {by} has chosen them" if by is not None else "")
     )
     return [
         Operator(name, kind, dims, out.dtype, layer=first.layer, **kw)  # type: ignore[arg-type]

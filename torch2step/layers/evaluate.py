@@ -135,14 +135,15 @@ def _topk(op: L.TopKRouting, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, .
     return (w.to(logits.dtype), e)
 
 
-_ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+#: the experts' activations a MoEExperts computes (its ``activation``)
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
 def _moe(op: L.MoEExperts, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     t = dict(zip(op.roles(), x))
     h, w, e = t["x"], t["weights"], t["experts"]
     out = torch.zeros_like(h)
-    act = _ACT[op.activation]
+    act = ACTIVATIONS[op.activation]
 
     def proj(name: str, ex: int, v: torch.Tensor) -> torch.Tensor:
         y = v @ t["w_" + name][ex].T
