@@ -220,9 +220,19 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
         for v in n.inputs:
             readers.setdefault(v, []).append(n)
 
+    def elk_attention(n: L.Node) -> bool:  # type: ignore[name-defined]
+        """A decode attention an ELK attention operator computes: one query row, the
+        default 1/sqrt(d) scale, no causal or length mask (others run as vector operators)."""
+        op = n.op
+        if not isinstance(op, L.Attention) or len(n.inputs) != 3 or op.causal:
+            return False
+        b, hq, sq, d = shape[n.inputs[0]]
+        return sq == 1 and (op.scale is None or math.isclose(op.scale, 1 / math.sqrt(d)))
+
     def appended(n: L.Node) -> bool:  # type: ignore[name-defined]
         """A KV cache append: ``Concat(cache, new)`` on the sequence axis of a cache input,
-        read only by decode attention (which reads cache and row itself)."""
+        read only by ELK decode attention (which reads cache and row itself; an attention
+        run as a vector operator reads the concatenated cache, so it is made)."""
         op = n.op
         return (
             isinstance(op, L.Concat)
@@ -231,10 +241,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
             and len(shape[n.inputs[0]]) == 4
             and op.dim % 4 == 2
             and n.outputs[0] in g.outputs
-            and all(
-                isinstance(r.op, L.Attention) and shape[r.inputs[0]][2] == 1
-                for r in readers.get(n.outputs[0], [])
-            )
+            and all(elk_attention(r) for r in readers.get(n.outputs[0], []))
         )
 
     for n in g.nodes:
@@ -301,7 +308,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
                 generic(n)
                 continue
             hkv = shape[k][1]
-            if op.scale is not None and not math.isclose(op.scale, 1 / math.sqrt(d)) or op.causal:
+            if not elk_attention(n):  # another scale or a mask: a vector operator
                 generic(n)
                 continue
             roles.append(("o", declare(n.outputs[0], (b, hq, d))))
