@@ -445,6 +445,10 @@ def _softmax(em: FxEmitter, node: fx.Node) -> Value:
     return em.cast(out, dtype_name(em.view.dtype(node)))
 
 
+#: reductions that return the one value of an axis of size 1 unchanged
+_UNIT_REDUCES = frozenset({"sum", "mean", "max", "min", "amax", "amin"})
+
+
 def _reduce(fn: str) -> Rule:
     def rule(em: FxEmitter, node: fx.Node) -> Value:
         x = node.args[0]
@@ -452,7 +456,12 @@ def _reduce(fn: str) -> Rule:
         rank = em.view.rank(x)
         axes = tuple(range(rank)) if not dims else tuple(d % rank for d in dims)
         keep = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
-        out = em.emit1(L.Reduce(fn, axes, keep), [em.get(x)])
+        shape = em.view.shape(x)
+        if fn in _UNIT_REDUCES and all(str(shape[a]) == "1" for a in axes):
+            # over axes of size 1 (a top-1 router's k axis) the reduction is the value itself
+            out = em.reshape(em.get(x), em.view.shape(node))
+        else:
+            out = em.emit1(L.Reduce(fn, axes, keep), [em.get(x)])
         return em.cast(out, dtype_name(em.view.dtype(node)))
 
     return rule
