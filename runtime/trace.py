@@ -2,13 +2,16 @@
 
 One process per component kind (cores, NoC links, all-to-all ports, HBM channels) and one thread
 (track) per component, each span a complete event (``"ph": "X"``).  Time stamps are cycles: one
-trace microsecond is one cycle, so spans are exact integers and two runs of the same programs give
-byte-identical files (the clock is recorded in ``otherData``).
+trace microsecond (the format's unit) is one cycle.  Core spans start and end on whole cycles;
+NoC link, port and HBM spans may start and end between cycles (a transfer's time is its bytes
+over the bandwidth), so their ``ts`` / ``dur`` can be fractional.  Two runs of the same programs
+give byte-identical files (the clock is recorded in ``otherData`` as ``clock_ghz``).
 
 Counter tracks (``"ph": "C"``, process "utilisation") give the busy share of the cores (compute
 spans, stalls excluded), of the HBM channels and of the NoC links / ports that carried traffic,
 in at most :data:`COUNTER_BUCKETS` equal windows of the run.  :func:`trace_problems` checks
-events against the trace-event format (the fields each phase needs, their types).
+events against the trace-event format (the fields each phase needs, their types);
+:func:`write_trace_json` writes strict JSON (no NaN or Infinity, which JSON.parse refuses).
 """
 
 from __future__ import annotations
@@ -329,6 +332,22 @@ class TraceEvents(Sequence):
     __hash__ = None  # type: ignore[assignment]
 
 
+def _whole(x: Any) -> Any:
+    """``x`` as an int when it is a whole number (a window bound of 1000.0 writes 1000)."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def _dumps(ev: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(ev, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise ValueError(
+            f"trace event {ev!r} holds NaN or an infinity, which JSON cannot carry"
+        ) from None
+
+
 def write_trace_json(
     path: Any,
     events: Iterable[dict[str, Any]],
@@ -336,37 +355,99 @@ def write_trace_json(
     *,
     window: tuple[float, float] | None = None,
     cores: set[int] | None = None,
+    cycles: float | None = None,
 ) -> dict[str, int]:
     """Write ``events`` to ``path`` as a trace-event JSON document, one event at a time (the
-    document is never held in memory as one string).
+    document is never held in memory as one string).  The JSON is strict: a NaN or infinite
+    value raises :class:`ValueError` instead of writing ``NaN`` / ``Infinity``.
 
-    ``window``: keep only spans overlapping ``[start, end)`` cycles and counters inside it;
-    ``cores``: keep only these cores' tracks (NoC, HBM and counter tracks are all kept).
+    ``window``: keep only ``[start, end)`` cycles (``end`` may be ``inf``): spans overlapping
+    it are clipped to it (a clipped span's ``args.span`` holds its full ``[start, end]``),
+    counter samples inside it are kept and each counter's value in force at ``start`` is
+    written at ``start`` (not when ``start`` is at or past ``cycles``, the run's length);
+    ``cores``: keep only these cores' spans (NoC, HBM and counter tracks are all kept).
+    With either, metadata name only the tracks (and processes) that still have events; the
+    metadata are then written before the events from a temporary file beside ``path``.
     Returns ``{"events": written, "dropped": left out, "bytes": file size}``."""
-    import json
+    import shutil
+    import tempfile
     from pathlib import Path
 
-    lo, hi = window if window is not None else (float("-inf"), float("inf"))
-    written = dropped = 0
     p = Path(path)
-    with p.open("w", encoding="utf-8") as f:
-        f.write('{"traceEvents":[')
+    written = dropped = 0
+    if window is None and cores is None:
+        with p.open("w", encoding="utf-8") as f:
+            f.write('{"traceEvents":[')
+            for ev in events:
+                f.write(("," if written else "") + "\n" + _dumps(ev))
+                written += 1
+            f.write("\n]," + _dumps({"otherData": other})[1:])
+        return {"events": written, "dropped": 0, "bytes": p.stat().st_size}
+
+    lo, hi = window if window is not None else (0, float("inf"))
+    lo, hi = _whole(lo), _whole(hi)
+    meta: list[dict[str, Any]] = []
+    tracks: set[tuple[Any, Any]] = set()  # (pid, tid) of the spans kept
+    pids: set[Any] = set()  # processes with events kept
+    before: dict[tuple[Any, ...], dict[str, Any]] = {}  # each counter's last sample before lo
+    at_lo: set[tuple[Any, ...]] = set()  # counters with a sample at lo
+    with tempfile.TemporaryFile("w+", encoding="utf-8", dir=p.parent) as body:
         for ev in events:
             ph = ev.get("ph")
-            keep = True
-            if ph == "X":
-                keep = ev["ts"] < hi and ev["ts"] + ev["dur"] >= lo
-            elif ph == "C":
-                keep = lo <= ev["ts"] < hi
-            if keep and cores is not None and ev.get("pid") == 1 and ph != "M":
-                keep = ev.get("tid") in cores
-            if keep and ph == "M" and cores is not None and ev.get("pid") == 1:
-                keep = ev.get("name") == "process_name" or ev.get("tid") in cores or ev["tid"] == 0
-            if not keep:
+            if ph == "M":
+                meta.append(ev)
+                continue
+            if cores is not None and ev.get("pid") == 1 and ev.get("tid") not in cores:
                 dropped += 1
                 continue
-            f.write(("," if written else "") + "\n" + json.dumps(ev, separators=(",", ":")))
+            if ph == "X":
+                ts, end = ev["ts"], ev["ts"] + ev["dur"]
+                if not (ts < hi and (end > lo or (ts >= lo and ev["dur"] == 0))):
+                    dropped += 1
+                    continue
+                if ts < lo or end > hi:
+                    t0, t1 = max(ts, lo), min(end, hi)
+                    args = {**ev.get("args", {}), "span": [ts, end]}
+                    ev = {**ev, "ts": t0, "dur": t1 - t0, "args": args}
+                tracks.add((ev.get("pid"), ev.get("tid")))
+            elif ph == "C":
+                key = (ev.get("pid"), ev.get("tid"), ev.get("name"), ev.get("id"))
+                if ev["ts"] < lo:
+                    held = before.get(key)
+                    if held is None or ev["ts"] >= held["ts"]:
+                        before[key] = ev
+                    dropped += 1
+                    continue
+                if ev["ts"] >= hi:
+                    dropped += 1
+                    continue
+                if ev["ts"] == lo:
+                    at_lo.add(key)
+            body.write(",\n" + _dumps(ev))
+            pids.add(ev.get("pid"))
             written += 1
-        doc_tail = {"displayTimeUnit": "ns", "otherData": other}
-        f.write("\n]," + json.dumps(doc_tail, separators=(",", ":"))[1:])
-    return {"events": written, "dropped": dropped, "bytes": p.stat().st_size}
+        if cycles is None or lo < cycles:  # the counters' values in force at lo
+            for key, ev in before.items():
+                if key not in at_lo:
+                    body.write(",\n" + _dumps({**ev, "ts": lo}))
+                    pids.add(ev.get("pid"))
+                    written += 1
+        kept = []
+        for ev in meta:
+            if ev.get("name", "").startswith("process_"):
+                keep = ev.get("pid") in pids
+            else:
+                keep = (ev.get("pid"), ev.get("tid")) in tracks
+            if keep:
+                kept.append(ev)
+            else:
+                dropped += 1
+        with p.open("w", encoding="utf-8") as f:
+            f.write('{"traceEvents":[')
+            f.write(",".join("\n" + _dumps(ev) for ev in kept))
+            body.seek(0)
+            if not kept:
+                body.read(1)  # the first event's leading comma
+            shutil.copyfileobj(body, f)
+            f.write("\n]," + _dumps({"otherData": other})[1:])
+    return {"events": written + len(kept), "dropped": dropped, "bytes": p.stat().st_size}

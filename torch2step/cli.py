@@ -166,6 +166,11 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _window(text: str | None) -> tuple[float, float] | None:
+    """``--trace-window START:END`` as ``(start, end)`` cycles: ``START`` defaults to 0, an
+    empty (or ``inf``) ``END`` is the run's end; NaN, negative, infinite starts and empty
+    windows are refused."""
+    import math
+
     from torch2step.errors import InputError
 
     if text is None:
@@ -175,8 +180,11 @@ def _window(text: str | None) -> tuple[float, float] | None:
         lo, hi = float(a or 0), float(b) if b else float("inf")
     except ValueError:
         lo, hi = 0.0, -1.0
-    if not sep or hi <= lo or lo < 0:
-        raise InputError(f"--trace-window {text!r}: write START:END cycles with START < END")
+    if not sep or math.isnan(lo) or math.isnan(hi) or math.isinf(lo) or lo < 0 or hi <= lo:
+        raise InputError(
+            f"--trace-window {text!r}: write START:END cycles with 0 <= START < END "
+            "(END may be left out: to the run's end)"
+        )
     return lo, hi
 
 
@@ -246,6 +254,12 @@ def _report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
 
     window = _window(args.trace_window)
+    if args.trace_units is not None and args.trace_units < 1:
+        from torch2step.errors import InputError
+
+        raise InputError(
+            f"--trace-units {args.trace_units}: keep the core tracks of N >= 1 busiest units"
+        )
     if args.execution != "spatial":
         from torch2step.named import resolve_chip
 

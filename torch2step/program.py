@@ -369,47 +369,133 @@ class Program:
         units: int | None = None,
     ) -> Path:
         """Write the Chrome / Perfetto trace of the last ``report(..., trace=True)``, event by
-        event (:func:`runtime.trace.write_trace_json`); ``window``: only ``[start, end)``
-        cycles; ``units``: only the cores of the ``units`` busiest units (all NoC / HBM /
-        utilisation tracks are kept).  Core tracks are named after the units on them."""
+        event (:func:`runtime.trace.write_trace_json`, strict JSON).
+
+        ``window``: only ``[start, end)`` cycles, spans clipped to it (``end`` may be ``inf``:
+        to the run's end; a window past the run's end is logged as a warning); ``units``: only
+        the core tracks of the ``units`` busiest units (all NoC / HBM / utilisation tracks are
+        kept).  Core tracks are named after the units on them.
+
+        A layer split into sequential configurations is one timeline, the configurations one
+        after another on the same cores: each track is named once, a core after its unit in
+        each configuration that used it (``core 0 (r0c0): 1: LinearOffChipLoad %load0 | 2:
+        ...``); ``units`` keeps the busiest units of all configurations together, each unit's
+        spans only in its own configuration's time range."""
+        import logging
+        import math
+
         from runtime.trace import write_trace_json
+        from torch2step.errors import InputError
 
         if not self.has_trace:
             raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
+        if units is not None and units < 1:
+            raise InputError(f"units={units}: keep the core tracks of at least 1 unit")
+        if window is not None:
+            lo, hi = (float(x) for x in window)
+            if math.isnan(lo) or math.isnan(hi) or math.isinf(lo) or lo < 0 or hi <= lo:
+                raise InputError(
+                    f"window={window}: give (start, end) cycles with 0 <= start < end "
+                    "(end may be inf)"
+                )
         parts = self._split_parts or [(0, "", self._last)]
-        cores = None
-        if units is not None:  # the busiest units of every configuration
-            cores = set()
-            for _, _, last in parts:
-                busiest = sorted(last.units, key=lambda r: (-r.busy, r.name))[: max(0, units)]
-                cores |= {c for r in busiest for c in r.cores}
+        total = parts[-1][0] + parts[-1][2].cycles
+        keep: list[set[int]] | None = None  # per configuration: the cores whose spans are kept
+        if units is not None:
+            ranked = sorted(
+                (
+                    (r.busy, k, r.name, r.cores)
+                    for k, (*_, last) in enumerate(parts)
+                    for r in last.units
+                ),
+                key=lambda x: (-x[0], x[1], x[2]),
+            )[:units]
+            keep = [set() for _ in parts]
+            for _, k, _, cores in ranked:
+                keep[k] |= set(cores)
+
+        def roles(last: Any) -> dict[int, str]:  # core -> what its unit runs
+            out = {}
+            for u in last.placement.units:
+                for c in u.cores:
+                    out[c] = (
+                        " ".join(f"{k} %{n}" for n, k in zip(u.ops, u.kinds))
+                        if c == u.core
+                        else f"memory of %{u.name}"
+                    )
+            return out
+
+        # metadata: once per (kind, process, track); a track's names in every configuration
+        meta: dict[tuple[Any, ...], dict[str, Any]] = {}
+        names: dict[tuple[Any, ...], list[tuple[int, str, str | None]]] = {}
+        for k, (*_, last) in enumerate(parts):
+            role = roles(last)
+            for ev in last.sim.trace_events:
+                if ev.get("ph") != "M":
+                    break  # build_trace writes the metadata first
+                key = (ev["name"], ev["pid"], ev.get("tid"))
+                meta.setdefault(key, ev)
+                if ev["name"] == "thread_name":
+                    r = role.get(ev["tid"]) if ev["pid"] == 1 else None
+                    if r is not None and keep is not None and ev["tid"] not in keep[k]:
+                        r = None  # its spans of this configuration are left out
+                    names.setdefault(key, []).append((k + 1, ev["args"]["name"], r))
+        split = len(parts) > 1
+        for key, seen in names.items():
+            base = seen[0][1]
+            if key[1] == 1:
+                rs = [f"{k}: {r}" if split else r for k, _, r in seen if r is not None]
+                name = f"{base}: {' | '.join(rs)}" if rs else base
+            elif len({n for _, n, _ in seen}) == 1:
+                name = base
+            else:
+                name = " | ".join(f"{k}: {n}" for k, n, _ in seen)
+            meta[key] = {**meta[key], "args": {**meta[key]["args"], "name": name}}
+
+        dropped = 0
 
         def events():  # type: ignore[no-untyped-def]
-            for offset, label, last in parts:  # configurations run one after another
-                names = {c: u for u in last.placement.units for c in u.cores}
+            nonlocal dropped
+            yield from meta.values()
+            for k, (offset, _, last) in enumerate(parts):  # configurations one after another
+                cores = keep[k] if keep is not None else None
                 for ev in last.sim.trace_events:
-                    if ev.get("ph") == "M" and ev.get("name") == "thread_name" and ev["pid"] == 1:
-                        u = names.get(ev["tid"])
-                        if u is not None:
-                            role = " ".join(f"{k} %{n}" for n, k in zip(u.ops, u.kinds))
-                            if ev["tid"] != u.core:
-                                role = f"memory of %{u.name}"
-                            ev = {**ev, "args": {"name": f"{ev['args']['name']}: {label}{role}"}}
-                    elif offset and "ts" in ev:
+                    if ev.get("ph") == "M":
+                        continue
+                    if cores is not None and ev.get("pid") == 1 and ev.get("tid") not in cores:
+                        dropped += 1
+                        continue
+                    if offset and "ts" in ev:
                         ev = {**ev, "ts": ev["ts"] + offset}
                     yield ev
 
+        def whole(x: float) -> float | int | None:
+            return None if math.isinf(x) else int(x) if float(x).is_integer() else x
+
         first, last = parts[0][2], parts[-1][2]
         other = {
-            "graph": first.graph if len(parts) == 1 else self.layer.name,
+            "graph": first.graph if not split else self.layer.name,
             "chip": first.chip,
+            "clock_ghz": first.sim.clock_ghz,
             "time_unit": "1 trace microsecond = 1 cycle",
-            "cycles": parts[-1][0] + last.cycles,
-            "configurations": len(parts) if len(parts) > 1 else None,
-            "window_cycles": list(window) if window else None,
+            "cycles": total,
+            "configurations": len(parts) if split else None,
+            "window_cycles": [whole(x) for x in window] if window else None,
             "units_kept": units,
         }
-        self.trace_stats = write_trace_json(path, events(), other, window=window, cores=cores)
+        if window is not None and window[0] >= total:
+            logging.getLogger("torch2step").warning(
+                "trace window %s..%s cycles starts after the run, which is %s cycles long: "
+                "trace.json holds no spans",
+                whole(window[0]),
+                "end" if math.isinf(window[1]) else whole(window[1]),
+                f"{total:,}",
+            )
+        cores = set().union(*keep) if keep is not None else None
+        self.trace_stats = write_trace_json(
+            path, events(), other, window=window, cores=cores, cycles=total
+        )
+        self.trace_stats["dropped"] += dropped
         return Path(path)
 
 

@@ -83,7 +83,10 @@ def test_split_report_writes_one_timeline_of_its_configurations(layer, tmp_path)
     doc = json.loads((tmp_path / "run" / "trace.json").read_text())
     assert trace_problems(doc) == []
     names = [e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"]
-    assert all(any(f"configuration {i}: " in n for n in names) for i in range(1, k + 1))
+    # one name per track: a core's lists its unit in each configuration ("1: ... | 2: ...")
+    tracks = [(e["pid"], e["tid"]) for e in doc["traceEvents"] if e.get("name") == "thread_name"]
+    assert len(tracks) == len(set(tracks))
+    assert all(any(f"{i}: " in n for n in names) for i in range(1, k + 1))
     ends = [e["ts"] + e.get("dur", 0) for e in doc["traceEvents"] if e.get("ph") == "X"]
     assert max(ends) <= rep.latency_cycles
     lines = [n for n in rep.notes if n.startswith("configuration ")]
