@@ -140,7 +140,6 @@ class SimResult:
         """The Chrome trace-event JSON text (opens in ui.perfetto.dev and chrome://tracing)."""
         doc = {
             "traceEvents": list(self.trace_events),
-            "displayTimeUnit": "ns",
             "otherData": {
                 "chip": self.chip,
                 "clock_ghz": self.clock_ghz,
@@ -148,7 +147,7 @@ class SimResult:
                 "cycles": self.cycles,
             },
         }
-        return json.dumps(doc, separators=(",", ":"))
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False)
 
     def write_trace(self, path: str | Path) -> Path:
         """Write the trace JSON to ``path`` (run with ``trace=True`` to record events)."""

@@ -239,7 +239,6 @@ class SpatialResult:
             events.append(ev)
         doc = {
             "traceEvents": events,
-            "displayTimeUnit": "ns",
             "otherData": {
                 "graph": self.graph,
                 "chip": self.chip,
@@ -247,7 +246,7 @@ class SpatialResult:
                 "cycles": self.cycles,
             },
         }
-        return json.dumps(doc, separators=(",", ":"))
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False)
 
     def write_trace(self, path: str | Path) -> Path:
         """Write :meth:`trace_json` to ``path``."""
