@@ -41,16 +41,26 @@ def test_ray_gives_identical_rows(pool_rows: list[dict], tmp_path: Path) -> None
         assert (tmp_path / png).stat().st_size > 10_000
 
 
-@pytest.mark.slow  # kills and restarts a whole sweep (~15-19 s)
-def test_killed_sweep_resumes(tmp_path: Path) -> None:
-    # five chips: every point compiles, so the kill lands part way through
-    chips = [{"chip": "step-sda", "set": [f"hbm.channels={2**k}"]} for k in range(5)]
+def _chip_sweep(tmp_path: Path, n: int) -> tuple[Path, Path, list[str]]:
+    """A spec of the tiny qwen3-moe at batch 2 on ``n`` step-sda chips of different HBM
+    channel counts (every point compiles), its output folder and the command sweeping it."""
+    chips = [{"chip": "step-sda", "set": [f"hbm.channels={2**k}"]} for k in range(n)]
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         yaml.safe_dump({"layers": ["qwen3-moe"], "batches": [2], "chips": chips, "tiny": True})
     )
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch2step.cli", "sweep", str(spec), "--out", str(out)]
+    return (
+        spec,
+        out,
+        [sys.executable, "-m", "torch2step.cli", "sweep", str(spec), "--out", str(out)],
+    )
+
+
+@pytest.mark.slow  # kills and restarts a whole sweep (~15-19 s)
+def test_killed_sweep_resumes(tmp_path: Path) -> None:
+    # five chips: every point compiles, so the kill lands part way through
+    spec, out, cmd = _chip_sweep(tmp_path, 5)
     cmd += ["--backend", "serial", "-q"]
     proc = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
@@ -315,13 +325,7 @@ def test_interrupted_sweep_cancels_the_rest_and_keeps_the_finished(
 
 @pytest.mark.slow  # starts and interrupts a sweep on a process pool (~10-20 s)
 def test_ctrl_c_stops_a_pool_sweep_at_once(tmp_path: Path) -> None:
-    chips = [{"chip": "step-sda", "set": [f"hbm.channels={2**k}"]} for k in range(6)]
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        yaml.safe_dump({"layers": ["qwen3-moe"], "batches": [2], "chips": chips, "tiny": True})
-    )
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch2step.cli", "sweep", str(spec), "--out", str(out)]
+    spec, out, cmd = _chip_sweep(tmp_path, 6)
     cmd += ["--jobs", "1", "--no-progress"]
     proc = subprocess.Popen(
         cmd, start_new_session=True, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
