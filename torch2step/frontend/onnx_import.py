@@ -315,7 +315,7 @@ def import_onnx(
     raise_graph(front, PATTERNS if patterns is None else patterns, em, f"ONNX model {graph.name!r}")
     graph.outputs = [_output(em, o) for o in view.outputs]
     graph.single_output = len(graph.outputs) == 1
-    _drop_dead(graph)
+    graph.drop_dead()
     return graph
 
 
@@ -324,18 +324,3 @@ def _output(em: Emitter, value: str) -> str:
         return em.get(value)
     except KeyError:
         raise FrontendError(f"graph output {value!r} was not computed") from None
-
-
-def _drop_dead(graph: LayerGraph) -> None:
-    needed = set(graph.outputs)
-    keep = []
-    for node in reversed(graph.nodes):
-        if any(o in needed for o in node.outputs):
-            keep.append(node)
-            needed.update(node.inputs)
-    graph.nodes = keep[::-1]
-    for p in [p for p in graph.params if p not in needed]:
-        del graph.params[p]
-    live = set(graph.inputs) | set(graph.params) | {o for n in graph.nodes for o in n.outputs}
-    for v in [v for v in graph.types if v not in live]:
-        del graph.types[v]

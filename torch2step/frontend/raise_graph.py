@@ -140,4 +140,5 @@ def raise_program(
             raise FrontendError(f"{name}: output {o!r} is not a tensor; return tensors only")
         graph.outputs.append(em.get(o))
     graph.single_output = len(graph.outputs) == 1 if single_output is None else single_output
+    graph.drop_dead()
     return graph

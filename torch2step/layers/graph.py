@@ -81,6 +81,23 @@ class LayerGraph:
     notes: list[str] = field(default_factory=list)
 
     # -- building -----------------------------------------------------------------------------
+    def drop_dead(self) -> None:
+        """Drop the nodes no output depends on, and the parameters and types only they used
+        (a frontend emits every operation it raises; e.g. the empty pass-through slice of a
+        full rotary embedding, which the concatenation after it leaves out)."""
+        needed = set(self.outputs)
+        keep = []
+        for node in reversed(self.nodes):
+            if any(o in needed for o in node.outputs):
+                keep.append(node)
+                needed.update(node.inputs)
+        self.nodes = keep[::-1]
+        for p in [p for p in self.params if p not in needed]:
+            del self.params[p]
+        live = set(self.inputs) | set(self.params) | {o for n in self.nodes for o in n.outputs}
+        for v in [v for v in self.types if v not in live]:
+            del self.types[v]
+
     def add_input(self, name: str, ty: TensorType) -> str:
         self._fresh(name)
         self.inputs.append(name)
