@@ -12,7 +12,6 @@ from torch_blocks import HIDDEN, seed_all
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from torch2step.errors import UnsupportedOperatorError
 from torch2step.frontend import capture, from_torch
 from torch2step.frontend.fx_pattern import Cap, P, match
 from torch2step.frontend.fx_view import op_name
@@ -130,10 +129,14 @@ def test_rotary_fits_theta() -> None:
     torch.testing.assert_close(evaluate(graph, q2, pos2), rope(q2, pos2), atol=1e-4, rtol=1e-4)
 
 
-def test_scaled_rope_is_reported() -> None:
+def test_scaled_rope_raises_with_its_own_table() -> None:
+    # Llama 3.1's "llama3" scaling: not theta ** (-2i / d), so the Rotary carries the table
     q, pos = _x(2, 4, 3, 16), torch.tensor([[5, 6, 7], [0, 1, 2]])
-    with pytest.raises(UnsupportedOperatorError, match="scaled RoPE"):
-        from_torch(_Rope(10000.0, llama3_scaling=True), (q, pos))
+    rope = _Rope(10000.0, llama3_scaling=True)
+    graph = from_torch(rope, (q, pos))
+    (rot,) = [n.op for n in graph.nodes if isinstance(n.op, Rotary)]
+    assert len(rot.inv_freq) == 8
+    torch.testing.assert_close(evaluate(graph, q, pos), rope(q, pos), atol=1e-4, rtol=1e-4)
 
 
 def test_rope_theta_rejects_other_tables() -> None:

@@ -143,8 +143,12 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
     fit = (view.rope_theta, "float32") if inv.is_meta else fit_rope(inv, d, view.rope_theta)
     if inv.is_meta and view.rope_theta is None:
         raise NoMatch("RoPE frequencies are on the meta device and the module has no rope_theta")
-    if fit is None:
-        raise NoMatch("RoPE inv_freq is not theta ** (-2i / D) (scaled RoPE variant)")
+    table: tuple[float, ...] = ()
+    if fit is None:  # a scaled RoPE (Llama 3.1's "llama3", ...): its own table, as it is
+        if inv.numel() * 2 != d or not bool((inv > 0).all()):
+            raise NoMatch("RoPE inv_freq is not a positive table of D / 2 frequencies")
+        table = tuple(float(v) for v in inv.detach().float().reshape(-1).tolist())
+        fit = (float(view.rope_theta or 0.0), "float32")
     theta, held_in = fit
     if view.dtype(pos).is_floating_point:
         raise NoMatch("RoPE positions are not integers")
@@ -154,7 +158,7 @@ def _match_rotary(view: ProgramView, node: fx.Node) -> Match | None:
     if view.rank(src) not in (1, 2) and not (view.rank(src) == 3 and raw_shape(src)[-1] == 1):
         raise NoMatch("RoPE positions are not [B, S] (or [S])")
     heads_axis = axis_c
-    op = L.Rotary(theta, d, held_in)
+    op = L.Rotary(theta, d, held_in, table)
     # any arithmetic on the cache length (an ONNX graph has folded it into a known value)
     from_sizes = symbolic_positions(view, src) if isinstance(src, fx.Node) else None
 

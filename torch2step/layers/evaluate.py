@@ -101,12 +101,16 @@ def _rmsnorm(op: L.RMSNorm, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ..
 
 
 def rotary_cos_sin(
-    positions: torch.Tensor, theta: float, rotary_dim: int, table_dtype: str = "float32"
+    positions: torch.Tensor,
+    theta: float,
+    rotary_dim: int,
+    table_dtype: str = "float32",
+    inv_freq: Sequence[float] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables ``[B, S, rotary_dim]`` for integer ``positions[B, S]`` (HF's
     default RoPE: ``inv_freq = theta ** -(arange(0, d, 2) / d)`` held in ``table_dtype``,
-    halves concatenated)."""
-    inv_freq = rope_inv_freq(theta, rotary_dim, table_dtype)
+    halves concatenated; ``inv_freq``: a scaled RoPE's own table instead)."""
+    inv_freq = rope_inv_freq(theta, rotary_dim, table_dtype, inv_freq)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -114,7 +118,7 @@ def rotary_cos_sin(
 
 def _rotary(op: L.Rotary, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     h, pos = x
-    cos, sin = rotary_cos_sin(pos, op.theta, op.rotary_dim, op.table_dtype)
+    cos, sin = rotary_cos_sin(pos, op.theta, op.rotary_dim, op.table_dtype, op.inv_freq)
     cos, sin = cos[:, None].to(h.dtype), sin[:, None].to(h.dtype)
     rot, rest = h[..., : op.rotary_dim], h[..., op.rotary_dim :]
     half = op.rotary_dim // 2

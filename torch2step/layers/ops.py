@@ -192,11 +192,14 @@ class Rotary(LayerOp):
     ``rotary_dim`` features with base ``theta``; inputs ``(x[B, H, S, D], positions[B, S])``
     (integer positions).  ``table_dtype``: the dtype the module holds its inverse-frequency
     table in (a bf16 model's ``inv_freq`` buffer is rounded to bf16; the angles are then
-    computed in fp32 from the rounded table, as HF's rotary embedding does)."""
+    computed in fp32 from the rounded table, as HF's rotary embedding does).  ``inv_freq``:
+    the module's own inverse frequencies when they are not ``theta ** (-2i / rotary_dim)`` (a
+    scaled RoPE such as Llama 3.1's "llama3"), taken as given; empty: the default table."""
 
     theta: float
     rotary_dim: int
     table_dtype: str = "float32"
+    inv_freq: tuple[float, ...] = ()
 
     def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
         x, pos = ins

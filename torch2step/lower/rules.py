@@ -154,7 +154,13 @@ def _rotary(ctx: LowerCtx, n: Node) -> None:
             pt, (1, 1), out_shape=(bsz, heads, seq), stride=(0 if pb == 1 else seq, 0, 1)
         )
     y = g.map(
-        fn("rotary", theta=op.theta, rotary_dim=op.rotary_dim, table_dtype=op.table_dtype),
+        fn(
+            "rotary",
+            theta=op.theta,
+            rotary_dim=op.rotary_dim,
+            table_dtype=op.table_dtype,
+            **({"inv_freq": op.inv_freq} if op.inv_freq else {}),
+        ),
         rows,
         ctx.flat(p),
     )

@@ -16,6 +16,7 @@ operation (STeP §4.1 counts matmul FLOPs; the rest is reported for completeness
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -110,9 +111,14 @@ def _rotary_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
     return x
 
 
-def rope_inv_freq(theta: float, rotary_dim: int, table_dtype: str = "float32") -> torch.Tensor:
+def rope_inv_freq(
+    theta: float, rotary_dim: int, table_dtype: str = "float32", given: Sequence[float] = ()
+) -> torch.Tensor:
     """HF's default RoPE table ``theta ** -(arange(0, d, 2) / d)`` in fp32, rounded to
-    ``table_dtype`` (the dtype the module holds its ``inv_freq`` buffer in) and back."""
+    ``table_dtype`` (the dtype the module holds its ``inv_freq`` buffer in) and back; a
+    ``given`` table (a scaled RoPE's, as the module holds it) as it is."""
+    if len(given):
+        return torch.tensor([float(v) for v in given], dtype=torch.float32)
     exps = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv = 1.0 / (theta**exps)
     return inv.to(getattr(torch, table_dtype)).float()
@@ -123,7 +129,8 @@ def _rotary(f: Fn, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
     ``rotary_dim`` features with inverse frequencies ``theta ** (-2i / rotary_dim)`` (held in
     ``table_dtype``)."""
     theta, rd = float(f.get("theta", 10000.0)), int(f.get("rotary_dim", x.shape[1]))
-    inv = rope_inv_freq(theta, rd, str(f.get("table_dtype", "float32"))).numpy()
+    table = f.get("inv_freq", ())
+    inv = rope_inv_freq(theta, rd, str(f.get("table_dtype", "float32")), table).numpy()
     ang = pos.astype(np.float32).reshape(-1, 1) * inv.reshape(1, -1)
     emb = np.concatenate([ang, ang], axis=1)
     cos, sin = np.cos(emb), np.sin(emb)
@@ -144,7 +151,7 @@ register_fn(
         _rotary,
         flops=_per_elem(3),
         doc="rotate-half RoPE of each row at its integer position (one position: all rows), "
-        "rotary(theta=, rotary_dim=)",
+        "rotary(theta=, rotary_dim=[, inv_freq=])",
     )
 )
 
