@@ -167,10 +167,8 @@ def _add_report(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _window(text: str | None) -> tuple[float, float] | None:
     """``--trace-window START:END`` as ``(start, end)`` cycles: ``START`` defaults to 0, an
-    empty (or ``inf``) ``END`` is the run's end; NaN, negative, infinite starts and empty
-    windows are refused."""
-    import math
-
+    empty (or ``inf``) ``END`` is the run's end; text that is no START:END is refused here, the
+    values by :func:`torch2step.program.check_trace_limits`."""
     from torch2step.errors import InputError
 
     if text is None:
@@ -180,11 +178,14 @@ def _window(text: str | None) -> tuple[float, float] | None:
         lo, hi = float(a or 0), float(b) if b else float("inf")
     except ValueError:
         lo, hi = 0.0, -1.0
-    if not sep or math.isnan(lo) or math.isnan(hi) or math.isinf(lo) or lo < 0 or hi <= lo:
+    if not sep:
         raise InputError(
             f"--trace-window {text!r}: write START:END cycles with 0 <= START < END "
             "(END may be left out: to the run's end)"
         )
+    from torch2step.program import check_trace_limits
+
+    check_trace_limits((lo, hi), None, ("--trace-window", "--trace-units"))
     return lo, hi
 
 
@@ -252,14 +253,10 @@ def _refuse_ignored(args: argparse.Namespace, kernel: bool = False) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from torch2step.named import report_config, report_layer
+    from torch2step.program import check_trace_limits
 
     window = _window(args.trace_window)
-    if args.trace_units is not None and args.trace_units < 1:
-        from torch2step.errors import InputError
-
-        raise InputError(
-            f"--trace-units {args.trace_units}: keep the core tracks of N >= 1 busiest units"
-        )
+    check_trace_limits(None, args.trace_units, ("--trace-window", "--trace-units"))
     if args.execution != "spatial":
         from torch2step.named import resolve_chip
 

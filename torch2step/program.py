@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ import sympy as sp
 import torch
 
 from hwmodel.chip import Chip
-from torch2step.errors import FrontendError, ScheduleError, Torch2StepError
+from torch2step.errors import FrontendError, InputError, ScheduleError, Torch2StepError
 from torch2step.layers import ops as L
 from torch2step.layers.graph import LayerGraph, format_layer_graph, torch_dtype
 from torch2step.lower import Lowered
@@ -382,22 +383,12 @@ class Program:
         ...``); ``units`` keeps the busiest units of all configurations together, each unit's
         spans only in its own configuration's time range."""
         import logging
-        import math
 
         from runtime.trace import write_trace_json
-        from torch2step.errors import InputError
 
         if not self.has_trace:
             raise Torch2StepError("no trace recorded: call report(..., trace=True) first")
-        if units is not None and units < 1:
-            raise InputError(f"units={units}: keep the core tracks of at least 1 unit")
-        if window is not None:
-            lo, hi = (float(x) for x in window)
-            if math.isnan(lo) or math.isnan(hi) or math.isinf(lo) or lo < 0 or hi <= lo:
-                raise InputError(
-                    f"window={window}: give (start, end) cycles with 0 <= start < end "
-                    "(end may be inf)"
-                )
+        check_trace_limits(window, units)
         parts = self._split_parts or [(0, "", self._last)]
         total = parts[-1][0] + parts[-1][2].cycles
         keep: list[set[int]] | None = None  # per configuration: the cores whose spans are kept
@@ -497,6 +488,25 @@ class Program:
         )
         self.trace_stats["dropped"] += dropped
         return Path(path)
+
+
+def check_trace_limits(
+    window: tuple[float, float] | None,
+    units: int | None,
+    names: tuple[str, str] = ("window", "units"),
+) -> None:
+    """Refuse a trace window that is not ``0 <= start < end`` cycles (``end`` may be ``inf``;
+    NaN anywhere) and fewer than one unit kept: an :class:`InputError` naming the argument
+    (``names``: how the caller spells window and units, e.g. the CLI's flags)."""
+    if units is not None and units < 1:
+        raise InputError(f"{names[1]} {units}: keep the core tracks of N >= 1 busiest units")
+    if window is not None:
+        lo, hi = (float(x) for x in window)
+        if math.isnan(lo) or math.isnan(hi) or math.isinf(lo) or lo < 0 or hi <= lo:
+            raise InputError(
+                f"{names[0]} {window}: give START:END cycles with 0 <= START < END "
+                "(END may be left out or inf: to the run's end)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
