@@ -111,10 +111,11 @@ class ChipCosts:
         grid: tuple[int, int],
         store: bool = False,
         in_turn: bool = False,
+        top: int | None = None,
     ) -> float:
-        """Cycles the mesh links take while an ``h x w`` grid (north-west corner) loads
-        (``store``: stores) ``per_core_bytes`` per core spread over the HBM channels: the
-        busiest link's traffic over its bandwidth (:meth:`MeshLinks.hbm_pairs`).  ``in_turn``:
+        """Cycles the mesh links take while an ``h x w`` grid (from mesh row ``top``, default
+        its place, :func:`elk.grids.mesh_top`) loads (``store``: stores) ``per_core_bytes``
+        per core spread over the HBM channels: the busiest link's traffic over its bandwidth (:meth:`MeshLinks.hbm_pairs`).  ``in_turn``:
         the cores issue their loads in turn as the controller's go token reaches them (every
         preload but those issued before the first execute, ELK §4.5), else all at once; the
         channels serve the cores in that order and a column link receives a core's data only
@@ -125,8 +126,8 @@ class ChipCosts:
             return one
         assert self.links is not None
         if store:
-            return max(one, one * self.links.hbm_pairs(grid[0], grid[1], True))
-        return max(one, one * self.links.preload_span(grid[0], grid[1], in_turn))
+            return max(one, one * self.links.hbm_pairs(grid[0], grid[1], True, top))
+        return max(one, one * self.links.preload_span(grid[0], grid[1], in_turn, top))
 
     def gather(self, per_dest_bytes: float, grid: tuple[int, int]) -> float:
         """Cycles the busiest link carries while the first column of an ``h x w`` grid gathers

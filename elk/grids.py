@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["grid", "footprint"]
+__all__ = ["grid", "footprint", "mesh_top"]
 
 
 class _Tiled(Protocol):
@@ -35,3 +35,18 @@ def footprint(p: _Tiled, mesh: tuple[int, int] | None) -> tuple[int, int]:
         return r, c
     per = mesh[1] // c
     return -(-r // per), per * c
+
+
+def mesh_top(h: int, w: int, rows: int, cols: int) -> int:
+    """The first mesh row of an ``h x w`` core grid (see :func:`footprint`) on a mesh of
+    ``rows x cols`` routers whose last row is left to the controller core: the grid centred
+    on the worker rows, at the west edge.  HBM controllers on the edge routers of every row
+    feed a centred grid from above and below, so each column's preload traffic splits between
+    its north- and south-bound links; in the north-west corner every byte from the rows below
+    climbs the same links (ELK §6.4: mesh HBM data takes multiple hops).  A grid as tall as
+    the worker rows, or a single row wider than the mesh (laid out from core 0), starts at
+    row 0.  :mod:`lowering.elk_placement` places each grid there when its cores have room,
+    and the cost model (:mod:`elk.meshlinks`) counts link loads for that rectangle."""
+    if w > cols:
+        return 0
+    return max(0, (rows - 1 - h) // 2)

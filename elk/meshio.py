@@ -53,11 +53,13 @@ def hbm_io_extra(
         m, k, n = dims
         _, tk, tn = tiles
         a, cc = m * (k // tk) * elem, m * (n // tn) * elem
+        assert c.links is not None
+        top = c.links.top(*grid)  # the grid's first row: its first column and top row start there
         if hbm_in:  # the first grid column loads the activation blocks instead of gathering
-            got = c.hbm_link(a, (tk, 1)) + c.hbm_lat + c.hbm_hops((tk, 1))
+            got = c.hbm_link(a, (tk, 1), top=top) + c.hbm_lat + c.hbm_hops((tk, 1))
             extra += max(0.0, got - (c.gather(a, (tk, tn)) + c.net_lat * (tk + tn)))
         if hbm_out:  # the top grid row stores the result
-            extra += c.hbm_link(cc, (1, tn), store=True) + c.hbm_lat + c.hbm_hops((1, tn))
+            extra += c.hbm_link(cc, (1, tn), store=True, top=top) + c.hbm_lat + c.hbm_hops((1, tn))
         return extra
     if kind == "vector":
         r, cols = dims

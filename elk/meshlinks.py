@@ -18,8 +18,9 @@ reaches the cores (the preloads of every section but the first, ELK §4.5), the 
 the cores nearest the controller first, the column links of those cores' columns get their
 data in bursts, and the row and column stages largely add up.
 
-Grids sit in the mesh's north-west corner (``lowering.elk_placement`` tries the west edge and
-the first rows first); the link loads are counted exactly for that rectangle.
+Grids sit at the west edge, centred on the worker rows (:func:`elk.grids.mesh_top`, where
+``lowering.elk_placement`` places them when their cores have room); the link loads are counted
+exactly for that rectangle, or for the rows from ``top`` on where a caller names them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+
+from elk.grids import mesh_top
 
 __all__ = ["MeshLinks"]
 
@@ -43,47 +46,61 @@ class MeshLinks:
     attach: tuple[tuple[int, int], ...]
     routing: str = "xy"
 
-    def hbm_pairs(self, h: int, w: int, store: bool = False) -> float:
-        """Most (channel, core) routes of an ``h x w`` grid in the north-west corner sharing
-        one link, per channel: a preload (``store``: a store) of ``b`` bytes per core, spread
-        evenly over the channels, puts ``b * hbm_pairs`` bytes on the busiest link."""
+    def top(self, h: int, w: int) -> int:
+        """The first row of an ``h x w`` grid (:func:`elk.grids.mesh_top`)."""
+        return mesh_top(h, w, self.rows, self.cols)
+
+    def _at(self, h: int, w: int, top: int | None) -> tuple[int, int, int]:
+        t = self.top(h, w) if top is None else top
+        h = min(h, self.rows)
+        return min(h, self.rows - t), min(w, self.cols), t
+
+    def hbm_pairs(self, h: int, w: int, store: bool = False, top: int | None = None) -> float:
+        """Most (channel, core) routes of an ``h x w`` grid (from row ``top``, default
+        :meth:`top`) sharing one link, per channel: a preload (``store``: a store) of ``b``
+        bytes per core, spread evenly over the channels, puts ``b * hbm_pairs`` bytes on the
+        busiest link."""
         if not self.attach:
             return 0.0
-        return _hbm_pairs(self, min(h, self.rows), min(w, self.cols), store)
+        return max(_hbm_stages(self, *self._at(h, w, top), store))
 
-    def hbm_stages(self, h: int, w: int, store: bool = False) -> tuple[float, float]:
+    def hbm_stages(
+        self, h: int, w: int, store: bool = False, top: int | None = None
+    ) -> tuple[float, float]:
         """:meth:`hbm_pairs` of the row links and of the column links separately (a route
         crosses the ones, then the others)."""
         if not self.attach:
             return 0.0, 0.0
-        return _hbm_stages(self, min(h, self.rows), min(w, self.cols), store)
+        return _hbm_stages(self, *self._at(h, w, top), store)
 
-    def preload_span(self, h: int, w: int, in_turn: bool) -> float:
-        """Cycles x link bandwidth, per byte each core of an ``h x w`` grid (north-west
-        corner) preloads, until the last byte arrives when the channels serve the cores in
-        the order they issue (``in_turn``: as the go token reaches them, else at once):
-        the edge row links, then each column link, first come first served
+    def preload_span(self, h: int, w: int, in_turn: bool, top: int | None = None) -> float:
+        """Cycles x link bandwidth, per byte each core of an ``h x w`` grid (from row ``top``,
+        default :meth:`top`) preloads, until the last byte arrives when the channels serve the
+        cores in the order they issue (``in_turn``: as the go token reaches them, else at
+        once): the edge row links, then each column link, first come first served
         (:func:`_flow_shop`; xy routing, else the busiest link)."""
         if not self.attach:
             return 0.0
-        h, w = min(h, self.rows), min(w, self.cols)
+        h, w, t = self._at(h, w, top)
+        pairs = max(_hbm_stages(self, h, w, t, False))
         if self.routing != "xy":
-            return _hbm_pairs(self, h, w, False)
-        return max(_hbm_pairs(self, h, w, False), _flow_shop(self, h, w, in_turn))
+            return pairs
+        return max(pairs, _flow_shop(self, h, w, t, in_turn))
 
-    def hbm_hops(self, h: int, w: int) -> float:
-        """Mean links a preloaded byte crosses to an ``h x w`` grid in the north-west corner
-        (the byte-hops of its routes over its bytes, spread evenly over the channels)."""
+    def hbm_hops(self, h: int, w: int, top: int | None = None) -> float:
+        """Mean links a preloaded byte crosses to an ``h x w`` grid (from row ``top``, default
+        :meth:`top`; the byte-hops of its routes over its bytes, spread evenly over the
+        channels)."""
         if not self.attach:
             return 0.0
-        return _hbm_hops(self, min(h, self.rows), min(w, self.cols))
+        return _hbm_hops(self, *self._at(h, w, top))
 
     def gather_pairs(self, h: int, w: int) -> float:
         """Most bytes on one link, per byte each destination receives, when the first column
-        of an ``h x w`` grid in the north-west corner gathers its blocks from sources spread
-        evenly over the grid's cores (the next operator gathers its input activation from
-        the cores the previous one left it on, ELK §4.5; placement puts both in the corner)."""
-        return _gather_pairs(self, min(h, self.rows), min(w, self.cols))
+        of an ``h x w`` grid (at :meth:`top`) gathers its blocks from sources spread evenly
+        over the grid's cores (the next operator gathers its input activation from the cores
+        the previous one left it on, ELK §4.5)."""
+        return _gather_pairs(self, *self._at(h, w, None))
 
 
 def _route_loads(
@@ -120,9 +137,9 @@ def _peak(loads: tuple[np.ndarray, ...]) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _hbm_stages(m: MeshLinks, h: int, w: int, store: bool) -> tuple[float, float]:
+def _hbm_stages(m: MeshLinks, h: int, w: int, top: int, store: bool) -> tuple[float, float]:
     grid = np.zeros((m.rows, m.cols))
-    grid[:h, :w] = 1.0
+    grid[top : top + h, :w] = 1.0
     chans = np.zeros((m.rows, m.cols))
     for r, c in m.attach:
         chans[r, c] += 1.0
@@ -133,14 +150,10 @@ def _hbm_stages(m: MeshLinks, h: int, w: int, store: bool) -> tuple[float, float
     return _peak((east, west)) / n, _peak((south, north)) / n
 
 
-def _hbm_pairs(m: MeshLinks, h: int, w: int, store: bool) -> float:
-    return max(_hbm_stages(m, h, w, store))
-
-
 @lru_cache(maxsize=1024)
-def _hbm_hops(m: MeshLinks, h: int, w: int) -> float:
+def _hbm_hops(m: MeshLinks, h: int, w: int, top: int) -> float:
     grid = np.zeros((m.rows, m.cols))
-    grid[:h, :w] = 1.0
+    grid[top : top + h, :w] = 1.0
     chans = np.zeros((m.rows, m.cols))
     for r, c in m.attach:
         chans[r, c] += 1.0
@@ -149,18 +162,18 @@ def _hbm_hops(m: MeshLinks, h: int, w: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _gather_pairs(m: MeshLinks, h: int, w: int) -> float:
+def _gather_pairs(m: MeshLinks, h: int, w: int, top: int) -> float:
     src = np.zeros((m.rows, m.cols))
-    src[:h, :w] = 1.0 / (h * w)
+    src[top : top + h, :w] = 1.0 / (h * w)
     dst = np.zeros((m.rows, m.cols))
-    dst[:h, 0] = 1.0  # each destination gathers its own block from every source
+    dst[top : top + h, 0] = 1.0  # each destination gathers its own block from every source
     return _peak(_route_loads(m, src, dst))
 
 
 @lru_cache(maxsize=1024)
-def _flow_shop(m: MeshLinks, h: int, w: int, go_order: bool) -> float:
+def _flow_shop(m: MeshLinks, h: int, w: int, top: int, go_order: bool) -> float:
     """Cycles x link bandwidth, per byte each core loads, until the last byte of an ``h x w``
-    grid's preload (north-west corner, xy routing) has crossed its column links, when the
+    grid's preload (from row ``top``, xy routing) has crossed its column links, when the
     channels serve the cores one after another (first come first served) in the order the
     cores issue their loads: at once in core order, or (``go_order``) as the controller's go
     token reaches them (a multicast from the last core: along its row, then up the columns).
@@ -173,7 +186,7 @@ def _flow_shop(m: MeshLinks, h: int, w: int, go_order: bool) -> float:
     for r, _ in m.attach:
         rows_of[r] += 1.0
     below = np.cumsum(rows_of[::-1])[::-1]  # channels in rows >= z
-    cores = [(r, c) for r in range(h) for c in range(w)]
+    cores = [(r, c) for r in range(top, top + h) for c in range(w)]
     if go_order:
         cores.sort(key=lambda rc: ((C - 1 - rc[1]) + (R - 1 - rc[0]), rc[0] * C + rc[1]))
     north = np.zeros((R, C))  # link z+1 -> z of column c: free time

@@ -73,9 +73,13 @@ class Item:
         return self.core_spaces[e] if self.core_spaces else self.execs[e].space
 
     def slack(self, e: int) -> float:
-        """Cycles into execution with plan ``e`` its preload may still arrive (none when it
-        reads its input from HBM: that read is served after the preload's requests)."""
-        return self.slacks[e] if self.slacks and not self.hbm_input else 0.0
+        """Cycles into execution with plan ``e`` its preload may still arrive.  An execution
+        that reads its input from HBM gets that read behind the preload's requests at the
+        channels, which serve them at HBM pace; on the edge-fed mesh (the only chip where
+        ``hbm_input`` is set) the grid's first column, at the west edge, receives it while
+        the edge links still carry the preload, so the kernel overlaps the last pieces as
+        any other does."""
+        return self.slacks[e] if self.slacks else 0.0
 
     def quiet(self, e: int) -> float:
         """Cycles into execution with plan ``e`` before its cores receive a message."""

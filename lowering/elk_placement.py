@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from elk.cost import Plan, grid
+from elk.grids import footprint, mesh_top
 from elk.ops import Operator
 from hwmodel.chip import Chip, MeshNoC
 from lowering.errors import ProgramError
@@ -95,7 +96,9 @@ def place(
     """Cores of every tile, the last core left to the controller.  Operators are placed in
     preload order on the cores with the most free SRAM over the sections they stay resident
     (all-to-all: any cores, ELK §5 maps tiles in order because location does not matter; mesh:
-    the grid's row offset with the most free SRAM)."""
+    at the west edge centred on the worker rows, where the cost model counts the grid's link
+    loads (:func:`elk.grids.mesh_top`), when those cores have room, else the grid's row offset
+    with the most free SRAM)."""
     return _place(chip, ops, plans, order, issued)[0]
 
 
@@ -159,7 +162,15 @@ def _place(
                     for r0 in range(usable_rows - rows + 1)
                 ]
             peak = [int(load[list(cs), span].max(initial=0)) for cs in cands]
-            cores = cands[int(np.argmin(peak))]
+            # where the cost model counts the grid's link loads (elk.grids.mesh_top: west
+            # edge, centred on the worker rows), if its cores have room; else the least
+            # loaded row offset.  The candidates list the west edge's row offsets first, from
+            # row 0 on.
+            home = mesh_top(*footprint(plan, (usable_rows, noc.cols)), noc.rows, noc.cols)
+            if peak[home] + plan.core_space <= sram:
+                cores = cands[home]
+            else:
+                cores = cands[int(np.argmin(peak))]
             if j in earlier and earlier[j] in out:  # the same operator a layer earlier
                 same = out[earlier[j]].cores
                 if same in cands and peak[cands.index(same)] + plan.core_space <= sram:

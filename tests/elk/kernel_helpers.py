@@ -13,18 +13,28 @@ from lowering.elk_programs import _preload
 from runtime import simulate
 
 
-def preload_alone_cycles(chip: Any, ops: list, plan: Any, tensors: dict) -> int:
-    """Cycles of the preload of ``ops[0]`` under ``plan`` when every core of its grid loads its
-    share at once, in the programs' piece order, and nothing else runs (ELK §4.5
-    ``preload_async``)."""
+def preload_alone_cycles(
+    chip: Any, ops: list, plan: Any, tensors: dict, in_turn: bool = False
+) -> int:
+    """Cycles of the preload of ``ops[0]`` under ``plan``, on the cores placement gives it,
+    when every core of its grid loads its share at once (``in_turn``: as the controller's go
+    token reaches it, as every preload but those issued before the first execute), in the
+    programs' piece order, and nothing else runs (ELK §4.5 ``preload_async``)."""
     pl = place(chip, ops, [plan])[0]
     b = ProgramBuilder("preload")
     for t, (shape, dt) in tensors.items():
         b.tensor(t, shape, dt)
     rot = rotates(chip.hbm, pl)
+    if in_turn:
+        ctrl = chip.num_cores - 1
+        b.channel("go1", ctrl, sorted(pl.cores))
+        b.core(ctrl).send_value("go1", 1)
     for r in range(pl.rows):
         for c in range(pl.cols):
-            _preload(b.core(pl.core(r, c)), 0, pl, r, c, "bf16", piece_order(pl, r, c, rot))
+            p = b.core(pl.core(r, c))
+            if in_turn:
+                p.recv_value("go1", "go")
+            _preload(p, 0, pl, r, c, "bf16", piece_order(pl, r, c, rot))
     return simulate(b.build(), chip).cycles
 
 
