@@ -26,8 +26,8 @@ __all__ = ["delivery_rate", "four_edge_links", "mesh_note", "fig21"]
 
 def delivery_rate(links: MeshLinks, grid: tuple[int, int], port: float) -> float:
     """Bytes per cycle the mesh delivers from its controllers to every core of ``grid``
-    (north-west corner) when each core's share is spread evenly over the channels: the
-    grid's cores times the link bandwidth over the busiest link's share
+    (at its place, :func:`elk.grids.mesh_top`) when each core's share is spread evenly over
+    the channels: the grid's cores times the link bandwidth over the busiest link's share
     (:meth:`MeshLinks.hbm_pairs`)."""
     h, w = grid
     return port * h * w / max(1.0, links.hbm_pairs(h, w))
