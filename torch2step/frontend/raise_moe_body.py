@@ -2,7 +2,8 @@
 check that a recognised region computes :class:`~torch2step.layers.ops.MoEExperts`.
 
 An expert body is gated, ``down(act(gate(x)) * up(x))`` (SwiGLU, GeGLU, ReGLU), or a plain
-two-matrix MLP ``down(act(up(x)))``, ``act`` one of SiLU, GELU, ReLU, each projection with or
+two-matrix MLP ``down(act(up(x)))``, ``act`` one of SiLU, GELU (exact or tanh-approximate),
+ReLU — named, or written out elementwise and recognised by running it — each projection with or
 without a bias (``addmm`` or ``mm + b``); each projection is spelled by the MoE variant
 (``mm`` with one expert's weight in a loop, ``bmm`` with weights gathered per token in HF's
 ``batched_mm``, ``grouped_mm`` over tokens sorted by expert in HF's ``grouped_mm``) and gate/up
@@ -35,8 +36,9 @@ from torch2step.frontend.fx_view import (
     strip,
     strip_casts,
 )
+from torch2step.frontend.raise_rules import gelu_fn
 from torch2step.layers import ops as L
-from torch2step.layers.evaluate import EVALUATORS
+from torch2step.layers.evaluate import ACTIVATIONS, EVALUATORS
 from torch2step.layers.graph import dtype_name
 
 __all__ = [
@@ -87,22 +89,78 @@ class ExpertBody:
         return self.gate is not None
 
 
-def activation(node: Any) -> tuple[str, fx.Node] | None:
-    """``(name, g)`` when ``node`` is ``silu/gelu/relu(g)`` (``g * sigmoid(g)`` is silu)."""
+#: ops an activation written out elementwise may use (``gelu_new``'s tanh formula, ``x *
+#: sigmoid(x)``, ``x / (1 + exp(-x))``...): followed back to the one tensor they act on
+_POINTWISE = frozenset(
+    {"add", "sub", "rsub", "mul", "div", "pow", "neg", "exp", "tanh", "erf", "sigmoid", "sqrt",
+     "rsqrt", "reciprocal", "square", "relu", "silu", "gelu", "maximum", "clamp", "clamp_min",
+     "_to_copy", "to", "type_as"}
+)  # fmt: skip
+_MAX_POINTWISE = 32
+
+
+def activation(node: Any, view: ProgramView | None = None) -> tuple[str, fx.Node] | None:
+    """``(name, g)`` when ``node`` is ``act(g)``, ``name`` one of
+    :data:`~torch2step.layers.evaluate.ACTIVATIONS`: ``silu/relu(g)``, ``gelu(g)`` (``gelu`` or,
+    ``approximate="tanh"``, ``gelu_tanh``), ``g * sigmoid(g)`` (silu), or — given the ``view``
+    — elementwise operations on one tensor ``g`` that compute one of them on sample values
+    (HF's ``gelu_new``: ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``)."""
     n = strip_casts(node)
     if not is_node(n):
         return None
     name = op_name(n)
-    if name in ("silu", "relu") or (
-        name == "gelu" and n.kwargs.get("approximate", "none") == "none"
-    ):
+    if name in ("silu", "relu"):
         return name, strip_casts(n.args[0])
+    if name == "gelu":
+        fn = gelu_fn(n)
+        return None if fn is None else (fn, strip_casts(n.args[0]))
     if name == "mul":
         a, b = (strip_casts(x) for x in n.args[:2])
         for g, s in ((a, b), (b, a)):
             if op_name(s) == "sigmoid" and strip_casts(s.args[0]) is g:
                 return "silu", g
-    return None
+    return None if view is None else _pointwise_activation(view, n)
+
+
+def _pointwise_activation(view: ProgramView, n: fx.Node) -> tuple[str, fx.Node] | None:
+    """The activation the elementwise operations ending at ``n`` compute, by running them on
+    sample values, when they read one non-constant tensor (see :func:`activation`)."""
+    if op_name(n) not in _POINTWISE:
+        return None
+    leaves: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    todo = [n]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if len(seen) > _MAX_POINTWISE:
+            return None
+        for a in (*m.args, *m.kwargs.values()):
+            if not is_node(a):
+                continue
+            if op_name(a) in _POINTWISE and a is not n:
+                todo.append(a)
+            elif view.const(a) is None:
+                leaves.add(a)
+    if len(leaves) != 1:
+        return None
+    (g,) = leaves
+    sample = torch.linspace(-5.0, 5.0, 101)
+    dtype = view.dtype(g)
+    if not dtype.is_floating_point:
+        return None
+    try:
+        (y,) = view.run([n], {g: sample.to(dtype)})
+    except Exception:  # noqa: BLE001 - a failing probe means "not an activation"
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != sample.shape:
+        return None
+    want = {a: f(sample) for a, f in ACTIVATIONS.items()}
+    err = {a: (y.float() - w).abs().max().item() for a, w in want.items()}
+    best = min(err, key=err.__getitem__)
+    return (best, strip_casts(g)) if err[best] <= 1e-4 else None
 
 
 def _rows(view: ProgramView, node: fx.Node, proj: ProjFn) -> Proj | None:
@@ -166,7 +224,7 @@ def expert_body(view: ProgramView, y: fx.Node, proj: ProjFn) -> ExpertBody | Non
     if op_name(h) == "mul":
         a, b = h.args[:2]
         for act_side, up_side in ((a, b), (b, a)):
-            act = activation(act_side)
+            act = activation(act_side, view)
             if act is None:
                 continue
             gate, up = _rows(view, act[1], pj), _rows(view, up_side, pj)
@@ -182,7 +240,7 @@ def expert_body(view: ProgramView, y: fx.Node, proj: ProjFn) -> ExpertBody | Non
                 (gate.source, up.source, down.source),
                 (gate.bias, up.bias, down.bias),
             )
-    act = activation(h)
+    act = activation(h, view)
     if act is None:
         return None
     up = _rows(view, act[1], pj)

@@ -55,7 +55,7 @@ Projections = Callable[[Any, set[Any]], ProjFn]
 _GROUPED = frozenset({"CumSum", "cumsum", "sort", "histc", "TopK", "topk"})
 _EXPERT_FORMS = (
     "experts must be down(act(gate(x)) * up(x)) or down(act(up(x))) with act one of silu, "
-    "gelu, relu, each projection a linear map with or without a bias"
+    "gelu (exact or tanh-approximate), relu, each projection a linear map with or without a bias"
 )
 _SKIP = frozenset({"sym_size", "_assert_scalar", "_assert_tensor_metadata", "_assert_async"})
 
@@ -228,9 +228,10 @@ def moe_region_pattern(projections: Projections) -> Pattern:
         elif not stacked and (found_bodies or _branches(view, region)):
             found_bodies, spelling = _by_expert(view, found_bodies, n_exp, region), "loop"
         else:
+            computes = "" if found_bodies else f"; it computes {describe_ops(view, region)}"
             raise NoMatch(
                 f"found {len(found_bodies)} expert MLPs in the routed region; expected one "
-                "stacked or one per expert"
+                f"stacked or one per expert ({_EXPERT_FORMS}){computes}"
             )
         acts = {b.activation for b in found_bodies}
         if len(acts) != 1:

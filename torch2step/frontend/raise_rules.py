@@ -31,7 +31,7 @@ from torch2step.frontend.gnode import GNode
 from torch2step.layers import ops as L
 from torch2step.layers.graph import dtype_name, torch_dtype
 
-__all__ = ["RULES", "CHECKS", "IGNORED", "rule_for", "check_node"]
+__all__ = ["RULES", "CHECKS", "IGNORED", "rule_for", "check_node", "gelu_fn"]
 
 Rule = Callable[[FxEmitter, fx.Node], Value]
 Check = Callable[[ProgramView, fx.Node], "str | None"]
@@ -395,15 +395,37 @@ def _get(em: FxEmitter, x: Any) -> str:
     return x.name if isinstance(x, _Named) else em.get(x)
 
 
+#: ``gelu``'s ``approximate`` argument -> the layer graph's elementwise function: the exact
+#: (erf) form and the tanh approximation (also ONNX ``Gelu``'s ``approximate`` attribute)
+_GELU = {"none": "gelu", "tanh": "gelu_tanh"}
+
+
+def gelu_approximate(node: Any) -> Any:
+    """The ``approximate`` argument of a ``gelu`` node (``"none"`` when absent)."""
+    a = node.kwargs.get("approximate", "none")
+    return a.decode() if isinstance(a, bytes) else a
+
+
+def gelu_fn(node: Any) -> str | None:
+    """The layer graph's elementwise function a ``gelu`` node computes (``gelu`` or
+    ``gelu_tanh``), or None for an ``approximate`` it has no function for."""
+    return _GELU.get(gelu_approximate(node))
+
+
 def _unary_check(view: ProgramView, node: fx.Node) -> str | None:
-    if op_name(node) == "gelu" and node.kwargs.get("approximate", "none") != "none":
-        return "tanh-approximate gelu"
+    if op_name(node) == "gelu" and gelu_fn(node) is None:
+        return (
+            f"gelu with approximate={gelu_approximate(node)!r} (the layer graph has the exact "
+            "form 'none' and the tanh approximation 'tanh'); use one of those"
+        )
     return None
 
 
 @_rule(*[f"aten.{o}.default" for o in (*_UNARY, "gelu")], check=_unary_check)
 def _unary(em: FxEmitter, node: fx.Node) -> Value:
-    return em.emit1(L.Elementwise(op_name(node)), [em.get(node.args[0])])
+    name = op_name(node)
+    fn = gelu_fn(node) if name == "gelu" else name
+    return em.emit1(L.Elementwise(fn), [em.get(node.args[0])])
 
 
 def _pow_check(view: ProgramView, node: fx.Node) -> str | None:

@@ -37,6 +37,13 @@ def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.div(a, b, rounding_mode="trunc")
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+    (Hendrycks & Gimpel, "Gaussian Error Linear Units", §2): PyTorch's
+    ``gelu(approximate="tanh")``, HF's ``gelu_pytorch_tanh`` / ``gelu_new``."""
+    return F.gelu(x, approximate="tanh")
+
+
 _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "add": torch.add,
     "sub": torch.sub,
@@ -48,6 +55,7 @@ _ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "exp": torch.exp,
     "silu": F.silu,
     "gelu": F.gelu,
+    "gelu_tanh": _gelu_tanh,
     "sigmoid": torch.sigmoid,
     "erf": torch.erf,
     "tanh": torch.tanh,
@@ -140,7 +148,7 @@ def _topk(op: L.TopKRouting, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, .
 
 
 #: the experts' activations a MoEExperts computes (its ``activation``)
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+ACTIVATIONS = {a: _ELEMENTWISE[a] for a in ("silu", "gelu", "gelu_tanh", "relu")}
 
 
 def _moe(op: L.MoEExperts, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -131,6 +131,7 @@ ELEMENTWISE_ARITY: dict[str, int] = {
     "exp": 1,
     "silu": 1,
     "gelu": 1,
+    "gelu_tanh": 1,
     "sigmoid": 1,
     "erf": 1,
     "tanh": 1,

@@ -31,7 +31,7 @@ from .dims import as_dim, dims_equal
 from .functions import Fn, FnSpec, register_fn
 from .types import DataType, TileType, TupleType
 
-__all__ = ["NP_DTYPES", "np_dtype"]
+__all__ = ["NP_DTYPES", "gelu_tanh", "np_dtype"]
 
 NP_DTYPES: dict[str, Any] = {
     "fp32": np.float32,
@@ -46,6 +46,16 @@ NP_DTYPES: dict[str, Any] = {
 
 def np_dtype(name: str) -> Any:
     return NP_DTYPES[name]
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+    (Hendrycks & Gimpel, "Gaussian Error Linear Units", §2), as
+    ``torch.nn.functional.gelu(approximate="tanh")``: the elementwise ``gelu_tanh`` of
+    :mod:`~torch2step.step.fn_library_layers` and the gated ``gelu_tanh_mul`` of
+    :mod:`~torch2step.step.fn_library_models`."""
+    inner = float(np.sqrt(2.0 / np.pi)) * (x + 0.044715 * x**3)
+    return (0.5 * x * (1.0 + np.tanh(inner))).astype(x.dtype, copy=False)
 
 
 def _tile(f: Fn, t: DataType, what: str = "argument") -> TileType:

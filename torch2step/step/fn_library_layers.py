@@ -3,7 +3,8 @@
 Map:    rmsnorm(eps) (row RMSNorm times a weight row), rotary(theta, rotary_dim) (rotate-half
         RoPE of a row at an integer position), softmax_row, topk_route(k, softmax_first,
         normalize) (router: logits row -> (weights, expert ids)), tile_reshape(rows, cols),
-        unary elementwise ``neg sigmoid gelu erf tanh rsqrt sqrt reciprocal square cast``, scalar forms
+        unary elementwise ``neg sigmoid gelu gelu_tanh erf tanh rsqrt sqrt reciprocal square
+        cast``, scalar forms
         ``add_scalar mul_scalar pow_scalar`` (``value``), ``where`` (cond, a, b),
         reduce_row(fn) (``sum``/``mean``/``max`` of each row), slice_cols(start, end).
 Update: retile_col (append a tile's columns to the accumulator: the dynamic-width tile of a
@@ -26,7 +27,7 @@ import torch
 from torch2step.errors import StepTypeError
 
 from .dims import as_dim
-from .fn_library import _eq, _tile
+from .fn_library import _eq, _tile, gelu_tanh
 from .functions import Fn, FnSpec, register_fn
 from .types import DataType, TileType, TupleType
 
@@ -255,6 +256,8 @@ _UNARY: dict[str, tuple[Any, int]] = {
     "erf": (lambda f, x: _erf(x), 8),
     "tanh": (lambda f, x: np.tanh(x), 4),
     "gelu": (lambda f, x: _gelu(x), 8),
+    # the tanh approximation, 9 per element as the gated gelu_tanh_mul counts it (10 there)
+    "gelu_tanh": (lambda f, x: gelu_tanh(x), 9),
     "rsqrt": (lambda f, x: _inverse(x, True), 2),
     "sqrt": (lambda f, x: np.sqrt(x), 1),
     "reciprocal": (lambda f, x: _inverse(x, False), 1),

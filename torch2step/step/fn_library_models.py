@@ -43,7 +43,7 @@ import sympy as sp
 from torch2step.errors import StepTypeError
 
 from .dims import as_dim
-from .fn_library import _elems, _eq, _tile, np_dtype
+from .fn_library import _elems, _eq, _tile, gelu_tanh, np_dtype
 from .functions import Fn, FnSpec, register_fn, registered_fns
 from .types import ADDR, DataType, SelectorType, TileType, TupleType
 from .values import SelectorValue, StepRuntimeError
@@ -122,14 +122,9 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype, copy=False)
 
 
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)
-    return (0.5 * x * (1.0 + np.tanh(inner))).astype(x.dtype, copy=False)
-
-
 _GATED = {
     "gelu_mul": (_gelu, 9, "GELU(a) * b (erf form, torch.nn.functional.gelu)"),
-    "gelu_tanh_mul": (_gelu_tanh, 10, "GELU_tanh(a) * b (gelu(approximate='tanh'))"),
+    "gelu_tanh_mul": (gelu_tanh, 10, "GELU_tanh(a) * b (gelu(approximate='tanh'))"),
     "relu_mul": (lambda x: np.maximum(x, 0), 2, "ReLU(a) * b"),
 }
 
