@@ -31,7 +31,7 @@ from .dims import as_dim, dims_equal
 from .functions import Fn, FnSpec, register_fn
 from .types import DataType, TileType, TupleType
 
-__all__ = ["NP_DTYPES", "gelu_tanh", "np_dtype"]
+__all__ = ["NP_DTYPES", "gelu", "gelu_tanh", "np_dtype"]
 
 NP_DTYPES: dict[str, Any] = {
     "fp32": np.float32,
@@ -46,6 +46,16 @@ NP_DTYPES: dict[str, Any] = {
 
 def np_dtype(name: str) -> Any:
     return NP_DTYPES[name]
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU ``0.5 x (1 + erf(x / sqrt 2))`` (Hendrycks & Gimpel, "Gaussian Error Linear Units",
+    §2), as ``torch.nn.functional.gelu``: the elementwise ``gelu`` of
+    :mod:`~torch2step.step.fn_library_layers` and the gated ``gelu_mul`` of
+    :mod:`~torch2step.step.fn_library_models`."""
+    from scipy.special import erf  # imported on first use: scipy.special costs 0.15-0.25 s
+
+    return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(x.dtype, copy=False)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

@@ -16,7 +16,6 @@ operation (STeP §4.1 counts matmul FLOPs; the rest is reported for completeness
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 from torch2step.errors import StepTypeError
 
 from .dims import as_dim
-from .fn_library import _eq, _tile, gelu_tanh
+from .fn_library import _eq, _tile, gelu, gelu_tanh
 from .functions import Fn, FnSpec, register_fn
 from .types import DataType, TileType, TupleType
 
@@ -229,10 +228,6 @@ register_fn(
 )
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype, copy=False)
-
 
 def _erf(x: np.ndarray) -> np.ndarray:
     from scipy.special import erf
@@ -255,7 +250,7 @@ _UNARY: dict[str, tuple[Any, int]] = {
     "sigmoid": (lambda f, x: _sigmoid(x), 4),
     "erf": (lambda f, x: _erf(x), 8),
     "tanh": (lambda f, x: np.tanh(x), 4),
-    "gelu": (lambda f, x: _gelu(x), 8),
+    "gelu": (lambda f, x: gelu(x), 8),
     # the tanh approximation, 9 per element as the gated gelu_tanh_mul counts it (10 there)
     "gelu_tanh": (lambda f, x: gelu_tanh(x), 9),
     "rsqrt": (lambda f, x: _inverse(x, True), 2),

@@ -34,7 +34,6 @@ FLOP counts follow :mod:`~torch2step.step.fn_library`: GELU(erf) 8 per element, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -43,7 +42,7 @@ import sympy as sp
 from torch2step.errors import StepTypeError
 
 from .dims import as_dim
-from .fn_library import _elems, _eq, _tile, gelu_tanh, np_dtype
+from .fn_library import _elems, _eq, _tile, gelu, gelu_tanh, np_dtype
 from .functions import Fn, FnSpec, register_fn, registered_fns
 from .types import ADDR, DataType, SelectorType, TileType, TupleType
 from .values import SelectorValue, StepRuntimeError
@@ -116,14 +115,9 @@ def _pick(f: Fn, ids: np.ndarray, w: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- gated activations
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf  # imported on first use: scipy.special costs 0.15-0.25 s
-
-    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype, copy=False)
-
 
 _GATED = {
-    "gelu_mul": (_gelu, 9, "GELU(a) * b (erf form, torch.nn.functional.gelu)"),
+    "gelu_mul": (gelu, 9, "GELU(a) * b (erf form, torch.nn.functional.gelu)"),
     "gelu_tanh_mul": (gelu_tanh, 10, "GELU_tanh(a) * b (gelu(approximate='tanh'))"),
     "relu_mul": (lambda x: np.maximum(x, 0), 2, "ReLU(a) * b"),
 }
