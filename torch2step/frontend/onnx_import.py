@@ -36,7 +36,13 @@ from torch2step.frontend.onnx_moe_experts import onnx_projections
 from torch2step.frontend.onnx_nodes import OnnxNodeView
 from torch2step.frontend.onnx_translate import TRANSLATORS
 from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_OP
-from torch2step.frontend.raise_basic import LINEAR, RMSNORM, RMSNORM_OP, TOPK_ROUTING
+from torch2step.frontend.raise_basic import (
+    LAYERNORM,
+    LINEAR,
+    RMSNORM,
+    RMSNORM_OP,
+    TOPK_ROUTING,
+)
 from torch2step.frontend.raise_moe_region import moe_region_pattern
 from torch2step.frontend.raise_rotary import ROTARY, ROTARY_OP
 from torch2step.frontend.raise_rules import check_node, rule_for
@@ -54,6 +60,7 @@ PATTERNS: tuple[Pattern, ...] = (
     ROTARY,
     RMSNORM,
     RMSNORM_OP,
+    LAYERNORM,
     LINEAR,
 )
 

@@ -1,8 +1,9 @@
 """Raising patterns for the small layers: ``linear`` (``permute + mm`` / ``addmm``, with the
 views that flatten and restore leading dims; or ``matmul(x, W)`` with a constant 2-D ``W`` =
-``weight.T`` and an optional constant bias ``add``, as ONNX exports store it), ``rmsnorm`` (``pow/mean/add/rsqrt/mul``, also
-Qwen3's per-head q/k norm; ``rmsnorm_fused``: the fused ONNX op) and ``topk_routing`` (router
-softmax + topk (+ renormalise))."""
+``weight.T`` and an optional constant bias ``add``, as ONNX exports store it), ``rmsnorm``
+(``pow/mean/add/rsqrt/mul``, also Qwen3's per-head q/k norm; ``rmsnorm_fused``: the fused ONNX
+op), ``layernorm`` (ATen ``native_layer_norm`` / ONNX ``LayerNormalization`` over the last dim)
+and ``topk_routing`` (router softmax + topk (+ renormalise))."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch2step.frontend.gnode import same_dim
 from torch2step.layers import ops as L
 from torch2step.layers.graph import dtype_name
 
-__all__ = ["LINEAR", "RMSNORM", "RMSNORM_OP", "TOPK_ROUTING", "linear_parts"]
+__all__ = ["LAYERNORM", "LINEAR", "RMSNORM", "RMSNORM_OP", "TOPK_ROUTING", "linear_parts"]
 
 _VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
 
@@ -198,6 +199,56 @@ RMSNORM_OP = Pattern(
     frozenset({"RMSNormalization", "SimplifiedLayerNormalization"}),
     _match_rmsnorm_op,
     "the fused RMSNormalization (ONNX opset 23) / SimplifiedLayerNormalization op -> RMSNorm",
+)
+
+
+def _match_layernorm(view: ProgramView, node: fx.Node) -> Match | None:
+    """ATen ``native_layer_norm(x, shape, w, b, eps)`` / ``layer_norm(...)`` and ONNX
+    ``LayerNormalization(x, scale[, b], axis, epsilon)`` over the last dimension."""
+    x = node.args[0]
+    rank = view.rank(x)
+    rest = list(node.args[1:]) + [None] * 4
+    if op_name(node) == "LayerNormalization":
+        w, b = rest[0], rest[1]
+        axis = node.kwargs.get("axis", -1)
+        if axis not in (-1, rank - 1):
+            raise NoMatch(
+                f"LayerNormalization over axes {axis}.. of a rank-{rank} input: only over the "
+                "last axis (axis=-1) is a layer op; normalise the last axis only"
+            )
+        eps = float(str(np.float32(node.kwargs.get("epsilon", 1e-5))))
+    else:
+        shape, w, b, eps = rest[0], rest[1], rest[2], rest[3]
+        shape = list(shape) if isinstance(shape, (list, tuple)) else [shape]
+        if len(shape) != 1 or not same_dim(view.expr(shape[0]), view.shape(x)[-1]):
+            raise NoMatch(
+                f"layer_norm over the last {len(shape)} dims (normalized_shape {shape}): only "
+                "over the last dimension is a layer op; normalise the last dim only (reshape the "
+                "normalised dims into one first)"
+            )
+        eps = 1e-5 if eps is None else float(eps)
+    for name, t in (("weight", w), ("bias", b)):
+        if t is not None and (not is_node(t) or view.rank(t) != 1):
+            raise NoMatch(f"its {name} is not a 1-D tensor of the normalised dim")
+    items = _getitems(node)
+    if any(i > 0 and u.users for i, u in items.items()):
+        raise NoMatch("its mean or inverse-std output is used; LayerNorm yields only the result")
+    op = L.LayerNorm(eps, w is not None, b is not None)
+    params = [t for t in (w, b) if t is not None]
+
+    def emit(em: FxEmitter) -> Sequence[str]:
+        em.at(node)
+        return [em.emit1(op, [em.get(x), *(em.get(t) for t in params)])]
+
+    root = items.get(0, node)
+    return Match("layernorm", (root,), (x, *params), emit, {"eps": eps})
+
+
+LAYERNORM = Pattern(
+    "layernorm",
+    frozenset({"native_layer_norm", "layer_norm", "LayerNormalization"}),
+    _match_layernorm,
+    "native_layer_norm / layer_norm / ONNX LayerNormalization over the last dim -> LayerNorm",
 )
 
 

@@ -29,7 +29,7 @@ from torch2step.frontend.fx_view import (
     tensor_args,
 )
 from torch2step.frontend.raise_attention import ATTENTION_MATMUL, ATTENTION_SDPA
-from torch2step.frontend.raise_basic import LINEAR, RMSNORM, TOPK_ROUTING
+from torch2step.frontend.raise_basic import LAYERNORM, LINEAR, RMSNORM, TOPK_ROUTING
 from torch2step.frontend.raise_moe import MOE_EXPERTS
 from torch2step.frontend.raise_rotary import ROTARY
 from torch2step.frontend.raise_rules import IGNORED, check_node, rule_for
@@ -44,6 +44,7 @@ PATTERNS: tuple[Pattern, ...] = (
     ATTENTION_MATMUL,
     ROTARY,
     RMSNORM,
+    LAYERNORM,
     TOPK_ROUTING,
     LINEAR,
 )
@@ -74,7 +75,7 @@ class FxFrontend:
 
     advice = (
         "express these with supported operations (linear/matmul, elementwise, RMSNorm, "
-        "softmax, RoPE, top-k routing, MoE experts, attention, cat/gather/views), or add a rule "
+        "LayerNorm, softmax, RoPE, top-k routing, MoE experts, attention, cat/gather/views), or add a rule "
         "to torch2step.frontend.raise_rules.RULES or a pattern to "
         "torch2step.frontend.raise_graph.PATTERNS."
     )

@@ -212,7 +212,7 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
             list(n.inputs),
             list(n.outputs),
             fn,
-            4 * sum(math.prod(shape[v]) for v in n.outputs),
+            _flops_per_elem(op) * sum(math.prod(shape[v]) for v in n.outputs),
         )
 
     readers: dict[str, list[L.Node]] = {}  # type: ignore[name-defined]
@@ -403,7 +403,16 @@ def graph_ops(g: LayerGraph, inputs: Sequence[torch.Tensor], routing: Any = None
 
 
 _VIEWS = (L.Reshape, L.Arange)  # no data moves: dropped from a shapes-only schedule
-_ROW_REDUCE = (L.RMSNorm, L.Softmax, L.TopKRouting)
+_ROW_REDUCE = (L.RMSNorm, L.LayerNorm, L.Softmax, L.TopKRouting)
+
+
+def _flops_per_elem(op: L.LayerOp) -> int:
+    """FLOPs per output element of a vector operator: a LayerNorm's as its STeP tile function
+    counts them (mean, centring, square, variance, scaling, then gain and bias: Ba et al.,
+    "Layer Normalization", §3); 4 for every other operator."""
+    if isinstance(op, L.LayerNorm):
+        return 5 + int(op.weight) + int(op.bias)
+    return 4
 
 
 def _for_timing(

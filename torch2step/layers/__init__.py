@@ -1,6 +1,7 @@
 """The layer graph: a small typed IR of tensor operations (linear/matmul, elementwise, RMSNorm,
-softmax, rotary embedding, top-k routing, MoE experts, attention, concat, gather, views) that the
-torch.export and ONNX frontends raise models into, and that lowering turns into STeP."""
+LayerNorm, softmax, rotary embedding, top-k routing, MoE experts, attention, concat, gather,
+views) that the torch.export and ONNX frontends raise models into, and that lowering turns into
+STeP."""
 
 from torch2step.layers.evaluate import evaluate
 from torch2step.layers.graph import LayerGraph, Node, format_layer_graph
@@ -11,6 +12,7 @@ from torch2step.layers.ops import (
     Concat,
     Elementwise,
     Gather,
+    LayerNorm,
     LayerOp,
     Linear,
     MatMul,
@@ -36,6 +38,7 @@ __all__ = [
     "Elementwise",
     "Gather",
     "LayerGraph",
+    "LayerNorm",
     "LayerOp",
     "Linear",
     "MatMul",

@@ -108,6 +108,17 @@ def _rmsnorm(op: L.RMSNorm, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ..
     return (w * y.to(h.dtype),)
 
 
+def _layernorm(op: L.LayerNorm, x: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Ba et al., "Layer Normalization", §3: each row less its mean, over its standard
+    deviation (biased, ``eps`` added to the variance), then the gain and bias; in fp32 and
+    rounded once to x's dtype (as PyTorch's ``layer_norm`` computes)."""
+    h, rest = x[0], list(x[1:])
+    w = rest.pop(0).float() if op.weight else None
+    b = rest.pop(0).float() if op.bias else None
+    y = F.layer_norm(h.float(), (h.shape[-1],), w, b, op.eps)
+    return (y.to(h.dtype),)
+
+
 def rotary_cos_sin(
     positions: torch.Tensor,
     theta: float,
@@ -222,6 +233,7 @@ EVALUATORS: dict[type, Callable[..., tuple[torch.Tensor, ...]]] = {
     L.MatMul: lambda op, x: (x[0] @ x[1],),
     L.Elementwise: _elementwise,
     L.RMSNorm: _rmsnorm,
+    L.LayerNorm: _layernorm,
     L.Softmax: lambda op, x: (torch.softmax(x[0].float(), dim=op.dim).to(x[0].dtype),),
     L.Rotary: _rotary,
     L.TopKRouting: _topk,

@@ -24,6 +24,7 @@ __all__ = [
     "MatMul",
     "Elementwise",
     "RMSNorm",
+    "LayerNorm",
     "Softmax",
     "Rotary",
     "TopKRouting",
@@ -174,6 +175,29 @@ class RMSNorm(LayerOp):
         x, w = ins
         if w.rank != 1 or not _same(w.shape[0], x.shape[-1]):
             raise FrontendError(f"RMSNorm: weight {w} must be 1-D of x's last dim ({x})")
+        return (x,)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerNorm(LayerOp):
+    """Layer normalisation over the last dimension (Ba et al., "Layer Normalization", §3):
+    ``(x - mean(x, -1)) * rsqrt(var(x, -1) + eps)`` (biased variance, computed in fp32), times
+    a gain ``w`` when ``weight`` and plus a bias ``b`` when ``bias``; inputs ``(x[, w][, b])``,
+    ``w`` and ``b`` 1-D of x's last dim."""
+
+    eps: float
+    weight: bool = True
+    bias: bool = True
+
+    def infer(self, ins: Sequence[TensorType]) -> tuple[TensorType, ...]:
+        want = 1 + int(self.weight) + int(self.bias)
+        if len(ins) != want:
+            raise FrontendError(f"{self}: expects {want} inputs (x, weight, bias), got {len(ins)}")
+        x = ins[0]
+        names = [n for n, on in (("weight", self.weight), ("bias", self.bias)) if on]
+        for name, t in zip(names, ins[1:]):
+            if t.rank != 1 or not _same(t.shape[0], x.shape[-1]):
+                raise FrontendError(f"LayerNorm: {name} {t} must be 1-D of x's last dim ({x})")
         return (x,)
 
 

@@ -1,7 +1,7 @@
 """One lowering rule per layer operator (STYLE.md: a table from class to function).
 
 Each rule reads its inputs' row streams from HBM (:mod:`.context`), applies STeP operators and
-stores its outputs.  Row-wise operators (RMSNorm, Rotary, Softmax, elementwise, reductions)
+stores its outputs.  Row-wise operators (RMSNorm, LayerNorm, Rotary, Softmax, elementwise, reductions)
 are ``Map`` s over row tiles (STeP §3.2.4); Linear is :mod:`.linear`; the router is a
 ``Map(topk_route)`` per token; the routed experts and decode attention are the STeP example
 graphs of :mod:`torch2step.lower.blocks` (STeP §5: dynamic tiling of experts by a
@@ -19,6 +19,7 @@ import sympy as sp
 from torch2step.layers import ops as L
 from torch2step.layers.graph import Node
 from torch2step.step import fn
+from torch2step.step.fn_library_layers import LAYERNORM_FNS
 
 from .context import LowerCtx
 from .linear import lower_linear
@@ -97,6 +98,15 @@ def _rmsnorm(ctx: LowerCtx, n: Node) -> None:
     ctx.store_rows(ctx.graph.map(fn("rmsnorm", eps=op.eps), rows, w), n.outputs[0])
 
 
+def _layernorm(ctx: LowerCtx, n: Node) -> None:
+    op = n.op
+    assert isinstance(op, L.LayerNorm)
+    rows = ctx.load_row_tiles(n.inputs[0])  # [k, D] tiles: gain and bias rows broadcast
+    wb = [ctx.broadcast_row(v, rows) for v in n.inputs[1:]]
+    name = LAYERNORM_FNS[(op.weight, op.bias)]
+    ctx.store_rows(ctx.graph.map(fn(name, eps=op.eps), rows, *wb), n.outputs[0])
+
+
 def _softmax(ctx: LowerCtx, n: Node) -> None:
     op = n.op
     assert isinstance(op, L.Softmax)
@@ -173,6 +183,7 @@ RULES: dict[type[L.LayerOp], Callable[[LowerCtx, Node], None]] = {
     L.Permute: _permute,
     L.Elementwise: lower_elementwise,
     L.RMSNorm: _rmsnorm,
+    L.LayerNorm: _layernorm,
     L.Softmax: _softmax,
     L.Reduce: _reduce,
     L.Cast: _cast,

@@ -1,6 +1,7 @@
 """Tile functions the layer lowering applies (registered on import).
 
-Map:    rmsnorm(eps) (row RMSNorm times a weight row), rotary(theta, rotary_dim) (rotate-half
+Map:    rmsnorm(eps) (row RMSNorm times a weight row), layernorm / layernorm_w / layernorm_b /
+        layernorm_wb (eps) (row LayerNorm, then a gain and / or bias row), rotary(theta, rotary_dim) (rotate-half
         RoPE of a row at an integer position), softmax_row, topk_route(k, softmax_first,
         normalize) (router: logits row -> (weights, expert ids)), tile_reshape(rows, cols),
         unary elementwise ``neg sigmoid gelu gelu_tanh erf tanh rsqrt sqrt reciprocal square
@@ -30,7 +31,7 @@ from .fn_library import _eq, _tile, gelu, gelu_tanh
 from .functions import Fn, FnSpec, register_fn
 from .types import DataType, TileType, TupleType
 
-__all__: list[str] = []
+__all__ = ["LAYERNORM_FNS"]
 
 
 def _elems(t: TileType) -> sp.Expr:
@@ -100,6 +101,58 @@ register_fn(
         doc="x * rsqrt(mean(x^2) + eps) * w per row, rmsnorm(eps=)",
     )
 )
+
+
+#: LayerNorm tile functions by the rows they apply after normalising: none, the gain, the bias,
+#: both (one function per argument count; ``layernorm_wb(eps=)`` takes ``(x, w, b)``).
+LAYERNORM_FNS = {
+    (False, False): "layernorm",
+    (True, False): "layernorm_w",
+    (False, True): "layernorm_b",
+    (True, True): "layernorm_wb",
+}
+
+
+def _layernorm_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
+    x = _tile(f, args[0], "x")
+    for a in args[1:]:
+        _eq(f, x.shape[1], _tile(f, a, "weight/bias").shape[1], "x and weight/bias cols")
+    return x
+
+
+def _layernorm(f: Fn, x: np.ndarray, *wb: np.ndarray) -> np.ndarray:
+    """Ba et al., "Layer Normalization", §3, per row: ``(x - mu) / sqrt(sigma^2 + eps)``
+    (biased variance, fp32), times the gain row and plus the bias row when given."""
+    eps = float(f.get("eps", 1e-5))
+    x32 = x.astype(np.float32)
+    mu = np.mean(x32, axis=1, keepdims=True)
+    var = np.mean((x32 - mu) ** 2, axis=1, keepdims=True)
+    y = (x32 - mu) / np.sqrt(var + eps)
+    w, b = (wb[0] if f.name in ("layernorm_w", "layernorm_wb") else None), None
+    if f.name in ("layernorm_b", "layernorm_wb"):
+        b = wb[-1]
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y.astype(x.dtype, copy=False)
+
+
+for (_w, _b), _name in LAYERNORM_FNS.items():
+    register_fn(
+        FnSpec(
+            _name,
+            "map",
+            1 + int(_w) + int(_b),
+            _layernorm_rule,
+            _layernorm,
+            # per element: the mean's sum, x - mu, its square, the variance's sum, the scaling
+            # by 1/sigma (the per-row rsqrt is not counted, as rmsnorm's), then gain and bias
+            flops=_per_elem(5 + int(_w) + int(_b)),
+            doc=f"(x - mean) * rsqrt(var + eps) per row{' * w' if _w else ''}"
+            f"{' + b' if _b else ''}, {_name}(eps=)",
+        )
+    )
 
 
 def _rotary_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
