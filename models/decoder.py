@@ -1,7 +1,8 @@
 """Whole HuggingFace decoder layers as tensor-in / tensor-out decode steps, built from a config
 object or a ``config.json`` file alone, with weights or on the ``meta`` device (shapes only).
 
-A :class:`DecoderStep` wraps one ``*DecoderLayer`` (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE)::
+A :class:`DecoderStep` wraps one ``*DecoderLayer`` (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE,
+Starcoder2 with its LayerNorms and biased projections)::
 
     (x [B, 1, H], past_k [B, Hkv, P, D], past_v [B, Hkv, P, D][, kv_lengths [B]])
         -> (out, new_k, new_v)
@@ -52,6 +53,7 @@ DECODER_LAYERS: dict[str, str] = {
     "qwen3_moe": "Qwen3MoeDecoderLayer",
     "mixtral": "MixtralDecoderLayer",
     "olmoe": "OlmoeDecoderLayer",
+    "starcoder2": "Starcoder2DecoderLayer",
 }
 
 

@@ -1,6 +1,7 @@
-"""Whole HuggingFace decoder layers (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE) as decode steps:
-one compile serves every batch and KV length, ``run()`` equals PyTorch with uniform and ragged
-caches; a config alone (no weights) compiles and reports, and ``run()`` then asks for weights."""
+"""Whole HuggingFace decoder layers (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE, Starcoder2) as
+decode steps: one compile serves every batch and KV length, ``run()`` equals PyTorch with
+uniform and ragged caches; a config alone (no weights) compiles and reports, and ``run()`` then
+asks for weights."""
 
 from __future__ import annotations
 
