@@ -1,8 +1,8 @@
 """Whole HuggingFace decoder layers as tensor-in / tensor-out decode steps, built from a config
 object or a ``config.json`` file alone, with weights or on the ``meta`` device (shapes only).
 
-A :class:`DecoderStep` wraps one ``*DecoderLayer`` (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE,
-Starcoder2 with its LayerNorms and biased projections)::
+A :class:`DecoderStep` wraps one ``*DecoderLayer`` (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE;
+Starcoder2 and Phi with their LayerNorms and biased projections)::
 
     (x [B, 1, H], past_k [B, Hkv, P, D], past_v [B, Hkv, P, D][, kv_lengths [B]])
         -> (out, new_k, new_v)
@@ -54,6 +54,7 @@ DECODER_LAYERS: dict[str, str] = {
     "mixtral": "MixtralDecoderLayer",
     "olmoe": "OlmoeDecoderLayer",
     "starcoder2": "Starcoder2DecoderLayer",
+    "phi": "PhiDecoderLayer",
 }
 
 
@@ -304,7 +305,8 @@ class ModelStep(nn.Module):
             )  # fmt: skip
             h = out[0] if isinstance(out, tuple) else out
             caches += [cache.k, cache.v]
-        h = base.norm(h)
+        norm = base.norm if hasattr(base, "norm") else base.final_layernorm  # Phi's name
+        h = norm(h)
         return (self.model.lm_head(h) if self.use_head else h, *caches)
 
 

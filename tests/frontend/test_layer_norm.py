@@ -148,12 +148,13 @@ def test_a_layer_norm_over_more_than_the_last_dim_is_refused_naming_it() -> None
     assert "last 2 dims" in msg and "only over the last dimension" in msg
 
 
-def test_a_starcoder2_decode_step_runs_kernel_by_kernel() -> None:
-    """The registered Starcoder2 decode step (KV cache in and out) equals PyTorch on the
-    kernel-by-kernel chip (tests/models runs it on the STeP SDA)."""
+@pytest.mark.parametrize("family", ["starcoder2", "phi"])
+def test_a_layer_norm_decode_step_runs_kernel_by_kernel(family: str) -> None:
+    """The registered Starcoder2 / Phi decode steps (KV cache in and out) equal PyTorch on the
+    kernel-by-kernel chip (tests/models runs them on the STeP SDA)."""
     from models.decoder import decode_inputs, decoder_step, tiny_config
 
-    cfg = tiny_config("starcoder2")
+    cfg = tiny_config(family)
     step, args = decoder_step(cfg, device="cpu", seed=1), decode_inputs(cfg, 3, 9)
     prog = torch2step.compile(step, args, chip="ipu-hbm")
     with torch.no_grad():
@@ -162,15 +163,45 @@ def test_a_starcoder2_decode_step_runs_kernel_by_kernel() -> None:
         torch.testing.assert_close(got, w, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("chip", CHIPS)
-def test_a_starcoder2_config_compiles_and_reports_without_weights(chip: str) -> None:
-    cfg = {
+def test_a_two_layer_phi_causal_lm_decode_step() -> None:
+    """A 2-layer ``PhiForCausalLM`` decode step: its final norm is a LayerNorm named
+    ``final_layernorm`` (3 LayerNorms: one per layer, the final one)."""
+    from models.decoder import model_dynamic_shapes, model_inputs, model_step, tiny_config
+
+    cfg = tiny_config("phi", num_hidden_layers=2)
+    step = model_step(cfg, device="cpu", seed=5)
+    prog = torch2step.compile(
+        step, model_inputs(cfg, 3, 5), chip="step-sda", dynamic_shapes=model_dynamic_shapes()
+    )
+    assert len(list(prog.layer.ops(LayerNorm))) == 3
+    for b, p in ((2, 9), (4, 1)):
+        ins = model_inputs(cfg, b, p, seed=b)
+        with torch.no_grad():
+            want = step(*ins)
+        for got, w in zip(prog.run(*ins), want):
+            torch.testing.assert_close(got, w, atol=1e-4, rtol=1e-4)
+
+
+_CONFIGS = {
+    "starcoder2": {
         "model_type": "starcoder2", "hidden_size": 256, "intermediate_size": 1024,
         "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
         "vocab_size": 64, "use_bias": True, "norm_epsilon": 1e-5,
-    }  # fmt: skip
-    prog = torch2step.compile_config(cfg, batch=4, past=16, chip=chip)
+    },
+    "phi": {
+        "model_type": "phi", "hidden_size": 256, "intermediate_size": 1024,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4,
+        "vocab_size": 64, "partial_rotary_factor": 0.5, "layer_norm_eps": 1e-5,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(_CONFIGS))
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_layer_norm_config_compiles_and_reports_without_weights(family: str, chip: str) -> None:
+    prog = torch2step.compile_config(_CONFIGS[family], batch=4, past=16, chip=chip)
     norms = [n.op for n in prog.layer.nodes if isinstance(n.op, LayerNorm)]
-    assert len(norms) == 2 and all(op.weight and op.bias for op in norms)
+    assert len(norms) == (1 if family == "phi" else 2)
+    assert all(op.weight and op.bias for op in norms)
     report = prog.report()
     assert (report.latency_cycles if chip == "step-sda" else report.cycles) > 0
