@@ -75,8 +75,8 @@ class FxFrontend:
 
     advice = (
         "express these with supported operations (linear/matmul, elementwise, RMSNorm, "
-        "LayerNorm, softmax, RoPE, top-k routing, MoE experts, attention, cat/gather/views), or add a rule "
-        "to torch2step.frontend.raise_rules.RULES or a pattern to "
+        "LayerNorm, softmax, RoPE, top-k routing, MoE experts, attention, cat/gather/views), or "
+        "add a rule to torch2step.frontend.raise_rules.RULES or a pattern to "
         "torch2step.frontend.raise_graph.PATTERNS."
     )
 

@@ -1,8 +1,8 @@
 """One lowering rule per layer operator (STYLE.md: a table from class to function).
 
 Each rule reads its inputs' row streams from HBM (:mod:`.context`), applies STeP operators and
-stores its outputs.  Row-wise operators (RMSNorm, LayerNorm, Rotary, Softmax, elementwise, reductions)
-are ``Map`` s over row tiles (STeP §3.2.4); Linear is :mod:`.linear`; the router is a
+stores its outputs.  Row-wise operators (RMSNorm, LayerNorm, Rotary, Softmax, elementwise,
+reductions) are ``Map`` s over row tiles (STeP §3.2.4); Linear is :mod:`.linear`; the router is a
 ``Map(topk_route)`` per token; the routed experts and decode attention are the STeP example
 graphs of :mod:`torch2step.lower.blocks` (STeP §5: dynamic tiling of experts by a
 ``Partition`` on data selectors; online-softmax attention over ragged KV).  Data movement

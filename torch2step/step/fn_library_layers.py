@@ -1,8 +1,8 @@
 """Tile functions the layer lowering applies (registered on import).
 
 Map:    rmsnorm(eps) (row RMSNorm times a weight row), layernorm / layernorm_w / layernorm_b /
-        layernorm_wb (eps) (row LayerNorm, then a gain and / or bias row), rotary(theta, rotary_dim) (rotate-half
-        RoPE of a row at an integer position), softmax_row, topk_route(k, softmax_first,
+        layernorm_wb (eps) (row LayerNorm, then a gain and / or bias row), rotary(theta,
+        rotary_dim) (rotate-half RoPE of a row at an integer position), softmax_row, topk_route(k, softmax_first,
         normalize) (router: logits row -> (weights, expert ids)), tile_reshape(rows, cols),
         unary elementwise ``neg sigmoid gelu gelu_tanh erf tanh rsqrt sqrt reciprocal square
         cast``, scalar forms
@@ -128,13 +128,11 @@ def _layernorm(f: Fn, x: np.ndarray, *wb: np.ndarray) -> np.ndarray:
     mu = np.mean(x32, axis=1, keepdims=True)
     var = np.mean((x32 - mu) ** 2, axis=1, keepdims=True)
     y = (x32 - mu) / np.sqrt(var + eps)
-    w, b = (wb[0] if f.name in ("layernorm_w", "layernorm_wb") else None), None
+    rows = list(wb)
+    if f.name in ("layernorm_w", "layernorm_wb"):
+        y = y * rows.pop(0)
     if f.name in ("layernorm_b", "layernorm_wb"):
-        b = wb[-1]
-    if w is not None:
-        y = y * w
-    if b is not None:
-        y = y + b
+        y = y + rows.pop(0)
     return y.astype(x.dtype, copy=False)
 
 
