@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from equal_checks import compiled_equal
 from torch import nn
 from torch_blocks import HIDDEN, seed_all
 from transformers.models.gemma.modeling_gemma import (
@@ -21,7 +22,7 @@ from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 import torch2step
 from torch2step.errors import UnsupportedOperatorError
-from torch2step.layers import Elementwise, MoEExperts, evaluate
+from torch2step.layers import Elementwise, MoEExperts
 
 CHIPS = ["step-sda", "ipu-hbm"]
 
@@ -74,19 +75,10 @@ def _mixtral(hidden_act: str, seed: int = 0) -> nn.Module:
     return seed_all(MixtralSparseMoeBlock(cfg), seed).eval()
 
 
-def _check(m: nn.Module, inputs: tuple[torch.Tensor, ...], chip: str) -> torch2step.Program:
-    prog = torch2step.compile(m, inputs, chip=chip)
-    with torch.no_grad():
-        want = m(*inputs)
-        torch.testing.assert_close(evaluate(prog.layer, *inputs), want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(prog.run(*inputs), want, atol=1e-5, rtol=1e-5)
-    return prog
-
-
 @pytest.mark.parametrize("chip", CHIPS)
 def test_a_tanh_gelu_mlp_runs_equal_to_pytorch(chip: str) -> None:
     torch.manual_seed(0)
-    prog = _check(seed_all(_TanhMLP(), 0).eval(), (torch.randn(8, HIDDEN),), chip)
+    prog = compiled_equal(seed_all(_TanhMLP(), 0).eval(), (torch.randn(8, HIDDEN),), chip)
     fns = [n.op.fn for n in prog.layer.nodes if isinstance(n.op, Elementwise)]
     assert fns == ["gelu_tanh"]
     report = prog.report(torch.randn(8, HIDDEN))
@@ -97,13 +89,13 @@ def test_a_tanh_gelu_mlp_runs_equal_to_pytorch(chip: str) -> None:
 def test_gemma_mlp_runs_equal_to_pytorch(chip: str) -> None:
     torch.manual_seed(1)
     m = seed_all(GemmaMLP(_gemma_config()), 2).eval()
-    _check(m, (torch.randn(2, 3, HIDDEN),), chip)
+    compiled_equal(m, (torch.randn(2, 3, HIDDEN),), chip)
 
 
 @pytest.mark.parametrize("chip", CHIPS)
 def test_a_gemma_decoder_layer_runs_equal_to_pytorch(chip: str) -> None:
     torch.manual_seed(2)
-    _check(_GemmaLayer().eval(), (torch.randn(2, 5, HIDDEN),), chip)
+    compiled_equal(_GemmaLayer().eval(), (torch.randn(2, 5, HIDDEN),), chip)
 
 
 @pytest.mark.parametrize("hidden_act", ["gelu_pytorch_tanh", "gelu_new"])
@@ -112,7 +104,7 @@ def test_mixtral_with_tanh_gelu_experts_runs_equal_to_pytorch(hidden_act: str, c
     """``gelu_pytorch_tanh`` is the named op; ``gelu_new`` writes the formula out
     (``0.5 x (1 + tanh(...))``), recognised by what it computes."""
     torch.manual_seed(3)
-    prog = _check(_mixtral(hidden_act), (torch.randn(1, 5, HIDDEN),), chip)
+    prog = compiled_equal(_mixtral(hidden_act), (torch.randn(1, 5, HIDDEN),), chip)
     (moe,) = [n.op for n in prog.layer.nodes if isinstance(n.op, MoEExperts)]
     assert moe.activation == "gelu_tanh" and moe.gated
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from equal_checks import compiled_equal
 from torch import nn
 from torch_blocks import HIDDEN, seed_all
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer, GPTNeoXRotaryEmbedding
@@ -21,7 +22,7 @@ from transformers.models.starcoder2.modeling_starcoder2 import (
 
 import torch2step
 from torch2step.errors import UnsupportedOperatorError
-from torch2step.layers import LayerNorm, evaluate
+from torch2step.layers import LayerNorm
 from torch2step.step.functions import fn
 
 CHIPS = ["step-sda", "ipu-hbm"]
@@ -53,22 +54,13 @@ class _NormMLP(nn.Module):
         return self.a(x)
 
 
-def _check(m: nn.Module, inputs: tuple[torch.Tensor, ...], chip: str) -> torch2step.Program:
-    prog = torch2step.compile(m, inputs, chip=chip)
-    with torch.no_grad():
-        want = m(*inputs)
-        torch.testing.assert_close(evaluate(prog.layer, *inputs), want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(prog.run(*inputs), want, atol=1e-5, rtol=1e-5)
-    return prog
-
-
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("chip", CHIPS)
 def test_a_layer_norm_runs_equal_to_pytorch(form: str, chip: str) -> None:
     torch.manual_seed(0)
     m = seed_all(_NormMLP(form), 1).eval()
     x = torch.randn(2, 3, HIDDEN) * 3 + 1  # off-centre rows: the mean matters
-    prog = _check(m, (x,), chip)
+    prog = compiled_equal(m, (x,), chip)
     (op,) = [n.op for n in prog.layer.nodes if isinstance(n.op, LayerNorm)]
     assert (op.weight, op.bias) == FORMS[form][0]
     assert op.eps == pytest.approx(1e-6)
@@ -125,7 +117,7 @@ def _decoder(name: str) -> nn.Module:
 @pytest.mark.parametrize("chip", CHIPS)
 def test_a_layer_norm_decoder_layer_runs_equal_to_pytorch(name: str, chip: str) -> None:
     torch.manual_seed(2)
-    prog = _check(_decoder(name), (torch.randn(2, 5, HIDDEN),), chip)
+    prog = compiled_equal(_decoder(name), (torch.randn(2, 5, HIDDEN),), chip)
     norms = [n.op for n in prog.layer.nodes if isinstance(n.op, LayerNorm)]
     assert len(norms) == (1 if name == "phi" else 2)
     assert all(op.weight and op.bias for op in norms)

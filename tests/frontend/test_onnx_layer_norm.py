@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from equal_checks import onnxruntime_output
 from onnx import TensorProto, helper, numpy_helper
 
 import torch2step
@@ -44,22 +45,15 @@ def _norm_mlp(bias: bool, axis: int = -1, seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def _onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})[0]
-
-
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("chip", ["step-sda", "ipu-hbm"])
-def test_onnx_layer_norm_runs_equal_to_onnxruntime(bias: bool, chip: str) -> None:
+def test_onnx_layer_norm_runs_equal_toonnxruntime_output(bias: bool, chip: str) -> None:
     model = _norm_mlp(bias)
     layer = torch2step.import_onnx(model)
     (op,) = [n.op for n in layer.nodes if isinstance(n.op, LayerNorm)]
     assert (op.weight, op.bias) == (True, bias) and op.eps == pytest.approx(1e-6)
     x = (np.random.default_rng(1).standard_normal((2, 3, 64)) * 3 + 1).astype(np.float32)
-    want = _onnxruntime(model, x)
+    want = onnxruntime_output(model, x)
     prog = torch2step.compile(layer, (torch.from_numpy(x),), chip=chip)
     torch.testing.assert_close(
         prog.run(torch.from_numpy(x)), torch.from_numpy(want), atol=1e-5, rtol=1e-5
@@ -86,7 +80,7 @@ class _TorchNormMLP(torch.nn.Module):
         return self.a(self.norm(x))
 
 
-def test_a_torch_layer_norm_exported_to_onnx_runs_equal_to_onnxruntime(tmp_path) -> None:
+def test_a_torch_layer_norm_exported_to_onnx_runs_equal_toonnxruntime_output(tmp_path) -> None:
     """torch.onnx.export (dynamo) writes nn.LayerNorm as LayerNormalization."""
     pytest.importorskip("onnxscript")
     torch.manual_seed(0)
@@ -98,6 +92,6 @@ def test_a_torch_layer_norm_exported_to_onnx_runs_equal_to_onnxruntime(tmp_path)
     assert "LayerNormalization" in {n.op_type for n in model.graph.node}
     layer = torch2step.import_onnx(model)
     assert any(isinstance(n.op, LayerNorm) for n in layer.nodes)
-    want = torch.from_numpy(_onnxruntime(model, x.numpy()))
+    want = torch.from_numpy(onnxruntime_output(model, x.numpy()))
     prog = torch2step.compile(layer, (x,), chip="step-sda")
     torch.testing.assert_close(prog.run(x), want, atol=1e-5, rtol=1e-5)
