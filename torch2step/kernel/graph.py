@@ -38,6 +38,7 @@ from torch2step.kernel.layers import active_experts
 from torch2step.layers import ops as L
 from torch2step.layers.evaluate import ACTIVATIONS, EVALUATORS
 from torch2step.layers.graph import LayerGraph
+from torch2step.step.fn_library_layers import layernorm_flops
 
 __all__ = ["GraphOps", "graph_ops"]
 
@@ -408,10 +409,10 @@ _ROW_REDUCE = (L.RMSNorm, L.LayerNorm, L.Softmax, L.TopKRouting)
 
 def _flops_per_elem(op: L.LayerOp) -> int:
     """FLOPs per output element of a vector operator: a LayerNorm's as its STeP tile function
-    counts them (mean, centring, square, variance, scaling, then gain and bias: Ba et al.,
-    "Layer Normalization", §3); 4 for every other operator."""
+    counts them (:func:`~torch2step.step.fn_library_layers.layernorm_flops`); 4 for every
+    other operator."""
     if isinstance(op, L.LayerNorm):
-        return 5 + int(op.weight) + int(op.bias)
+        return layernorm_flops(op.weight, op.bias)
     return 4
 
 

@@ -31,7 +31,7 @@ from .fn_library import _eq, _tile, gelu, gelu_tanh
 from .functions import Fn, FnSpec, register_fn
 from .types import DataType, TileType, TupleType
 
-__all__ = ["LAYERNORM_FNS"]
+__all__ = ["LAYERNORM_FNS", "layernorm_flops"]
 
 
 def _elems(t: TileType) -> sp.Expr:
@@ -113,6 +113,14 @@ LAYERNORM_FNS = {
 }
 
 
+def layernorm_flops(weight: bool, bias: bool) -> int:
+    """FLOPs per element of a row LayerNorm (Ba et al., "Layer Normalization", §3): the mean's
+    sum, x - mu, its square, the variance's sum, the scaling by 1/sigma (the per-row rsqrt is
+    not counted, as rmsnorm's), then the gain and the bias when applied.  The tile functions
+    and the kernel-by-kernel vector operator (:mod:`torch2step.kernel.graph`) count this."""
+    return 5 + int(weight) + int(bias)
+
+
 def _layernorm_rule(f: Fn, args: tuple[DataType, ...]) -> TileType:
     x = _tile(f, args[0], "x")
     for a in args[1:]:
@@ -144,9 +152,7 @@ for (_w, _b), _name in LAYERNORM_FNS.items():
             1 + int(_w) + int(_b),
             _layernorm_rule,
             _layernorm,
-            # per element: the mean's sum, x - mu, its square, the variance's sum, the scaling
-            # by 1/sigma (the per-row rsqrt is not counted, as rmsnorm's), then gain and bias
-            flops=_per_elem(5 + int(_w) + int(_b)),
+            flops=_per_elem(layernorm_flops(_w, _b)),
             doc=f"(x - mean) * rsqrt(var + eps) per row{' * w' if _w else ''}"
             f"{' + b' if _b else ''}, {_name}(eps=)",
         )
@@ -277,7 +283,6 @@ register_fn(
         doc="row-major view of a tile as [rows, cols]",
     )
 )
-
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
